@@ -1,0 +1,315 @@
+"""Hookable attention: MHA / GQA / MQA (``Attention``) and multi-head latent attention (``LatentAttention``).
+
+Shape glossary (used in the comment at the end of every line that reshapes):
+
+    B  batch                 T  query length            S  key length (cached + new)
+    H  query heads           K  key/value heads         G  query heads per K/V head (H // K)
+    D  head dim              R  decoupled rotary dim (MLA)
+    C  K/V latent dim (MLA)  M  d_model
+
+Two paths compute the same thing. The fast path calls ``torch.nn.functional.scaled_dot_product_attention``;
+it runs whenever nothing needs the attention scores or pattern. The explicit path materialises
+softmax(QK^T / sqrt(d) + mask) so that ``hook_attn_scores`` and ``hook_pattern`` can read or replace it, and
+can process queries in chunks (``query_chunk``) so that a 16k-token pattern is never held at once.
+Head gates and ``hook_z`` / ``hook_result`` act on z and work on both paths.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .hooks import HookPoint
+from .kv_cache import LayerKVCache
+from .positional import Rotary
+
+
+@dataclass
+class AttnMask:
+    """Which keys each query may see, built once per forward pass and shared by all layers.
+
+    Args:
+        T: query length; S: key length (cached + new); start: absolute position of the first query.
+        causal: apply the causal rule key_pos <= query_pos.
+        key_keep: ``[B, S]`` bool, True for real tokens, False for padding; ``None`` when nothing is padded.
+
+    Masked scores get ``finfo(dtype).min`` rather than ``-inf`` (as Hugging Face does), so a row whose every
+    key is padding stays finite instead of turning into NaN.
+    """
+
+    T: int
+    S: int
+    start: int
+    causal: bool
+    key_keep: torch.Tensor | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def sdpa_is_causal(self) -> bool:
+        """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset)."""
+        return self.causal and self.key_keep is None and self.start == 0 and self.T == self.S and self.T > 1
+
+    @property
+    def trivial(self) -> bool:
+        """True when every query may see every key."""
+        return self.key_keep is None and (not self.causal or (self.T == 1 and self.start + 1 == self.S))
+
+    def additive(self, dtype: torch.dtype, device: torch.device, q_slice: slice = slice(None)) -> torch.Tensor | None:
+        """Additive mask ``[B or 1, 1, T', S]`` (0 where allowed, finfo.min where masked), or None."""
+        if self.trivial:
+            return None
+        key = (dtype, device, q_slice.start, q_slice.stop)
+        if key in self._cache:
+            return self._cache[key]
+        q_pos = torch.arange(self.start, self.start + self.T, device=device)[q_slice]  # [T']
+        allowed = None
+        if self.causal:
+            allowed = torch.arange(self.S, device=device)[None, :] <= q_pos[:, None]  # [T', S]
+            allowed = allowed[None, None]  # [1, 1, T', S]
+        if self.key_keep is not None:
+            keep = self.key_keep.to(device=device, dtype=torch.bool)[:, None, None, :]  # [B, 1, 1, S]
+            allowed = keep if allowed is None else allowed & keep
+            allowed = allowed.expand(-1, -1, len(q_pos), -1)  # [B, 1, T', S]
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+        self._cache[key] = mask
+        return mask
+
+
+class _AttentionBase(nn.Module):
+    """What every attention variant shares: hooks, head gates, the two attention paths and W_O."""
+
+    def __init__(self, cfg: ModelConfig, *, cross: bool) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.cross = cross
+        self.causal = cfg.causal and not cross
+        self.n_heads = cfg.n_heads
+        self.d_head = cfg.d_head
+        self.W_O = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=cfg.out_bias)
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_attn_scores = HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()
+        self.hook_result = HookPoint()
+        # A multiplier per query head on z (before W_O): the handle pruning uses. None = all ones, no cost.
+        self.gate: torch.Tensor | None = None
+        # Explicit path only: process this many queries at a time (None = all at once).
+        self.query_chunk: int | None = None
+
+    # --- per-head views of the output projection -----------------------------------------------------
+    @property
+    def W_O_heads(self) -> torch.Tensor:
+        """``W_O`` split by head: ``[H, D, M]`` (head h writes ``z_h @ W_O_heads[h]``)."""
+        H, D = self.n_heads, self.d_head
+        return self.W_O.weight.T.reshape(H, D, -1)  # [H*D, M] -> [H, D, M]
+
+    def set_gate(self, gate: torch.Tensor | None) -> None:
+        """Set the per-head gate (``[H]``), or ``None`` to remove it."""
+        if gate is not None:
+            if not isinstance(gate, torch.Tensor):
+                raise TypeError(f"gate must be a Tensor of shape [{self.n_heads}], got {type(gate).__name__}")
+            if gate.shape != (self.n_heads,):
+                raise ValueError(f"gate has shape {tuple(gate.shape)}, expected ({self.n_heads},)")
+        self.gate = gate
+
+    # --- attention ------------------------------------------------------------------------------------
+    def _needs_explicit(self) -> bool:
+        return (not self.cfg.use_sdpa) or self.hook_pattern.active or self.hook_attn_scores.active
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:
+        """q ``[B, H, T, Dq]``, k ``[B, K, S, Dq]``, v ``[B, K, S, Dv]`` -> z ``[B, H, T, Dv]``."""
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        if not self._needs_explicit():
+            n_kv = k.shape[1]
+            return F.scaled_dot_product_attention(
+                q, k, v,
+                attn_mask=None if mask.sdpa_is_causal else mask.additive(q.dtype, q.device),
+                is_causal=mask.sdpa_is_causal,
+                scale=scale,
+                enable_gqa=n_kv != q.shape[1],
+            )
+        T = q.shape[2]
+        chunk = self.query_chunk or T
+        if chunk >= T:
+            return self._attend_explicit(q, k, v, mask, slice(0, T), scale)
+        zs = [self._attend_explicit(q[:, :, i:i + chunk], k, v, mask, slice(i, min(i + chunk, T)), scale)
+              for i in range(0, T, chunk)]
+        return torch.cat(zs, dim=2)  # [B, H, T, Dv]
+
+    def _attend_explicit(self, q, k, v, mask: AttnMask, q_slice: slice, scale: float) -> torch.Tensor:
+        B, H, T, Dq = q.shape
+        K = k.shape[1]
+        G = H // K
+        # Group query heads under their K/V head instead of repeating K/V: no copy of the cache.
+        qg = q.reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
+        scores = (qg @ k.transpose(-1, -2)).mul_(scale)  # [B, K, G*T, S]
+        scores = scores.view(B, H, T, -1)  # [B, H, T, S]
+        add = mask.additive(scores.dtype, scores.device, q_slice)
+        if add is not None:
+            scores = scores + add
+        self.hook_attn_scores.ctx["q_start"] = q_slice.start
+        self.hook_pattern.ctx["q_start"] = q_slice.start
+        scores = self.hook_attn_scores(scores)
+        pattern = torch.softmax(scores, dim=-1)
+        pattern = self.hook_pattern(pattern)
+        z = pattern.reshape(B, K, G * T, -1) @ v  # [B, K, G*T, Dv]
+        return z.view(B, H, T, -1)  # [B, H, T, Dv]
+
+    def _project_out(self, z: torch.Tensor) -> torch.Tensor:
+        """z ``[B, H, T, D]`` -> hooks, gate, W_O -> ``[B, T, M]``."""
+        B, H, T, D = z.shape
+        z = z.transpose(1, 2)  # [B, T, H, D]
+        z = self.hook_z(z)
+        if self.gate is not None:
+            z = z * self.gate.to(z.dtype).view(1, 1, H, 1)  # [B, T, H, D]
+        if self.hook_result.active:
+            # Each head's residual write z_h W_O[h]; summing them (plus bias) is the attention output.
+            result = torch.einsum("bthd,hdm->bthm", z, self.W_O_heads)  # [B, T, H, M]
+            result = self.hook_result(result)
+            out = result.sum(dim=2)  # [B, T, M]
+            return out if self.W_O.bias is None else out + self.W_O.bias
+        return self.W_O(z.reshape(B, T, H * D))  # [B, T, H*D] -> [B, T, M]
+
+
+class Attention(_AttentionBase):
+    """Multi-head attention with ``n_kv_heads`` K/V heads: MHA (K = H), GQA (1 < K < H) or MQA (K = 1).
+
+    Q, K and V come from one fused projection ``W_qkv`` (``[M] -> [(H + 2K) * D]``); for cross-attention the
+    query rows are applied to ``x`` and the K/V rows to ``context``.
+
+    Args:
+        cfg: the model config.
+        cross: keys and values come from a second sequence (no causal mask, no rotary, no cache).
+
+    Example:
+        >>> cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=10, n_ctx=8)
+        >>> attn = Attention(cfg)
+        >>> attn(torch.randn(2, 5, 32), mask=AttnMask(T=5, S=5, start=0, causal=True)).shape
+        torch.Size([2, 5, 32])
+    """
+
+    def __init__(self, cfg: ModelConfig, *, cross: bool = False) -> None:
+        super().__init__(cfg, cross=cross)
+        H, K, D, M = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+        self.n_kv_heads = K
+        self.W_qkv = nn.Linear(M, (H + 2 * K) * D, bias=cfg.attn_bias)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" and not cross else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: AttnMask,
+        context: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        cache: LayerKVCache | None = None,
+    ) -> torch.Tensor:
+        """Args:
+            x: ``[B, T, M]`` queries' residual stream.
+            mask: the shared :class:`AttnMask`.
+            context: ``[B, S, M]`` keys' residual stream for cross-attention.
+            positions: ``[B, T]`` or ``[T]`` absolute positions (rotary only).
+            cache: this layer's K/V cache; new K/V are written at ``mask.start``.
+
+        Returns:
+            ``[B, T, M]``.
+        """
+        B, T, _ = x.shape
+        H, K, D = self.n_heads, self.n_kv_heads, self.d_head
+        if context is None:
+            q, k, v = self.W_qkv(x).split([H * D, K * D, K * D], dim=-1)
+            S_new = T
+        else:
+            w, b = self.W_qkv.weight, self.W_qkv.bias
+            q = F.linear(x, w[: H * D], None if b is None else b[: H * D])
+            k, v = F.linear(context, w[H * D:], None if b is None else b[H * D:]).split([K * D, K * D], dim=-1)
+            S_new = context.shape[1]
+        q = self.hook_q(q.view(B, T, H, D))  # [B, T, H, D]
+        k = self.hook_k(k.view(B, S_new, K, D))  # [B, S, K, D]
+        v = self.hook_v(v.view(B, S_new, K, D))  # [B, S, K, D]
+        if self.rotary is not None:
+            q = self.rotary(q, positions)
+            k = self.rotary(k, positions)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H|K, T|S, D]
+        if cache is not None and context is None:
+            k, v = cache.update(mask.start, k, v)  # [B, K, S, D] up to start + T
+        return self._project_out(self._attend(q, k, v, mask))
+
+
+class LatentAttention(_AttentionBase):
+    """Multi-head latent attention (DeepSeek-V2): K and V are up-projected from a low-rank latent.
+
+    The cache stores only the latent ``c_kv`` ``[B, S, C]`` and the shared rotary key ``[B, S, R]``, which is
+    what makes MLA cheap to serve. Queries may be compressed too (``q_latent_dim``). Scores use the
+    concatenation [no-position part (D) | decoupled rotary part (R)], scaled by ``1 / sqrt(D + R)``.
+
+    Hooks: ``hook_q_latent`` ``[B, T, Cq]``, ``hook_kv_latent`` ``[B, S_new, C]``; ``hook_q`` ``[B, T, H, D+R]``
+    and ``hook_k`` ``[B, S, H, D+R]`` are after RoPE (the rotary part is part of the head's key), ``hook_v``
+    ``[B, S, H, D]``; with a cache, ``hook_k``/``hook_v`` see every cached position (they are recomputed
+    from the latent).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, cross: bool = False) -> None:
+        super().__init__(cfg, cross=cross)
+        H, D, M, C, R = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.kv_latent_dim, cfg.rope_dim
+        self.n_kv_heads = H
+        self.rope_dim = R if not cross else 0
+        self.kv_latent_dim = C
+        if cfg.q_latent_dim is not None:
+            self.W_dq = nn.Linear(M, cfg.q_latent_dim, bias=False)
+            self.q_norm = nn.RMSNorm(cfg.q_latent_dim, eps=cfg.norm_eps)
+            self.W_uq = nn.Linear(cfg.q_latent_dim, H * (D + self.rope_dim), bias=False)
+        else:
+            self.W_q = nn.Linear(M, H * (D + self.rope_dim), bias=cfg.attn_bias)
+        self.W_dkv = nn.Linear(M, C + self.rope_dim, bias=False)  # fused: latent and shared rotary key
+        self.kv_norm = nn.RMSNorm(C, eps=cfg.norm_eps)
+        self.W_ukv = nn.Linear(C, H * 2 * D, bias=False)  # fused: no-position keys and values
+        self.rotary = Rotary(self.rope_dim, cfg.rotary_base) if self.rope_dim else None
+        self.hook_q_latent = HookPoint()
+        self.hook_kv_latent = HookPoint()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: AttnMask,
+        context: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        cache: LayerKVCache | None = None,
+    ) -> torch.Tensor:
+        """Same arguments as :meth:`Attention.forward`."""
+        B, T, _ = x.shape
+        H, D, R, C = self.n_heads, self.d_head, self.rope_dim, self.kv_latent_dim
+        if hasattr(self, "W_dq"):
+            c_q = self.hook_q_latent(self.W_dq(x))  # [B, T, Cq]
+            q = self.W_uq(self.q_norm(c_q))
+        else:
+            q = self.W_q(x)
+        q = q.view(B, T, H, D + R)  # [B, T, H, D+R]
+        kv_in = x if context is None else context
+        c_kv, k_rope = self.W_dkv(kv_in).split([C, R], dim=-1)  # [B, S_new, C], [B, S_new, R]
+        c_kv = self.hook_kv_latent(self.kv_norm(c_kv))
+        if self.rotary is not None:
+            q_nope, q_rope = q.split([D, R], dim=-1)
+            q = torch.cat([q_nope, self.rotary(q_rope, positions)], dim=-1)  # [B, T, H, D+R]
+            k_rope = self.rotary(k_rope.unsqueeze(2), positions).squeeze(2)  # [B, S_new, R]
+        if cache is not None and context is None:
+            c_kv, k_rope = cache.update(mask.start, c_kv, k_rope)  # [B, S, C], [B, S, R]
+        S = c_kv.shape[1]
+        k_nope, v = self.W_ukv(c_kv).view(B, S, H, 2 * D).split([D, D], dim=-1)  # [B, S, H, D] each
+        k = torch.cat([k_nope, k_rope.unsqueeze(2).expand(B, S, H, R)], dim=-1)  # [B, S, H, D+R]
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T|S, D(+R)]
+        return self._project_out(self._attend(q, k, v, mask))
+
+
+def make_attention(cfg: ModelConfig, *, cross: bool = False) -> _AttentionBase:
+    """The attention module that ``cfg.attention`` names."""
+    return LatentAttention(cfg, cross=cross) if cfg.attention == "latent" else Attention(cfg, cross=cross)

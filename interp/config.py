@@ -1,0 +1,228 @@
+"""Model configuration: one keyword-only dataclass that says what a Transformer is.
+
+Every field is validated in ``__post_init__``; an invalid combination raises ``ValueError`` that quotes
+the offending values, so a typo in a config fails at construction, not deep inside a forward pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+AttentionKind = Literal["standard", "latent"]
+Positional = Literal["learned", "rotary", "none"]
+Normalization = Literal["pre", "post", "rms", "none"]
+Activation = Literal["gelu", "gelu_new", "relu", "silu", "swiglu", "geglu"]
+
+_ATTENTION_KINDS = ("standard", "latent")
+_POSITIONALS = ("learned", "rotary", "none")
+_NORMALIZATIONS = ("pre", "post", "rms", "none")
+_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Hyper-parameters of an :class:`interp.Transformer`.
+
+    Args:
+        n_layers: number of blocks.
+        d_model: residual stream width.
+        n_heads: query heads per layer (H).
+        d_head: width of one head (D). Defaults to ``d_model // n_heads``.
+        n_kv_heads: key/value heads (K). ``n_heads`` is multi-head attention, 1 is multi-query, anything
+            between that divides ``n_heads`` is grouped-query attention. Defaults to ``n_heads``.
+            Ignored (must stay ``None`` or equal ``n_heads``) for ``attention="latent"``.
+        attention: ``"standard"`` (MHA/GQA/MQA) or ``"latent"`` (multi-head latent attention, DeepSeek-V2).
+        kv_latent_dim: MLA only: width of the compressed K/V latent, the only K/V state the cache keeps.
+        q_latent_dim: MLA only: width of the compressed query latent; ``None`` projects queries directly.
+        rope_dim: MLA only: width of the decoupled rotary part of queries and keys (0 disables it).
+        causal: ``True`` for a decoder (causal mask), ``False`` for a bidirectional encoder.
+        positional: ``"learned"`` absolute embeddings, ``"rotary"`` (RoPE on queries and keys) or ``"none"``.
+        rotary_base: RoPE base frequency.
+        rotary_dim: how many dims of each head RoPE rotates (standard attention); defaults to ``d_head``.
+        normalization: ``"pre"`` (pre-LN, GPT-2), ``"post"`` (post-LN, BERT), ``"rms"`` (pre-RMSNorm, Llama)
+            or ``"none"``.
+        norm_eps: epsilon of the norms.
+        embed_norm: a LayerNorm right after the embeddings (BERT).
+        attn_only: blocks without MLPs.
+        d_mlp: MLP hidden width; defaults to ``4 * d_model``.
+        activation: MLP non-linearity; ``"swiglu"``/``"geglu"`` are gated MLPs (Llama uses ``"swiglu"``).
+        d_vocab: vocabulary size.
+        n_ctx: the longest sequence the model accepts (and the size of learned position tables).
+        n_token_types: token-type (segment) embeddings, 0 for none (BERT uses 2).
+        attn_bias: biases on the Q/K/V projections; out_bias: bias on W_O; mlp_bias: biases in the MLP.
+        unembed: whether the model ends in an unembedding to logits (an encoder such as MiniLM returns its
+            final hidden states instead).
+        tie_embeddings: the unembedding is ``W_E`` transposed (GPT-2).
+        cross_attention: every block gets a cross-attention sub-layer that reads a ``context`` sequence.
+        use_sdpa: allow the fused ``scaled_dot_product_attention`` kernel when nothing needs the pattern.
+        pad_token_id: token id used for padding by tokenizers of this model (informational).
+
+    Raises:
+        ValueError: on any invalid value or combination, quoting the values.
+
+    Example:
+        >>> cfg = ModelConfig(n_layers=2, d_model=64, n_heads=8, n_kv_heads=2, d_vocab=100, n_ctx=32)
+        >>> cfg.group_size
+        4
+    """
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int | None = None
+    n_kv_heads: int | None = None
+    attention: AttentionKind = "standard"
+    kv_latent_dim: int | None = None
+    q_latent_dim: int | None = None
+    rope_dim: int = 0
+    causal: bool = True
+    positional: Positional = "learned"
+    rotary_base: float = 10000.0
+    rotary_dim: int | None = None
+    normalization: Normalization = "pre"
+    norm_eps: float = 1e-5
+    embed_norm: bool = False
+    attn_only: bool = False
+    d_mlp: int | None = None
+    activation: Activation = "gelu"
+    d_vocab: int
+    n_ctx: int
+    n_token_types: int = 0
+    attn_bias: bool = True
+    out_bias: bool = True
+    mlp_bias: bool = True
+    unembed: bool = True
+    tie_embeddings: bool = False
+    cross_attention: bool = False
+    use_sdpa: bool = True
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx"):
+            _positive_int(name, getattr(self, name))
+        if self.attention not in _ATTENTION_KINDS:
+            raise ValueError(f"attention={self.attention!r} is not one of {_ATTENTION_KINDS}")
+        if self.positional not in _POSITIONALS:
+            raise ValueError(f"positional={self.positional!r} is not one of {_POSITIONALS}")
+        if self.normalization not in _NORMALIZATIONS:
+            raise ValueError(f"normalization={self.normalization!r} is not one of {_NORMALIZATIONS}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r} is not one of {_ACTIVATIONS}")
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"d_head not given and d_model={self.d_model} is not divisible by n_heads={self.n_heads}"
+                )
+            self.d_head = self.d_model // self.n_heads
+        _positive_int("d_head", self.d_head)
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        _positive_int("n_kv_heads", self.n_kv_heads)
+        if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads} "
+                "(n_kv_heads == n_heads: MHA; 1: MQA; a divisor in between: GQA)"
+            )
+        if self.d_mlp is None:
+            self.d_mlp = 4 * self.d_model
+        if not self.attn_only:
+            _positive_int("d_mlp", self.d_mlp)
+        if self.n_token_types < 0:
+            raise ValueError(f"n_token_types={self.n_token_types} must be >= 0")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps={self.norm_eps} must be > 0")
+        if self.attention == "latent":
+            if self.n_kv_heads != self.n_heads:
+                raise ValueError(
+                    f"attention='latent' has one K/V head per query head; got n_kv_heads={self.n_kv_heads} "
+                    f"with n_heads={self.n_heads}"
+                )
+            if self.kv_latent_dim is None:
+                raise ValueError("attention='latent' needs kv_latent_dim (the size of the cached K/V latent)")
+            _positive_int("kv_latent_dim", self.kv_latent_dim)
+            if self.q_latent_dim is not None:
+                _positive_int("q_latent_dim", self.q_latent_dim)
+            if self.rope_dim < 0 or self.rope_dim % 2:
+                raise ValueError(f"rope_dim={self.rope_dim} must be a non-negative even number")
+            if self.rope_dim and self.positional != "rotary":
+                raise ValueError(
+                    f"rope_dim={self.rope_dim} needs positional='rotary', got positional={self.positional!r}"
+                )
+            if self.positional == "rotary" and not self.rope_dim:
+                raise ValueError("attention='latent' with positional='rotary' needs rope_dim > 0 (decoupled RoPE)")
+        else:
+            for name in ("kv_latent_dim", "q_latent_dim"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}={getattr(self, name)} only applies to attention='latent'")
+            if self.rope_dim:
+                raise ValueError(f"rope_dim={self.rope_dim} only applies to attention='latent'")
+        if self.positional == "rotary" and self.attention == "standard":
+            if self.rotary_dim is None:
+                self.rotary_dim = self.d_head
+            if self.rotary_dim <= 0 or self.rotary_dim > self.d_head or self.rotary_dim % 2:
+                raise ValueError(
+                    f"rotary_dim={self.rotary_dim} must be even and in (0, d_head={self.d_head}]"
+                )
+        elif self.rotary_dim is not None and self.positional != "rotary":
+            raise ValueError(f"rotary_dim={self.rotary_dim} needs positional='rotary', got {self.positional!r}")
+        if self.tie_embeddings and not self.unembed:
+            raise ValueError("tie_embeddings=True needs unembed=True")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.d_vocab:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.d_vocab})")
+
+    # --- derived sizes -------------------------------------------------------------------------------
+    @property
+    def group_size(self) -> int:
+        """Query heads per K/V head (G = H // K)."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def kind(self) -> str:
+        """``"mha"``, ``"gqa"``, ``"mqa"`` or ``"mla"``."""
+        if self.attention == "latent":
+            return "mla"
+        if self.n_kv_heads == self.n_heads:
+            return "mha"
+        return "mqa" if self.n_kv_heads == 1 else "gqa"
+
+    def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
+        """Bytes the KV cache holds per token over all layers.
+
+        Args:
+            bytes_per_element: 2 for fp16/bf16, 4 for fp32.
+
+        Returns:
+            ``n_layers * 2 * n_kv_heads * d_head * bytes`` for standard attention; for MLA the latent plus
+            the decoupled rotary key: ``n_layers * (kv_latent_dim + rope_dim) * bytes``.
+        """
+        if self.attention == "latent":
+            per_layer = self.kv_latent_dim + self.rope_dim
+        else:
+            per_layer = 2 * self.n_kv_heads * self.d_head
+        return self.n_layers * per_layer * bytes_per_element
+
+    # --- (de)serialisation ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        """Build a config from a dict, rejecting unknown keys by name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}={value!r} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name}={value} must be > 0")

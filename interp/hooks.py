@@ -1,0 +1,181 @@
+"""Named hooks: identity modules that expose every intermediate of a forward pass.
+
+A :class:`HookPoint` is an ``nn.Module`` that returns its input; it is named after its path in the module
+tree (``blocks.0.attn.hook_pattern``), as in TransformerLens. A hook function ``fn(tensor, hook)`` may read
+the tensor or return a replacement. :class:`HookedModule` gives a model the ways to attach hooks that always
+remove exactly what they added, also when the forward pass raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Union
+
+import torch
+from torch import nn
+
+HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
+NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
+
+
+class HookPoint(nn.Module):
+    """An identity module that calls the hooks attached to it.
+
+    Attributes:
+        name: the module path, set by :class:`HookedModule` (``blocks.0.attn.hook_q``).
+        ctx: free-form dict a hook can use to carry state between calls; cleared when hooks are removed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name: str = ""
+        self.ctx: dict[str, Any] = {}
+        self._fns: list[HookFn] = []
+
+    @property
+    def active(self) -> bool:
+        """True when at least one hook is attached (the model uses this to skip optional work)."""
+        return bool(self._fns)
+
+    def add_hook(self, fn: HookFn) -> Callable[[], None]:
+        """Attach ``fn``; returns a function that removes exactly this hook."""
+        if not callable(fn):
+            raise TypeError(f"hook for {self.name!r} must be callable, got {type(fn).__name__}")
+        self._fns.append(fn)
+
+        def remove() -> None:
+            try:
+                self._fns.remove(fn)
+            except ValueError:
+                pass
+            if not self._fns:
+                self.ctx.clear()
+
+        return remove
+
+    def remove_hooks(self) -> None:
+        self._fns.clear()
+        self.ctx.clear()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for fn in self._fns:
+            out = fn(x, self)
+            if out is not None:
+                if not isinstance(out, torch.Tensor):
+                    raise TypeError(
+                        f"hook on {self.name!r} returned {type(out).__name__}; return a Tensor or None"
+                    )
+                if out.shape != x.shape:
+                    raise ValueError(
+                        f"hook on {self.name!r} returned shape {tuple(out.shape)}, expected {tuple(x.shape)}"
+                    )
+                x = out
+        return x
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # skip nn.Module's dispatch: hot path
+        return self.forward(x) if self._fns else x
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, hooks={len(self._fns)}"
+
+
+def resolve_names(names_filter: NamesFilter, all_names: Sequence[str]) -> list[str]:
+    """Turn a names filter into the list of hook names it selects.
+
+    Args:
+        names_filter: ``None`` (all), a name or glob pattern (``"blocks.*.attn.hook_pattern"``), a list of
+            names/patterns, or a predicate ``name -> bool``.
+        all_names: the model's hook names.
+
+    Returns:
+        The selected names, in model order.
+
+    Raises:
+        ValueError: a name or pattern given explicitly matches no hook point (the error lists close names).
+        TypeError: the filter is none of the accepted types.
+    """
+    if names_filter is None:
+        return list(all_names)
+    if callable(names_filter):
+        return [n for n in all_names if names_filter(n)]
+    if isinstance(names_filter, str):
+        patterns = [names_filter]
+    elif isinstance(names_filter, Iterable):
+        patterns = list(names_filter)
+        for p in patterns:
+            if not isinstance(p, str):
+                raise TypeError(f"names_filter entries must be str, got {p!r}")
+    else:
+        raise TypeError(
+            f"names_filter must be None, a str, a list of str or a callable, got {type(names_filter).__name__}"
+        )
+    selected: set[str] = set()
+    for p in patterns:
+        if any(c in p for c in "*?["):
+            rx = re.compile(fnmatch.translate(p))
+            hits = [n for n in all_names if rx.match(n)]
+        else:
+            hits = [p] if p in all_names else []
+        if not hits:
+            close = [n for n in all_names if p.split(".")[-1] in n][:5]
+            raise ValueError(f"hook name {p!r} matches no hook point; similar names: {close}")
+        selected.update(hits)
+    return [n for n in all_names if n in selected]
+
+
+class HookedModule(nn.Module):
+    """Mixin for a model whose :class:`HookPoint` children are addressable by name.
+
+    Call :meth:`setup_hooks` at the end of ``__init__``.
+    """
+
+    hook_dict: dict[str, HookPoint]
+
+    def setup_hooks(self) -> None:
+        self.hook_dict = {}
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+                self.hook_dict[name] = module
+
+    @property
+    def hook_names(self) -> list[str]:
+        return list(self.hook_dict)
+
+    def reset_hooks(self) -> None:
+        """Remove every hook from every hook point."""
+        for hp in self.hook_dict.values():
+            hp.remove_hooks()
+
+    @contextlib.contextmanager
+    def hooks(self, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = ()) -> Iterator["HookedModule"]:
+        """Attach hooks for the duration of a ``with`` block.
+
+        Args:
+            fwd_hooks: ``(names_filter, fn)`` pairs; the filter is a name, pattern, list or predicate.
+
+        Raises:
+            ValueError: a hook name matches no hook point (nothing is attached then).
+
+        Example:
+            >>> with model.hooks([("blocks.0.attn.hook_pattern", lambda p, hook: print(p.shape))]):
+            ...     model(tokens)
+        """
+        removers: list[Callable[[], None]] = []
+        try:
+            plan = [(resolve_names(f, self.hook_names), fn) for f, fn in fwd_hooks]
+            for names, fn in plan:
+                for n in names:
+                    removers.append(self.hook_dict[n].add_hook(fn))
+            yield self
+        finally:
+            for remove in reversed(removers):
+                remove()
+
+    def run_with_hooks(self, *args: Any, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = (), **kwargs: Any):
+        """Run ``self(*args, **kwargs)`` with hooks attached; they are removed afterwards, also on error."""
+        with self.hooks(fwd_hooks):
+            return self(*args, **kwargs)

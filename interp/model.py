@@ -1,0 +1,342 @@
+"""The hookable Transformer: embeddings, blocks (attention + optional MLP) and unembedding.
+
+Decoder (causal, GPT-2 / Llama style) or encoder (bidirectional, BERT style) is a config value, as are the
+norm placement, positional scheme and attention variant. Every intermediate passes through a named
+:class:`~interp.hooks.HookPoint` (TransformerLens names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttnMask, make_attention
+from .config import ModelConfig
+from .hooks import HookedModule, HookPoint, NamesFilter
+from .kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .trace import Trace
+
+
+def make_norm(cfg: ModelConfig, width: int | None = None) -> nn.Module:
+    width = width or cfg.d_model
+    if cfg.normalization == "rms":
+        return nn.RMSNorm(width, eps=cfg.norm_eps)
+    if cfg.normalization in ("pre", "post"):
+        return nn.LayerNorm(width, eps=cfg.norm_eps)
+    return nn.Identity()
+
+
+_ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swiglu": F.silu,
+    "geglu": F.gelu,
+}
+
+
+class MLP(nn.Module):
+    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gated = cfg.activation in ("swiglu", "geglu")
+        self.act = _ACT[cfg.activation]
+        self.W_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+        if self.gated:
+            self.W_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+        self.W_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
+        self.hook_post = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.W_gate(x)) * self.W_in(x) if self.gated else self.act(self.W_in(x))
+        return self.W_out(self.hook_post(h))
+
+
+class Block(nn.Module):
+    """One layer: attention (+ cross-attention) + MLP, with pre-norm, post-norm (BERT) or no norm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.post_norm = cfg.normalization == "post"
+        self.ln1 = make_norm(cfg)
+        self.attn = make_attention(cfg)
+        if cfg.cross_attention:
+            self.ln_cross = make_norm(cfg)
+            self.cross_attn = make_attention(cfg, cross=True)
+            self.hook_cross_attn_out = HookPoint()
+        self.mlp = None if cfg.attn_only else MLP(cfg)
+        if self.mlp is not None:
+            self.ln2 = make_norm(cfg)
+            self.hook_mlp_out = HookPoint()
+            self.hook_resid_mid = HookPoint()
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def _sublayer(self, x, norm, fn, hook):
+        if self.post_norm:
+            return norm(x + hook(fn(x)))
+        return x + hook(fn(norm(x)))
+
+    def forward(self, x, *, mask, positions, cache, context, context_mask) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        x = self._sublayer(x, self.ln1, lambda h: self.attn(h, mask=mask, positions=positions, cache=cache),
+                           self.hook_attn_out)
+        if context is not None:
+            x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, mask=context_mask, context=context),
+                               self.hook_cross_attn_out)
+        if self.mlp is not None:
+            x = self.hook_resid_mid(x)
+            x = self._sublayer(x, self.ln2, self.mlp, self.hook_mlp_out)
+        return self.hook_resid_post(x)
+
+
+class Transformer(HookedModule):
+    """A decoder or encoder transformer whose every intermediate is hookable.
+
+    Args:
+        cfg: a :class:`ModelConfig`.
+
+    Example:
+        >>> cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, d_vocab=50, n_ctx=32, positional="rotary")
+        >>> model = Transformer(cfg)
+        >>> logits, trace = model.run_with_cache(torch.tensor([[1, 2, 3]]), names_filter="*hook_pattern")
+        >>> trace.pattern(0).shape
+        torch.Size([1, 4, 3, 3])
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
+        self.W_tt = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
+        self.embed_ln = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        # Pre-norm models normalise the final residual; post-norm ones already ended on a norm.
+        self.ln_final = make_norm(cfg) if cfg.normalization in ("pre", "rms") else None
+        if cfg.unembed:
+            self.W_U = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings)
+            if cfg.tie_embeddings:
+                self.W_U.weight = self.W_E.weight
+        else:
+            self.W_U = None
+        self.hook_embed = HookPoint()
+        self.hook_pos_embed = HookPoint()
+        self.tokenizer: Any = None
+        self.name: str = "transformer"
+        self.setup_hooks()
+
+    # --- forward --------------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Run the model.
+
+        Args:
+            tokens: ``[B, T]`` (or ``[T]``) integer token ids.
+            attention_mask: ``[B, S]`` 1 for real tokens, 0 for padding, where S = cached + T.
+            token_type_ids: ``[B, T]`` segment ids (models with ``n_token_types``).
+            position_ids: ``[B, T]`` absolute positions (default: cache length + ``arange(T)``).
+            context: ``[B, S_ctx, d_model]`` sequence for cross-attention (``cfg.cross_attention``).
+            context_mask: ``[B, S_ctx]`` padding mask of the context.
+            kv_cache: a :class:`KVCache` from :meth:`make_cache`; new K/V are appended and its length grows.
+
+        Returns:
+            Logits ``[B, T, d_vocab]``, or final hidden states ``[B, T, d_model]`` when ``cfg.unembed`` is False.
+
+        Raises:
+            TypeError: tokens are not integers.
+            ValueError: shapes do not fit, tokens are out of the vocabulary, or the sequence exceeds ``n_ctx``.
+        """
+        cfg = self.cfg
+        tokens = self._check_tokens(tokens)
+        B, T = tokens.shape
+        start = 0 if kv_cache is None else kv_cache.length
+        S = start + T
+        if S > cfg.n_ctx:
+            raise ValueError(f"sequence length {S} (cached {start} + new {T}) exceeds the model's n_ctx={cfg.n_ctx}")
+        if kv_cache is not None and kv_cache.batch_size != B:
+            raise ValueError(f"kv_cache holds batch_size={kv_cache.batch_size}, tokens have batch {B}")
+        key_keep = _check_mask("attention_mask", attention_mask, (B, S))
+        if position_ids is None:
+            positions = torch.arange(start, S, device=tokens.device)
+        else:
+            if position_ids.shape not in ((B, T), (T,)):
+                raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}, expected ({B}, {T})")
+            positions = position_ids
+        x = self.hook_embed(self.W_E(tokens))  # [B, T, M]
+        if self.W_pos is not None:
+            x = x + self.hook_pos_embed(self.W_pos(positions)).expand(B, T, -1)
+        if self.W_tt is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(tokens)
+            elif token_type_ids.shape != (B, T):
+                raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, expected ({B}, {T})")
+            x = x + self.W_tt(token_type_ids)
+        if self.embed_ln is not None:
+            x = self.embed_ln(x)
+        mask = AttnMask(T=T, S=S, start=start, causal=cfg.causal, key_keep=key_keep)
+        ctx_mask = None
+        if context is not None:
+            if not cfg.cross_attention:
+                raise ValueError("context given but cfg.cross_attention is False")
+            if context.dim() != 3 or context.shape[0] != B or context.shape[2] != cfg.d_model:
+                raise ValueError(f"context has shape {tuple(context.shape)}, expected ({B}, S_ctx, {cfg.d_model})")
+            ctx_keep = _check_mask("context_mask", context_mask, (B, context.shape[1]))
+            ctx_mask = AttnMask(T=T, S=context.shape[1], start=0, causal=False, key_keep=ctx_keep)
+        elif cfg.cross_attention:
+            raise ValueError("cfg.cross_attention is True: pass context=[B, S_ctx, d_model]")
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask=mask, positions=positions, cache=None if kv_cache is None else kv_cache.layers[i],
+                      context=context, context_mask=ctx_mask)
+        if kv_cache is not None:
+            kv_cache.length = S
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        return x if self.W_U is None else self.W_U(x)
+
+    def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"tokens must be a torch.Tensor of ints, got {type(tokens).__name__}")
+        if tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.is_complex():
+            raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        if tokens.dim() != 2 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens must have shape [batch, pos] with pos > 0, got {tuple(tokens.shape)}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.d_vocab:
+            raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab}), got min {lo} and max {hi}")
+        return tokens
+
+    # --- decoding -------------------------------------------------------------------------------------
+    def make_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        """A :class:`KVCache` matching this model's dtype and device."""
+        p = next(self.parameters())
+        return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=p.device)
+
+    @torch.no_grad()
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,
+                 eos_token_id: int | None = None) -> torch.Tensor:
+        """Greedy decoding. Returns ``[B, T + new]`` (the prompt followed by the generated ids).
+
+        Raises:
+            ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
+        """
+        if not (self.cfg.causal and self.cfg.unembed):
+            raise ValueError("generate needs a causal decoder with an unembedding (cfg.causal and cfg.unembed)")
+        tokens = self._check_tokens(tokens)
+        B, T = tokens.shape
+        if T + max_new_tokens > self.cfg.n_ctx:
+            raise ValueError(f"prompt {T} + max_new_tokens {max_new_tokens} exceeds n_ctx={self.cfg.n_ctx}")
+        cache = self.make_cache(B, T + max_new_tokens) if use_cache else None
+        out = tokens
+        step_in = tokens
+        for _ in range(max_new_tokens):
+            logits = self(step_in if use_cache else out, kv_cache=cache)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+            out = torch.cat([out, nxt], dim=1)
+            step_in = nxt
+            if eos_token_id is not None and bool((nxt == eos_token_id).all()):
+                break
+        return out
+
+    # --- gates ----------------------------------------------------------------------------------------
+    def set_head_gates(self, gates: torch.Tensor | None) -> None:
+        """Set a multiplier for every head (``[n_layers, n_heads]``), or ``None`` to remove all gates.
+
+        Raises:
+            ValueError: wrong shape.
+        """
+        L, H = self.cfg.n_layers, self.cfg.n_heads
+        if gates is not None and (not isinstance(gates, torch.Tensor) or gates.shape != (L, H)):
+            shape = tuple(gates.shape) if isinstance(gates, torch.Tensor) else type(gates).__name__
+            raise ValueError(f"gates must have shape ({L}, {H}), got {shape}")
+        for layer, block in enumerate(self.blocks):
+            block.attn.set_gate(None if gates is None else gates[layer])
+
+    def set_query_chunk(self, chunk: int | None) -> None:
+        """Compute explicit-path attention ``chunk`` queries at a time (bounds pattern memory)."""
+        if chunk is not None and chunk <= 0:
+            raise ValueError(f"query chunk must be > 0, got {chunk}")
+        for block in self.blocks:
+            block.attn.query_chunk = chunk
+
+    # --- recording ------------------------------------------------------------------------------------
+    def run_with_cache(self, *args: Any, names_filter: NamesFilter = None, **kwargs: Any) -> tuple[torch.Tensor, "Trace"]:
+        """Run the model and record the selected hook points.
+
+        Args:
+            names_filter: a hook name, glob pattern, list, or predicate; ``None`` records everything.
+            other arguments: as :meth:`forward`, plus the recording options of :func:`interp.trace.record`
+                (``layers``, ``dtype``, ``device``, ``reducers``).
+
+        Returns:
+            ``(output, trace)``; ``trace[name]`` is the recorded tensor.
+
+        Example:
+            >>> logits, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_pattern"])
+            >>> cache["blocks.0.attn.hook_pattern"].shape
+        """
+        from .trace import record
+
+        return record(self, *args, names_filter=names_filter, **kwargs)
+
+    # --- tokenizer helpers ----------------------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.name!r} has no tokenizer; pass token ids instead")
+        return self.tokenizer
+
+    def to_tokens(self, text: str | Sequence[str], *, max_length: int | None = None) -> torch.Tensor:
+        """Tokenize text (with the model's special tokens) to ``[B, T]`` ids; pads a batch with pad ids."""
+        return self._need_tokenizer().to_tokens(text, max_length=max_length or self.cfg.n_ctx)
+
+    def to_str_tokens(self, tokens: str | torch.Tensor) -> list[str]:
+        """The token strings of one sequence (text or ids)."""
+        tok = self._need_tokenizer()
+        if isinstance(tokens, str):
+            tokens = self.to_tokens(tokens)
+        if isinstance(tokens, torch.Tensor):
+            if tokens.dim() == 2:
+                if tokens.shape[0] != 1:
+                    raise ValueError(f"to_str_tokens takes one sequence, got batch {tokens.shape[0]}")
+                tokens = tokens[0]
+            tokens = tokens.tolist()
+        return tok.to_str_tokens(tokens)
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return (f"name={self.name!r}, kind={c.kind}, layers={c.n_layers}, heads={c.n_heads}, "
+                f"kv_heads={c.n_kv_heads}, d_model={c.d_model}, causal={c.causal}")
+
+
+def _check_mask(name: str, mask: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor | None:
+    """Validate a [B, S] padding mask; returns it as bool, or None when nothing is masked."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
+    if tuple(mask.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {shape}")
+    keep = mask.bool()
+    return None if bool(keep.all()) else keep

@@ -12,6 +12,11 @@ it runs whenever nothing needs the attention scores or pattern. The explicit pat
 softmax(QK^T / sqrt(d) + mask) so that ``hook_attn_scores`` and ``hook_pattern`` can read or replace it, and
 can process queries in chunks (``query_chunk``) so that a 16k-token pattern is never held at once.
 Head gates and ``hook_z`` / ``hook_result`` act on z and work on both paths.
+
+A layer of a pruned model (:func:`interp.pruning.remove_heads`) may have its own head counts
+(``cfg.layer_n_heads``) and, after a K/V group lost some but not all of its query heads, an index map from
+query head to K/V head (``kv_index``); both paths then gather K/V per query head. With whole groups the
+uniform grouped path is kept.
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ class AttnMask:
         T: query length; S: key length (cached + new); start: absolute position of the first query.
         causal: apply the causal rule key_pos <= query_pos.
         key_keep: ``[B, S]`` bool, True for real tokens, False for padding; ``None`` when nothing is padded.
+        padded_queries_see_all: self-attention only: a padding query ignores the padding mask (it still obeys
+            the causal rule). Its output is meaningless either way; this keeps its pattern row a proper
+            distribution (no NaN, nothing above the diagonal) instead of a row with no allowed key.
 
-    Masked scores get ``finfo(dtype).min`` rather than ``-inf`` (as Hugging Face does), so a row whose every
-    key is padding stays finite instead of turning into NaN.
+    Masked scores get ``finfo(dtype).min`` rather than ``-inf`` (as Hugging Face does), so no row turns into NaN.
     """
 
     T: int
@@ -47,6 +54,7 @@ class AttnMask:
     start: int
     causal: bool
     key_keep: torch.Tensor | None = None
+    padded_queries_see_all: bool = False
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -72,7 +80,11 @@ class AttnMask:
             allowed = torch.arange(self.S, device=device)[None, :] <= q_pos[:, None]  # [T', S]
             allowed = allowed[None, None]  # [1, 1, T', S]
         if self.key_keep is not None:
-            keep = self.key_keep.to(device=device, dtype=torch.bool)[:, None, None, :]  # [B, 1, 1, S]
+            key_keep = self.key_keep.to(device=device, dtype=torch.bool)
+            keep = key_keep[:, None, None, :]  # [B, 1, 1, S]
+            if self.padded_queries_see_all:
+                q_keep = key_keep[:, self.start:self.start + self.T][:, q_slice]  # [B, T']
+                keep = keep | ~q_keep[:, None, :, None]  # [B, 1, T', S]
             allowed = keep if allowed is None else allowed & keep
             allowed = allowed.expand(-1, -1, len(q_pos), -1)  # [B, 1, T', S]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -83,14 +95,15 @@ class AttnMask:
 class _AttentionBase(nn.Module):
     """What every attention variant shares: hooks, head gates, the two attention paths and W_O."""
 
-    def __init__(self, cfg: ModelConfig, *, cross: bool) -> None:
+    def __init__(self, cfg: ModelConfig, *, cross: bool, layer: int | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.cross = cross
         self.causal = cfg.causal and not cross
-        self.n_heads = cfg.n_heads
+        # Per-layer head count of a pruned model; cross-attention is never pruned and keeps cfg.n_heads.
+        self.n_heads = cfg.n_heads if layer is None or cross else cfg.heads_in_layer(layer)
         self.d_head = cfg.d_head
-        self.W_O = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=cfg.out_bias)
+        self.W_O = nn.Linear(self.n_heads * cfg.d_head, cfg.d_model, bias=cfg.out_bias)
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -126,6 +139,11 @@ class _AttentionBase(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:
         """q ``[B, H, T, Dq]``, k ``[B, K, S, Dq]``, v ``[B, K, S, Dv]`` -> z ``[B, H, T, Dv]``."""
         scale = 1.0 / math.sqrt(q.shape[-1])
+        kv_index = getattr(self, "kv_index", None)
+        if kv_index is not None:
+            # Unequal K/V groups (a partially pruned group): give every query head its own K/V copy.
+            k = k.index_select(1, kv_index)  # [B, H, S, Dq]
+            v = v.index_select(1, kv_index)  # [B, H, S, Dv]
         if not self._needs_explicit():
             n_kv = k.shape[1]
             return F.scaled_dot_product_attention(
@@ -162,6 +180,11 @@ class _AttentionBase(nn.Module):
         z = pattern.reshape(B, K, G * T, -1) @ v  # [B, K, G*T, Dv]
         return z.view(B, H, T, -1)  # [B, H, T, Dv]
 
+    def _no_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """A layer whose every head was removed writes only W_O's bias (zeros without one)."""
+        out = x.new_zeros(*x.shape[:-1], self.cfg.d_model)  # [B, T, M]
+        return out if self.W_O.bias is None else out + self.W_O.bias
+
     def _project_out(self, z: torch.Tensor) -> torch.Tensor:
         """z ``[B, H, T, D]`` -> hooks, gate, W_O -> ``[B, T, M]``."""
         B, H, T, D = z.shape
@@ -195,11 +218,18 @@ class Attention(_AttentionBase):
         torch.Size([2, 5, 32])
     """
 
-    def __init__(self, cfg: ModelConfig, *, cross: bool = False) -> None:
-        super().__init__(cfg, cross=cross)
-        H, K, D, M = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+    def __init__(self, cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> None:
+        super().__init__(cfg, cross=cross, layer=layer)
+        pruned = layer is not None and not cross
+        H, D, M = self.n_heads, cfg.d_head, cfg.d_model
+        K = cfg.kv_heads_in_layer(layer) if pruned else cfg.n_kv_heads
         self.n_kv_heads = K
         self.W_qkv = nn.Linear(M, (H + 2 * K) * D, bias=cfg.attn_bias)
+        kv_map = cfg.kv_map(layer) if pruned else None
+        uniform = kv_map is None or not H or kv_map == [i // (H // K) for i in range(H)]
+        # Query head -> K/V head, only for unequal groups (None keeps the grouped, copy-free path).
+        self.register_buffer("kv_index", None if uniform else torch.tensor(kv_map, dtype=torch.long),
+                             persistent=False)
         self.rotary = Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" and not cross else None
 
     def forward(
@@ -223,6 +253,8 @@ class Attention(_AttentionBase):
         """
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv_heads, self.d_head
+        if H == 0:
+            return self._no_heads(x)
         if context is None:
             q, k, v = self.W_qkv(x).split([H * D, K * D, K * D], dim=-1)
             S_new = T
@@ -256,9 +288,9 @@ class LatentAttention(_AttentionBase):
     from the latent).
     """
 
-    def __init__(self, cfg: ModelConfig, *, cross: bool = False) -> None:
-        super().__init__(cfg, cross=cross)
-        H, D, M, C, R = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.kv_latent_dim, cfg.rope_dim
+    def __init__(self, cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> None:
+        super().__init__(cfg, cross=cross, layer=layer)
+        H, D, M, C, R = self.n_heads, cfg.d_head, cfg.d_model, cfg.kv_latent_dim, cfg.rope_dim
         self.n_kv_heads = H
         self.rope_dim = R if not cross else 0
         self.kv_latent_dim = C
@@ -287,6 +319,12 @@ class LatentAttention(_AttentionBase):
         """Same arguments as :meth:`Attention.forward`."""
         B, T, _ = x.shape
         H, D, R, C = self.n_heads, self.d_head, self.rope_dim, self.kv_latent_dim
+        if H == 0:
+            if cache is not None and context is None:
+                # Keep the cache's latent in step with the other layers although no head reads it.
+                c_kv, k_rope = self.W_dkv(x).split([C, R], dim=-1)  # [B, T, C], [B, T, R]
+                cache.update(mask.start, self.kv_norm(c_kv), k_rope)
+            return self._no_heads(x)
         if hasattr(self, "W_dq"):
             c_q = self.hook_q_latent(self.W_dq(x))  # [B, T, Cq]
             q = self.W_uq(self.q_norm(c_q))
@@ -310,6 +348,7 @@ class LatentAttention(_AttentionBase):
         return self._project_out(self._attend(q, k, v, mask))
 
 
-def make_attention(cfg: ModelConfig, *, cross: bool = False) -> _AttentionBase:
-    """The attention module that ``cfg.attention`` names."""
-    return LatentAttention(cfg, cross=cross) if cfg.attention == "latent" else Attention(cfg, cross=cross)
+def make_attention(cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> _AttentionBase:
+    """The attention module that ``cfg.attention`` names (with ``layer``'s own head counts, if any)."""
+    cls = LatentAttention if cfg.attention == "latent" else Attention
+    return cls(cfg, cross=cross, layer=layer)

@@ -63,11 +63,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One layer: attention (+ cross-attention) + MLP, with pre-norm, post-norm (BERT) or no norm."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int | None = None) -> None:
         super().__init__()
         self.post_norm = cfg.normalization == "post"
         self.ln1 = make_norm(cfg)
-        self.attn = make_attention(cfg)
+        self.attn = make_attention(cfg, layer=layer)
         if cfg.cross_attention:
             self.ln_cross = make_norm(cfg)
             self.cross_attn = make_attention(cfg, cross=True)
@@ -122,7 +122,7 @@ class Transformer(HookedModule):
         self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
         self.W_tt = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
         self.embed_ln = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         # Pre-norm models normalise the final residual; post-norm ones already ended on a norm.
         self.ln_final = make_norm(cfg) if cfg.normalization in ("pre", "rms") else None
         if cfg.unembed:
@@ -194,7 +194,7 @@ class Transformer(HookedModule):
             x = x + self.W_tt(token_type_ids)
         if self.embed_ln is not None:
             x = self.embed_ln(x)
-        mask = AttnMask(T=T, S=S, start=start, causal=cfg.causal, key_keep=key_keep)
+        mask = AttnMask(T=T, S=S, start=start, causal=cfg.causal, key_keep=key_keep, padded_queries_see_all=True)
         ctx_mask = None
         if context is not None:
             if not cfg.cross_attention:
@@ -261,16 +261,29 @@ class Transformer(HookedModule):
         return out
 
     # --- gates ----------------------------------------------------------------------------------------
-    def set_head_gates(self, gates: torch.Tensor | None) -> None:
-        """Set a multiplier for every head (``[n_layers, n_heads]``), or ``None`` to remove all gates.
+    def set_head_gates(self, gates: torch.Tensor | Sequence[torch.Tensor] | None) -> None:
+        """Set a multiplier for every head, or ``None`` to remove all gates.
+
+        Args:
+            gates: ``[n_layers, n_heads]``, or (for a model whose layers have their own head counts after
+                :func:`interp.pruning.remove_heads`) a list of ``n_layers`` tensors of shape ``[H_layer]``.
 
         Raises:
             ValueError: wrong shape.
         """
-        L, H = self.cfg.n_layers, self.cfg.n_heads
-        if gates is not None and (not isinstance(gates, torch.Tensor) or gates.shape != (L, H)):
-            shape = tuple(gates.shape) if isinstance(gates, torch.Tensor) else type(gates).__name__
-            raise ValueError(f"gates must have shape ({L}, {H}), got {shape}")
+        L = self.cfg.n_layers
+        counts = [block.attn.n_heads for block in self.blocks]
+        if gates is not None:
+            if isinstance(gates, torch.Tensor):
+                if len(set(counts)) != 1 or gates.shape != (L, counts[0]):
+                    want = f"({L}, {counts[0]})" if len(set(counts)) == 1 else f"a list of [H_layer] tensors {counts}"
+                    raise ValueError(f"gates must have shape {want}, got {tuple(gates.shape)}")
+            elif isinstance(gates, (list, tuple)):
+                if len(gates) != L:
+                    raise ValueError(f"gates is a list of {len(gates)} tensors, expected one per layer ({L})")
+            else:
+                raise ValueError(f"gates must be a Tensor of shape ({L}, H) or a list of tensors, "
+                                 f"got {type(gates).__name__}")
         for layer, block in enumerate(self.blocks):
             block.attn.set_gate(None if gates is None else gates[layer])
 
@@ -326,7 +339,8 @@ class Transformer(HookedModule):
 
     def extra_repr(self) -> str:
         c = self.cfg
-        return (f"name={self.name!r}, kind={c.kind}, layers={c.n_layers}, heads={c.n_heads}, "
+        heads = c.n_heads if c.layer_n_heads is None else c.layer_n_heads
+        return (f"name={self.name!r}, kind={c.kind}, layers={c.n_layers}, heads={heads}, "
                 f"kv_heads={c.n_kv_heads}, d_model={c.d_model}, causal={c.causal}")
 
 

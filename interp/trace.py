@@ -47,6 +47,8 @@ class Reducer:
 class MeanReducer(Reducer):
     """Running mean over the batch axis (axis 0) of each selected hook, over every batch it sees.
 
+    Query-chunked patterns (``hook.ctx["q_start"]``) are summed chunk by chunk and stitched in :meth:`result`.
+
     Example:
         >>> r = MeanReducer("blocks.*.attn.hook_pattern")
         >>> for batch in batches: model.run_with_cache(batch, names_filter=[], reducers=[r])
@@ -55,19 +57,28 @@ class MeanReducer(Reducer):
 
     def __init__(self, names: NamesFilter) -> None:
         self.names = names
-        self._sum: dict[str, torch.Tensor] = {}
+        self._sum: dict[str, dict[int, torch.Tensor]] = {}  # name -> query offset -> summed chunk
         self._n: dict[str, int] = {}
 
     def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
         t = tensor.detach().float()
-        if name in self._sum and self._sum[name].shape != t.shape[1:]:
-            raise ValueError(f"MeanReducer: {name} changed shape from {tuple(self._sum[name].shape)} "
+        q_start = hook.ctx.get("q_start", 0)
+        chunks = self._sum.setdefault(name, {})
+        if q_start in chunks and chunks[q_start].shape != t.shape[1:]:
+            raise ValueError(f"MeanReducer: {name} changed shape from {tuple(chunks[q_start].shape)} "
                              f"to {tuple(t.shape[1:])}; pad batches to one length")
-        self._sum[name] = self._sum.get(name, 0) + t.sum(0)
-        self._n[name] = self._n.get(name, 0) + t.shape[0]
+        chunks[q_start] = chunks.get(q_start, 0) + t.sum(0)
+        if q_start == 0:
+            self._n[name] = self._n.get(name, 0) + t.shape[0]
 
     def result(self) -> dict[str, torch.Tensor]:
-        return {k: v / self._n[k] for k, v in self._sum.items()}
+        out = {}
+        for name, chunks in self._sum.items():
+            parts = [chunks[k] for k in sorted(chunks)]
+            # Chunks split the query axis, which is axis 1 once the batch axis is summed away.
+            total = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            out[name] = total / self._n[name]
+        return out
 
 
 class Trace:

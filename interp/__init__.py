@@ -14,10 +14,11 @@ from .hooks import HookPoint
 from .kv_cache import KVCache
 from .model import Transformer
 from .trace import MeanReducer, Reducer, Trace, record
+from .zoo import list_models, load
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Attention", "AttnMask", "HookPoint", "KVCache", "LatentAttention", "MeanReducer", "ModelConfig",
-    "Reducer", "Trace", "Transformer", "record", "__version__",
+    "Reducer", "Trace", "Transformer", "list_models", "load", "record", "__version__",
 ]

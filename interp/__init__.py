@@ -8,6 +8,7 @@ Example:
     torch.Size([2, 1, 4, 16, 16])
 """
 
+from .analysis import HeadReport, classify_heads
 from .attention import Attention, AttnMask, LatentAttention
 from .config import ModelConfig
 from .hooks import HookPoint
@@ -19,6 +20,6 @@ from .zoo import list_models, load
 __version__ = "0.1.0"
 
 __all__ = [
-    "Attention", "AttnMask", "HookPoint", "KVCache", "LatentAttention", "MeanReducer", "ModelConfig",
+    "Attention", "AttnMask", "HeadReport", "classify_heads", "HookPoint", "KVCache", "LatentAttention", "MeanReducer", "ModelConfig",
     "Reducer", "Trace", "Transformer", "list_models", "load", "record", "__version__",
 ]

@@ -1,0 +1,357 @@
+"""Induction, previous-token and duplicate-token heads, scored on repeated random token sequences.
+
+On ``[bos] x_1..x_n x_1..x_n`` (see :func:`interp.analysis.data.repeated_sequences`) an induction head
+attends from the second occurrence of a token to the token right after its first occurrence (prefix
+matching) and its output raises the logit of the token it attends to (copying; Olsson et al., 2022). A
+previous-token head attends to position ``q - 1``; a duplicate-token head attends to earlier occurrences of
+the current token. Encoders get the same attention scores; copying needs an unembedding and is NaN without.
+
+Two definitions of the attention scores:
+
+- ``definition="interp"`` (default): the mean attention mass on the targets, averaged only over the query
+  rows that *have* a target (for previous-token every row but the first; for duplicate-token and induction
+  the second half). Rows without a target say nothing about the head, and counting them would cap a
+  perfect induction head at ~0.5 on a sequence repeated once. It also reports the fraction of those rows
+  whose unique argmax is a target (``*_argmax``).
+- ``definition="transformer_lens"``: TransformerLens' ``head_detector`` "mul" measure, reproduced exactly:
+  per sequence, ``sum(pattern * detection) / sum(pattern)`` over all (real) rows, with TL's lower-triangular
+  detection patterns (also for encoders, whose attention to later keys then only enters the denominator),
+  averaged over sequences with equal weight (as ``detect_head`` does for a list of prompts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..hooks import HookPoint
+from ..trace import Reducer
+from ._stream import (PATTERN_HOOKS, TargetReducer, check_length, iter_batches, key_allowed, layer_of,
+                      offset_targets, query_real, run_reducer)
+from .data import repeated_sequences
+
+__all__ = ["induction_scores", "repeated_tokens_for", "induction_targets", "tl_detection_patterns"]
+
+_DEFINITIONS = ("interp", "transformer_lens")
+_KINDS = ("previous_token", "duplicate_token", "induction")
+
+
+# --- data ---------------------------------------------------------------------------------------------
+def repeated_tokens_for(model: Any, n_seqs: int = 32, half_len: int | None = None, *, seed: int = 0) -> torch.Tensor:
+    """Repeated random sequences that suit ``model``: its BOS/[CLS] in front, [SEP] at the end for encoders.
+
+    Random ids avoid the tokenizer's special tokens (ids below the largest special id are skipped when
+    the special ids sit at the start of the vocabulary, as in BERT).
+
+    Args:
+        model: an interp Transformer (with or without tokenizer).
+        n_seqs: number of sequences.
+        half_len: length of the repeated half; default ``min(25, (n_ctx - 2) // 2)``.
+        seed: random seed.
+
+    Returns:
+        LongTensor ``[n_seqs, T]``.
+
+    Example:
+        >>> toks = repeated_tokens_for(model, 8, 10)
+    """
+    cfg = model.cfg
+    if half_len is None:
+        half_len = min(25, (cfg.n_ctx - 2) // 2)
+    tok = getattr(model, "tokenizer", None)
+    bos = None
+    sep = None
+    low = 0
+    if tok is not None:
+        bos = getattr(tok, "cls_token_id", None)
+        if bos is None:
+            bos = getattr(tok, "bos_id", None)
+        if not cfg.causal:
+            sep = getattr(tok, "sep_token_id", None)
+        special = set(getattr(tok, "special_ids", set()) or set())
+        if special and max(special) < cfg.d_vocab // 2:
+            low = max(special) + 1
+    if low:
+        body = repeated_sequences(n_seqs, half_len, cfg.d_vocab - low, seed=seed) + low  # [N, 2n]
+        parts = [body]
+        if bos is not None:
+            parts.insert(0, torch.full((n_seqs, 1), bos, dtype=torch.long))
+    else:
+        parts = [repeated_sequences(n_seqs, half_len, cfg.d_vocab, seed=seed, bos_id=bos)]
+    if sep is not None:
+        parts.append(torch.full((n_seqs, 1), sep, dtype=torch.long))
+    return torch.cat(parts, dim=1)  # [N, T]
+
+
+# --- target sets ----------------------------------------------------------------------------------------
+def induction_targets(tokens: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> dict[str, torch.Tensor]:
+    """The ``interp`` target keys ``[B, T, S]`` bool of each score.
+
+    - ``previous_token``: key ``q - 1``.
+    - ``duplicate_token``: earlier keys ``k < q`` holding the same token as ``q``.
+    - ``induction`` (prefix matching): keys ``k != q`` whose previous token ``k - 1 < q`` equals token ``q``,
+      i.e. the token after an earlier occurrence of the current token.
+
+    Only real, attendable keys count (padding and, for a causal model, future keys are never targets).
+    """
+    B, T = tokens.shape
+    allowed = key_allowed(tokens, mask, causal)  # [B, T, S]
+    real = query_real(tokens, mask)  # [B, T]
+    pos = torch.arange(T)
+    same = (tokens[:, :, None] == tokens[:, None, :]) & real[:, :, None] & real[:, None, :]  # [B, T, S]
+    earlier = pos[None, :] < pos[:, None]  # [T, S]
+    dup = same & earlier[None]
+    # prev_same[b, q, k] = token[k-1] == token[q]: shift the key axis of `same` right by one.
+    prev_same = torch.zeros_like(same)
+    prev_same[:, :, 1:] = same[:, :, :-1]
+    key_after_earlier = (pos[None, :] - 1 < pos[:, None]) & (pos[None, :] != pos[:, None])  # [T, S]
+    return {
+        "previous_token": offset_targets(T, -1)[None] & allowed,
+        "duplicate_token": dup & allowed,
+        "induction": prev_same & key_after_earlier[None] & allowed,
+    }
+
+
+def tl_detection_patterns(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """TransformerLens' detection patterns for one unpadded sequence ``[T]``: ``{kind: [T, T] float}``.
+
+    Written from TL 4.x ``head_detector``: previous-token is the sub-diagonal; duplicate-token is
+    ``tril(tokens[q] == tokens[k])`` with a zero diagonal; induction is the duplicate pattern shifted one key
+    to the right with a zero first column, then ``tril`` (so it may include ``k == q``).
+    """
+    T = tokens.shape[-1]
+    tokens = tokens.reshape(T)  # [T]
+    prev = torch.zeros(T, T)
+    prev[1:, :-1] = torch.eye(T - 1)
+    dup = (tokens[:, None] == tokens[None, :]).float()  # [T, T]
+    dup.fill_diagonal_(0)
+    dup = dup.tril()
+    ind = torch.zeros(T, T)
+    ind[:, 1:] = dup[:, :-1]
+    return {"previous_token": prev.tril(), "duplicate_token": dup, "induction": ind.tril()}
+
+
+# --- reducers -------------------------------------------------------------------------------------------
+class _TLReducer(Reducer):
+    """TransformerLens' "mul" score per sequence, averaged over sequences (see the module docstring)."""
+
+    names = PATTERN_HOOKS
+
+    def __init__(self, n_layers: int, n_heads: int, *, exclude_bos: bool, exclude_current_token: bool) -> None:
+        self.exclude_bos = exclude_bos
+        self.exclude_current = exclude_current_token
+        self.sum = {k: torch.zeros(n_layers, n_heads, dtype=torch.float64) for k in _KINDS}
+        self.n_seqs = 0
+        self._shape = (n_layers, n_heads)
+
+    def set_batch(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> None:
+        self._flush()
+        B, T = tokens.shape
+        real = query_real(tokens, mask)  # [B, T]
+        dets = {k: torch.zeros(B, T, T) for k in _KINDS}
+        for b in range(B):
+            n = int(real[b].sum())
+            idx = real[b].nonzero().flatten()  # positions of the real tokens (right or left padding)
+            for k, d in tl_detection_patterns(tokens[b, idx]).items():
+                dets[k][b][idx[:, None], idx[None, :]] = d
+        self._dets = dets
+        self._real = real
+        L, H = self._shape
+        self._num = {k: torch.zeros(B, L, H, dtype=torch.float64) for k in _KINDS}
+        self._den = torch.zeros(B, L, H, dtype=torch.float64)
+        self._pending = True
+
+    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
+        layer = layer_of(name)
+        q0 = hook.ctx.get("q_start", 0) or 0
+        p = tensor.detach().float().clone()  # [B, H, Tc, S]
+        Tc = p.shape[2]
+        p = p * self._real[:, None, q0:q0 + Tc, None].to(p)  # padding rows do not exist in TL's run
+        if self.exclude_bos:
+            p[..., 0] = 0
+        if self.exclude_current:
+            rows = torch.arange(Tc)
+            p[:, :, rows, rows + q0] = 0
+        self._den[:, layer] += p.sum((2, 3)).double().cpu()
+        for k in _KINDS:
+            det = self._dets[k][:, q0:q0 + Tc].to(p)  # [B, Tc, S]
+            self._num[k][:, layer] += (p * det[:, None]).sum((2, 3)).double().cpu()
+
+    def _flush(self) -> None:
+        if getattr(self, "_pending", False):
+            for k in _KINDS:
+                self.sum[k] += (self._num[k] / self._den).sum(0)
+            self.n_seqs += self._den.shape[0]
+            self._pending = False
+
+    def result(self) -> dict[str, torch.Tensor]:
+        self._flush()
+        return {k: v / max(self.n_seqs, 1) for k, v in self.sum.items()}
+
+
+class _CopyReducer(Reducer):
+    """Copying score: does a head's direct effect on the logits raise the token it attends to?
+
+    For every row with an induction target, take the head's residual write (``hook_result``), pass it through
+    the final norm with the scale frozen at the full residual's value (direct logit attribution) and the
+    unembedding, and find the rank of the attended token (the token at the row's argmax key) among the whole
+    vocabulary. The score is the mean fraction of the vocabulary whose direct logit is strictly below the
+    attended token's: 1 = always the top logit, ~0.5 = chance, 0 for a head that writes nothing the
+    unembedding reads.
+    """
+
+    def __init__(self, model: Any) -> None:
+        cfg = model.cfg
+        L = cfg.n_layers
+        self.model = model
+        self.names = [PATTERN_HOOKS, "blocks.*.attn.hook_result", f"blocks.{L - 1}.hook_resid_post"]
+        self.sum = torch.zeros(L, cfg.n_heads, dtype=torch.float64)
+        self.rows = 0
+        self._last = f"blocks.{L - 1}.hook_resid_post"
+
+    def set_batch(self, tokens: torch.Tensor, rows: torch.Tensor) -> None:
+        """rows: ``[B, T]`` bool, the query rows scored (those with an induction target)."""
+        self._tokens = tokens
+        self._rows = rows
+        B, T = tokens.shape
+        self._argmax = torch.zeros(self.model.cfg.n_layers, B, self.model.cfg.n_heads, T, dtype=torch.long)
+        self._res: dict[int, torch.Tensor] = {}
+
+    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
+        if name.endswith("hook_pattern"):
+            q0 = hook.ctx.get("q_start", 0) or 0
+            self._argmax[layer_of(name), :, :, q0:q0 + tensor.shape[2]] = tensor.detach().argmax(-1).cpu()
+        elif name.endswith("hook_result"):
+            self._res[layer_of(name)] = tensor.detach()[self._rows.to(tensor.device)].float()  # [N, H, M]
+        if name == self._last:
+            self._finish(tensor.detach().float())
+
+    def _finish(self, resid: torch.Tensor) -> None:
+        rows = self._rows.to(resid.device)
+        x = resid[rows]  # [N, M]
+        N = x.shape[0]
+        if N == 0:
+            return
+        ln = self.model.ln_final
+        W_U = self.model.W_U.weight.float()  # [V, M]
+        if isinstance(ln, torch.nn.LayerNorm):
+            scale = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).rsqrt()  # [N, 1]
+            center, weight = True, ln.weight
+        elif isinstance(ln, torch.nn.RMSNorm):
+            eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
+            scale = (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()  # [N, 1]
+            center, weight = False, ln.weight
+        else:
+            scale, center, weight = torch.ones(N, 1, device=x.device), False, None
+        b_idx, q_idx = rows.nonzero(as_tuple=True)  # [N]
+        V = W_U.shape[0]
+        for layer, r in self._res.items():
+            H = r.shape[1]
+            if center:
+                r = r - r.mean(-1, keepdim=True)
+            r = r * scale[:, None]  # [N, H, M]
+            if weight is not None:
+                r = r * weight.float()
+            key = self._argmax[layer][b_idx.cpu(), :, q_idx.cpu()]  # [N, H]
+            attended = self._tokens[b_idx.cpu()[:, None], key].to(r.device)  # [N, H]
+            step = max(1, 2 ** 24 // (H * V))  # rows per chunk: bounds the [n, H, V] logits tensor
+            for i in range(0, N, step):
+                logits = r[i:i + step] @ W_U.T  # [n, H, V]
+                own = logits.gather(-1, attended[i:i + step, :, None])  # [n, H, 1]
+                below = (logits < own).float().mean(-1)  # [n, H]
+                self.sum[layer] += below.sum(0).double().cpu()
+        self.rows += N
+
+    def result(self) -> torch.Tensor:
+        return self.sum / self.rows if self.rows else torch.full_like(self.sum, torch.nan)
+
+
+# --- public ---------------------------------------------------------------------------------------------
+def induction_scores(
+    model: Any,
+    tokens: Any = None,
+    *,
+    definition: str = "interp",
+    n_seqs: int = 32,
+    half_len: int | None = None,
+    seed: int = 0,
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
+    copying: bool = True,
+    batch_size: int = 32,
+) -> pd.DataFrame:
+    """Previous-token, duplicate-token, induction (prefix-matching) and copying scores of every head.
+
+    Args:
+        model: an interp Transformer (decoder or encoder).
+        tokens: token ids to score on (LongTensor ``[N, T]`` or an iterable of batches); default: repeated
+            random sequences from :func:`repeated_tokens_for` (``n_seqs``, ``half_len``, ``seed``).
+        definition: ``"interp"`` or ``"transformer_lens"`` (see the module docstring for the difference).
+        n_seqs, half_len, seed: the default data.
+        exclude_bos, exclude_current_token: ``"transformer_lens"`` only, as in TL's ``detect_head``.
+        copying: compute the copying score (needs ``model.W_U``; NaN for models without unembedding).
+        batch_size: rows per forward pass when ``tokens`` is one tensor.
+
+    Returns:
+        DataFrame, one row per head: ``layer, head, previous_token, duplicate_token, induction, copying``;
+        with ``definition="interp"`` also ``previous_token_argmax, duplicate_token_argmax,
+        induction_argmax`` (fraction of rows whose unique argmax is a target). ``df.attrs`` holds
+        ``definition`` and ``rows`` (rows per score, interp) or ``n_sequences``.
+
+    Raises:
+        ValueError: unknown definition, an empty dataset, or sequences longer than the model's context.
+
+    Example:
+        >>> df = induction_scores(model)
+        >>> df.sort_values("induction").tail(3)
+    """
+    if definition not in _DEFINITIONS:
+        raise ValueError(f"definition={definition!r} is not one of {_DEFINITIONS}")
+    if definition == "interp" and (exclude_bos or exclude_current_token):
+        raise ValueError("exclude_bos / exclude_current_token apply to definition='transformer_lens' only")
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    if tokens is None:
+        tokens = repeated_tokens_for(model, n_seqs, half_len, seed=seed)
+    can_copy = copying and getattr(model, "W_U", None) is not None and cfg.normalization != "post"
+    interp_red = TargetReducer(L, H, list(_KINDS))
+    tl_red = _TLReducer(L, H, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
+    copy_red = _CopyReducer(model) if can_copy else None
+    n_seq = 0
+    for toks, mask in iter_batches(tokens, batch_size=batch_size, name="tokens"):
+        check_length(model, toks.shape[1])
+        targets = induction_targets(toks, mask, cfg.causal)
+        reds: list[Reducer] = []
+        if definition == "interp":
+            interp_red.set_batch(targets, query_real(toks, mask))
+            reds.append(interp_red)
+        else:
+            tl_red.set_batch(toks, mask)
+            reds.append(tl_red)
+        if copy_red is not None:
+            copy_red.set_batch(toks, targets["induction"].any(-1) & query_real(toks, mask))
+            reds.append(copy_red)
+        run_reducer(model, toks, mask, reds)
+        n_seq += toks.shape[0]
+    copy = copy_red.result() if copy_red is not None else torch.full((L, H), torch.nan)
+    if definition == "interp":
+        res = interp_red.result()
+        cols = {k: res[k]["mass"] for k in _KINDS} | {f"{k}_argmax": res[k]["argmax"] for k in _KINDS}
+    else:
+        cols = tl_red.result()
+    rows = []
+    for layer in range(L):
+        for head in range(H):
+            row = {"layer": layer, "head": head}
+            row.update({k: float(v[layer, head]) for k, v in cols.items() if k in _KINDS})
+            row["copying"] = float(copy[layer, head])
+            row.update({k: float(v[layer, head]) for k, v in cols.items() if k not in _KINDS})
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    df.attrs["definition"] = definition
+    df.attrs["n_sequences"] = n_seq
+    if definition == "interp":
+        df.attrs["rows"] = {k: res[k]["rows"] for k in _KINDS}
+    return df

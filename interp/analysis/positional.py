@@ -1,0 +1,130 @@
+"""Positional heads: where, relative to the query, each head puts its attention (Voita et al., 2019).
+
+For every head this measures, over a dataset streamed batch by batch, the attention mass and the argmax
+frequency at each relative offset in a window (``-3..+3`` by default), at the first token ([CLS]/BOS) and at
+delimiter tokens ([SEP], end punctuation), plus the confidence (mean max weight). Voita et al.'s criterion:
+a head is positional when its argmax lands on the same relative offset at least 90% of the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ._stream import TargetReducer, check_length, iter_batches, key_allowed, offset_targets, query_real, run_reducer
+
+__all__ = ["positional_scores", "offset_label", "default_delimiter_ids"]
+
+_END_PUNCT = (".", "!", "?", ";", ":")
+
+
+def offset_label(offset: int) -> str:
+    """``-1`` -> ``"-1"``, ``2`` -> ``"+2"``, ``0`` -> ``"0"`` (the column/kind suffix of an offset)."""
+    return "0" if offset == 0 else f"{offset:+d}"
+
+
+def default_delimiter_ids(model: Any) -> list[int]:
+    """Ids of the separator token and of end punctuation in the model's tokenizer (empty without one)."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return []
+    ids = []
+    sep = getattr(tok, "sep_token_id", None)
+    if sep is not None:
+        ids.append(int(sep))
+    backend = getattr(tok, "backend", None)
+    if backend is not None and hasattr(backend, "token_to_id"):
+        for p in _END_PUNCT:
+            i = backend.token_to_id(p)
+            if i is not None:
+                ids.append(int(i))
+    return sorted(set(ids))
+
+
+def positional_scores(
+    model: Any,
+    tokens_or_batches: Any,
+    *,
+    window: int = 3,
+    delimiter_ids: Iterable[int] | None = None,
+    batch_size: int = 32,
+    tie_tol: float = 1e-6,
+) -> pd.DataFrame:
+    """Per head: attention mass and argmax frequency at relative offsets, the first token and delimiters.
+
+    Rows are averaged only over queries where the target exists and may be attended to (for offset -1,
+    every real query but the first; for a causal model, offset +1 has no valid row at all and is NaN).
+    The first-token statistics skip query 0, which in a causal model can only attend to itself and would
+    otherwise hand every head a free hit. An argmax counts only when it is unique (see
+    :class:`~interp.analysis._stream.TargetReducer`).
+
+    Args:
+        model: an interp Transformer.
+        tokens_or_batches: a LongTensor ``[N, T]``, or an iterable of batches (tensors, ``(tokens, mask)``
+            tuples or dicts with ``tokens`` / ``attention_mask``); streamed batch by batch.
+        window: offsets ``-window..+window`` are measured.
+        delimiter_ids: token ids that count as delimiters; default: the tokenizer's [SEP] and end
+            punctuation (``. ! ? ; :``), none for a model without tokenizer.
+        batch_size: rows per forward pass when ``tokens_or_batches`` is one tensor.
+        tie_tol: an argmax is unique when the top weight beats the runner-up by more than this.
+
+    Returns:
+        DataFrame with one row per head: ``layer, head``, ``mass_{o}`` and ``argmax_{o}`` for each offset
+        label (``-3 .. -1, 0, +1 .. +3``), ``mass_first, argmax_first, mass_delimiter, argmax_delimiter``,
+        ``confidence``, ``best_offset`` (the offset with the highest argmax frequency) and ``best_argmax``;
+        ``df.attrs`` holds ``rows`` (valid queries per statistic) and ``n_sequences``.
+
+    Raises:
+        ValueError: an empty dataset, a negative window, or sequences longer than the model's context.
+        TypeError: the data are not token ids.
+
+    Example:
+        >>> df = positional_scores(model, torch.randint(0, 100, (16, 32)))
+        >>> df.loc[df.best_argmax >= 0.9, ["layer", "head", "best_offset"]]
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window={window!r} must be an int >= 0")
+    delims = default_delimiter_ids(model) if delimiter_ids is None else [int(i) for i in delimiter_ids]
+    offsets = list(range(-window, window + 1))
+    cats = [offset_label(o) for o in offsets] + ["first", "delimiter"]
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    red = TargetReducer(L, H, cats, tie_tol=tie_tol)
+    n_seq = 0
+    for tokens, mask in iter_batches(tokens_or_batches, batch_size=batch_size, name="tokens_or_batches"):
+        B, T = tokens.shape
+        check_length(model, T)
+        allowed = key_allowed(tokens, mask, model.cfg.causal)  # [B, T, S]
+        targets = {offset_label(o): offset_targets(T, o)[None] & allowed for o in offsets}
+        first = torch.zeros(T, T, dtype=torch.bool)
+        first[1:, 0] = True  # query 0 excluded: attending to itself is not evidence of a first-token head
+        targets["first"] = first[None] & allowed
+        is_delim = torch.isin(tokens, torch.tensor(delims, dtype=torch.long)) if delims else torch.zeros_like(
+            tokens, dtype=torch.bool)  # [B, S]
+        not_self = ~torch.eye(T, dtype=torch.bool)  # a delimiter attending to itself is offset 0, not a delimiter hit
+        targets["delimiter"] = is_delim[:, None, :] & not_self[None] & allowed
+        red.set_batch(targets, query_real(tokens, mask))
+        run_reducer(model, tokens, mask, [red])
+        n_seq += B
+    res = red.result()
+    rows: list[dict[str, Any]] = []
+    for layer in range(L):
+        for head in range(H):
+            row: dict[str, Any] = {"layer": layer, "head": head}
+            for cat in cats:
+                row[f"mass_{cat}"] = float(res[cat]["mass"][layer, head])
+                row[f"argmax_{cat}"] = float(res[cat]["argmax"][layer, head])
+            row["confidence"] = float(res["confidence"][layer, head])
+            freq = {o: row[f"argmax_{offset_label(o)}"] for o in offsets}
+            freq = {o: f for o, f in freq.items() if f == f}  # drop NaN (no valid rows)
+            best = max(freq, key=freq.get) if freq else 0
+            row["best_offset"] = best
+            row["best_argmax"] = freq.get(best, float("nan"))
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    df.attrs["rows"] = {cat: res[cat]["rows"] for cat in cats}
+    df.attrs["n_sequences"] = n_seq
+    df.attrs["delimiter_ids"] = delims
+    return df

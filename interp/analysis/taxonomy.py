@@ -1,0 +1,322 @@
+"""The head taxonomy: run the positional, induction and syntactic analyzers and name what each head does.
+
+``classify_heads(model, ...)`` returns a :class:`HeadReport`: one row per (head, kind) with a score and the
+evidence in words. A head may carry several kinds (a previous-token head is usually also ``positional:-1``);
+a head with no row did not pass any threshold.
+
+Kinds and their default thresholds (all are parameters of :func:`classify_heads`):
+
+==========================  ==============================================================  =========
+kind                        criterion                                                        default
+==========================  ==============================================================  =========
+``positional:{o}``          argmax at relative offset ``o`` in at least this share of rows   0.9 (Voita et al. 2019)
+``positional:first``        argmax on the first token ([CLS]/BOS), same share                0.9
+``positional:delimiter``    argmax on a delimiter ([SEP], end punctuation), same share       0.9
+``previous-token``          mean attention mass on ``q - 1``                                  0.5
+``duplicate-token``         mean attention mass on earlier copies of the current token        0.5
+``induction``               prefix-matching mass on repeated random sequences, and, for       0.4 / 0.7
+                            models with an unembedding, a copying score of at least 0.7
+``syntactic:{rel}``         accuracy beats the best fixed-offset baseline of the relation     margin 0.1,
+                            by the margin, in either direction, over at least ``min_count``   100 arcs
+                            arcs
+==========================  ==============================================================  =========
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .induction import induction_scores
+from .positional import offset_label, positional_scores
+from .syntactic import syntactic_scores
+from .treebank import read_conllu
+
+__all__ = ["HeadReport", "classify_heads"]
+
+_COLUMNS = ["layer", "head", "kind", "score", "evidence"]
+
+
+@dataclass
+class HeadReport:
+    """What :func:`classify_heads` found.
+
+    Attributes:
+        df: DataFrame ``layer, head, kind, score, evidence``, one row per (head, kind).
+        n_layers, n_heads: the model's shape (for the figure).
+        model_name: the model's name.
+        details: the raw score tables (``"positional"``, ``"induction"``, ``"syntactic"``) that were computed.
+        thresholds: the thresholds used.
+
+    Example:
+        >>> report = classify_heads(model)
+        >>> report.df[report.df.kind == "induction"]
+        >>> report.figure().show()
+    """
+
+    df: pd.DataFrame
+    n_layers: int
+    n_heads: int
+    model_name: str = "model"
+    details: dict[str, pd.DataFrame] = field(default_factory=dict)
+    thresholds: dict[str, Any] = field(default_factory=dict)
+
+    def kinds(self, layer: int, head: int) -> set[str]:
+        """The kinds of one head (empty set for an unclassified head)."""
+        sel = self.df[(self.df["layer"] == layer) & (self.df["head"] == head)]
+        return set(sel.kind)
+
+    def heads(self, kind: str) -> list[tuple[int, int]]:
+        """``(layer, head)`` pairs carrying ``kind`` (exact name, or a prefix ending in ``:`` such as
+        ``"syntactic:"``)."""
+        sel = self.df[self.df.kind.str.startswith(kind)] if kind.endswith(":") else self.df[self.df.kind == kind]
+        return sorted({(int(r.layer), int(r.head)) for r in sel.itertuples()})
+
+    def as_dict(self) -> dict[tuple[int, int], set[str]]:
+        """``{(layer, head): {kinds}}`` for every classified head."""
+        out: dict[tuple[int, int], set[str]] = {}
+        for r in self.df.itertuples():
+            out.setdefault((int(r.layer), int(r.head)), set()).add(r.kind)
+        return out
+
+    def figure(self):
+        """A plotly layer x head map: colour = number of kinds, hover/text = the kinds and scores.
+
+        Returns:
+            ``plotly.graph_objects.Figure``.
+        """
+        import plotly.graph_objects as go
+
+        L, H = self.n_layers, self.n_heads
+        count = [[0] * H for _ in range(L)]
+        text = [[""] * H for _ in range(L)]
+        hover = [[f"L{layer}H{head}: -" for head in range(H)] for layer in range(L)]
+        for (layer, head), sel in self.df.groupby(["layer", "head"]):
+            count[layer][head] = len(sel)
+            text[layer][head] = "<br>".join(k.replace("positional:", "pos:").replace("syntactic:", "syn:")
+                                            for k in sel.kind)
+            hover[layer][head] = f"L{layer}H{head}<br>" + "<br>".join(
+                f"{k}: {s:.2f}" for k, s in zip(sel.kind, sel.score))
+        fig = go.Figure(go.Heatmap(
+            z=count, x=[f"H{h}" for h in range(H)], y=[f"L{layer}" for layer in range(L)],
+            text=text, texttemplate="%{text}", hovertext=hover, hoverinfo="text",
+            colorscale="Blues", colorbar={"title": "kinds"}, zmin=0,
+        ))
+        fig.update_layout(title=f"Head taxonomy of {self.model_name}", xaxis_title="head", yaxis_title="layer",
+                          yaxis_autorange="reversed", height=max(300, 60 * L + 120), width=max(500, 70 * H + 200))
+        return fig
+
+    def __len__(self) -> int:
+        return len(self.df)
+
+    def __repr__(self) -> str:
+        n_heads = self.df[["layer", "head"]].drop_duplicates().shape[0] if len(self.df) else 0
+        head = (f"HeadReport({self.model_name!r}: {len(self.df)} kinds on {n_heads} of "
+                f"{self.n_layers * self.n_heads} heads)")
+        if not len(self.df):
+            return head
+        return head + "\n" + self.df.to_string(index=False, float_format=lambda x: f"{x:.3f}")
+
+    def _repr_html_(self) -> str:
+        title = (f"<b>HeadReport</b> of {html.escape(self.model_name)}: {len(self.df)} kinds on "
+                 f"{self.n_layers} x {self.n_heads} heads")
+        return title + self.df.to_html(index=False, float_format=lambda x: f"{x:.3f}")
+
+
+def _random_tokens(model: Any, n: int, T: int, seed: int) -> torch.Tensor:
+    """Uniform random ids (avoiding leading special ids), with the model's BOS/[CLS] in front when it has one."""
+    cfg = model.cfg
+    tok = getattr(model, "tokenizer", None)
+    special = set(getattr(tok, "special_ids", set()) or set()) if tok is not None else set()
+    low = max(special) + 1 if special and max(special) < cfg.d_vocab // 2 else 0
+    bos = None
+    if tok is not None:
+        bos = getattr(tok, "cls_token_id", None)
+        bos = getattr(tok, "bos_id", None) if bos is None else bos
+    g = torch.Generator().manual_seed(seed)
+    if bos is None:
+        return torch.randint(low, cfg.d_vocab, (n, T), generator=g)
+    skip = bos >= low  # the BOS id lies inside the drawn range: draw one id fewer and step over it
+    body = torch.randint(low, cfg.d_vocab - int(skip), (n, T - 1), generator=g)  # [n, T-1]
+    if skip:
+        body = body + (body >= bos).long()
+    return torch.cat([torch.full((n, 1), bos, dtype=torch.long), body], dim=1)  # [n, T]
+
+
+def _treebank_batches(model: Any, conllu: Any, max_sentences: int | None, batch_size: int):
+    """Token batches (padded, with masks) of the treebank's sentences that fit the model's context."""
+    tok = model.tokenizer
+    pad = getattr(tok, "pad_token_id", None) or 0
+    seqs: list[torch.Tensor] = []
+    sents = read_conllu(conllu, max_sentences=max_sentences) if isinstance(conllu, (str, Path)) else conllu
+    for s in sents:
+        ids, _ = tok.encode_words(s.words)
+        if len(ids) <= model.cfg.n_ctx:
+            seqs.append(torch.as_tensor(ids, dtype=torch.long))
+        if len(seqs) == batch_size:
+            yield _pad(seqs, pad)
+            seqs = []
+    if seqs:
+        yield _pad(seqs, pad)
+
+
+def _pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(s) for s in seqs)
+    tokens = torch.full((len(seqs), T), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s)] = s
+        mask[i, :len(s)] = 1
+    return tokens, mask
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def classify_heads(
+    model: Any,
+    *,
+    tokens: Any = None,
+    texts: list[str] | None = None,
+    conllu: Any = None,
+    induction_tokens: Any = None,
+    definition: str = "interp",
+    window: int = 3,
+    positional_threshold: float = 0.9,
+    previous_token_threshold: float = 0.5,
+    duplicate_token_threshold: float = 0.5,
+    induction_threshold: float = 0.4,
+    copying_threshold: float = 0.7,
+    syntactic_margin: float = 0.1,
+    syntactic_min_count: int = 100,
+    max_sentences: int | None = None,
+    n_seqs: int = 32,
+    half_len: int | None = None,
+    seed: int = 0,
+    batch_size: int = 32,
+) -> HeadReport:
+    """Classify every head of ``model`` (see the module docstring for the kinds and default thresholds).
+
+    Data: the positional analysis runs on ``tokens`` if given, else on ``texts`` (tokenized), else on the
+    sentences of ``conllu``, else on uniform random tokens. The induction analysis runs on
+    ``induction_tokens`` if given, else on repeated random sequences (``n_seqs``, ``half_len``, ``seed``). The
+    syntactic analysis runs only when ``conllu`` is given.
+
+    Args:
+        model: an interp Transformer.
+        tokens: token ids for the positional analysis (a tensor or an iterable of batches).
+        texts: raw texts for the positional analysis (needs a tokenizer).
+        conllu: a CoNLL-U path (or iterable of Sentence) for the syntactic analysis.
+        induction_tokens: token ids for the induction analysis.
+        definition: ``"interp"`` or ``"transformer_lens"`` attention scores (see :func:`induction_scores`).
+        window: relative offsets ``-window..+window`` are tested.
+        positional_threshold: Voita et al.'s argmax share for ``positional:*``.
+        previous_token_threshold, duplicate_token_threshold, induction_threshold: attention-mass thresholds.
+        copying_threshold: minimum copying score of an induction head (models with an unembedding).
+        syntactic_margin: accuracy above the offset baseline needed for ``syntactic:{rel}``.
+        syntactic_min_count: arcs of a relation (in that direction) needed before it is judged.
+        max_sentences: cap on treebank sentences.
+        n_seqs, half_len, seed: the default random data.
+        batch_size: sequences (or sentences) per forward pass.
+
+    Returns:
+        A :class:`HeadReport`.
+
+    Raises:
+        ValueError: empty data, bad thresholds, ``texts`` without a tokenizer, or the errors of the analyzers.
+
+    Example:
+        >>> report = classify_heads(load("minilm-l6"), conllu="en_ewt-ud-dev.conllu")
+        >>> report
+        >>> report.heads("syntactic:")
+    """
+    for name, v in (("positional_threshold", positional_threshold), ("previous_token_threshold",
+                    previous_token_threshold), ("duplicate_token_threshold", duplicate_token_threshold),
+                    ("induction_threshold", induction_threshold), ("copying_threshold", copying_threshold)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
+            raise ValueError(f"{name}={v!r} must be a number in [0, 1]")
+    cfg = model.cfg
+    rows: list[dict[str, Any]] = []
+    details: dict[str, pd.DataFrame] = {}
+
+    # --- positional -----------------------------------------------------------------------------------
+    if tokens is not None:
+        pos_data = tokens
+    elif texts is not None:
+        tok = getattr(model, "tokenizer", None)
+        if tok is None or not hasattr(tok, "encode_batch_with_mask"):
+            raise ValueError(f"texts given but model {getattr(model, 'name', '?')!r} has no text tokenizer; pass tokens")
+        if isinstance(texts, str) or not texts:
+            raise ValueError(f"texts must be a non-empty list of str, got {texts!r}")
+        pos_data = [tok.encode_batch_with_mask(texts[i:i + batch_size], max_length=cfg.n_ctx)
+                    for i in range(0, len(texts), batch_size)]
+    elif conllu is not None and getattr(model, "tokenizer", None) is not None:
+        pos_data = _treebank_batches(model, conllu, max_sentences, batch_size)
+    else:
+        pos_data = _random_tokens(model, n_seqs, min(cfg.n_ctx, 64), seed)
+    pos = positional_scores(model, pos_data, window=window, batch_size=batch_size)
+    details["positional"] = pos
+    for r in pos.itertuples():
+        for o in range(-window, window + 1):
+            lab = offset_label(o)
+            share = pos.at[r.Index, f"argmax_{lab}"]
+            if share == share and share >= positional_threshold:
+                rows.append({"layer": r.layer, "head": r.head, "kind": f"positional:{lab}", "score": share,
+                             "evidence": f"argmax at offset {lab} in {_pct(share)} of "
+                                         f"{pos.attrs['rows'][lab]} queries; mean weight there "
+                                         f"{pos.at[r.Index, f'mass_{lab}']:.2f}"})
+        for cat in ("first", "delimiter"):
+            share = pos.at[r.Index, f"argmax_{cat}"]
+            if share == share and share >= positional_threshold:
+                rows.append({"layer": r.layer, "head": r.head, "kind": f"positional:{cat}", "score": share,
+                             "evidence": f"argmax on the {cat} token in {_pct(share)} of "
+                                         f"{pos.attrs['rows'][cat]} queries; mean weight there "
+                                         f"{pos.at[r.Index, f'mass_{cat}']:.2f}"})
+
+    # --- induction family -----------------------------------------------------------------------------
+    ind = induction_scores(model, induction_tokens, definition=definition, n_seqs=n_seqs, half_len=half_len,
+                           seed=seed, batch_size=batch_size)
+    details["induction"] = ind
+    for r in ind.itertuples():
+        if r.previous_token >= previous_token_threshold:
+            rows.append({"layer": r.layer, "head": r.head, "kind": "previous-token", "score": r.previous_token,
+                         "evidence": f"mean attention {r.previous_token:.2f} on the previous token"})
+        if r.duplicate_token >= duplicate_token_threshold:
+            rows.append({"layer": r.layer, "head": r.head, "kind": "duplicate-token", "score": r.duplicate_token,
+                         "evidence": f"mean attention {r.duplicate_token:.2f} on earlier copies of the token"})
+        copies = math.isnan(r.copying) or r.copying >= copying_threshold
+        if r.induction >= induction_threshold and copies:
+            copy_txt = "no unembedding" if math.isnan(r.copying) else f"copying score {r.copying:.2f}"
+            rows.append({"layer": r.layer, "head": r.head, "kind": "induction", "score": r.induction,
+                         "evidence": f"prefix-matching attention {r.induction:.2f} on repeated sequences; "
+                                     f"{copy_txt}"})
+
+    # --- syntactic ------------------------------------------------------------------------------------
+    if conllu is not None:
+        syn = syntactic_scores(model, conllu, max_sentences=max_sentences, batch_size=batch_size)
+        details["syntactic"] = syn
+        good = syn[(syn.gain >= syntactic_margin) & (syn.n >= syntactic_min_count)]
+        # One row per (head, relation): the direction with the larger gain.
+        good = good.sort_values("gain", ascending=False).drop_duplicates(["layer", "head", "relation"])
+        for r in good.itertuples():
+            rows.append({"layer": r.layer, "head": r.head, "kind": f"syntactic:{r.relation}", "score": r.accuracy,
+                         "evidence": f"{r.direction} accuracy {r.accuracy:.2f} vs offset {r.baseline_offset:+d} "
+                                     f"baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"})
+
+    df = pd.DataFrame(rows, columns=_COLUMNS)
+    if len(df):
+        df = df.astype({"layer": int, "head": int, "score": float})
+        df = df.sort_values(["layer", "head", "kind"], kind="stable").reset_index(drop=True)
+    thresholds = dict(window=window, positional_threshold=positional_threshold,
+                      previous_token_threshold=previous_token_threshold,
+                      duplicate_token_threshold=duplicate_token_threshold, induction_threshold=induction_threshold,
+                      copying_threshold=copying_threshold, syntactic_margin=syntactic_margin,
+                      syntactic_min_count=syntactic_min_count, definition=definition)
+    return HeadReport(df, cfg.n_layers, cfg.n_heads, getattr(model, "name", "model"), details, thresholds)

@@ -1,0 +1,190 @@
+"""Reading gold dependency trees from CoNLL-U (with the ``conllu`` package) and aligning words to tokens.
+
+Only what the syntactic analysis needs is kept per sentence: the words, each word's head (0-based, -1 for the
+root) and its relation. Multiword-token ranges (``3-4``) and empty nodes (``5.1``) are skipped, as they are
+not words of the basic tree. Malformed input raises ``ValueError`` naming the file and the line number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import conllu
+import torch
+
+__all__ = ["Sentence", "read_conllu", "align_words", "parse_text_with_spacy"]
+
+_N_FIELDS = 10
+
+
+@dataclass
+class Sentence:
+    """One gold-parsed sentence.
+
+    Attributes:
+        words: the word forms.
+        heads: ``heads[i]`` is the index of word i's head, -1 for the root.
+        deprels: ``deprels[i]`` is the relation of word i to its head (``nsubj``, ``obl:tmod``...).
+        sent_id: the ``# sent_id`` comment, if any.
+        line: the line number (1-based) where the sentence starts.
+    """
+
+    words: list[str]
+    heads: list[int]
+    deprels: list[str]
+    sent_id: str | None = None
+    line: int = 0
+
+
+def _blocks(lines: Iterator[str], where: str) -> Iterator[list[tuple[int, str]]]:
+    """Group lines into sentence blocks of ``(line_number, line)``, checking the field count on the way."""
+    block: list[tuple[int, str]] = []
+    for no, raw in enumerate(lines, start=1):
+        line = raw.rstrip("\n").rstrip("\r")
+        if not line.strip():
+            if block:
+                yield block
+                block = []
+            continue
+        if not line.startswith("#"):
+            n = len(line.split("\t"))
+            if n != _N_FIELDS:
+                raise ValueError(f"{where}:{no}: malformed CoNLL-U line (expected {_N_FIELDS} tab-separated fields, "
+                                 f"got {n}): {line!r}")
+        block.append((no, line))
+    if block:
+        yield block
+
+
+def _parse_block(block: list[tuple[int, str]], where: str) -> Sentence | None:
+    text = "\n".join(line for _, line in block) + "\n\n"
+    try:
+        (tokenlist,) = conllu.parse(text)
+    except conllu.exceptions.ParseException as e:
+        # conllu does not say which line failed: parse the token lines one by one to find it.
+        for no, line in block:
+            if line.startswith("#"):
+                continue
+            try:
+                conllu.parse(line + "\n\n")
+            except conllu.exceptions.ParseException as e_line:
+                raise ValueError(f"{where}:{no}: malformed CoNLL-U line ({e_line}): {line!r}") from e_line
+        raise ValueError(f"{where}:{block[0][0]}: malformed CoNLL-U sentence ({e})") from e
+    token_lines = [(no, line) for no, line in block if not line.startswith("#")]
+    words, heads, rels = [], [], []
+    head_lines = []
+    for tok, (no, line) in zip(tokenlist, token_lines):
+        if not isinstance(tok["id"], int):
+            continue  # multiword range or empty node: not part of the basic tree
+        if tok["id"] != len(words) + 1:
+            raise ValueError(f"{where}:{no}: word ids must count 1, 2, 3...; expected {len(words) + 1}, got "
+                             f"{tok['id']!r}: {line!r}")
+        if not isinstance(tok["head"], int):
+            raise ValueError(f"{where}:{no}: word {tok['id']} has no integer HEAD ({tok['head']!r}): {line!r}")
+        words.append(str(tok["form"]))
+        heads.append(tok["head"] - 1)
+        rels.append(str(tok["deprel"]))
+        head_lines.append((no, line))
+    for h, (no, line) in zip(heads, head_lines):
+        if not -1 <= h < len(words):
+            raise ValueError(f"{where}:{no}: HEAD {h + 1} points outside the sentence of {len(words)} words: {line!r}")
+    if not words:
+        return None
+    return Sentence(words, heads, rels, tokenlist.metadata.get("sent_id"), block[0][0])
+
+
+def read_conllu(source: str | Path | Sequence[str], *, max_sentences: int | None = None) -> Iterator[Sentence]:
+    """Stream the sentences of a CoNLL-U file (or of CoNLL-U text given as a list of lines).
+
+    Args:
+        source: a path to a ``.conllu`` file, or the file's lines.
+        max_sentences: stop after this many sentences.
+
+    Yields:
+        :class:`Sentence` objects, one at a time (the file is never read whole).
+
+    Raises:
+        FileNotFoundError: no file at the path.
+        ValueError: a malformed line; the message starts with ``file:line``.
+
+    Example:
+        >>> for sent in read_conllu("en_ewt-ud-dev.conllu", max_sentences=2):
+        ...     print(sent.words, sent.heads, sent.deprels)
+    """
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"no CoNLL-U file at {str(path)!r}")
+        where = str(path)
+        handle: Any = path.open(encoding="utf-8")
+    else:
+        where, handle = "<conllu>", iter(source)
+    try:
+        n = 0
+        for block in _blocks(handle, where):
+            sent = _parse_block(block, where)
+            if sent is None:
+                continue
+            yield sent
+            n += 1
+            if max_sentences is not None and n >= max_sentences:
+                return
+    finally:
+        if hasattr(handle, "close"):
+            handle.close()
+
+
+def align_words(word_index: Sequence[int | None], n_words: int) -> torch.Tensor:
+    """Word-to-token membership ``[W, T]`` (1 where token t belongs to word w) from a tokenizer's word ids.
+
+    Special tokens (``None``) belong to no word.
+
+    Raises:
+        ValueError: a word has no token (the tokenizer dropped it) or an index is out of range.
+    """
+    T = len(word_index)
+    member = torch.zeros(n_words, T)
+    for t, w in enumerate(word_index):
+        if w is None:
+            continue
+        if not 0 <= w < n_words:
+            raise ValueError(f"word index {w} at token {t} is outside [0, {n_words})")
+        member[w, t] = 1.0
+    empty = (member.sum(1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"words {empty} have no token after tokenization")
+    return member
+
+
+def parse_text_with_spacy(text: str, model_name: str = "en_core_web_sm") -> list[Sentence]:
+    """Parse a user's own text into :class:`Sentence` trees with spaCy (optional dependency).
+
+    Args:
+        text: raw text.
+        model_name: an installed spaCy pipeline with a dependency parser.
+
+    Returns:
+        One :class:`Sentence` per spaCy sentence (spaCy's English labels, ClearNLP-style, not UD).
+
+    Raises:
+        ImportError: spaCy or the pipeline is not installed (install them yourself; interp does not).
+    """
+    try:
+        import spacy
+    except ImportError as e:
+        raise ImportError("parse_text_with_spacy needs spaCy: pip install spacy && python -m spacy download "
+                          f"{model_name}") from e
+    try:
+        nlp = spacy.load(model_name)
+    except OSError as e:
+        raise ImportError(f"spaCy pipeline {model_name!r} is not installed: python -m spacy download {model_name}") from e
+    out = []
+    for sent in nlp(text).sents:
+        toks = list(sent)
+        start = toks[0].i
+        heads = [-1 if t.head.i == t.i else t.head.i - start for t in toks]
+        out.append(Sentence([t.text for t in toks], heads, [t.dep_.lower() for t in toks]))
+    return out

@@ -88,7 +88,10 @@ class AttnMask:
             allowed = keep if allowed is None else allowed & keep
             allowed = allowed.expand(-1, -1, len(q_pos), -1)  # [B, 1, T', S]
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        self._cache[key] = mask
+        if len(q_pos) == self.T:
+            # Cache only whole-query masks (shared by all layers). Caching every query chunk's mask would keep
+            # [T, S] alive for the whole pass and make query chunking's memory quadratic again.
+            self._cache[key] = mask
         return mask
 
 

@@ -1,0 +1,242 @@
+"""Long context: peak memory of positional and induction head scores over one 4k / 8k / 16k-token sequence.
+
+A randomly initialised rotary decoder reads one sequence of random tokens repeated once (second half = first
+half). Per head it computes: attention mass on the previous token and how often it is the argmax
+(previous-token / positional:-1), mass on the first token, and the induction (prefix-matching) mass: from a
+query in the second half to the key right after the query token's first occurrence.
+
+Three variants, each in a fresh subprocess so that its peak resident memory is its own:
+
+* streaming: ``model.set_query_chunk(chunk)`` + a :class:`interp.Reducer` that folds each query chunk's
+  pattern ``[B, H, chunk, S]`` as it is computed (``hook.ctx["q_start"]`` locates the chunk); nothing is stored.
+* library: ``interp.analysis.positional_scores`` + ``induction_scores`` under the same query chunking (their
+  reducers build ``[B, T, S]`` boolean target masks, so their memory grows quadratically; capped like the next).
+* materialising: ``run_with_cache(names_filter="*hook_pattern")`` stores every ``[B, H, T, S]`` pattern and
+  the same scores are computed from them afterwards. Runs whose estimated peak exceeds ``--mem-cap-gib`` are
+  not started (reported as skipped, with the estimate).
+
+Peak memory is the child's maximum resident set size as the kernel reports it to the parent
+(``os.wait4`` rusage, ru_maxrss), minus nothing; the "after setup" column is the child's RSS after importing
+torch and building the model, so the difference is what the scoring pass added. Both variants' scores are
+compared at the lengths where both ran.
+
+The score reducer below touches only O(T) entries per chunk (gathers along the key axis), never a [T, S]
+target mask; interp.analysis' TargetReducer builds [B, T, S] target masks per category, which is fine for
+sentences but quadratic at 16k tokens (reported to the lead).
+
+Usage:
+    python experiments/benchmarks/bench_long_context.py [--lengths 4096 8192 16384] [--chunk 256] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+from benchutil import fix_threads, machine_info
+
+GiB = 2**30
+VARIANTS = ("streaming", "library", "materialise")
+
+
+def make_model(T: int, seed: int = 0):
+    import interp
+
+    torch.manual_seed(seed)
+    cfg = interp.ModelConfig(n_layers=2, d_model=256, n_heads=4, d_vocab=1000, n_ctx=T, positional="rotary",
+                             normalization="pre", d_mlp=512)
+    return interp.Transformer(cfg).eval()
+
+
+def repeated_tokens(T: int, d_vocab: int, seed: int = 0) -> torch.Tensor:
+    half = T // 2
+    g = torch.Generator().manual_seed(seed)
+    r = torch.randint(0, d_vocab, (1, half), generator=g)
+    return torch.cat([r, r], dim=1)  # [1, T]
+
+
+class LongContextScores:
+    """Streaming per-head scores: previous-token mass and argmax share, first-token mass, induction mass.
+
+    Works on any slice of queries (a query chunk, or the whole pattern): ``fold(layer, p, q0)`` with
+    ``p`` ``[B, H, t, S]`` holding queries ``q0 .. q0 + t - 1``. Memory per call is O(B H t).
+    """
+
+    names = "blocks.*.attn.hook_pattern"
+
+    def __init__(self, n_layers: int, n_heads: int, half: int) -> None:
+        self.half = half
+        z = lambda: torch.zeros(n_layers, n_heads, dtype=torch.float64)  # noqa: E731
+        self.prev, self.prev_hit, self.first, self.induction = z(), z(), z(), z()
+        self.n_prev, self.n_first, self.n_ind = 0, 0, 0
+
+    def update(self, name: str, tensor: torch.Tensor, hook) -> None:
+        self.fold(int(name.split(".")[1]), tensor, hook.ctx.get("q_start", 0) or 0)
+
+    def fold(self, layer: int, p: torch.Tensor, q0: int) -> None:
+        B, H, t, S = p.shape
+        q = torch.arange(q0, q0 + t)  # absolute query positions [t]
+        rows = q >= 1  # queries that have a previous token (and a first token other than themselves)
+        prev_idx = (q - 1).clamp(min=0).view(1, 1, t, 1).expand(B, H, t, 1)  # [B, H, t, 1]
+        prev = p.gather(-1, prev_idx).squeeze(-1)  # [B, H, t]
+        hit = p.argmax(-1) == (q - 1).view(1, 1, t)  # [B, H, t]
+        self.prev[layer] += (prev * rows).sum((0, 2)).double()
+        self.prev_hit[layer] += (hit & rows).sum((0, 2)).double()
+        self.first[layer] += (p[..., 0] * rows).sum((0, 2)).double()
+        ind_rows = q >= self.half  # second-half queries: token q first appeared at q - half
+        ind_idx = (q - self.half + 1).clamp(min=0, max=S - 1).view(1, 1, t, 1).expand(B, H, t, 1)  # [B, H, t, 1]
+        self.induction[layer] += (p.gather(-1, ind_idx).squeeze(-1) * ind_rows).sum((0, 2)).double()
+        if layer == 0:
+            self.n_prev += int(rows.sum()) * B
+            self.n_first += int(rows.sum()) * B
+            self.n_ind += int(ind_rows.sum()) * B
+
+    def result(self) -> dict[str, list]:
+        return {"previous_token": (self.prev / self.n_prev).tolist(),
+                "previous_token_argmax": (self.prev_hit / self.n_prev).tolist(),
+                "first_token": (self.first / self.n_first).tolist(),
+                "induction": (self.induction / max(self.n_ind, 1)).tolist()}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def child(variant: str, T: int, chunk: int) -> None:
+    """Run one variant at one length and print a JSON line (scores, setup RSS, seconds)."""
+    fix_threads()
+    model = make_model(T)
+    tokens = repeated_tokens(T, model.cfg.d_vocab)
+    red = LongContextScores(model.cfg.n_layers, model.cfg.n_heads, T // 2)
+    setup = rss_bytes()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if variant == "streaming":
+            model.set_query_chunk(chunk)
+            model.run_with_cache(tokens, names_filter=[], reducers=[red])
+        elif variant == "library":
+            # interp.analysis' own streaming scorers, under the same query chunking.
+            from interp.analysis import induction_scores, positional_scores
+
+            model.set_query_chunk(chunk)
+            pos = positional_scores(model, tokens, window=1)
+            ind = induction_scores(model, tokens, copying=False)
+            L, H = model.cfg.n_layers, model.cfg.n_heads
+            red.library = {  # [L, H] lists, same layout as LongContextScores.result()
+                "previous_token": ind["previous_token"].to_numpy().reshape(L, H).tolist(),
+                "previous_token_argmax": pos["argmax_-1"].to_numpy().reshape(L, H).tolist(),
+                "first_token": pos["mass_first"].to_numpy().reshape(L, H).tolist(),
+                "induction": ind["induction"].to_numpy().reshape(L, H).tolist(),
+            }
+        else:
+            _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
+            for layer in range(model.cfg.n_layers):
+                red.fold(layer, trace.pattern(layer), 0)
+    secs = time.perf_counter() - t0
+    print(json.dumps({"scores": getattr(red, "library", None) or red.result(), "setup_rss": setup, "seconds": secs,
+                      "self_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def estimate_library(T: int) -> int:
+    """Generous bound for interp.analysis' scorers: several [T, S] bool target masks and their products."""
+    return 32 * T * T
+
+
+def estimate_materialise(T: int, n_layers: int = 2, n_heads: int = 4) -> int:
+    """Bytes the materialising variant needs beyond setup: every stored fp32 pattern [H, T, T] plus, while a
+    layer runs, its scores, masked scores and softmax (3 [H, T, T]) and the additive causal mask [T, T]."""
+    return (n_layers * n_heads + 3 * n_heads + 1) * T * T * 4
+
+
+def run_child(variant: str, T: int, chunk: int) -> dict:
+    """Run :func:`child` in a fresh interpreter; its peak RSS comes from the kernel via ``os.wait4``."""
+    import tempfile
+
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", variant, str(T), "--chunk", str(chunk)]
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        out = p.stdout.read()
+        _, status, usage = os.wait4(p.pid, 0)  # this child's own rusage (ru_maxrss in KiB on Linux)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        p.stdout.close()
+        if p.returncode != 0:
+            err.seek(0)
+            return {"error": (err.read().strip().splitlines() or [f"exit {p.returncode}"])[-1]}
+    res = json.loads(out.strip().splitlines()[-1])
+    res["peak_rss"] = usage.ru_maxrss * 1024
+    return res
+
+
+def run(quick: bool = False, lengths: list[int] | None = None, chunk: int = 256, cap_gib: float = 6.0) -> str:
+    lengths = lengths or ([2048, 4096, 8192] if quick else [4096, 8192, 16384])
+    threads = fix_threads()
+    rows = ["| tokens | variant | peak RSS (MiB) | after setup (MiB) | added by scoring (MiB) | seconds |",
+            "|---:|---|---:|---:|---:|---:|"]
+    results: dict[tuple[str, int], dict] = {}
+    for T in lengths:
+        for variant in VARIANTS:
+            est = {"materialise": estimate_materialise(T), "library": estimate_library(T)}.get(variant, 0)
+            if est > cap_gib * GiB:
+                rows.append(f"| {T} | {variant} | skipped: estimated > {est / 2**20:,.0f} MiB above setup "
+                            f"(cap {cap_gib} GiB) | | | |")
+                continue
+            r = run_child(variant, T, chunk)
+            results[(variant, T)] = r
+            if "error" in r:
+                rows.append(f"| {T} | {variant} | failed: {r['error']} | | | |")
+                continue
+            rows.append(f"| {T} | {variant}{f' (chunk {chunk})' if variant != 'materialise' else ''} | "
+                        f"{r['peak_rss'] / 2**20:,.0f} | {r['setup_rss'] / 2**20:,.0f} | "
+                        f"{(r['peak_rss'] - r['setup_rss']) / 2**20:,.0f} | {r['seconds']:.1f} |")
+    notes = []
+    for T in lengths:
+        for other in ("materialise", "library"):
+            a, b = results.get(("streaming", T)), results.get((other, T))
+            if a and b and "error" not in a and "error" not in b:
+                diff = max(abs(x - y) for k in a["scores"] for ra, rb in zip(a["scores"][k], b["scores"][k])
+                           for x, y in zip(ra, rb))
+                notes.append(f"{T} tokens: max |score difference| streaming vs {other} = {diff:.1e}")
+    stream = [(T, results[("streaming", T)]) for T in lengths
+              if ("streaming", T) in results and "error" not in results[("streaming", T)]]
+    if len(stream) >= 2:
+        (t0, r0), (t1, r1) = stream[0], stream[-1]
+        a0, a1 = r0["peak_rss"] - r0["setup_rss"], r1["peak_rss"] - r1["setup_rss"]
+        notes.append(f"streaming growth: added memory x{a1 / max(a0, 1):.2f} for tokens x{t1 / t0:.0f} "
+                     f"(linear: x{t1 / t0:.0f}, quadratic: x{(t1 / t0) ** 2:.0f})")
+        notes.append(f"streaming peak at {t1} tokens: {r1['peak_rss'] / GiB:.2f} GiB (target <= 2 GiB)")
+    if stream:
+        s = stream[-1][1]["scores"]
+        notes.append("scores at the longest length (layer x head), previous-token mass: "
+                     + json.dumps([[round(v, 4) for v in row] for row in s["previous_token"]])
+                     + ", induction mass: " + json.dumps([[round(v, 4) for v in row] for row in s["induction"]]))
+    return (f"## bench_long_context (torch threads {threads})\n\n{machine_info()}\n\n"
+            f"### 3. long context: streaming reducers vs materialising every pattern (2-layer rotary decoder, "
+            f"d_model 256, 4 heads, fp32, one repeated random sequence)\n\n" + "\n".join(rows) + "\n\n"
+            + "\n".join(f"- {n}" for n in notes))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+")
+    p.add_argument("--chunk", type=int, default=256)
+    p.add_argument("--mem-cap-gib", type=float, default=float(os.environ.get("BENCH_MEM_CAP_GIB", 6.0)))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--child", nargs=2, metavar=("VARIANT", "T"), help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        child(a.child[0], int(a.child[1]), a.chunk)
+        return 0
+    print(run(a.quick, a.lengths, a.chunk, a.mem_cap_gib))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

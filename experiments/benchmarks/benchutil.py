@@ -1,0 +1,79 @@
+"""Shared helpers of the side-by-side benchmarks: fixed threads, interleaved timing with medians, machine info.
+
+Every benchmark compares variants in one process: each repetition runs every variant once, in an order that
+rotates between repetitions, so drift in machine load hits all variants alike; the reported figure is the
+median over repetitions, after warm-up runs.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+DEFAULT_THREADS = 2
+
+
+def fix_threads(n: int | None = None) -> int:
+    """Fix torch's intra-op threads (``$BENCH_THREADS`` or 2) and return the number used."""
+    n = n or int(os.environ.get("BENCH_THREADS", DEFAULT_THREADS))
+    torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def machine_info() -> str:
+    """One line: date, CPU model, nproc, torch threads, torch and python versions, load average."""
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    return (f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC | {cpu} | nproc {os.cpu_count()} | "
+            f"torch threads {torch.get_num_threads()} | torch {torch.__version__} | python {platform.python_version()}"
+            f" | load avg {load}")
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], *, reps: int = 10, warmup: int = 2) -> dict[str, float]:
+    """Median wall-clock seconds of each function, timed in interleaved, rotating order.
+
+    Args:
+        fns: name -> zero-argument callable (run under ``torch.inference_mode`` by the caller if wanted).
+        reps: timed repetitions per function.
+        warmup: untimed runs of each function first.
+
+    Returns:
+        name -> median seconds.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(reps):
+        order = names[r % len(names):] + names[: r % len(names)]  # rotate so no variant always runs first
+        for n in order:
+            t0 = time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def ratio_table(medians: dict[str, float], baseline: str, *, targets: dict[str, str] | None = None) -> str:
+    """A markdown table: variant, median ms, ratio to ``baseline`` (and a target column when given)."""
+    targets = targets or {}
+    head = "| variant | median ms | ratio vs " + baseline + " |" + (" target |" if targets else "")
+    sep = "|---|---:|---:|" + ("---|" if targets else "")
+    rows = [head, sep]
+    for n, t in medians.items():
+        row = f"| {n} | {t * 1e3:.2f} | {t / medians[baseline]:.3f} |"
+        if targets:
+            row += f" {targets.get(n, '')} |"
+        rows.append(row)
+    return "\n".join(rows)

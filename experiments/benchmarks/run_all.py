@@ -1,0 +1,67 @@
+"""Run the side-by-side benchmarks one after another and print their markdown tables (``interp bench``).
+
+Each benchmark runs in its own interpreter (so one's memory does not colour the next), and compares its
+variants inside that one process (interleaved repetitions, medians, warm-up, fixed torch threads).
+
+    forward       bench_forward.py       interp vs plain PyTorch SDPA (same weights); minilm-l6 vs HF BertModel (sdpa)
+    recording     bench_recording.py     recording patterns + per-head writes vs not; vs TransformerLens and HF eager
+    long_context  bench_long_context.py  peak memory of head scores at 4k/8k/16k tokens, streaming vs materialising
+    remove_heads  bench_remove_heads.py  half the heads removed vs the unpruned model (written by the pruning work)
+
+Usage:
+    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads] [--quick] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = {
+    "forward": "bench_forward.py",
+    "recording": "bench_recording.py",
+    "long_context": "bench_long_context.py",
+    "remove_heads": "bench_remove_heads.py",
+}
+TAKES_QUICK = {"forward", "recording", "long_context"}
+
+
+def run_one(name: str, quick: bool) -> str:
+    script = HERE / SCRIPTS[name]
+    if not script.is_file():
+        return f"## {name}\n\nskipped: {script.name} does not exist yet"
+    cmd = [sys.executable, str(script)] + (["--quick"] if quick and name in TAKES_QUICK else [])
+    t0 = time.perf_counter()
+    # stderr (progress bars, library warnings) goes straight to the terminal; the tables come on stdout.
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=HERE)
+    body = res.stdout.strip()
+    if res.returncode != 0:
+        body += f"\n\n{name} failed with exit status {res.returncode}"
+    return body + f"\n\n({name}: {time.perf_counter() - t0:.0f} s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(SCRIPTS)}")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter inputs")
+    p.add_argument("--out", type=Path, help="also write the markdown to this file")
+    a = p.parse_args(argv)
+    unknown = [n for n in a.names if n not in SCRIPTS]
+    if unknown:
+        p.error(f"unknown benchmark(s) {unknown}; choose from {list(SCRIPTS)}")
+    sections = []
+    for name in a.names or list(SCRIPTS):
+        text = run_one(name, a.quick)
+        print(text + "\n", flush=True)
+        sections.append(text)
+    if a.out:
+        a.out.write_text("\n\n".join(sections) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

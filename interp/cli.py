@@ -1,0 +1,497 @@
+"""The ``interp`` command line: head classification, pruning, the induction model, the dashboard, a KV-cache
+calculator and the benchmarks, each a thin layer over the library (no math lives here).
+
+Commands::
+
+    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--json]
+    interp prune --model NAME --method importance|l0|random [--target F ...] [--step F] [--seed S] [--seeds N]
+                 [--l0-steps N] [--n-seqs N] [--json]
+    interp train-induction [--steps N] [--seed S] [--batch-size B] [--out PATH.safetensors]
+    interp dashboard [--port P] [--headless] [--dry-run]
+    interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
+                    [--latent C] [--rope-dim R] [--json]
+    interp bench [forward recording long_context remove_heads] [--quick]
+
+``--json`` output (stable keys; new keys may be added, these will not change meaning):
+
+* ``interp heads --json``: a JSON list, one object per (head, kind) found:
+  ``{"layer": int, "head": int, "kind": str, "score": float}``; ``kind`` is the classifier's label
+  (``previous-token``, ``induction``, ``positional:-1``, ``syntactic:nsubj``...).
+* ``interp prune --json``: a JSON list, one object per point of the pruning curve:
+  ``{"method": str, "fraction_pruned": float, "metric": float}``; ``metric`` is the pruning objective
+  (language-model loss for decoders, similarity of pruned to unpruned sentence embeddings for MiniLM).
+* ``interp kv-cache --json``: a JSON list, one object per attention variant (computed by
+  :func:`interp.flops.kv_cache_table`): ``{"kind": "mha"|"gqa"|"mqa"|"mla", "n_kv_heads": int,
+  "bytes_per_token": int, "batch": int, "tokens": int, "total_bytes": int, "vs_mha": float}`` (for MLA,
+  ``n_kv_heads`` is the number of heads rebuilt from the cached latent).
+
+Progress bars (tqdm) go to stderr, results to stdout. Bad input exits with status 2 (a usage error) or 1 (the
+library rejected a value) and one line ``interp: error: ...`` on stderr, never a traceback.
+
+Example:
+    $ interp kv-cache --layers 80 --heads 64 --kv-heads 8 --d-head 128 --batch 32 --tokens 4096
+    $ interp heads --model induction-2l --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the library rejected a value, or a needed part is missing
+EXIT_USAGE = 2  # the command line itself is wrong (argparse's convention)
+
+HEADS_JSON_KEYS = ("layer", "head", "kind", "score")
+PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
+KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
+PRUNE_METHODS = ("importance", "l0", "random")
+BENCHMARKS = ("forward", "recording", "long_context", "remove_heads")
+
+
+class CliError(Exception):
+    """A problem to report as one line and exit status 1 (no traceback)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (plus the exit status), not the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+def _require(module: str, attr: str | None = None, what: str = "") -> Any:
+    """Import ``module`` (and ``attr`` from it) or raise CliError naming what is missing."""
+    try:
+        mod = importlib.import_module(module)
+        return getattr(mod, attr) if attr else mod
+    except (ImportError, AttributeError) as e:
+        name = f"{module}.{attr}" if attr else module
+        raise CliError(f"{what or name} is not available ({name}: {e})") from e
+
+
+def _load_model(name: str):
+    load = _require("interp.zoo", "load", "the model zoo (interp.zoo.load)")
+    return load(name)
+
+
+def repo_root() -> Path:
+    """The source checkout holding this package (valid for an editable install)."""
+    import interp
+
+    return Path(interp.__file__).resolve().parents[1]
+
+
+def _print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+# --- heads -----------------------------------------------------------------------------------------------
+def _heads(args: argparse.Namespace) -> int:
+    if args.conllu is not None and not Path(args.conllu).is_file():
+        raise CliError(f"--conllu file {args.conllu!r} does not exist")
+    if args.text is not None and not any(t.strip() for t in args.text):
+        raise CliError(f"--text {args.text!r} is empty")
+    classify_heads = _require("interp.analysis", "classify_heads", "head classification (interp.analysis)")
+    model = _load_model(args.model)
+    kwargs: dict[str, Any] = {}
+    if args.text is not None:
+        kwargs["texts"] = list(args.text)
+    if args.conllu is not None:
+        kwargs["conllu"] = args.conllu
+        if args.max_sentences is not None:
+            kwargs["max_sentences"] = args.max_sentences
+    report = classify_heads(model, **kwargs)
+    df = report.df if hasattr(report, "df") else report
+    rows = heads_records(df)
+    if args.json:
+        _print_json(rows)
+    else:
+        import pandas as pd
+
+        cols = [c for c in (*HEADS_JSON_KEYS, "evidence") if c in df.columns]  # evidence: for people only
+        table = pd.DataFrame(df[cols]).reset_index(drop=True)
+        print(table.to_string(index=False, max_colwidth=60) if len(table) else "no head matched any kind")
+    return EXIT_OK
+
+
+def heads_records(df) -> list[dict[str, Any]]:
+    """Rows of a HeadReport DataFrame as ``{"layer", "head", "kind", "score"}`` dicts (the JSON contract).
+
+    Args:
+        df: a DataFrame with at least the columns layer, head, kind, score.
+
+    Returns:
+        One dict per row, with plain Python ints, str and float.
+
+    Raises:
+        CliError: a column is missing.
+    """
+    missing = [c for c in HEADS_JSON_KEYS if c not in df.columns]
+    if missing:
+        raise CliError(f"classify_heads returned a table without columns {missing}: {list(df.columns)}")
+    return [{"layer": int(r.layer), "head": int(r.head), "kind": str(r.kind), "score": float(r.score)}
+            for r in df[list(HEADS_JSON_KEYS)].itertuples(index=False)]
+
+
+# --- prune -----------------------------------------------------------------------------------------------
+def prune_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``interp.pruning.run_experiment`` config for ``interp prune`` arguments."""
+    config: dict[str, Any] = {"model": args.model, "methods": [args.method]}
+    if args.method == "l0":
+        config["l0"] = {"targets": list(args.target) if args.target else [0.1, 0.3, 0.5, 0.7, 0.9]}
+        if args.l0_steps is not None:
+            config["l0"]["steps"] = args.l0_steps
+    elif args.method == "random":
+        config["random"] = {"seeds": list(range(args.seed, args.seed + args.seeds)), "step": args.step}
+    else:
+        config["importance"] = {"step": args.step}
+    if args.n_seqs is not None:
+        # Decoders prune on repeated random sequences, encoders on UD sentences: size both.
+        config["data"] = {"n_seqs": args.n_seqs, "n_train": args.n_seqs, "n_eval": args.n_seqs,
+                          "batch_size": min(16, args.n_seqs)}
+    return config
+
+
+def _prune(args: argparse.Namespace) -> int:
+    if not 0.0 < args.step <= 1.0:
+        raise CliError(f"--step {args.step} must be in (0, 1]")
+    run_experiment = _require("interp.pruning", "run_experiment", "head pruning (interp.pruning.run_experiment)")
+    model = _load_model(args.model)
+    config = prune_config(args)
+    data = config.get("data", {})
+    if model.cfg.unembed:  # a decoder: repeated random sequences, as long as its context allows (default 2 x 25)
+        data = {k: v for k, v in data.items() if k in ("n_seqs", "batch_size")}
+        data["half_len"] = min(25, (model.cfg.n_ctx - 1) // 2)
+    else:  # an encoder: UD sentences
+        data = {k: v for k, v in data.items() if k in ("n_train", "n_eval", "batch_size")}
+    config["data"] = data
+    result = run_experiment(config, model=model, progress=not args.no_progress)
+    rows = prune_records(result, default_method=args.method)
+    if args.target and args.method != "l0":
+        rows = _nearest_points(rows, args.target)
+    if args.json:
+        _print_json(rows)
+    else:
+        import pandas as pd
+
+        print(pd.DataFrame(rows, columns=list(PRUNE_JSON_KEYS)).to_string(index=False))
+    return EXIT_OK
+
+
+def _nearest_points(rows: list[dict[str, Any]], targets: Sequence[float]) -> list[dict[str, Any]]:
+    """For importance/random curves, keep the point nearest to each requested fraction (in target order)."""
+    picked = []
+    for t in targets:
+        best = min(rows, key=lambda r: abs(r["fraction_pruned"] - t))
+        if best not in picked:
+            picked.append(best)
+    return picked
+
+
+def prune_records(result: Any, default_method: str = "") -> list[dict[str, Any]]:
+    """Points of PruningCurves as JSON rows.
+
+    Args:
+        result: a :class:`interp.pruning.PruningCurve`, a ``{method: curve}`` dict (what
+            ``run_experiment`` returns) or a list of curves.
+        default_method: the method name used when a curve carries none.
+
+    Returns:
+        ``[{"method", "fraction_pruned", "metric"}, ...]`` in curve order.
+
+    Raises:
+        CliError: the result has no curve points.
+    """
+    if isinstance(result, dict):
+        return [row for name, curve in result.items() for row in prune_records(curve, str(name))]
+    if isinstance(result, (list, tuple)):
+        return [row for curve in result for row in prune_records(curve, default_method)]
+    fr, me = getattr(result, "fractions", None), getattr(result, "metrics", None)
+    if fr is None or me is None:
+        raise CliError(f"cannot read curve points from a {type(result).__name__}")
+    method = str(getattr(result, "method", "") or default_method)
+    return [{"method": method, "fraction_pruned": float(f), "metric": float(m)} for f, m in zip(fr, me)]
+
+
+# --- train-induction -------------------------------------------------------------------------------------
+def _train_induction(args: argparse.Namespace) -> int:
+    if args.steps <= 0:
+        raise CliError(f"--steps {args.steps} must be > 0")
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        raise CliError(f"--out {str(out)!r} must end in .safetensors")
+    if not out.parent.is_dir():
+        raise CliError(f"--out directory {str(out.parent)!r} does not exist")
+    train = _require("interp.zoo.induction", "train_induction_model", "induction training")
+    save = _require("interp.zoo.induction", "save_induction_model", "induction checkpoint saving")
+    model, history = train(steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+                           eval_every=min(args.eval_every, args.steps), progress=not args.no_progress)
+    save(model, out, metadata={"steps": args.steps, "seed": args.seed})
+    print(f"saved {out} after {args.steps} steps (seed {args.seed}); load it with interp.load({str(out)!r})")
+    last = _last_entry(history)
+    if last:
+        print("final: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()))
+    return EXIT_OK
+
+
+def _last_entry(history: Any) -> dict[str, Any]:
+    """The last record of a training history (list of dicts, dict of lists, or DataFrame), or {}."""
+    if hasattr(history, "iloc") and len(history):
+        return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in history.iloc[-1].items()}
+    if isinstance(history, list) and history and isinstance(history[-1], dict):
+        return history[-1]
+    if isinstance(history, dict):
+        return {k: v[-1] for k, v in history.items() if isinstance(v, (list, tuple)) and v}
+    return {}
+
+
+# --- dashboard -------------------------------------------------------------------------------------------
+def dashboard_path() -> Path:
+    """``apps/dashboard.py`` of the checkout this package is installed from (editable installs).
+
+    Raises:
+        CliError: the file is absent (a non-editable install has no apps/ folder).
+    """
+    path = repo_root() / "apps" / "dashboard.py"
+    if not path.is_file():
+        raise CliError(f"dashboard app not found at {str(path)!r}; install interp editable from a checkout "
+                       "(pip install -e .) or run 'streamlit run apps/dashboard.py' there")
+    return path
+
+
+def dashboard_command(port: int | None = None, headless: bool = False) -> list[str]:
+    """The ``streamlit run`` command line that ``interp dashboard`` executes."""
+    cmd = [sys.executable, "-m", "streamlit", "run", str(dashboard_path())]
+    if port is not None:
+        cmd += ["--server.port", str(port)]
+    if headless:
+        cmd += ["--server.headless", "true"]
+    return cmd
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    if args.port is not None and not 0 < args.port < 65536:
+        raise CliError(f"--port {args.port} is not a TCP port (1..65535)")
+    cmd = dashboard_command(args.port, args.headless)
+    if args.dry_run:
+        print(" ".join(cmd))
+        return EXIT_OK
+    _require("streamlit", what="streamlit (pip install interp[app])")
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+# --- kv-cache --------------------------------------------------------------------------------------------
+def kv_cache_table(*, layers: int, heads: int, d_head: int, kv_heads: int | None = None, dtype: str = "fp16",
+                   batch: int = 1, tokens: int = 1, latent: int | None = None, rope_dim: int | None = None
+                   ) -> list[dict[str, Any]]:
+    """KV-cache sizes of MHA, GQA, MQA and MLA for one shape of model (rows of :func:`interp.flops.kv_cache_table`).
+
+    Args:
+        layers, heads, d_head: the model's layers, query heads and head width (a rotary decoder).
+        kv_heads: K/V heads of the GQA row (default: the divisor of ``heads`` nearest ``heads / 8``).
+        dtype: cache element type (``fp16``, ``bf16``, ``fp32``, ``fp8``...).
+        batch, tokens: the cache holds ``batch x tokens`` positions.
+        latent, rope_dim: MLA latent width and decoupled rotary width (defaults ``4 * d_head``, ``d_head // 2``).
+
+    Returns:
+        One dict per variant with the keys of ``KV_JSON_KEYS``.
+
+    Raises:
+        ValueError: a value ModelConfig rejects (quoted), an unknown dtype, or batch/tokens < 1.
+
+    Example:
+        >>> kv_cache_table(layers=80, heads=64, d_head=128)[0]["bytes_per_token"]
+        2621440
+    """
+    from interp.config import ModelConfig
+    from interp.flops import kv_cache_table as table
+
+    if kv_heads is not None and (heads % kv_heads or kv_heads > heads):
+        raise ValueError(f"--kv-heads {kv_heads} must divide --heads {heads}")
+    base = ModelConfig(n_layers=layers, n_heads=heads, d_head=d_head, d_model=heads * d_head, d_vocab=1, n_ctx=1,
+                       n_kv_heads=kv_heads or heads, positional="rotary")
+    df = table(base, batch=batch, tokens=tokens, dtype=dtype, n_kv_groups=kv_heads if kv_heads != heads else None,
+               kv_latent_dim=latent, rope_dim=rope_dim)
+    return [{"kind": str(r.kind), "n_kv_heads": int(r.n_kv_heads), "bytes_per_token": int(r.bytes_per_token),
+             "batch": batch, "tokens": tokens, "total_bytes": int(r.total_bytes), "vs_mha": float(r.vs_mha)}
+            for r in df.itertuples(index=False)]
+
+
+def _kv_cache(args: argparse.Namespace) -> int:
+    rows = kv_cache_table(layers=args.layers, heads=args.heads, d_head=args.d_head, kv_heads=args.kv_heads,
+                          dtype=args.dtype, batch=args.batch, tokens=args.tokens, latent=args.latent,
+                          rope_dim=args.rope_dim)
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    import pandas as pd
+
+    from interp.flops import format_bytes
+
+    table = pd.DataFrame([{
+        "kind": r["kind"], "kv heads": r["n_kv_heads"] if r["kind"] != "mla" else "latent",
+        "per token": format_bytes(r["bytes_per_token"]),
+        f"batch {r['batch']} x {r['tokens']} tokens": format_bytes(r["total_bytes"]),
+        "vs MHA": f"{1 / r['vs_mha']:.3g}x smaller" if r["vs_mha"] != 1 else "1x",
+    } for r in rows])
+    print(f"KV cache, {args.layers} layers x {args.heads} heads x d_head {args.d_head}, {args.dtype}")
+    print(table.to_string(index=False))
+    return EXIT_OK
+
+
+# --- bench -----------------------------------------------------------------------------------------------
+def _bench(args: argparse.Namespace) -> int:
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        raise CliError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
+    runner = repo_root() / "experiments" / "benchmarks" / "run_all.py"
+    if not runner.is_file():
+        raise CliError(f"benchmark runner not found at {str(runner)!r}; run 'interp bench' from an editable install")
+    cmd = [sys.executable, str(runner), *args.names]
+    if args.quick:
+        cmd.append("--quick")
+    return subprocess.call(cmd)
+
+
+# --- parser ----------------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return v
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside [0, 1] (a fraction of heads to prune)")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``interp`` command (sub-commands heads, prune, train-induction, dashboard,
+    kv-cache, bench)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = _Parser(prog="interp", description=__doc__.split("\nExample:")[0], formatter_class=fmt,
+                epilog="Run 'interp COMMAND --help' for the JSON keys of each command.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    h = sub.add_parser("heads", help="classify attention heads (positional, induction, syntactic...)",
+                       formatter_class=fmt, description="Classify the attention heads of a model.",
+                       epilog="--json prints a list of {\"layer\": int, \"head\": int, \"kind\": str, \"score\": float},"
+                              " one per (head, kind).")
+    h.add_argument("--model", required=True, help="a built-in name (induction-2l, minilm-l6) or a checkpoint path")
+    src = h.add_mutually_exclusive_group()
+    src.add_argument("--text", action="append", help="text to run on (repeat for several texts)")
+    src.add_argument("--conllu", help="a CoNLL-U treebank: adds syntactic heads (gold dependency trees)")
+    h.add_argument("--max-sentences", type=_positive_int, help="use at most this many CoNLL-U sentences")
+    h.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    h.set_defaults(func=_heads)
+
+    pr = sub.add_parser("prune", help="a head-pruning curve (importance, L0 gates or random)", formatter_class=fmt,
+                        description="Prune attention heads and print the metric against the fraction pruned.",
+                        epilog="--json prints a list of {\"method\": str, \"fraction_pruned\": float, "
+                               "\"metric\": float}, one per curve point.")
+    pr.add_argument("--model", required=True, help="a built-in name or a checkpoint path")
+    pr.add_argument("--method", required=True, choices=PRUNE_METHODS)
+    pr.add_argument("--target", type=_fraction, nargs="+",
+                    help="fractions of heads to prune, in [0, 1]: L0's target sparsities; for importance and "
+                         "random, the curve points nearest to these fractions are printed")
+    pr.add_argument("--step", type=float, default=0.1, help="importance/random: fraction of heads per step")
+    pr.add_argument("--seed", type=int, default=0, help="random: first seed")
+    pr.add_argument("--seeds", type=_positive_int, default=3, help="random: number of seeds averaged")
+    pr.add_argument("--l0-steps", type=_positive_int, help="L0: gate training steps per target")
+    pr.add_argument("--n-seqs", type=_positive_int, help="sequences (sentences) used to prune and to evaluate")
+    pr.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pr.set_defaults(func=_prune)
+
+    t = sub.add_parser("train-induction", help="train the 2-layer attention-only induction model")
+    t.add_argument("--steps", type=int, default=3000)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--batch-size", type=_positive_int, default=64)
+    t.add_argument("--eval-every", type=_positive_int, default=250)
+    t.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    t.add_argument("--out", default="induction-2l.safetensors", help="checkpoint to write (safetensors)")
+    t.set_defaults(func=_train_induction)
+
+    d = sub.add_parser("dashboard", help="start the Streamlit dashboard (apps/dashboard.py)")
+    d.add_argument("--port", type=int, help="server port (streamlit's --server.port)")
+    d.add_argument("--headless", action="store_true", help="do not open a browser (--server.headless true)")
+    d.add_argument("--dry-run", action="store_true", help="print the streamlit command instead of running it")
+    d.set_defaults(func=_dashboard)
+
+    k = sub.add_parser("kv-cache", help="KV-cache bytes per token and per batch x context (MHA/GQA/MQA/MLA)",
+                       formatter_class=fmt,
+                       epilog="--json prints a list of {\"kind\", \"n_kv_heads\", \"bytes_per_token\", \"batch\", "
+                              "\"tokens\", \"total_bytes\", \"vs_mha\"}, one per variant (MHA, GQA, MQA, MLA).")
+    k.add_argument("--layers", type=_positive_int, required=True)
+    k.add_argument("--heads", type=_positive_int, required=True, help="query heads per layer")
+    k.add_argument("--kv-heads", type=_positive_int,
+                   help="K/V heads of the GQA row (divides --heads; default: the divisor nearest heads/8)")
+    k.add_argument("--d-head", type=_positive_int, required=True)
+    k.add_argument("--dtype", default="fp16", choices=["bf16", "fp16", "fp32", "fp8", "int8"])
+    k.add_argument("--batch", type=_positive_int, default=1)
+    k.add_argument("--tokens", type=_positive_int, default=1, help="context length held in the cache")
+    k.add_argument("--latent", type=_positive_int, help="MLA: K/V latent width (default 4 x d_head)")
+    k.add_argument("--rope-dim", type=int, help="MLA: decoupled rotary key width (default d_head / 2)")
+    k.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    k.set_defaults(func=_kv_cache)
+
+    b = sub.add_parser("bench", help="run the side-by-side benchmarks in experiments/benchmarks/")
+    b.add_argument("names", nargs="*", metavar="NAME",
+                   help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
+    b.add_argument("--quick", action="store_true", help="fewer repetitions and shorter inputs")
+    b.set_defaults(func=_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``interp`` console script.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 1 when the library rejected a value, 2 on a usage error.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"interp: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except BrokenPipeError:  # stdout closed early (``interp ... | head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interp: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, KeyError, ImportError, OSError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"interp: error: {type(e).__name__}: {msg}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

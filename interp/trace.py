@@ -97,39 +97,49 @@ class Trace:
     """
 
     def __init__(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any] | None = None,
-                 tokens: torch.Tensor | None = None, stats: list[Any] | None = None) -> None:
+                 tokens: torch.Tensor | None = None, stats: list[Any] | None = None, *,
+                 head_writes: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 tokenizer: Any = None) -> None:
         self.tensors = dict(tensors)
         self.meta = dict(meta or {})
         self.tokens = tokens
         self.stats = list(stats or [])
+        # Per-head writes kept as (z [B, T, H, D], W_O per head [H, D, M]) and multiplied out on access:
+        # z is d_model / d_head times smaller than the writes, and recording stays cheap.
+        self._head_writes = dict(head_writes or {})
+        self._tokenizer = tokenizer
 
     # --- mapping interface ------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> torch.Tensor:
-        try:
+        if name in self.tensors:
             return self.tensors[name]
-        except KeyError:
-            raise KeyError(f"{name!r} was not recorded; recorded: {sorted(self.tensors)[:8]}"
-                           f"{' ...' if len(self.tensors) > 8 else ''}") from None
+        if name in self._head_writes:
+            z, w_o = self._head_writes[name]
+            return torch.einsum("bthd,hdm->bthm", z, w_o)  # [B, T, H, M]
+        names = list(self)
+        raise KeyError(f"{name!r} was not recorded; recorded: {sorted(names)[:8]}"
+                       f"{' ...' if len(names) > 8 else ''}")
 
     def __contains__(self, name: object) -> bool:
-        return name in self.tensors
+        return name in self.tensors or name in self._head_writes
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.tensors)
+        yield from self.tensors
+        yield from (n for n in self._head_writes if n not in self.tensors)
 
     def __len__(self) -> int:
-        return len(self.tensors)
+        return sum(1 for _ in self)
 
-    def keys(self):
-        return self.tensors.keys()
+    def keys(self) -> list[str]:
+        return list(self)
 
-    def items(self):
-        return self.tensors.items()
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return ((k, self[k]) for k in self)
 
     @property
     def layers(self) -> list[int]:
         """Layers with at least one recorded tensor."""
-        return sorted({int(m.group(1)) for n in self.tensors if (m := _LAYER_RX.match(n))})
+        return sorted({int(m.group(1)) for n in self if (m := _LAYER_RX.match(n))})
 
     # --- per-head accessors -----------------------------------------------------------------------------
     def pattern(self, layer: int) -> torch.Tensor:
@@ -155,23 +165,26 @@ class Trace:
         return torch.stack([self.head_out(layer) for layer in layers])
 
     def _layers_with(self, suffix: str) -> list[int]:
-        layers = [layer for layer in self.layers if f"blocks.{layer}.{suffix}" in self.tensors]
+        layers = [layer for layer in self.layers if f"blocks.{layer}.{suffix}" in self]
         if not layers:
             raise KeyError(f"no 'blocks.*.{suffix}' was recorded; record it with names_filter='*{suffix}'")
         return layers
 
     @property
     def str_tokens(self) -> list[list[str]] | None:
-        """Token strings per sequence, when the model had a tokenizer."""
+        """Token strings per sequence, when the model had a tokenizer (decoded on first access)."""
+        if "str_tokens" not in self.meta and self._tokenizer is not None and self.tokens is not None:
+            self.meta["str_tokens"] = [self._tokenizer.to_str_tokens(row.tolist()) for row in self.tokens]
         return self.meta.get("str_tokens")
 
     # --- persistence ------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write tensors to a safetensors file; metadata goes into its JSON header."""
         path = Path(path)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.tensors.items()}
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.items()}
         if self.tokens is not None:
             tensors["__tokens__"] = self.tokens.detach().contiguous().cpu()
+        self.str_tokens  # decode before writing, so the file carries them
         meta = {"format": _TRACE_FORMAT, "meta": json.dumps(self.meta)}
         save_file(tensors, str(path), metadata=meta)
         return path
@@ -199,16 +212,22 @@ class Trace:
 
     # --- display ----------------------------------------------------------------------------------------
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        """Bytes held (per-head writes count as their z and W_O, which is what is stored)."""
+        held = list(self.tensors.values()) + [t for pair in self._head_writes.values() for t in pair]
+        return sum(t.numel() * t.element_size() for t in {id(t): t for t in held}.values())
 
     def __repr__(self) -> str:
-        return (f"Trace(model={self.meta.get('model')!r}, tensors={len(self.tensors)}, layers={self.layers}, "
+        return (f"Trace(model={self.meta.get('model')!r}, tensors={len(self)}, layers={self.layers}, "
                 f"MB={self.nbytes() / 2**20:.2f})")
 
     def _repr_html_(self) -> str:
         rows = "".join(
             f"<tr><td>{html.escape(k)}</td><td>{tuple(v.shape)}</td><td>{str(v.dtype).replace('torch.', '')}</td></tr>"
             for k, v in self.tensors.items()
+        ) + "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{tuple(z.shape[:3]) + (w.shape[-1],)}</td><td>{str(z.dtype).replace('torch.', '')}"
+            " (z @ W_O on access)</td></tr>"
+            for k, (z, w) in self._head_writes.items()
         )
         return (f"<b>Trace</b> of {html.escape(str(self.meta.get('model')))} ({self.nbytes() / 2**20:.2f} MB)"
                 f"<table><tr><th>hook</th><th>shape</th><th>dtype</th></tr>{rows}</table>")
@@ -236,6 +255,11 @@ def record(
         reducers: :class:`Reducer` objects fed with their own hook points; their results land in
             ``trace.stats`` in the same order.
 
+    Per-head writes (``*.hook_result``) are recorded as the head's z (after ``hook_z``) and a snapshot of
+    its W_O (times its gate, if any) and multiplied out when read: the same numbers, without a
+    ``[B, T, H, d_model]`` tensor per layer in the forward pass. Hooks on ``hook_result`` and reducers still
+    receive the computed writes.
+
     Returns:
         ``(output, trace)``.
 
@@ -251,6 +275,11 @@ def record(
             raise ValueError(f"layers {bad} out of range for a model with {n_layers} layers")
         keep = {f"blocks.{layer}." for layer in layers}
         names = [n for n in names if any(n.startswith(k) for k in keep)]
+    # hook_result -> record its z instead (see the docstring); the writes are rebuilt from z on access.
+    requested = set(names)
+    results = [n for n in names if n.endswith(".hook_result")]
+    z_names = {n: n[: -len("hook_result")] + "hook_z" for n in results}
+    names = [n for n in names if n not in z_names] + [z for z in z_names.values() if z not in names]
     store: dict[str, list[torch.Tensor]] = {}
 
     def save(t: torch.Tensor, hook: HookPoint) -> None:
@@ -271,12 +300,19 @@ def record(
     out = model.run_with_hooks(*args, fwd_hooks=fwd_hooks, **kwargs)
     # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
     tensors = {k: v[0] if len(v) == 1 else torch.cat(v, dim=2) for k, v in store.items()}
+    head_writes = {}
+    for result_name, z_name in z_names.items():
+        attn = model.get_submodule(result_name[: -len(".hook_result")])
+        w_o = attn.W_O_heads.detach()  # [H, D, M]
+        if attn.gate is not None:
+            w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+        w_o = w_o.to(dtype=dtype or w_o.dtype, device=device or w_o.device, copy=True)
+        z = tensors[z_name] if z_name in requested else tensors.pop(z_name)
+        head_writes[result_name] = (z, w_o)
     meta: dict[str, Any] = {"model": getattr(model, "name", type(model).__name__),
                             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads}
     tokens = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("tokens")
     if isinstance(tokens, torch.Tensor) and tokens.dim() == 1:
         tokens = tokens[None]
-    tok = getattr(model, "tokenizer", None)
-    if tok is not None and tokens is not None:
-        meta["str_tokens"] = [tok.to_str_tokens(row.tolist()) for row in tokens]
-    return out, Trace(tensors, meta, tokens, [r.result() for r in reducers])
+    return out, Trace(tensors, meta, tokens, [r.result() for r in reducers], head_writes=head_writes,
+                      tokenizer=getattr(model, "tokenizer", None))

@@ -385,10 +385,42 @@ def test_hook_result_only_computed_when_asked():
     try:
         model(torch.randint(0, 37, (1, 5)))
         assert calls == []
-        model.run_with_cache(torch.randint(0, 37, (1, 5)), names_filter="blocks.0.attn.hook_result")
+        model.run_with_hooks(torch.randint(0, 37, (1, 5)), fwd_hooks=[("blocks.0.attn.hook_result", lambda r, h: None)])
         assert len(calls) == 1
+        # Recording keeps z and W_O; the writes are multiplied out when read.
+        _, trace = model.run_with_cache(torch.randint(0, 37, (1, 5)), names_filter="blocks.0.attn.hook_result")
+        assert len(calls) == 1
+        trace.head_out(0)
+        assert len(calls) == 2
     finally:
         torch.einsum = einsum
+
+
+@pytest.mark.parametrize("variant", ["gqa", "mla"])
+def test_recorded_head_writes_equal_the_hooked_ones_with_gates(variant):
+    model = make(variant)
+    tokens = torch.randint(0, 37, (2, 7))
+    gates = torch.rand(2, 8)
+    model.set_head_gates(gates)
+    seen = {}
+    model.run_with_hooks(tokens, fwd_hooks=[("*hook_result", lambda r, h: seen.__setitem__(h.name, r))])
+    _, trace = model.run_with_cache(tokens, names_filter=["*hook_result"], dtype=torch.float64)
+    assert set(trace) == set(seen) and "blocks.0.attn.hook_z" not in trace
+    for name, eager in seen.items():
+        assert trace[name].dtype == torch.float64
+        torch.testing.assert_close(trace[name].float(), eager, atol=1e-6, rtol=0)
+    # Changing the gates after recording does not change what was recorded.
+    model.set_head_gates(torch.zeros(2, 8))
+    torch.testing.assert_close(trace.head_out(1).float(), seen["blocks.1.attn.hook_result"], atol=1e-6, rtol=0)
+
+
+def test_query_chunk_masks_are_not_cached():
+    mask = interp.AttnMask(T=8, S=8, start=0, causal=True)
+    for i in range(0, 8, 2):
+        assert mask.additive(torch.float32, torch.device("cpu"), slice(i, i + 2)).shape == (1, 1, 2, 8)
+    assert mask._cache == {}  # chunk masks are rebuilt, so a chunked pass never holds a [T, S] mask
+    full = mask.additive(torch.float32, torch.device("cpu"))
+    assert full.shape == (1, 1, 8, 8) and len(mask._cache) == 1
 
 
 # --- trace --------------------------------------------------------------------------------------------------

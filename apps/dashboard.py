@@ -1,0 +1,598 @@
+"""interp dashboard: look inside the attention heads of a model, in the browser.
+
+Run it with ``interp dashboard`` or ``streamlit run apps/dashboard.py``. It imports only ``interp`` (plus
+Streamlit, numpy, pandas and torch), so a copy of this file works anywhere interp is installed.
+
+Pages (sidebar): attention patterns, head map (taxonomy), induction analysis, pruning, KV-cache & FLOPs
+calculator. The sidebar picks the model (built-ins, a random toy model, a local checkpoint, a Hugging Face
+name) and the text. All math lives in the library; this file only calls it and lays out the results.
+
+A URL query parameter preselects the model: ``?model=random-tiny``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import streamlit as st
+import torch
+
+import interp
+from interp import viz
+from interp.flops import (
+    DTYPE_BYTES, default_kv_groups, flops_per_layer, format_bytes, format_flops, gqa_group_options, kv_cache_table,
+    worked_example_config,
+)
+
+PAGES = ("Attention patterns", "Head map", "Induction", "Pruning", "KV cache & FLOPs")
+BUILTIN_MODELS = ("induction-2l", "minilm-l6")
+RANDOM_TINY = "random-tiny"
+CHECKPOINT = "local checkpoint"
+HF_NAME = "Hugging Face name"
+TL_NAME = "TransformerLens name"
+MODEL_CHOICES = (*BUILTIN_MODELS, RANDOM_TINY, CHECKPOINT, HF_NAME, TL_NAME)
+
+EXAMPLE_SENTENCES = {
+    "Repetition": "The cat sat on the mat. The cat sat on the mat.",
+    "Agreement": "The keys to the old wooden cabinet in the hallway are on the table.",
+    "Names": "When Mary and John went to the store, John gave a drink to Mary.",
+    "Long sentence": ("Attention heads in a transformer read from and write to the residual stream, and some of "
+                      "them specialise: previous-token heads, induction heads, and heads that follow syntax."),
+}
+#: Sentences for the encoder pruning objective (held-out style data for the cosine metric).
+PRUNING_SENTENCES = [
+    "A man is playing a guitar on the stage.",
+    "The weather was cold, so we stayed inside and read.",
+    "She finished the report before the meeting started.",
+    "Two dogs are running through a field of grass.",
+    "The committee postponed its decision until next week.",
+    "He poured coffee into the blue mug on the desk.",
+    "Children were building a sandcastle near the water.",
+    "The new library opens every day except Sunday.",
+]
+MAX_GRID_TOKENS = 96  # the layer x head grid draws L*H heatmaps: keep each small enough for the browser
+REPO_RESULTS = Path(interp.__file__).resolve().parents[1] / "experiments" / "results"
+
+st.set_page_config(page_title="interp dashboard", page_icon="🔍", layout="wide")
+
+
+# --- models -----------------------------------------------------------------------------------------------
+def _random_tiny() -> interp.Transformer:
+    """A tiny random decoder with a token-id tokenizer: instant to load, for trying the app and for tests."""
+    from interp.zoo.induction import TokenIdTokenizer
+
+    torch.manual_seed(0)
+    cfg = interp.ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=64, n_ctx=48,
+                             attn_only=True)
+    model = interp.Transformer(cfg).eval()
+    model.tokenizer = TokenIdTokenizer(cfg.d_vocab, bos_id=0)
+    model.name = RANDOM_TINY
+    return model
+
+
+@st.cache_resource(show_spinner="Loading the model ...", max_entries=4)
+def load_model(source: str, ref: str) -> interp.Transformer:
+    """The model named by ``(source, ref)``: cached across reruns and sessions."""
+    from interp import zoo
+
+    if source == "random":
+        return _random_tiny()
+    if source == "builtin":
+        return zoo.load(ref)
+    if source == "checkpoint":
+        return zoo.load_checkpoint(ref)
+    if source == "hf":
+        from interp.zoo.hf import from_hf
+
+        return from_hf(ref).eval()
+    if source == "tl":
+        from transformer_lens.model_bridge import TransformerBridge
+
+        from interp.zoo.tl import from_transformer_lens
+
+        return from_transformer_lens(TransformerBridge.boot_transformers(ref, device="cpu")).eval()
+    raise ValueError(f"unknown model source {source!r}")
+
+
+def _saved_upload(data: bytes) -> str:
+    """Write an uploaded checkpoint to a temporary file named by its hash (same bytes, same path)."""
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"interp-upload-{digest}.safetensors"
+    if not path.exists():
+        path.write_bytes(data)
+    return str(path)
+
+
+def choose_model() -> tuple[str, str] | None:
+    """Sidebar model picker; returns ``(source, ref)`` or None when the user still has to give a path/name."""
+    wanted = st.query_params.get("model")
+    if "model" not in st.session_state and wanted in MODEL_CHOICES:
+        st.session_state["model"] = wanted
+    choice = st.sidebar.selectbox("Model", MODEL_CHOICES, key="model",
+                                  help="Built-in models, a tiny random model, a local interp checkpoint "
+                                       "(.safetensors written by interp.zoo.save_checkpoint), or a Hugging Face "
+                                       "or TransformerLens BERT / GPT-2 / Llama-style model (name or local "
+                                       "folder; names need internet access).")
+    if choice in BUILTIN_MODELS:
+        return "builtin", choice
+    if choice == RANDOM_TINY:
+        return "random", RANDOM_TINY
+    if choice == CHECKPOINT:
+        upload = st.sidebar.file_uploader("Upload a checkpoint", type=["safetensors"], key="ckpt_upload")
+        path = st.sidebar.text_input("... or a path on this machine", key="ckpt_path")
+        if upload is not None:
+            return "checkpoint", _saved_upload(upload.getvalue())
+        if path.strip():
+            return "checkpoint", path.strip()
+        st.info("Upload an interp checkpoint or type its path in the sidebar.")
+        return None
+    if choice == TL_NAME:
+        name = st.sidebar.text_input("Model name or local folder for TransformerBridge.boot_transformers",
+                                     key="tl_name", placeholder="gpt2")
+        if not name.strip():
+            st.info("Type a model name that TransformerLens can boot (BERT, GPT-2 or Llama-style architectures "
+                    "convert to interp) in the sidebar.")
+            return None
+        return "tl", name.strip()
+    name = st.sidebar.text_input("Hugging Face model name or local folder", key="hf_name",
+                                 placeholder="gpt2, bert-base-uncased, ./my-llama")
+    if not name.strip():
+        st.info("Type a Hugging Face model name (BERT, GPT-2 or Llama-style) or a local folder in the sidebar.")
+        return None
+    return "hf", name.strip()
+
+
+def get_model(key: tuple[str, str]) -> interp.Transformer | None:
+    """Load the model, turning any failure into a message (never a traceback)."""
+    try:
+        return load_model(*key)
+    except FileNotFoundError as e:
+        st.error(f"No such file: {e}")
+    except ImportError as e:
+        st.error(f"A package is missing: {e}")
+    except Exception as e:  # noqa: BLE001 - any loader failure is shown to the user, not raised
+        what = "checkpoint" if key[0] == "checkpoint" else "model"
+        st.error(f"Could not load the {what} {Path(key[1]).name if key[0] == 'checkpoint' else key[1]!r}: {e}")
+    return None
+
+
+# --- text -------------------------------------------------------------------------------------------------
+def _is_token_id_model(model: interp.Transformer) -> bool:
+    return type(model.tokenizer).__name__ == "TokenIdTokenizer"
+
+
+def example_texts(model: interp.Transformer) -> dict[str, str]:
+    """Examples that suit the model: sentences, or ``t<id>`` strings for token-id models."""
+    if not _is_token_id_model(model):
+        return dict(EXAMPLE_SENTENCES)
+    from interp.analysis.data import repeated_sequences
+
+    bos = getattr(model.tokenizer, "bos_id", None)
+    half = min(12, (model.cfg.n_ctx - 1) // 2)
+    rep = repeated_sequences(1, half, model.cfg.d_vocab, seed=1, bos_id=bos)[0]
+    rnd = repeated_sequences(1, half, model.cfg.d_vocab, seed=2, bos_id=bos)[0, : half + 1]
+    return {"Repeated random tokens": " ".join(model.tokenizer.to_str_tokens(rep)),
+            "Random tokens": " ".join(model.tokenizer.to_str_tokens(rnd))}
+
+
+def choose_text(model: interp.Transformer) -> str:
+    examples = example_texts(model)
+    pick = st.sidebar.selectbox("Example", ["(type your own)", *examples], key="example")
+    default = examples[pick] if pick in examples else next(iter(examples.values()))
+    state = st.session_state
+    # The text box follows the example chosen; a typed text stays until another example is picked. Streamlit
+    # forgets a widget's value on runs that do not draw it (pages without text), so keep a copy under
+    # "text_value" and restore the box from it.
+    if state.get("_example_for") != (pick, model.name):
+        state["text"] = state["text_value"] = default
+        state["_example_for"] = (pick, model.name)
+    elif "text" not in state:
+        state["text"] = state.get("text_value", default)
+    hint = "token ids like `t5 t17 t5` (this model has no text tokenizer)" if _is_token_id_model(model) else "text"
+    text = st.sidebar.text_area(f"Input ({hint})", key="text", height=120)
+    state["text_value"] = text
+    return text
+
+
+def tokenize(model: interp.Transformer, text: str) -> tuple[torch.Tensor, str | None]:
+    """``[1, T]`` ids of ``text``, truncated to the context with a notice.
+
+    Raises:
+        ValueError: empty text, a model without tokenizer, or text the tokenizer rejects.
+    """
+    if not text.strip():
+        raise ValueError("The input is empty: type some text or pick an example.")
+    if model.tokenizer is None:
+        raise ValueError(f"Model {model.name!r} has no tokenizer, so it cannot read text.")
+    ids = model.tokenizer.to_tokens(text, max_length=None)  # [1, T], untruncated so we can tell the user
+    n_ctx = model.cfg.n_ctx
+    if ids.shape[1] > n_ctx:
+        note = (f"The input has {ids.shape[1]} tokens, more than the model's context of {n_ctx}: "
+                f"only the first {n_ctx} are used.")
+        return ids[:, :n_ctx], note
+    return ids, None
+
+
+# --- cached results (keyed by model and inputs; the model itself comes from the resource cache) ----------
+@st.cache_data(show_spinner="Running the model ...", max_entries=32)
+def pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
+    model = load_model(*key)
+    tokens = torch.tensor([ids], dtype=torch.long)
+    with torch.no_grad():
+        _, trace = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_pattern", "hook_result")))
+    return {"patterns": trace.patterns()[:, 0].numpy(),  # [L, B, H, T, S] -> [L, H, T, S]
+            "norms": viz.head_write_norms(trace),
+            "str_tokens": model.to_str_tokens(tokens)}
+
+
+@st.cache_data(show_spinner="Classifying heads (positional, induction, copying scores) ...", max_entries=8)
+def head_report(key: tuple[str, str], treebank: str | None, max_sentences: int) -> Any:
+    from interp.analysis import classify_heads
+
+    model = load_model(*key)
+    kwargs: dict[str, Any] = {"n_seqs": 16}
+    if model.tokenizer is not None and not _is_token_id_model(model):
+        kwargs["texts"] = list(EXAMPLE_SENTENCES.values()) + PRUNING_SENTENCES
+    if treebank:
+        kwargs.update(conllu=treebank, max_sentences=max_sentences)
+    return classify_heads(model, **kwargs)
+
+
+@st.cache_data(show_spinner="Scoring heads on repeated sequences ...", max_entries=16)
+def induction_data(key: tuple[str, str], n_seqs: int, half_len: int) -> dict[str, Any]:
+    from interp.analysis import induction_scores, repeated_tokens_for
+
+    model = load_model(*key)
+    tokens = repeated_tokens_for(model, n_seqs, half_len, seed=0)
+    out: dict[str, Any] = {"scores": induction_scores(model, tokens), "example": tokens[0].tolist()}
+    cfg = model.cfg
+    if cfg.causal and cfg.unembed:
+        from interp.zoo.induction import induction_losses
+
+        bos = tokens.shape[1] == 2 * half_len + 1
+        out["losses"] = induction_losses(model, tokens, half_len, bos=bos)
+    return out
+
+
+def pruning_setup(model: interp.Transformer) -> tuple[Any, list[dict[str, torch.Tensor]]]:
+    """The objective and data used for pruning this model (the library's objectives)."""
+    from interp.pruning import LanguageModelObjective, SentenceSimilarityObjective, sentence_batches
+
+    cfg = model.cfg
+    if cfg.causal and cfg.unembed:
+        from interp.analysis import repeated_tokens_for
+
+        half = min(16, (cfg.n_ctx - 2) // 2)
+        tokens = repeated_tokens_for(model, 16, half, seed=123)  # [N, (bos) + 2 * half]
+        # Score only the repeated half (minus its first token): only in-context copying can predict it,
+        # so switching an induction-circuit head off shows up at once.
+        loss_mask = torch.zeros_like(tokens)
+        loss_mask[:, tokens.shape[1] - half + 1:] = 1
+        return LanguageModelObjective(), [{"tokens": tokens, "loss_mask": loss_mask}]
+    if cfg.unembed or model.tokenizer is None:
+        raise ValueError("pruning in the app needs a causal decoder with an unembedding, or an encoder with a "
+                         "tokenizer")
+    batches = sentence_batches(model, PRUNING_SENTENCES, batch_size=8)
+    return SentenceSimilarityObjective(model, batches), batches
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def gated_scores(key: tuple[str, str], heads_off: tuple[tuple[int, int], ...]) -> dict[str, float]:
+    """Loss and metric of the model with ``heads_off`` gated to zero."""
+    from interp.pruning import head_mask
+
+    model = load_model(*key)
+    objective, batches = pruning_setup(model)
+    pruned = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+    for layer, head in heads_off:
+        pruned[layer, head] = True
+    with torch.no_grad(), head_mask(model, pruned):
+        loss = float(np.mean([float(objective.loss(model, b)) for b in batches]))
+        metric = float(objective.metric(model, batches))
+    return {"loss": loss, "metric": metric, "metric_name": objective.metric_name}
+
+
+# --- pages ------------------------------------------------------------------------------------------------
+def page_attention(key: tuple[str, str], model: interp.Transformer, ids: torch.Tensor) -> None:
+    data = pattern_data(key, tuple(ids[0].tolist()))
+    pats, toks = data["patterns"], data["str_tokens"]
+    L, H, T, _ = pats.shape
+    view = st.radio("View", ["One head", "All heads of a layer", "All layers x heads"], horizontal=True,
+                    key="attn_view")
+    if view == "One head":
+        c1, c2 = st.columns(2)
+        layer = c1.selectbox("Layer", range(L), key="attn_layer")
+        head = c2.selectbox("Head", range(H), key="attn_head")
+        st.plotly_chart(viz.attention_heatmap(pats[layer, head], toks, title=f"layer {layer}, head {head}"),
+                        width="stretch", key="fig_attn_head")
+        top = pats[layer, head].argmax(-1)
+        st.caption("Each query's strongest key: " + ", ".join(
+            f"{toks[q]} → {toks[k]}" for q, k in list(enumerate(top))[: min(T, 12)]) + (" ..." if T > 12 else ""))
+    elif view == "All heads of a layer":
+        layer = st.selectbox("Layer", range(L), key="attn_layer_all")
+        st.plotly_chart(viz.layer_heads(pats[layer], toks, layer=layer, cols=min(H, 6)), width="stretch",
+                        key="fig_attn_layer")
+    else:
+        n = min(T, MAX_GRID_TOKENS)
+        if n < T:
+            st.warning(f"The grid shows the first {n} of {T} tokens (one small heatmap per head).")
+        st.plotly_chart(viz.head_grid(pats[:, :, :n, :n], toks[:n]), width="stretch", key="fig_attn_grid")
+
+
+def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Tensor) -> None:
+    st.markdown("Each head is classified from its attention statistics (positional offsets, previous-token, "
+                "duplicate-token, induction, copying and, with a treebank, syntactic relations).")
+    treebank = None
+    ud = Path(interp.__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+    if ud.is_file() and model.tokenizer is not None and not _is_token_id_model(model):
+        if st.checkbox("Add syntactic heads (UD English EWT dev, slower)", key="use_treebank"):
+            treebank = str(ud)
+    try:
+        report = head_report(key, treebank, 200)
+    except Exception as e:  # noqa: BLE001 - shown to the user
+        st.error(f"Could not classify the heads: {e}")
+        return
+    st.plotly_chart(viz.head_map(report, title=f"head taxonomy of {model.name}"), width="stretch",
+                    key="fig_head_map")
+    with st.expander("All kinds found (table)", expanded=False):
+        st.dataframe(report.df, width="stretch", hide_index=True)
+    data = pattern_data(key, tuple(ids[0].tolist()))
+    c1, c2 = st.columns(2)
+    with c1:
+        st.plotly_chart(viz.head_norms_figure(data["norms"], title="residual-write norm on the input text"),
+                        width="stretch", key="fig_head_norms")
+    pos = report.details.get("positional") if hasattr(report, "details") else None
+    with c2:
+        if pos is not None:
+            cols = [c for c in pos.columns if c.startswith("mass_") and c[5:] in ("-2", "-1", "0", "+1", "first")]
+            st.plotly_chart(viz.positional_map(pos, cols or None, title="attention mass by target"),
+                            width="stretch", key="fig_positional")
+
+
+def page_induction(key: tuple[str, str], model: interp.Transformer) -> None:
+    st.markdown("Random token sequences repeated once: an **induction head** attends from the second copy of a "
+                "token to the token after its first copy, and a **previous-token** head feeds it.")
+    c1, c2 = st.columns(2)
+    max_half = max(2, min(25, (model.cfg.n_ctx - 2) // 2))
+    half_len = c1.slider("Length of the repeated half", 2, max_half, min(10, max_half), key="ind_half")
+    n_seqs = c2.slider("Sequences", 4, 64, 16, step=4, key="ind_n")
+    try:
+        data = induction_data(key, n_seqs, half_len)
+    except Exception as e:  # noqa: BLE001 - shown to the user
+        st.error(f"Could not score the heads: {e}")
+        return
+    scores = data["scores"]
+    if "losses" in data:
+        loss = data["losses"]
+        m1, m2, m3 = st.columns(3)
+        m1.metric("Loss, first half (nats)", f"{loss['first']:.3f}")
+        m2.metric("Loss, repeated half", f"{loss['repeated']:.3f}", delta=f"{-loss['gain']:.3f}",
+                  delta_color="inverse")
+        m3.metric("In-context gain", f"{loss['gain']:.3f}")
+    st.plotly_chart(viz.induction_map(scores), width="stretch", key="fig_induction_map")
+    best = scores.sort_values("induction", ascending=False).iloc[0]
+    layer, head = int(best["layer"]), int(best["head"])
+    st.subheader(f"Strongest induction head: L{layer}H{head} (score {best['induction']:.2f})")
+    ex = tuple(data["example"])
+    pats = pattern_data(key, ex)
+    st.plotly_chart(viz.attention_heatmap(pats["patterns"][layer, head], pats["str_tokens"],
+                                          title=f"L{layer}H{head} on a repeated sequence"),
+                    width="stretch", key="fig_induction_head")
+    with st.expander("Scores (table)"):
+        st.dataframe(scores, width="stretch", hide_index=True)
+
+
+def _head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def saved_curve_files() -> list[str]:
+    """Curve JSON files the pruning experiments wrote (``experiments/results/prune_*/<method>.json``), relative
+    to the results folder; empty when interp is not installed from a checkout."""
+    if not REPO_RESULTS.is_dir():
+        return []
+    files = [*REPO_RESULTS.glob("prune_*.json"), *REPO_RESULTS.glob("prune_*/*.json")]
+    return sorted(str(p.relative_to(REPO_RESULTS)) for p in files if p.name != "summary.json")
+
+
+def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
+    from interp.pruning import PruningCurve, auc_table, importance_curve, random_curve
+
+    try:
+        objective, batches = pruning_setup(model)
+    except ValueError as e:
+        st.error(str(e))
+        return
+    what = ("next-token loss on the repeated half of repeated random sequences" if model.cfg.unembed
+            else "1 - cosine similarity of sentence embeddings to the unpruned model's")
+    st.markdown(f"Objective: **{what}** (metric: `{objective.metric_name}`, higher is better).")
+
+    st.subheader("Switch heads off")
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    labels = [_head_label(layer, head) for layer in range(L) for head in range(H)]
+    off = st.multiselect("Heads to switch off", labels, key="heads_off")
+    heads_off = tuple(divmod(labels.index(x), H) for x in off)
+    base = gated_scores(key, ())
+    now = gated_scores(key, heads_off)
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Heads off", f"{len(heads_off)} / {L * H}")
+    c2.metric("Loss", f"{now['loss']:.4f}", delta=f"{now['loss'] - base['loss']:+.4f}", delta_color="inverse")
+    c3.metric(now["metric_name"], f"{now['metric']:.4f}", delta=f"{now['metric'] - base['metric']:+.4f}")
+
+    st.subheader("Pruning curves")
+    source = st.radio("Curves", ["Run on this model", "Load a saved curve"], horizontal=True, key="curve_source")
+    curves: list[PruningCurve] = []
+    if source == "Load a saved curve":
+        found = saved_curve_files()
+        picked = st.multiselect("Saved curves in experiments/results/", found, key="curve_files")
+        upload = st.file_uploader("... or upload a curve (.json from PruningCurve.save)", type=["json"],
+                                  key="curve_upload")
+        typed = st.text_input("... or its path on this machine", key="curve_path")
+        paths = [REPO_RESULTS / name for name in picked] + ([Path(typed.strip())] if typed.strip() else [])
+        for path in paths:
+            try:
+                curves.append(PruningCurve.load(path))
+            except Exception as e:  # noqa: BLE001 - shown to the user
+                st.error(f"{path.name} is not a pruning curve (JSON written by PruningCurve.save): {e}")
+        if upload is not None:
+            try:
+                import json
+
+                curves.append(PruningCurve.from_dict(json.loads(upload.getvalue())))
+            except Exception as e:  # noqa: BLE001 - shown to the user
+                st.error(f"{upload.name} is not a pruning curve (JSON written by PruningCurve.save): {e}")
+    else:
+        c1, c2 = st.columns(2)
+        methods = c1.multiselect("Methods", ["importance", "random"], default=["importance", "random"],
+                                 key="curve_methods")
+        n_heads = L * H
+        default_step = max(1, n_heads // 8)  # about 8 points per curve
+        steps = sorted({s for s in (1, 2, 4, 8, 16, max(1, n_heads // 4), default_step) if s <= n_heads})
+        step = c2.select_slider("Heads pruned per step", options=steps, value=default_step,
+                                key="curve_step") if len(steps) > 1 else 1
+        store = st.session_state.setdefault("curves", {})
+        if st.button("Run", key="curve_run", type="primary"):
+            bar = st.progress(0.0, text="pruning ...")
+            n_points = L * H // step + 1
+            for m_i, method in enumerate(methods):
+                def tick(curve, m_i=m_i, method=method):
+                    done = (m_i + min(1.0, len(curve.points) / n_points)) / max(1, len(methods))
+                    bar.progress(done, text=f"{method}: {len(curve.points)} points")
+                if method == "importance":
+                    store[(key, method, step)] = importance_curve(model, batches, objective, step=step,
+                                                                  on_point=tick)
+                else:
+                    store[(key, method, step)] = random_curve(model, batches, objective, step=step,
+                                                              seeds=(0, 1, 2), on_seed=tick)
+            bar.progress(1.0, text="done")
+        curves = [store[(key, m, step)] for m in methods if (key, m, step) in store]
+        if not curves:
+            st.info("Press **Run** to prune this model step by step (results are kept while the app runs).")
+    if curves:
+        st.plotly_chart(viz.pruning_curves(curves, baseline=curves[0].points[0].metric if curves[0].points else None,
+                                           y_title=curves[0].metric_name,
+                                           title=f"pruning curves of {curves[0].model_name or model.name}"),
+                        width="stretch", key="fig_pruning")
+        try:
+            st.dataframe(auc_table(curves), hide_index=True)
+        except Exception as e:  # noqa: BLE001 - a malformed curve only loses its AUC table
+            st.caption(f"(no AUC table: {e})")
+
+
+def _config_from_inputs(prefix: str, preset: interp.ModelConfig) -> interp.ModelConfig:
+    c = st.columns(4)
+    n_layers = c[0].number_input("Layers", 1, 1000, preset.n_layers, key=f"{prefix}_layers")
+    n_heads = c[1].number_input("Query heads", 1, 1024, preset.n_heads, key=f"{prefix}_heads")
+    d_head = c[2].number_input("d_head", 1, 4096, preset.d_head, key=f"{prefix}_dhead")
+    d_model = c[3].number_input("d_model", 1, 65536, preset.d_model, key=f"{prefix}_dmodel")
+    c = st.columns(4)
+    kv = c[0].number_input("KV heads (this model)", 1, 1024, preset.n_kv_heads, key=f"{prefix}_kv")
+    d_mlp = c[1].number_input("d_mlp (0 = no MLP)", 0, 262144, 0 if preset.attn_only else preset.d_mlp,
+                              key=f"{prefix}_dmlp")
+    gated = c[2].checkbox("Gated MLP (SwiGLU)", preset.activation in ("swiglu", "geglu"), key=f"{prefix}_gated")
+    rotary = c[3].checkbox("Rotary positions", preset.positional == "rotary", key=f"{prefix}_rotary")
+    return interp.ModelConfig(
+        n_layers=int(n_layers), d_model=int(d_model), n_heads=int(n_heads), d_head=int(d_head), n_kv_heads=int(kv),
+        attn_only=d_mlp == 0, d_mlp=int(d_mlp) or None, activation="swiglu" if gated else "gelu",
+        positional="rotary" if rotary else "learned", normalization="rms" if rotary else "pre",
+        d_vocab=32000, n_ctx=1 << 20)
+
+
+def page_costs(model: interp.Transformer | None) -> None:
+    st.markdown("KV-cache memory per token and FLOPs per layer, from a configuration. The other attention kinds "
+                "are derived from it: GQA with fewer KV heads, MQA with one, MLA caching a latent.")
+    presets = {"Worked example: 80 layers, 64 heads x 128 (Llama-2-70B size)": worked_example_config()}
+    if model is not None and model.cfg.attention == "standard":
+        presets[f"This model ({model.name})"] = model.cfg
+    name = st.selectbox("Start from", list(presets), key="cost_preset")
+    prefix = "cost" + hashlib.md5(name.encode()).hexdigest()[:6]
+    try:
+        cfg = _config_from_inputs(prefix, presets[name])
+    except (ValueError, TypeError) as e:
+        st.error(f"Not a valid configuration: {e}")
+        return
+    c = st.columns(5)
+    dtype = c[0].selectbox("dtype", ["fp16", "bf16", "fp32", "fp8"], key="cost_dtype")
+    batch = int(c[1].number_input("Batch", 1, 100000, 32, key="cost_batch"))
+    tokens = int(c[2].number_input("Tokens per sequence", 1, 10_000_000, 4096, key="cost_tokens"))
+    options = gqa_group_options(cfg.n_heads)
+    own = cfg.n_kv_heads if cfg.kind == "gqa" else default_kv_groups(cfg.n_heads)
+    groups = c[3].selectbox("GQA KV heads", options, index=options.index(own) if own in options else 0,
+                            key=f"cost_groups_{cfg.n_heads}_{cfg.n_kv_heads}") if options else None
+    latent = int(c[4].number_input("MLA latent", 1, 65536, 4 * cfg.d_head, key="cost_latent"))
+    try:
+        table = kv_cache_table(cfg, batch=batch, tokens=tokens, dtype=dtype, n_kv_groups=groups,
+                               kv_latent_dim=latent)
+    except ValueError as e:
+        st.error(str(e))
+        return
+    this = table[table["this_model"]].iloc[0] if table["this_model"].any() else table.iloc[0]
+    m = st.columns(3)
+    m[0].metric(f"KV cache per token ({this['kind'].upper()})", format_bytes(this["bytes_per_token"]))
+    m[1].metric(f"For {batch} x {tokens} tokens", format_bytes(this["total_bytes"]))
+    m[2].metric("Bytes per element", DTYPE_BYTES[dtype])
+    per_token = st.toggle("Per token", value=False, key="cost_per_token")
+    st.plotly_chart(viz.kv_cache_figure(table, batch=batch, tokens=tokens, per_token=per_token),
+                    width="stretch", key="fig_kv")
+    show = table.assign(per_token=table["bytes_per_token"].map(format_bytes),
+                        total=table["total_bytes"].map(format_bytes))
+    st.dataframe(show[["kind", "n_kv_heads", "cached_per_layer", "per_token", "total", "vs_mha", "this_model"]],
+                 hide_index=True, width="stretch")
+
+    st.subheader("FLOPs per layer")
+    c = st.columns(2)
+    mode = c[0].radio("Pass", ["Prefill", "One decoding step"], horizontal=True, key="flops_mode")
+    seq = int(c[1].number_input("Context length", 1, 10_000_000, min(tokens, 4096), key="flops_seq"))
+    if mode == "Prefill":
+        flops = flops_per_layer(cfg, seq_len=seq, batch=batch)
+    else:
+        flops = flops_per_layer(cfg, seq_len=1, batch=batch, kv_len=seq)
+    st.metric("Per layer", format_flops(flops["flops"].sum()),
+              help="matrix products only, 2 FLOPs per multiply-add; x layers for the whole stack")
+    st.plotly_chart(viz.flops_figure(flops), width="stretch", key="fig_flops")
+
+
+# --- main -------------------------------------------------------------------------------------------------
+def main() -> None:
+    st.sidebar.title("interp")
+    page = st.sidebar.radio("Page", PAGES, key="page")
+    key = choose_model()
+    model = get_model(key) if key is not None else None
+    st.title(page)
+    if page == "KV cache & FLOPs":
+        page_costs(model)
+        return
+    if model is None:
+        return
+    cfg = model.cfg
+    st.sidebar.caption(f"**{model.name}**: {cfg.kind.upper()}, {cfg.n_layers} layers x {cfg.n_heads} heads, "
+                       f"d_model {cfg.d_model}, context {cfg.n_ctx}, "
+                       f"{'decoder' if cfg.causal else 'encoder'}")
+    if page == "Induction":
+        page_induction(key, model)
+        return
+    if page == "Pruning":
+        page_pruning(key, model)
+        return
+    text = choose_text(model)
+    try:
+        ids, note = tokenize(model, text)
+    except ValueError as e:
+        if text.strip():
+            st.error(f"Cannot read the input: {e}")
+        else:
+            st.info(str(e))
+        return
+    if note:
+        st.warning(note)
+    if page == "Attention patterns":
+        page_attention(key, model, ids)
+    else:
+        page_head_map(key, model, ids)
+
+
+main()

@@ -1,0 +1,25 @@
+"""Plotly figures for interp: every function returns a ``plotly.graph_objects.Figure``.
+
+No Streamlit here: notebooks display the figures inline (``fig`` as the last expression of a cell, or
+``fig.show()``), the dashboard (apps/dashboard.py) embeds them with ``st.plotly_chart``.
+
+Example:
+    >>> from interp import viz
+    >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
+    >>> viz.attention_heatmap(trace.pattern(0)[0, 1], model.to_str_tokens(tokens))
+    >>> viz.head_grid(trace)
+"""
+
+from .attention import attention_heatmap, head_grid, layer_heads
+from .cost import flops_figure, kv_cache_figure
+from .heads import (
+    INDUCTION_COLUMNS, head_map, head_norms_figure, head_write_norms, induction_map, positional_map, score_map,
+    score_maps,
+)
+from .pruning import pruning_curves
+
+__all__ = [
+    "INDUCTION_COLUMNS", "attention_heatmap", "flops_figure", "head_grid", "head_map", "head_norms_figure",
+    "head_write_norms", "induction_map", "kv_cache_figure", "layer_heads", "positional_map", "pruning_curves",
+    "score_map", "score_maps",
+]

@@ -1,0 +1,336 @@
+"""Per-head maps: the head taxonomy, residual-write norms, and score maps (positional, induction, ...).
+
+Every map is a ``[layer, head]`` grid: layers down, heads across, so the same head sits in the same cell in
+every figure.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.colors
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ._common import SCORE_SCALE, as_frame, layer_head_grid, to_numpy
+
+#: Kinds that mean "nothing found": drawn light grey.
+_NO_KIND = {"", "no kind", "none", "other", "unclassified", "unknown", "mixed", "diffuse"}
+_GREY = "#e5e5e5"
+_UNCLASSIFIED = "no kind"
+
+
+def _axes(fig: go.Figure, L: int, H: int, row: int | None = None, col: int | None = None) -> None:
+    kw = {} if row is None else dict(row=row, col=col)
+    fig.update_xaxes(title_text="head", tickmode="array", tickvals=list(range(H)), **kw)
+    fig.update_yaxes(title_text="layer", tickmode="array", tickvals=list(range(L)), autorange="reversed", **kw)
+
+
+def score_map(
+    scores: Any,
+    *,
+    title: str | None = None,
+    value: str | None = None,
+    colorscale: str = SCORE_SCALE,
+    zmin: float | None = None,
+    zmax: float | None = None,
+    text_format: str = ".2f",
+) -> go.Figure:
+    """A ``[layer, head]`` heatmap of one score per head, with the value written in each cell.
+
+    Args:
+        scores: ``[L, H]`` (tensor/array) or a long DataFrame with ``layer``, ``head`` and ``value`` columns.
+        title: figure title (default: ``value``).
+        value: the DataFrame column to draw (required with a DataFrame).
+        colorscale, zmin, zmax: colour scale and its range (default: the data's range).
+        text_format: d3 format of the number printed in each cell.
+
+    Returns:
+        A ``go.Figure``.
+
+    Raises:
+        ValueError: a DataFrame without ``value``, or scores that are not 2-D.
+
+    Example:
+        >>> score_map(induction_df, value="induction", zmin=0, zmax=1)
+    """
+    if isinstance(scores, pd.DataFrame):
+        if value is None:
+            raise ValueError(f"value= must name the column to draw; columns are {list(scores.columns)}")
+        z = layer_head_grid(scores, value)
+    else:
+        z = to_numpy(scores, "scores", 2)
+    L, H = z.shape
+    label = value or "score"
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(range(H)), y=list(range(L)), colorscale=colorscale, zmin=zmin, zmax=zmax,
+        texttemplate=f"%{{z:{text_format}}}", colorbar=dict(title=label),
+        hovertemplate=f"layer %{{y}} head %{{x}}<br>{html.escape(label)} %{{z:.4f}}<extra></extra>"))
+    _axes(fig, L, H)
+    fig.update_layout(title=title or label, height=max(220, 48 * L + 120), margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def score_maps(
+    df: pd.DataFrame,
+    columns: Sequence[str],
+    *,
+    title: str | None = None,
+    zmin: float | None = 0.0,
+    zmax: float | None = None,
+    colorscale: str = SCORE_SCALE,
+) -> go.Figure:
+    """Several per-head scores side by side (one ``[layer, head]`` panel per column, one colour scale).
+
+    Args:
+        df: long table with ``layer``, ``head`` and the ``columns``.
+        columns: score columns to draw, one panel each.
+        title: figure title.
+        zmin, zmax: shared colour range (``zmax`` defaults to the largest value drawn).
+
+    Returns:
+        A ``go.Figure``.
+
+    Raises:
+        ValueError: no columns, or a column is missing.
+
+    Example:
+        >>> score_maps(induction_scores(model), ["previous_token", "induction"])
+    """
+    df = as_frame(df, "df")
+    columns = list(columns)
+    if not columns:
+        raise ValueError("columns is empty: name at least one score column")
+    grids = [layer_head_grid(df, c) for c in columns]
+    L, H = grids[0].shape
+    if zmax is None:
+        zmax = float(np.nanmax([np.nanmax(g) for g in grids]))
+    fig = make_subplots(rows=1, cols=len(columns), subplot_titles=[c.replace("_", " ") for c in columns],
+                        horizontal_spacing=0.04)
+    for i, (c, z) in enumerate(zip(columns, grids)):
+        fig.add_trace(go.Heatmap(
+            z=z, x=list(range(H)), y=list(range(L)), coloraxis="coloraxis", texttemplate="%{z:.2f}",
+            hovertemplate=f"layer %{{y}} head %{{x}}<br>{html.escape(c)} %{{z:.4f}}<extra></extra>"),
+            row=1, col=i + 1)
+        _axes(fig, L, H, row=1, col=i + 1)
+        if i:
+            fig.update_yaxes(title_text=None, row=1, col=i + 1)
+    fig.update_layout(coloraxis=dict(colorscale=colorscale, cmin=zmin, cmax=zmax), title=title,
+                      height=max(240, 48 * L + 140), margin=dict(l=10, r=10, t=70, b=10))
+    return fig
+
+
+#: Score columns of ``interp.analysis.induction_scores``.
+INDUCTION_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
+
+
+def induction_map(df: pd.DataFrame, columns: Sequence[str] | None = None, *, title: str | None = None) -> go.Figure:
+    """The induction-circuit scores per head: previous-token, duplicate-token, induction and copying.
+
+    Args:
+        df: the DataFrame of :func:`interp.analysis.induction_scores` (``layer``, ``head`` + score columns).
+        columns: which scores (default: those of :data:`INDUCTION_COLUMNS` present in ``df``).
+        title: figure title.
+
+    Returns:
+        A ``go.Figure`` with one panel per score.
+
+    Raises:
+        ValueError: none of the score columns are present.
+
+    Example:
+        >>> induction_map(interp.analysis.induction_scores(model))
+    """
+    df = as_frame(df, "df")
+    # A score that is NaN for every head (copying on a model without unembedding) gets no panel.
+    cols = [c for c in (columns or INDUCTION_COLUMNS) if c in df.columns and df[c].notna().any()]
+    if not cols:
+        raise ValueError(f"no induction score columns {list(columns or INDUCTION_COLUMNS)} in {list(df.columns)}")
+    # Copying scores can be negative (the head suppresses the token): let the colour range follow the data.
+    lo = min(0.0, float(np.nanmin(df[cols].to_numpy(dtype=float))))
+    return score_maps(df, cols, title=title or "induction circuit scores", zmin=lo)
+
+
+def positional_map(
+    df: pd.DataFrame,
+    columns: Sequence[str] | None = None,
+    *,
+    stat: str = "mass",
+    title: str | None = None,
+) -> go.Figure:
+    """Where each head looks, relative to the query: heads down, targets (offsets, first token, delimiters) across.
+
+    Args:
+        df: the table of :func:`interp.analysis.positional_scores` (``layer``, ``head`` and ``{stat}_{target}``
+            columns such as ``mass_-1``, ``mass_first``), or any long table of per-head scores.
+        columns: score columns to draw instead of the ``{stat}_*`` family.
+        stat: ``"mass"`` (mean attention weight on the target) or ``"argmax"`` (how often the target is the
+            head's top key).
+        title: figure title.
+
+    Returns:
+        A ``go.Figure``: one heatmap row per head (``L{layer}H{head}``), one column per target.
+
+    Raises:
+        ValueError: no matching score column.
+
+    Example:
+        >>> positional_map(pd.DataFrame({"layer": [0, 0], "head": [0, 1], "mass_-1": [0.9, 0.1]}))
+    """
+    df = as_frame(df, "df")
+    prefix = f"{stat}_"
+    if columns is None:
+        columns = [c for c in df.columns if c.startswith(prefix) and pd.api.types.is_numeric_dtype(df[c])]
+    if not columns:
+        raise ValueError(f"no {prefix}* score columns in {list(df.columns)}")
+    df = df.sort_values(["layer", "head"])
+    z = df[list(columns)].to_numpy(dtype=float)  # [heads, targets]
+    heads = [f"L{int(a)}H{int(b)}" for a, b in zip(df["layer"], df["head"])]
+    targets = [c[len(prefix):] if c.startswith(prefix) else c for c in columns]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=targets, y=heads, colorscale=SCORE_SCALE, zmin=0, zmax=1, texttemplate="%{z:.2f}",
+        colorbar=dict(title=stat),
+        hovertemplate=f"%{{y}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"))
+    fig.update_xaxes(title_text="target (offset from the query, first token, delimiter)", type="category")
+    fig.update_yaxes(title_text="head", autorange="reversed", type="category")
+    fig.update_layout(title=title or f"positional scores ({stat})", height=max(260, 22 * len(heads) + 140),
+                      margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def head_write_norms(trace: Any, *, attention_mask: Any = None) -> np.ndarray:
+    """Mean L2 norm of each head's residual-stream write ``z_h W_O[h]`` over sequences and positions.
+
+    Args:
+        trace: a :class:`~interp.Trace` with ``blocks.{l}.attn.hook_result`` recorded
+            (``model.run_with_cache(tokens, names_filter="*hook_result")``).
+        attention_mask: optional ``[B, T]`` 1/0 mask; padded positions are left out of the mean.
+
+    Returns:
+        ``[L, H]`` array of mean norms.
+
+    Raises:
+        KeyError: the trace holds no per-head writes.
+        ValueError: the mask does not match the recorded shape.
+
+    Example:
+        >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_result")
+        >>> head_write_norms(trace).shape
+        (2, 4)
+    """
+    outs = to_numpy(trace.head_outs(), "head_outs", 5)  # [L, B, T, H, M]
+    norms = np.linalg.norm(outs, axis=-1)  # [L, B, T, H]
+    if attention_mask is None:
+        return norms.mean(axis=(1, 2))
+    keep = to_numpy(attention_mask, "attention_mask", 2)
+    if keep.shape != norms.shape[1:3]:
+        raise ValueError(f"attention_mask has shape {keep.shape}, expected {norms.shape[1:3]}")
+    w = keep[None, :, :, None]  # [1, B, T, 1]
+    return (norms * w).sum(axis=(1, 2)) / w.sum(axis=(1, 2))
+
+
+def head_norms_figure(norms: Any, *, title: str = "per-head residual-write norm") -> go.Figure:
+    """``[layer, head]`` map of how much each head writes into the residual stream.
+
+    Args:
+        norms: ``[L, H]`` (for example :func:`head_write_norms`).
+        title: figure title.
+
+    Returns:
+        A ``go.Figure``.
+
+    Example:
+        >>> head_norms_figure(head_write_norms(trace))
+    """
+    return score_map(norms, title=title, value="mean ||z W_O||", colorscale="Magma", zmin=0)
+
+
+def _kind_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per head: its main kind (highest score), every kind it carries, and hover text."""
+    rows = []
+    for (layer, head), g in df.groupby(["layer", "head"], sort=True):
+        g = g.sort_values("score", ascending=False) if "score" in g.columns else g
+        kinds = [str(k) for k in g["kind"]]
+        real = [k for k in kinds if k.lower() not in _NO_KIND]
+        parts = []
+        for _, r in g.iterrows():
+            line = f"{html.escape(str(r['kind']))}"
+            if "score" in g.columns and pd.notna(r["score"]):
+                line += f" (score {float(r['score']):.3f})"
+            if "evidence" in g.columns and pd.notna(r["evidence"]) and str(r["evidence"]):
+                line += f": {html.escape(str(r['evidence']))}"
+            parts.append(line)
+        rows.append({"layer": int(layer), "head": int(head), "main": real[0] if real else kinds[0],
+                     "all": ", ".join(real) if real else kinds[0], "hover": "<br>".join(parts)})
+    return pd.DataFrame(rows)
+
+
+def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = None,
+             title: str = "head taxonomy") -> go.Figure:
+    """The taxonomy map: each ``[layer, head]`` cell coloured by the head's main kind and labelled with it.
+
+    Args:
+        report: a ``HeadReport`` (``.df``) or a DataFrame with ``layer``, ``head``, ``kind`` and optionally
+            ``score`` and ``evidence``. A head may appear in several rows (several kinds); its main kind is the
+            one with the highest score, and hover lists them all. Heads without a row stay blank.
+        n_layers, n_heads: the grid size (default: the report's ``n_layers``/``n_heads`` attributes, else the
+            largest layer and head in the table).
+        title: figure title.
+
+    Returns:
+        A ``go.Figure``: a categorical heatmap plus a legend entry per kind.
+
+    Raises:
+        ValueError: required columns are missing or the table is empty.
+
+    Example:
+        >>> head_map(pd.DataFrame({"layer": [0, 1], "head": [0, 0], "kind": ["previous_token", "induction"]}))
+    """
+    df = as_frame(report, "report")
+    missing = [c for c in ("layer", "head", "kind") if c not in df.columns]
+    if missing:
+        raise ValueError(f"head table lacks column(s) {missing}; it has {list(df.columns)}")
+    L = n_layers or getattr(report, "n_layers", None)
+    H = n_heads or getattr(report, "n_heads", None)
+    if df.empty and not (L and H):
+        raise ValueError("head table is empty and n_layers/n_heads are unknown")
+    table = _kind_table(df) if not df.empty else pd.DataFrame(columns=["layer", "head", "main", "all", "hover"])
+    if not df.empty:
+        L = max(int(L or 0), int(table["layer"].max()) + 1)
+        H = max(int(H or 0), int(table["head"].max()) + 1)
+    unclassified = L * H - len(table)
+    kinds = sorted(set(table["main"]) | ({_UNCLASSIFIED} if unclassified else set()),
+                   key=lambda k: (k.lower() in _NO_KIND, k))
+    palette = plotly.colors.qualitative.Set2 + plotly.colors.qualitative.Pastel1
+    colour = {}
+    for i, k in enumerate(kinds):
+        colour[k] = _GREY if k.lower() in _NO_KIND else palette[i % len(palette)]
+    code = {k: i for i, k in enumerate(kinds)}
+    # Heads without a row get the grey "no kind" code (their cell stays unlabelled).
+    z = np.full((L, H), float(code[_UNCLASSIFIED]) if unclassified else np.nan)
+    text = np.full((L, H), "", dtype=object)
+    hover = np.full((L, H), "no kind found", dtype=object)
+    for r in table.itertuples():
+        z[r.layer, r.head] = code[r.main]
+        text[r.layer, r.head] = r.all.replace("_", " ").replace(", ", "<br>")
+        hover[r.layer, r.head] = r.hover
+    n = max(1, len(kinds))
+    # A stepwise colour scale: code i covers [i/n, (i+1)/n] of the normalised range.
+    scale = [[0.0, _GREY], [1.0, _GREY]] if not kinds else []
+    for i, k in enumerate(kinds):
+        scale += [[i / n, colour[k]], [(i + 1) / n, colour[k]]]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(range(H)), y=list(range(L)), colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False,
+        text=text, texttemplate="%{text}", textfont=dict(size=10), customdata=hover, xgap=2, ygap=2,
+        hovertemplate="layer %{y} head %{x}<br>%{customdata}<extra></extra>"))
+    for k in kinds:  # legend: one invisible marker per kind
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=k.replace("_", " "),
+                                 marker=dict(size=12, color=colour[k], symbol="square")))
+    _axes(fig, L, H)
+    fig.update_layout(title=title, height=max(260, 60 * L + 140), plot_bgcolor="white",
+                      legend=dict(title="kind"), margin=dict(l=10, r=10, t=50, b=10))
+    return fig

@@ -59,6 +59,15 @@ class ModelConfig:
         cross_attention: every block gets a cross-attention sub-layer that reads a ``context`` sequence.
         use_sdpa: allow the fused ``scaled_dot_product_attention`` kernel when nothing needs the pattern.
         pad_token_id: token id used for padding by tokenizers of this model (informational).
+        layer_n_heads: optional per-layer query-head counts (a model with heads removed by
+            :func:`interp.pruning.remove_heads`); ``None`` means every layer has ``n_heads``. A layer may
+            have 0 heads (its attention then adds only W_O's bias).
+        layer_n_kv_heads: optional per-layer K/V-head counts (standard attention). Defaults to
+            ``layer_n_heads`` for an MHA config; required for GQA/MQA configs with ``layer_n_heads``; must
+            stay ``None`` for ``attention="latent"``.
+        layer_kv_map: optional per-layer list mapping each query head to its K/V head (entries ``None``
+            mean the uniform grouping, query head h reads K/V head ``h // (H_l // K_l)``). Needed when a
+            partially pruned K/V group leaves groups of unequal size.
 
     Raises:
         ValueError: on any invalid value or combination, quoting the values.
@@ -99,6 +108,9 @@ class ModelConfig:
     cross_attention: bool = False
     use_sdpa: bool = True
     pad_token_id: int | None = None
+    layer_n_heads: list[int] | None = None
+    layer_n_kv_heads: list[int] | None = None
+    layer_kv_map: list[list[int] | None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx"):
@@ -172,6 +184,48 @@ class ModelConfig:
             raise ValueError("tie_embeddings=True needs unembed=True")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.d_vocab:
             raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.d_vocab})")
+        self._check_layer_heads()
+
+    def _check_layer_heads(self) -> None:
+        """Validate the optional per-layer head counts and query-to-K/V maps (pruned models)."""
+        L = self.n_layers
+        if self.layer_n_heads is None:
+            for name in ("layer_n_kv_heads", "layer_kv_map"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}={getattr(self, name)!r} needs layer_n_heads")
+            return
+        heads = list(self.layer_n_heads)
+        if len(heads) != L or any(isinstance(h, bool) or not isinstance(h, int) or h < 0 for h in heads):
+            raise ValueError(f"layer_n_heads={self.layer_n_heads!r} must be {L} non-negative ints (one per layer)")
+        self.layer_n_heads = heads
+        if self.attention == "latent":
+            if self.layer_n_kv_heads is not None or self.layer_kv_map is not None:
+                raise ValueError("attention='latent' has one K/V head per query head: leave layer_n_kv_heads "
+                                 f"and layer_kv_map as None, got {self.layer_n_kv_heads!r}, {self.layer_kv_map!r}")
+            return
+        if self.layer_n_kv_heads is None:
+            if self.n_kv_heads != self.n_heads:
+                raise ValueError(f"layer_n_heads={heads} on a GQA/MQA config (n_kv_heads={self.n_kv_heads}) "
+                                 "needs layer_n_kv_heads")
+            self.layer_n_kv_heads = list(heads)
+        kvs = list(self.layer_n_kv_heads)
+        if len(kvs) != L or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in kvs):
+            raise ValueError(f"layer_n_kv_heads={self.layer_n_kv_heads!r} must be {L} non-negative ints")
+        self.layer_n_kv_heads = kvs
+        maps = self.layer_kv_map if self.layer_kv_map is not None else [None] * L
+        if len(maps) != L:
+            raise ValueError(f"layer_kv_map has {len(maps)} entries, expected one per layer ({L})")
+        self.layer_kv_map = None if self.layer_kv_map is None else [None if m is None else list(m) for m in maps]
+        for layer, (h, k, m) in enumerate(zip(heads, kvs, maps)):
+            if (h == 0) != (k == 0) or k > h:
+                raise ValueError(f"layer {layer}: {h} query heads and {k} K/V heads (need 0 < K <= H, or both 0)")
+            if m is None:
+                if h and h % k:
+                    raise ValueError(f"layer {layer}: {h} query heads are not a multiple of {k} K/V heads; "
+                                     "give layer_kv_map for unequal groups")
+            elif len(m) != h or sorted(set(m)) != list(range(k)):
+                raise ValueError(f"layer_kv_map[{layer}]={m!r} must give each of the {h} query heads a K/V head "
+                                 f"in [0, {k}) and use every K/V head")
 
     # --- derived sizes -------------------------------------------------------------------------------
     @property
@@ -188,6 +242,28 @@ class ModelConfig:
             return "mha"
         return "mqa" if self.n_kv_heads == 1 else "gqa"
 
+    def heads_in_layer(self, layer: int) -> int:
+        """Query heads of ``layer`` (``n_heads`` unless ``layer_n_heads`` says otherwise)."""
+        return self.n_heads if self.layer_n_heads is None else self.layer_n_heads[layer]
+
+    def kv_heads_in_layer(self, layer: int) -> int:
+        """K/V heads of ``layer`` (equals the query heads for MLA)."""
+        if self.attention == "latent":
+            return self.heads_in_layer(layer)
+        return self.n_kv_heads if self.layer_n_kv_heads is None else self.layer_n_kv_heads[layer]
+
+    def kv_map(self, layer: int) -> list[int]:
+        """The K/V head each query head of ``layer`` reads (uniform grouping unless ``layer_kv_map`` says)."""
+        if self.layer_kv_map is not None and self.layer_kv_map[layer] is not None:
+            return list(self.layer_kv_map[layer])
+        h, k = self.heads_in_layer(layer), self.kv_heads_in_layer(layer)
+        return [i // (h // k) for i in range(h)] if h else []
+
+    @property
+    def uniform_heads(self) -> bool:
+        """True when every layer has ``n_heads`` query heads and ``n_kv_heads`` K/V heads in uniform groups."""
+        return self.layer_n_heads is None
+
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
         """Bytes the KV cache holds per token over all layers.
 
@@ -195,14 +271,13 @@ class ModelConfig:
             bytes_per_element: 2 for fp16/bf16, 4 for fp32.
 
         Returns:
-            ``n_layers * 2 * n_kv_heads * d_head * bytes`` for standard attention; for MLA the latent plus
+            ``sum over layers of 2 * K_layer * d_head * bytes`` for standard attention; for MLA the latent plus
             the decoupled rotary key: ``n_layers * (kv_latent_dim + rope_dim) * bytes``.
         """
         if self.attention == "latent":
-            per_layer = self.kv_latent_dim + self.rope_dim
-        else:
-            per_layer = 2 * self.n_kv_heads * self.d_head
-        return self.n_layers * per_layer * bytes_per_element
+            return self.n_layers * (self.kv_latent_dim + self.rope_dim) * bytes_per_element
+        kv_heads = sum(self.kv_heads_in_layer(layer) for layer in range(self.n_layers))
+        return 2 * kv_heads * self.d_head * bytes_per_element
 
     # --- (de)serialisation ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

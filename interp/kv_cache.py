@@ -68,12 +68,13 @@ class KVCache:
         self.max_len = max_len
         self.length = 0
         self.layers: list[LayerKVCache] = []
-        for _ in range(cfg.n_layers):
+        for layer in range(cfg.n_layers):
             if cfg.attention == "latent":
                 shapes = [(batch_size, max_len, cfg.kv_latent_dim), (batch_size, max_len, cfg.rope_dim)]
                 seq_dims = [1, 1]
             else:
-                shapes = [(batch_size, cfg.n_kv_heads, max_len, cfg.d_head)] * 2
+                # A pruned model may keep a different number of K/V heads in each layer.
+                shapes = [(batch_size, cfg.kv_heads_in_layer(layer), max_len, cfg.d_head)] * 2
                 seq_dims = [2, 2]
             bufs = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
             self.layers.append(LayerKVCache(bufs, seq_dims))

@@ -1,0 +1,28 @@
+"""Head pruning: importance (Michel et al. 2019), L0 gates (Voita et al. 2019), a random baseline, pruning curves,
+and ``remove_heads`` for a physically smaller model.
+
+Example:
+    >>> from interp.pruning import importance_curve, random_curve, LanguageModelObjective, remove_heads
+    >>> obj = LanguageModelObjective()
+    >>> imp = importance_curve(model, batches, obj)
+    >>> imp.figure(random_curve(model, batches, obj)).show()
+    >>> small = remove_heads(model, imp.points[3].mask)
+"""
+
+from .baseline import average_curves, random_curve
+from .curve import CurvePoint, PruningCurve, auc_table, common_range, curves_figure
+from .experiment import build_data, load_config, run_experiment, write_results
+from .gates import HardConcreteGate, head_mask
+from .importance import head_importance, importance_curve, masked_metric, prune_counts
+from .l0 import L0Result, l0_curve, train_l0_gates
+from .objectives import (LanguageModelObjective, SentenceSimilarityObjective, mean_pool, sentence_batches,
+                         ud_sentences)
+from .surgery import heads_to_sets, kv_cache_savings, n_parameters, remove_heads
+
+__all__ = [
+    "CurvePoint", "HardConcreteGate", "L0Result", "LanguageModelObjective", "PruningCurve",
+    "SentenceSimilarityObjective", "auc_table", "average_curves", "build_data", "common_range", "curves_figure", "head_importance",
+    "head_mask", "heads_to_sets", "importance_curve", "kv_cache_savings", "l0_curve", "load_config",
+    "masked_metric", "mean_pool", "n_parameters", "prune_counts", "random_curve", "remove_heads", "run_experiment",
+    "sentence_batches", "train_l0_gates", "ud_sentences", "write_results",
+]

@@ -1,0 +1,214 @@
+"""PruningCurve: a metric against the fraction of heads pruned, for one method, with I/O and a figure."""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class CurvePoint:
+    """One point of a curve.
+
+    Attributes:
+        fraction: heads pruned / all heads.
+        n_pruned: heads pruned.
+        metric: the objective's metric with those heads gated off (mean over seeds for the random baseline).
+        metric_std: spread over seeds (random baseline), else None.
+        mask: ``[L][H]`` bools, True = pruned (None when several masks were averaged).
+        kv_bytes_saved: KV-cache bytes per token saved by removing these heads (fp16), see kv_cache_savings.
+        extra: method details (target, lambda, seed, expected sparsity...).
+    """
+
+    fraction: float
+    n_pruned: int
+    metric: float
+    metric_std: float | None = None
+    mask: list[list[bool]] | None = None
+    kv_bytes_saved: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PruningCurve:
+    """The metric against the fraction of heads pruned for one method.
+
+    Args:
+        method: ``"importance"``, ``"l0"``, ``"random"``...
+        metric_name: what ``metric`` measures (higher is better).
+        n_heads_total: heads in the model (L * H).
+        points: the points, in pruning order.
+        model_name: the model's name.
+        config: the method's settings (kept with the results).
+
+    Example:
+        >>> curve = importance_curve(model, batches, objective)
+        >>> curve.auc(), curve.to_frame().head()
+        >>> curve.figure(random_curve(model, batches, objective)).show()
+    """
+
+    method: str
+    metric_name: str
+    n_heads_total: int
+    points: list[CurvePoint] = field(default_factory=list)
+    model_name: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+
+    # --- access -------------------------------------------------------------------------------------
+    @property
+    def fractions(self) -> np.ndarray:
+        return np.array([p.fraction for p in self.points], dtype=float)
+
+    @property
+    def metrics(self) -> np.ndarray:
+        return np.array([p.metric for p in self.points], dtype=float)
+
+    def sorted(self) -> "PruningCurve":
+        """A copy with points ordered by fraction (L0 sweeps finish in target order, not fraction order)."""
+        pts = sorted(self.points, key=lambda p: (p.fraction, -p.metric))
+        return PruningCurve(self.method, self.metric_name, self.n_heads_total, pts, self.model_name, dict(self.config))
+
+    def auc(self, upto: float | None = None) -> float:
+        """Area under metric(fraction) by the trapezoid rule, from fraction 0 to ``upto``.
+
+        Args:
+            upto: right end (default: the curve's last fraction). Beyond its last point the curve is held at its
+                last value, so curves that stopped early (a threshold) can still be compared on [0, upto].
+
+        Returns:
+            The area (for a metric in [0, 1] and ``upto=1``, a number in [0, 1]).
+
+        Raises:
+            ValueError: the curve has no points, or upto is outside (0, 1].
+        """
+        if not self.points:
+            raise ValueError("the curve has no points")
+        c = self.sorted()
+        x, y = c.fractions, c.metrics
+        upto = float(x[-1]) if upto is None else float(upto)
+        if not 0.0 < upto <= 1.0:
+            raise ValueError(f"upto={upto} must be in (0, 1]")
+        grid = np.unique(np.concatenate([[0.0], x[x < upto], [upto]]))
+        vals = np.interp(grid, x, y)  # held at the end values outside [x0, xn]
+        return float(np.trapezoid(vals, grid))
+
+    # --- tables and files -----------------------------------------------------------------------------
+    def to_frame(self) -> pd.DataFrame:
+        """One row per point: method, fraction, n_pruned, metric, metric_std, kv_bytes_saved, extra fields."""
+        rows = []
+        for p in self.points:
+            row = {"method": self.method, "fraction": p.fraction, "n_pruned": p.n_pruned, "metric": p.metric,
+                   "metric_std": p.metric_std, "kv_bytes_saved": p.kv_bytes_saved}
+            row.update({k: v for k, v in p.extra.items() if np.isscalar(v) or v is None})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "metric_name": self.metric_name, "n_heads_total": self.n_heads_total,
+                "model_name": self.model_name, "config": self.config, "points": [asdict(p) for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PruningCurve":
+        pts = [CurvePoint(**p) for p in data.get("points", [])]
+        return cls(data["method"], data["metric_name"], int(data["n_heads_total"]), pts,
+                   data.get("model_name", ""), data.get("config", {}))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the curve as ``.json`` (everything, masks included) or ``.csv`` (the table).
+
+        Raises:
+            ValueError: another suffix.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".json":
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.to_dict(), indent=1))
+            tmp.replace(path)  # atomic: an interrupted run never leaves half a file
+        elif path.suffix == ".csv":
+            self.to_frame().to_csv(path, index=False)
+        else:
+            raise ValueError(f"save to .json or .csv, got {path.name!r}")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "PruningCurve":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def merge(cls, curves: Sequence["PruningCurve"]) -> "PruningCurve":
+        """Concatenate the points of curves of one method (e.g. one L0 run per target), sorted by fraction."""
+        if not curves:
+            raise ValueError("merge needs at least one curve")
+        first = curves[0]
+        pts = [p for c in curves for p in c.points]
+        return PruningCurve(first.method, first.metric_name, first.n_heads_total, pts, first.model_name,
+                            dict(first.config)).sorted()
+
+    # --- display --------------------------------------------------------------------------------------
+    def figure(self, *others: "PruningCurve", title: str | None = None):
+        """A plotly figure of this curve and ``others`` (metric against fraction pruned)."""
+        return curves_figure([self, *others], title=title)
+
+    def __repr__(self) -> str:
+        if not self.points:
+            return f"PruningCurve(method={self.method!r}, model={self.model_name!r}, no points)"
+        c = self.sorted()
+        return (f"PruningCurve(method={self.method!r}, model={self.model_name!r}, metric={self.metric_name!r}, "
+                f"points={len(self.points)}, fraction {c.fractions[0]:.2f}->{c.fractions[-1]:.2f}, "
+                f"metric {c.metrics[0]:.3f}->{c.metrics[-1]:.3f}, auc={self.auc():.3f})")
+
+    def _repr_html_(self) -> str:
+        head = html.escape(repr(self))
+        table = self.to_frame().to_html(index=False, float_format=lambda v: f"{v:.4f}", na_rep="")
+        return f"<div><p><code>{head}</code></p>{table}</div>"
+
+
+def curves_figure(curves: Sequence[PruningCurve], *, title: str | None = None):
+    """Plot several curves (one line per method, error bars when a std is known).
+
+    Returns:
+        ``plotly.graph_objects.Figure``.
+    """
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    upto = common_range(curves) if curves else 1.0
+    for c in curves:
+        c = c.sorted()
+        std = [p.metric_std for p in c.points]
+        err = dict(type="data", array=[s or 0.0 for s in std], visible=True) if any(s for s in std) else None
+        fig.add_trace(go.Scatter(
+            x=c.fractions, y=c.metrics, mode="lines+markers", error_y=err,
+            name=f"{c.method} (AUC[0, {upto:.2f}] {c.auc(upto=upto):.3f})",
+            customdata=[[p.n_pruned] for p in c.points],
+            hovertemplate="pruned %{customdata[0]} heads (%{x:.2f})<br>metric %{y:.4f}",
+        ))
+    name = curves[0].model_name if curves else ""
+    fig.update_layout(title=title or f"Head pruning{' - ' + name if name else ''}",
+                      xaxis_title="fraction of heads pruned", template="plotly_white",
+                      yaxis_title=curves[0].metric_name if curves else "metric", xaxis_range=[0, 1])
+    return fig
+
+
+def common_range(curves: Sequence[PruningCurve]) -> float:
+    """The largest fraction every curve reaches (L0 sweeps and threshold runs may stop before 1)."""
+    return float(min(c.fractions.max() for c in curves))
+
+
+def auc_table(curves: Sequence[PruningCurve], upto: float | None = None) -> pd.DataFrame:
+    """Area under each curve on a common range [0, upto] (default: :func:`common_range`), and that area divided
+    by upto (the mean metric over the range, comparable between tables with different ranges).
+
+    Returns:
+        DataFrame with columns method, auc, upto, mean_metric, points.
+    """
+    upto = common_range(curves) if upto is None else upto
+    return pd.DataFrame([{"method": c.method, "auc": c.auc(upto=upto), "upto": upto,
+                          "mean_metric": c.auc(upto=upto) / upto, "points": len(c.points)} for c in curves])

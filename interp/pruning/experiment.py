@@ -1,0 +1,216 @@
+"""Scripted pruning experiments: one config -> curves for several methods, saved and resumable.
+
+``run_experiment(config)`` is what ``experiments/prune_curves.py`` and ``interp prune`` call. With an ``out_dir``
+every finished point is written at once (importance: the growing curve; random: one file per seed; L0: one file
+per target), and a restarted run loads those files and skips what is done.
+
+Config (a dict, or a JSON/YAML file path), every key optional except ``model``::
+
+    {
+      "name": "induction-2l",                      # label of the results
+      "model": "induction-2l",                     # interp.zoo.load name or checkpoint path
+      "methods": ["importance", "random", "l0"],
+      "data": {"kind": "repeated", "n_seqs": 64, "half_len": 25, "batch_size": 16, "seed": 1, "eval_seed": 2}
+          or  {"kind": "ud", "path": "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu",
+               "n_train": 64, "n_eval": 64, "batch_size": 16, "max_length": 64},
+      "metric": "accuracy",                        # LM objective: "accuracy" or "neg_loss"
+      "importance": {"step": 0.1, "threshold": null, "normalize_layers": true, "recompute": true},
+      "random": {"seeds": [0, 1, 2, 3, 4], "step": 0.1},
+      "l0": {"targets": [0.1, 0.3, 0.5, 0.7, 0.9], "steps": 200, "lr": 0.1},   # or "lams": [...]
+      "out_dir": "experiments/results/prune_induction-2l"
+    }
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .baseline import average_curves, random_curve
+from .curve import PruningCurve, auc_table, curves_figure
+from .importance import importance_curve
+from .l0 import check_target, l0_curve
+from .objectives import LanguageModelObjective, SentenceSimilarityObjective, sentence_batches, ud_sentences
+
+METHODS = ("importance", "random", "l0")
+UD_DEV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+
+
+def load_config(config: dict | str | Path) -> dict[str, Any]:
+    """A config dict, or one read from a ``.json`` / ``.yaml`` file.
+
+    Raises:
+        ValueError: unknown method, missing model, unknown top-level key, or a bad target.
+        TypeError: config of another type.
+    """
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            config = yaml.safe_load(text)
+        else:
+            config = json.loads(text)
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict or a JSON/YAML path, got {type(config).__name__}")
+    config = copy.deepcopy(config)
+    known = {"name", "model", "methods", "data", "metric", "importance", "random", "l0", "out_dir", "device"}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(f"unknown config key(s) {unknown}; known keys are {sorted(known)}")
+    if "model" not in config:
+        raise ValueError("config needs 'model' (a zoo name such as 'induction-2l' or a checkpoint path)")
+    methods = config.setdefault("methods", list(METHODS))
+    if isinstance(methods, str):
+        methods = config["methods"] = [methods]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown method(s) {bad}; choose from {METHODS}")
+    l0 = config.setdefault("l0", {})
+    for t in l0.get("targets") or []:
+        check_target(t)
+    config.setdefault("name", Path(str(config["model"])).stem)
+    return config
+
+
+def build_data(model, data: dict[str, Any]) -> tuple[list[dict], list[dict], Any]:
+    """Training batches, held-out batches and the objective for a model and a data config.
+
+    Decoders (``cfg.unembed``) get repeated random sequences scored on their repeated half (the induction task);
+    encoders get UD English EWT sentences and :class:`SentenceSimilarityObjective`.
+
+    Raises:
+        ValueError: an unknown data kind, or an empty dataset.
+        FileNotFoundError: the UD file is missing.
+    """
+    kind = data.get("kind", "repeated" if model.cfg.unembed else "ud")
+    bs = int(data.get("batch_size", 16))
+    if kind == "repeated":
+        from ..analysis.data import first_occurrence_mask, repeated_sequences
+
+        n, half = int(data.get("n_seqs", 64)), int(data.get("half_len", 25))
+        bos = data.get("bos_id", 0 if getattr(model, "name", "") == "induction-2l" else None)
+        if n <= 0:
+            raise ValueError(f"data.n_seqs={n}: the dataset is empty")
+
+        def make(seed: int) -> list[dict]:
+            toks = repeated_sequences(n, half, model.cfg.d_vocab, seed=seed, bos_id=bos)  # [N, (1) + 2 half]
+            _, rep = first_occurrence_mask(n, half, bos=bos is not None)  # [N, T-1] over targets
+            loss_mask = torch.cat([torch.zeros(n, 1, dtype=torch.bool), rep], dim=1)  # [N, T] over tokens
+            return [{"tokens": toks[i:i + bs], "loss_mask": loss_mask[i:i + bs]} for i in range(0, n, bs)]
+
+        train, held = make(int(data.get("seed", 1))), make(int(data.get("eval_seed", 2)))
+        return train, held, LanguageModelObjective(data.get("metric", "accuracy"))
+    if kind == "ud":
+        path = Path(data.get("path", UD_DEV))
+        n_train, n_eval = int(data.get("n_train", 64)), int(data.get("n_eval", 64))
+        if n_train <= 0 or n_eval <= 0:
+            raise ValueError(f"data.n_train={n_train}, n_eval={n_eval}: the dataset is empty")
+        sents = ud_sentences(path, n_train + n_eval)
+        max_len = int(data.get("max_length", 64))
+        train = sentence_batches(model, sents[:n_train], batch_size=bs, max_length=max_len)
+        held = sentence_batches(model, sents[n_train:], batch_size=bs, max_length=max_len)
+        objective = SentenceSimilarityObjective(model, train + held)  # references from the unpruned model
+        return train, held, objective
+    raise ValueError(f"data.kind={kind!r} is not 'repeated' or 'ud'")
+
+
+def _load_model(config: dict):
+    from ..zoo import load
+
+    model = load(config["model"], device=config.get("device"))
+    model.eval()
+    return model
+
+
+def run_experiment(config: dict | str | Path, *, model=None, out_dir: str | Path | None = None,
+                   fresh: bool = False, progress: bool = True) -> dict[str, PruningCurve]:
+    """Run the configured pruning methods and return one curve per method.
+
+    Args:
+        config: a dict or a JSON/YAML path (see the module docstring).
+        model: an already loaded model (default: ``interp.zoo.load(config["model"])``).
+        out_dir: where to write results (default: ``config["out_dir"]``; None = write nothing, no resume).
+        fresh: ignore partial results from an earlier run.
+        progress: tqdm bars.
+
+    Returns:
+        ``{method: PruningCurve}``. With an out_dir it also writes ``<method>.json`` / ``.csv``, ``curves.html``
+        (plotly), ``curves.png`` (when kaleido is available) and ``summary.json`` (AUCs on [0, 1]).
+
+    Raises:
+        ValueError: a bad config (see :func:`load_config`) or empty data.
+
+    Example:
+        >>> curves = run_experiment({"model": "induction-2l", "methods": ["importance", "random"]})
+        >>> curves["importance"].auc() > curves["random"].auc()
+    """
+    config = load_config(config)
+    model = _load_model(config) if model is None else model
+    data = dict(config.get("data", {}))
+    if "metric" in config:
+        data.setdefault("metric", config["metric"])
+    train, held, objective = build_data(model, data)
+    out = out_dir if out_dir is not None else config.get("out_dir")
+    out = None if out is None else Path(out)
+    part = None if out is None else out / "partial"
+    if part is not None:
+        part.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for f in part.glob("*.json"):
+                f.unlink()
+
+    def saver(name: str):
+        return None if part is None else (lambda c: c.save(part / f"{name}.json"))
+
+    curves: dict[str, PruningCurve] = {}
+    for method in config["methods"]:
+        opts = dict(config.get(method, {}))
+        if method == "importance":
+            done = part / "importance.json" if part is not None else None
+            resume = PruningCurve.load(done) if done is not None and done.exists() else None
+            curves[method] = importance_curve(model, train, objective, eval_batches=held, resume=resume,
+                                              on_point=saver("importance"), progress=progress, **opts)
+        elif method == "random":
+            seeds = opts.pop("seeds", [0, 1, 2, 3, 4])
+            resume = [PruningCurve.load(f) for f in part.glob("random_seed*.json")] if part is not None else []
+            curves[method] = random_curve(
+                model, held, objective, seeds=seeds, resume=resume, progress=progress,
+                on_seed=None if part is None else (lambda c: c.save(part / f"random_seed{c.config['seed']}.json")),
+                **opts)
+        else:
+            resume = [PruningCurve.load(f) for f in part.glob("l0_*.json")] if part is not None else []
+
+            def save_l0(c: PruningCurve) -> None:
+                key = "target" if "target" in c.config else "lam"
+                c.save(part / f"l0_{key}{c.config[key]}.json")
+
+            curves[method] = l0_curve(model, train, objective, eval_batches=held, resume=resume,
+                                      on_point=None if part is None else save_l0, progress=progress, **opts)
+        curves[method].model_name = config["name"]
+    if out is not None:
+        write_results(curves, out, config)
+    return curves
+
+
+def write_results(curves: dict[str, PruningCurve], out: Path, config: dict | None = None) -> dict[str, Any]:
+    """Write each curve (JSON + CSV), the figure (HTML, and PNG when possible) and a summary with AUCs."""
+    out.mkdir(parents=True, exist_ok=True)
+    for method, c in curves.items():
+        c.save(out / f"{method}.json")
+        c.save(out / f"{method}.csv")
+    fig = curves_figure(list(curves.values()))
+    fig.write_html(out / "curves.html", include_plotlyjs="cdn")
+    png = "curves.png"
+    try:
+        fig.write_image(out / png, width=800, height=500)
+    except Exception as err:  # kaleido / Chrome missing: the HTML figure is still there
+        png = f"not written ({type(err).__name__}: {err})"[:200]
+    summary = {"config": config, "auc": auc_table(list(curves.values())).to_dict(orient="records"), "png": png}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary

@@ -1,0 +1,121 @@
+"""Head gates: Hard-Concrete gates (Louizos et al. 2018) and a context manager that applies a head mask.
+
+A Hard-Concrete gate per head is a stretched, clipped binary-concrete variable. During training it is sampled
+(reparameterised, so ``log_alpha`` gets gradients); its probability of being non-zero gives a differentiable
+expected L0 norm. At evaluation the gates are deterministic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+class HardConcreteGate(nn.Module):
+    """One Hard-Concrete gate per head, ``[n_layers, n_heads]``.
+
+    Args:
+        n_layers, n_heads: the gate grid.
+        temperature: beta of the concrete distribution (2/3 in Louizos et al.).
+        limits: stretch interval (l, r) = (-0.1, 1.1); samples are clipped back to [0, 1], so a gate is
+            exactly 0 or 1 with positive probability.
+        init_log_alpha: initial log_alpha (2.0: gates start mostly open); a little noise breaks ties.
+        seed: seed of the initial noise.
+
+    Example:
+        >>> gate = HardConcreteGate(2, 4)
+        >>> gate.sample().shape, float(gate.expected_l0().sum()) <= 8
+        (torch.Size([2, 4]), True)
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, *, temperature: float = 2.0 / 3.0,
+                 limits: tuple[float, float] = (-0.1, 1.1), init_log_alpha: float = 2.0, seed: int = 0) -> None:
+        super().__init__()
+        lo, hi = limits
+        if not lo < 0.0 < 1.0 < hi:
+            raise ValueError(f"limits={limits} must satisfy l < 0 < 1 < r")
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature} must be > 0")
+        gen = torch.Generator().manual_seed(seed)
+        noise = 0.01 * torch.randn(n_layers, n_heads, generator=gen)
+        self.log_alpha = nn.Parameter(torch.full((n_layers, n_heads), float(init_log_alpha)) + noise)
+        self.temperature = float(temperature)
+        self.limits = (float(lo), float(hi))
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A reparameterised sample of the gates, ``[L, H]`` in [0, 1]."""
+        lo, hi = self.limits
+        u = torch.rand(self.log_alpha.shape, generator=generator).clamp(1e-6, 1 - 1e-6).to(self.log_alpha.device)
+        s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + self.log_alpha) / self.temperature)
+        return (s * (hi - lo) + lo).clamp(0.0, 1.0)
+
+    def expected_l0(self) -> torch.Tensor:
+        """P(gate != 0) per head, ``[L, H]``: sigmoid(log_alpha - beta * log(-l / r))."""
+        lo, hi = self.limits
+        return torch.sigmoid(self.log_alpha - self.temperature * math.log(-lo / hi))
+
+    def expected_sparsity(self) -> torch.Tensor:
+        """Expected fraction of heads whose gate is 0 (a differentiable scalar)."""
+        return 1.0 - self.expected_l0().mean()
+
+    @torch.no_grad()
+    def deterministic(self, mode: str = "expected") -> torch.Tensor:
+        """Evaluation-time binary keep mask ``[L, H]`` (True = keep).
+
+        Args:
+            mode: ``"expected"`` (CoFiPruning): prune the round(expected number of zero gates) heads with the
+                smallest log_alpha, so a target sparsity reached in expectation is hit within one head;
+                ``"threshold"`` (Louizos et al.): keep a head when clip(sigmoid(log_alpha) (r - l) + l) > 0.5.
+
+        Raises:
+            ValueError: unknown mode.
+        """
+        if mode == "expected":
+            n = self.log_alpha.numel()
+            n_zero = int(round(float(n - self.expected_l0().sum())))
+            keep = torch.ones(n, dtype=torch.bool)
+            if n_zero > 0:
+                keep[torch.argsort(self.log_alpha.detach().flatten().cpu())[:n_zero]] = False
+            return keep.view_as(self.log_alpha)  # [L*H] -> [L, H]
+        if mode == "threshold":
+            lo, hi = self.limits
+            z = (torch.sigmoid(self.log_alpha) * (hi - lo) + lo).clamp(0.0, 1.0)
+            return (z > 0.5).cpu()
+        raise ValueError(f"mode={mode!r} is not 'expected' or 'threshold'")
+
+
+@contextlib.contextmanager
+def head_mask(model, pruned: torch.Tensor | None) -> Iterator[None]:
+    """Run ``model`` with the heads marked True in ``pruned`` (``[L, H]`` bool) gated to 0; restores the
+    gates that were set before, also when the body raises.
+
+    Example:
+        >>> with head_mask(model, pruned):
+        ...     loss = objective.loss(model, batch)
+    """
+    before = [block.attn.gate for block in model.blocks]
+    try:
+        if pruned is not None:
+            p = next(model.parameters())
+            model.set_head_gates((~pruned).to(device=p.device, dtype=p.dtype))
+        yield
+    finally:
+        for block, gate in zip(model.blocks, before):
+            block.attn.set_gate(gate)
+
+
+def uniform_heads(model) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` of a model whose layers all have the same head count.
+
+    Raises:
+        ValueError: the layers have different head counts (a model already reduced by remove_heads).
+    """
+    counts = [block.attn.n_heads for block in model.blocks]
+    if len(set(counts)) != 1:
+        raise ValueError(f"pruning methods need the same head count in every layer, got {counts}; "
+                         "prune the original model with gates, then call remove_heads once")
+    return len(counts), counts[0]

@@ -1,0 +1,206 @@
+"""Physically remove heads: a new, smaller Transformer (fewer Q/K/V/O rows and columns), and the KV-cache bytes
+that removal saves in GQA/MQA models."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import warnings
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ..model import Transformer
+
+HeadSpec = torch.Tensor | Mapping[int, Sequence[int]] | Sequence[Sequence[bool]]
+
+
+def heads_to_sets(model: Transformer, heads: HeadSpec) -> list[set[int]]:
+    """Normalise a head selection to one set of head indices per layer.
+
+    Args:
+        model: the model the heads belong to.
+        heads: a bool mask ``[L, H]`` (True = remove), a list of per-layer bool lists (models with per-layer head
+            counts), or a dict ``{layer: [heads]}``.
+
+    Raises:
+        TypeError: another type.
+        ValueError: a layer or head index out of range, or a mask of the wrong shape.
+    """
+    counts = [block.attn.n_heads for block in model.blocks]
+    L = len(counts)
+    out: list[set[int]] = [set() for _ in range(L)]
+    if isinstance(heads, Mapping):
+        for layer, hs in heads.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < L:
+                raise ValueError(f"layer {layer!r} is not in [0, {L})")
+            for h in hs:
+                if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < counts[layer]:
+                    raise ValueError(f"head {h!r} of layer {layer} is not in [0, {counts[layer]})")
+                out[layer].add(h)
+        return out
+    if isinstance(heads, torch.Tensor):
+        if heads.dtype != torch.bool:
+            raise TypeError(f"a head mask must be a bool tensor (True = remove), got dtype {heads.dtype}")
+        rows = list(heads)
+    elif isinstance(heads, Sequence):
+        rows = [torch.as_tensor(r, dtype=torch.bool) for r in heads]
+    else:
+        raise TypeError(f"heads must be a bool mask [L, H] or a dict {{layer: [heads]}}, got {type(heads).__name__}")
+    if len(rows) != L or any(r.shape != (c,) for r, c in zip(rows, counts)):
+        raise ValueError(f"head mask has shape {[tuple(r.shape) for r in rows]}, expected per-layer sizes {counts}")
+    for layer, r in enumerate(rows):
+        out[layer] = {int(i) for i in torch.nonzero(r).flatten()}
+    return out
+
+
+def _kept_kv(model: Transformer, layer: int, kept: list[int]) -> tuple[list[int], list[int]]:
+    """The K/V heads still read by the kept query heads, and the new query -> K/V map."""
+    old_map = model.cfg.kv_map(layer)
+    kv_kept = sorted({old_map[h] for h in kept})
+    rank = {kv: i for i, kv in enumerate(kv_kept)}
+    return kv_kept, [rank[old_map[h]] for h in kept]
+
+
+def kv_cache_savings(model: Transformer, heads: HeadSpec, *, bytes_per_element: int = 2) -> dict:
+    """What removing ``heads`` does to the KV cache. A K/V head leaves the cache only when every query head of its
+    group is removed; MLA caches a shared latent, so it saves nothing.
+
+    Args:
+        model: the (gated or original) model.
+        heads: as :func:`remove_heads`.
+        bytes_per_element: 2 for fp16/bf16, 4 for fp32.
+
+    Returns:
+        ``{"heads_pruned", "heads_total", "kv_heads_removed", "kv_heads_total", "bytes_per_token_before",
+        "bytes_per_token_after", "bytes_saved_per_token", "fraction_saved"}``.
+
+    Example:
+        >>> kv_cache_savings(gqa_model, {0: [0, 1, 2, 3]})["kv_heads_removed"]   # a whole group of 4
+        1
+    """
+    sets = heads_to_sets(model, heads)
+    cfg = model.cfg
+    before = cfg.kv_cache_bytes_per_token(bytes_per_element)
+    kv_total = kv_removed = 0
+    for layer, block in enumerate(model.blocks):
+        kept = [h for h in range(block.attn.n_heads) if h not in sets[layer]]
+        k_before = cfg.kv_heads_in_layer(layer)
+        kv_total += k_before
+        if cfg.attention != "latent":
+            kv_removed += k_before - len(_kept_kv(model, layer, kept)[0])
+    after = before if cfg.attention == "latent" else before - 2 * kv_removed * cfg.d_head * bytes_per_element
+    return {
+        "heads_pruned": sum(len(s) for s in sets),
+        "heads_total": sum(b.attn.n_heads for b in model.blocks),
+        "kv_heads_removed": kv_removed,
+        "kv_heads_total": kv_total,
+        "bytes_per_token_before": before,
+        "bytes_per_token_after": after,
+        "bytes_saved_per_token": before - after,
+        "fraction_saved": (before - after) / before if before else 0.0,
+    }
+
+
+def _head_rows(heads: list[int], width: int) -> torch.Tensor:
+    """Row indices of the given heads in a weight whose rows are [head 0 (width rows) | head 1 | ...]."""
+    return torch.tensor([h * width + i for h in heads for i in range(width)], dtype=torch.long)
+
+
+@torch.no_grad()
+def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
+    """A new, physically smaller model without ``heads``; ``model`` is left unchanged.
+
+    The new model computes what ``model`` computes with those heads gated to 0 (and any other gates already set on
+    ``model`` folded into W_O), with fewer parameters. In GQA/MQA a K/V head is dropped once no query head reads
+    it; a partially pruned group keeps its K/V head and the layer records its query -> K/V map.
+
+    Args:
+        model: a :class:`~interp.Transformer` (MHA, GQA, MQA or MLA; self-attention heads are removed).
+        heads: bool mask ``[L, H]`` of heads to remove (True = remove), or ``{layer: [heads]}``.
+
+    Returns:
+        A new :class:`~interp.Transformer` with ``cfg.layer_n_heads`` (and ``layer_n_kv_heads`` / ``layer_kv_map``)
+        set, same name, tokenizer, dtype and device.
+
+    Raises:
+        TypeError / ValueError: a malformed head selection (see :func:`heads_to_sets`).
+
+    Warns:
+        UserWarning: every head of a layer is removed (that attention layer then adds only W_O's bias).
+
+    Example:
+        >>> small = remove_heads(model, {0: [1, 3], 1: [0]})
+        >>> sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in model.parameters())
+        True
+    """
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be an interp Transformer, got {type(model).__name__}")
+    sets = heads_to_sets(model, heads)
+    cfg = model.cfg
+    D = cfg.d_head
+    latent = cfg.attention == "latent"
+    layer_heads, layer_kv, layer_map, kept_all = [], [], [], []
+    for layer, block in enumerate(model.blocks):
+        kept = [h for h in range(block.attn.n_heads) if h not in sets[layer]]
+        if not kept:
+            warnings.warn(f"remove_heads: every head of layer {layer} is removed; its attention now adds only "
+                          "W_O's bias", UserWarning, stacklevel=2)
+        kept_all.append(kept)
+        layer_heads.append(len(kept))
+        if not latent:
+            kv_kept, new_map = _kept_kv(model, layer, kept)
+            layer_kv.append(len(kv_kept))
+            k = len(kv_kept)
+            uniform = not kept or (len(kept) % k == 0 and new_map == [i // (len(kept) // k) for i in range(len(kept))])
+            layer_map.append(None if uniform else new_map)
+    new_cfg = dataclasses.replace(
+        cfg, layer_n_heads=layer_heads,
+        layer_n_kv_heads=None if latent else layer_kv,
+        layer_kv_map=None if latent or all(m is None for m in layer_map) else layer_map,
+    )
+    p = next(model.parameters())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+        new = Transformer(new_cfg)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for layer, block in enumerate(model.blocks):
+        attn, kept, pre = block.attn, kept_all[layer], f"blocks.{layer}.attn."
+        H = attn.n_heads
+        if latent:
+            R = attn.rope_dim
+            q_name = "W_uq" if hasattr(attn, "W_uq") else "W_q"
+            q_rows = _head_rows(kept, D + R)
+            for suffix in ("weight", "bias"):
+                if pre + f"{q_name}.{suffix}" in state:
+                    state[pre + f"{q_name}.{suffix}"] = state[pre + f"{q_name}.{suffix}"][q_rows]
+            state[pre + "W_ukv.weight"] = state[pre + "W_ukv.weight"][_head_rows(kept, 2 * D)]
+        else:
+            K = attn.n_kv_heads
+            kv_kept, _ = _kept_kv(model, layer, kept)
+            # W_qkv rows: [q heads (H*D) | k heads (K*D) | v heads (K*D)]
+            rows = torch.cat([_head_rows(kept, D), H * D + _head_rows(kv_kept, D),
+                              (H + K) * D + _head_rows(kv_kept, D)])
+            for suffix in ("weight", "bias"):
+                if pre + f"W_qkv.{suffix}" in state:
+                    state[pre + f"W_qkv.{suffix}"] = state[pre + f"W_qkv.{suffix}"][rows]
+        w_o = state[pre + "W_O.weight"]  # [M, H*D]
+        if attn.gate is not None:
+            # Fold the gates of the kept heads into W_O's columns: z_h * g_h @ W_O[h] = z_h @ (g_h W_O[h]).
+            scale = attn.gate.detach().to(w_o.dtype).repeat_interleave(D)  # [H*D]
+            w_o = w_o * scale[None, :]
+        state[pre + "W_O.weight"] = w_o[:, _head_rows(kept, D)]  # [M, H_kept*D]
+    new.load_state_dict(state, strict=True)
+    new.to(device=p.device, dtype=p.dtype)
+    new.name = model.name
+    new.tokenizer = model.tokenizer
+    for attr in ("query_chunk",):
+        for nb, ob in zip(new.blocks, model.blocks):
+            setattr(nb.attn, attr, getattr(ob.attn, attr))
+    new.train(model.training)
+    return new
+
+
+def n_parameters(model: torch.nn.Module) -> int:
+    """Number of parameters (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())

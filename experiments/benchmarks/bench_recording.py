@@ -28,6 +28,11 @@ from reference import build_pair
 RECORD = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_result"]
 
 
+def read_all(trace) -> list[torch.Tensor]:
+    """Materialise every per-head write (a Trace keeps z and W_O and multiplies them out on access)."""
+    return [trace.head_out(layer) for layer in trace.layers]
+
+
 def bench_reference(size: str, batch: int, seq: int, reps: int) -> str:
     ours, ref = build_pair(size)
     tokens = torch.randint(0, ours.cfg.d_vocab, (batch, seq))
@@ -37,6 +42,8 @@ def bench_reference(size: str, batch: int, seq: int, reps: int) -> str:
         med = time_interleaved({
             "interp, nothing recorded": lambda: ours(tokens),
             "interp, patterns + per-head writes recorded": lambda: ours.run_with_cache(tokens, names_filter=RECORD),
+            "interp, recorded, then every per-head write read": lambda: read_all(
+                ours.run_with_cache(tokens, names_filter=RECORD)[1]),
             "plain PyTorch SDPA (reference)": lambda: ref(tokens),
         }, reps=reps)
     return (f"### 0b. recording cost on the same model ({size}: {ours.cfg.n_layers} layers, d_model {ours.cfg.d_model},"
@@ -89,14 +96,18 @@ def bench_minilm(batch: int, seq: int, reps: int) -> str:
                 lambda: ours.run_with_cache(ids, attention_mask=mask, names_filter=RECORD[:1]),
             "interp run_with_cache (patterns + per-head writes)":
                 lambda: ours.run_with_cache(ids, attention_mask=mask, names_filter=RECORD),
+            "interp run_with_cache (patterns + per-head writes), every write read":
+                lambda: read_all(ours.run_with_cache(ids, attention_mask=mask, names_filter=RECORD)[1]),
         }, reps=reps)
     tl = med["TransformerLens bridge run_with_cache (patterns + z -> per-head writes)"]
     ip = med["interp run_with_cache (patterns + per-head writes)"]
+    ip_read = med["interp run_with_cache (patterns + per-head writes), every write read"]
     return (title + f"max |pattern diff| interp vs TL = {d_tl:.1e}, vs HF eager = {d_hf:.1e}\n\n"
             + ratio_table(med, "HF BertModel eager, output_attentions (patterns only)",
                           targets={"interp run_with_cache (patterns + per-head writes)": "<= 1.25"})
             + f"\n\nTransformerLens (patterns + per-head writes) / interp (patterns + per-head writes) = "
-              f"**{tl / ip:.2f}x** (target >= 2.5x)")
+              f"**{tl / ip:.2f}x** (target >= 2.5x); with every interp write materialised as well: "
+              f"**{tl / ip_read:.2f}x**")
 
 
 def run(quick: bool = False, size: str = "minilm", batch: int = 8, seq: int = 128, reps: int | None = None) -> str:

@@ -19,7 +19,8 @@ Commands::
   (``previous-token``, ``induction``, ``positional:-1``, ``syntactic:nsubj``...).
 * ``interp prune --json``: a JSON list, one object per point of the pruning curve:
   ``{"method": str, "fraction_pruned": float, "metric": float}``; ``metric`` is the pruning objective
-  (language-model loss for decoders, similarity of pruned to unpruned sentence embeddings for MiniLM).
+  (for decoders, next-token accuracy on the repeated half of repeated random sequences, the in-context
+  copying that induction heads do; for MiniLM, cosine of pruned to unpruned sentence embeddings).
 * ``interp kv-cache --json``: a JSON list, one object per attention variant (computed by
   :func:`interp.flops.kv_cache_table`): ``{"kind": "mha"|"gqa"|"mqa"|"mla", "n_kv_heads": int,
   "bytes_per_token": int, "batch": int, "tokens": int, "total_bytes": int, "vs_mha": float}`` (for MLA,

@@ -3,7 +3,6 @@ baseline, objectives and bad input."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

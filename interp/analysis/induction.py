@@ -152,7 +152,6 @@ class _TLReducer(Reducer):
         real = query_real(tokens, mask)  # [B, T]
         dets = {k: torch.zeros(B, T, T) for k in _KINDS}
         for b in range(B):
-            n = int(real[b].sum())
             idx = real[b].nonzero().flatten()  # positions of the real tokens (right or left padding)
             for k, d in tl_detection_patterns(tokens[b, idx]).items():
                 dets[k][b][idx[:, None], idx[None, :]] = d

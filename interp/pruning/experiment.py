@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .baseline import average_curves, random_curve
+from .baseline import random_curve
 from .curve import PruningCurve, auc_table, curves_figure
 from .importance import importance_curve
 from .l0 import check_target, l0_curve

@@ -3,7 +3,6 @@ that removal saves in GQA/MQA models."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import warnings
 from collections.abc import Mapping, Sequence

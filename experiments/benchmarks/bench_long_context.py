@@ -10,7 +10,8 @@ Three variants, each in a fresh subprocess so that its peak resident memory is i
 * streaming: ``model.set_query_chunk(chunk)`` + a :class:`interp.Reducer` that folds each query chunk's
   pattern ``[B, H, chunk, S]`` as it is computed (``hook.ctx["q_start"]`` locates the chunk); nothing is stored.
 * library: ``interp.analysis.positional_scores`` + ``induction_scores`` under the same query chunking (their
-  reducers build ``[B, T, S]`` boolean target masks, so their memory grows quadratically; capped like the next).
+  reducers build boolean target masks for each chunk of query rows only, so they stay linear too; they run
+  the model twice, once per scorer, and score more categories).
 * materialising: ``run_with_cache(names_filter="*hook_pattern")`` stores every ``[B, H, T, S]`` pattern and
   the same scores are computed from them afterwards. Runs whose estimated peak exceeds ``--mem-cap-gib`` are
   not started (reported as skipped, with the estimate).
@@ -21,8 +22,7 @@ torch and building the model, so the difference is what the scoring pass added. 
 compared at the lengths where both ran.
 
 The score reducer below touches only O(T) entries per chunk (gathers along the key axis), never a [T, S]
-target mask; interp.analysis' TargetReducer builds [B, T, S] target masks per category, which is fine for
-sentences but quadratic at 16k tokens (reported to the lead).
+target mask; interp.analysis' TargetReducer builds [B, chunk, S] target masks per category and chunk.
 
 Usage:
     python experiments/benchmarks/bench_long_context.py [--lengths 4096 8192 16384] [--chunk 256] [--quick]
@@ -145,9 +145,10 @@ def child(variant: str, T: int, chunk: int) -> None:
                       "self_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 
 
-def estimate_library(T: int) -> int:
-    """Generous bound for interp.analysis' scorers: several [T, S] bool target masks and their products."""
-    return 32 * T * T
+def estimate_library(T: int, chunk: int = 256, n_heads: int = 4) -> int:
+    """Generous bound for interp.analysis' scorers: per query chunk, a few [H, chunk, S] float temporaries
+    and [chunk, S] bool target masks per category."""
+    return 16 * n_heads * chunk * T * 4
 
 
 def estimate_materialise(T: int, n_layers: int = 2, n_heads: int = 4) -> int:

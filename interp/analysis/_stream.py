@@ -7,7 +7,7 @@ memory at once (with ``model.set_query_chunk`` not even one batch's full pattern
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -96,13 +96,15 @@ def iter_batches(data: Any, *, batch_size: int = 32, name: str = "tokens") -> It
         raise ValueError(f"{name} is an empty dataset: nothing to analyse")
 
 
-def key_allowed(tokens: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-    """Which keys each query may attend to: ``[B, T, S]`` bool (real key, and key <= query if causal)."""
+def key_allowed(tokens: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                rows: slice = slice(None)) -> torch.Tensor:
+    """Which keys the queries ``rows`` may attend to: ``[B, T', S]`` bool (real key, and key <= query if causal)."""
     B, T = tokens.shape
-    real = torch.ones(B, T, dtype=torch.bool) if mask is None else mask.bool()
-    allowed = real[:, None, :].expand(B, T, T)  # [B, T, S]
+    real = query_real(tokens, mask)  # [B, S]
+    q = torch.arange(T)[rows]  # [T']
+    allowed = real[:, None, :].expand(B, len(q), T)  # [B, T', S]
     if causal:
-        allowed = allowed & torch.ones(T, T, dtype=torch.bool).tril()[None]  # [B, T, S]
+        allowed = allowed & (torch.arange(T)[None, :] <= q[:, None])[None]  # [B, T', S]
     return allowed
 
 
@@ -111,17 +113,24 @@ def query_real(tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return torch.ones(tokens.shape, dtype=torch.bool) if mask is None else mask.bool()
 
 
-def offset_targets(T: int, offset: int) -> torch.Tensor:
-    """``[T, S]`` bool, True at ``(q, q + offset)`` (nothing where ``q + offset`` falls outside)."""
+def offset_targets(T: int, offset: int, rows: slice = slice(None)) -> torch.Tensor:
+    """``[T', S]`` bool, True at ``(q, q + offset)`` for the queries ``rows`` (nothing outside the sequence)."""
     pos = torch.arange(T)
-    return pos[None, :] == pos[:, None] + offset  # [T, S]
+    return pos[None, :] == pos[rows][:, None] + offset  # [T', S]
+
+
+def target_rows_any(targets_fn: Callable[[slice], dict[str, torch.Tensor]], kind: str, T: int,
+                    chunk: int = 1024) -> torch.Tensor:
+    """``[B, T]`` bool: which queries have at least one ``kind`` target, built ``chunk`` rows at a time."""
+    return torch.cat([targets_fn(slice(i, min(i + chunk, T)))[kind].any(-1) for i in range(0, T, chunk)], dim=1)
 
 
 class TargetReducer(Reducer):
     """Folds, per head, how much attention lands on a target set of keys and how often the argmax does.
 
-    Before each forward pass call :meth:`set_batch` with one boolean target mask ``[B, T, S]`` per category
-    and the real-query mask ``[B, T]``. For every category and head it accumulates, over the *valid* rows
+    Before each forward pass call :meth:`set_batch` with the targets of each category, either boolean masks
+    ``[B, T, S]`` or a function ``rows -> {category: [B, T', S]}`` that builds them for a slice of query rows
+    (so that, with query chunking, no ``[T, S]`` target mask exists either), and the real-query mask ``[B, T]``. For every category and head it accumulates, over the *valid* rows
     (a real query with at least one target key):
 
     - ``mass``: attention weight summed over the targets;
@@ -147,15 +156,30 @@ class TargetReducer(Reducer):
         self.rows = torch.zeros(C, n_layers, dtype=torch.float64)
         self.max_sum = torch.zeros(n_layers, n_heads, dtype=torch.float64)
         self.max_rows = torch.zeros(n_layers, dtype=torch.float64)
-        self._targets: list[torch.Tensor] = []
+        self._targets_fn: Callable[[slice], dict[str, torch.Tensor]] | None = None
+        self._whole: dict[str, torch.Tensor] | None = None
         self._real: torch.Tensor | None = None
 
-    def set_batch(self, targets: dict[str, torch.Tensor], real: torch.Tensor) -> None:
-        missing = [c for c in self.categories if c not in targets]
-        if missing:
-            raise ValueError(f"set_batch: no target mask for categories {missing}")
-        self._targets = [targets[c] for c in self.categories]
+    def set_batch(self, targets: dict[str, torch.Tensor] | Callable[[slice], dict[str, torch.Tensor]],
+                  real: torch.Tensor) -> None:
+        if callable(targets):
+            self._targets_fn = targets
+        else:
+            missing = [c for c in self.categories if c not in targets]
+            if missing:
+                raise ValueError(f"set_batch: no target mask for categories {missing}")
+            self._targets_fn = lambda rows: {c: t[:, rows] for c, t in targets.items()}
         self._real = real
+        self._whole: dict[str, torch.Tensor] | None = None
+
+    def _targets_for(self, q0: int, Tc: int) -> dict[str, torch.Tensor]:
+        """The targets of query rows ``q0 .. q0 + Tc``; whole-sequence targets are kept for the next layers,
+        chunks are rebuilt (keeping them would hold a [T, S] mask again)."""
+        if q0 == 0 and Tc == self._real.shape[1]:
+            if self._whole is None:
+                self._whole = self._targets_fn(slice(0, Tc))
+            return self._whole
+        return self._targets_fn(slice(q0, q0 + Tc))
 
     def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
         layer = layer_of(name)
@@ -168,8 +192,12 @@ class TargetReducer(Reducer):
         unique = top.values[..., 0] - top.values[..., 1] > self.tie_tol if S > 1 else torch.ones_like(best, dtype=torch.bool)
         self.max_sum[layer] += (top.values[..., 0] * real[:, None]).sum((0, 2)).double().cpu()
         self.max_rows[layer] += float(real.sum())
-        for c, target in enumerate(self._targets):
-            tgt = target[:, q0:q0 + Tc].to(p.device)  # [B, Tc, S]
+        chunk_targets = self._targets_for(q0, Tc)
+        missing = [c for c in self.categories if c not in chunk_targets]
+        if missing:
+            raise ValueError(f"set_batch: no target mask for categories {missing}")
+        for c, cat in enumerate(self.categories):
+            tgt = chunk_targets[cat].to(p.device)  # [B, Tc, S]
             valid = tgt.any(-1) & real  # [B, Tc]
             mass = (p * tgt[:, None]).sum(-1)  # [B, H, Tc]
             hit = tgt[:, None].expand_as(p).gather(-1, best[..., None]).squeeze(-1) & unique  # [B, H, Tc]

@@ -21,6 +21,8 @@ Two definitions of the attention scores:
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import pandas as pd
@@ -29,7 +31,7 @@ import torch
 from ..hooks import HookPoint
 from ..trace import Reducer
 from ._stream import (PATTERN_HOOKS, TargetReducer, check_length, iter_batches, key_allowed, layer_of,
-                      offset_targets, query_real, run_reducer)
+                      offset_targets, query_real, run_reducer, target_rows_any)
 from .data import repeated_sequences
 
 __all__ = ["induction_scores", "repeated_tokens_for", "induction_targets", "tl_detection_patterns"]
@@ -86,8 +88,9 @@ def repeated_tokens_for(model: Any, n_seqs: int = 32, half_len: int | None = Non
 
 
 # --- target sets ----------------------------------------------------------------------------------------
-def induction_targets(tokens: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> dict[str, torch.Tensor]:
-    """The ``interp`` target keys ``[B, T, S]`` bool of each score.
+def induction_targets(tokens: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                      rows: slice = slice(None)) -> dict[str, torch.Tensor]:
+    """The ``interp`` target keys ``[B, T', S]`` bool of each score, for the query ``rows`` (default: all).
 
     - ``previous_token``: key ``q - 1``.
     - ``duplicate_token``: earlier keys ``k < q`` holding the same token as ``q``.
@@ -95,20 +98,21 @@ def induction_targets(tokens: torch.Tensor, mask: torch.Tensor | None, causal: b
       i.e. the token after an earlier occurrence of the current token.
 
     Only real, attendable keys count (padding and, for a causal model, future keys are never targets).
+    Building them for a slice of rows keeps query-chunked scoring linear in memory.
     """
     B, T = tokens.shape
-    allowed = key_allowed(tokens, mask, causal)  # [B, T, S]
+    allowed = key_allowed(tokens, mask, causal, rows)  # [B, T', S]
     real = query_real(tokens, mask)  # [B, T]
-    pos = torch.arange(T)
-    same = (tokens[:, :, None] == tokens[:, None, :]) & real[:, :, None] & real[:, None, :]  # [B, T, S]
-    earlier = pos[None, :] < pos[:, None]  # [T, S]
-    dup = same & earlier[None]
+    q = torch.arange(T)[rows]  # [T']
+    k = torch.arange(T)  # [S]
+    same = (tokens[:, rows, None] == tokens[:, None, :]) & real[:, rows, None] & real[:, None, :]  # [B, T', S]
+    dup = same & (k[None, :] < q[:, None])[None]  # [B, T', S]
     # prev_same[b, q, k] = token[k-1] == token[q]: shift the key axis of `same` right by one.
     prev_same = torch.zeros_like(same)
     prev_same[:, :, 1:] = same[:, :, :-1]
-    key_after_earlier = (pos[None, :] - 1 < pos[:, None]) & (pos[None, :] != pos[:, None])  # [T, S]
+    key_after_earlier = (k[None, :] - 1 < q[:, None]) & (k[None, :] != q[:, None])  # [T', S]
     return {
-        "previous_token": offset_targets(T, -1)[None] & allowed,
+        "previous_token": offset_targets(T, -1, rows)[None] & allowed,
         "duplicate_token": dup & allowed,
         "induction": prev_same & key_after_earlier[None] & allowed,
     }
@@ -321,7 +325,7 @@ def induction_scores(
     n_seq = 0
     for toks, mask in iter_batches(tokens, batch_size=batch_size, name="tokens"):
         check_length(model, toks.shape[1])
-        targets = induction_targets(toks, mask, cfg.causal)
+        targets = functools.partial(induction_targets, toks, mask, cfg.causal)  # rows -> targets of those rows
         reds: list[Reducer] = []
         if definition == "interp":
             interp_red.set_batch(targets, query_real(toks, mask))
@@ -330,7 +334,8 @@ def induction_scores(
             tl_red.set_batch(toks, mask)
             reds.append(tl_red)
         if copy_red is not None:
-            copy_red.set_batch(toks, targets["induction"].any(-1) & query_real(toks, mask))
+            has_target = target_rows_any(targets, "induction", toks.shape[1])  # [B, T]
+            copy_red.set_batch(toks, has_target & query_real(toks, mask))
             reds.append(copy_red)
         run_reducer(model, toks, mask, reds)
         n_seq += toks.shape[0]

@@ -96,15 +96,21 @@ def positional_scores(
     for tokens, mask in iter_batches(tokens_or_batches, batch_size=batch_size, name="tokens_or_batches"):
         B, T = tokens.shape
         check_length(model, T)
-        allowed = key_allowed(tokens, mask, model.cfg.causal)  # [B, T, S]
-        targets = {offset_label(o): offset_targets(T, o)[None] & allowed for o in offsets}
-        first = torch.zeros(T, T, dtype=torch.bool)
-        first[1:, 0] = True  # query 0 excluded: attending to itself is not evidence of a first-token head
-        targets["first"] = first[None] & allowed
         is_delim = torch.isin(tokens, torch.tensor(delims, dtype=torch.long)) if delims else torch.zeros_like(
             tokens, dtype=torch.bool)  # [B, S]
-        not_self = ~torch.eye(T, dtype=torch.bool)  # a delimiter attending to itself is offset 0, not a delimiter hit
-        targets["delimiter"] = is_delim[:, None, :] & not_self[None] & allowed
+
+        def targets(rows: slice, tokens=tokens, mask=mask, is_delim=is_delim, T=T) -> dict[str, torch.Tensor]:
+            # Built for a slice of query rows, so query chunking never materialises a [T, S] mask.
+            allowed = key_allowed(tokens, mask, model.cfg.causal, rows)  # [B, T', S]
+            out = {offset_label(o): offset_targets(T, o, rows)[None] & allowed for o in offsets}
+            q = torch.arange(T)[rows]  # [T']
+            # Query 0 excluded: attending to itself is not evidence of a first-token head.
+            first = (torch.arange(T)[None, :] == 0) & (q[:, None] > 0)  # [T', S]
+            out["first"] = first[None] & allowed
+            not_self = torch.arange(T)[None, :] != q[:, None]  # a delimiter attending to itself is offset 0
+            out["delimiter"] = is_delim[:, None, :] & not_self[None] & allowed
+            return out
+
         red.set_batch(targets, query_real(tokens, mask))
         run_reducer(model, tokens, mask, [red])
         n_seq += B

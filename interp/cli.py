@@ -272,7 +272,8 @@ def dashboard_path() -> Path:
 
 def dashboard_command(port: int | None = None, headless: bool = False) -> list[str]:
     """The ``streamlit run`` command line that ``interp dashboard`` executes."""
-    cmd = [sys.executable, "-m", "streamlit", "run", str(dashboard_path())]
+    # No usage statistics: nothing leaves the machine (and offline machines do not wait on it).
+    cmd = [sys.executable, "-m", "streamlit", "run", str(dashboard_path()), "--browser.gatherUsageStats", "false"]
     if port is not None:
         cmd += ["--server.port", str(port)]
     if headless:

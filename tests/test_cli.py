@@ -249,7 +249,7 @@ def test_dashboard_command_and_missing_app(capsys, tmp_path, monkeypatch):
     assert code == 0, err
     cmd = out.split()
     assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4] == str(tmp_path / "apps" / "dashboard.py")
-    assert cmd[5:] == ["--server.port", "8765", "--server.headless", "true"]
+    assert cmd[5:] == ["--browser.gatherUsageStats", "false", "--server.port", "8765", "--server.headless", "true"]
     code, _, err = run_cli(capsys, "dashboard", "--port", "70000")
     assert_one_line_error(code, err, "70000")
 

@@ -2,6 +2,13 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
+
+# CI runs the same examples every time (a property failure is then reproducible from the log); locally,
+# hypothesis explores new examples on each run. INTERP_HYPOTHESIS_EXAMPLES raises the example count.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 # Two cores, shared: keep tests deterministic and small.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -522,7 +523,7 @@ def small_configs(draw):
     return ModelConfig(**kw)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=int(os.environ.get("INTERP_HYPOTHESIS_EXAMPLES", 25)), deadline=None)
 @given(cfg=small_configs(), seed=st.integers(0, 1000), T=st.integers(1, 12), pad=st.integers(0, 3))
 def test_invariants_hold_for_random_configs(cfg, seed, T, pad):
     torch.manual_seed(seed)

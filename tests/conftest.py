@@ -24,3 +24,12 @@ def ud_ewt_dev() -> str:
     if not os.path.isfile(path):
         pytest.skip(f"UD English EWT dev treebank not found at {path}")
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for tests made of many tiny ops (on two shared cores, two threads make them slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

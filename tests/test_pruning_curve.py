@@ -15,13 +15,7 @@ from interp import ModelConfig, Transformer
 from interp.pruning import CurvePoint, PruningCurve, average_curves, load_config, run_experiment
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: with two cores shared by several jobs, two threads make tiny ops ~30x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def curve(method="importance", pts=((0.0, 1.0), (0.25, 0.9), (0.5, 0.5), (1.0, 0.0))) -> PruningCurve:

@@ -15,13 +15,7 @@ from interp.pruning import (HardConcreteGate, LanguageModelObjective, SentenceSi
 USELESS = [(0, 0), (0, 2), (1, 1), (1, 3)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: with two cores shared by several jobs, two threads make tiny ops ~30x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(seed: int = 0, **over) -> Transformer:

@@ -20,13 +20,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: with two cores shared by several jobs, two threads make tiny ops ~30x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(variant: str, *, causal: bool = True, seed: int = 0, **over) -> Transformer:

@@ -263,22 +263,16 @@ def classify_heads(
         pos_data = _random_tokens(model, n_seqs, min(cfg.n_ctx, 64), seed)
     pos = positional_scores(model, pos_data, window=window, batch_size=batch_size)
     details["positional"] = pos
+    targets = [(offset_label(o), f"at offset {offset_label(o)}") for o in range(-window, window + 1)]
+    targets += [(cat, f"on the {cat} token") for cat in ("first", "delimiter")]
     for r in pos.itertuples():
-        for o in range(-window, window + 1):
-            lab = offset_label(o)
+        for lab, where in targets:
             share = pos.at[r.Index, f"argmax_{lab}"]
-            if share == share and share >= positional_threshold:
+            if share == share and share >= positional_threshold:  # share != share: NaN, no valid rows
                 rows.append({"layer": r.layer, "head": r.head, "kind": f"positional:{lab}", "score": share,
-                             "evidence": f"argmax at offset {lab} in {_pct(share)} of "
+                             "evidence": f"argmax {where} in {_pct(share)} of "
                                          f"{pos.attrs['rows'][lab]} queries; mean weight there "
                                          f"{pos.at[r.Index, f'mass_{lab}']:.2f}"})
-        for cat in ("first", "delimiter"):
-            share = pos.at[r.Index, f"argmax_{cat}"]
-            if share == share and share >= positional_threshold:
-                rows.append({"layer": r.layer, "head": r.head, "kind": f"positional:{cat}", "score": share,
-                             "evidence": f"argmax on the {cat} token in {_pct(share)} of "
-                                         f"{pos.attrs['rows'][cat]} queries; mean weight there "
-                                         f"{pos.at[r.Index, f'mass_{cat}']:.2f}"})
 
     # --- induction family -----------------------------------------------------------------------------
     ind = induction_scores(model, induction_tokens, definition=definition, n_seqs=n_seqs, half_len=half_len,

@@ -323,11 +323,7 @@ class LatentAttention(_AttentionBase):
         B, T, _ = x.shape
         H, D, R, C = self.n_heads, self.d_head, self.rope_dim, self.kv_latent_dim
         if H == 0:
-            if cache is not None and context is None:
-                # Keep the cache's latent in step with the other layers although no head reads it.
-                c_kv, k_rope = self.W_dkv(x).split([C, R], dim=-1)  # [B, T, C], [B, T, R]
-                cache.update(mask.start, self.kv_norm(c_kv), k_rope)
-            return self._no_heads(x)
+            return self._no_heads(x)  # no head reads K/V, so nothing is computed or cached
         if hasattr(self, "W_dq"):
             c_q = self.hook_q_latent(self.W_dq(x))  # [B, T, Cq]
             q = self.W_uq(self.q_norm(c_q))

@@ -272,10 +272,12 @@ class ModelConfig:
 
         Returns:
             ``sum over layers of 2 * K_layer * d_head * bytes`` for standard attention; for MLA the latent plus
-            the decoupled rotary key: ``n_layers * (kv_latent_dim + rope_dim) * bytes``.
+            the decoupled rotary key: ``(kv_latent_dim + rope_dim) * bytes`` per layer that has heads (a layer
+            whose every head was removed caches nothing).
         """
         if self.attention == "latent":
-            return self.n_layers * (self.kv_latent_dim + self.rope_dim) * bytes_per_element
+            layers = sum(1 for layer in range(self.n_layers) if self.heads_in_layer(layer))
+            return layers * (self.kv_latent_dim + self.rope_dim) * bytes_per_element
         kv_heads = sum(self.kv_heads_in_layer(layer) for layer in range(self.n_layers))
         return 2 * kv_heads * self.d_head * bytes_per_element
 

@@ -70,7 +70,8 @@ class KVCache:
         self.layers: list[LayerKVCache] = []
         for layer in range(cfg.n_layers):
             if cfg.attention == "latent":
-                shapes = [(batch_size, max_len, cfg.kv_latent_dim), (batch_size, max_len, cfg.rope_dim)]
+                width = 1 if cfg.heads_in_layer(layer) else 0  # a layer without heads caches nothing
+                shapes = [(batch_size, max_len, width * cfg.kv_latent_dim), (batch_size, max_len, width * cfg.rope_dim)]
                 seq_dims = [1, 1]
             else:
                 # A pruned model may keep a different number of K/V heads in each layer.

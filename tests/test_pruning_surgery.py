@@ -135,6 +135,14 @@ def test_mqa_and_mla_savings():
     assert kv_cache_savings(mqa, {0: list(range(7))})["kv_heads_removed"] == 0
     mla = make("mla")
     assert kv_cache_savings(mla, {0: [0, 1, 2]})["bytes_saved_per_token"] == 0  # the latent is shared
+    # Emptying a whole MLA layer drops its latent and rotary key (12 + 4 fp16 values per token).
+    with pytest.warns(UserWarning, match="every head of layer 0"):
+        small = remove_heads(mla, {0: list(range(8))})
+    assert kv_cache_savings(mla, {0: list(range(8))})["bytes_saved_per_token"] == (12 + 4) * 2
+    assert small.cfg.kv_cache_bytes_per_token(2) == (12 + 4) * 2
+    assert small.make_cache(1, 5).nbytes_per_token == (12 + 4) * 4  # fp32 buffers, layer 1 only
+    tokens = torch.randint(0, 37, (2, 7))
+    torch.testing.assert_close(small.generate(tokens[:, :3], 3), small.generate(tokens[:, :3], 3, use_cache=False))
 
 
 def test_dict_and_mask_forms_agree():

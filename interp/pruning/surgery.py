@@ -63,7 +63,7 @@ def _kept_kv(model: Transformer, layer: int, kept: list[int]) -> tuple[list[int]
 
 def kv_cache_savings(model: Transformer, heads: HeadSpec, *, bytes_per_element: int = 2) -> dict:
     """What removing ``heads`` does to the KV cache. A K/V head leaves the cache only when every query head of its
-    group is removed; MLA caches a shared latent, so it saves nothing.
+    group is removed; MLA caches a latent shared by a layer's heads, so it saves only when a whole layer goes.
 
     Args:
         model: the (gated or original) model.
@@ -81,14 +81,19 @@ def kv_cache_savings(model: Transformer, heads: HeadSpec, *, bytes_per_element: 
     sets = heads_to_sets(model, heads)
     cfg = model.cfg
     before = cfg.kv_cache_bytes_per_token(bytes_per_element)
-    kv_total = kv_removed = 0
+    kv_total = kv_removed = emptied_layers = 0
     for layer, block in enumerate(model.blocks):
         kept = [h for h in range(block.attn.n_heads) if h not in sets[layer]]
         k_before = cfg.kv_heads_in_layer(layer)
         kv_total += k_before
         if cfg.attention != "latent":
             kv_removed += k_before - len(_kept_kv(model, layer, kept)[0])
-    after = before if cfg.attention == "latent" else before - 2 * kv_removed * cfg.d_head * bytes_per_element
+        elif block.attn.n_heads and not kept:
+            emptied_layers += 1
+    if cfg.attention == "latent":
+        after = before - emptied_layers * (cfg.kv_latent_dim + cfg.rope_dim) * bytes_per_element
+    else:
+        after = before - 2 * kv_removed * cfg.d_head * bytes_per_element
     return {
         "heads_pruned": sum(len(s) for s in sets),
         "heads_total": sum(b.attn.n_heads for b in model.blocks),

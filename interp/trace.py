@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from . import trace_views
 from .hooks import HookPoint, NamesFilter, resolve_names
 
 if TYPE_CHECKING:
@@ -110,7 +111,9 @@ class Trace:
         self._tokenizer = tokenizer
 
     # --- mapping interface ------------------------------------------------------------------------------
-    def __getitem__(self, name: str) -> torch.Tensor:
+    def __getitem__(self, name: str | tuple) -> torch.Tensor:
+        if isinstance(name, tuple) or name in trace_views.GLOBAL_NAMES:  # TL short names: trace["pattern", 0]
+            name = trace_views.act_name(self, name if isinstance(name, tuple) else (name,))
         if name in self.tensors:
             return self.tensors[name]
         if name in self._head_writes:
@@ -163,6 +166,23 @@ class Trace:
         """Per-head writes stacked over layers: ``[L, B, pos, H, d_model]``."""
         layers = self._layers_with("attn.hook_result") if layers is None else layers
         return torch.stack([self.head_out(layer) for layer in layers])
+
+    # --- TransformerLens-style residual views (interp/trace_views.py) ------------------------------------
+    def stack_head_results(self, layer: int | None = None, **kwargs: Any) -> Any:
+        """Every head's write stacked ``[n_heads_total, B, T, M]``, labels ``"L3H5"``; see :func:`trace_views.stack_head_results`."""
+        return trace_views.stack_head_results(self, layer, **kwargs)
+
+    def decompose_resid(self, layer: int | None = None, **kwargs: Any) -> Any:
+        """Embeddings, attention and MLP outputs stacked ``[C, B, T, M]``; see :func:`trace_views.decompose_resid`."""
+        return trace_views.decompose_resid(self, layer, **kwargs)
+
+    def accumulated_resid(self, layer: int | None = None, **kwargs: Any) -> Any:
+        """Residual stream at each layer's input ``[C, B, T, M]``; see :func:`trace_views.accumulated_resid`."""
+        return trace_views.accumulated_resid(self, layer, **kwargs)
+
+    def apply_ln_to_stack(self, stack: torch.Tensor, model: "Transformer", **kwargs: Any) -> torch.Tensor:
+        """A stack normalised by the recorded run's norm scale; see :func:`trace_views.apply_ln_to_stack`."""
+        return trace_views.apply_ln_to_stack(self, stack, model, **kwargs)
 
     def _layers_with(self, suffix: str) -> list[int]:
         layers = [layer for layer in self.layers if f"blocks.{layer}.{suffix}" in self]

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import weights as _weights
 from .attention import AttnMask, make_attention
 from .config import ModelConfig
 from .hooks import HookedModule, HookPoint, NamesFilter
@@ -293,6 +294,14 @@ class Transformer(HookedModule):
             raise ValueError(f"query chunk must be > 0, got {chunk}")
         for block in self.blocks:
             block.attn.query_chunk = chunk
+
+    # --- weight views (interp/weights.py; TL layout, GQA K/V repeated per query head) -----------------
+    W_Q = property(lambda self: _weights.stacked(self, "W_Q"), doc="Query weights ``[L, H, M, D]``.")
+    W_K = property(lambda self: _weights.stacked(self, "W_K"), doc="Key weights ``[L, H, M, D]``, per query head.")
+    W_V = property(lambda self: _weights.stacked(self, "W_V"), doc="Value weights ``[L, H, M, D]``, per query head.")
+    W_O = property(lambda self: _weights.stacked(self, "W_O"), doc="Output weights ``[L, H, D, M]``.")
+    QK = property(lambda self: _weights.QK(self), doc="``W_Q W_K^T`` per head, factored ``[L, H, M, M]``.")
+    OV = property(lambda self: _weights.OV(self), doc="``W_V W_O`` per head, factored ``[L, H, M, M]``.")
 
     # --- recording ------------------------------------------------------------------------------------
     def run_with_cache(self, *args: Any, names_filter: NamesFilter = None, **kwargs: Any) -> tuple[torch.Tensor, "Trace"]:

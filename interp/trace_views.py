@@ -28,8 +28,15 @@ if TYPE_CHECKING:
     from .model import Transformer
     from .trace import Trace
 
-__all__ = ["ATTN_NAMES", "BLOCK_NAMES", "act_name", "accumulated_resid", "apply_ln_to_stack", "decompose_resid",
-           "stack_head_results"]
+__all__ = [
+    "ATTN_NAMES",
+    "BLOCK_NAMES",
+    "accumulated_resid",
+    "act_name",
+    "apply_ln_to_stack",
+    "decompose_resid",
+    "stack_head_results",
+]
 
 # TransformerLens' short names (utils.get_act_name) and where interp keeps each hook.
 ATTN_NAMES = ("q", "k", "v", "z", "result", "attn_scores", "pattern", "q_latent", "kv_latent")

@@ -32,7 +32,7 @@ from .attention import Attention, LatentAttention
 if TYPE_CHECKING:
     from .model import Transformer
 
-__all__ = ["FactoredMatrix", "stacked", "layer_weights", "QK", "OV"]
+__all__ = ["OV", "QK", "FactoredMatrix", "layer_weights", "stacked"]
 
 
 class FactoredMatrix:

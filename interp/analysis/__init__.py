@@ -6,7 +6,11 @@ Example:
 """
 
 from .ablation import ablation_table, in_context_gain
+from .attribution import direct_logit_attribution
+from .composition import composition_baseline, composition_scores, composition_table
 from .induction import induction_scores, repeated_tokens_for
+from .patching import (activation_patching, attribution_patching, corrupt_repeats, in_context_metric,
+                       logit_diff_metric, patch_heads_together)
 from .positional import positional_scores
 from .syntactic import syntactic_scores
 from .taxonomy import HeadReport, classify_heads
@@ -14,6 +18,9 @@ from .toy import HAND_BUILT_KINDS, hand_built_model
 from .treebank import Sentence, parse_text_with_spacy, read_conllu
 
 __all__ = [
+    "activation_patching", "attribution_patching", "composition_baseline", "composition_scores",
+    "composition_table", "corrupt_repeats", "direct_logit_attribution", "in_context_metric", "logit_diff_metric",
+    "patch_heads_together",
     "HAND_BUILT_KINDS", "HeadReport", "Sentence", "ablation_table", "classify_heads", "hand_built_model",
     "in_context_gain", "induction_scores", "parse_text_with_spacy", "positional_scores", "read_conllu",
     "repeated_tokens_for", "syntactic_scores",

@@ -89,5 +89,5 @@ def test_errors():
         FactoredMatrix(torch.randn(4, 3), torch.randn(2, 4))
     pruned = _model("mha", layer_n_heads=[4, 2])
     with pytest.raises(ValueError, match="different head counts"):
-        pruned.W_Q
+        _ = pruned.W_Q
     assert layer_weights(pruned, 1)["W_Q"].shape == (2, 32, 8)

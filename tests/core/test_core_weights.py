@@ -91,3 +91,23 @@ def test_errors():
     with pytest.raises(ValueError, match="different head counts"):
         _ = pruned.W_Q
     assert layer_weights(pruned, 1)["W_Q"].shape == (2, 32, 8)
+
+
+def test_latent_attention_with_query_latent_and_decoupled_rope_at_position_zero():
+    # At position 0 RoPE is the identity, so the unrotated views give q and k exactly (up to the latent norms'
+    # per-token scales, put back by hand).
+    model = _model("mla", q_latent_dim=10, rope_dim=4, positional="rotary")
+    toks = torch.randint(0, 40, (2, 5))
+    _, tr = model.run_with_cache(toks, names_filter=["*hook_q", "*hook_k", "*hook_resid_pre"])
+    attn = model.blocks[0].attn
+    x = model.blocks[0].ln1(tr["resid_pre", 0])[:, :1]  # [B, 1, M]
+    c_q = attn.W_dq(x)
+    rms_q = (c_q.pow(2).mean(-1, keepdim=True) + attn.q_norm.eps).sqrt()
+    c_kv = attn.W_dkv(x)[..., :attn.kv_latent_dim]
+    rms_kv = (c_kv.pow(2).mean(-1, keepdim=True) + attn.kv_norm.eps).sqrt()
+    assert model.W_Q.shape == model.W_K.shape == (2, 4, 32, 12)
+    q = torch.einsum("btm,hmd->bthd", x, model.W_Q[0]) / rms_q[..., None]
+    torch.testing.assert_close(q, tr["q", 0][:, :1], rtol=0, atol=1e-5)
+    k = torch.einsum("btm,hmd->bthd", x, model.W_K[0])
+    torch.testing.assert_close(k[..., :8] / rms_kv[..., None], tr["k", 0][:, :1, :, :8], rtol=0, atol=1e-5)
+    torch.testing.assert_close(k[..., 8:], tr["k", 0][:, :1, :, 8:], rtol=0, atol=1e-5)  # shared rotary key

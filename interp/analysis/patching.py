@@ -132,8 +132,8 @@ def corrupt_repeats(tokens: torch.Tensor, half_len: int, d_vocab: int, *, bos_id
     return out
 
 
-def _plan(model: "Transformer", act: str, by: str) -> tuple[list[str], list[tuple]]:
-    """Hook names per layer and the list of patch sites (layer, head, pos) with -1 = all."""
+def _plan(model: "Transformer", act: str, by: str) -> list[str]:
+    """The hook name of ``act`` in each layer (checks that ``by`` fits ``act``)."""
     short = act.removeprefix("hook_")
     if short in _HEAD_ACTS:
         if by not in ("head", "head_pos"):
@@ -149,7 +149,7 @@ def _plan(model: "Transformer", act: str, by: str) -> tuple[list[str], list[tupl
         known = _HEAD_ACTS + _LAYER_ACTS
         raise ValueError(f"act must be one of {known}, got {act!r}" +
                          (" (patch per head with z, result or q)" if short in ATTN_NAMES else ""))
-    return names, []
+    return names
 
 
 def _check_inputs(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor, direction: str):
@@ -235,7 +235,7 @@ def activation_patching(model: "Transformer", clean: torch.Tensor, corrupted: to
     """
     clean, corrupted = _check_inputs(model, clean, corrupted, direction)
     metric = _metric_of(metric, answer_tokens)
-    names, _ = _plan(model, act, by)
+    names = _plan(model, act, by)
     base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
     with torch.no_grad():
         logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
@@ -288,7 +288,7 @@ def attribution_patching(model: "Transformer", clean: torch.Tensor, corrupted: t
     """
     clean, corrupted = _check_inputs(model, clean, corrupted, direction)
     metric = _metric_of(metric, answer_tokens)
-    names, _ = _plan(model, act, by)
+    names = _plan(model, act, by)
     base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
     with torch.no_grad():
         logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
@@ -339,7 +339,7 @@ def patch_heads_together(model: "Transformer", clean: torch.Tensor, corrupted: t
     """
     clean, corrupted = _check_inputs(model, clean, corrupted, direction)
     metric = _metric_of(metric, answer_tokens)
-    names, _ = _plan(model, act, "head")
+    names = _plan(model, act, "head")
     for layer, head in heads:
         if not (0 <= layer < len(names) and 0 <= head < model.blocks[layer].attn.n_heads):
             raise ValueError(f"head ({layer}, {head}) is outside the model")

@@ -7,6 +7,7 @@ that fold statistics batch by batch (or query-chunk by query-chunk) instead of s
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import re
@@ -297,18 +298,20 @@ def record(
     for r in reducers:
         fwd_hooks.append((resolve_names(r.names, model.hook_names),
                           lambda t, hook, r=r: r.update(hook.name, t, hook)))
-    out = model.run_with_hooks(*args, fwd_hooks=fwd_hooks, **kwargs)
-    # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
-    tensors = {k: v[0] if len(v) == 1 else torch.cat(v, dim=2) for k, v in store.items()}
     head_writes = {}
-    for result_name, z_name in z_names.items():
-        attn = model.get_submodule(result_name[: -len(".hook_result")])
-        w_o = attn.W_O_heads.detach()  # [H, D, M]
-        if attn.gate is not None:
-            w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
-        w_o = w_o.to(dtype=dtype or w_o.dtype, device=device or w_o.device, copy=True)
-        z = tensors[z_name] if z_name in requested else tensors.pop(z_name)
-        head_writes[result_name] = (z, w_o)
+    # One lock over the pass and the W_O/gate snapshot: another thread must not change gates in between.
+    with getattr(model, "lock", contextlib.nullcontext()):
+        out = model.run_with_hooks(*args, fwd_hooks=fwd_hooks, **kwargs)
+        # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
+        tensors = {k: v[0] if len(v) == 1 else torch.cat(v, dim=2) for k, v in store.items()}
+        for result_name, z_name in z_names.items():
+            attn = model.get_submodule(result_name[: -len(".hook_result")])
+            w_o = attn.W_O_heads.detach()  # [H, D, M]
+            if attn.gate is not None:
+                w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+            w_o = w_o.to(dtype=dtype or w_o.dtype, device=device or w_o.device, copy=True)
+            z = tensors[z_name] if z_name in requested else tensors.pop(z_name)
+            head_writes[result_name] = (z, w_o)
     meta: dict[str, Any] = {"model": getattr(model, "name", type(model).__name__),
                             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads}
     tokens = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("tokens")

@@ -25,6 +25,7 @@ kind                        criterion                                           
 from __future__ import annotations
 
 import html
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch
 from .induction import induction_scores
 from .positional import offset_label, positional_scores
 from .syntactic import syntactic_scores
-from .treebank import read_conllu
+from .treebank import check_max_sentences, read_conllu
 
 __all__ = ["HeadReport", "classify_heads"]
 
@@ -154,16 +155,27 @@ def _treebank_batches(model: Any, conllu: Any, max_sentences: int | None, batch_
     tok = model.tokenizer
     pad = getattr(tok, "pad_token_id", None) or 0
     seqs: list[torch.Tensor] = []
-    sents = read_conllu(conllu, max_sentences=max_sentences) if isinstance(conllu, (str, Path)) else conllu
+    if isinstance(conllu, (str, Path)):
+        sents = read_conllu(conllu, max_sentences=max_sentences)
+    else:
+        check_max_sentences(max_sentences)
+        sents = itertools.islice(conllu, max_sentences)  # stop reading at the cap, also for an endless source
+    n_seen = n_used = 0
     for s in sents:
+        n_seen += 1
         ids, _ = tok.encode_words(s.words)
         if len(ids) <= model.cfg.n_ctx:
             seqs.append(torch.as_tensor(ids, dtype=torch.long))
+            n_used += 1
         if len(seqs) == batch_size:
             yield _pad(seqs, pad)
             seqs = []
     if seqs:
         yield _pad(seqs, pad)
+    if not n_used:
+        what = f"the treebank {str(conllu)!r}" if isinstance(conllu, (str, Path)) else "the treebank"
+        raise ValueError(f"{what} holds no sentence" if not n_seen else
+                         f"all {n_seen} sentences of {what} are longer than the model's n_ctx={model.cfg.n_ctx}")
 
 
 def _pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

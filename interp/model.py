@@ -352,7 +352,10 @@ class Transformer(HookedModule):
 
     def to_tokens(self, text: str | Sequence[str], *, max_length: int | None = None) -> torch.Tensor:
         """Tokenize text (with the model's special tokens) to ``[B, T]`` ids; pads a batch with pad ids."""
-        return self._need_tokenizer().to_tokens(text, max_length=max_length or self.cfg.n_ctx)
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                       or max_length < 1):
+            raise ValueError(f"max_length={max_length!r} must be a positive int or None (the model's n_ctx)")
+        return self._need_tokenizer().to_tokens(text, max_length=self.cfg.n_ctx if max_length is None else max_length)
 
     def to_str_tokens(self, tokens: str | torch.Tensor) -> list[str]:
         """The token strings of one sequence (text or ids)."""

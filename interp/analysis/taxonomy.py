@@ -188,6 +188,24 @@ def _pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor
     return tokens, mask
 
 
+def _stages(progress: bool, n: int):
+    """A callable that announces each stage of classify_heads on stderr (``None`` ends); a no-op when off."""
+    if not progress:
+        return lambda name: None
+    import sys
+
+    count = [0]
+
+    def stage(name: str | None) -> None:
+        if name is None:
+            print(f"classify_heads: done ({n}/{n})", file=sys.stderr, flush=True)
+            return
+        count[0] += 1
+        print(f"classify_heads: {name} ({count[0]}/{n}) ...", file=sys.stderr, flush=True)
+
+    return stage
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
@@ -213,6 +231,7 @@ def classify_heads(
     half_len: int | None = None,
     seed: int = 0,
     batch_size: int = 32,
+    progress: bool = False,
 ) -> HeadReport:
     """Classify every head of ``model`` (see the module docstring for the kinds and default thresholds).
 
@@ -237,6 +256,7 @@ def classify_heads(
         max_sentences: cap on treebank sentences.
         n_seqs, half_len, seed: the default random data.
         batch_size: sequences (or sentences) per forward pass.
+        progress: report each stage (and the treebank's sentences) on stderr.
 
     Returns:
         A :class:`HeadReport`.
@@ -257,6 +277,7 @@ def classify_heads(
     cfg = model.cfg
     rows: list[dict[str, Any]] = []
     details: dict[str, pd.DataFrame] = {}
+    stage = _stages(progress, 3 if conllu is not None else 2)
 
     # --- positional -----------------------------------------------------------------------------------
     if tokens is not None:
@@ -273,6 +294,7 @@ def classify_heads(
         pos_data = _treebank_batches(model, conllu, max_sentences, batch_size)
     else:
         pos_data = _random_tokens(model, n_seqs, min(cfg.n_ctx, 64), seed)
+    stage("positional statistics")
     pos = positional_scores(model, pos_data, window=window, batch_size=batch_size)
     details["positional"] = pos
     targets = [(offset_label(o), f"at offset {offset_label(o)}") for o in range(-window, window + 1)]
@@ -287,6 +309,7 @@ def classify_heads(
                                          f"{pos.at[r.Index, f'mass_{lab}']:.2f}"})
 
     # --- induction family -----------------------------------------------------------------------------
+    stage("induction scores")
     ind = induction_scores(model, induction_tokens, definition=definition, n_seqs=n_seqs, half_len=half_len,
                            seed=seed, batch_size=batch_size)
     details["induction"] = ind
@@ -306,7 +329,9 @@ def classify_heads(
 
     # --- syntactic ------------------------------------------------------------------------------------
     if conllu is not None:
-        syn = syntactic_scores(model, conllu, max_sentences=max_sentences, batch_size=batch_size)
+        stage("syntactic relations")
+        syn = syntactic_scores(model, conllu, max_sentences=max_sentences, batch_size=batch_size,
+                               progress=progress)
         details["syntactic"] = syn
         good = syn[(syn.gain >= syntactic_margin) & (syn.n >= syntactic_min_count)]
         # One row per (head, relation): the direction with the larger gain.
@@ -316,6 +341,7 @@ def classify_heads(
                          "evidence": f"{r.direction} accuracy {r.accuracy:.2f} vs offset {r.baseline_offset:+d} "
                                      f"baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"})
 
+    stage(None)
     df = pd.DataFrame(rows, columns=_COLUMNS)
     if len(df):
         df = df.astype({"layer": int, "head": int, "score": float})

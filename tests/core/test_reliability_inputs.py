@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+import interp
 from interp import ModelConfig, Transformer
 
 BASE = dict(n_layers=2, d_model=16, n_heads=4, d_vocab=20, n_ctx=12)
@@ -136,3 +137,11 @@ def test_a_model_copy_gets_its_own_lock(model):
     assert clone.lock is not model.lock
     ids = torch.tensor([[1, 2, 3]])
     assert torch.equal(clone(ids), model(ids))
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_to_tokens_rejects_a_max_length_below_one(bad):
+    model = interp.load("induction-2l")
+    with pytest.raises(ValueError, match=f"max_length={bad} must be a positive int"):
+        model.to_tokens("t1 t2 t3", max_length=bad)
+    assert model.to_tokens("t1 t2 t3", max_length=4).tolist() == model.to_tokens("t1 t2 t3").tolist()

@@ -245,13 +245,15 @@ def write_results(curves: dict[str, PruningCurve], out: Path, config: dict | Non
     for method, c in curves.items():
         c.save(out / f"{method}.json")
         c.save(out / f"{method}.csv")
+    from ..viz import save_figure  # figures live in viz; imported only when results are written
+
     fig = curves_figure(list(curves.values()))
-    fig.write_html(out / "curves.html", include_plotlyjs="cdn")
+    save_figure(fig, out / "curves.html")  # plotly.js embedded: opens offline
     png = "curves.png"
     try:
-        fig.write_image(out / png, width=800, height=500)
-    except Exception as err:  # kaleido / Chrome missing: the HTML figure is still there
-        png = f"not written ({type(err).__name__}: {err})"[:200]
+        save_figure(fig, out / png, width=800, height=500)
+    except (ImportError, RuntimeError) as err:  # kaleido / Chrome missing: the HTML figure is still there
+        png = f"not written: {err}"
     summary = {"config": config, "auc": auc_table(list(curves.values())).to_dict(orient="records"), "png": png}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary

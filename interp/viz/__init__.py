@@ -16,10 +16,11 @@ from .heads import (
     INDUCTION_COLUMNS, head_map, head_norms_figure, head_write_norms, induction_map, positional_map, score_map,
     score_maps,
 )
+from .export import save_figure
 from .pruning import pruning_curves
 
 __all__ = [
     "INDUCTION_COLUMNS", "attention_heatmap", "flops_figure", "head_grid", "head_map", "head_norms_figure",
     "head_write_norms", "induction_map", "kv_cache_figure", "layer_heads", "positional_map", "pruning_curves",
-    "score_map", "score_maps",
+    "save_figure", "score_map", "score_maps",
 ]

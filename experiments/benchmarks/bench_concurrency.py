@@ -21,7 +21,6 @@ import argparse
 import threading
 import time
 
-
 import torch
 import torch.nn.functional as F
 

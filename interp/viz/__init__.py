@@ -12,11 +12,11 @@ Example:
 
 from .attention import attention_heatmap, head_grid, layer_heads
 from .cost import flops_figure, kv_cache_figure
+from .export import save_figure
 from .heads import (
     INDUCTION_COLUMNS, head_map, head_norms_figure, head_write_norms, induction_map, positional_map, score_map,
     score_maps,
 )
-from .export import save_figure
 from .pruning import pruning_curves
 
 __all__ = [

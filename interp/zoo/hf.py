@@ -18,12 +18,12 @@ Weight layouts, and what differs from ours:
 
 from __future__ import annotations
 
+import pickle
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pickle
-import re
 import torch
 
 from ..config import ModelConfig

@@ -13,7 +13,11 @@ A URL query parameter preselects the model: ``?model=random-tiny``.
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import stat
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +102,101 @@ def load_model(source: str, ref: str) -> interp.Transformer:
     raise ValueError(f"unknown model source {source!r}")
 
 
+# --- files: uploads in a private folder per session; paths only inside the folder the operator named ------
+FILES_ENV = "INTERP_DASHBOARD_FILES"  # set by `interp dashboard --files FOLDER`; unset: no reading by path
+MAX_FILE_MB = float(os.environ.get("INTERP_DASHBOARD_MAX_FILE_MB", "2048"))
+MAX_CURVE_MB = 20.0
+
+
+def served_folder() -> Path | None:
+    """The folder users may read files from by path (``INTERP_DASHBOARD_FILES``), or None."""
+    folder = os.environ.get(FILES_ENV, "").strip()
+    return Path(folder).resolve() if folder and Path(folder).is_dir() else None
+
+
+def served_file(typed: str, max_mb: float = MAX_FILE_MB) -> Path:
+    """The regular file ``typed`` names inside the served folder.
+
+    Every refusal (no served folder, a path outside it, a missing file, a FIFO or device, a symlink out of
+    it) gives the same message, so the box cannot be used to probe which server paths exist.
+
+    Raises:
+        FileNotFoundError: the file is not available (one message for every reason).
+        ValueError: the file is larger than ``max_mb``.
+    """
+    folder = served_folder()
+    unavailable = FileNotFoundError(
+        f"{typed!r} is not available: paths are read only inside the folder the operator serves "
+        f"({'none' if folder is None else 'interp dashboard --files'}); upload the file instead")
+    if folder is None or not typed.strip():
+        raise unavailable
+    try:
+        path = (folder / typed.strip()).resolve(strict=True)
+        info = path.stat()
+    except (OSError, RuntimeError):
+        raise unavailable from None
+    if not path.is_relative_to(folder) or not stat.S_ISREG(info.st_mode):
+        raise unavailable
+    if info.st_size > max_mb * 2**20:
+        raise ValueError(f"{typed!r} is {info.st_size / 2**20:.0f} MB, more than the {max_mb:.0f} MB this "
+                         "dashboard reads")
+    return path
+
+
+def served_model_ref(typed: str) -> str:
+    """A Hugging Face / TransformerLens name as typed, or, when it looks like a local path, that folder inside
+    the served folder (any other local folder is refused with the one "not available" message).
+
+    Raises:
+        FileNotFoundError: a path outside the served folder, or not a folder.
+    """
+    name = typed.strip()
+    if not (name.startswith(("/", ".", "~")) or "\\" in name or ".." in name.split("/")):
+        return name  # a hub id such as "gpt2" or "org/model"
+    folder = served_folder()
+    unavailable = FileNotFoundError(f"{name!r} is not available: local folders are read only inside the folder "
+                                    "the operator serves (interp dashboard --files)")
+    if folder is None:
+        raise unavailable
+    try:
+        path = (folder / name).resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise unavailable from None
+    if not path.is_relative_to(folder) or not path.is_dir():
+        raise unavailable
+    return str(path)
+
+
+def read_limited(path: Path, max_mb: float) -> bytes:
+    """The bytes of a regular file, refusing more than ``max_mb`` (read one byte past the limit to know)."""
+    limit = int(max_mb * 2**20)
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path.name} is larger than the {max_mb:.0f} MB this dashboard reads")
+    return data
+
+
+class _SessionFolder:
+    """A private temporary folder (mode 0700) that is deleted when the Streamlit session that owns it ends."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="interp-session-"))
+        # Runs when the session's state is dropped (the browser tab closed) or, at the latest, at exit.
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
+
+
+def session_folder() -> Path:
+    """This session's private upload folder (created on first use)."""
+    if "_upload_dir" not in st.session_state:
+        st.session_state["_upload_dir"] = _SessionFolder()
+    return st.session_state["_upload_dir"].path
+
+
 def _saved_upload(data: bytes) -> str:
-    """Write an uploaded checkpoint to a temporary file named by its hash (same bytes, same path)."""
+    """Write an uploaded checkpoint into this session's private folder, named by its hash."""
     digest = hashlib.sha256(data).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"interp-upload-{digest}.safetensors"
+    path = session_folder() / f"upload-{digest}.safetensors"
     if not path.exists():
         path.write_bytes(data)
     return str(path)
@@ -123,12 +218,19 @@ def choose_model() -> tuple[str, str] | None:
         return "random", RANDOM_TINY
     if choice == CHECKPOINT:
         upload = st.sidebar.file_uploader("Upload a checkpoint", type=["safetensors"], key="ckpt_upload")
-        path = st.sidebar.text_input("... or a path on this machine", key="ckpt_path")
+        path = ""
+        if served_folder() is not None:
+            path = st.sidebar.text_input("... or a file in the served folder", key="ckpt_path",
+                                         help="a path relative to the folder given to interp dashboard --files")
         if upload is not None:
             return "checkpoint", _saved_upload(upload.getvalue())
         if path.strip():
-            return "checkpoint", path.strip()
-        st.info("Upload an interp checkpoint or type its path in the sidebar.")
+            try:
+                return "checkpoint", str(served_file(path))
+            except (FileNotFoundError, ValueError) as e:
+                st.error(str(e))
+                return None
+        st.info("Upload an interp checkpoint" + (" or type its path in the sidebar." if served_folder() else "."))
         return None
     if choice == TL_NAME:
         name = st.sidebar.text_input("Model name or local folder for TransformerBridge.boot_transformers",
@@ -137,13 +239,21 @@ def choose_model() -> tuple[str, str] | None:
             st.info("Type a model name that TransformerLens can boot (BERT, GPT-2 or Llama-style architectures "
                     "convert to interp) in the sidebar.")
             return None
-        return "tl", name.strip()
+        try:
+            return "tl", served_model_ref(name)
+        except FileNotFoundError as e:
+            st.error(str(e))
+            return None
     name = st.sidebar.text_input("Hugging Face model name or local folder", key="hf_name",
                                  placeholder="gpt2, bert-base-uncased, ./my-llama")
     if not name.strip():
         st.info("Type a Hugging Face model name (BERT, GPT-2 or Llama-style) or a local folder in the sidebar.")
         return None
-    return "hf", name.strip()
+    try:
+        return "hf", served_model_ref(name)
+    except FileNotFoundError as e:
+        st.error(str(e))
+        return None
 
 
 def get_model(key: tuple[str, str]) -> interp.Transformer | None:
@@ -226,7 +336,8 @@ def pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
         _, trace = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_pattern", "hook_result")))
     return {"patterns": trace.patterns()[:, 0].numpy(),  # [L, B, H, T, S] -> [L, H, T, S]
             "norms": viz.head_write_norms(trace),
-            "str_tokens": model.to_str_tokens(tokens)}
+            # A checkpoint without a tokenizer still has token ids to label the axes with.
+            "str_tokens": model.to_str_tokens(tokens) if model.tokenizer is not None else [f"t{i}" for i in ids]}
 
 
 @st.cache_data(show_spinner="Classifying heads (positional, induction, copying scores) ...", max_entries=8)
@@ -431,11 +542,20 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
         picked = st.multiselect("Saved curves in experiments/results/", found, key="curve_files")
         upload = st.file_uploader("... or upload a curve (.json from PruningCurve.save)", type=["json"],
                                   key="curve_upload")
-        typed = st.text_input("... or its path on this machine", key="curve_path")
-        paths = [REPO_RESULTS / name for name in picked] + ([Path(typed.strip())] if typed.strip() else [])
+        typed = ""
+        if served_folder() is not None:
+            typed = st.text_input("... or a file in the served folder", key="curve_path")
+        paths = [REPO_RESULTS / name for name in picked if name in found]
+        if typed.strip():
+            try:
+                paths.append(served_file(typed, MAX_CURVE_MB))
+            except (FileNotFoundError, ValueError) as e:
+                st.error(str(e))
         for path in paths:
             try:
-                curves.append(PruningCurve.load(path))
+                import json
+
+                curves.append(PruningCurve.from_dict(json.loads(read_limited(path, MAX_CURVE_MB))))
             except Exception as e:  # noqa: BLE001 - shown to the user
                 st.error(f"{path.name} is not a pruning curve (JSON written by PruningCurve.save): {e}")
         if upload is not None:

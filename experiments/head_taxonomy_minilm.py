@@ -2,7 +2,8 @@
 
 Runs :func:`interp.analysis.classify_heads` (positional statistics over the treebank's sentences, induction
 family on repeated random sequences, syntactic accuracy per relation against the best fixed-offset baseline)
-and writes to ``experiments/results/``:
+and writes to the folder given with ``--out`` (the tracked ``experiments/results/`` is rewritten only when named
+on purpose):
 
 - ``minilm_positional.csv``: per head, mass and argmax share at offsets -3..+3, [CLS], delimiters, confidence;
 - ``minilm_induction.csv``: previous-token / duplicate-token / induction scores;
@@ -14,8 +15,8 @@ and writes to ``experiments/results/``:
 
 Usage (from the repository root)::
 
-    python experiments/head_taxonomy_minilm.py [--conllu ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu]
-        [--max-sentences N]
+    python experiments/head_taxonomy_minilm.py --out runs/taxonomy
+        [--conllu ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu] [--max-sentences N]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from interp.analysis import classify_heads
+from interp.viz import save_figure
 from interp.zoo import load
 
 ROOT = Path(__file__).resolve().parent
@@ -49,7 +51,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conllu", type=Path, default=DEFAULT_CONLLU)
     ap.add_argument("--max-sentences", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, required=True,
+                    help="folder to write the results to (experiments/results to update the tracked ones)")
     args = ap.parse_args()
     if not args.conllu.is_file():
         raise SystemExit(f"treebank not found: {args.conllu}")
@@ -57,7 +60,7 @@ def main() -> None:
     model = load("minilm-l6")
     t0 = time.time()
     report = classify_heads(model, conllu=args.conllu, max_sentences=args.max_sentences,
-                            syntactic_margin=MARGIN, syntactic_min_count=MIN_COUNT)
+                            syntactic_margin=MARGIN, syntactic_min_count=MIN_COUNT, progress=True)
     seconds = time.time() - t0
     pos, ind, syn = report.details["positional"], report.details["induction"], report.details["syntactic"]
     pos.to_csv(args.out / "minilm_positional.csv", index=False)
@@ -65,7 +68,7 @@ def main() -> None:
     syn.to_csv(args.out / "minilm_syntactic.csv", index=False)
     pd.DataFrame(syn.attrs["baseline"]).to_csv(args.out / "minilm_syntactic_baseline.csv", index=False)
     report.df.to_csv(args.out / "minilm_taxonomy.csv", index=False)
-    report.figure().write_html(args.out / "minilm_taxonomy.html", include_plotlyjs="cdn")
+    save_figure(report.figure(), args.out / "minilm_taxonomy.html")  # plotly.js embedded: opens offline
     best = best_per_relation(syn)
     kinds = report.df.kind.str.split(":").str[0].value_counts().to_dict()
     summary = {

@@ -61,7 +61,7 @@ def write_figures(history: pd.DataFrame, prefix: Path) -> list[Path]:
     """Write the curve as ``prefix.html`` and, when kaleido (with a Chrome/Chromium) is available, ``prefix.png``."""
     fig = curve_figure(history)
     written = [prefix.with_suffix(".html")]
-    fig.write_html(written[0], include_plotlyjs="cdn")
+    fig.write_html(written[0], include_plotlyjs=True)  # embedded plotly.js: the figure opens offline
     try:
         fig.write_image(prefix.with_suffix(".png"), scale=2)
         written.append(prefix.with_suffix(".png"))

@@ -8,16 +8,53 @@ Example:
     torch.Size([2, 1, 4, 16, 16])
 """
 
-from .analysis import HeadReport, classify_heads
-from .attention import Attention, AttnMask, LatentAttention
-from .config import ModelConfig
-from .hooks import HookPoint
-from .kv_cache import KVCache
-from .model import Transformer
-from .trace import MeanReducer, Reducer, Trace, record
-from .zoo import list_models, load
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# The public names load on first use (PEP 562): ``import interp.cli`` stays free of torch, so the ``interp``
+# command can turn a Ctrl-C during its start-up imports into one line instead of a traceback.
+_EXPORTS = {
+    "HeadReport": ".analysis", "classify_heads": ".analysis",
+    "Attention": ".attention", "AttnMask": ".attention", "LatentAttention": ".attention",
+    "ModelConfig": ".config", "HookPoint": ".hooks", "KVCache": ".kv_cache", "Transformer": ".model",
+    "MeanReducer": ".trace", "Reducer": ".trace", "Trace": ".trace", "record": ".trace",
+    "list_models": ".zoo", "load": ".zoo",
+}
+
+if TYPE_CHECKING:  # static tools see the eager imports
+    from .analysis import HeadReport, classify_heads
+    from .attention import Attention, AttnMask, LatentAttention
+    from .config import ModelConfig
+    from .hooks import HookPoint
+    from .kv_cache import KVCache
+    from .model import Transformer
+    from .trace import MeanReducer, Reducer, Trace, record
+    from .zoo import list_models, load
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    elif not name.startswith("__"):
+        try:  # a submodule used as an attribute: interp.zoo, interp.viz ...
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'interp' has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module 'interp' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "Attention", "AttnMask", "HeadReport", "classify_heads", "HookPoint", "KVCache", "LatentAttention", "MeanReducer", "ModelConfig",

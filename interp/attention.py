@@ -133,6 +133,10 @@ class _AttentionBase(nn.Module):
                 raise TypeError(f"gate must be a Tensor of shape [{self.n_heads}], got {type(gate).__name__}")
             if gate.shape != (self.n_heads,):
                 raise ValueError(f"gate has shape {tuple(gate.shape)}, expected ({self.n_heads},)")
+            if not gate.dtype.is_floating_point:
+                raise TypeError(f"gate must be a floating-point tensor, got dtype {gate.dtype}")
+            if not bool(torch.isfinite(gate).all()):
+                raise ValueError(f"gate has non-finite values {gate.tolist()}; gates must be finite numbers")
         self.gate = gate
 
     # --- attention ------------------------------------------------------------------------------------

@@ -3,14 +3,14 @@ calculator and the benchmarks, each a thin layer over the library (no math lives
 
 Commands::
 
-    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--json]
+    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--no-progress] [--json]
     interp prune --model NAME --method importance|l0|random [--target F ...] [--step F] [--seed S] [--seeds N]
-                 [--l0-steps N] [--n-seqs N] [--json]
-    interp train-induction [--steps N] [--seed S] [--batch-size B] [--out PATH.safetensors]
-    interp dashboard [--port P] [--headless] [--dry-run]
+                 [--l0-steps N] [--n-seqs N] [--no-progress] [--json]
+    interp train-induction [--steps N] [--seed S] [--batch-size B] [--out PATH.safetensors] [--no-progress]
+    interp dashboard [--port P] [--host ADDR] [--files FOLDER] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
                     [--latent C] [--rope-dim R] [--json]
-    interp bench [forward recording long_context remove_heads] [--quick]
+    interp bench [forward recording long_context remove_heads concurrency] [--quick]
 
 ``--json`` output (stable keys; new keys may be added, these will not change meaning):
 
@@ -40,7 +40,7 @@ import argparse
 import importlib
 import json
 import os
-import subprocess
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,7 +54,7 @@ HEADS_JSON_KEYS = ("layer", "head", "kind", "score")
 PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
 PRUNE_METHODS = ("importance", "l0", "random")
-BENCHMARKS = ("forward", "recording", "long_context", "remove_heads")
+BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency")
 
 
 class CliError(Exception):
@@ -111,7 +111,7 @@ def _heads(args: argparse.Namespace) -> int:
         kwargs["conllu"] = args.conllu
         if args.max_sentences is not None:
             kwargs["max_sentences"] = args.max_sentences
-    report = classify_heads(model, **kwargs)
+    report = classify_heads(model, progress=not args.no_progress, **kwargs)
     df = report.df if hasattr(report, "df") else report
     rows = heads_records(df)
     if args.json:
@@ -233,6 +233,7 @@ def _train_induction(args: argparse.Namespace) -> int:
         raise CliError(f"--out {str(out)!r} must end in .safetensors")
     if not out.parent.is_dir():
         raise CliError(f"--out directory {str(out.parent)!r} does not exist")
+    check_writable(out, "--out")
     train = _require("interp.zoo.induction", "train_induction_model", "induction training")
     save = _require("interp.zoo.induction", "save_induction_model", "induction checkpoint saving")
     model, history = train(steps=args.steps, seed=args.seed, batch_size=args.batch_size,
@@ -243,6 +244,31 @@ def _train_induction(args: argparse.Namespace) -> int:
     if last:
         print("final: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()))
     return EXIT_OK
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Fail now, not after minutes of work, when ``path`` cannot be written.
+
+    Args:
+        path: the output file (it is created and removed again when it did not exist).
+        option: the command-line option that named it, for the message.
+
+    Raises:
+        CliError: the file cannot be opened for writing (the OS reason is quoted).
+
+    Example:
+        >>> check_writable(Path("model.safetensors"), "--out")
+    """
+    existed = path.exists()
+    if existed and not path.is_file():
+        raise CliError(f"{option} {str(path)!r} is not a regular file")
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise CliError(f"{option} {str(path)!r} is not writable: {e.strerror or e}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def _last_entry(history: Any) -> dict[str, Any]:
@@ -271,7 +297,8 @@ def dashboard_path() -> Path:
 
 
 def dashboard_command(port: int | None = None, headless: bool = False) -> list[str]:
-    """The ``streamlit run`` command line that ``interp dashboard`` executes."""
+    """The ``streamlit run`` command line that ``interp dashboard`` executes (the listening address and the
+    files folder travel in its environment: :func:`dashboard_env`)."""
     # No usage statistics: nothing leaves the machine (and offline machines do not wait on it).
     cmd = [sys.executable, "-m", "streamlit", "run", str(dashboard_path()), "--browser.gatherUsageStats", "false"]
     if port is not None:
@@ -281,18 +308,62 @@ def dashboard_command(port: int | None = None, headless: bool = False) -> list[s
     return cmd
 
 
+#: Environment variable naming the one folder whose files the dashboard may read by path (none by default).
+FILES_ENV = "INTERP_DASHBOARD_FILES"
+
+
+def _exec(cmd: list[str], env: dict[str, str] | None = None) -> int:
+    """Replace this process with ``cmd``: a signal sent to ``interp``'s PID then reaches the program itself
+    (a child started with subprocess would keep running after ``kill PID``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        if env is None:
+            os.execv(cmd[0], cmd)
+        os.execve(cmd[0], cmd, env)
+    except OSError as e:
+        raise CliError(f"cannot start {cmd[0]!r}: {e.strerror or e}") from None
+    return EXIT_FAILED  # pragma: no cover - exec does not return
+
+
+def dashboard_env(host: str = "127.0.0.1", files: str | Path | None = None) -> dict[str, str]:
+    """The environment variables ``interp dashboard`` sets for Streamlit.
+
+    Args:
+        host: the address to listen on (``STREAMLIT_SERVER_ADDRESS``); the default serves this machine only.
+        files: the one folder whose files users may open by path (``INTERP_DASHBOARD_FILES``); None: none.
+
+    Returns:
+        Variable -> value (without the rest of the environment).
+
+    Raises:
+        CliError: ``files`` is not a folder.
+
+    Example:
+        >>> dashboard_env()
+        {'STREAMLIT_SERVER_ADDRESS': '127.0.0.1'}
+    """
+    env = {"STREAMLIT_SERVER_ADDRESS": host}
+    if files is not None:
+        folder = Path(files).expanduser()
+        if not folder.is_dir():
+            raise CliError(f"--files {str(folder)!r} is not a folder")
+        env[FILES_ENV] = str(folder.resolve())
+    return env
+
+
 def _dashboard(args: argparse.Namespace) -> int:
     if args.port is not None and not 0 < args.port < 65536:
         raise CliError(f"--port {args.port} is not a TCP port (1..65535)")
+    extra = dashboard_env(args.host, args.files)
+    env = {**os.environ, **extra}
     cmd = dashboard_command(args.port, args.headless)
     if args.dry_run:
         print(" ".join(cmd))
+        print("environment: " + " ".join(f"{k}={v}" for k, v in extra.items()), file=sys.stderr)
         return EXIT_OK
     _require("streamlit", what="streamlit (pip install interp[app])")
-    try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return EXIT_OK
+    return _exec(cmd, env)
 
 
 # --- kv-cache --------------------------------------------------------------------------------------------
@@ -323,6 +394,11 @@ def kv_cache_table(*, layers: int, heads: int, d_head: int, kv_heads: int | None
 
     if kv_heads is not None and (heads % kv_heads or kv_heads > heads):
         raise ValueError(f"--kv-heads {kv_heads} must divide --heads {heads}")
+    if d_head % 2:
+        # The table describes a rotary decoder, and RoPE rotates pairs of dimensions.
+        raise ValueError(f"--d-head {d_head} must be even (the KV-cache table assumes rotary positions)")
+    if rope_dim is not None and rope_dim > 0 and rope_dim % 2:
+        raise ValueError(f"--rope-dim {rope_dim} must be even (RoPE rotates pairs of dimensions)")
     base = ModelConfig(n_layers=layers, n_heads=heads, d_head=d_head, d_model=heads * d_head, d_vocab=1, n_ctx=1,
                        n_kv_heads=kv_heads or heads, positional="rotary")
     df = table(base, batch=batch, tokens=tokens, dtype=dtype, n_kv_groups=kv_heads if kv_heads != heads else None,
@@ -365,7 +441,7 @@ def _bench(args: argparse.Namespace) -> int:
     cmd = [sys.executable, str(runner), *args.names]
     if args.quick:
         cmd.append("--quick")
-    return subprocess.call(cmd)
+    return _exec(cmd)
 
 
 # --- parser ----------------------------------------------------------------------------------------------
@@ -389,12 +465,42 @@ def _fraction(text: str) -> float:
     return v
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions keep their line breaks; an option's help shows its default unless it already says one
+    (flags and options without a default show none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def plain_text(rst: str) -> str:
+    """Docstring reST made readable in a terminal: ``code`` -> code, :func:`a.b` -> a.b, ``::`` -> ``:``.
+
+    Example:
+        >>> plain_text("see :func:`interp.load` and ``--json``::")
+        'see interp.load and --json:'
+    """
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", rst)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return re.sub(r"::$", ":", text, flags=re.M)
+
+
+def _version() -> str:
+    import interp
+
+    return f"interp {interp.__version__}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``interp`` command (sub-commands heads, prune, train-induction, dashboard,
     kv-cache, bench)."""
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = _Parser(prog="interp", description=__doc__.split("\nExample:")[0], formatter_class=fmt,
+    fmt = _HelpFormatter
+    p = _Parser(prog="interp", description=plain_text(__doc__.split("\nExample:")[0]), formatter_class=fmt,
                 epilog="Run 'interp COMMAND --help' for the JSON keys of each command.")
+    p.add_argument("--version", action="version", version=_version(), help="print the version and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -402,11 +508,14 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=fmt, description="Classify the attention heads of a model.",
                        epilog="--json prints a list of {\"layer\": int, \"head\": int, \"kind\": str, \"score\": float},"
                               " one per (head, kind).")
-    h.add_argument("--model", required=True, help="a built-in name (induction-2l, minilm-l6) or a checkpoint path")
+    h.add_argument("--model", required=True,
+                   help="a built-in name (induction-2l, minilm-l6), a checkpoint path or a Hugging Face folder")
     src = h.add_mutually_exclusive_group()
-    src.add_argument("--text", action="append", help="text to run on (repeat for several texts)")
+    src.add_argument("--text", action="append",
+                     help="text to run on (repeat for several texts; default: random tokens)")
     src.add_argument("--conllu", help="a CoNLL-U treebank: adds syntactic heads (gold dependency trees)")
-    h.add_argument("--max-sentences", type=_positive_int, help="use at most this many CoNLL-U sentences")
+    h.add_argument("--max-sentences", type=_positive_int, help="use at most this many CoNLL-U sentences (default: all)")
+    h.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
     h.set_defaults(func=_heads)
 
@@ -415,52 +524,66 @@ def build_parser() -> argparse.ArgumentParser:
                         epilog="--json prints a list of {\"method\": str, \"fraction_pruned\": float, "
                                "\"metric\": float}, one per curve point.")
     pr.add_argument("--model", required=True, help="a built-in name or a checkpoint path")
-    pr.add_argument("--method", required=True, choices=PRUNE_METHODS)
+    pr.add_argument("--method", required=True, choices=PRUNE_METHODS,
+                    help="importance (Michel et al.), l0 (Hard-Concrete gates) or random (baseline)")
     pr.add_argument("--target", type=_fraction, nargs="+",
-                    help="fractions of heads to prune, in [0, 1]: L0's target sparsities; for importance and "
-                         "random, the curve points nearest to these fractions are printed")
+                    help="fractions of heads to prune, in [0, 1]: L0's target sparsities (default 0.1 0.3 0.5 0.7 "
+                         "0.9); for importance and random, the curve points nearest to these fractions are printed")
     pr.add_argument("--step", type=float, default=0.1, help="importance/random: fraction of heads per step")
     pr.add_argument("--seed", type=int, default=0, help="random: first seed")
     pr.add_argument("--seeds", type=_positive_int, default=3, help="random: number of seeds averaged")
-    pr.add_argument("--l0-steps", type=_positive_int, help="L0: gate training steps per target")
-    pr.add_argument("--n-seqs", type=_positive_int, help="sequences (sentences) used to prune and to evaluate")
+    pr.add_argument("--l0-steps", type=_positive_int, help="L0: gate training steps per target (default: the "
+                                                           "experiment's)")
+    pr.add_argument("--n-seqs", type=_positive_int,
+                    help="sequences (sentences) used to prune and to evaluate (default: the experiment's)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pr.set_defaults(func=_prune)
 
-    t = sub.add_parser("train-induction", help="train the 2-layer attention-only induction model")
-    t.add_argument("--steps", type=int, default=3000)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--batch-size", type=_positive_int, default=64)
-    t.add_argument("--eval-every", type=_positive_int, default=250)
+    t = sub.add_parser("train-induction", help="train the 2-layer attention-only induction model",
+                       formatter_class=fmt, description="Train the 2-layer attention-only induction model on "
+                       "repeated random sequences and save it as a checkpoint.")
+    t.add_argument("--steps", type=int, default=3000, help="training steps")
+    t.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    t.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per step")
+    t.add_argument("--eval-every", type=_positive_int, default=250, help="evaluate every this many steps")
     t.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     t.add_argument("--out", default="induction-2l.safetensors", help="checkpoint to write (safetensors)")
     t.set_defaults(func=_train_induction)
 
-    d = sub.add_parser("dashboard", help="start the Streamlit dashboard (apps/dashboard.py)")
-    d.add_argument("--port", type=int, help="server port (streamlit's --server.port)")
+    d = sub.add_parser("dashboard", help="start the Streamlit dashboard (apps/dashboard.py)", formatter_class=fmt,
+                       description="Start the Streamlit dashboard. It reads files by path only inside the folder "
+                                   "given with --files (uploads always work), and listens on --host.")
+    d.add_argument("--port", type=int, help="server port (streamlit's --server.port; default 8501)")
+    d.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 serves every network interface (only on a trusted network)")
+    d.add_argument("--files", metavar="FOLDER",
+                   help=f"the folder whose checkpoints and curves users may open by path (sets {FILES_ENV}; "
+                        "default: none, uploads only)")
     d.add_argument("--headless", action="store_true", help="do not open a browser (--server.headless true)")
     d.add_argument("--dry-run", action="store_true", help="print the streamlit command instead of running it")
     d.set_defaults(func=_dashboard)
 
     k = sub.add_parser("kv-cache", help="KV-cache bytes per token and per batch x context (MHA/GQA/MQA/MLA)",
-                       formatter_class=fmt,
+                       formatter_class=fmt, description="KV-cache sizes of MHA, GQA, MQA and MLA for one model shape.",
                        epilog="--json prints a list of {\"kind\", \"n_kv_heads\", \"bytes_per_token\", \"batch\", "
                               "\"tokens\", \"total_bytes\", \"vs_mha\"}, one per variant (MHA, GQA, MQA, MLA).")
-    k.add_argument("--layers", type=_positive_int, required=True)
+    k.add_argument("--layers", type=_positive_int, required=True, help="number of layers")
     k.add_argument("--heads", type=_positive_int, required=True, help="query heads per layer")
     k.add_argument("--kv-heads", type=_positive_int,
                    help="K/V heads of the GQA row (divides --heads; default: the divisor nearest heads/8)")
-    k.add_argument("--d-head", type=_positive_int, required=True)
-    k.add_argument("--dtype", default="fp16", choices=["bf16", "fp16", "fp32", "fp8", "int8"])
-    k.add_argument("--batch", type=_positive_int, default=1)
+    k.add_argument("--d-head", type=_positive_int, required=True, help="width of one head (even: rotary)")
+    k.add_argument("--dtype", default="fp16", choices=["bf16", "fp16", "fp32", "fp8", "int8"],
+                   help="element type of the cache")
+    k.add_argument("--batch", type=_positive_int, default=1, help="sequences held in the cache")
     k.add_argument("--tokens", type=_positive_int, default=1, help="context length held in the cache")
     k.add_argument("--latent", type=_positive_int, help="MLA: K/V latent width (default 4 x d_head)")
-    k.add_argument("--rope-dim", type=int, help="MLA: decoupled rotary key width (default d_head / 2)")
+    k.add_argument("--rope-dim", type=int, help="MLA: decoupled rotary key width, even (default d_head / 2)")
     k.add_argument("--json", action="store_true", help="print JSON instead of a table")
     k.set_defaults(func=_kv_cache)
 
-    b = sub.add_parser("bench", help="run the side-by-side benchmarks in experiments/benchmarks/")
+    b = sub.add_parser("bench", help="run the side-by-side benchmarks in experiments/benchmarks/",
+                       formatter_class=fmt, description="Run the side-by-side benchmarks of experiments/benchmarks/.")
     b.add_argument("names", nargs="*", metavar="NAME",
                    help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
     b.add_argument("--quick", action="store_true", help="fewer repetitions and shorter inputs")
@@ -475,10 +598,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name (default ``sys.argv[1:]``).
 
     Returns:
-        The exit status: 0 on success, 1 when the library rejected a value, 2 on a usage error.
+        The exit status: 0 on success, 1 when the library rejected a value, 2 on a usage error, 130 when
+        interrupted (Ctrl-C, also during the start-up imports).
+
+    Example:
+        >>> main(["kv-cache", "--layers", "2", "--heads", "4", "--d-head", "8"])
+        0
     """
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except CliError as e:
         print(f"interp: error: {e}", file=sys.stderr)
@@ -490,9 +618,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interp: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, KeyError, ImportError, OSError) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"interp: error: {type(e).__name__}: {msg}", file=sys.stderr)
+        print(f"interp: error: {type(e).__name__}: {_first_line(e)}", file=sys.stderr)
         return EXIT_FAILED
+    except (RuntimeError, MemoryError) as e:  # torch reports a failed allocation as RuntimeError
+        print(f"interp: error: {type(e).__name__}: {_first_line(e)} (too large for this machine? try smaller "
+              "sizes)", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 - the CLI promises one line; INTERP_DEBUG=1 shows the traceback
+        if os.environ.get("INTERP_DEBUG"):
+            raise
+        print(f"interp: error: unexpected {type(e).__name__}: {_first_line(e)} (INTERP_DEBUG=1 shows the "
+              "traceback)", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

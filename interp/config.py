@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -115,6 +116,15 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx"):
             _positive_int(name, getattr(self, name))
+        for name in ("d_head", "n_kv_heads", "kv_latent_dim", "q_latent_dim", "rotary_dim", "d_mlp",
+                     "pad_token_id", "rope_dim", "n_token_types"):
+            _int_or_none(name, getattr(self, name))
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                value = getattr(self, name)
+                raise TypeError(f"{name}={value!r} must be True or False, got {type(value).__name__}")
+        _positive_float("rotary_base", self.rotary_base)
+        _positive_float("norm_eps", self.norm_eps)
         if self.attention not in _ATTENTION_KINDS:
             raise ValueError(f"attention={self.attention!r} is not one of {_ATTENTION_KINDS}")
         if self.positional not in _POSITIONALS:
@@ -296,6 +306,23 @@ class ModelConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+_BOOL_FIELDS = ("causal", "embed_norm", "attn_only", "attn_bias", "out_bias", "mlp_bias", "unembed",
+                "tie_embeddings", "cross_attention", "use_sdpa")
+
+
+def _int_or_none(name: str, value: Any) -> None:
+    # 4.0 or "4" would pass the range checks below and fail later inside a forward pass.
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name}={value!r} must be an int, got {type(value).__name__}")
+
+
+def _positive_float(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}={value!r} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a finite number > 0")
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Union
 
@@ -72,6 +73,11 @@ class HookPoint(nn.Module):
                     raise ValueError(
                         f"hook on {self.name!r} returned shape {tuple(out.shape)}, expected {tuple(x.shape)}"
                     )
+                if out.dtype != x.dtype:
+                    raise TypeError(
+                        f"hook on {self.name!r} returned dtype {out.dtype}, expected {x.dtype} "
+                        "(cast the replacement with .to(tensor.dtype))"
+                    )
                 x = out
         return x
 
@@ -126,15 +132,39 @@ def resolve_names(names_filter: NamesFilter, all_names: Sequence[str]) -> list[s
     return [n for n in all_names if n in selected]
 
 
+_LOCK_INIT = threading.Lock()
+
+
 class HookedModule(nn.Module):
     """Mixin for a model whose :class:`HookPoint` children are addressable by name.
 
     Call :meth:`setup_hooks` at the end of ``__init__``.
+
+    Hooks and head gates are state on the model, shared by every thread that uses it. ``model.lock`` (a
+    re-entrant lock) makes each hooked or gated run atomic: :meth:`hooks` holds it for its whole ``with``
+    block, a forward pass holds it while it runs, and so do the gate contexts of :mod:`interp.pruning`. So
+    threads (Streamlit sessions) that share one model take turns instead of seeing each other's hooks.
     """
 
     hook_dict: dict[str, HookPoint]
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The model's re-entrant lock: hold it to run several passes under hooks or gates atomically."""
+        lock = self.__dict__.get("_interp_lock")
+        if lock is None:
+            with _LOCK_INIT:
+                lock = self.__dict__.setdefault("_interp_lock", threading.RLock())
+        return lock
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock cannot be copied or pickled: a copy (deepcopy, remove_heads) gets a fresh one on first use.
+        state = super().__getstate__()
+        state.pop("_interp_lock", None)
+        return state
+
     def setup_hooks(self) -> None:
+        self.lock  # create it now, before any thread shares the model
         self.hook_dict = {}
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
@@ -164,16 +194,18 @@ class HookedModule(nn.Module):
             >>> with model.hooks([("blocks.0.attn.hook_pattern", lambda p, hook: print(p.shape))]):
             ...     model(tokens)
         """
+        plan = [(resolve_names(f, self.hook_names), fn) for f, fn in fwd_hooks]
         removers: list[Callable[[], None]] = []
-        try:
-            plan = [(resolve_names(f, self.hook_names), fn) for f, fn in fwd_hooks]
-            for names, fn in plan:
-                for n in names:
-                    removers.append(self.hook_dict[n].add_hook(fn))
-            yield self
-        finally:
-            for remove in reversed(removers):
-                remove()
+        # Held for the whole block: another thread's forward waits instead of firing these hooks.
+        with self.lock:
+            try:
+                for names, fn in plan:
+                    for n in names:
+                        removers.append(self.hook_dict[n].add_hook(fn))
+                yield self
+            finally:
+                for remove in reversed(removers):
+                    remove()
 
     def run_with_hooks(self, *args: Any, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = (), **kwargs: Any):
         """Run ``self(*args, **kwargs)`` with hooks attached; they are removed afterwards, also on error."""

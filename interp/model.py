@@ -168,6 +168,14 @@ class Transformer(HookedModule):
             TypeError: tokens are not integers.
             ValueError: shapes do not fit, tokens are out of the vocabulary, or the sequence exceeds ``n_ctx``.
         """
+        # Hooks and gates are shared state: hold the model's lock so a pass never mixes another thread's.
+        with self.lock:
+            return self._forward(tokens, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                 position_ids=position_ids, context=context, context_mask=context_mask,
+                                 kv_cache=kv_cache)
+
+    def _forward(self, tokens, *, attention_mask, token_type_ids, position_ids, context, context_mask,
+                 kv_cache) -> torch.Tensor:
         cfg = self.cfg
         tokens = self._check_tokens(tokens)
         B, T = tokens.shape
@@ -181,17 +189,19 @@ class Transformer(HookedModule):
         if position_ids is None:
             positions = torch.arange(start, S, device=tokens.device)
         else:
-            if position_ids.shape not in ((B, T), (T,)):
-                raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}, expected ({B}, {T})")
-            positions = position_ids
+            positions = _check_ids("position_ids", position_ids, ((B, T), (T,)), cfg.n_ctx, "n_ctx")
         x = self.hook_embed(self.W_E(tokens))  # [B, T, M]
         if self.W_pos is not None:
             x = x + self.hook_pos_embed(self.W_pos(positions)).expand(B, T, -1)
+        if self.W_tt is None and token_type_ids is not None:
+            raise ValueError(f"token_type_ids given but model {self.name!r} has no token types "
+                             f"(cfg.n_token_types={cfg.n_token_types})")
         if self.W_tt is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(tokens)
-            elif token_type_ids.shape != (B, T):
-                raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}, expected ({B}, {T})")
+            else:
+                token_type_ids = _check_ids("token_type_ids", token_type_ids, ((B, T),), cfg.n_token_types,
+                                            "n_token_types")
             x = x + self.W_tt(token_type_ids)
         if self.embed_ln is not None:
             x = self.embed_ln(x)
@@ -222,8 +232,11 @@ class Transformer(HookedModule):
             raise TypeError(f"tokens must be integer ids, got dtype {tokens.dtype}")
         if tokens.dim() == 1:
             tokens = tokens[None]
-        if tokens.dim() != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens must have shape [batch, pos] with pos > 0, got {tuple(tokens.shape)}")
+        if tokens.dim() != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise ValueError(f"tokens must have shape [batch, pos] with batch > 0 and pos > 0, "
+                             f"got {tuple(tokens.shape)}")
+        if tokens.dtype != torch.long:
+            tokens = tokens.long()  # uint8 / int32 ids: nn.Embedding indexes with int64 only
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.cfg.d_vocab:
             raise ValueError(f"token ids must be in [0, {self.cfg.d_vocab}), got min {lo} and max {hi}")
@@ -243,6 +256,10 @@ class Transformer(HookedModule):
         Raises:
             ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
         """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens={max_new_tokens!r} must be an int")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
         if not (self.cfg.causal and self.cfg.unembed):
             raise ValueError("generate needs a causal decoder with an unembedding (cfg.causal and cfg.unembed)")
         tokens = self._check_tokens(tokens)
@@ -274,6 +291,10 @@ class Transformer(HookedModule):
         """
         L = self.cfg.n_layers
         counts = [block.attn.n_heads for block in self.blocks]
+        with self.lock:
+            self._set_head_gates(gates, L, counts)
+
+    def _set_head_gates(self, gates, L: int, counts: list[int]) -> None:
         if gates is not None:
             if isinstance(gates, torch.Tensor):
                 if len(set(counts)) != 1 or gates.shape != (L, counts[0]):
@@ -285,11 +306,20 @@ class Transformer(HookedModule):
             else:
                 raise ValueError(f"gates must be a Tensor of shape ({L}, H) or a list of tensors, "
                                  f"got {type(gates).__name__}")
-        for layer, block in enumerate(self.blocks):
-            block.attn.set_gate(None if gates is None else gates[layer])
+        # Validate every layer's gate before setting any, so a bad one leaves the model as it was.
+        before = [block.attn.gate for block in self.blocks]
+        try:
+            for layer, block in enumerate(self.blocks):
+                block.attn.set_gate(None if gates is None else gates[layer])
+        except (TypeError, ValueError):
+            for block, gate in zip(self.blocks, before):
+                block.attn.gate = gate
+            raise
 
     def set_query_chunk(self, chunk: int | None) -> None:
         """Compute explicit-path attention ``chunk`` queries at a time (bounds pattern memory)."""
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)):
+            raise TypeError(f"query chunk must be an int or None, got {chunk!r}")
         if chunk is not None and chunk <= 0:
             raise ValueError(f"query chunk must be > 0, got {chunk}")
         for block in self.blocks:
@@ -331,7 +361,10 @@ class Transformer(HookedModule):
 
     def to_tokens(self, text: str | Sequence[str], *, max_length: int | None = None) -> torch.Tensor:
         """Tokenize text (with the model's special tokens) to ``[B, T]`` ids; pads a batch with pad ids."""
-        return self._need_tokenizer().to_tokens(text, max_length=max_length or self.cfg.n_ctx)
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
+                                       or max_length < 1):
+            raise ValueError(f"max_length={max_length!r} must be a positive int or None (the model's n_ctx)")
+        return self._need_tokenizer().to_tokens(text, max_length=self.cfg.n_ctx if max_length is None else max_length)
 
     def to_str_tokens(self, tokens: str | torch.Tensor) -> list[str]:
         """The token strings of one sequence (text or ids)."""
@@ -361,5 +394,24 @@ def _check_mask(name: str, mask: torch.Tensor | None, shape: tuple[int, int]) ->
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
     if tuple(mask.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(mask.shape)}, expected {shape}")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        bad = mask[(mask != 0) & (mask != 1)].flatten()[:3].tolist()
+        raise ValueError(f"{name} must hold only 0 (padding) and 1 (keep), got values such as {bad}")
     keep = mask.bool()
     return None if bool(keep.all()) else keep
+
+
+def _check_ids(name: str, ids: torch.Tensor, shapes: tuple[tuple[int, ...], ...], size: int,
+               size_name: str) -> torch.Tensor:
+    """Validate integer ids (positions, token types) against their allowed shapes and range [0, size)."""
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of ints, got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+        raise TypeError(f"{name} must be integer ids, got dtype {ids.dtype}")
+    if tuple(ids.shape) not in shapes:
+        raise ValueError(f"{name} has shape {tuple(ids.shape)}, expected {shapes[0]}")
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= size:
+            raise ValueError(f"{name} must be in [0, {size_name}={size}), got min {lo} and max {hi}")
+    return ids.long()

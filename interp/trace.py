@@ -7,6 +7,7 @@ that fold statistics batch by batch (or query-chunk by query-chunk) instead of s
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import re
@@ -26,6 +27,19 @@ if TYPE_CHECKING:
 
 _LAYER_RX = re.compile(r"^blocks\.(\d+)\.")
 _TRACE_FORMAT = "interp.trace/1"
+_TOKENS_KEY = "__tokens__"
+
+
+def _json_object(path: Path, header: dict[str, str], key: str) -> dict[str, Any]:
+    """A JSON object stored under ``key`` in a trace file's header (``{}`` when absent)."""
+    try:
+        value = json.loads(header.get(key, "{}"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{str(path)!r}: the trace's {key!r} header is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{str(path)!r}: the trace's {key!r} header must be a JSON object, "
+                         f"got {type(value).__name__}")
+    return value
 
 
 class Reducer:
@@ -101,6 +115,8 @@ class Trace:
                  tokens: torch.Tensor | None = None, stats: list[Any] | None = None, *,
                  head_writes: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
                  tokenizer: Any = None) -> None:
+        if meta is not None and not isinstance(meta, dict):
+            raise TypeError(f"meta must be a dict (str -> JSON value), got {type(meta).__name__}: {meta!r:.80}")
         self.tensors = dict(tensors)
         self.meta = dict(meta or {})
         self.tokens = tokens
@@ -199,22 +215,75 @@ class Trace:
 
     # --- persistence ------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write tensors to a safetensors file; metadata goes into its JSON header."""
+        """Write tensors to a safetensors file; metadata goes into its JSON header.
+
+        Recordings that share memory (``hook_embed`` and ``blocks.0.hook_resid_pre`` are one tensor) are
+        written once and restored as the same tensor.
+
+        Args:
+            path: the file to write; its folder must exist.
+
+        Returns:
+            The path written.
+
+        Raises:
+            FileNotFoundError: the folder does not exist.
+            ValueError: a recorded tensor uses the reserved name ``__tokens__``, or ``meta`` is not JSON.
+
+        Example:
+            >>> trace.save("run.safetensors"); Trace.load("run.safetensors")
+        """
         path = Path(path)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.items()}
-        if self.tokens is not None:
-            tensors["__tokens__"] = self.tokens.detach().contiguous().cpu()
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"cannot save the trace to {str(path)!r}: folder {str(path.parent)!r} "
+                                    "does not exist")
+        if _TOKENS_KEY in self:
+            raise ValueError(f"{_TOKENS_KEY!r} is reserved for the input tokens; rename that recorded tensor")
         self.str_tokens  # decode before writing, so the file carries them
-        meta = {"format": _TRACE_FORMAT, "meta": json.dumps(self.meta)}
-        save_file(tensors, str(path), metadata=meta)
+        try:
+            meta_json = json.dumps(self.meta)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"trace meta must be JSON (str keys; str, number, list, dict values): {e}") from e
+        tensors: dict[str, torch.Tensor] = {}
+        aliases: dict[str, str] = {}
+        seen: dict[tuple, str] = {}  # a view's identity -> the name it was written under
+        storages: set[int] = set()
+        items = list(self.items())
+        if self.tokens is not None:
+            items.append((_TOKENS_KEY, self.tokens))
+        for name, t in items:
+            t = t.detach().contiguous().cpu()
+            view = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+            if view in seen:
+                aliases[name] = seen[view]
+                continue
+            if t.untyped_storage().data_ptr() in storages:
+                t = t.clone()  # a different view of memory already written: safetensors needs its own copy
+            seen[view] = name
+            storages.add(t.untyped_storage().data_ptr())
+            tensors[name] = t
+        header = {"format": _TRACE_FORMAT, "meta": meta_json}
+        if aliases:
+            header["aliases"] = json.dumps(aliases)
+        save_file(tensors, str(path), metadata=header)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
         """Read a file written by :meth:`save`.
 
+        Args:
+            path: a ``.safetensors`` file written by :meth:`save`.
+
+        Returns:
+            The trace, with its tokens and metadata.
+
         Raises:
-            ValueError: the file is not an interp trace.
+            FileNotFoundError: no such file.
+            ValueError: the file is not an interp trace, or its metadata is not a JSON object.
+
+        Example:
+            >>> trace = Trace.load("run.safetensors")
         """
         path = Path(path)
         if not path.is_file():
@@ -227,8 +296,13 @@ class Trace:
             raise ValueError(f"{str(path)!r} is not a readable safetensors trace: {e}") from e
         if header.get("format") != _TRACE_FORMAT:
             raise ValueError(f"{str(path)!r} is not an interp trace (format={header.get('format')!r})")
-        tokens = tensors.pop("__tokens__", None)
-        return cls(tensors, json.loads(header.get("meta", "{}")), tokens)
+        meta = _json_object(path, header, "meta")
+        for name, source in _json_object(path, header, "aliases").items():
+            if source not in tensors:
+                raise ValueError(f"{str(path)!r}: alias {name!r} points to {source!r}, which is not in the file")
+            tensors[name] = tensors[source]
+        tokens = tensors.pop(_TOKENS_KEY, None)
+        return cls(tensors, meta, tokens)
 
     # --- display ----------------------------------------------------------------------------------------
     def nbytes(self) -> int:
@@ -317,18 +391,20 @@ def record(
     for r in reducers:
         fwd_hooks.append((resolve_names(r.names, model.hook_names),
                           lambda t, hook, r=r: r.update(hook.name, t, hook)))
-    out = model.run_with_hooks(*args, fwd_hooks=fwd_hooks, **kwargs)
-    # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
-    tensors = {k: v[0] if len(v) == 1 else torch.cat(v, dim=2) for k, v in store.items()}
     head_writes = {}
-    for result_name, z_name in z_names.items():
-        attn = model.get_submodule(result_name[: -len(".hook_result")])
-        w_o = attn.W_O_heads.detach()  # [H, D, M]
-        if attn.gate is not None:
-            w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
-        w_o = w_o.to(dtype=dtype or w_o.dtype, device=device or w_o.device, copy=True)
-        z = tensors[z_name] if z_name in requested else tensors.pop(z_name)
-        head_writes[result_name] = (z, w_o)
+    # One lock over the pass and the W_O/gate snapshot: another thread must not change gates in between.
+    with getattr(model, "lock", contextlib.nullcontext()):
+        out = model.run_with_hooks(*args, fwd_hooks=fwd_hooks, **kwargs)
+        # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
+        tensors = {k: v[0] if len(v) == 1 else torch.cat(v, dim=2) for k, v in store.items()}
+        for result_name, z_name in z_names.items():
+            attn = model.get_submodule(result_name[: -len(".hook_result")])
+            w_o = attn.W_O_heads.detach()  # [H, D, M]
+            if attn.gate is not None:
+                w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+            w_o = w_o.to(dtype=dtype or w_o.dtype, device=device or w_o.device, copy=True)
+            z = tensors[z_name] if z_name in requested else tensors.pop(z_name)
+            head_writes[result_name] = (z, w_o)
     meta: dict[str, Any] = {"model": getattr(model, "name", type(model).__name__),
                             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads}
     tokens = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("tokens")

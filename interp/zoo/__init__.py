@@ -27,6 +27,7 @@ import torch
 
 from ..model import Transformer
 from .checkpoint import load_checkpoint, load_state_dict_strict, read_checkpoint_metadata, save_checkpoint
+from .gguf import load_gguf
 from .hf import from_hf
 from .tl import from_transformer_lens, trace_transformer_lens
 from .tokenizer import Tokenizer
@@ -113,8 +114,6 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
         if path.is_file() and path.suffix == ".safetensors":
             model = load_checkpoint(path)
         elif path.is_file() and path.suffix == ".gguf":
-            from .gguf import load_gguf
-
             model = load_gguf(path)
         elif path.is_dir() and (path / "config.json").is_file():
             from .hf import from_hf
@@ -130,5 +129,6 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
     return model.eval()
 
 
-__all__ = ["BUILTINS", "MODEL_INFO", "Tokenizer", "from_hf", "from_transformer_lens", "list_models", "load", "load_checkpoint",
-           "load_state_dict_strict", "read_checkpoint_metadata", "save_checkpoint", "trace_transformer_lens"]
+__all__ = ["BUILTINS", "MODEL_INFO", "Tokenizer", "from_hf", "from_transformer_lens", "list_models", "load",
+           "load_checkpoint", "load_gguf", "load_state_dict_strict", "read_checkpoint_metadata", "save_checkpoint",
+           "trace_transformer_lens"]

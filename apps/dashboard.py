@@ -33,7 +33,7 @@ from interp.flops import (
 )
 
 PAGES = ("Attention patterns", "Head map", "Induction", "Pruning", "KV cache & FLOPs")
-BUILTIN_MODELS = ("induction-2l", "minilm-l6")
+BUILTIN_MODELS = ("induction-2l", "minilm-l6", "smollm2-135m")
 RANDOM_TINY = "random-tiny"
 CHECKPOINT = "local checkpoint"
 HF_NAME = "Hugging Face name"

@@ -10,7 +10,7 @@ Commands::
     interp dashboard [--port P] [--host ADDR] [--files FOLDER] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
                     [--latent C] [--rope-dim R] [--json]
-    interp bench [forward recording long_context remove_heads concurrency] [--quick]
+    interp bench [forward recording long_context remove_heads concurrency smollm2] [--quick]
 
 ``--json`` output (stable keys; new keys may be added, these will not change meaning):
 
@@ -54,7 +54,7 @@ HEADS_JSON_KEYS = ("layer", "head", "kind", "score")
 PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
 PRUNE_METHODS = ("importance", "l0", "random")
-BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency")
+BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2")
 
 
 class CliError(Exception):
@@ -509,7 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="--json prints a list of {\"layer\": int, \"head\": int, \"kind\": str, \"score\": float},"
                               " one per (head, kind).")
     h.add_argument("--model", required=True,
-                   help="a built-in name (induction-2l, minilm-l6), a checkpoint path or a Hugging Face folder")
+                   help="a built-in name (induction-2l, minilm-l6, smollm2-135m), a checkpoint, a .gguf file or "
+                        "a Hugging Face folder")
     src = h.add_mutually_exclusive_group()
     src.add_argument("--text", action="append",
                      help="text to run on (repeat for several texts; default: random tokens)")
@@ -523,7 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Prune attention heads and print the metric against the fraction pruned.",
                         epilog="--json prints a list of {\"method\": str, \"fraction_pruned\": float, "
                                "\"metric\": float}, one per curve point.")
-    pr.add_argument("--model", required=True, help="a built-in name or a checkpoint path")
+    pr.add_argument("--model", required=True,
+                    help="a built-in name (e.g. smollm2-135m), a checkpoint or a .gguf path")
     pr.add_argument("--method", required=True, choices=PRUNE_METHODS,
                     help="importance (Michel et al.), l0 (Hard-Concrete gates) or random (baseline)")
     pr.add_argument("--target", type=_fraction, nargs="+",

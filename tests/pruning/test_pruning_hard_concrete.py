@@ -24,14 +24,14 @@ def test_papers_temperatures():
 @pytest.mark.parametrize("beta", [LOUIZOS_TEMPERATURE, VOITA_TEMPERATURE])
 def test_sampled_zero_probability_matches_the_analytic_value(beta):
     # P(z = 0) = P(s (r - l) + l <= 0) = sigmoid(beta log(-l / r) - log_alpha), Louizos et al. eq. 12
-    gate = HardConcreteGate(1, 4, temperature=beta, seed=0)
+    la = torch.tensor([-1.0, 0.0, 0.5, 2.0])
+    gate = HardConcreteGate(1, 4 * 5000, temperature=beta, seed=0)  # 5000 independent gates per log_alpha
     with torch.no_grad():
-        gate.log_alpha.copy_(torch.tensor([[-1.0, 0.0, 0.5, 2.0]]))
-    gen = torch.Generator().manual_seed(0)
-    zeros = torch.stack([gate.sample(gen) == 0 for _ in range(6000)]).double().mean(0)[0]
-    want = torch.sigmoid(beta * math.log(0.1 / 1.1) - gate.log_alpha.detach()[0]).double()
+        gate.log_alpha.copy_(la.repeat_interleave(5000)[None])
+    zeros = (gate.sample(torch.Generator().manual_seed(0)) == 0).double().view(4, 5000).mean(1)  # [4]
+    want = torch.sigmoid(beta * math.log(0.1 / 1.1) - la).double()
     torch.testing.assert_close(zeros, want, atol=0.02, rtol=0)
-    torch.testing.assert_close(1 - gate.expected_l0().detach()[0].double(), want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(1 - gate.expected_l0().detach().view(4, 5000)[:, 0].double(), want, atol=1e-6, rtol=0)
 
 
 def test_continuous_test_gates_follow_the_formula():

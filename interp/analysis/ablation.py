@@ -72,7 +72,8 @@ def _check_method(method: str) -> None:
 
 
 def ablation_table(model: Any, induction_heads: Iterable[tuple[int, int]], *, n_seqs: int = 64,
-                   half_len: int = 25, seed: int = 1234, bos_id: int | None = None) -> pd.DataFrame:
+                   half_len: int = 25, seed: int = 1234, bos_id: int | None = None,
+                   method: str = "zero") -> pd.DataFrame:
     """The gain with nothing ablated, with all ``induction_heads`` ablated, and with each head alone.
 
     Args:
@@ -80,6 +81,8 @@ def ablation_table(model: Any, induction_heads: Iterable[tuple[int, int]], *, n_
         induction_heads: the heads a classifier reported as induction heads.
         n_seqs, half_len, seed: the repeated random sequences used.
         bos_id: the model's BOS id (default: ``model.tokenizer.bos_id`` when present).
+        method: ``"zero"``, ``"mean"`` or ``"resample"``; the reference distribution for the last two is
+            ``n_seqs`` other repeated sequences (seed ``seed + 1``).
 
     Returns:
         DataFrame ``ablated, first, repeated, gain, gain_kept`` (``gain_kept`` = gain / unablated gain); the
@@ -92,6 +95,9 @@ def ablation_table(model: Any, induction_heads: Iterable[tuple[int, int]], *, n_
         bos_id = getattr(getattr(model, "tokenizer", None), "bos_id", None)
     toks = repeated_sequences(n_seqs, half_len, model.cfg.d_vocab, seed=seed, bos_id=bos_id)
     bos = bos_id is not None
+    _check_method(method)
+    ref = None if method == "zero" else repeated_sequences(n_seqs, half_len, model.cfg.d_vocab, seed=seed + 1,
+                                                           bos_id=bos_id)
     ind = sorted(set(map(tuple, induction_heads)))
     runs: list[tuple[str, list]] = [("none", []), ("induction heads", ind)]
     for layer in range(model.cfg.n_layers):
@@ -100,7 +106,7 @@ def ablation_table(model: Any, induction_heads: Iterable[tuple[int, int]], *, n_
     rows = []
     base = None
     for name, heads in runs:
-        g = in_context_gain(model, toks, half_len, bos=bos, ablate=heads)
+        g = in_context_gain(model, toks, half_len, bos=bos, ablate=heads, method=method, reference=ref)
         base = g["gain"] if base is None else base
         rows.append({"ablated": name, **g, "gain_kept": g["gain"] / base})
     return pd.DataFrame(rows)

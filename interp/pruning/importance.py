@@ -170,9 +170,30 @@ def make_point(model, pruned: torch.Tensor, metric: float, **extra) -> CurvePoin
                       mask=pruned.cpu().tolist(), kv_bytes_saved=int(saved), extra=extra)
 
 
-def masked_metric(model, batches: Sequence[Batch], objective: Objective, pruned: torch.Tensor) -> float:
-    """The objective's metric with the heads in ``pruned`` gated to 0."""
-    with head_mask(model, pruned):
+def masked_metric(model, batches: Sequence[Batch], objective: Objective, pruned: torch.Tensor, *,
+                  ablation: str = "zero", reference=None) -> float:
+    """The objective's metric with the heads in ``pruned`` ablated.
+
+    Args:
+        model, batches, objective: what to evaluate.
+        pruned: ``[L, H]`` bool, True = ablated.
+        ablation: ``"zero"`` (gates at 0: the head is removed) or ``"mean"`` / ``"resample"`` through
+            :func:`interp.analysis.ablate.ablate_heads` (a mean-ablated head writes a constant, which
+            could be folded into W_O's bias).
+        reference: reference inputs for mean / resample ablation.
+
+    Raises:
+        ValueError: an unknown ablation, or mean / resample without reference.
+    """
+    if ablation == "zero":
+        with head_mask(model, pruned):
+            return float(objective.metric(model, batches))
+    from ..analysis.ablate import ablate_heads
+
+    heads = [(int(a), int(b)) for a, b in pruned.nonzero().tolist()]
+    if not heads:
+        return float(objective.metric(model, batches))
+    with ablate_heads(model, heads, ablation, reference=reference):
         return float(objective.metric(model, batches))
 
 

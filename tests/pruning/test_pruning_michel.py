@@ -119,3 +119,24 @@ def test_bad_level_and_objective_without_example_losses():
     with pytest.raises(ValueError, match="example_losses"):
         head_importance(model, batches, MeanOnly())
     assert head_importance(model, batches, MeanOnly(), per_example=False).shape == (2, 4)
+
+
+def test_masked_metric_ablations():
+    model, batches, obj = tiny_gqa(4), data(seed=4), LanguageModelObjective("neg_loss")
+    pruned = torch.zeros(2, 4, dtype=torch.bool)
+    pruned[1, 2] = True
+    from interp.pruning import masked_metric
+
+    gates = torch.ones(2, 4, dtype=torch.float64)
+    gates[1, 2] = 0
+    model.set_head_gates(gates)
+    want_zero = obj.metric(model, batches)
+    model.set_head_gates(None)
+    assert masked_metric(model, batches, obj, pruned) == pytest.approx(want_zero)
+    ref = [b["tokens"] for b in data(seed=5)]
+    mean = masked_metric(model, batches, obj, pruned, ablation="mean", reference=ref)
+    assert mean != pytest.approx(want_zero) and mean != pytest.approx(obj.metric(model, batches))
+    assert masked_metric(model, batches, obj, torch.zeros(2, 4, dtype=torch.bool), ablation="mean",
+                         reference=ref) == pytest.approx(obj.metric(model, batches))
+    with pytest.raises(ValueError, match="needs reference"):
+        masked_metric(model, batches, obj, pruned, ablation="mean")

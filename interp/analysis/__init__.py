@@ -5,6 +5,7 @@ Example:
     >>> report = classify_heads(model)          # HeadReport: .df, .figure(), Jupyter table
 """
 
+from .ablate import ablate_heads, compare_with_random, head_z_means, random_head_sets
 from .ablation import ablation_table, in_context_gain
 from .induction import induction_scores, repeated_tokens_for
 from .positional import positional_scores
@@ -14,7 +15,8 @@ from .toy import HAND_BUILT_KINDS, hand_built_model
 from .treebank import Sentence, parse_text_with_spacy, read_conllu
 
 __all__ = [
-    "HAND_BUILT_KINDS", "HeadReport", "Sentence", "ablation_table", "classify_heads", "hand_built_model",
+    "HAND_BUILT_KINDS", "HeadReport", "Sentence", "ablate_heads", "ablation_table", "compare_with_random",
+    "head_z_means", "random_head_sets", "classify_heads", "hand_built_model",
     "in_context_gain", "induction_scores", "parse_text_with_spacy", "positional_scores", "read_conllu",
     "repeated_tokens_for", "syntactic_scores",
 ]

@@ -100,8 +100,10 @@ def head_importance(model, batches: Sequence[Batch], objective: Objective, *, no
     Michel et al. (2019, eq. 2) take the absolute value per example x, so gradients of opposite sign on two
     examples do not cancel. That is the default here, at the cost of one backward pass per batch: the gates
     carry a batch axis, so every example reads its own gate row. ``per_example=False`` is the Hugging Face
-    bertology recipe instead, |d mean-batch loss / d xi_h| averaged over batches (it depends on the batch size;
-    on induction-2l its ranking agrees with the per-example one at Spearman 0.83 for batches of 16).
+    bertology recipe instead, |d mean-batch loss / d xi_h| averaged over batches. It depends on the batch size,
+    and gradients of opposite sign cancel inside a batch: on the shipped induction-2l (64 repeated sequences,
+    batches of 16) the two rankings agree at Spearman 0.95, but the batch-mean value of L1H0 is 0.39x its
+    per-example value.
 
     Args:
         model: a Transformer whose layers have equal head counts.

@@ -69,10 +69,9 @@ def main() -> None:
         print(f"warning: --n-draws {args.n_draws} < 20 is too few random sets for a claim")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from interp.zoo import load
+    from expt_common import load_model
 
-    model = load(args.model)
-    model.eval()
+    model = load_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     data = datasets(model, args.n_seqs, args.half_len, args.seed, args.conllu)
     scores = induction_scores(model, data["random"][1], copying=False)  # scored on reference, not evaluated, data

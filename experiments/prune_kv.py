@@ -70,10 +70,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from interp.zoo import load
+    from expt_common import load_model
 
-    model = load(args.model)
-    model.eval()
+    model = load_model(args.model)
     train, held, obj = data_for(model, args)
     args.out.mkdir(parents=True, exist_ok=True)
     step = 1 if args.step is None else (int(args.step) if args.step >= 1 else args.step)

@@ -70,7 +70,7 @@ def test_group_l0_prunes_whole_kv_groups_within_one_group_of_target():
             assert bool(res.pruned[layer, 2 * k]) == bool(res.pruned[layer, 2 * k + 1]) == bool(res.pruned_units[layer, k])
     saved = kv_cache_savings(model, res.pruned)
     assert saved["kv_heads_removed"] == int(res.pruned_units.sum())
-    curve = l0_curve(model, data, obj, targets=[0.5], steps=150, level="group")
+    curve = l0_curve(model, data, obj, targets=[0.5], steps=20, level="group")  # naming and bytes only
     assert curve.method == "l0-group"
     assert curve.points[-1].kv_bytes_saved == kv_cache_savings(model, torch.tensor(curve.points[-1].mask))[
         "bytes_saved_per_token"]

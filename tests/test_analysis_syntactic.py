@@ -120,17 +120,34 @@ def test_align_words_rules():
         align_words([0, 1], 3)
 
 
-def test_hand_built_syntactic_head_beats_offset_baseline(toy_conllu):
+# Subjects at +1, +2 and +3 from their verb, which is never sentence-final (Clark's baseline clamps offsets past
+# the end to the last word, so a sentence-final verb would make "+3" always right).
+SUBJECTS = [
+    (["the", "dog", "runs", "quickly"], [2, 3, 0, 3], ["det", "nsubj", "root", "advmod"]),
+    (["cat", "sleeps", "quickly"], [2, 0, 2], ["nsubj", "root", "advmod"]),
+    (["dog", "quickly", "runs", "quickly"], [3, 3, 0, 3], ["nsubj", "advmod", "root", "advmod"]),
+    (["the", "cat", "quickly", "sleeps", "quickly"], [2, 4, 4, 0, 4], ["det", "nsubj", "advmod", "root", "advmod"]),
+    (["bird", "big", "quick", "runs", "quickly"], [4, 1, 1, 0, 4], ["nsubj", "amod", "amod", "root", "advmod"]),
+    (["cat", "the", "big", "sleeps", "quickly"], [4, 1, 1, 0, 4], ["nsubj", "det", "amod", "root", "advmod"]),
+]
+
+
+def test_hand_built_syntactic_head_beats_offset_baseline(tmp_path):
+    path = tmp_path / "subjects.conllu"
+    path.write_text(_conllu_text(SUBJECTS))
     model = _syntax_model()
-    df = syntactic_scores(model, toy_conllu)
-    row = df[(df.relation == "nsubj") & (df.direction == "head->dep")].iloc[0]
-    assert row.n == 6 and row.accuracy == 1.0  # the verb always finds its subject ...
-    assert row.baseline_accuracy == 0.5 and row.baseline_offset in (-1, -2)  # ... a fixed offset half the time
+    df = syntactic_scores(model, path)
+    # Clark's head<-dep: the word attending most to the subject is its verb ...
+    row = df[(df.relation == "nsubj") & (df.direction == "head<-dep")].iloc[0]
+    assert row.n == 6 and row.accuracy == 1.0
+    assert row.baseline_accuracy == pytest.approx(1 / 3) and row.baseline_offset == 1  # ... an offset 1/3 of the time
+    legacy = syntactic_scores(model, path, directions=["head->dep"])  # the verb's own argmax is the subject
+    assert legacy[legacy.relation == "nsubj"].accuracy.iloc[0] == 1.0
     base = {(b["relation"], b["direction"]): b for b in df.attrs["baseline"]}
-    assert base[("det", "dep->head")]["baseline_offset"] == 1 and base[("det", "dep->head")]["baseline_accuracy"] == 2 / 3
-    report = classify_heads(model, conllu=toy_conllu, syntactic_min_count=5)
-    assert report.kinds(0, 0) == {"syntactic:nsubj"}
-    assert "+0.50" in report.df.evidence.iloc[0]
+    assert base[("nsubj", "dep->head")]["baseline_accuracy"] == pytest.approx(1 / 3)
+    report = classify_heads(model, conllu=path, syntactic_min_count=5)
+    assert "syntactic:nsubj" in report.kinds(0, 0)
+    assert "+0.67" in " ".join(report.df.evidence)
 
 
 def test_word_attention_matches_naive_loops(toy_conllu):
@@ -139,7 +156,7 @@ def test_word_attention_matches_naive_loops(toy_conllu):
     torch.manual_seed(0)
     with torch.no_grad():
         model.blocks[0].attn.W_qkv.weight.normal_(0, 3.0)
-    df = syntactic_scores(model, toy_conllu, batch_size=4)  # two batches, padded
+    df = syntactic_scores(model, toy_conllu, batch_size=4, directions=["dep->head", "head<-dep", "head->dep"])
     tok = model.tokenizer
     hits, n = {}, {}
     for words, heads, rels in SENTENCES:
@@ -157,10 +174,12 @@ def test_word_attention_matches_naive_loops(toy_conllu):
         for d, (h, r) in enumerate(zip(heads, rels)):
             if h == 0:
                 continue
-            for direction, (src, dst) in (("dep->head", (d, h - 1)), ("head->dep", (h - 1, d))):
+            for direction, row, dst in (("dep->head", A[d], h - 1), ("head->dep", A[h - 1], d),
+                                        ("head<-dep", A[:, d], h - 1)):  # the transposed map's column
                 key = (r, direction)
-                hits[key] = hits.get(key, 0) + int(int(A[src].argmax()) == dst)
+                hits[key] = hits.get(key, 0) + int(int(row.argmax()) == dst)
                 n[key] = n.get(key, 0) + 1
+    assert len(df) == len(hits)
     for r in df.itertuples():
         assert r.accuracy == pytest.approx(hits[(r.relation, r.direction)] / n[(r.relation, r.direction)])
 
@@ -211,7 +230,7 @@ def test_minilm_on_ud_ewt_has_heads_that_beat_the_baseline(ud_ewt_dev):
     from collections import Counter
 
     offsets = Counter(h - d for s in read_conllu(ud_ewt_dev, max_sentences=200)
-                      for d, (h, r) in enumerate(zip(s.heads, s.deprels)) if h >= 0 and r.split(":")[0] == "det")
+                      for d, (h, r) in enumerate(zip(s.heads, s.deprels)) if h >= 0 and r == "det")  # subtypes kept
     det = df[(df.relation == "det") & (df.direction == "dep->head")]
     assert (det.n == sum(offsets.values())).all()
     assert det.baseline_accuracy.iloc[0] == pytest.approx(offsets.most_common(1)[0][1] / sum(offsets.values()))

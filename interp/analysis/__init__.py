@@ -5,6 +5,7 @@ Example:
     >>> report = classify_heads(model)          # HeadReport: .df, .figure(), Jupyter table
 """
 
+from .ablate import ablate_heads, compare_with_random, head_z_means, random_head_sets
 from .ablation import ablation_table, in_context_gain
 from .attribution import direct_logit_attribution
 from .composition import composition_baseline, composition_scores, composition_table
@@ -21,7 +22,8 @@ __all__ = [
     "activation_patching", "attribution_patching", "composition_baseline", "composition_scores",
     "composition_table", "corrupt_repeats", "direct_logit_attribution", "in_context_metric", "logit_diff_metric",
     "patch_heads_together",
-    "HAND_BUILT_KINDS", "HeadReport", "Sentence", "ablation_table", "classify_heads", "hand_built_model",
+    "HAND_BUILT_KINDS", "HeadReport", "Sentence", "ablate_heads", "ablation_table", "compare_with_random",
+    "head_z_means", "random_head_sets", "classify_heads", "hand_built_model",
     "in_context_gain", "induction_scores", "parse_text_with_spacy", "positional_scores", "read_conllu",
     "repeated_tokens_for", "syntactic_scores",
 ]

@@ -2,18 +2,39 @@
 
 Words are aligned to subword tokens; attention *to* a word is the sum over its tokens and attention *from* a
 word the mean over its tokens (Clark et al.). Special tokens belong to no word and are dropped. For every
-dependency relation and direction (dependent -> head, head -> dependent) a head's accuracy is how often the
-most-attended *other* word is the gold partner. The baseline per relation and direction is the best fixed
-relative offset (always predict the word ``o`` positions away), whose accuracy is simply the frequency of the
-most common offset. Sentences are streamed batch by batch; word-level attention is folded inside the pattern
-hook, so no token-level pattern outlives its forward pass.
+dependency relation, a head predicts each dependent's head word in two ways, Clark et al.'s two directions:
+
+* ``dep->head``: the word the dependent attends to most (the row argmax of the word-level map);
+* ``head<-dep``: the word that attends most *to* the dependent (the argmax of the transposed map, Clark et al.'s
+  ``mode="transpose"``), which lets a head word with k dependents be right for all k.
+
+interp's older ``head->dep`` (is the head word's own argmax the dependent? right at most once per head word) is
+still available on request (``directions=``). A word never predicts itself.
+
+Baseline (Clark et al.'s ``offset_predictor``): always predict the word at a fixed offset ``o`` from the
+dependent, for each offset in ``offsets`` (Clark's ``range(-3, 3)``, i.e. -3..+2, the default), clamped to the
+sentence as Clark did: ``max(0, min(i + o + 1, n_words))`` in 1-based positions with 0 = ROOT, so an offset past
+the start predicts ROOT (always wrong here) and one past the end predicts the last word. The best offset per
+relation is the baseline. Arcs to ROOT are not scored (no word to attend to), and Clark's special case for
+``poss`` ('s tokens) is not applied.
+
+Subtypes (``nmod:poss``, ``obl:tmod``) are kept by default: pooling ``nmod:poss`` (head usually at +1) with
+``nmod`` (head usually at -2) makes one offset fit both badly. With ``strip_subtypes=True`` the pooled
+baseline is the per-subtype mixture: every subtype keeps its own best offset, and the hits are summed.
+
+Causal models: a decoder's word can attend only to itself and earlier words, so ``dep->head`` can be right only
+when the head precedes the dependent and ``head<-dep`` only when it follows it; ``n_scorable`` counts those arcs
+(``n`` counts all; accuracies and baselines are over all ``n`` arcs, so they stay comparable).
+
+Sentences are streamed batch by batch; word-level attention is folded inside the pattern hook, so no token-level
+pattern outlives its forward pass.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +46,12 @@ from ..trace import Reducer
 from ._stream import PATTERN_HOOKS, layer_of, run_reducer
 from .treebank import Sentence, align_words, check_max_sentences, read_conllu
 
-__all__ = ["syntactic_scores", "DIRECTIONS"]
+__all__ = ["syntactic_scores", "DIRECTIONS", "CLARK_OFFSETS"]
 
-#: The two directions scored per relation.
-DIRECTIONS = ("dep->head", "head->dep")
+#: Every direction that can be scored; the first two are Clark et al.'s (the default).
+DIRECTIONS = ("dep->head", "head<-dep", "head->dep")
+#: Clark et al.'s baseline offsets, ``range(-3, 3)``.
+CLARK_OFFSETS = tuple(range(-3, 3))
 
 
 class _WordAttention(Reducer):
@@ -67,6 +90,19 @@ def _sentences(conllu: Any, max_sentences: int | None) -> Iterable[Sentence]:
     raise TypeError(f"conllu must be a path or an iterable of Sentence, got {type(conllu).__name__}")
 
 
+def _check_options(directions: Any, offsets: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    if isinstance(directions, str):
+        directions = (directions,)
+    directions = tuple(directions)
+    bad = [d for d in directions if d not in DIRECTIONS]
+    if bad or not directions:
+        raise ValueError(f"directions={directions!r}: each must be one of {DIRECTIONS}")
+    offsets = tuple(offsets)
+    if not offsets or any(isinstance(o, bool) or not isinstance(o, int) for o in offsets):
+        raise ValueError(f"offsets={offsets!r} must be a non-empty sequence of ints (Clark et al.: -3..+2)")
+    return directions, offsets
+
+
 def syntactic_scores(
     model: Any,
     conllu: str | Path | Iterable[Sentence],
@@ -74,10 +110,13 @@ def syntactic_scores(
     tokenizer: Any = None,
     batch_size: int = 16,
     max_sentences: int | None = None,
-    strip_subtypes: bool = True,
+    strip_subtypes: bool = False,
+    directions: Sequence[str] = ("dep->head", "head<-dep"),
+    offsets: Sequence[int] = CLARK_OFFSETS,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Per head, relation and direction: accuracy of the most-attended other word, and the offset baseline.
+    """Per head, relation and direction: how often the attention-predicted head word is the gold head, beside
+    Clark et al.'s fixed-offset baseline (see the module docstring for the exact definitions).
 
     Args:
         model: an interp Transformer.
@@ -87,18 +126,24 @@ def syntactic_scores(
             default ``model.tokenizer``.
         batch_size: sentences per forward pass.
         max_sentences: use only the first sentences.
-        strip_subtypes: fold ``obl:tmod`` into ``obl`` (universal relations only).
+        strip_subtypes: pool ``obl:tmod`` into ``obl`` (default False: subtypes kept); the pooled baseline is the
+            mixture of each subtype's own best offset.
+        directions: any of ``"dep->head"``, ``"head<-dep"`` (Clark et al.'s two, the default) and ``"head->dep"``.
+        offsets: baseline offsets from the dependent (default Clark's -3..+2).
         progress: show a tqdm progress bar.
 
     Returns:
-        DataFrame with columns ``layer, head, relation, direction, n, accuracy, baseline_offset,
-        baseline_accuracy, gain`` (``gain = accuracy - baseline_accuracy``). ``df.attrs``: ``baseline``
-        (records ``relation, direction, n, baseline_offset, baseline_accuracy``; ``pd.DataFrame(...)`` them), ``n_sentences`` (scored),
+        DataFrame with columns ``layer, head, relation, direction, n, n_scorable, accuracy, baseline_offset,
+        baseline_accuracy, gain`` (``gain = accuracy - baseline_accuracy``; ``baseline_offset`` is an int, or
+        with pooling a string like ``"nmod:-2 nmod:poss:+1"`` when the subtypes' best offsets differ).
+        ``df.attrs``: ``baseline`` (records ``relation, direction, n, n_scorable, baseline_offset,
+        baseline_accuracy``), ``offsets``, ``causal``, ``strip_subtypes``, ``n_sentences`` (scored),
         ``n_skipped_too_long`` (sentences with more tokens than the model's ``n_ctx``, skipped), ``n_arcs``.
 
     Raises:
         ValueError: a malformed CoNLL-U line (``file:line`` in the message), an empty treebank, no sentence
-            that fits the model's context, or a model without tokenizer and no ``tokenizer`` given.
+            that fits the model's context, a model without tokenizer and no ``tokenizer`` given, an unknown
+            direction or bad offsets.
         FileNotFoundError: the file does not exist.
 
     Example:
@@ -110,17 +155,18 @@ def syntactic_scores(
         raise ValueError(f"model {getattr(model, 'name', '?')!r} has no tokenizer with encode_words; pass tokenizer=")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+    directions, offsets = _check_options(directions, offsets)
     cfg = model.cfg
+    causal = bool(cfg.causal)
     L, H = cfg.n_layers, cfg.n_heads
     pad = getattr(tok, "pad_token_id", None) or 0
     red = _WordAttention(L)
-    correct: dict[tuple[str, int], torch.Tensor] = defaultdict(lambda: torch.zeros(L, H, dtype=torch.float64))
+    # keyed by (full relation, direction); pooling happens at the end so baselines can mix per subtype
+    correct: dict[tuple[str, str], torch.Tensor] = defaultdict(lambda: torch.zeros(L, H, dtype=torch.float64))
     counts: Counter = Counter()
-    offsets: dict[tuple[str, int], Counter] = defaultdict(Counter)
+    scorable: Counter = Counter()
+    offset_hits: dict[tuple[str, str], Counter] = defaultdict(Counter)
     n_seen = n_skipped = n_scored = n_untokenized = 0
-
-    def rel_name(r: str) -> str:
-        return r.split(":")[0] if strip_subtypes else r
 
     def flush(batch: list[tuple[Sentence, torch.Tensor, torch.Tensor]]) -> None:
         B = len(batch)
@@ -135,21 +181,37 @@ def syntactic_scores(
             member[b, :mem.shape[0], :mem.shape[1]] = mem
         red.set_batch(member)
         run_reducer(model, tokens, None if bool(mask.all()) else mask, [red])
-        words = torch.stack(red.result())  # [L, B, H, W, W]
+        words = torch.stack(red.result())  # [L, B, H, W, W]: [.., i, j] attention from word i to word j
         n_words = torch.tensor([len(s.words) for s, _, _ in batch])  # [B]
         exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
-        invalid = ~exists[:, None, :] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]: no self, no padding
+        invalid = ~exists[:, None, :] | ~exists[:, :, None] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]
+        if causal:  # a word sees only earlier words: attention to later ones is 0, not evidence
+            invalid = invalid | torch.ones(W, W, dtype=torch.bool).triu(1)[None]
         words = words.masked_fill(invalid[None, :, None], float("-inf"))
-        pred = words.argmax(-1)  # [L, B, H, W]: most-attended other word of each word
+
+        def argmax_or_none(x: torch.Tensor) -> torch.Tensor:
+            best, idx = x.max(-1)
+            return torch.where(torch.isfinite(best), idx, torch.full_like(idx, -1))  # -1: nothing to attend
+
+        pred = {"dep->head": argmax_or_none(words), "head->dep": argmax_or_none(words)}  # [L, B, H, W] by row
+        pred["head<-dep"] = argmax_or_none(words.transpose(-1, -2))  # by column: who attends most to word j
         for b, (s, _, _) in enumerate(batch):
+            n = len(s.words)
             for d, (h, r) in enumerate(zip(s.heads, s.deprels)):
                 if h < 0:
                     continue
-                rel = rel_name(r)
-                for direction, (src, dst) in enumerate(((d, h), (h, d))):
-                    correct[(rel, direction)] += (pred[:, b, :, src] == dst).double()
-                    counts[(rel, direction)] += 1
-                    offsets[(rel, direction)][dst - src] += 1
+                for direction in directions:
+                    src, dst = (h, d) if direction == "head->dep" else (d, h)
+                    key = (r, direction)
+                    correct[key] += (pred[direction][:, b, :, src] == dst).double()
+                    counts[key] += 1
+                    # which arcs a causal model can get right at all
+                    ok = not causal or (h < d if direction == "dep->head" else h > d if direction == "head<-dep"
+                                        else d < h)
+                    scorable[key] += int(ok)
+                    for o in offsets:  # Clark: max(0, min(i + o + 1, n)) 1-based, 0 = ROOT -> 0-based [-1, n-1]
+                        guess = max(-1, min(src + o, n - 1))
+                        offset_hits[key][o] += int(guess == dst)
 
     batch: list[tuple[Sentence, torch.Tensor, torch.Tensor]] = []
     sents = _sentences(conllu, max_sentences)
@@ -183,25 +245,33 @@ def syntactic_scores(
     if n_scored == 0:
         raise ValueError(f"none of the {n_seen} sentences could be scored ({n_skipped} longer than the model's "
                          f"n_ctx={cfg.n_ctx}, {n_untokenized} with a word that tokenizes to nothing)")
-    base_rows = []
-    for (rel, direction), c in sorted(offsets.items()):
-        off, hits = c.most_common(1)[0]
-        base_rows.append({"relation": rel, "direction": DIRECTIONS[direction], "n": counts[(rel, direction)],
-                          "baseline_offset": off, "baseline_accuracy": hits / counts[(rel, direction)]})
-    baseline = pd.DataFrame(base_rows)
-    rows = []
-    for (rel, direction), acc in sorted(correct.items()):
-        n = counts[(rel, direction)]
-        off, hits = offsets[(rel, direction)].most_common(1)[0]
+
+    # group full relations under the reported name (themselves, or their universal relation when pooling)
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+    for rel, direction in counts:
+        groups[(rel.split(":")[0] if strip_subtypes else rel, direction)].append((rel, direction))
+    base_rows, rows = [], []
+    for (name, direction), keys in sorted(groups.items(), key=lambda kv: (kv[0][0], DIRECTIONS.index(kv[0][1]))):
+        n = sum(counts[k] for k in keys)
+        n_ok = sum(scorable[k] for k in keys)
+        best = {k: max(offsets, key=lambda o, k=k: (offset_hits[k][o], -abs(o))) for k in sorted(keys)}
+        hits = sum(offset_hits[k][best[k]] for k in keys)
+        offs = set(best.values())
+        off: int | str = offs.pop() if len(offs) == 1 else " ".join(f"{k[0]}:{best[k]:+d}" for k in sorted(keys))
+        base_acc = hits / n
+        base_rows.append({"relation": name, "direction": direction, "n": n, "n_scorable": n_ok,
+                          "baseline_offset": off, "baseline_accuracy": base_acc})
+        acc = sum(correct[k] for k in keys) / n
         for layer in range(L):
             for head in range(H):
-                a = float(acc[layer, head]) / n
-                rows.append({"layer": layer, "head": head, "relation": rel, "direction": DIRECTIONS[direction],
-                             "n": n, "accuracy": a, "baseline_offset": off, "baseline_accuracy": hits / n,
-                             "gain": a - hits / n})
-    df = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "n", "accuracy", "baseline_offset",
-                                     "baseline_accuracy", "gain"])
-    df.attrs.update(baseline=baseline.to_dict("records"), n_sentences=n_scored, n_skipped_too_long=n_skipped,
-                    n_skipped_untokenizable=n_untokenized,
-                    n_arcs=sum(counts.values()) // 2)
+                a = float(acc[layer, head])
+                rows.append({"layer": layer, "head": head, "relation": name, "direction": direction, "n": n,
+                             "n_scorable": n_ok, "accuracy": a, "baseline_offset": off,
+                             "baseline_accuracy": base_acc, "gain": a - base_acc})
+    df = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "n", "n_scorable", "accuracy",
+                                     "baseline_offset", "baseline_accuracy", "gain"])
+    n_arcs = sum(c for (_, direction), c in counts.items() if direction == directions[0])
+    df.attrs.update(baseline=base_rows, offsets=list(offsets), causal=causal, strip_subtypes=strip_subtypes,
+                    n_sentences=n_scored, n_skipped_too_long=n_skipped,
+                    n_skipped_untokenizable=n_untokenized, n_arcs=n_arcs)
     return df

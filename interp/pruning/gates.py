@@ -15,24 +15,39 @@ import torch
 from torch import nn
 
 
+#: beta in Louizos et al. 2018 ("Learning Sparse Neural Networks through L0 Regularization").
+LOUIZOS_TEMPERATURE = 2.0 / 3.0
+#: beta in Voita et al. 2019 ("Analyzing Multi-Head Self-Attention"), section 6.1.
+VOITA_TEMPERATURE = 0.33
+
+#: Test-time gate modes of :meth:`HardConcreteGate.test_gates`.
+TEST_GATES = ("expected", "threshold", "continuous")
+
+
 class HardConcreteGate(nn.Module):
-    """One Hard-Concrete gate per head, ``[n_layers, n_heads]``.
+    """One Hard-Concrete gate per head, ``[n_layers, n_heads]`` (or per K/V group: any ``[L, U]`` grid).
 
     Args:
         n_layers, n_heads: the gate grid.
-        temperature: beta of the concrete distribution (2/3 in Louizos et al.).
-        limits: stretch interval (l, r) = (-0.1, 1.1); samples are clipped back to [0, 1], so a gate is
-            exactly 0 or 1 with positive probability.
+        temperature: beta of the concrete distribution. The two papers differ: Louizos et al. (2018) use
+            beta = 2/3 (:data:`LOUIZOS_TEMPERATURE`, the default here); Voita et al. (2019), who apply the gates to
+            heads, use beta = 0.33 (:data:`VOITA_TEMPERATURE`). A lower beta makes samples closer to 0 / 1.
+        limits: stretch interval (l, r) = (-0.1, 1.1) (both papers); samples are clipped back to [0, 1], so a
+            gate is exactly 0 or 1 with positive probability.
         init_log_alpha: initial log_alpha (2.0: gates start mostly open); a little noise breaks ties.
         seed: seed of the initial noise.
 
+    Test-time gates (:meth:`test_gates`): both papers use the continuous estimator
+    z = clip(sigmoid(log_alpha) (r - l) + l, 0, 1) (``"continuous"``); interp also offers binarised masks
+    (``"expected"``, ``"threshold"``, see :meth:`deterministic`).
+
     Example:
-        >>> gate = HardConcreteGate(2, 4)
+        >>> gate = HardConcreteGate(2, 4, temperature=VOITA_TEMPERATURE)
         >>> gate.sample().shape, float(gate.expected_l0().sum()) <= 8
         (torch.Size([2, 4]), True)
     """
 
-    def __init__(self, n_layers: int, n_heads: int, *, temperature: float = 2.0 / 3.0,
+    def __init__(self, n_layers: int, n_heads: int, *, temperature: float = LOUIZOS_TEMPERATURE,
                  limits: tuple[float, float] = (-0.1, 1.1), init_log_alpha: float = 2.0, seed: int = 0) -> None:
         super().__init__()
         lo, hi = limits
@@ -72,7 +87,7 @@ class HardConcreteGate(nn.Module):
                 ``"threshold"`` (Louizos et al.): keep a head when clip(sigmoid(log_alpha) (r - l) + l) > 0.5.
 
         Raises:
-            ValueError: unknown mode.
+            ValueError: unknown mode (``"continuous"`` gates are not a mask: see :meth:`test_gates`).
         """
         if mode == "expected":
             n = self.log_alpha.numel()
@@ -86,6 +101,26 @@ class HardConcreteGate(nn.Module):
             z = (torch.sigmoid(self.log_alpha) * (hi - lo) + lo).clamp(0.0, 1.0)
             return (z > 0.5).cpu()
         raise ValueError(f"mode={mode!r} is not 'expected' or 'threshold'")
+
+
+    @torch.no_grad()
+    def test_gates(self, mode: str = "expected") -> torch.Tensor:
+        """Evaluation-time gate values ``[L, H]`` in [0, 1] (1 = head fully on).
+
+        Args:
+            mode: ``"continuous"``: clip(sigmoid(log_alpha) (r - l) + l, 0, 1), the test-time estimator of
+                Louizos et al. (eq. 13) and Voita et al.: exactly 0 for gates pushed far closed, fractional for
+                the undecided; ``"expected"`` / ``"threshold"``: the binary masks of :meth:`deterministic`.
+
+        Raises:
+            ValueError: unknown mode.
+        """
+        if mode == "continuous":
+            lo, hi = self.limits
+            return (torch.sigmoid(self.log_alpha) * (hi - lo) + lo).clamp(0.0, 1.0).detach().cpu()
+        if mode not in TEST_GATES:
+            raise ValueError(f"mode={mode!r} is not one of {TEST_GATES}")
+        return self.deterministic(mode).float()
 
 
 @contextlib.contextmanager

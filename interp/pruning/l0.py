@@ -9,7 +9,9 @@ on the objective's loss plus a sparsity term:
   lambda2 are trained by gradient *ascent*; t ramps up linearly over the first ``warmup`` steps, and lambda2
   starts at ``init_lambda2`` (see :func:`train_l0_gates`).
 
-At evaluation the gates are deterministic (see :meth:`HardConcreteGate.deterministic`).
+At evaluation the gates are deterministic: binarised masks, or the papers' continuous test-time gates
+(see :meth:`HardConcreteGate.test_gates`). With ``level="group"`` one gate serves a whole K/V group of a GQA model
+(its query heads share it), so the sparsity and the target count K/V groups, and every closed gate frees cache.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .curve import PruningCurve
-from .gates import HardConcreteGate, head_mask, uniform_heads
-from .importance import make_point, masked_metric
+from .gates import LOUIZOS_TEMPERATURE, TEST_GATES, HardConcreteGate, head_mask, uniform_heads
+from .importance import group_matrix, make_point, masked_metric
 from .objectives import Batch, Objective, check_batches
 
 
@@ -31,11 +33,13 @@ class L0Result:
     """What :func:`train_l0_gates` learnt.
 
     Attributes:
-        pruned: ``[L, H]`` bool, True = head gated off by the deterministic gates.
+        pruned: ``[L, H]`` bool, True = head gated off by the test-time gates (gate exactly 0).
         log_alpha: ``[L, H]`` the trained gate parameters.
         expected_sparsity: the expected fraction of closed gates at the end.
         target, lam: the setting it was trained with.
         history: per logged step: step, loss, expected_sparsity, lambda1, lambda2.
+        gates: ``[L, H]`` float test-time gates (0/1 for the binarised modes, in [0, 1] for "continuous").
+        level: ``"head"`` or ``"group"``; pruned_units: ``[L, U]`` bool, the closed gates (heads or K/V groups).
     """
 
     pruned: torch.Tensor
@@ -44,6 +48,9 @@ class L0Result:
     target: float | None
     lam: float | None
     history: list[dict] = field(default_factory=list)
+    gates: torch.Tensor | None = None
+    level: str = "head"
+    pruned_units: torch.Tensor | None = None
 
     @property
     def n_pruned(self) -> int:
@@ -65,9 +72,9 @@ def check_target(target: float) -> float:
 
 def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, target: float | None = None,
                    lam: float | None = None, steps: int = 200, lr: float = 0.1, lagrangian_lr: float = 0.3,
-                   warmup: float = 0.5, temperature: float = 2.0 / 3.0, limits: tuple[float, float] = (-0.1, 1.1),
-                   init_log_alpha: float = 2.0, init_lambda2: float = 10.0, deterministic: str = "expected",
-                   seed: int = 0,
+                   warmup: float = 0.5, temperature: float = LOUIZOS_TEMPERATURE,
+                   limits: tuple[float, float] = (-0.1, 1.1), init_log_alpha: float = 2.0, init_lambda2: float = 10.0,
+                   deterministic: str = "expected", level: str = "head", seed: int = 0,
                    progress: bool = False) -> L0Result:
     """Train one Hard-Concrete gate per head with the rest of the model frozen.
 
@@ -85,8 +92,11 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
             lambda1 winds up while the sparsity lags and the sparsity overshoots and oscillates. Starting
             lambda2 at 10 adds a restoring force from step one, so the expected sparsity tracks the ramped target
             (on induction-2l: within 0.01 of targets 0.25 / 0.5 / 0.75 after 150 steps, against up to 0.2 off).
-        temperature, limits, init_log_alpha: Hard-Concrete settings (see :class:`HardConcreteGate`).
-        deterministic: evaluation gates, ``"expected"`` or ``"threshold"``.
+        temperature, limits, init_log_alpha: Hard-Concrete settings (see :class:`HardConcreteGate`; beta is
+            Louizos et al.'s 2/3 by default, Voita et al. use 0.33: ``temperature=VOITA_TEMPERATURE``).
+        deterministic: test-time gates, ``"expected"`` / ``"threshold"`` (binary) or ``"continuous"``
+            (the papers' clip(sigmoid(log_alpha)(r - l) + l, 0, 1); only gates at exactly 0 count as pruned).
+        level: ``"head"`` (one gate per head) or ``"group"`` (one gate per K/V group; target = fraction of groups).
         seed: seeds the gate noise.
         progress: show a tqdm bar.
 
@@ -94,7 +104,8 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
         :class:`L0Result`.
 
     Raises:
-        ValueError: both or neither of target/lam, target outside [0, 1], lam < 0, steps < 1, empty data.
+        ValueError: both or neither of target/lam, target outside [0, 1], lam < 0, steps < 1, empty data, an
+            unknown deterministic mode or level.
 
     Example:
         >>> res = train_l0_gates(model, batches, LanguageModelObjective(), target=0.5, steps=300)
@@ -109,9 +120,23 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
         raise ValueError(f"lam={lam} must be >= 0")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be an int >= 1")
+    if deterministic not in TEST_GATES:
+        raise ValueError(f"deterministic={deterministic!r} is not one of {TEST_GATES}")
     L, H = uniform_heads(model)
+    if level == "head":
+        units = torch.eye(H).expand(L, H, H)  # [L, H, H]
+    elif level == "group":
+        units = group_matrix(model)  # [L, H, K]
+    else:
+        raise ValueError(f"level={level!r} is not 'head' or 'group'")
+    U = units.shape[2]
     p = next(model.parameters())
-    gate = HardConcreteGate(L, H, temperature=temperature, limits=limits, init_log_alpha=init_log_alpha,
+    units = units.to(device=p.device, dtype=p.dtype)
+
+    def to_heads(g: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("lhu,lu->lh", units, g.to(units))  # [L, U] -> [L, H]: a group gate on its heads
+
+    gate = HardConcreteGate(L, U, temperature=temperature, limits=limits, init_log_alpha=init_log_alpha,
                             seed=seed).to(p.device)
     opt = torch.optim.Adam(gate.parameters(), lr=lr)
     lambdas = torch.tensor([0.0, float(init_lambda2)], device=p.device, requires_grad=True)
@@ -128,7 +153,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
                 for step in tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
                                  disable=not progress, leave=False):
                     batch = batches[step % len(batches)]
-                    model.set_head_gates(gate.sample(gen).to(p.dtype))
+                    model.set_head_gates(to_heads(gate.sample(gen)))
                     loss = objective.loss(model, batch)
                     s = gate.expected_sparsity()
                     if target is not None:
@@ -148,9 +173,20 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
         finally:
             for q, f in zip(model.parameters(), flags):
                 q.requires_grad_(f)
-    keep = gate.deterministic(deterministic)
-    return L0Result(pruned=~keep, log_alpha=gate.log_alpha.detach().cpu(),
-                    expected_sparsity=float(gate.expected_sparsity().detach()), target=target, lam=lam, history=history)
+    unit_gates = gate.test_gates(deterministic)  # [L, U]
+    gates = to_heads(unit_gates).detach().cpu()  # [L, H]
+    return L0Result(pruned=gates == 0, log_alpha=gate.log_alpha.detach().cpu(),
+                    expected_sparsity=float(gate.expected_sparsity().detach()), target=target, lam=lam, history=history,
+                    gates=gates, level=level, pruned_units=unit_gates == 0)
+
+
+def gated_metric(model, batches: Sequence[Batch], objective: Objective, gates: torch.Tensor) -> float:
+    """The objective's metric with float head gates ``[L, H]`` (e.g. continuous test-time gates); restores the
+    gates set before."""
+    p = next(model.parameters())
+    with head_mask(model, None):
+        model.set_head_gates(gates.to(device=p.device, dtype=p.dtype))
+        return float(objective.metric(model, batches))
 
 
 def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: Sequence[float] | None = None,
@@ -169,7 +205,7 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
         progress: tqdm bars; train_kwargs: passed to :func:`train_l0_gates` (steps, lr, ...).
 
     Returns:
-        A :class:`PruningCurve` ``method="l0"``, points sorted by the fraction actually pruned, the unpruned
+        A :class:`PruningCurve` ``method="l0"`` (``"l0-group"`` with ``level="group"``), points sorted by the fraction actually pruned, the unpruned
         model's metric as the first point.
 
     Raises:
@@ -189,10 +225,11 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
         values = [check_target(t) for t in values]
     L, H = uniform_heads(model)
     name = getattr(model, "name", "")
+    method = "l0" if train_kwargs.get("level", "head") == "head" else "l0-group"
     done = {float(c.config[key]): c for c in resume if key in c.config}
     parts = []
     zero = torch.zeros(L, H, dtype=torch.bool)
-    base = PruningCurve("l0", objective.metric_name, L * H, model_name=name, config={key: None})
+    base = PruningCurve(method, objective.metric_name, L * H, model_name=name, config={key: None})
     base.points.append(make_point(model, zero, masked_metric(model, eval_batches, objective, zero)))
     parts.append(base)
     for v in tqdm(values, desc=f"L0 sweep ({key})", disable=not progress):
@@ -200,10 +237,14 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
             parts.append(done[float(v)])
             continue
         res = train_l0_gates(model, batches, objective, progress=progress, **{key: v}, **train_kwargs)
-        metric = masked_metric(model, eval_batches, objective, res.pruned)
-        part = PruningCurve("l0", objective.metric_name, L * H, model_name=name, config={key: v, **train_kwargs})
+        if train_kwargs.get("deterministic") == "continuous":
+            metric = gated_metric(model, eval_batches, objective, res.gates)
+        else:
+            metric = masked_metric(model, eval_batches, objective, res.pruned)
+        part = PruningCurve(method, objective.metric_name, L * H, model_name=name, config={key: v, **train_kwargs})
         part.points.append(make_point(model, res.pruned, metric, **{key: v},
-                                      expected_sparsity=res.expected_sparsity))
+                                      expected_sparsity=res.expected_sparsity,
+                                      units_pruned=int(res.pruned_units.sum()), units_total=res.pruned_units.numel()))
         parts.append(part)
         if on_point:
             on_point(part)

@@ -106,6 +106,22 @@ class LanguageModelObjective:
         logits, targets = self._logits_targets(model, batch)
         return F.cross_entropy(logits.float(), targets)
 
+    def example_losses(self, model, batch: Batch) -> torch.Tensor:
+        """Per-example loss ``[B]``: each sequence's mean cross-entropy over its own scored targets (0 for a
+        sequence with none; Michel et al.'s importance takes |dL(x)/d xi| per example x)."""
+        batch = as_batch(batch)
+        tokens = batch["tokens"]
+        logits = model(tokens, attention_mask=batch.get("attention_mask"))[:, :-1]  # [B, T-1, V]
+        targets = tokens[:, 1:]  # [B, T-1]
+        keep = torch.ones_like(targets, dtype=torch.bool)
+        if batch.get("attention_mask") is not None:
+            keep &= batch["attention_mask"][:, 1:].bool()
+        if batch.get("loss_mask") is not None:
+            keep &= batch["loss_mask"][:, 1:].bool()
+        ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")  # [B*(T-1)]
+        ce = ce.view(targets.shape) * keep  # [B, T-1]
+        return ce.sum(-1) / keep.sum(-1).clamp(min=1)
+
     @torch.no_grad()
     def metric(self, model, batches: Sequence[Batch]) -> float:
         total, n = 0.0, 0
@@ -196,6 +212,18 @@ class SentenceSimilarityObjective:
         ref = F.normalize(batch["reference"].float(), dim=-1)  # [B, M]
         logits = emb @ ref.T / self.temperature  # [B, B]: sentence i against every unpruned embedding j
         return F.cross_entropy(logits, torch.arange(len(emb), device=emb.device))
+
+    def example_losses(self, model, batch: Batch) -> torch.Tensor:
+        """Per-example loss ``[B]``. Sentence i's contrastive term reads only its own pruned embedding (the
+        in-batch negatives are the fixed unpruned references), so it depends only on example i's gates."""
+        if self.loss_kind == "cosine":
+            return 1.0 - self._cosine(model, batch)
+        if "reference" not in batch:
+            raise ValueError("batch has no 'reference' embeddings: build the objective with these batches")
+        emb = F.normalize(self._embed(model, batch).float(), dim=-1)  # [B, M]
+        ref = F.normalize(batch["reference"].float(), dim=-1)  # [B, M]
+        logits = emb @ ref.T / self.temperature  # [B, B]
+        return F.cross_entropy(logits, torch.arange(len(emb), device=emb.device), reduction="none")
 
     @torch.no_grad()
     def metric(self, model, batches: Sequence[Batch]) -> float:

@@ -27,10 +27,14 @@ import pandas as pd
 import torch
 
 from interp.analysis import induction_scores, repeated_tokens_for
-from interp.analysis.ablate import compare_with_random, head_z_means, head_z_samples, repeated_text_sequences
+from interp.analysis.ablate import (
+    compare_with_random,
+    head_z_means,
+    head_z_samples,
+    repeated_text_sequences,
+)
 from interp.analysis.ablation import in_context_gain
 from interp.pruning.experiment import UD_DEV as UD
-
 
 
 def datasets(model, n_seqs: int, half_len: int, seed: int, conllu: Path) -> dict[str, tuple]:
@@ -109,7 +113,7 @@ def main() -> None:
             res = {"gain_unablated": base, "gain_target_ablated": tv, "gain_kept_target": tv / base,
                    "random_min": float(rand.min()), "random_mean": float(rand.mean()),
                    "random_max": float(rand.max()), "random_sd": float(rand.std(ddof=1)),
-                   "n_random": int(len(rand)), "n_random_with_less_gain": int((rand <= tv).sum()),
+                   "n_random": len(rand), "n_random_with_less_gain": int((rand <= tv).sum()),
                    "target_removes_more_than_every_random_set": bool((rand > tv).all())}
             summary["results"][f"{dname}/{method}"] = res
             lines.append(f"| {dname} | {method} | {base:.3f} | {tv:.3f} ({tv / base:.0%} kept) | "

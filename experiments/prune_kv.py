@@ -28,8 +28,17 @@ from pathlib import Path
 
 import torch
 
-from interp.pruning import (LanguageModelObjective, PruningCurve, auc_table, build_data, importance_curve,
-                            l0_curve, random_curve, sentence_batches, ud_sentences)
+from interp.pruning import (
+    LanguageModelObjective,
+    PruningCurve,
+    auc_table,
+    build_data,
+    importance_curve,
+    l0_curve,
+    random_curve,
+    sentence_batches,
+    ud_sentences,
+)
 from interp.pruning.experiment import UD_DEV
 from interp.viz.pruning_kv import pruning_kv_figure
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-
 #: beta in Louizos et al. 2018 ("Learning Sparse Neural Networks through L0 Regularization").
 LOUIZOS_TEMPERATURE = 2.0 / 3.0
 #: beta in Voita et al. 2019 ("Analyzing Multi-Head Self-Attention"), section 6.1.

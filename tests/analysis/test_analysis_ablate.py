@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from interp import ModelConfig, Transformer
-from interp.analysis.ablate import (ablate_heads, compare_with_random, head_z_means, random_head_sets,
-                                    repeated_text_sequences)
+from interp.analysis.ablate import (
+    ablate_heads,
+    compare_with_random,
+    head_z_means,
+    random_head_sets,
+    repeated_text_sequences,
+)
 from interp.analysis.ablation import in_context_gain
 from interp.analysis.data import repeated_sequences
 

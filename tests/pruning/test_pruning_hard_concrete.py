@@ -10,8 +10,16 @@ import pytest
 import torch
 
 from interp import ModelConfig, Transformer
-from interp.pruning import (LOUIZOS_TEMPERATURE, VOITA_TEMPERATURE, HardConcreteGate, LanguageModelObjective,
-                            gated_metric, kv_cache_savings, l0_curve, train_l0_gates)
+from interp.pruning import (
+    LOUIZOS_TEMPERATURE,
+    VOITA_TEMPERATURE,
+    HardConcreteGate,
+    LanguageModelObjective,
+    gated_metric,
+    kv_cache_savings,
+    l0_curve,
+    train_l0_gates,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

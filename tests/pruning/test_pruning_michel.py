@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from interp import ModelConfig, Transformer
-from interp.pruning import LanguageModelObjective, head_importance, importance_curve, kv_cache_savings
+from interp.pruning import (
+    LanguageModelObjective,
+    head_importance,
+    importance_curve,
+    kv_cache_savings,
+)
 from interp.pruning.importance import group_matrix
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,0 +1,364 @@
+"""Coreference heads: does a head attend from a mention to its antecedent? (Clark et al., 2019, section 5)
+
+For every mention that has an antecedent, the candidates are earlier mentions (CorefUD: the distinct head
+words of the mentions ending before it, inside the window; GAP: the two names A and B). A head predicts the
+candidate whose tokens receive the most attention from the mention's head word: attention *to* a candidate is
+the sum over its tokens and attention *from* a word the mean over its tokens, as in the syntactic scorer. A
+tie for the top candidate counts as a miss (a flat head picks nothing). Accuracy per head is compared with
+rule-based baselines computed on the same mentions (see :mod:`interp.data.coref`) and with a random candidate
+(its exact expected accuracy, the mean of ``correct candidates / candidates``), each with a Wilson 95 % interval.
+
+Bidirectional and causal models: the candidates precede the mention, so a causal head can see them all on
+CorefUD; on GAP, where a name may follow the pronoun (cataphora), a causal model scores only the rows whose two
+names both precede the pronoun (group ``backward``, reported for every model so the two kinds compare on the same
+rows).
+
+The folding is a streaming reducer (:class:`CorefReducer`): the batch's annotations prepare the source and
+candidate weights (:meth:`CorefReducer.set_batch`), and the pattern hook of one forward pass folds them into
+per-head hit counts, layer by layer and query chunk by query chunk, so it can share a forward pass with other
+reducers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from ..data.coref import (
+    COREFUD_BASELINES,
+    GAP_BASELINES,
+    CorefWindow,
+    corefud_windows,
+    gap_windows,
+    read_corefud,
+    read_gap,
+)
+from ..hooks import HookPoint
+from ..trace import Reducer
+from ._stream import PATTERN_HOOKS, layer_of, run_reducer
+from .treebank import align_words
+
+__all__ = ["CorefReducer", "coref_dataset_of", "coreference_scores", "wilson_interval"]
+
+_GROUPS = {"gap": ["all", "backward"], "corefud": ["all", "pronoun", "nominal"]}
+
+
+def wilson_interval(hits: Any, n: Any, z: float = 1.96) -> tuple[Any, Any]:
+    """Wilson score interval of a binomial proportion (NaN where ``n == 0``).
+
+    Args:
+        hits, n: successes and trials (floats, arrays or tensors of the same shape).
+        z: the normal quantile; 1.96 gives 95 %.
+
+    Returns:
+        ``(low, high)`` of the same type as ``hits``.
+
+    Example:
+        >>> wilson_interval(65.0, 100.0)   # (0.553..., 0.736...)
+    """
+    if isinstance(hits, torch.Tensor) or isinstance(n, torch.Tensor):
+        hits, n = torch.as_tensor(hits, dtype=torch.float64), torch.as_tensor(n, dtype=torch.float64)
+        nn = n.clamp(min=1)
+        p = hits / nn
+        centre = (p + z * z / (2 * nn)) / (1 + z * z / nn)
+        half = z * torch.sqrt(p * (1 - p) / nn + z * z / (4 * nn * nn)) / (1 + z * z / nn)
+        nan = torch.full_like(p, math.nan)
+        return torch.where(n > 0, centre - half, nan), torch.where(n > 0, centre + half, nan)
+    if n <= 0:
+        return math.nan, math.nan
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+class CorefReducer(Reducer):
+    """Folds, per head, how often the most-attended candidate is a correct antecedent.
+
+    Before each forward pass call :meth:`set_batch`; the pattern hooks then fold the batch. Query rows may
+    arrive in chunks (``model.set_query_chunk``): a layer is judged when its last chunk has arrived.
+
+    Args:
+        n_layers, n_heads: the model's shape.
+        groups: names of the query groups counted separately (a query may belong to several).
+        tie_tol: the top candidate must beat the runner-up by more than this to count as a prediction.
+    """
+
+    names = PATTERN_HOOKS
+
+    def __init__(self, n_layers: int, n_heads: int, groups: list[str], *, tie_tol: float = 1e-6) -> None:
+        self.groups = list(groups)
+        self.tie_tol = tie_tol
+        self.hits = torch.zeros(len(groups), n_layers, n_heads, dtype=torch.float64)
+        self.n = torch.zeros(len(groups), dtype=torch.float64)
+        self._acc: dict[int, torch.Tensor] = {}
+
+    def set_batch(self, source: torch.Tensor, units: torch.Tensor, cand: torch.Tensor, gold: torch.Tensor,
+                  member: torch.Tensor) -> None:
+        """Prepare the next batch.
+
+        Args:
+            source: ``[B, Q, T]`` weights of each query's source tokens (mean: rows sum to 1; 0 for padding).
+            units: ``[B, U, T]`` 1 where token t belongs to candidate unit u.
+            cand: ``[B, Q, K]`` long, the unit of each query's k-th candidate (-1: no candidate).
+            gold: ``[B, Q, K]`` bool, the candidate is a correct antecedent.
+            member: ``[B, Q, G]`` bool, the query counts in group g (all False for padding queries).
+
+        Raises:
+            ValueError: shapes that do not match.
+        """
+        B, Q, T = source.shape
+        if units.shape[0] != B or units.shape[2] != T or cand.shape[:2] != (B, Q) or gold.shape != cand.shape \
+                or tuple(member.shape) != (B, Q, len(self.groups)):
+            raise ValueError(f"set_batch: shapes do not match: source {tuple(source.shape)}, units "
+                             f"{tuple(units.shape)}, cand {tuple(cand.shape)}, gold {tuple(gold.shape)}, member "
+                             f"{tuple(member.shape)} ({len(self.groups)} groups)")
+        self.source, self.units, self.cand, self.gold, self.member = source, units, cand, gold, member
+        self.n += member.sum((0, 1)).double()
+        self._acc = {}
+
+    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
+        layer = layer_of(name)
+        q0 = hook.ctx.get("q_start", 0) or 0
+        p = tensor.detach().float()  # [B, H, Tc, S]
+        Tc = p.shape[2]
+        src = self.source[:, :, q0:q0 + Tc].to(p)  # [B, Q, Tc]
+        part = torch.einsum("bqt,bhts,bus->bhqu", src, p, self.units.to(p)).cpu()  # [B, H, Q, U]
+        self._acc[layer] = part if layer not in self._acc else self._acc[layer] + part
+        if q0 + Tc == self.source.shape[2]:
+            self._judge(layer, self._acc.pop(layer))
+
+    def _judge(self, layer: int, scores: torch.Tensor) -> None:
+        B, H, Q, _ = scores.shape
+        valid = self.cand >= 0  # [B, Q, K]
+        idx = self.cand.clamp(min=0)[:, None].expand(B, H, Q, self.cand.shape[-1])  # [B, H, Q, K]
+        s = scores.gather(-1, idx).masked_fill(~valid[:, None], float("-inf"))  # [B, H, Q, K]
+        top = s.topk(min(2, s.shape[-1]), dim=-1)
+        pred = top.indices[..., 0]  # [B, H, Q]
+        if s.shape[-1] > 1:
+            second = top.values[..., 1]
+            unique = (top.values[..., 0] - second > self.tie_tol) | torch.isinf(second)  # one candidate: unique
+        else:
+            unique = torch.ones_like(pred, dtype=torch.bool)
+        hit = self.gold[:, None].expand(B, H, Q, -1).gather(-1, pred[..., None]).squeeze(-1) & unique  # [B, H, Q]
+        self.hits[:, layer] += torch.einsum("bhq,bqg->gh", hit.double(), self.member.double())
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """``hits [G, L, H]`` and ``n [G]`` (queries per group)."""
+        return {"hits": self.hits.clone(), "n": self.n.clone()}
+
+
+def coref_dataset_of(source: Any) -> str:
+    """``"gap"`` for a ``.tsv`` file, ``"corefud"`` for ``.conllu``.
+
+    Raises:
+        ValueError: another suffix.
+    """
+    suffix = Path(str(source)).suffix.lower()
+    if suffix == ".tsv":
+        return "gap"
+    if suffix in (".conllu", ".conll"):
+        return "corefud"
+    raise ValueError(f"cannot tell the coreference format of {str(source)!r}: expected a GAP .tsv or a CorefUD "
+                     ".conllu file (or pass dataset='gap' / 'corefud')")
+
+
+def _windows(source: Any, dataset: str | None, tok: Any, max_tokens: int, max_items: int | None,
+             stats: dict[str, int]) -> tuple[str, Iterable[CorefWindow]]:
+    if isinstance(source, (str, Path)):
+        dataset = dataset or coref_dataset_of(source)
+        if dataset == "gap":
+            return dataset, gap_windows(read_gap(source, max_rows=max_items), tok, max_tokens=max_tokens, stats=stats)
+        if dataset == "corefud":
+            return dataset, corefud_windows(read_corefud(source, max_documents=max_items), tok,
+                                            max_tokens=max_tokens, stats=stats)
+        raise ValueError(f"dataset={dataset!r} must be 'gap' or 'corefud'")
+    if isinstance(source, Iterable):
+        return dataset or "windows", source
+    raise TypeError(f"source must be a path or an iterable of CorefWindow, got {type(source).__name__}")
+
+
+def coreference_scores(
+    model: Any,
+    source: str | Path | Iterable[CorefWindow],
+    *,
+    dataset: str | None = None,
+    tokenizer: Any = None,
+    batch_size: int = 8,
+    max_tokens: int | None = None,
+    max_items: int | None = None,
+    tie_tol: float = 1e-6,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Per head and query group: antecedent accuracy with a Wilson 95 % interval, against the best baseline.
+
+    Args:
+        model: an interp Transformer (bidirectional or causal).
+        source: a GAP ``.tsv`` or CorefUD ``.conllu`` file, or an iterable of
+            :class:`~interp.data.coref.CorefWindow` (e.g. from :func:`~interp.data.coref.gap_windows`).
+        dataset: ``"gap"`` or ``"corefud"``; default from the file's suffix.
+        tokenizer: anything with ``encode_words``; default ``model.tokenizer``.
+        batch_size: windows per forward pass.
+        max_tokens: window length in tokens; default the model's ``n_ctx`` (at most 512).
+        max_items: only the first GAP rows / CorefUD documents.
+        tie_tol: a head's top candidate must beat the runner-up by more than this (else a miss).
+        progress: show a tqdm progress bar.
+
+    Returns:
+        DataFrame ``layer, head, group, n, accuracy, ci_low, ci_high, best_baseline, baseline_accuracy, gain``
+        (``gain = accuracy - baseline_accuracy``, the best rule-based or random baseline of the group). Groups:
+        GAP ``all`` and ``backward`` (both names before the pronoun); CorefUD ``all``, ``pronoun``, ``nominal``.
+        ``df.attrs``: ``dataset``, ``baselines`` (records ``group, baseline, n, accuracy, ci_low, ci_high``),
+        ``stats`` (counts from the window builder), ``n_windows``, ``not_scorable_causal`` (queries with a
+        candidate after the mention, dropped for causal models).
+
+    Raises:
+        ValueError: no query to score, a bad ``batch_size``, a model without tokenizer, or the readers' errors.
+        FileNotFoundError: the file does not exist.
+
+    Example:
+        >>> df = coreference_scores(load("minilm-l6"), "gap-development.tsv")
+        >>> df[df.group == "all"].sort_values("gain", ascending=False).head()
+    """
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if tok is None or not hasattr(tok, "encode_words"):
+        raise ValueError(f"model {getattr(model, 'name', '?')!r} has no tokenizer with encode_words; pass tokenizer=")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive int")
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    max_tokens = min(cfg.n_ctx, 512) if max_tokens is None else max_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 0 < max_tokens <= cfg.n_ctx:
+        raise ValueError(f"max_tokens={max_tokens!r} must be a positive int <= the model's n_ctx={cfg.n_ctx}")
+    stats: dict[str, int] = {}
+    dataset, windows = _windows(source, dataset, tok, max_tokens, max_items, stats)
+    if dataset in _GROUPS:
+        groups = _GROUPS[dataset]
+    else:
+        windows = list(windows)
+        groups = ["all"] + sorted({q.group for w in windows for q in w.queries} - {"all"})
+    baseline_names = {"gap": GAP_BASELINES, "corefud": COREFUD_BASELINES}.get(dataset)
+    causal = bool(cfg.causal)
+    red = CorefReducer(L, H, groups, tie_tol=tie_tol)
+    base_hits: dict[tuple[str, str], float] = {}
+    base_n = torch.zeros(len(groups), dtype=torch.float64)
+    pad = getattr(tok, "pad_token_id", None) or 0
+    n_windows = not_scorable = 0
+
+    def in_group(q, backward: bool) -> list[bool]:
+        return [g == "all" or g == q.group or (g == "backward" and backward) for g in groups]
+
+    def flush(batch: list[tuple[CorefWindow, list]]) -> None:
+        B = len(batch)
+        T = max(len(w.ids) for w, _ in batch)
+        Q = max(len(qs) for _, qs in batch)
+        units_per = []
+        for w, qs in batch:
+            seen: dict[tuple[int, ...], int] = {}
+            for q, _ in qs:
+                for c in q.candidates:
+                    seen.setdefault(tuple(c), len(seen))
+            units_per.append(seen)
+        U = max(1, max(len(u) for u in units_per))
+        K = max(len(q.candidates) for _, qs in batch for q, _ in qs)
+        tokens = torch.full((B, T), pad, dtype=torch.long)
+        mask = torch.zeros(B, T, dtype=torch.long)
+        source = torch.zeros(B, Q, T)
+        units = torch.zeros(B, U, T)
+        cand = torch.full((B, Q, K), -1, dtype=torch.long)
+        gold = torch.zeros(B, Q, K, dtype=torch.bool)
+        member = torch.zeros(B, Q, len(groups), dtype=torch.bool)
+        for b, ((w, qs), seen) in enumerate(zip(batch, units_per)):
+            n = len(w.ids)
+            tokens[b, :n] = w.ids
+            mask[b, :n] = 1
+            word_tok = align_words(w.word_index, len(w.words))  # [W, n]
+            for c, u in seen.items():
+                units[b, u, :n] = word_tok[list(c)].sum(0)  # to a candidate: sum over its tokens
+            for i, (q, groups_of) in enumerate(qs):
+                frm = word_tok[list(q.source)].sum(0)  # [n]
+                source[b, i, :n] = frm / frm.sum()  # from a mention: mean over its tokens
+                for k, (c, g) in enumerate(zip(q.candidates, q.gold)):
+                    cand[b, i, k] = seen[tuple(c)]
+                    gold[b, i, k] = g
+                member[b, i] = torch.tensor(groups_of)
+        red.set_batch(source, units, cand, gold, member)
+        run_reducer(model, tokens, None if bool(mask.all()) else mask, [red])
+
+    batch: list[tuple[CorefWindow, list]] = []
+    it = windows
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="coreference windows")
+    for w in it:
+        if not isinstance(w, CorefWindow):
+            raise TypeError(f"coreference windows must be CorefWindow objects, got {type(w).__name__}")
+        if len(w.ids) > cfg.n_ctx:
+            raise ValueError(f"window {w.doc_id!r} has {len(w.ids)} tokens, more than the model's n_ctx={cfg.n_ctx}")
+        qs = []
+        for q in w.queries:
+            backward = all(max(c) < min(q.source) for c in q.candidates)
+            if causal and not backward:
+                not_scorable += 1  # a causal head cannot attend to a later name
+                continue
+            g = in_group(q, backward)
+            qs.append((q, g))
+            gt = torch.tensor(g, dtype=torch.bool)
+            base_n[gt] += 1
+            picks = dict(q.baselines)
+            for gi, name in enumerate(groups):
+                if not g[gi]:
+                    continue
+                for bname, k in picks.items():
+                    base_hits[(name, bname)] = base_hits.get((name, bname), 0.0) + float(q.gold[k])
+                base_hits[(name, "random")] = base_hits.get((name, "random"), 0.0) + sum(q.gold) / len(q.gold)
+        if not qs:
+            continue
+        n_windows += 1
+        batch.append((w, qs))
+        if len(batch) == batch_size:
+            flush(batch)
+            batch = []
+    if batch:
+        flush(batch)
+    res = red.result()
+    if float(res["n"].sum()) == 0:
+        raise ValueError(f"no coreference query to score in {source!s} (stats {stats}, {not_scorable} not scorable "
+                         f"by a causal model)")
+    bnames = list(baseline_names) if baseline_names is not None else sorted(
+        {b for (_, b) in base_hits if b != "random"})
+    base_rows = []
+    best: dict[str, tuple[str, float]] = {}
+    for gi, g in enumerate(groups):
+        n = float(base_n[gi])
+        for bname in bnames + ["random"]:
+            h = base_hits.get((g, bname), 0.0)
+            lo, hi = wilson_interval(h, n)
+            acc = h / n if n else math.nan
+            base_rows.append({"group": g, "baseline": bname, "n": int(n), "accuracy": acc, "ci_low": lo, "ci_high": hi})
+            if n and (g not in best or acc > best[g][1]):
+                best[g] = (bname, acc)
+    lo, hi = wilson_interval(res["hits"], res["n"][:, None, None])
+    rows = []
+    for gi, g in enumerate(groups):
+        n = int(res["n"][gi])
+        if n == 0:
+            continue
+        bname, bacc = best[g]
+        for layer in range(L):
+            for head in range(H):
+                acc = float(res["hits"][gi, layer, head]) / n
+                rows.append({"layer": layer, "head": head, "group": g, "n": n, "accuracy": acc,
+                             "ci_low": float(lo[gi, layer, head]), "ci_high": float(hi[gi, layer, head]),
+                             "best_baseline": bname, "baseline_accuracy": bacc, "gain": acc - bacc})
+    df = pd.DataFrame(rows, columns=["layer", "head", "group", "n", "accuracy", "ci_low", "ci_high", "best_baseline",
+                                     "baseline_accuracy", "gain"])
+    df.attrs.update(dataset=dataset, baselines=base_rows, stats=dict(stats), n_windows=n_windows,
+                    not_scorable_causal=not_scorable)
+    return df

@@ -11,9 +11,10 @@ here, from the annotations alone, so that heads and baselines are judged on exac
   boundaries of the pronoun and the two names, so every annotated span is a whole number of words. Rows whose
   pronoun refers to neither name are not queries. Baselines: ``nearest`` (the name closest in characters),
   ``first`` (the earlier name: the topical entity of a Wikipedia snippet), ``parallelism`` (a parser-free
-  version of GAP's "Parallelism" baseline: a subject pronoun *he/she* picks the nearest name that opens its
-  sentence, the subject position in English SVO order; object *him* the nearest name that does not; anything
-  else, and no such name, falls back to ``nearest``).
+  version of GAP's "Parallelism" baseline: a subject pronoun *he/she* picks the nearest name in subject
+  position, approximated as opening its sentence, possibly after a fronted phrase ending in a comma, as
+  English SVO order puts subjects first; object *him* the nearest name that is not; possessives, and no such
+  name, fall back to ``nearest``).
 - CorefUD (GUM): documents with mentions ``(start, end, head)`` and entities. The head word of a mention is its
   UD syntactic head (the word of the span whose head lies outside it); CorefUD's ``minspan`` is kept as well.
   Candidates of a mention are the distinct head words of the mentions that end before it starts, inside the
@@ -463,7 +464,7 @@ def _words_in(span: Span, ranges: list[tuple[int, int]], where: str) -> tuple[in
 _SENT_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
 
-def _gap_baselines(ex: GapExample, ranges: list[tuple[int, int]], cands: list[tuple[int, ...]]) -> dict[str, int]:
+def _gap_baselines(ex: GapExample) -> dict[str, int]:
     spans = [ex.a, ex.b]
     p = ex.pronoun
 
@@ -474,9 +475,10 @@ def _gap_baselines(ex: GapExample, ranges: list[tuple[int, int]], cands: list[tu
     first = min(range(2), key=lambda i: spans[i].start)
     sent_starts = [0] + [m.end() for m in _SENT_END.finditer(ex.text)]
 
-    def opens_sentence(i: int) -> bool:
+    def opens_sentence(i: int) -> bool:  # first in its sentence, or right after a fronted phrase and a comma
         s0 = max(x for x in sent_starts if x <= spans[i].start)
-        return sum(1 for a, b in ranges if s0 <= a and b <= spans[i].start) <= 3  # at most 3 words before it
+        before = ex.text[s0:spans[i].start].strip()
+        return not before or before.endswith(",")
 
     role = {"he": "subj", "she": "subj", "him": "obj"}.get(p.string.lower())
     par = nearest
@@ -522,7 +524,7 @@ def gap_windows(examples: Iterable[GapExample], tokenizer: Any, *, max_tokens: i
         if max_tokens is not None and len(ids) > max_tokens:
             st["too_long"] += 1
             continue
-        q = CorefQuery(src, cands, [ex.a_coref, ex.b_coref], "gap", _gap_baselines(ex, ranges, cands))
+        q = CorefQuery(src, cands, [ex.a_coref, ex.b_coref], "gap", _gap_baselines(ex))
         yield CorefWindow(ex.id, words, ids, word_index, [q])
 
 

@@ -43,7 +43,7 @@ from ..trace import Reducer
 from ._stream import PATTERN_HOOKS, layer_of, run_reducer
 from .treebank import align_words
 
-__all__ = ["CorefReducer", "coref_dataset_of", "coreference_scores", "wilson_interval"]
+__all__ = ["CorefReducer", "coref_dataset_of", "coreference_kinds", "coreference_scores", "wilson_interval"]
 
 _GROUPS = {"gap": ["all", "backward"], "corefud": ["all", "pronoun", "nominal"]}
 
@@ -362,3 +362,36 @@ def coreference_scores(
     df.attrs.update(dataset=dataset, baselines=base_rows, stats=dict(stats), n_windows=n_windows,
                     not_scorable_causal=not_scorable)
     return df
+
+
+def coreference_kinds(df: pd.DataFrame, name: str, *, margin: float = 0.1, min_count: int = 50) -> list[dict[str, Any]]:
+    """The ``coreference:{name}`` rows of a head taxonomy from a :func:`coreference_scores` table.
+
+    A head qualifies when, on the group ``all``, its accuracy beats the best baseline by at least ``margin``
+    over at least ``min_count`` mentions.
+
+    Args:
+        df: from :func:`coreference_scores`.
+        name: the dataset's name in the kind (``"gap"``, ``"corefud"``...).
+        margin: accuracy above the best baseline.
+        min_count: mentions needed before a head is judged.
+
+    Returns:
+        Records ``layer, head, kind, score, evidence`` (score: the accuracy).
+
+    Raises:
+        ValueError: ``margin`` or ``min_count`` out of range.
+
+    Example:
+        >>> coreference_kinds(coreference_scores(model, "gap-development.tsv"), "gap")[0]["kind"]
+        'coreference:gap'
+    """
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not -1 <= margin <= 1:
+        raise ValueError(f"coref margin={margin!r} must be a number in [-1, 1]")
+    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 0:
+        raise ValueError(f"coref min_count={min_count!r} must be a non-negative int")
+    good = df[(df.group == "all") & (df.gain >= margin) & (df.n >= min_count)]
+    return [{"layer": int(r.layer), "head": int(r.head), "kind": f"coreference:{name}", "score": float(r.accuracy),
+             "evidence": f"mention->antecedent accuracy {r.accuracy:.2f} (95% CI {r.ci_low:.2f}-{r.ci_high:.2f}) vs "
+                         f"{r.best_baseline} baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"}
+            for r in good.itertuples()]

@@ -5,7 +5,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from scipy.stats import binomtest
 
 from interp.analysis import classify_heads
 from interp.analysis.coreference import (
@@ -98,7 +97,10 @@ def test_reducer_sums_attention_to_a_candidate_and_averages_it_from_the_source()
     assert res["hits"][0, 0].tolist() == [1.0, 0.0]  # head 1 sums 0.5 on candidate 1 (wrong), not 0.25 each
 
 
-def test_wilson_interval_matches_scipy():
+def test_wilson_interval_matches_the_closed_form_and_scipy():
+    # 0 successes: the interval is [0, z^2 / (n + z^2)] (Wilson's formula with p = 0).
+    assert wilson_interval(0.0, 10.0) == pytest.approx((0.0, 1.96 ** 2 / (10 + 1.96 ** 2)))
+    binomtest = pytest.importorskip("scipy.stats").binomtest
     for hits, n in ((0, 10), (7, 10), (65, 100), (1799, 1800)):
         ref = binomtest(hits, n).proportion_ci(method="wilson")
         lo, hi = wilson_interval(float(hits), float(n))

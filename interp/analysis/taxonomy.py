@@ -103,6 +103,7 @@ class HeadReport:
         for (layer, head), sel in self.df.groupby(["layer", "head"]):
             count[layer][head] = len(sel)
             text[layer][head] = "<br>".join(k.replace("positional:", "pos:").replace("syntactic:", "syn:")
+                                            .replace("coreference:", "coref:")
                                             for k in sel.kind)
             hover[layer][head] = f"L{layer}H{head}<br>" + "<br>".join(
                 f"{k}: {s:.2f}" for k, s in zip(sel.kind, sel.score))

@@ -6,7 +6,7 @@ Wilson 95 % interval, and the baselines on the same mentions. Writes to ``<out>/
 ``experiments/results/coref/<model>/``):
 
 - ``<dataset>_heads.csv``: ``layer, head, group, n, accuracy, ci_low, ci_high, best_baseline, baseline_accuracy,
-  gain``;
+  gain, gain_ci_low, gain_ci_high`` (Wilson interval of the accuracy, paired bootstrap interval of the gain);
 - ``<dataset>_baselines.csv``: ``group, baseline, n, accuracy, ci_low, ci_high``;
 - ``<dataset>.json``: counts (rows / mentions scored and skipped), baselines, the best heads, run time;
 - ``<dataset>.html`` (and ``.png`` when static export works): :func:`interp.viz.coreference_figure`;
@@ -49,7 +49,8 @@ def best_heads(heads: pd.DataFrame, k: int = 3) -> pd.DataFrame:
     top = top.sort_values(["group", "accuracy"], key=lambda c: c.map(order) if c.name == "group" else -c,
                           kind="stable")
     top = top.assign(head_name=[f"L{r.layer}H{r.head}" for r in top.itertuples()])
-    cols = ["group", "n", "head_name", "accuracy", "ci_low", "ci_high", "best_baseline", "baseline_accuracy", "gain"]
+    cols = ["group", "n", "head_name", "accuracy", "ci_low", "ci_high", "best_baseline", "baseline_accuracy", "gain",
+            "gain_ci_low", "gain_ci_high"]
     return top[cols].reset_index(drop=True)
 
 
@@ -90,13 +91,18 @@ def summary(model_name: str, results: dict[str, tuple[pd.DataFrame, pd.DataFrame
                   "| group | baseline | n | accuracy | 95% CI |", "|---|---|---|---|---|"]
         lines += [f"| {b.group} | {b.baseline} | {b.n} | {b.accuracy:.3f} | {b.ci_low:.3f}-{b.ci_high:.3f} |"
                   for b in base.itertuples()]
-        lines += ["", "Best heads per group:", "", "| group | n | head | accuracy | 95% CI | best baseline | gain |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", ("Best heads per group (accuracy: Wilson 95% CI; gain over the best baseline: paired bootstrap "
+                       "95% CI over mentions):"), "",
+                  "| group | n | head | accuracy | 95% CI | best baseline | gain | gain 95% CI |",
+                  "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r.group} | {r.n} | {r.head_name} | {r.accuracy:.3f} | {r.ci_low:.3f}-{r.ci_high:.3f} | "
-                  f"{r.best_baseline} {r.baseline_accuracy:.3f} | {r.gain:+.3f} |" for r in best_heads(heads).itertuples()]
-        beat = heads[(heads.ci_low > heads.baseline_accuracy)]
-        lines += ["", "Heads whose 95% interval lies above the best baseline: "
-                  + (", ".join(f"L{r.layer}H{r.head} ({r.group})" for r in beat.itertuples()) or "none"), ""]
+                  f"{r.best_baseline} {r.baseline_accuracy:.3f} | {r.gain:+.3f} | {r.gain_ci_low:+.3f} to "
+                  f"{r.gain_ci_high:+.3f} |" for r in best_heads(heads).itertuples()]
+        beat = heads[heads.gain_ci_low > 0]
+        lines += ["", f"Heads whose paired gain interval lies above 0 (of {heads[['layer', 'head']].drop_duplicates().shape[0]}"
+                  " heads per group, no correction for multiple comparisons): "
+                  + (", ".join(f"L{r.layer}H{r.head} ({r.group}, {r.gain:+.3f})" for r in beat.itertuples()) or "none"),
+                  ""]
     return "\n".join(lines)
 
 

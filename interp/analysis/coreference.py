@@ -87,12 +87,18 @@ class CorefReducer(Reducer):
         n_layers, n_heads: the model's shape.
         groups: names of the query groups counted separately (a query may belong to several).
         tie_tol: the top candidate must beat the runner-up by more than this to count as a prediction.
+        keep_queries: also keep every query's hit per head (``[N, L, H]`` bool, in the order queries were
+            given), for paired comparisons with baselines; off, the state is ``O(groups x L x H)``.
     """
 
     names = PATTERN_HOOKS
 
-    def __init__(self, n_layers: int, n_heads: int, groups: list[str], *, tie_tol: float = 1e-6) -> None:
+    def __init__(self, n_layers: int, n_heads: int, groups: list[str], *, tie_tol: float = 1e-6,
+                 keep_queries: bool = False) -> None:
         self.groups = list(groups)
+        self.keep_queries = keep_queries
+        self._per_query: list[torch.Tensor] = []
+        self._batch_hits: torch.Tensor | None = None
         self.tie_tol = tie_tol
         self.hits = torch.zeros(len(groups), n_layers, n_heads, dtype=torch.float64)
         self.n = torch.zeros(len(groups), dtype=torch.float64)
@@ -118,9 +124,18 @@ class CorefReducer(Reducer):
             raise ValueError(f"set_batch: shapes do not match: source {tuple(source.shape)}, units "
                              f"{tuple(units.shape)}, cand {tuple(cand.shape)}, gold {tuple(gold.shape)}, member "
                              f"{tuple(member.shape)} ({len(self.groups)} groups)")
+        self._flush_queries()  # the previous batch's per-query hits, under its own query mask
         self.source, self.units, self.cand, self.gold, self.member = source, units, cand, gold, member
         self.n += member.sum((0, 1)).double()
         self._acc = {}
+        if self.keep_queries:
+            self._batch_hits = torch.zeros(B, Q, *self.hits.shape[1:], dtype=torch.bool)  # [B, Q, L, H]
+
+    def _flush_queries(self) -> None:
+        if self._batch_hits is not None:
+            real = self.member.any(-1)  # [B, Q]: padding queries are in no group
+            self._per_query.append(self._batch_hits[real])  # [n, L, H]
+            self._batch_hits = None
 
     def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
         layer = layer_of(name)
@@ -147,10 +162,17 @@ class CorefReducer(Reducer):
             unique = torch.ones_like(pred, dtype=torch.bool)
         hit = self.gold[:, None].expand(B, H, Q, -1).gather(-1, pred[..., None]).squeeze(-1) & unique  # [B, H, Q]
         self.hits[:, layer] += torch.einsum("bhq,bqg->gh", hit.double(), self.member.double())
+        if self._batch_hits is not None:
+            self._batch_hits[:, :, layer] = hit.transpose(1, 2)  # [B, Q, H]
 
     def result(self) -> dict[str, torch.Tensor]:
-        """``hits [G, L, H]`` and ``n [G]`` (queries per group)."""
-        return {"hits": self.hits.clone(), "n": self.n.clone()}
+        """``hits [G, L, H]``, ``n [G]`` (queries per group) and, with ``keep_queries``, ``per_query [N, L, H]``."""
+        out = {"hits": self.hits.clone(), "n": self.n.clone()}
+        if self.keep_queries:
+            self._flush_queries()
+            L, H = self.hits.shape[1:]
+            out["per_query"] = torch.cat(self._per_query) if self._per_query else torch.zeros(0, L, H, dtype=torch.bool)
+        return out
 
 
 def coref_dataset_of(source: Any) -> str:
@@ -193,6 +215,8 @@ def coreference_scores(
     max_tokens: int | None = None,
     max_items: int | None = None,
     tie_tol: float = 1e-6,
+    n_boot: int = 1000,
+    seed: int = 0,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Per head and query group: antecedent accuracy with a Wilson 95 % interval, against the best baseline.
@@ -207,11 +231,16 @@ def coreference_scores(
         max_tokens: window length in tokens; default the model's ``n_ctx`` (at most 512).
         max_items: only the first GAP rows / CorefUD documents.
         tie_tol: a head's top candidate must beat the runner-up by more than this (else a miss).
+        n_boot: resamples of the paired bootstrap of each head's gain over the best baseline (0: none, NaN
+            interval). Heads and baseline are resampled together, mention by mention, since they answer the same
+            mentions; this keeps one bit per mention and head.
+        seed: seed of the bootstrap.
         progress: show a tqdm progress bar.
 
     Returns:
-        DataFrame ``layer, head, group, n, accuracy, ci_low, ci_high, best_baseline, baseline_accuracy, gain``
-        (``gain = accuracy - baseline_accuracy``, the best rule-based or random baseline of the group). Groups:
+        DataFrame ``layer, head, group, n, accuracy, ci_low, ci_high, best_baseline, baseline_accuracy, gain,
+        gain_ci_low, gain_ci_high`` (``gain = accuracy - baseline_accuracy``, the best rule-based or random
+        baseline of the group; ``ci_*`` Wilson 95 %, ``gain_ci_*`` paired bootstrap 95 %). Groups:
         GAP ``all`` and ``backward`` (both names before the pronoun); CorefUD ``all``, ``pronoun``, ``nominal``.
         ``df.attrs``: ``dataset``, ``baselines`` (records ``group, baseline, n, accuracy, ci_low, ci_high``),
         ``stats`` (counts from the window builder), ``n_windows``, ``not_scorable_causal`` (queries with a
@@ -244,9 +273,15 @@ def coreference_scores(
         groups = ["all"] + sorted({q.group for w in windows for q in w.queries} - {"all"})
     baseline_names = {"gap": GAP_BASELINES, "corefud": COREFUD_BASELINES}.get(dataset)
     causal = bool(cfg.causal)
-    red = CorefReducer(L, H, groups, tie_tol=tie_tol)
-    base_hits: dict[tuple[str, str], float] = {}
-    base_n = torch.zeros(len(groups), dtype=torch.float64)
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
+        raise ValueError(f"n_boot={n_boot!r} must be a non-negative int")
+    if baseline_names is None:
+        windows = list(windows)
+        baseline_names = sorted({b for w in windows for q in w.queries for b in q.baselines})
+    bnames = [*baseline_names, "random"]
+    red = CorefReducer(L, H, groups, tie_tol=tie_tol, keep_queries=n_boot > 0)
+    q_member: list[list[bool]] = []  # per scored query, in the order the reducer sees them
+    q_base: list[list[float]] = []  # per scored query: each baseline's correctness (random: its expectation)
     pad = getattr(tok, "pad_token_id", None) or 0
     n_windows = not_scorable = 0
 
@@ -309,15 +344,8 @@ def coreference_scores(
                 continue
             g = in_group(q, backward)
             qs.append((q, g))
-            gt = torch.tensor(g, dtype=torch.bool)
-            base_n[gt] += 1
-            picks = dict(q.baselines)
-            for gi, name in enumerate(groups):
-                if not g[gi]:
-                    continue
-                for bname, k in picks.items():
-                    base_hits[(name, bname)] = base_hits.get((name, bname), 0.0) + float(q.gold[k])
-                base_hits[(name, "random")] = base_hits.get((name, "random"), 0.0) + sum(q.gold) / len(q.gold)
+            q_member.append(g)
+            q_base.append([float(q.gold[q.baselines[b]]) for b in baseline_names] + [sum(q.gold) / len(q.gold)])
         if not qs:
             continue
         n_windows += 1
@@ -331,37 +359,65 @@ def coreference_scores(
     if float(res["n"].sum()) == 0:
         raise ValueError(f"no coreference query to score in {source!s} (stats {stats}, {not_scorable} not scorable "
                          f"by a causal model)")
-    bnames = list(baseline_names) if baseline_names is not None else sorted(
-        {b for (_, b) in base_hits if b != "random"})
+    member = torch.tensor(q_member, dtype=torch.bool)  # [N, G]
+    base = torch.tensor(q_base, dtype=torch.float64)  # [N, baselines]
     base_rows = []
-    best: dict[str, tuple[str, float]] = {}
+    best: dict[str, int] = {}
     for gi, g in enumerate(groups):
-        n = float(base_n[gi])
-        for bname in bnames + ["random"]:
-            h = base_hits.get((g, bname), 0.0)
-            lo, hi = wilson_interval(h, n)
+        sel = base[member[:, gi]]  # [n, baselines]
+        n = sel.shape[0]
+        for bi, bname in enumerate(bnames):
+            h = float(sel[:, bi].sum())
+            lo, hi = wilson_interval(h, float(n))
             acc = h / n if n else math.nan
-            base_rows.append({"group": g, "baseline": bname, "n": int(n), "accuracy": acc, "ci_low": lo, "ci_high": hi})
-            if n and (g not in best or acc > best[g][1]):
-                best[g] = (bname, acc)
+            base_rows.append({"group": g, "baseline": bname, "n": n, "accuracy": acc, "ci_low": lo, "ci_high": hi})
+            if n and (g not in best or acc > float(sel[:, best[g]].mean())):
+                best[g] = bi
+    gain_ci = _paired_bootstrap(res.get("per_query"), base, member, groups, best, n_boot, seed)  # {group: ([L, H], [L, H])}
     lo, hi = wilson_interval(res["hits"], res["n"][:, None, None])
     rows = []
     for gi, g in enumerate(groups):
         n = int(res["n"][gi])
         if n == 0:
             continue
-        bname, bacc = best[g]
+        bname = bnames[best[g]]
+        bacc = float(base[member[:, gi], best[g]].mean())
+        glo, ghi = gain_ci.get(g, (torch.full((L, H), math.nan), torch.full((L, H), math.nan)))
         for layer in range(L):
             for head in range(H):
                 acc = float(res["hits"][gi, layer, head]) / n
                 rows.append({"layer": layer, "head": head, "group": g, "n": n, "accuracy": acc,
                              "ci_low": float(lo[gi, layer, head]), "ci_high": float(hi[gi, layer, head]),
-                             "best_baseline": bname, "baseline_accuracy": bacc, "gain": acc - bacc})
+                             "best_baseline": bname, "baseline_accuracy": bacc, "gain": acc - bacc,
+                             "gain_ci_low": float(glo[layer, head]), "gain_ci_high": float(ghi[layer, head])})
     df = pd.DataFrame(rows, columns=["layer", "head", "group", "n", "accuracy", "ci_low", "ci_high", "best_baseline",
-                                     "baseline_accuracy", "gain"])
+                                     "baseline_accuracy", "gain", "gain_ci_low", "gain_ci_high"])
     df.attrs.update(dataset=dataset, baselines=base_rows, stats=dict(stats), n_windows=n_windows,
                     not_scorable_causal=not_scorable)
     return df
+
+
+def _paired_bootstrap(per_query: torch.Tensor | None, base: torch.Tensor, member: torch.Tensor, groups: list[str],
+                      best: dict[str, int], n_boot: int, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per group: the 2.5 and 97.5 percentiles ``[L, H]`` of the gain over the best baseline, resampling mentions."""
+    if per_query is None or n_boot == 0:
+        return {}
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for gi, name in enumerate(groups):
+        sel = member[:, gi]
+        n = int(sel.sum())
+        if n == 0 or name not in best:
+            continue
+        L, H = per_query.shape[1:]
+        diff = per_query[sel].double().reshape(n, L * H) - base[sel, best[name]][:, None]  # [n, L*H]
+        idx = torch.randint(0, n, (n_boot, n), generator=g)
+        weights = torch.zeros(n_boot, n, dtype=torch.float64).scatter_add_(
+            1, idx, torch.ones(n_boot, n, dtype=torch.float64))  # [n_boot, n]: times each mention is drawn
+        gains = weights @ diff / n  # [n_boot, L*H]
+        q = torch.quantile(gains, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=0)  # [2, L*H]
+        out[name] = (q[0].reshape(L, H), q[1].reshape(L, H))  # [L, H] each
+    return out
 
 
 def coreference_kinds(df: pd.DataFrame, name: str, *, margin: float = 0.1, min_count: int = 50) -> list[dict[str, Any]]:
@@ -393,5 +449,6 @@ def coreference_kinds(df: pd.DataFrame, name: str, *, margin: float = 0.1, min_c
     good = df[(df.group == "all") & (df.gain >= margin) & (df.n >= min_count)]
     return [{"layer": int(r.layer), "head": int(r.head), "kind": f"coreference:{name}", "score": float(r.accuracy),
              "evidence": f"mention->antecedent accuracy {r.accuracy:.2f} (95% CI {r.ci_low:.2f}-{r.ci_high:.2f}) vs "
-                         f"{r.best_baseline} baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"}
+                         f"{r.best_baseline} baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, paired 95% CI "
+                         f"{r.gain_ci_low:+.2f} to {r.gain_ci_high:+.2f}; n={r.n})"}
             for r in good.itertuples()]

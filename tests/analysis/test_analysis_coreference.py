@@ -77,7 +77,7 @@ def test_bidirectional_model_scores_cataphora(gap_file, one_thread):
 
 def test_reducer_sums_attention_to_a_candidate_and_averages_it_from_the_source():
     """One query whose source is two tokens, candidates of one and two tokens, a hand-set pattern."""
-    red = CorefReducer(1, 2, ["all"])
+    red = CorefReducer(1, 2, ["all"], keep_queries=True)
     T = 5
     source = torch.tensor([[[0.0, 0.0, 0.0, 0.5, 0.5]]])  # mean over tokens 3 and 4
     units = torch.tensor([[[1.0, 0, 0, 0, 0], [0, 1.0, 1.0, 0, 0]]])  # candidate 0: token 0; 1: tokens 1, 2
@@ -95,6 +95,7 @@ def test_reducer_sums_attention_to_a_candidate_and_averages_it_from_the_source()
     res = red.result()
     assert res["n"].tolist() == [1.0]
     assert res["hits"][0, 0].tolist() == [1.0, 0.0]  # head 1 sums 0.5 on candidate 1 (wrong), not 0.25 each
+    assert res["per_query"].tolist() == [[[True, False]]]  # one mention, one layer, two heads
 
 
 def test_wilson_interval_matches_the_closed_form_and_scipy():
@@ -132,3 +133,23 @@ def test_wired_head_found_on_corefud_documents(tmp_path, one_thread):
     base = {r["baseline"]: r["accuracy"] for r in df.attrs["baselines"] if r["group"] == "pronoun"}
     assert base["nearest"] == 0.5 and base["random"] == 0.5
     assert set(df.group) == {"all", "pronoun"}  # no name has an antecedent: the nominal group is empty
+
+
+def test_gain_interval_is_a_paired_bootstrap_over_mentions(gap_file, one_thread):
+    model = hand_built_coref_model()
+    df = coreference_scores(model, gap_file, n_boot=300, seed=1)
+    alls = df[df.group == "all"].set_index(["layer", "head"])
+    assert (alls.best_baseline == "nearest").all()  # all baselines tie at 0.5: the first listed is kept
+    # Reference: the wired head is always right, so its per-mention gain is 1 - (nearest baseline right); draw
+    # the same mentions (same generator, same call) and take the percentiles.
+    queries = [w.queries[0] for w in gap_windows(read_gap(gap_file), model.tokenizer) if w.doc_id != "cata"]
+    diff = torch.tensor([1.0 - q.gold[q.baselines["nearest"]] for q in queries], dtype=torch.float64)
+    idx = torch.randint(0, len(diff), (300, len(diff)), generator=torch.Generator().manual_seed(1))
+    ref = torch.quantile(diff[idx].mean(1), torch.tensor([0.025, 0.975], dtype=torch.float64))
+    wired = alls.loc[(0, 0)]
+    assert (wired.gain_ci_low, wired.gain_ci_high) == pytest.approx((float(ref[0]), float(ref[1])))
+    assert wired.gain_ci_low > 0 and wired.gain == 0.5
+    assert (alls.drop(index=(0, 0)).gain_ci_low <= 0).all()
+    assert df[["gain_ci_low", "gain_ci_high"]].notna().all().all()
+    none = coreference_scores(model, gap_file, n_boot=0)
+    assert none.gain_ci_low.isna().all() and none.accuracy.tolist() == df.accuracy.tolist()

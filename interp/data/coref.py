@@ -176,7 +176,7 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
     Example:
         >>> doc = next(read_corefud("en_gum-ud-dev.ccby.conllu"))
         >>> [doc.text(m) for m in doc.entities["3"]][:3]
-        ['Byron', 'his', 'his']
+        ['Byron', 'his', 'he']
     """
     # Line-numbered sentence blocks; imported here, not at the top: see the module docstring.
     from ..analysis.treebank import _blocks

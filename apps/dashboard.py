@@ -341,7 +341,7 @@ def pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
 
 
 @st.cache_data(show_spinner="Classifying heads (positional, induction, copying scores) ...", max_entries=8)
-def head_report(key: tuple[str, str], treebank: str | None, max_sentences: int) -> Any:
+def head_report(key: tuple[str, str], treebank: str | None, max_sentences: int, coref: str | None = None) -> Any:
     from interp.analysis import classify_heads
 
     model = load_model(*key)
@@ -350,6 +350,8 @@ def head_report(key: tuple[str, str], treebank: str | None, max_sentences: int) 
         kwargs["texts"] = list(EXAMPLE_SENTENCES.values()) + PRUNING_SENTENCES
     if treebank:
         kwargs.update(conllu=treebank, max_sentences=max_sentences)
+    if coref:
+        kwargs["coref"] = coref
     return classify_heads(model, **kwargs)
 
 
@@ -442,8 +444,13 @@ def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Te
     if ud.is_file() and model.tokenizer is not None and not _is_token_id_model(model):
         if st.checkbox("Add syntactic heads (UD English EWT dev, slower)", key="use_treebank"):
             treebank = str(ud)
+    coref = None
+    gap = ud.parents[1] / "gap" / "gap-validation.tsv"
+    if gap.is_file() and model.tokenizer is not None and not _is_token_id_model(model):
+        if st.checkbox("Add coreference heads (GAP validation, 454 rows, slower)", key="use_coref"):
+            coref = str(gap)
     try:
-        report = head_report(key, treebank, 200)
+        report = head_report(key, treebank, 200, coref)
     except Exception as e:  # noqa: BLE001 - shown to the user
         st.error(f"Could not classify the heads: {e}")
         return
@@ -451,6 +458,10 @@ def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Te
                     key="fig_head_map")
     with st.expander("All kinds found (table)", expanded=False):
         st.dataframe(report.df, width="stretch", hide_index=True)
+    for name, cor in getattr(report, "details", {}).items():
+        if name.startswith("coreference:"):
+            st.plotly_chart(viz.coreference_figure(cor, title=f"{name}: pronoun -> antecedent accuracy"),
+                            width="stretch", key=f"fig_{name}")
     data = pattern_data(key, tuple(ids[0].tolist()))
     c1, c2 = st.columns(2)
     with c1:

@@ -3,7 +3,7 @@ calculator and the benchmarks, each a thin layer over the library (no math lives
 
 Commands::
 
-    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--no-progress] [--json]
+    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--coref FILE ...] [--no-progress] [--json]
     interp prune --model NAME --method importance|l0|random [--target F ...] [--step F] [--seed S] [--seeds N]
                  [--l0-steps N] [--n-seqs N] [--no-progress] [--json]
     interp train-induction [--steps N] [--seed S] [--batch-size B] [--out PATH.safetensors] [--no-progress]
@@ -16,7 +16,7 @@ Commands::
 
 * ``interp heads --json``: a JSON list, one object per (head, kind) found:
   ``{"layer": int, "head": int, "kind": str, "score": float}``; ``kind`` is the classifier's label
-  (``previous-token``, ``induction``, ``positional:-1``, ``syntactic:nsubj``...).
+  (``previous-token``, ``induction``, ``positional:-1``, ``syntactic:nsubj``, ``coreference:gap``...).
 * ``interp prune --json``: a JSON list, one object per point of the pruning curve:
   ``{"method": str, "fraction_pruned": float, "metric": float}``; ``metric`` is the pruning objective
   (for decoders, next-token accuracy on the repeated half of repeated random sequences, the in-context
@@ -100,6 +100,9 @@ def _print_json(obj: Any) -> None:
 def _heads(args: argparse.Namespace) -> int:
     if args.conllu is not None and not Path(args.conllu).is_file():
         raise CliError(f"--conllu file {args.conllu!r} does not exist")
+    for f in args.coref or []:
+        if not Path(f).is_file():
+            raise CliError(f"--coref file {f!r} does not exist")
     if args.text is not None and not any(t.strip() for t in args.text):
         raise CliError(f"--text {args.text!r} is empty")
     classify_heads = _require("interp.analysis", "classify_heads", "head classification (interp.analysis)")
@@ -111,6 +114,8 @@ def _heads(args: argparse.Namespace) -> int:
         kwargs["conllu"] = args.conllu
         if args.max_sentences is not None:
             kwargs["max_sentences"] = args.max_sentences
+    if args.coref:
+        kwargs["coref"] = list(args.coref)
     report = classify_heads(model, progress=not args.no_progress, **kwargs)
     df = report.df if hasattr(report, "df") else report
     rows = heads_records(df)
@@ -516,6 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="text to run on (repeat for several texts; default: random tokens)")
     src.add_argument("--conllu", help="a CoNLL-U treebank: adds syntactic heads (gold dependency trees)")
     h.add_argument("--max-sentences", type=_positive_int, help="use at most this many CoNLL-U sentences (default: all)")
+    h.add_argument("--coref", action="append", metavar="FILE",
+                   help="coreference data (GAP .tsv or CorefUD .conllu): adds coreference:gap / coreference:corefud "
+                        "heads (repeat for several files)")
     h.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
     h.set_defaults(func=_heads)

@@ -19,6 +19,8 @@ kind                        criterion                                           
 ``syntactic:{rel}``         accuracy beats the best fixed-offset baseline of the relation     margin 0.1,
                             by the margin, in either direction, over at least ``min_count``   100 arcs
                             arcs
+``coreference:{dataset}``   mention->antecedent accuracy beats the best baseline (nearest,    margin 0.1,
+                            head/string match, random...; :mod:`.coreference`) by the margin  50 mentions
 ==========================  ==============================================================  =========
 """
 
@@ -34,6 +36,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .coreference import coref_dataset_of, coreference_kinds, coreference_scores
 from .induction import induction_scores
 from .positional import offset_label, positional_scores
 from .syntactic import syntactic_scores
@@ -101,6 +104,7 @@ class HeadReport:
         for (layer, head), sel in self.df.groupby(["layer", "head"]):
             count[layer][head] = len(sel)
             text[layer][head] = "<br>".join(k.replace("positional:", "pos:").replace("syntactic:", "syn:")
+                                            .replace("coreference:", "coref:")
                                             for k in sel.kind)
             hover[layer][head] = f"L{layer}H{head}<br>" + "<br>".join(
                 f"{k}: {s:.2f}" for k, s in zip(sel.kind, sel.score))
@@ -226,6 +230,9 @@ def classify_heads(
     copying_threshold: float = 0.7,
     syntactic_margin: float = 0.1,
     syntactic_min_count: int = 100,
+    coref: Any = None,
+    coref_margin: float = 0.1,
+    coref_min_count: int = 50,
     max_sentences: int | None = None,
     n_seqs: int = 32,
     half_len: int | None = None,
@@ -253,6 +260,9 @@ def classify_heads(
         copying_threshold: minimum copying score of an induction head (models with an unembedding).
         syntactic_margin: accuracy above the offset baseline needed for ``syntactic:{rel}``.
         syntactic_min_count: arcs of a relation (in that direction) needed before it is judged.
+        coref: coreference data for ``coreference:{dataset}``: a GAP ``.tsv`` / CorefUD ``.conllu`` path (the
+            kind is named ``gap`` / ``corefud``), a list of them, or a dict ``{dataset name: path}``.
+        coref_margin, coref_min_count: accuracy above the best baseline, and mentions needed to judge.
         max_sentences: cap on treebank sentences.
         n_seqs, half_len, seed: the default random data.
         batch_size: sequences (or sentences) per forward pass.
@@ -341,6 +351,16 @@ def classify_heads(
                          "evidence": f"{r.direction} accuracy {r.accuracy:.2f} vs offset {r.baseline_offset:+d} "
                                      f"baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"})
 
+    # --- coreference ----------------------------------------------------------------------------------
+    if coref is not None:
+        stage("coreference")
+        sources = coref if isinstance(coref, dict) else {
+            coref_dataset_of(c): c for c in (coref if isinstance(coref, (list, tuple)) else [coref])}
+        for name, src in sources.items():
+            cor = coreference_scores(model, src, batch_size=max(1, batch_size // 4))
+            details[f"coreference:{name}"] = cor
+            rows += coreference_kinds(cor, name, margin=coref_margin, min_count=coref_min_count)
+
     stage(None)
     df = pd.DataFrame(rows, columns=_COLUMNS)
     if len(df):
@@ -350,5 +370,6 @@ def classify_heads(
                       previous_token_threshold=previous_token_threshold,
                       duplicate_token_threshold=duplicate_token_threshold, induction_threshold=induction_threshold,
                       copying_threshold=copying_threshold, syntactic_margin=syntactic_margin,
-                      syntactic_min_count=syntactic_min_count, definition=definition)
+                      syntactic_min_count=syntactic_min_count, definition=definition, coref_margin=coref_margin,
+                      coref_min_count=coref_min_count)
     return HeadReport(df, cfg.n_layers, cfg.n_heads, getattr(model, "name", "model"), details, thresholds)

@@ -11,6 +11,7 @@ Example:
 """
 
 from .attention import attention_heatmap, head_grid, layer_heads
+from .coreference import coreference_figure
 from .cost import flops_figure, kv_cache_figure
 from .export import save_figure
 from .heads import (
@@ -22,7 +23,8 @@ from .pruning import pruning_curves
 
 __all__ = [
     "composition_heatmap", "logit_attribution_bar", "patching_heatmap",
-    "INDUCTION_COLUMNS", "attention_heatmap", "flops_figure", "head_grid", "head_map", "head_norms_figure",
+    "INDUCTION_COLUMNS", "attention_heatmap", "coreference_figure", "flops_figure", "head_grid", "head_map",
+    "head_norms_figure",
     "head_write_norms", "induction_map", "kv_cache_figure", "layer_heads", "positional_map", "pruning_curves",
     "save_figure", "score_map", "score_maps",
 ]

@@ -169,7 +169,7 @@ def example_texts(model: interp.Transformer) -> dict[str, str]:
     """Examples that suit the model: sentences, or ``t<id>`` strings for token-id models."""
     if not _is_token_id_model(model):
         return dict(EXAMPLE_SENTENCES)
-    from interp.analysis.data import repeated_sequences
+    from interp.data import repeated_sequences
 
     bos = getattr(model.tokenizer, "bos_id", None)
     half = min(12, (model.cfg.n_ctx - 1) // 2)

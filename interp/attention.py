@@ -31,7 +31,7 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookPoint
 from .kv_cache import LayerKVCache
-from .positional import Rotary
+from .rotary import Rotary
 
 
 @dataclass
@@ -175,11 +175,9 @@ class _AttentionBase(nn.Module):
         add = mask.additive(scores.dtype, scores.device, q_slice)
         if add is not None:
             scores = scores + add
-        self.hook_attn_scores.ctx["q_start"] = q_slice.start
-        self.hook_pattern.ctx["q_start"] = q_slice.start
-        scores = self.hook_attn_scores(scores)
+        scores = self.hook_attn_scores(scores, q_slice.start)
         pattern = torch.softmax(scores, dim=-1)
-        pattern = self.hook_pattern(pattern)
+        pattern = self.hook_pattern(pattern, q_slice.start)
         z = pattern.reshape(B, K, G * T, -1) @ v  # [B, K, G*T, Dv]
         return z.view(B, H, T, -1)  # [B, H, T, Dv]
 

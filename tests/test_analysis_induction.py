@@ -7,7 +7,7 @@ import torch
 
 from interp import ModelConfig, Transformer
 from interp.analysis import induction_scores, repeated_tokens_for
-from interp.analysis.data import repeated_sequences
+from interp.data import repeated_sequences
 from interp.analysis.toy import hand_built_model
 
 

@@ -345,7 +345,7 @@ def test_hook_that_raises_leaves_model_clean():
 class _Raising(interp.Reducer):
     names = "blocks.0.attn.hook_z"
 
-    def update(self, name, tensor, hook):
+    def update(self, name, tensor, *, q_start):
         raise RuntimeError("reducer failed")
 
     def result(self):

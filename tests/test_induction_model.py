@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from interp import ModelConfig
-from interp.analysis.data import first_occurrence_mask, induction_training_batch, repeated_sequences
+from interp.data import first_occurrence_mask, induction_training_batch, repeated_sequences
 from interp.zoo.induction import (
     INDUCTION_2L_PATH, TokenIdTokenizer, attention_scores, build_induction_model, evaluate_induction,
     induction_losses, load_induction_2l, save_induction_model, train_induction_model,

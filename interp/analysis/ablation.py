@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .data import first_occurrence_mask, repeated_sequences
+from ..data import first_occurrence_mask, repeated_sequences
 
 __all__ = ["in_context_gain", "ablation_table"]
 

@@ -11,62 +11,135 @@ hook, so no token-level pattern outlives its forward pass.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import itertools
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
-from ..hooks import HookPoint
-from ..trace import Reducer
-from ._stream import PATTERN_HOOKS, layer_of, run_reducer
-from .treebank import Sentence, align_words, read_conllu
+from ..data import Batch, Sentence, TreebankStats, treebank_batches
+from ..trace import Reducer, stream
+from ._stream import PATTERN_HOOKS, head_counts, heads_of, layer_of
 
-__all__ = ["syntactic_scores", "DIRECTIONS"]
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["syntactic_scores", "DIRECTIONS", "SyntacticReducer"]
 
 #: The two directions scored per relation.
 DIRECTIONS = ("dep->head", "head->dep")
 
 
-class _WordAttention(Reducer):
-    """Folds token patterns into word-to-word attention ``[L, B, H, W, W]`` for the current batch."""
+class SyntacticReducer(Reducer):
+    """The streaming piece of :func:`syntactic_scores`: folds token patterns into word-to-word attention
+    and scores each gold arc of the batch's sentences.
+
+    Reads ``batch.annotations["sentences"]`` (``list[Sentence]``) and ``["member"]`` (``[B, W, T]``), as made
+    by :func:`~interp.data.treebank_batches`; a batch without them is skipped. State, per relation and
+    direction (``{rel}|{d}``, d = 0 for dep->head, 1 for head->dep): ``correct|{rel}|{d}`` ``[L, H_max]``
+    (arcs whose most-attended other word is the gold partner), ``count|{rel}|{d}`` (arcs) and
+    ``offset|{rel}|{d}`` ``[2 n_ctx + 1]`` (arcs per relative word offset, for the baseline).
+
+    Args:
+        model: the model whose patterns are folded.
+        strip_subtypes: fold ``obl:tmod`` into ``obl``.
+    """
 
     names = PATTERN_HOOKS
 
-    def __init__(self, n_layers: int) -> None:
-        self.n_layers = n_layers
+    def __init__(self, model: Transformer, *, strip_subtypes: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.strip_subtypes = strip_subtypes
+        self._L, self._H = model.cfg.n_layers, max(head_counts(model), default=0)
+        self._n_ctx = model.cfg.n_ctx
+        self.state["n_sentences"] = torch.zeros((), dtype=torch.float64)
+        self._member: torch.Tensor | None = None
 
-    def set_batch(self, member: torch.Tensor) -> None:
-        """member: ``[B, W, T]`` 1 where token t belongs to word w."""
-        self.to_word = member  # attention to a word: sum over its tokens
-        self.from_word = member / member.sum(-1, keepdim=True).clamp(min=1)  # from a word: mean over its tokens
-        self.words: list[torch.Tensor | None] = [None] * self.n_layers
+    def begin_batch(self, batch: Batch) -> None:
+        member = batch.annotations.get("member")
+        self._sents: list[Sentence] = batch.annotations.get("sentences") or []
+        self._member = member
+        if member is None:
+            return
+        self._to_word = member  # attention to a word: sum over its tokens
+        self._from_word = member / member.sum(-1, keepdim=True).clamp(min=1)  # from a word: mean over its tokens
+        B, W = member.shape[:2]
+        self._words = torch.zeros(self._L, B, self._H, W, W)  # [L, B, H, W, W]
 
-    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
-        layer = layer_of(name)
-        q0 = hook.ctx.get("q_start", 0) or 0
+    def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
+        if self._member is None:
+            return
         p = tensor.detach().float()  # [B, H, Tc, S]
-        frm = self.from_word[:, :, q0:q0 + p.shape[2]].to(p)  # [B, W, Tc]
-        part = torch.einsum("bwt,bhts,bvs->bhwv", frm, p, self.to_word.to(p)).cpu()  # [B, H, W, W]
-        self.words[layer] = part if self.words[layer] is None else self.words[layer] + part
+        frm = self._from_word[:, :, q_start:q_start + p.shape[2]].to(p)  # [B, W, Tc]
+        part = torch.einsum("bwt,bhts,bvs->bhwv", frm, p, self._to_word.to(p)).cpu()  # [B, H, W, W]
+        self._words[layer_of(name), :, :p.shape[1]] += part
 
-    def result(self) -> list[torch.Tensor | None]:
-        return self.words
+    def end_batch(self) -> None:
+        if self._member is None:
+            return
+        words = self._words
+        W = words.shape[-1]
+        n_words = torch.tensor([len(s.words) for s in self._sents])  # [B]
+        exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
+        invalid = ~exists[:, None, :] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]: no self, no padding
+        words = words.masked_fill(invalid[None, :, None], float("-inf"))
+        pred = words.argmax(-1)  # [L, B, H, W]: most-attended other word of each word
+        st = self.state
+        for b, s in enumerate(self._sents):
+            for d, (h, r) in enumerate(zip(s.heads, s.deprels)):
+                if h < 0:
+                    continue
+                rel = r.split(":")[0] if self.strip_subtypes else r
+                for direction, (src, dst) in enumerate(((d, h), (h, d))):
+                    key = f"{rel}|{direction}"
+                    if f"count|{key}" not in st:
+                        st[f"correct|{key}"] = torch.zeros(self._L, self._H, dtype=torch.float64)
+                        st[f"count|{key}"] = torch.zeros((), dtype=torch.float64)
+                        st[f"offset|{key}"] = torch.zeros(2 * self._n_ctx + 1, dtype=torch.float64)
+                    st[f"correct|{key}"] += (pred[:, b, :, src] == dst).double()
+                    st[f"count|{key}"] += 1
+                    st[f"offset|{key}"][dst - src + self._n_ctx] += 1
+        st["n_sentences"] += len(self._sents)
+        self._member = None
 
+    def result(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """``{(relation, direction index): {"correct": [L, H_max], "n", "baseline_offset",
+        "baseline_hits"}}``; the baseline offset is the most frequent one (ties: the smallest offset)."""
+        out = {}
+        keys = [k[len("count|"):] for k in self.state if k.startswith("count|")]
+        for key in sorted(keys, key=lambda k: (k.rsplit("|", 1)[0], int(k.rsplit("|", 1)[1]))):
+            rel, d = key.rsplit("|", 1)
+            counts = self.state[f"offset|{key}"]
+            best = int(torch.argmax(counts))  # first maximum: the smallest offset among ties
+            out[(rel, int(d))] = {"correct": self.state[f"correct|{key}"], "n": int(self.state[f"count|{key}"]),
+                                  "baseline_offset": best - self._n_ctx, "baseline_hits": int(counts[best])}
+        return out
 
-def _sentences(conllu: Any, max_sentences: int | None) -> Iterable[Sentence]:
-    if isinstance(conllu, (str, Path)):
-        return read_conllu(conllu, max_sentences=max_sentences)
-    if isinstance(conllu, Iterable):
-        sents = iter(conllu)
-        return (s for i, s in enumerate(sents) if max_sentences is None or i < max_sentences)
-    raise TypeError(f"conllu must be a path or an iterable of Sentence, got {type(conllu).__name__}")
+    def table(self, *, n_skipped: int = 0) -> pd.DataFrame:
+        """The :func:`syntactic_scores` table of what was folded so far."""
+        res = self.result()
+        base_rows, rows = [], []
+        for (rel, direction), r in res.items():
+            n, off, hits = r["n"], r["baseline_offset"], r["baseline_hits"]
+            base_rows.append({"relation": rel, "direction": DIRECTIONS[direction], "n": n,
+                              "baseline_offset": off, "baseline_accuracy": hits / n})
+            for layer, head in heads_of(self.model):
+                a = float(r["correct"][layer, head]) / n
+                rows.append({"layer": layer, "head": head, "relation": rel, "direction": DIRECTIONS[direction],
+                             "n": n, "accuracy": a, "baseline_offset": off, "baseline_accuracy": hits / n,
+                             "gain": a - hits / n})
+        df = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "n", "accuracy",
+                                         "baseline_offset", "baseline_accuracy", "gain"])
+        df.attrs.update(baseline=base_rows, n_sentences=int(self.state["n_sentences"]),
+                        n_skipped_too_long=n_skipped, n_arcs=sum(r["n"] for r in res.values()) // 2)
+        return df
 
 
 def syntactic_scores(
-    model: Any,
+    model: Transformer,
     conllu: str | Path | Iterable[Sentence],
     *,
     tokenizer: Any = None,
@@ -79,11 +152,11 @@ def syntactic_scores(
 
     Args:
         model: an interp Transformer.
-        conllu: a CoNLL-U file (any treebank) or an iterable of :class:`~interp.analysis.treebank.Sentence`
-            (for example from :func:`~interp.analysis.treebank.parse_text_with_spacy`).
+        conllu: a CoNLL-U file (any treebank) or an iterable of :class:`~interp.data.Sentence`
+            (for example from :func:`~interp.data.parse_text_with_spacy`).
         tokenizer: anything with ``encode_words(words) -> (ids, word_index)`` and ``pad_token_id``;
             default ``model.tokenizer``.
-        batch_size: sentences per forward pass.
+        batch_size: sentences per forward pass (sentences of similar length are batched together).
         max_sentences: use only the first sentences.
         strip_subtypes: fold ``obl:tmod`` into ``obl`` (universal relations only).
         progress: show a tqdm progress bar.
@@ -91,8 +164,9 @@ def syntactic_scores(
     Returns:
         DataFrame with columns ``layer, head, relation, direction, n, accuracy, baseline_offset,
         baseline_accuracy, gain`` (``gain = accuracy - baseline_accuracy``). ``df.attrs``: ``baseline``
-        (records ``relation, direction, n, baseline_offset, baseline_accuracy``; ``pd.DataFrame(...)`` them), ``n_sentences`` (scored),
-        ``n_skipped_too_long`` (sentences with more tokens than the model's ``n_ctx``, skipped), ``n_arcs``.
+        (records ``relation, direction, n, baseline_offset, baseline_accuracy``; ``pd.DataFrame(...)`` them),
+        ``n_sentences`` (scored), ``n_skipped_too_long`` (sentences with more tokens than the model's
+        ``n_ctx``, skipped), ``n_arcs``.
 
     Raises:
         ValueError: a malformed CoNLL-U line (``file:line`` in the message), an empty treebank, no sentence
@@ -103,96 +177,26 @@ def syntactic_scores(
         >>> df = syntactic_scores(model, "en_ewt-ud-dev.conllu", max_sentences=500)
         >>> df[df.gain > 0.1].sort_values("gain", ascending=False).head()
     """
-    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    if tok is None or not hasattr(tok, "encode_words"):
-        raise ValueError(f"model {getattr(model, 'name', '?')!r} has no tokenizer with encode_words; pass tokenizer=")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive int")
-    cfg = model.cfg
-    L, H = cfg.n_layers, cfg.n_heads
-    pad = getattr(tok, "pad_token_id", None) or 0
-    red = _WordAttention(L)
-    correct: dict[tuple[str, int], torch.Tensor] = defaultdict(lambda: torch.zeros(L, H, dtype=torch.float64))
-    counts: Counter = Counter()
-    offsets: dict[tuple[str, int], Counter] = defaultdict(Counter)
-    n_seen = n_skipped = n_scored = 0
+    red = SyntacticReducer(model, strip_subtypes=strip_subtypes)
+    stats = TreebankStats()
+    batches = treebank_batches(model, conllu, tokenizer=tokenizer, batch_size=batch_size,
+                               max_sentences=max_sentences, stats=stats)
+    run_treebank(model, batches, [red], stats, conllu, progress=progress)
+    return red.table(n_skipped=stats.skipped)
 
-    def rel_name(r: str) -> str:
-        return r.split(":")[0] if strip_subtypes else r
 
-    def flush(batch: list[tuple[Sentence, torch.Tensor, torch.Tensor]]) -> None:
-        B = len(batch)
-        T = max(len(ids) for _, ids, _ in batch)
-        W = max(len(s.words) for s, _, _ in batch)
-        tokens = torch.full((B, T), pad, dtype=torch.long)
-        mask = torch.zeros(B, T, dtype=torch.long)
-        member = torch.zeros(B, W, T)
-        for b, (s, ids, mem) in enumerate(batch):
-            tokens[b, :len(ids)] = ids
-            mask[b, :len(ids)] = 1
-            member[b, :mem.shape[0], :mem.shape[1]] = mem
-        red.set_batch(member)
-        run_reducer(model, tokens, None if bool(mask.all()) else mask, [red])
-        words = torch.stack(red.result())  # [L, B, H, W, W]
-        n_words = torch.tensor([len(s.words) for s, _, _ in batch])  # [B]
-        exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
-        invalid = ~exists[:, None, :] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]: no self, no padding
-        words = words.masked_fill(invalid[None, :, None], float("-inf"))
-        pred = words.argmax(-1)  # [L, B, H, W]: most-attended other word of each word
-        for b, (s, _, _) in enumerate(batch):
-            for d, (h, r) in enumerate(zip(s.heads, s.deprels)):
-                if h < 0:
-                    continue
-                rel = rel_name(r)
-                for direction, (src, dst) in enumerate(((d, h), (h, d))):
-                    correct[(rel, direction)] += (pred[:, b, :, src] == dst).double()
-                    counts[(rel, direction)] += 1
-                    offsets[(rel, direction)][dst - src] += 1
+def run_treebank(model: Transformer, batches: Iterable[Batch], reducers: list[Reducer], stats: TreebankStats,
+                 conllu: Any, *, progress: bool = False) -> None:
+    """Stream treebank ``batches`` through ``reducers`` and check that something was scored.
 
-    batch: list[tuple[Sentence, torch.Tensor, torch.Tensor]] = []
-    sents = _sentences(conllu, max_sentences)
-    if progress:
-        from tqdm.auto import tqdm
-
-        sents = tqdm(sents, desc="sentences")
-    for s in sents:
-        if not isinstance(s, Sentence):
-            raise TypeError(f"conllu items must be Sentence objects, got {type(s).__name__}")
-        n_seen += 1
-        ids, word_index = tok.encode_words(s.words)
-        if len(ids) > cfg.n_ctx:
-            n_skipped += 1
-            continue
-        batch.append((s, torch.as_tensor(ids, dtype=torch.long), align_words(list(word_index), len(s.words))))
-        if len(batch) == batch_size:
-            flush(batch)
-            n_scored += len(batch)
-            batch = []
-    if batch:
-        flush(batch)
-        n_scored += len(batch)
-    if n_seen == 0:
-        raise ValueError(f"empty dataset: {conllu!s} holds no sentence")
-    if n_scored == 0:
-        raise ValueError(f"all {n_seen} sentences are longer than the model's n_ctx={cfg.n_ctx}; nothing scored")
-    base_rows = []
-    for (rel, direction), c in sorted(offsets.items()):
-        off, hits = c.most_common(1)[0]
-        base_rows.append({"relation": rel, "direction": DIRECTIONS[direction], "n": counts[(rel, direction)],
-                          "baseline_offset": off, "baseline_accuracy": hits / counts[(rel, direction)]})
-    baseline = pd.DataFrame(base_rows)
-    rows = []
-    for (rel, direction), acc in sorted(correct.items()):
-        n = counts[(rel, direction)]
-        off, hits = offsets[(rel, direction)].most_common(1)[0]
-        for layer in range(L):
-            for head in range(H):
-                a = float(acc[layer, head]) / n
-                rows.append({"layer": layer, "head": head, "relation": rel, "direction": DIRECTIONS[direction],
-                             "n": n, "accuracy": a, "baseline_offset": off, "baseline_accuracy": hits / n,
-                             "gain": a - hits / n})
-    df = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "n", "accuracy", "baseline_offset",
-                                     "baseline_accuracy", "gain"])
-    df.attrs.update(baseline=baseline.to_dict("records"), n_sentences=n_scored, n_skipped_too_long=n_skipped,
-                    n_arcs=sum(counts.values()) // 2)
-    return df
+    Raises:
+        ValueError: the treebank holds no sentence, or none fits the model's context.
+    """
+    it = iter(batches)
+    first = next(it, None)
+    if first is None:
+        if stats.seen == 0:
+            raise ValueError(f"empty dataset: {conllu!s} holds no sentence")
+        raise ValueError(f"all {stats.seen} sentences are longer than the model's n_ctx={model.cfg.n_ctx}; "
+                         "nothing scored")
+    stream(model, itertools.chain([first], it), reducers, name="conllu", progress=progress)

@@ -91,7 +91,7 @@ def build_data(model, data: dict[str, Any]) -> tuple[list[dict], list[dict], Any
     kind = data.get("kind", "repeated" if model.cfg.unembed else "ud")
     bs = int(data.get("batch_size", 16))
     if kind == "repeated":
-        from ..analysis.data import first_occurrence_mask, repeated_sequences
+        from ..data import first_occurrence_mask, repeated_sequences
 
         n, half = int(data.get("n_seqs", 64)), int(data.get("half_len", 25))
         bos = data.get("bos_id", 0 if getattr(model, "name", "") == "induction-2l" else None)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..analysis.data import first_occurrence_mask, induction_training_batch, repeated_sequences
+from ..data import first_occurrence_mask, induction_training_batch, repeated_sequences
 from ..config import ModelConfig
 from ..model import Transformer
 from .checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint

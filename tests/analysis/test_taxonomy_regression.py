@@ -40,8 +40,19 @@ def _assert_tables_match(report, expected: dict) -> None:
                 if isinstance(w, float) or isinstance(g, float):
                     w = float("nan") if w is None else w
                     assert (math.isnan(g) and math.isnan(w)) or abs(g - w) <= 1e-6, (name, col, g, w)
+                elif col == "baseline_offset":
+                    # The redesign breaks ties between equally frequent offsets by the smallest offset (an
+                    # order-independent rule that merged states need) instead of by first appearance; the
+                    # baseline accuracy, compared above, is the same either way.
+                    assert g == w or _tied(want, got, col), (name, col, g, w)
                 else:
                     assert g == w, (name, col, g, w)
+
+
+def _tied(want: pd.DataFrame, got: pd.DataFrame, col: str) -> bool:
+    """True when every differing baseline offset belongs to a relation whose two offsets tie in frequency."""
+    diff = want[col] != got[col]
+    return bool((want.loc[diff, "baseline_accuracy"] - got.loc[diff, "baseline_accuracy"]).abs().max() <= 1e-12)
 
 
 @pytest.fixture(scope="module")

@@ -104,41 +104,51 @@ class TargetReducer(Reducer):
         self._real = batch.real
         self._whole = None
 
-    def _targets_for(self, q0: int, Tc: int) -> dict[str, torch.Tensor]:
-        """The targets of query rows ``q0 .. q0 + Tc``; whole-sequence targets are kept for the next layers,
-        chunks are rebuilt (keeping them would hold a [T, S] mask again)."""
-        if q0 == 0 and Tc == self._real.shape[1]:
-            if self._whole is None:
-                self._whole = self.targets(self._batch, slice(0, Tc))
+    def _targets_for(self, q0: int, Tc: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Targets of query rows ``q0 .. q0 + Tc``: ``(targets [B, C, Tc, S] bool, valid rows [B, C, Tc],
+        weights [B, C, Tc*S] float = targets on valid rows)``.
+
+        Whole-sequence targets are kept for the next layers; chunks are rebuilt (keeping them would hold a
+        ``[T, S]`` mask again)."""
+        whole = q0 == 0 and Tc == self._real.shape[1]
+        if whole and self._whole is not None:
             return self._whole
-        return self.targets(self._batch, slice(q0, q0 + Tc))
+        targets = self.targets(self._batch, slice(q0, q0 + Tc))
+        missing = [c for c in self.categories if c not in targets]
+        if missing:
+            raise ValueError(f"{type(self).__name__}: no target mask for categories {missing}")
+        tgt = torch.stack([targets[c] for c in self.categories], dim=1)  # [B, C, Tc, S]
+        valid = tgt.any(-1) & self._real[:, None, q0:q0 + Tc]  # [B, C, Tc]: real rows with a target
+        B, C, _, S = tgt.shape
+        out = (tgt, valid, (tgt & valid[..., None]).float().reshape(B, C, Tc * S))  # [B, C, Tc*S]
+        if whole:
+            self._whole = out
+        return out
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
         q0 = q_start
         p = tensor.detach().float()  # [B, H, Tc, S]
-        H, Tc, S = p.shape[1], p.shape[2], p.shape[3]
+        B, H, Tc, S = p.shape
         if H == 0:
             return
         st = self.state
+        tgt, valid, w = (t.to(p.device) for t in self._targets_for(q0, Tc))
         real = self._real[:, q0:q0 + Tc].to(p.device)  # [B, Tc]
         top = p.topk(min(2, S), dim=-1)
         best = top.indices[..., 0]  # [B, H, Tc]
         unique = top.values[..., 0] - top.values[..., 1] > self.tie_tol if S > 1 else torch.ones_like(best, dtype=torch.bool)
         st["max_sum"][layer, :H] += (top.values[..., 0] * real[:, None]).sum((0, 2)).double().cpu()
         st["max_rows"][layer] += float(real.sum())
-        chunk_targets = self._targets_for(q0, Tc)
-        missing = [c for c in self.categories if c not in chunk_targets]
-        if missing:
-            raise ValueError(f"{type(self).__name__}: no target mask for categories {missing}")
-        for c, cat in enumerate(self.categories):
-            tgt = chunk_targets[cat].to(p.device)  # [B, Tc, S]
-            valid = tgt.any(-1) & real  # [B, Tc]
-            mass = (p * tgt[:, None]).sum(-1)  # [B, H, Tc]
-            hit = tgt[:, None].expand_as(p).gather(-1, best[..., None]).squeeze(-1) & unique  # [B, H, Tc]
-            st["mass"][c, layer, :H] += (mass * valid[:, None]).sum((0, 2)).double().cpu()
-            st["hits"][c, layer, :H] += (hit & valid[:, None]).sum((0, 2)).double().cpu()
-            st["rows"][c, layer] += float(valid.sum())
+        # Mass on the targets of every category over the valid rows, as one batched matmul over (query, key):
+        # sum_{t,s} p[b,h,t,s] * tgt[b,c,t,s] * valid[b,c,t]; no [B, C, H, Tc, S] product is formed.
+        mass = p.reshape(B, H, Tc * S) @ w.transpose(1, 2)  # [B, H, C]
+        st["mass"][:, layer, :H] += mass.double().sum(0).T.cpu()
+        # Is the (unique) argmax key a target? Look the target mask up at each row's argmax.
+        idx = best.transpose(1, 2)[:, None].expand(B, tgt.shape[1], Tc, H)  # [B, C, Tc, H]
+        hit = tgt.gather(-1, idx) & unique.transpose(1, 2)[:, None] & valid[..., None]  # [B, C, Tc, H]
+        st["hits"][:, layer, :H] += hit.sum((0, 2)).double().cpu()
+        st["rows"][:, layer] += valid.sum((0, 2)).double().cpu()
 
     def result(self) -> dict[str, Any]:
         """Per category: ``mass``, ``argmax`` (``[L, H_max]`` means over valid rows, NaN without rows), ``rows``;

@@ -73,9 +73,10 @@ class SyntacticReducer(Reducer):
         if self._member is None:
             return
         p = tensor.detach().float()  # [B, H, Tc, S]
-        frm = self._from_word[:, :, q_start:q_start + p.shape[2]].to(p)  # [B, W, Tc]
-        part = torch.einsum("bwt,bhts,bvs->bhwv", frm, p, self._to_word.to(p)).cpu()  # [B, H, W, W]
-        self._words[layer_of(name), :, :p.shape[1]] += part
+        frm = self._from_word[:, None, :, q_start:q_start + p.shape[2]].to(p)  # [B, 1, W, Tc]
+        # Two batched matmuls (queries to words, then keys to words): word attention [B, H, W, W].
+        part = (frm @ p) @ self._to_word.transpose(1, 2)[:, None].to(p)  # [B, H, W, S] -> [B, H, W, W]
+        self._words[layer_of(name), :, :p.shape[1]] += part.cpu()
 
     def end_batch(self) -> None:
         if self._member is None:
@@ -86,22 +87,27 @@ class SyntacticReducer(Reducer):
         exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
         invalid = ~exists[:, None, :] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]: no self, no padding
         words = words.masked_fill(invalid[None, :, None], float("-inf"))
-        pred = words.argmax(-1)  # [L, B, H, W]: most-attended other word of each word
-        st = self.state
+        pred = words.argmax(-1).permute(1, 3, 0, 2)  # [B, W, L, H]: most-attended other word of each word
+        # Every arc in both directions, grouped by (relation, direction): one gather per group, not per arc.
+        groups: dict[str, list[tuple[int, int, int]]] = {}
         for b, s in enumerate(self._sents):
             for d, (h, r) in enumerate(zip(s.heads, s.deprels)):
                 if h < 0:
                     continue
                 rel = r.split(":")[0] if self.strip_subtypes else r
-                for direction, (src, dst) in enumerate(((d, h), (h, d))):
-                    key = f"{rel}|{direction}"
-                    if f"count|{key}" not in st:
-                        st[f"correct|{key}"] = torch.zeros(self._L, self._H, dtype=torch.float64)
-                        st[f"count|{key}"] = torch.zeros((), dtype=torch.float64)
-                        st[f"offset|{key}"] = torch.zeros(2 * self._n_ctx + 1, dtype=torch.float64)
-                    st[f"correct|{key}"] += (pred[:, b, :, src] == dst).double()
-                    st[f"count|{key}"] += 1
-                    st[f"offset|{key}"][dst - src + self._n_ctx] += 1
+                groups.setdefault(f"{rel}|0", []).append((b, d, h))
+                groups.setdefault(f"{rel}|1", []).append((b, h, d))
+        st = self.state
+        for key, arcs in groups.items():
+            if f"count|{key}" not in st:
+                st[f"correct|{key}"] = torch.zeros(self._L, self._H, dtype=torch.float64)
+                st[f"count|{key}"] = torch.zeros((), dtype=torch.float64)
+                st[f"offset|{key}"] = torch.zeros(2 * self._n_ctx + 1, dtype=torch.float64)
+            b, src, dst = torch.tensor(arcs).T  # [N] each
+            hit = pred[b, src] == dst[:, None, None]  # [N, L, H]
+            st[f"correct|{key}"] += hit.sum(0).double()
+            st[f"count|{key}"] += len(arcs)
+            st[f"offset|{key}"] += torch.bincount(dst - src + self._n_ctx, minlength=2 * self._n_ctx + 1).double()
         st["n_sentences"] += len(self._sents)
         self._member = None
 

@@ -62,6 +62,22 @@ def offset_targets(T: int, offset: int, rows: slice = slice(None)) -> torch.Tens
     return pos[None, :] == pos[rows][:, None] + offset  # [T', S]
 
 
+def unique_argmax(p: torch.Tensor, top: torch.Tensor, tie_tol: float) -> torch.Tensor:
+    """``[...]`` bool: the row's top weight ``top`` beats its runner-up by more than ``tie_tol``.
+
+    Rows of a pattern sum to 1, so a top weight above ``(1 + tie_tol) / 2`` leaves the runner-up at most
+    ``1 - top``, further than ``tie_tol`` below: only the other rows need the (costly) second-largest value.
+    """
+    unique = top > 0.5 + tie_tol  # [...]
+    check = ~unique
+    if p.shape[-1] == 1:
+        return torch.ones_like(unique)
+    if check.any():
+        two = p[check].topk(2, dim=-1).values  # [N, 2]
+        unique[check] = two[:, 0] - two[:, 1] > tie_tol
+    return unique
+
+
 class TargetReducer(Reducer):
     """Folds, per head, how much attention lands on a target set of keys and how often the argmax does.
 
@@ -135,10 +151,9 @@ class TargetReducer(Reducer):
         st = self.state
         tgt, valid, w = (t.to(p.device) for t in self._targets_for(q0, Tc))
         real = self._real[:, q0:q0 + Tc].to(p.device)  # [B, Tc]
-        top = p.topk(min(2, S), dim=-1)
-        best = top.indices[..., 0]  # [B, H, Tc]
-        unique = top.values[..., 0] - top.values[..., 1] > self.tie_tol if S > 1 else torch.ones_like(best, dtype=torch.bool)
-        st["max_sum"][layer, :H] += (top.values[..., 0] * real[:, None]).sum((0, 2)).double().cpu()
+        top, best = p.max(-1)  # [B, H, Tc]
+        unique = unique_argmax(p, top, self.tie_tol)  # [B, H, Tc]
+        st["max_sum"][layer, :H] += (top * real[:, None]).sum((0, 2)).double().cpu()
         st["max_rows"][layer] += float(real.sum())
         # Mass on the targets of every category over the valid rows, as one batched matmul over (query, key):
         # sum_{t,s} p[b,h,t,s] * tgt[b,c,t,s] * valid[b,c,t]; no [B, C, H, Tc, S] product is formed.

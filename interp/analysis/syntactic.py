@@ -73,9 +73,12 @@ class SyntacticReducer(Reducer):
         if self._member is None:
             return
         p = tensor.detach().float()  # [B, H, Tc, S]
-        frm = self._from_word[:, None, :, q_start:q_start + p.shape[2]].to(p)  # [B, 1, W, Tc]
-        # Two batched matmuls (queries to words, then keys to words): word attention [B, H, W, W].
-        part = (frm @ p) @ self._to_word.transpose(1, 2)[:, None].to(p)  # [B, H, W, S] -> [B, H, W, W]
+        B, H, Tc, S = p.shape
+        frm = self._from_word[:, None, :, q_start:q_start + Tc].to(p)  # [B, 1, W, Tc]
+        # Keys to words with the heads folded into the rows (one large matmul per sequence), then queries to
+        # words: word attention [B, H, W, W].
+        to_words = (p.reshape(B, H * Tc, S) @ self._to_word.transpose(1, 2).to(p)).view(B, H, Tc, -1)  # [B, H, Tc, W]
+        part = frm @ to_words  # [B, H, W, W]
         self._words[layer_of(name), :, :p.shape[1]] += part.cpu()
 
     def end_batch(self) -> None:

@@ -251,10 +251,10 @@ def induction_data(key: tuple[str, str], n_seqs: int, half_len: int) -> dict[str
     out: dict[str, Any] = {"scores": induction_scores(model, tokens), "example": tokens[0].tolist()}
     cfg = model.cfg
     if cfg.causal and cfg.unembed:
-        from interp.zoo.induction import induction_losses
+        from interp.analysis import in_context_gain
 
         bos = tokens.shape[1] == 2 * half_len + 1
-        out["losses"] = induction_losses(model, tokens, half_len, bos=bos)
+        out["losses"] = in_context_gain(model, tokens, half_len, bos=bos)
     return out
 
 

@@ -233,7 +233,7 @@ def _train_induction(args: argparse.Namespace) -> int:
         raise CliError(f"--out {str(out)!r} must end in .safetensors")
     if not out.parent.is_dir():
         raise CliError(f"--out directory {str(out.parent)!r} does not exist")
-    train = _require("interp.zoo.induction", "train_induction_model", "induction training")
+    train = _require("interp.training", "train_induction_model", "induction training")
     save = _require("interp.zoo.induction", "save_induction_model", "induction checkpoint saving")
     model, history = train(steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                            eval_every=min(args.eval_every, args.steps), progress=not args.no_progress)

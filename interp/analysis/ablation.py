@@ -37,22 +37,26 @@ def in_context_gain(model: Any, tokens: torch.Tensor, half_len: int, *, bos: boo
     Raises:
         ValueError: a head out of range, or tokens of the wrong length.
     """
-    L, H = model.cfg.n_layers, model.cfg.n_heads
+    L = model.cfg.n_layers
     T = (1 if bos else 0) + 2 * half_len
     if tokens.dim() != 2 or tokens.shape[1] != T:
         raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, {T}] for half_len={half_len}")
-    gates = torch.ones(L, H)
-    for layer, head in ablate:
-        if not (0 <= layer < L and 0 <= head < H):
-            raise ValueError(f"head ({layer}, {head}) is outside a model with {L} layers x {H} heads")
-        gates[layer, head] = 0.0
+    ablate = list(ablate)
     p = next(model.parameters())
-    model.set_head_gates(gates.to(p))
+    gates = [torch.ones(model.cfg.layer(layer).n_heads) for layer in range(L)]
+    for layer, head in ablate:
+        if not (0 <= layer < L and 0 <= head < len(gates[layer])):
+            raise ValueError(f"head ({layer}, {head}) is outside a model with {L} layers and "
+                             f"{[len(g) for g in gates]} heads per layer")
+        gates[layer][head] = 0.0
+    if ablate:
+        model.set_head_gates([g.to(p) for g in gates])
     try:
         with torch.no_grad():
             logits = model(tokens.to(p.device)).float()  # [B, T, V]
     finally:
-        model.set_head_gates(None)
+        if ablate:
+            model.set_head_gates(None)
     loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten().to(p.device), reduction="none")
     loss = loss.view(tokens.shape[0], T - 1).cpu()  # [B, T-1]: loss of predicting token t+1 at position t
     first, rep = first_occurrence_mask(tokens.shape[0], half_len, bos=bos)

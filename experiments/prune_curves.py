@@ -97,7 +97,7 @@ def main() -> None:
     print(f"\n{config['name']}: {elapsed:.0f} s")
     for method, c in curves.items():
         print(f"  {c!r}")
-        print(c.to_frame()[["fraction", "n_pruned", "metric", "metric_std", "kv_bytes_saved"]]
+        print(c.to_frame()[["fraction_pruned", "n_pruned", "metric", "metric_std", "kv_bytes_saved"]]
               .to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     summary = write_results(curves, out, config)
     summary["seconds_this_invocation"] = elapsed  # a resumed run only counts what it recomputed

@@ -8,18 +8,33 @@ Example:
     torch.Size([2, 1, 4, 16, 16])
 """
 
-from .analysis import HeadReport, classify_heads
+from typing import Any
+
 from .attention import Attention, AttnMask, LatentAttention
-from .config import ModelConfig
+from .config import LayerShape, ModelConfig
 from .hooks import HookPoint
 from .kv_cache import KVCache
 from .model import Transformer
-from .trace import MeanReducer, Reducer, Trace, record
-from .zoo import list_models, load
+from .trace import MeanReducer, Reducer, Trace, record, stream
 
 __version__ = "0.1.0"
 
+# Names from the upper layers, imported on first use: ``import interp.zoo`` (or the core alone) must not
+# pull in the analysis stack, and the import-graph test checks that it does not.
+_LAZY = {"HeadReport": "analysis", "classify_heads": "analysis", "list_models": "zoo", "load": "zoo"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'interp' has no attribute {name!r}")
+
 __all__ = [
-    "Attention", "AttnMask", "HeadReport", "classify_heads", "HookPoint", "KVCache", "LatentAttention", "MeanReducer", "ModelConfig",
-    "Reducer", "Trace", "Transformer", "list_models", "load", "record", "__version__",
+    "Attention", "AttnMask", "HeadReport", "classify_heads", "HookPoint", "KVCache", "LatentAttention", "LayerShape",
+    "MeanReducer", "ModelConfig", "Reducer", "Trace", "Transformer", "list_models", "load", "record", "stream",
+    "__version__",
 ]

@@ -157,7 +157,7 @@ def prune_config(args: argparse.Namespace) -> dict[str, Any]:
     else:
         config["importance"] = {"step": args.step}
     if args.n_seqs is not None:
-        # Decoders prune on repeated random sequences, encoders on UD sentences: size both.
+        # interp.pruning.build_task reads the size its data kind needs (n_seqs, or n_train / n_eval).
         config["data"] = {"n_seqs": args.n_seqs, "n_train": args.n_seqs, "n_eval": args.n_seqs,
                           "batch_size": min(16, args.n_seqs)}
     return config
@@ -169,13 +169,11 @@ def _prune(args: argparse.Namespace) -> int:
     run_experiment = _require("interp.pruning", "run_experiment", "head pruning (interp.pruning.run_experiment)")
     model = _load_model(args.model)
     config = prune_config(args)
-    data = config.get("data", {})
-    if model.cfg.unembed:  # a decoder: repeated random sequences, as long as its context allows (default 2 x 25)
-        data = {k: v for k, v in data.items() if k in ("n_seqs", "batch_size")}
-        data["half_len"] = min(25, (model.cfg.n_ctx - 1) // 2)
-    else:  # an encoder: UD sentences
-        data = {k: v for k, v in data.items() if k in ("n_train", "n_eval", "batch_size")}
-    config["data"] = data
+    if args.conllu:
+        config.setdefault("data", {})["path"] = args.conllu
+    if not model.cfg.unembed and "path" not in config.get("data", {}):
+        raise CliError(f"{args.model} is an encoder: its pruning task scores sentences; pass --conllu PATH "
+                       "(for example ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu)")
     result = run_experiment(config, model=model, progress=not args.no_progress)
     rows = prune_records(result, default_method=args.method)
     if args.target and args.method != "l0":
@@ -424,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seeds", type=_positive_int, default=3, help="random: number of seeds averaged")
     pr.add_argument("--l0-steps", type=_positive_int, help="L0: gate training steps per target")
     pr.add_argument("--n-seqs", type=_positive_int, help="sequences (sentences) used to prune and to evaluate")
+    pr.add_argument("--conllu", help="CoNLL-U sentences for an encoder's pruning task (decoders use repeated random sequences)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pr.set_defaults(func=_prune)

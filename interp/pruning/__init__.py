@@ -10,8 +10,9 @@ Example:
 """
 
 from .baseline import average_curves, random_curve
-from .curve import CurvePoint, PruningCurve, auc_table, common_range, curves_figure
-from .experiment import build_data, load_config, run_experiment, write_results
+from .curve import CurvePoint, PruningCurve, auc_table, common_range
+from .experiment import load_config, run_experiment, write_results
+from .task import PruningTask, build_task
 from .gates import HardConcreteGate, head_mask
 from .importance import head_importance, importance_curve, masked_metric, prune_counts
 from .l0 import L0Result, l0_curve, train_l0_gates
@@ -21,7 +22,7 @@ from .surgery import heads_to_sets, kv_cache_savings, n_parameters, remove_heads
 
 __all__ = [
     "CurvePoint", "HardConcreteGate", "L0Result", "LanguageModelObjective", "PruningCurve",
-    "SentenceSimilarityObjective", "auc_table", "average_curves", "build_data", "common_range", "curves_figure", "head_importance",
+    "SentenceSimilarityObjective", "auc_table", "average_curves", "PruningTask", "build_task", "common_range", "head_importance",
     "head_mask", "heads_to_sets", "importance_curve", "kv_cache_savings", "l0_curve", "load_config",
     "masked_metric", "mean_pool", "n_parameters", "prune_counts", "random_curve", "remove_heads", "run_experiment",
     "sentence_batches", "train_l0_gates", "ud_sentences", "write_results",

@@ -100,10 +100,10 @@ class PruningCurve:
 
     # --- tables and files -----------------------------------------------------------------------------
     def to_frame(self) -> pd.DataFrame:
-        """One row per point: method, fraction, n_pruned, metric, metric_std, kv_bytes_saved, extra fields."""
+        """One row per point: method, fraction_pruned, n_pruned, metric, metric_std, kv_bytes_saved, extra fields."""
         rows = []
         for p in self.points:
-            row = {"method": self.method, "fraction": p.fraction, "n_pruned": p.n_pruned, "metric": p.metric,
+            row = {"method": self.method, "fraction_pruned": p.fraction, "n_pruned": p.n_pruned, "metric": p.metric,
                    "metric_std": p.metric_std, "kv_bytes_saved": p.kv_bytes_saved}
             row.update({k: v for k, v in p.extra.items() if np.isscalar(v) or v is None})
             rows.append(row)
@@ -154,7 +154,9 @@ class PruningCurve:
     # --- display --------------------------------------------------------------------------------------
     def figure(self, *others: "PruningCurve", title: str | None = None):
         """A plotly figure of this curve and ``others`` (metric against fraction pruned)."""
-        return curves_figure([self, *others], title=title)
+        from ..viz import pruning_curves
+
+        return pruning_curves([self, *others], title=title)
 
     def __repr__(self) -> str:
         if not self.points:
@@ -168,33 +170,6 @@ class PruningCurve:
         head = html.escape(repr(self))
         table = self.to_frame().to_html(index=False, float_format=lambda v: f"{v:.4f}", na_rep="")
         return f"<div><p><code>{head}</code></p>{table}</div>"
-
-
-def curves_figure(curves: Sequence[PruningCurve], *, title: str | None = None):
-    """Plot several curves (one line per method, error bars when a std is known).
-
-    Returns:
-        ``plotly.graph_objects.Figure``.
-    """
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    upto = common_range(curves) if curves else 1.0
-    for c in curves:
-        c = c.sorted()
-        std = [p.metric_std for p in c.points]
-        err = dict(type="data", array=[s or 0.0 for s in std], visible=True) if any(s for s in std) else None
-        fig.add_trace(go.Scatter(
-            x=c.fractions, y=c.metrics, mode="lines+markers", error_y=err,
-            name=f"{c.method} (AUC[0, {upto:.2f}] {c.auc(upto=upto):.3f})",
-            customdata=[[p.n_pruned] for p in c.points],
-            hovertemplate="pruned %{customdata[0]} heads (%{x:.2f})<br>metric %{y:.4f}",
-        ))
-    name = curves[0].model_name if curves else ""
-    fig.update_layout(title=title or f"Head pruning{' - ' + name if name else ''}",
-                      xaxis_title="fraction of heads pruned", template="plotly_white",
-                      yaxis_title=curves[0].metric_name if curves else "metric", xaxis_range=[0, 1])
-    return fig
 
 
 def common_range(curves: Sequence[PruningCurve]) -> float:

@@ -123,9 +123,9 @@ class MeanReducer(Reducer):
         if key in self.state and self.state[key].shape != t.shape[1:]:
             raise ValueError(f"MeanReducer: {name} changed shape from {tuple(self.state[key].shape)} "
                              f"to {tuple(t.shape[1:])}; pad batches to one length")
-        self._add(key, t.sum(0))
+        self._add(key, t.sum(0, dtype=torch.float64))  # float64 sums: merging shards in any order agrees
         if q_start == 0:
-            self._add(f"{name}#n", torch.tensor(float(t.shape[0])))
+            self._add(f"{name}#n", torch.tensor(float(t.shape[0]), dtype=torch.float64))
 
     def result(self) -> dict[str, torch.Tensor]:
         out = {}
@@ -136,7 +136,7 @@ class MeanReducer(Reducer):
             parts = [v for _, v in chunks]
             # Chunks split the query axis, which is axis 1 once the batch axis is summed away.
             total = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-            out[name] = total / self.state[count]
+            out[name] = (total / self.state[count]).float()
         return out
 
 

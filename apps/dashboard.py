@@ -24,7 +24,13 @@ import torch
 import interp
 from interp import viz
 from interp.flops import (
-    DTYPE_BYTES, default_kv_groups, flops_per_layer, format_bytes, format_flops, gqa_group_options, kv_cache_table,
+    DTYPE_BYTES,
+    default_kv_groups,
+    flops_per_layer,
+    format_bytes,
+    format_flops,
+    gqa_group_options,
+    kv_cache_table,
     worked_example_config,
 )
 

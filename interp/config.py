@@ -330,7 +330,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Build a config from a dict, rejecting unknown keys by name."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)

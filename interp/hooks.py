@@ -4,7 +4,8 @@ A :class:`HookPoint` is an ``nn.Module`` that returns its input; it is named aft
 tree (``blocks.0.attn.hook_pattern``), as in TransformerLens. A hook function ``fn(tensor, hook)`` may read
 the tensor or return a replacement. Attention's score and pattern hooks may fire once per query chunk
 (``model.set_query_chunk``); a hook that needs to know which query rows arrived wraps its function in
-:class:`QueryChunkHook` and receives the chunk's first query position as an argument. :class:`HookedModule` gives a model the ways to attach hooks that always
+:class:`QueryChunkHook` and receives the chunk's first query position as an argument.
+:class:`HookedModule` gives a model the ways to attach hooks that always
 remove exactly what they added, also when the forward pass raises.
 """
 
@@ -19,8 +20,8 @@ from typing import Any, Union
 import torch
 from torch import nn
 
-HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
-NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
+HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
+NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]  # noqa: UP007 - a runtime alias, Python 3.10
 
 
 class QueryChunkHook:
@@ -172,7 +173,7 @@ class HookedModule(nn.Module):
             hp.remove_hooks()
 
     @contextlib.contextmanager
-    def hooks(self, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = ()) -> Iterator["HookedModule"]:
+    def hooks(self, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = ()) -> Iterator[HookedModule]:
         """Attach hooks for the duration of a ``with`` block.
 
         Args:

@@ -295,7 +295,7 @@ class Transformer(HookedModule):
             block.attn.query_chunk = chunk
 
     # --- recording ------------------------------------------------------------------------------------
-    def run_with_cache(self, *args: Any, names_filter: NamesFilter = None, **kwargs: Any) -> tuple[torch.Tensor, "Trace"]:
+    def run_with_cache(self, *args: Any, names_filter: NamesFilter = None, **kwargs: Any) -> tuple[torch.Tensor, Trace]:
         """Run the model and record the selected hook points.
 
         Args:

@@ -307,13 +307,13 @@ class Trace:
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.items()}
         if self.tokens is not None:
             tensors["__tokens__"] = self.tokens.detach().contiguous().cpu()
-        self.str_tokens  # decode before writing, so the file carries them
+        _ = self.str_tokens  # decode before writing, so the file carries them
         meta = {"format": _TRACE_FORMAT, "meta": json.dumps(self.meta)}
         save_file(tensors, str(path), metadata=meta)
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def load(cls, path: str | Path) -> Trace:
         """Read a file written by :meth:`save`.
 
         Raises:
@@ -357,7 +357,7 @@ class Trace:
 
 
 def record(
-    model: "Transformer",
+    model: Transformer,
     *args: Any,
     names_filter: NamesFilter = None,
     layers: Sequence[int] | None = None,

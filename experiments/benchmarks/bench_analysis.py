@@ -18,7 +18,6 @@ import os
 import sys
 
 import torch
-
 from benchutil import fix_threads, machine_info, ratio_table, time_interleaved
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -39,7 +39,6 @@ import sys
 import time
 
 import torch
-
 from benchutil import fix_threads, machine_info
 
 from interp.trace import Reducer

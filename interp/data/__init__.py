@@ -4,10 +4,24 @@ It imports only the core (config, model) and is imported by :mod:`interp.trace`,
 :mod:`interp.pruning`.
 """
 
-from .batches import (Batch, TreebankStats, bucket_by_length, check_length, iter_batches, pad, sentences,
-                      text_batches, treebank_batches)
-from .synthetic import (first_occurrence_mask, induction_training_batch, random_tokens_for, repeated_sequences,
-                        repeated_tokens_for)
+from .batches import (
+                      Batch,
+                      TreebankStats,
+                      bucket_by_length,
+                      check_length,
+                      iter_batches,
+                      pad,
+                      sentences,
+                      text_batches,
+                      treebank_batches,
+)
+from .synthetic import (
+                      first_occurrence_mask,
+                      induction_training_batch,
+                      random_tokens_for,
+                      repeated_sequences,
+                      repeated_tokens_for,
+)
 from .treebank import Sentence, align_words, parse_text_with_spacy, read_conllu
 
 __all__ = [

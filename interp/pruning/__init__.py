@@ -12,13 +12,12 @@ Example:
 from .baseline import average_curves, random_curve
 from .curve import CurvePoint, PruningCurve, auc_table, common_range
 from .experiment import load_config, run_experiment, write_results
-from .task import PruningTask, build_task
 from .gates import HardConcreteGate, head_mask
 from .importance import head_importance, importance_curve, masked_metric, prune_counts
 from .l0 import L0Result, l0_curve, train_l0_gates
-from .objectives import (LanguageModelObjective, SentenceSimilarityObjective, mean_pool, sentence_batches,
-                         ud_sentences)
+from .objectives import LanguageModelObjective, SentenceSimilarityObjective, mean_pool, sentence_batches, ud_sentences
 from .surgery import heads_to_sets, kv_cache_savings, n_parameters, remove_heads
+from .task import PruningTask, build_task
 
 __all__ = [
     "CurvePoint", "HardConcreteGate", "L0Result", "LanguageModelObjective", "PruningCurve",

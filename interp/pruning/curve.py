@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -69,7 +70,7 @@ class PruningCurve:
     def metrics(self) -> np.ndarray:
         return np.array([p.metric for p in self.points], dtype=float)
 
-    def sorted(self) -> "PruningCurve":
+    def sorted(self) -> PruningCurve:
         """A copy with points ordered by fraction (L0 sweeps finish in target order, not fraction order)."""
         pts = sorted(self.points, key=lambda p: (p.fraction, -p.metric))
         return PruningCurve(self.method, self.metric_name, self.n_heads_total, pts, self.model_name, dict(self.config))
@@ -114,7 +115,7 @@ class PruningCurve:
                 "model_name": self.model_name, "config": self.config, "points": [asdict(p) for p in self.points]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PruningCurve":
+    def from_dict(cls, data: dict[str, Any]) -> PruningCurve:
         pts = [CurvePoint(**p) for p in data.get("points", [])]
         return cls(data["method"], data["metric_name"], int(data["n_heads_total"]), pts,
                    data.get("model_name", ""), data.get("config", {}))
@@ -138,11 +139,11 @@ class PruningCurve:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "PruningCurve":
+    def load(cls, path: str | Path) -> PruningCurve:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     @classmethod
-    def merge(cls, curves: Sequence["PruningCurve"]) -> "PruningCurve":
+    def merge(cls, curves: Sequence[PruningCurve]) -> PruningCurve:
         """Concatenate the points of curves of one method (e.g. one L0 run per target), sorted by fraction."""
         if not curves:
             raise ValueError("merge needs at least one curve")
@@ -152,7 +153,7 @@ class PruningCurve:
                             dict(first.config)).sorted()
 
     # --- display --------------------------------------------------------------------------------------
-    def figure(self, *others: "PruningCurve", title: str | None = None):
+    def figure(self, *others: PruningCurve, title: str | None = None):
         """A plotly figure of this curve and ``others`` (metric against fraction pruned)."""
         from ..viz import pruning_curves
 

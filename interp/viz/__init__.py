@@ -13,7 +13,13 @@ Example:
 from .attention import attention_heatmap, head_grid, layer_heads
 from .cost import flops_figure, kv_cache_figure
 from .heads import (
-    INDUCTION_COLUMNS, head_map, head_norms_figure, head_write_norms, induction_map, positional_map, score_map,
+    INDUCTION_COLUMNS,
+    head_map,
+    head_norms_figure,
+    head_write_norms,
+    induction_map,
+    positional_map,
+    score_map,
     score_maps,
 )
 from .pruning import pruning_curves

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from ..pruning.curve import PruningCurve, common_range
 
+
 def _frame(curve: Any) -> pd.DataFrame:
     """A long DataFrame from a DataFrame or a PruningCurve (its ``to_frame()``)."""
     if isinstance(curve, pd.DataFrame):

@@ -1,6 +1,7 @@
 """The "induction-2l" model: a 2-layer attention-only decoder trained to continue repeated token spans.
 
-Trained by :func:`interp.training.train_induction_model` on :func:`interp.data.induction_training_batch` (random sequences, half of which copy a
+Trained by :func:`interp.training.train_induction_model` on :func:`interp.data.induction_training_batch`
+(random sequences, half of which copy a
 random span to a later position), it grows the textbook two-head circuit (Olsson et al., 2022): a
 previous-token head in layer 0 writes "the token before me was A" into each position, and an induction head
 in layer 1 uses it (K-composition) to attend from the current token A to the token right after an earlier A,
@@ -188,7 +189,8 @@ def load_induction_2l(path: str | Path | None = None, *, device: torch.device | 
         The model in eval mode, named ``"induction-2l"``, with a :class:`TokenIdTokenizer` (``"t17"`` labels).
 
     Raises:
-        FileNotFoundError: the checkpoint is missing (rebuild it with ``python experiments/train_induction.py --out DIR --replace-shipped``).
+        FileNotFoundError: the checkpoint is missing (rebuild it with
+            ``python experiments/train_induction.py --out DIR --replace-shipped``).
 
     Example:
         >>> model = load_induction_2l()

@@ -8,11 +8,15 @@ import pytest
 import torch
 
 from interp import ModelConfig
-from interp.data import first_occurrence_mask, induction_training_batch, repeated_sequences
 from interp.analysis import in_context_gain
+from interp.data import first_occurrence_mask, induction_training_batch, repeated_sequences
 from interp.training import evaluate_induction, train_induction_model
 from interp.zoo.induction import (
-    INDUCTION_2L_PATH, TokenIdTokenizer, build_induction_model, load_induction_2l, save_induction_model,
+    INDUCTION_2L_PATH,
+    TokenIdTokenizer,
+    build_induction_model,
+    load_induction_2l,
+    save_induction_model,
 )
 
 EVAL_SEED = 777  # training used seeds 0, 1, 2; the script's evaluation uses 2024

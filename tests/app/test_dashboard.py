@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 import interp  # noqa: E402
 from interp.flops import format_bytes, kv_cache_bytes, worked_example_config  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[1] / "apps" / "dashboard.py")
+APP = str(Path(__file__).resolve().parents[2] / "apps" / "dashboard.py")
 PAGES = ("Attention patterns", "Head map", "Induction", "Pruning", "KV cache & FLOPs")
 
 

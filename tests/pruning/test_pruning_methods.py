@@ -3,14 +3,23 @@ baseline, objectives and bad input."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from interp import ModelConfig, Transformer
-from interp.pruning import (HardConcreteGate, LanguageModelObjective, SentenceSimilarityObjective, head_importance,
-                            importance_curve, l0_curve, mean_pool, random_curve, train_l0_gates, ud_sentences)
+from interp.pruning import (
+    HardConcreteGate,
+    LanguageModelObjective,
+    SentenceSimilarityObjective,
+    head_importance,
+    importance_curve,
+    l0_curve,
+    mean_pool,
+    random_curve,
+    train_l0_gates,
+    ud_sentences,
+)
 
 USELESS = [(0, 0), (0, 2), (1, 1), (1, 3)]
 

@@ -10,7 +10,7 @@ Commands::
     interp dashboard [--port P] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
                     [--latent C] [--rope-dim R] [--json]
-    interp bench [forward recording long_context remove_heads] [--quick]
+    interp bench [forward recording long_context remove_heads analysis] [--quick]
 
 ``--json`` output (stable keys; new keys may be added, these will not change meaning):
 
@@ -54,7 +54,7 @@ HEADS_JSON_KEYS = ("layer", "head", "kind", "score")
 PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
 PRUNE_METHODS = ("importance", "l0", "random")
-BENCHMARKS = ("forward", "recording", "long_context", "remove_heads")
+BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "analysis")
 
 
 class CliError(Exception):
@@ -237,21 +237,10 @@ def _train_induction(args: argparse.Namespace) -> int:
                            eval_every=min(args.eval_every, args.steps), progress=not args.no_progress)
     save(model, out, metadata={"steps": args.steps, "seed": args.seed})
     print(f"saved {out} after {args.steps} steps (seed {args.seed}); load it with interp.load({str(out)!r})")
-    last = _last_entry(history)
+    last = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in history.iloc[-1].items()}
     if last:
         print("final: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()))
     return EXIT_OK
-
-
-def _last_entry(history: Any) -> dict[str, Any]:
-    """The last record of a training history (list of dicts, dict of lists, or DataFrame), or {}."""
-    if hasattr(history, "iloc") and len(history):
-        return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in history.iloc[-1].items()}
-    if isinstance(history, list) and history and isinstance(history[-1], dict):
-        return history[-1]
-    if isinstance(history, dict):
-        return {k: v[-1] for k, v in history.items() if isinstance(v, (list, tuple)) and v}
-    return {}
 
 
 # --- dashboard -------------------------------------------------------------------------------------------

@@ -23,12 +23,11 @@ if TYPE_CHECKING:
     from .trace import Trace
 
 
-def make_norm(cfg: ModelConfig, width: int | None = None) -> nn.Module:
-    width = width or cfg.d_model
+def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.normalization == "rms":
-        return nn.RMSNorm(width, eps=cfg.norm_eps)
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
     if cfg.normalization in ("pre", "post"):
-        return nn.LayerNorm(width, eps=cfg.norm_eps)
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
     return nn.Identity()
 
 

@@ -47,3 +47,12 @@ def test_classify_heads_of_a_pruned_model_matches_the_gated_model():
     assert "induction" in set(pruned.df.kind)  # layer 1 keeps induction heads
     fig = pruned.figure()
     assert len(fig.data[0].z) == 2
+
+
+def test_head_map_of_a_pruned_report_leaves_removed_cells_empty():
+    small = remove_heads(interp.load("induction-2l"), {0: [0, 3]})
+    report = interp.classify_heads(small, n_seqs=8)
+    fig = report.figure()
+    z, hover = fig.data[0].z, fig.data[0].customdata
+    assert len(z[0]) == 4 and all(math.isnan(v) for v in z[0][2:]) and list(hover[0][2:]) == ["removed"] * 2
+    assert not any(math.isnan(v) for v in z[1])

@@ -9,7 +9,7 @@ should not.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -17,10 +17,13 @@ import torch.nn.functional as F
 
 from ..data import first_occurrence_mask, repeated_sequences
 
+if TYPE_CHECKING:
+    from ..model import Transformer
+
 __all__ = ["in_context_gain", "ablation_table"]
 
 
-def in_context_gain(model: Any, tokens: torch.Tensor, half_len: int, *, bos: bool,
+def in_context_gain(model: Transformer, tokens: torch.Tensor, half_len: int, *, bos: bool,
                     ablate: Iterable[tuple[int, int]] = ()) -> dict[str, float]:
     """Loss on the first and on the repeated half, with the given heads zero-ablated.
 
@@ -64,7 +67,7 @@ def in_context_gain(model: Any, tokens: torch.Tensor, half_len: int, *, bos: boo
     return {"first": f, "repeated": r, "gain": f - r}
 
 
-def ablation_table(model: Any, induction_heads: Iterable[tuple[int, int]], *, n_seqs: int = 64,
+def ablation_table(model: Transformer, induction_heads: Iterable[tuple[int, int]], *, n_seqs: int = 64,
                    half_len: int = 25, seed: int = 1234, bos_id: int | None = None) -> pd.DataFrame:
     """The gain with nothing ablated, with all ``induction_heads`` ablated, and with each head alone.
 

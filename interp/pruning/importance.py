@@ -9,6 +9,7 @@ mask, and stop when the metric drops below ``masking_threshold`` times the unpru
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -18,8 +19,11 @@ from .gates import head_mask, uniform_heads
 from .objectives import Batch, Objective, check_batches
 from .surgery import kv_cache_savings
 
+if TYPE_CHECKING:
+    from ..model import Transformer
 
-def head_importance(model, batches: Sequence[Batch], objective: Objective, *, normalize_layers: bool = True,
+
+def head_importance(model: Transformer, batches: Sequence[Batch], objective: Objective, *, normalize_layers: bool = True,
                     pruned: torch.Tensor | None = None, progress: bool = False) -> torch.Tensor:
     """Michel et al.'s head importance: the mean over batches of |d loss / d gate_h|.
 
@@ -90,7 +94,7 @@ def prune_counts(n_total: int, step: float | int) -> list[int]:
     return counts
 
 
-def make_point(model, pruned: torch.Tensor, metric: float, **extra) -> CurvePoint:
+def make_point(model: Transformer, pruned: torch.Tensor, metric: float, **extra) -> CurvePoint:
     """A curve point for a bool mask ``[L, H]`` (fraction, count, mask, KV bytes saved)."""
     n = int(pruned.sum())
     saved = kv_cache_savings(model, pruned.cpu())["bytes_saved_per_token"]
@@ -98,13 +102,13 @@ def make_point(model, pruned: torch.Tensor, metric: float, **extra) -> CurvePoin
                       mask=pruned.cpu().tolist(), kv_bytes_saved=int(saved), extra=extra)
 
 
-def masked_metric(model, batches: Sequence[Batch], objective: Objective, pruned: torch.Tensor) -> float:
+def masked_metric(model: Transformer, batches: Sequence[Batch], objective: Objective, pruned: torch.Tensor) -> float:
     """The objective's metric with the heads in ``pruned`` gated to 0."""
     with head_mask(model, pruned):
         return float(objective.metric(model, batches))
 
 
-def importance_curve(model, batches: Sequence[Batch], objective: Objective, *,
+def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Objective, *,
                      eval_batches: Sequence[Batch] | None = None, step: float | int = 0.1,
                      threshold: float | None = None, normalize_layers: bool = True, recompute: bool = True,
                      resume: PruningCurve | None = None, on_point: Callable[[PruningCurve], None] | None = None,

@@ -28,7 +28,13 @@ import torch
 import interp
 from interp import viz
 from interp.flops import (
-    DTYPE_BYTES, default_kv_groups, flops_per_layer, format_bytes, format_flops, gqa_group_options, kv_cache_table,
+    DTYPE_BYTES,
+    default_kv_groups,
+    flops_per_layer,
+    format_bytes,
+    format_flops,
+    gqa_group_options,
+    kv_cache_table,
     worked_example_config,
 )
 
@@ -279,7 +285,7 @@ def example_texts(model: interp.Transformer) -> dict[str, str]:
     """Examples that suit the model: sentences, or ``t<id>`` strings for token-id models."""
     if not _is_token_id_model(model):
         return dict(EXAMPLE_SENTENCES)
-    from interp.analysis.data import repeated_sequences
+    from interp.data import repeated_sequences
 
     bos = getattr(model.tokenizer, "bos_id", None)
     half = min(12, (model.cfg.n_ctx - 1) // 2)
@@ -364,33 +370,26 @@ def induction_data(key: tuple[str, str], n_seqs: int, half_len: int) -> dict[str
     out: dict[str, Any] = {"scores": induction_scores(model, tokens), "example": tokens[0].tolist()}
     cfg = model.cfg
     if cfg.causal and cfg.unembed:
-        from interp.zoo.induction import induction_losses
+        from interp.analysis import in_context_gain
 
         bos = tokens.shape[1] == 2 * half_len + 1
-        out["losses"] = induction_losses(model, tokens, half_len, bos=bos)
+        out["losses"] = in_context_gain(model, tokens, half_len, bos=bos)
     return out
 
 
 def pruning_setup(model: interp.Transformer) -> tuple[Any, list[dict[str, torch.Tensor]]]:
-    """The objective and data used for pruning this model (the library's objectives)."""
-    from interp.pruning import LanguageModelObjective, SentenceSimilarityObjective, sentence_batches
+    """The objective and evaluation batches used for pruning this model (the library's task definition)."""
+    from interp.pruning import build_task
 
-    cfg = model.cfg
-    if cfg.causal and cfg.unembed:
-        from interp.analysis import repeated_tokens_for
-
-        half = min(16, (cfg.n_ctx - 2) // 2)
-        tokens = repeated_tokens_for(model, 16, half, seed=123)  # [N, (bos) + 2 * half]
-        # Score only the repeated half (minus its first token): only in-context copying can predict it,
-        # so switching an induction-circuit head off shows up at once.
-        loss_mask = torch.zeros_like(tokens)
-        loss_mask[:, tokens.shape[1] - half + 1:] = 1
-        return LanguageModelObjective(), [{"tokens": tokens, "loss_mask": loss_mask}]
-    if cfg.unembed or model.tokenizer is None:
+    if model.cfg.causal and model.cfg.unembed:
+        data = {"kind": "repeated", "n_seqs": 16, "half_len": min(16, (model.cfg.n_ctx - 2) // 2), "eval_seed": 123}
+    elif model.cfg.unembed or model.tokenizer is None:
         raise ValueError("pruning in the app needs a causal decoder with an unembedding, or an encoder with a "
                          "tokenizer")
-    batches = sentence_batches(model, PRUNING_SENTENCES, batch_size=8)
-    return SentenceSimilarityObjective(model, batches), batches
+    else:
+        data = {"kind": "texts", "texts": PRUNING_SENTENCES, "batch_size": 8}
+    task = build_task(model, data=data)
+    return task.objective, task.held_out
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -440,15 +439,21 @@ def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Te
     st.markdown("Each head is classified from its attention statistics (positional offsets, previous-token, "
                 "duplicate-token, induction, copying and, with a treebank, syntactic relations).")
     treebank = None
-    ud = Path(interp.__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
-    if ud.is_file() and model.tokenizer is not None and not _is_token_id_model(model):
-        if st.checkbox("Add syntactic heads (UD English EWT dev, slower)", key="use_treebank"):
-            treebank = str(ud)
     coref = None
-    gap = ud.parents[1] / "gap" / "gap-validation.tsv"
-    if gap.is_file() and model.tokenizer is not None and not _is_token_id_model(model):
-        if st.checkbox("Add coreference heads (GAP validation, 454 rows, slower)", key="use_coref"):
-            coref = str(gap)
+    if model.tokenizer is not None and not _is_token_id_model(model):
+        # The treebank and the coreference data are the user's files (for example UD English EWT dev, GAP
+        # validation); the app hard-codes no data path.
+        ud = st.text_input("CoNLL-U treebank for syntactic heads (path; slower)", key="treebank_path").strip()
+        if ud and not Path(ud).is_file():
+            st.warning(f"No file at {ud!r}: syntactic heads skipped.")
+        elif ud:
+            treebank = ud
+        gap = st.text_input("Coreference data for coreference heads (GAP .tsv or CorefUD .conllu path; slower)",
+                            key="coref_path").strip()
+        if gap and not Path(gap).is_file():
+            st.warning(f"No file at {gap!r}: coreference heads skipped.")
+        elif gap:
+            coref = gap
     try:
         report = head_report(key, treebank, 200, coref)
     except Exception as e:  # noqa: BLE001 - shown to the user

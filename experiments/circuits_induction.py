@@ -21,9 +21,16 @@ import pandas as pd
 import torch
 
 import interp
-from interp.analysis import (activation_patching, attribution_patching, composition_table, corrupt_repeats,
-                             direct_logit_attribution, in_context_metric, patch_heads_together)
-from interp.analysis.data import repeated_sequences
+from interp.analysis import (
+    activation_patching,
+    attribution_patching,
+    composition_table,
+    corrupt_repeats,
+    direct_logit_attribution,
+    in_context_metric,
+    patch_heads_together,
+)
+from interp.data import repeated_sequences
 
 
 def spearman(a: pd.Series, b: pd.Series) -> float:

@@ -21,7 +21,9 @@ import pandas as pd
 import torch
 
 from interp.analysis import classify_heads
-from interp.pruning.experiment import UD_DEV
+
+# The shared data folder sits beside the repository (../shared/data); a default here, never in the library.
+UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
 
 def main() -> None:

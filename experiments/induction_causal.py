@@ -34,7 +34,9 @@ from interp.analysis.ablate import (
     repeated_text_sequences,
 )
 from interp.analysis.ablation import in_context_gain
-from interp.pruning.experiment import UD_DEV as UD
+
+# The shared data folder sits beside the repository (../shared/data); a default here, never in the library.
+UD = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
 
 def datasets(model, n_seqs: int, half_len: int, seed: int, conllu: Path) -> dict[str, tuple]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from interp.pruning import auc_table, build_data, importance_curve, random_curve
+from interp.pruning import auc_table, build_task, importance_curve, random_curve
 from interp.zoo.induction import (
     load_induction_2l,
     save_induction_model,
@@ -50,7 +50,7 @@ def run_seed(seed: int, steps: int, out: Path) -> dict:
         hist_last = hist.iloc[-1].to_dict()
         (out / f"seed{seed}_training.json").write_text(json.dumps(hist_last, default=float))
     model.eval()
-    train, held, obj = build_data(model, DATA)
+    train, held, obj = build_task(model, data=DATA)
     curves = {
         "importance (per-example, iterative)": importance_curve(model, train, obj, eval_batches=held, step=1),
         "importance (batch-mean, iterative)": importance_curve(model, train, obj, eval_batches=held, step=1,

@@ -27,12 +27,12 @@ def circuit_report(model, curves: dict, out: Path, threshold: float = 0.5) -> di
     """When each method breaks the induction circuit.
 
     The circuit's heads are the layer-0 heads whose previous-token score and the last layer's heads whose
-    induction score exceed ``threshold`` (interp.zoo.induction.evaluate_induction). A model may have redundant
+    induction score exceed ``threshold`` (interp.training.evaluate_induction). A model may have redundant
     copies, so the circuit breaks when the *last* head of either group is pruned; this reports that fraction for
     each method (for random order, its expectation over 20,000 random orders on the same step grid), and the
     fraction at which each circuit head went.
     """
-    from interp.zoo.induction import evaluate_induction
+    from interp.training import evaluate_induction
 
     stats = evaluate_induction(model)
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -97,7 +97,7 @@ def main() -> None:
     print(f"\n{config['name']}: {elapsed:.0f} s")
     for method, c in curves.items():
         print(f"  {c!r}")
-        print(c.to_frame()[["fraction", "n_pruned", "metric", "metric_std", "kv_bytes_saved"]]
+        print(c.to_frame()[["fraction_pruned", "n_pruned", "metric", "metric_std", "kv_bytes_saved"]]
               .to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     summary = write_results(curves, out, config)
     summary["seconds_this_invocation"] = elapsed  # a resumed run only counts what it recomputed

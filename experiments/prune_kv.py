@@ -32,15 +32,17 @@ from interp.pruning import (
     LanguageModelObjective,
     PruningCurve,
     auc_table,
-    build_data,
+    build_task,
     importance_curve,
     l0_curve,
     random_curve,
     sentence_batches,
     ud_sentences,
 )
-from interp.pruning.experiment import UD_DEV
 from interp.viz.pruning_kv import pruning_kv_figure
+
+# The shared data folder sits beside the repository (../shared/data); a default here, never in the library.
+UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
 ALL = ["importance", "importance-group", "l0", "l0-group", "random"]
 
@@ -52,10 +54,10 @@ def data_for(model, args):
         held = sentence_batches(model, sents[args.n_train:], batch_size=args.batch_size, max_length=args.max_length)
         return train, held, LanguageModelObjective("neg_loss")
     if model.cfg.unembed:  # token-id models (induction-2l): the repeated-token task
-        return build_data(model, {"kind": "repeated", "n_seqs": 64, "half_len": 25, "batch_size": 16, "seed": 1,
+        return build_task(model, data={"kind": "repeated", "n_seqs": 64, "half_len": 25, "batch_size": 16, "seed": 1,
                                   "eval_seed": 2, "bos_id": getattr(model.tokenizer, "bos_id", None),
                                   "metric": "accuracy"})
-    return build_data(model, {"kind": "ud", "n_train": args.n_train, "n_eval": args.n_eval,
+    return build_task(model, data={"kind": "ud", "n_train": args.n_train, "n_eval": args.n_eval,
                               "batch_size": args.batch_size, "max_length": args.max_length, "path": str(args.conllu)})
 
 

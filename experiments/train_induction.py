@@ -1,19 +1,21 @@
 """Train the "induction-2l" model and write its checkpoint, training curve and summary.
 
-A thin wrapper over :func:`interp.zoo.induction.train_induction_model`: fixed seed, 2 CPU threads, a few
+A thin wrapper over :func:`interp.training.train_induction_model`: fixed seed, 2 CPU threads, a few
 minutes on a laptop. It prints loss on first vs repeated occurrences (the in-context gain) and the attention
 checks (best layer-0 previous-token head, best layer-1 induction head) on fresh repeated sequences, and
-writes:
+writes into the folder ``--out`` (required):
 
-* the checkpoint (default: the shipped ``interp/zoo/checkpoints/induction-2l.safetensors``),
-* ``experiments/results/induction_training.csv`` (one row per evaluation),
-* ``experiments/results/induction_training.json`` (settings + final evaluation),
-* ``experiments/results/induction_training.html`` (plotly figure of the curve) and ``.png`` when kaleido
-  is installed.
+* ``induction-2l.safetensors`` (the checkpoint),
+* ``induction_training.csv`` (one row per evaluation), ``induction_training.json`` (settings + final
+  evaluation), ``induction_training.html`` (plotly figure of the curve) and ``.png`` when kaleido is installed.
+
+Only ``--replace-shipped`` also copies the checkpoint over the packaged one
+(``interp/zoo/checkpoints/induction-2l.safetensors``); tests of the shipped model never depend on a retrain.
 
 Usage:
-    python experiments/train_induction.py                     # rebuild the shipped checkpoint
-    python experiments/train_induction.py --steps 200 --out /tmp/ind.safetensors --results /tmp/ind
+    python experiments/train_induction.py --out runs/induction                 # the shipped recipe
+    python experiments/train_induction.py --steps 200 --out /tmp/ind
+    python experiments/train_induction.py --out runs/induction --replace-shipped   # rebuild the shipped file
 """
 
 from __future__ import annotations
@@ -28,11 +30,8 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from interp.zoo.induction import (
-    INDUCTION_2L_CONFIG, INDUCTION_2L_PATH, evaluate_induction, save_induction_model, train_induction_model,
-)
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from interp.training import evaluate_induction, train_induction_model
+from interp.zoo.induction import INDUCTION_2L_CONFIG, INDUCTION_2L_PATH, save_induction_model
 
 # The settings that produced the shipped checkpoint; the command line overrides them.
 # The shipped checkpoint's settings; lr and p_repeat are also train_induction_model's defaults, so
@@ -80,15 +79,18 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument("--p-repeat", type=float, default=DEFAULTS["p_repeat"])
     ap.add_argument("--eval-every", type=int, default=DEFAULTS["eval_every"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=INDUCTION_2L_PATH, help="checkpoint to write")
-    ap.add_argument("--results", type=Path, default=RESULTS / "induction_training",
-                    help="path prefix of the curve files (.csv/.json/.html/.png)")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the checkpoint, curve and summary")
+    ap.add_argument("--replace-shipped", action="store_true",
+                    help=f"also overwrite the packaged checkpoint {INDUCTION_2L_PATH}")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--replot", action="store_true", help="only redraw the figures from the existing CSV")
     args = ap.parse_args(argv)
+    results = args.out / "induction_training"
+    checkpoint = args.out / "induction-2l.safetensors"
     if args.replot:
-        print("wrote", *write_figures(pd.read_csv(args.results.with_suffix(".csv")), args.results))
+        print("wrote", *write_figures(pd.read_csv(results.with_suffix(".csv")), results))
         return None
+    args.out.mkdir(parents=True, exist_ok=True)
 
     settings = dict(steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                     p_repeat=args.p_repeat, min_span=DEFAULTS["min_span"], eval_every=args.eval_every)
@@ -104,14 +106,17 @@ def main(argv: list[str] | None = None) -> dict | None:
                  "prev_token_scores": ev["prev_token"].tolist(), "induction_scores": ev["induction"].tolist()},
         "train_seconds": float(history.elapsed_s.iloc[-1]),
     }
-    save_induction_model(model, args.out, metadata={"training": summary["settings"], "eval": summary["eval"]})
+    meta = {"training": summary["settings"], "eval": summary["eval"]}
+    save_induction_model(model, checkpoint, metadata=meta)
+    if args.replace_shipped:
+        save_induction_model(model, INDUCTION_2L_PATH, metadata=meta)
+        print(f"replaced the shipped checkpoint {INDUCTION_2L_PATH}")
 
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    history.to_csv(args.results.with_suffix(".csv"), index=False)
-    args.results.with_suffix(".json").write_text(json.dumps(summary, indent=2))
-    write_figures(history, args.results)
+    history.to_csv(results.with_suffix(".csv"), index=False)
+    results.with_suffix(".json").write_text(json.dumps(summary, indent=2))
+    write_figures(history, results)
 
-    print(f"checkpoint: {args.out} ({args.out.stat().st_size / 1024:.0f} KiB), trained in "
+    print(f"checkpoint: {checkpoint} ({checkpoint.stat().st_size / 1024:.0f} KiB), trained in "
           f"{summary['train_seconds']:.0f} s")
     print(f"loss on first occurrences:    {ev['first']:.3f} nats/token (uniform guess: "
           f"{torch.log(torch.tensor(float(INDUCTION_2L_CONFIG.d_vocab - 1))):.3f})")

@@ -20,19 +20,19 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "HeadReport": ".analysis", "classify_heads": ".analysis",
     "Attention": ".attention", "AttnMask": ".attention", "LatentAttention": ".attention",
-    "ModelConfig": ".config", "HookPoint": ".hooks", "KVCache": ".kv_cache", "Transformer": ".model",
-    "MeanReducer": ".trace", "Reducer": ".trace", "Trace": ".trace", "record": ".trace",
+    "LayerShape": ".config", "ModelConfig": ".config", "HookPoint": ".hooks", "KVCache": ".kv_cache", "Transformer": ".model",
+    "MeanReducer": ".trace", "Reducer": ".trace", "Trace": ".trace", "record": ".trace", "stream": ".trace",
     "list_models": ".zoo", "load": ".zoo",
 }
 
 if TYPE_CHECKING:  # static tools see the eager imports
     from .analysis import HeadReport, classify_heads
     from .attention import Attention, AttnMask, LatentAttention
-    from .config import ModelConfig
+    from .config import LayerShape, ModelConfig
     from .hooks import HookPoint
     from .kv_cache import KVCache
     from .model import Transformer
-    from .trace import MeanReducer, Reducer, Trace, record
+    from .trace import MeanReducer, Reducer, Trace, record, stream
     from .zoo import list_models, load
 
 
@@ -57,6 +57,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Attention", "AttnMask", "HeadReport", "classify_heads", "HookPoint", "KVCache", "LatentAttention", "MeanReducer", "ModelConfig",
-    "Reducer", "Trace", "Transformer", "list_models", "load", "record", "__version__",
+    "Attention", "AttnMask", "HeadReport", "classify_heads", "HookPoint", "KVCache", "LatentAttention", "LayerShape",
+    "MeanReducer", "ModelConfig", "Reducer", "Trace", "Transformer", "list_models", "load", "record", "stream",
+    "__version__",
 ]

@@ -31,7 +31,7 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookPoint
 from .kv_cache import LayerKVCache
-from .positional import Rotary
+from .rotary import Rotary
 
 
 @dataclass
@@ -104,7 +104,8 @@ class _AttentionBase(nn.Module):
         self.cross = cross
         self.causal = cfg.causal and not cross
         # Per-layer head count of a pruned model; cross-attention is never pruned and keeps cfg.n_heads.
-        self.n_heads = cfg.n_heads if layer is None or cross else cfg.heads_in_layer(layer)
+        self.shape = cfg.layer(layer) if layer is not None and not cross else None
+        self.n_heads = cfg.n_heads if self.shape is None else self.shape.n_heads
         self.d_head = cfg.d_head
         self.W_O = nn.Linear(self.n_heads * cfg.d_head, cfg.d_model, bias=cfg.out_bias)
         self.hook_q = HookPoint()
@@ -179,11 +180,9 @@ class _AttentionBase(nn.Module):
         add = mask.additive(scores.dtype, scores.device, q_slice)
         if add is not None:
             scores = scores + add
-        self.hook_attn_scores.ctx["q_start"] = q_slice.start
-        self.hook_pattern.ctx["q_start"] = q_slice.start
-        scores = self.hook_attn_scores(scores)
+        scores = self.hook_attn_scores(scores, q_slice.start)
         pattern = torch.softmax(scores, dim=-1)
-        pattern = self.hook_pattern(pattern)
+        pattern = self.hook_pattern(pattern, q_slice.start)
         z = pattern.reshape(B, K, G * T, -1) @ v  # [B, K, G*T, Dv]
         return z.view(B, H, T, -1)  # [B, H, T, Dv]
 
@@ -227,15 +226,13 @@ class Attention(_AttentionBase):
 
     def __init__(self, cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> None:
         super().__init__(cfg, cross=cross, layer=layer)
-        pruned = layer is not None and not cross
         H, D, M = self.n_heads, cfg.d_head, cfg.d_model
-        K = cfg.kv_heads_in_layer(layer) if pruned else cfg.n_kv_heads
+        K = cfg.n_kv_heads if self.shape is None else self.shape.n_kv_heads
         self.n_kv_heads = K
         self.W_qkv = nn.Linear(M, (H + 2 * K) * D, bias=cfg.attn_bias)
-        kv_map = cfg.kv_map(layer) if pruned else None
-        uniform = kv_map is None or not H or kv_map == [i // (H // K) for i in range(H)]
+        uniform = self.shape is None or self.shape.uniform_groups
         # Query head -> K/V head, only for unequal groups (None keeps the grouped, copy-free path).
-        self.register_buffer("kv_index", None if uniform else torch.tensor(kv_map, dtype=torch.long),
+        self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
                              persistent=False)
         self.rotary = Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" and not cross else None
 

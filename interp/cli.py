@@ -10,7 +10,7 @@ Commands::
     interp dashboard [--port P] [--host ADDR] [--files FOLDER] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
                     [--latent C] [--rope-dim R] [--json]
-    interp bench [forward recording long_context remove_heads concurrency smollm2] [--quick]
+    interp bench [forward recording long_context remove_heads concurrency smollm2 analysis] [--quick]
 
 ``--json`` output (stable keys; new keys may be added, these will not change meaning):
 
@@ -54,7 +54,7 @@ HEADS_JSON_KEYS = ("layer", "head", "kind", "score")
 PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
 PRUNE_METHODS = ("importance", "l0", "random")
-BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2")
+BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2", "analysis")
 
 
 class CliError(Exception):
@@ -162,7 +162,7 @@ def prune_config(args: argparse.Namespace) -> dict[str, Any]:
     else:
         config["importance"] = {"step": args.step}
     if args.n_seqs is not None:
-        # Decoders prune on repeated random sequences, encoders on UD sentences: size both.
+        # interp.pruning.build_task reads the size its data kind needs (n_seqs, or n_train / n_eval).
         config["data"] = {"n_seqs": args.n_seqs, "n_train": args.n_seqs, "n_eval": args.n_seqs,
                           "batch_size": min(16, args.n_seqs)}
     return config
@@ -174,13 +174,11 @@ def _prune(args: argparse.Namespace) -> int:
     run_experiment = _require("interp.pruning", "run_experiment", "head pruning (interp.pruning.run_experiment)")
     model = _load_model(args.model)
     config = prune_config(args)
-    data = config.get("data", {})
-    if model.cfg.unembed:  # a decoder: repeated random sequences, as long as its context allows (default 2 x 25)
-        data = {k: v for k, v in data.items() if k in ("n_seqs", "batch_size")}
-        data["half_len"] = min(25, (model.cfg.n_ctx - 1) // 2)
-    else:  # an encoder: UD sentences
-        data = {k: v for k, v in data.items() if k in ("n_train", "n_eval", "batch_size")}
-    config["data"] = data
+    if args.conllu:
+        config.setdefault("data", {})["path"] = args.conllu
+    if not model.cfg.unembed and "path" not in config.get("data", {}):
+        raise CliError(f"{args.model} is an encoder: its pruning task scores sentences; pass --conllu PATH "
+                       "(for example ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu)")
     result = run_experiment(config, model=model, progress=not args.no_progress)
     rows = prune_records(result, default_method=args.method)
     if args.target and args.method != "l0":
@@ -239,13 +237,13 @@ def _train_induction(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise CliError(f"--out directory {str(out.parent)!r} does not exist")
     check_writable(out, "--out")
-    train = _require("interp.zoo.induction", "train_induction_model", "induction training")
+    train = _require("interp.training", "train_induction_model", "induction training")
     save = _require("interp.zoo.induction", "save_induction_model", "induction checkpoint saving")
     model, history = train(steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                            eval_every=min(args.eval_every, args.steps), progress=not args.no_progress)
     save(model, out, metadata={"steps": args.steps, "seed": args.seed})
     print(f"saved {out} after {args.steps} steps (seed {args.seed}); load it with interp.load({str(out)!r})")
-    last = _last_entry(history)
+    last = {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in history.iloc[-1].items()}
     if last:
         print("final: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()))
     return EXIT_OK
@@ -274,17 +272,6 @@ def check_writable(path: Path, option: str) -> None:
         raise CliError(f"{option} {str(path)!r} is not writable: {e.strerror or e}") from None
     if not existed:
         path.unlink(missing_ok=True)
-
-
-def _last_entry(history: Any) -> dict[str, Any]:
-    """The last record of a training history (list of dicts, dict of lists, or DataFrame), or {}."""
-    if hasattr(history, "iloc") and len(history):
-        return {k: (float(v) if isinstance(v, (int, float)) else v) for k, v in history.iloc[-1].items()}
-    if isinstance(history, list) and history and isinstance(history[-1], dict):
-        return history[-1]
-    if isinstance(history, dict):
-        return {k: v[-1] for k, v in history.items() if isinstance(v, (list, tuple)) and v}
-    return {}
 
 
 # --- dashboard -------------------------------------------------------------------------------------------
@@ -546,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "experiment's)")
     pr.add_argument("--n-seqs", type=_positive_int,
                     help="sequences (sentences) used to prune and to evaluate (default: the experiment's)")
+    pr.add_argument("--conllu", help="CoNLL-U sentences for an encoder's pruning task (decoders use repeated random sequences)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pr.set_defaults(func=_prune)

@@ -23,6 +23,33 @@ _NORMALIZATIONS = ("pre", "post", "rms", "none")
 _ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu")
 
 
+@dataclass(frozen=True)
+class LayerShape:
+    """The attention shape of one layer, from :meth:`ModelConfig.layer` (layers differ after head removal).
+
+    Attributes:
+        n_heads: query heads H of the layer (0 when every head was removed).
+        n_kv_heads: K/V heads K (equals H for MLA).
+        d_head: width of one head.
+        kv_map: the K/V head each query head reads (``len == n_heads``).
+    """
+
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    kv_map: tuple[int, ...]
+
+    @property
+    def uniform_groups(self) -> bool:
+        """True when every K/V head serves ``H // K`` consecutive query heads (no index map needed)."""
+        H, K = self.n_heads, self.n_kv_heads
+        return not H or (H % K == 0 and self.kv_map == tuple(i // (H // K) for i in range(H)))
+
+    def kv_bytes_per_token(self, bytes_per_element: int = 2) -> int:
+        """K and V bytes this layer caches per token (standard attention)."""
+        return 2 * self.n_kv_heads * self.d_head * bytes_per_element
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """Hyper-parameters of an :class:`interp.Transformer`.
@@ -238,6 +265,29 @@ class ModelConfig:
                                  f"in [0, {k}) and use every K/V head")
 
     # --- derived sizes -------------------------------------------------------------------------------
+    def layer(self, layer: int) -> LayerShape:
+        """The attention shape of ``layer``: what attention, the KV cache, surgery and analysis all read.
+
+        Raises:
+            ValueError: ``layer`` is out of range.
+
+        Example:
+            >>> ModelConfig(n_layers=2, d_model=64, n_heads=8, n_kv_heads=2, d_vocab=10, n_ctx=8).layer(1)
+            LayerShape(n_heads=8, n_kv_heads=2, d_head=8, kv_map=(0, 0, 0, 0, 1, 1, 1, 1))
+        """
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer={layer!r} is outside [0, {self.n_layers})")
+        h = self.n_heads if self.layer_n_heads is None else self.layer_n_heads[layer]
+        if self.attention == "latent":
+            k = h
+        else:
+            k = self.n_kv_heads if self.layer_n_kv_heads is None else self.layer_n_kv_heads[layer]
+        if self.layer_kv_map is not None and self.layer_kv_map[layer] is not None:
+            kv_map = tuple(self.layer_kv_map[layer])
+        else:
+            kv_map = tuple(i // (h // k) for i in range(h)) if h else ()
+        return LayerShape(n_heads=h, n_kv_heads=k, d_head=self.d_head, kv_map=kv_map)
+
     @property
     def group_size(self) -> int:
         """Query heads per K/V head (G = H // K)."""
@@ -253,21 +303,16 @@ class ModelConfig:
         return "mqa" if self.n_kv_heads == 1 else "gqa"
 
     def heads_in_layer(self, layer: int) -> int:
-        """Query heads of ``layer`` (``n_heads`` unless ``layer_n_heads`` says otherwise)."""
-        return self.n_heads if self.layer_n_heads is None else self.layer_n_heads[layer]
+        """Query heads of ``layer`` (``cfg.layer(layer).n_heads``)."""
+        return self.layer(layer).n_heads
 
     def kv_heads_in_layer(self, layer: int) -> int:
-        """K/V heads of ``layer`` (equals the query heads for MLA)."""
-        if self.attention == "latent":
-            return self.heads_in_layer(layer)
-        return self.n_kv_heads if self.layer_n_kv_heads is None else self.layer_n_kv_heads[layer]
+        """K/V heads of ``layer`` (``cfg.layer(layer).n_kv_heads``; equals the query heads for MLA)."""
+        return self.layer(layer).n_kv_heads
 
     def kv_map(self, layer: int) -> list[int]:
-        """The K/V head each query head of ``layer`` reads (uniform grouping unless ``layer_kv_map`` says)."""
-        if self.layer_kv_map is not None and self.layer_kv_map[layer] is not None:
-            return list(self.layer_kv_map[layer])
-        h, k = self.heads_in_layer(layer), self.kv_heads_in_layer(layer)
-        return [i // (h // k) for i in range(h)] if h else []
+        """The K/V head each query head of ``layer`` reads (``cfg.layer(layer).kv_map``)."""
+        return list(self.layer(layer).kv_map)
 
     @property
     def uniform_heads(self) -> bool:
@@ -286,17 +331,16 @@ class ModelConfig:
             whose every head was removed caches nothing).
         """
         if self.attention == "latent":
-            layers = sum(1 for layer in range(self.n_layers) if self.heads_in_layer(layer))
+            layers = sum(1 for layer in range(self.n_layers) if self.layer(layer).n_heads)
             return layers * (self.kv_latent_dim + self.rope_dim) * bytes_per_element
-        kv_heads = sum(self.kv_heads_in_layer(layer) for layer in range(self.n_layers))
-        return 2 * kv_heads * self.d_head * bytes_per_element
+        return sum(self.layer(layer).kv_bytes_per_token(bytes_per_element) for layer in range(self.n_layers))
 
     # --- (de)serialisation ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Build a config from a dict, rejecting unknown keys by name."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)

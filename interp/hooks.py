@@ -2,7 +2,10 @@
 
 A :class:`HookPoint` is an ``nn.Module`` that returns its input; it is named after its path in the module
 tree (``blocks.0.attn.hook_pattern``), as in TransformerLens. A hook function ``fn(tensor, hook)`` may read
-the tensor or return a replacement. :class:`HookedModule` gives a model the ways to attach hooks that always
+the tensor or return a replacement. Attention's score and pattern hooks may fire once per query chunk
+(``model.set_query_chunk``); a hook that needs to know which query rows arrived wraps its function in
+:class:`QueryChunkHook` and receives the chunk's first query position as an argument.
+:class:`HookedModule` gives a model the ways to attach hooks that always
 remove exactly what they added, also when the forward pass raises.
 """
 
@@ -18,8 +21,32 @@ from typing import Any, Union
 import torch
 from torch import nn
 
-HookFn = Callable[[torch.Tensor, "HookPoint"], Union[torch.Tensor, None]]
-NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
+HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
+NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]  # noqa: UP007 - a runtime alias, Python 3.10
+
+
+class QueryChunkHook:
+    """A hook function that also receives the query offset: ``fn(tensor, hook, q_start)``.
+
+    ``q_start`` is the first query position of the rows in ``tensor`` (0 unless attention runs query-chunked;
+    non-attention hooks always get 0). Plain ``fn(tensor, hook)`` functions keep the TransformerLens
+    signature.
+
+    Example:
+        >>> seen = []
+        >>> with model.hooks([("blocks.0.attn.hook_pattern", QueryChunkHook(lambda p, h, q0: seen.append(q0)))]):
+        ...     model(tokens)
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[torch.Tensor, HookPoint, int], torch.Tensor | None]) -> None:
+        if not callable(fn):
+            raise TypeError(f"QueryChunkHook needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+
+    def __call__(self, x: torch.Tensor, hook: HookPoint, q_start: int = 0) -> torch.Tensor | None:
+        return self.fn(x, hook, q_start)
 
 
 class HookPoint(nn.Module):
@@ -27,13 +54,11 @@ class HookPoint(nn.Module):
 
     Attributes:
         name: the module path, set by :class:`HookedModule` (``blocks.0.attn.hook_q``).
-        ctx: free-form dict a hook can use to carry state between calls; cleared when hooks are removed.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.name: str = ""
-        self.ctx: dict[str, Any] = {}
         self._fns: list[HookFn] = []
 
     @property
@@ -52,18 +77,15 @@ class HookPoint(nn.Module):
                 self._fns.remove(fn)
             except ValueError:
                 pass
-            if not self._fns:
-                self.ctx.clear()
 
         return remove
 
     def remove_hooks(self) -> None:
         self._fns.clear()
-        self.ctx.clear()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, q_start: int = 0) -> torch.Tensor:
         for fn in self._fns:
-            out = fn(x, self)
+            out = fn(x, self, q_start) if type(fn) is QueryChunkHook else fn(x, self)
             if out is not None:
                 if not isinstance(out, torch.Tensor):
                     raise TypeError(
@@ -81,8 +103,8 @@ class HookPoint(nn.Module):
                 x = out
         return x
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # skip nn.Module's dispatch: hot path
-        return self.forward(x) if self._fns else x
+    def __call__(self, x: torch.Tensor, q_start: int = 0) -> torch.Tensor:  # skip nn.Module's dispatch: hot path
+        return self.forward(x, q_start) if self._fns else x
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, hooks={len(self._fns)}"
@@ -164,7 +186,7 @@ class HookedModule(nn.Module):
         return state
 
     def setup_hooks(self) -> None:
-        self.lock  # create it now, before any thread shares the model
+        _ = self.lock  # create it now, before any thread shares the model
         self.hook_dict = {}
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
@@ -181,7 +203,7 @@ class HookedModule(nn.Module):
             hp.remove_hooks()
 
     @contextlib.contextmanager
-    def hooks(self, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = ()) -> Iterator["HookedModule"]:
+    def hooks(self, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = ()) -> Iterator[HookedModule]:
         """Attach hooks for the duration of a ``with`` block.
 
         Args:

@@ -70,12 +70,12 @@ class KVCache:
         self.layers: list[LayerKVCache] = []
         for layer in range(cfg.n_layers):
             if cfg.attention == "latent":
-                width = 1 if cfg.heads_in_layer(layer) else 0  # a layer without heads caches nothing
+                width = 1 if cfg.layer(layer).n_heads else 0  # a layer without heads caches nothing
                 shapes = [(batch_size, max_len, width * cfg.kv_latent_dim), (batch_size, max_len, width * cfg.rope_dim)]
                 seq_dims = [1, 1]
             else:
                 # A pruned model may keep a different number of K/V heads in each layer.
-                shapes = [(batch_size, cfg.kv_heads_in_layer(layer), max_len, cfg.d_head)] * 2
+                shapes = [(batch_size, cfg.layer(layer).n_kv_heads, max_len, cfg.d_head)] * 2
                 seq_dims = [2, 2]
             bufs = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
             self.layers.append(LayerKVCache(bufs, seq_dims))

@@ -25,12 +25,11 @@ if TYPE_CHECKING:
     from .trace import Trace
 
 
-def make_norm(cfg: ModelConfig, width: int | None = None) -> nn.Module:
-    width = width or cfg.d_model
+def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.normalization == "rms":
-        return nn.RMSNorm(width, eps=cfg.norm_eps)
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
     if cfg.normalization in ("pre", "post"):
-        return nn.LayerNorm(width, eps=cfg.norm_eps)
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
     return nn.Identity()
 
 
@@ -337,7 +336,7 @@ class Transformer(HookedModule):
     OV = property(lambda self: _weights.OV(self), doc="``W_V W_O`` per head, factored ``[L, H, M, M]``.")
 
     # --- recording ------------------------------------------------------------------------------------
-    def run_with_cache(self, *args: Any, names_filter: NamesFilter = None, **kwargs: Any) -> tuple[torch.Tensor, "Trace"]:
+    def run_with_cache(self, *args: Any, names_filter: NamesFilter = None, **kwargs: Any) -> tuple[torch.Tensor, Trace]:
         """Run the model and record the selected hook points.
 
         Args:

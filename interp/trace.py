@@ -1,8 +1,10 @@
-"""Trace: what a run recorded, keyed by hook name, plus streaming reducers for data too big to keep.
+"""Trace: what a run recorded, keyed by hook name; and the one streaming API, reducers fed batch by batch.
 
 ``record(model, tokens, names_filter=...)`` runs the model with saving hooks and returns ``(output, Trace)``.
 Memory controls: a names filter, a subset of layers, a storage dtype, a device to offload to, and reducers
 that fold statistics batch by batch (or query-chunk by query-chunk) instead of storing tensors.
+``stream(model, batches, reducers)`` runs a whole dataset through reducers; it and ``record`` share the one
+function that wires reducers to hook points.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import trace_views
-from .hooks import HookPoint, NamesFilter, resolve_names
+from .data.batches import Batch, check_length, iter_batches
+from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
 
 if TYPE_CHECKING:
     from .model import Transformer
@@ -43,57 +46,178 @@ def _json_object(path: Path, header: dict[str, str], key: str) -> dict[str, Any]
 
 
 class Reducer:
-    """Folds the tensors of some hook points into a statistic, batch by batch.
+    """Folds the tensors of some hook points into a statistic, batch by batch, with a mergeable state.
 
-    Subclasses set ``names`` (a names filter) and implement :meth:`update` and :meth:`result`. With query
-    chunking (:meth:`Transformer.set_query_chunk`) pattern hooks fire once per chunk; ``hook.ctx["q_start"]``
-    gives the chunk's first query position.
+    Subclasses set ``names`` (a names filter) and implement :meth:`update`; they keep everything they
+    accumulate in ``self.state``, a dict of plain tensors of sums and counts (never means), so that two
+    reducers that saw different data combine by adding states (:meth:`merge`: order-independent, what a
+    distributed all-reduce does) and :meth:`result` is computed from the state alone.
+
+    The streaming runner (:func:`stream`, and :func:`record` for one batch) calls, per batch:
+    :meth:`begin_batch` with the :class:`~interp.data.Batch` (tokens, mask, annotations: prepare targets
+    here), :meth:`update` for every tensor of a selected hook point, and :meth:`end_batch` after the forward
+    pass (fold per-batch temporaries into the state here).
+
+    With query chunking (:meth:`Transformer.set_query_chunk`) score and pattern hooks fire once per chunk;
+    ``q_start`` is the chunk's first query position (0 otherwise).
     """
 
     names: NamesFilter = None
 
-    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:  # pragma: no cover - abstract
+    def __init__(self) -> None:
+        self.state: dict[str, torch.Tensor] = {}
+
+    def begin_batch(self, batch: Batch) -> None:
+        """Called before the forward pass over ``batch`` (default: nothing to prepare)."""
+
+    def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def end_batch(self) -> None:
+        """Called after the forward pass over the current batch (default: nothing to fold)."""
 
     def result(self) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    # --- mergeable state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A copy of the state: sums and counts as plain tensors."""
+        return {k: v.detach().clone() for k, v in self.state.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace the state (for example with an all-reduced one).
+
+        Raises:
+            TypeError: a value is not a tensor.
+        """
+        bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise TypeError(f"state values must be tensors; not for keys {bad}")
+        self.state = {k: v.detach().clone() for k, v in state.items()}
+
+    def merge(self, other: Reducer) -> Reducer:
+        """Add ``other``'s state into this one (keys missing on one side count as zero); returns ``self``.
+
+        Raises:
+            TypeError: ``other`` is a different reducer type.
+            ValueError: a shared key has different shapes.
+        """
+        if type(other) is not type(self):
+            raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
+        for k, v in other.state.items():
+            if k in self.state and self.state[k].shape != v.shape:
+                raise ValueError(f"merge: state {k!r} has shape {tuple(self.state[k].shape)} here and "
+                                 f"{tuple(v.shape)} in the other reducer")
+            self.state[k] = self.state[k] + v.to(self.state[k]) if k in self.state else v.detach().clone()
+        return self
+
+    def _add(self, key: str, value: torch.Tensor) -> None:
+        """Accumulate ``value`` into ``state[key]`` (created on first use)."""
+        self.state[key] = self.state[key] + value if key in self.state else value.clone()
 
 
 class MeanReducer(Reducer):
     """Running mean over the batch axis (axis 0) of each selected hook, over every batch it sees.
 
-    Query-chunked patterns (``hook.ctx["q_start"]``) are summed chunk by chunk and stitched in :meth:`result`.
+    Query-chunked patterns are summed chunk by chunk (state ``"{name}@{q_start}"``) and stitched in
+    :meth:`result`; ``"{name}#n"`` counts the rows.
 
     Example:
         >>> r = MeanReducer("blocks.*.attn.hook_pattern")
-        >>> for batch in batches: model.run_with_cache(batch, names_filter=[], reducers=[r])
+        >>> stream(model, batches, [r])
         >>> r.result()["blocks.0.attn.hook_pattern"].shape   # [H, T, S]
     """
 
     def __init__(self, names: NamesFilter) -> None:
+        super().__init__()
         self.names = names
-        self._sum: dict[str, dict[int, torch.Tensor]] = {}  # name -> query offset -> summed chunk
-        self._n: dict[str, int] = {}
 
-    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
+    def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         t = tensor.detach().float()
-        q_start = hook.ctx.get("q_start", 0)
-        chunks = self._sum.setdefault(name, {})
-        if q_start in chunks and chunks[q_start].shape != t.shape[1:]:
-            raise ValueError(f"MeanReducer: {name} changed shape from {tuple(chunks[q_start].shape)} "
+        key = f"{name}@{q_start}"
+        if key in self.state and self.state[key].shape != t.shape[1:]:
+            raise ValueError(f"MeanReducer: {name} changed shape from {tuple(self.state[key].shape)} "
                              f"to {tuple(t.shape[1:])}; pad batches to one length")
-        chunks[q_start] = chunks.get(q_start, 0) + t.sum(0)
+        self._add(key, t.sum(0, dtype=torch.float64))  # float64 sums: merging shards in any order agrees
         if q_start == 0:
-            self._n[name] = self._n.get(name, 0) + t.shape[0]
+            self._add(f"{name}#n", torch.tensor(float(t.shape[0]), dtype=torch.float64))
 
     def result(self) -> dict[str, torch.Tensor]:
         out = {}
-        for name, chunks in self._sum.items():
-            parts = [chunks[k] for k in sorted(chunks)]
+        for count in (k for k in self.state if k.endswith("#n")):
+            name = count[:-2]
+            chunks = sorted((int(k.rsplit("@", 1)[1]), v) for k, v in self.state.items()
+                            if k.rsplit("@", 1)[0] == name and "@" in k)
+            parts = [v for _, v in chunks]
             # Chunks split the query axis, which is axis 1 once the batch axis is summed away.
             total = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-            out[name] = total / self._n[name]
+            out[name] = (total / self.state[count]).float()
         return out
+
+
+def _reducer_hooks(model: Transformer, reducers: Sequence[Reducer]) -> list[tuple[list[str], QueryChunkHook]]:
+    """The one place where reducers meet hooks: each gets its hook points, with the query offset."""
+    return [(resolve_names(r.names, model.hook_names),
+             QueryChunkHook(lambda t, hook, q0, r=r: r.update(hook.name, t, q_start=q0))) for r in reducers]
+
+
+def stream(
+    model: Transformer,
+    data: Any,
+    reducers: Sequence[Reducer],
+    *,
+    batch_size: int = 32,
+    name: str = "tokens",
+    progress: bool = False,
+) -> int:
+    """Run ``model`` over ``data`` batch by batch, feeding ``reducers``; nothing is stored.
+
+    Every reducer sees every batch (:meth:`Reducer.begin_batch`, :meth:`Reducer.update` per hook tensor,
+    :meth:`Reducer.end_batch`), so all statistics of one dataset come from one forward pass per batch.
+    Gradients are off.
+
+    Args:
+        model: an interp Transformer.
+        data: anything :func:`~interp.data.iter_batches` accepts (a LongTensor ``[N, T]``, an iterable of
+            :class:`~interp.data.Batch`, tensors, ``(tokens, mask)`` tuples or dicts).
+        reducers: the reducers to feed.
+        batch_size: rows per forward pass when ``data`` is one tensor.
+        name: the data's name, for error messages.
+        progress: show a tqdm bar over batches.
+
+    Returns:
+        The number of sequences processed.
+
+    Raises:
+        ValueError: an empty dataset, a sequence longer than the model's context, or a reducer's hook name
+            that matches nothing.
+
+    Example:
+        >>> r = MeanReducer("blocks.0.attn.hook_pattern")
+        >>> stream(model, torch.randint(0, 100, (64, 16)), [r], batch_size=16)
+        64
+    """
+    hooks = _reducer_hooks(model, reducers)
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    batches = iter_batches(data, batch_size=batch_size, name=name)
+    if progress:
+        from tqdm.auto import tqdm
+
+        batches = tqdm(batches, desc="batches")
+    n = 0
+    # Hooks are shared state: hold the model's lock for the whole stream, so no other thread's pass sees them.
+    with getattr(model, "lock", contextlib.nullcontext()), torch.no_grad(), model.hooks(hooks):
+        for batch in batches:
+            check_length(model, batch.tokens.shape[1])
+            for r in reducers:
+                r.begin_batch(batch)
+            kwargs = {} if batch.mask is None else {"attention_mask": batch.mask.to(device)}
+            model(batch.tokens.to(device), **kwargs)
+            for r in reducers:
+                r.end_batch()
+            n += len(batch)
+    return n
 
 
 class Trace:
@@ -196,7 +320,7 @@ class Trace:
         """Residual stream at each layer's input ``[C, B, T, M]``; see :func:`trace_views.accumulated_resid`."""
         return trace_views.accumulated_resid(self, layer, **kwargs)
 
-    def apply_ln_to_stack(self, stack: torch.Tensor, model: "Transformer", **kwargs: Any) -> torch.Tensor:
+    def apply_ln_to_stack(self, stack: torch.Tensor, model: Transformer, **kwargs: Any) -> torch.Tensor:
         """A stack normalised by the recorded run's norm scale; see :func:`trace_views.apply_ln_to_stack`."""
         return trace_views.apply_ln_to_stack(self, stack, model, **kwargs)
 
@@ -239,7 +363,7 @@ class Trace:
                                     "does not exist")
         if _TOKENS_KEY in self:
             raise ValueError(f"{_TOKENS_KEY!r} is reserved for the input tokens; rename that recorded tensor")
-        self.str_tokens  # decode before writing, so the file carries them
+        _ = self.str_tokens  # decode before writing, so the file carries them
         try:
             meta_json = json.dumps(self.meta)
         except (TypeError, ValueError) as e:
@@ -269,7 +393,7 @@ class Trace:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def load(cls, path: str | Path) -> Trace:
         """Read a file written by :meth:`save`.
 
         Args:
@@ -328,7 +452,7 @@ class Trace:
 
 
 def record(
-    model: "Transformer",
+    model: Transformer,
     *args: Any,
     names_filter: NamesFilter = None,
     layers: Sequence[int] | None = None,
@@ -376,25 +500,32 @@ def record(
     names = [n for n in names if n not in z_names] + [z for z in z_names.values() if z not in names]
     store: dict[str, list[torch.Tensor]] = {}
 
-    def save(t: torch.Tensor, hook: HookPoint) -> None:
+    def save(t: torch.Tensor, hook: HookPoint, q_start: int) -> None:
         t = t.detach()
         if dtype is not None:
             t = t.to(dtype)
         if device is not None:
             t = t.to(device)
         chunks = store.setdefault(hook.name, [])
-        if hook.ctx.get("q_start", 0) == 0:
+        if q_start == 0:
             chunks.clear()  # a new forward pass (or the first query chunk) replaces what was there
         chunks.append(t)
 
-    fwd_hooks: list = [(names, save)] if names else []
-    for r in reducers:
-        fwd_hooks.append((resolve_names(r.names, model.hook_names),
-                          lambda t, hook, r=r: r.update(hook.name, t, hook)))
+    fwd_hooks: list = [(names, QueryChunkHook(save))] if names else []
+    fwd_hooks += _reducer_hooks(model, reducers)
+    tokens = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("tokens")
+    if isinstance(tokens, torch.Tensor) and tokens.dim() == 1:
+        tokens = tokens[None]
     head_writes = {}
     # One lock over the pass and the W_O/gate snapshot: another thread must not change gates in between.
     with getattr(model, "lock", contextlib.nullcontext()):
+        if reducers and isinstance(tokens, torch.Tensor):
+            batch = Batch(tokens, kwargs.get("attention_mask"))
+            for r in reducers:
+                r.begin_batch(batch)
         out = model.run_with_hooks(*args, fwd_hooks=fwd_hooks, **kwargs)
+        for r in reducers:
+            r.end_batch()
         # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
         tensors = {k: v[0] if len(v) == 1 else torch.cat(v, dim=2) for k, v in store.items()}
         for result_name, z_name in z_names.items():
@@ -407,8 +538,5 @@ def record(
             head_writes[result_name] = (z, w_o)
     meta: dict[str, Any] = {"model": getattr(model, "name", type(model).__name__),
                             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads}
-    tokens = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("tokens")
-    if isinstance(tokens, torch.Tensor) and tokens.dim() == 1:
-        tokens = tokens[None]
     return out, Trace(tensors, meta, tokens, [r.result() for r in reducers], head_writes=head_writes,
                       tokenizer=getattr(model, "tokenizer", None))

@@ -46,7 +46,7 @@ GLOBAL_NAMES = ("embed", "pos_embed")
 _ALIASES = {"attn": "pattern", "scores": "attn_scores", "rot_q": "q", "rot_k": "k"}
 
 
-def _n_layers(trace: "Trace") -> int:
+def _n_layers(trace: Trace) -> int:
     n = trace.meta.get("n_layers")
     if n is None:
         layers = trace.layers
@@ -56,7 +56,7 @@ def _n_layers(trace: "Trace") -> int:
     return int(n)
 
 
-def _layer(trace: "Trace", layer: int) -> int:
+def _layer(trace: Trace, layer: int) -> int:
     if isinstance(layer, bool) or not isinstance(layer, int):
         raise TypeError(f"layer must be an int, got {layer!r}")
     n = _n_layers(trace)
@@ -65,7 +65,7 @@ def _layer(trace: "Trace", layer: int) -> int:
     return layer % n
 
 
-def act_name(trace: "Trace", key: tuple) -> str:
+def act_name(trace: Trace, key: tuple) -> str:
     """The full hook name for a TL-style key: ``("pattern", 0)``, ``("z", -1)``, ``("embed",)``.
 
     Args:
@@ -119,7 +119,7 @@ def _pos(t: torch.Tensor, pos_slice: Any) -> torch.Tensor:
     raise TypeError(f"pos_slice must be None, an int, a slice, a list or a tensor, got {pos_slice!r}")
 
 
-def _upto(trace: "Trace", layer: int | None) -> int:
+def _upto(trace: Trace, layer: int | None) -> int:
     """TL's ``layer`` argument: components before this layer; None or -1 means all layers."""
     n = _n_layers(trace)
     if layer is None or layer == -1:
@@ -138,8 +138,8 @@ def _finish(trace, stack, labels, *, apply_ln, model, layer, mlp_input, pos_slic
     return (stack, labels) if return_labels else stack
 
 
-def stack_head_results(trace: "Trace", layer: int | None = None, *, pos_slice: Any = None,
-                       apply_ln: bool = False, model: "Transformer | None" = None,
+def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: Any = None,
+                       apply_ln: bool = False, model: Transformer | None = None,
                        return_labels: bool = False) -> Any:
     """Every head's residual write, stacked: ``[n_heads_total, B, T, M]`` (TL's ``stack_head_results``).
 
@@ -172,9 +172,9 @@ def stack_head_results(trace: "Trace", layer: int | None = None, *, pos_slice: A
                    pos_slice=pos_slice, return_labels=return_labels)  # [sum H, B, T, M]
 
 
-def decompose_resid(trace: "Trace", layer: int | None = None, *, mlp_input: bool = False, mode: str = "all",
+def decompose_resid(trace: Trace, layer: int | None = None, *, mlp_input: bool = False, mode: str = "all",
                     incl_embeds: bool = True, pos_slice: Any = None, apply_ln: bool = False,
-                    model: "Transformer | None" = None, return_labels: bool = False) -> Any:
+                    model: Transformer | None = None, return_labels: bool = False) -> Any:
     """The residual stream split into the outputs that were added to it (TL's ``decompose_resid``).
 
     Stacks ``hook_embed``, ``hook_pos_embed`` (when recorded), then ``attn_out`` and ``mlp_out`` of each layer
@@ -224,8 +224,8 @@ def decompose_resid(trace: "Trace", layer: int | None = None, *, mlp_input: bool
                    pos_slice=pos_slice, return_labels=return_labels)
 
 
-def accumulated_resid(trace: "Trace", layer: int | None = None, *, incl_mid: bool = False, pos_slice: Any = None,
-                      apply_ln: bool = False, model: "Transformer | None" = None,
+def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool = False, pos_slice: Any = None,
+                      apply_ln: bool = False, model: Transformer | None = None,
                       return_labels: bool = False) -> Any:
     """The residual stream at the input of each layer up to ``layer`` (TL's ``accumulated_resid``).
 
@@ -268,7 +268,7 @@ def accumulated_resid(trace: "Trace", layer: int | None = None, *, incl_mid: boo
     return (stack, labels) if return_labels else stack
 
 
-def _norm_for(model: "Transformer", layer: int | None, mlp_input: bool) -> tuple[Any, str]:
+def _norm_for(model: Transformer, layer: int | None, mlp_input: bool) -> tuple[Any, str]:
     """The norm that reads the residual at (layer, mlp_input), and the hook holding that residual."""
     n = model.cfg.n_layers
     if model.cfg.normalization not in ("pre", "rms"):
@@ -290,7 +290,7 @@ def norm_scale(x: torch.Tensor, norm: Any) -> torch.Tensor:
     return (x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
 
 
-def apply_ln_to_stack(trace: "Trace", stack: torch.Tensor, model: "Transformer", *, layer: int | None = None,
+def apply_ln_to_stack(trace: Trace, stack: torch.Tensor, model: Transformer, *, layer: int | None = None,
                       mlp_input: bool = False, pos_slice: Any = None, weight: bool = False) -> torch.Tensor:
     """Normalise a stack of residual components with the norm's scale frozen at the recorded run.
 

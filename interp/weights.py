@@ -76,19 +76,19 @@ class FactoredMatrix:
         return self.A @ self.B
 
     @property
-    def T(self) -> "FactoredMatrix":
+    def T(self) -> FactoredMatrix:
         return FactoredMatrix(self.B.transpose(-1, -2), self.A.transpose(-1, -2))
 
-    def __matmul__(self, other: "FactoredMatrix | torch.Tensor") -> "FactoredMatrix":
+    def __matmul__(self, other: FactoredMatrix | torch.Tensor) -> FactoredMatrix:
         if isinstance(other, FactoredMatrix):
             # A1 (B1 A2 B2): the inner product is small (r1 x r2), the result keeps rank <= r1.
             return FactoredMatrix(self.A, (self.B @ other.A) @ other.B)
         return FactoredMatrix(self.A, self.B @ other)
 
-    def __rmatmul__(self, other: torch.Tensor) -> "FactoredMatrix":
+    def __rmatmul__(self, other: torch.Tensor) -> FactoredMatrix:
         return FactoredMatrix(other @ self.A, self.B)
 
-    def __getitem__(self, idx) -> "FactoredMatrix":
+    def __getitem__(self, idx) -> FactoredMatrix:
         """Index the leading (stack) axes: ``QK[1, 3]`` is layer 1 head 3."""
         lead = len(self.shape) - 2
         idx = idx if isinstance(idx, tuple) else (idx,)
@@ -130,7 +130,7 @@ def _heads_of(attn: nn.Module) -> tuple[int, int]:
     return attn.n_heads, attn.d_head
 
 
-def layer_weights(model: "Transformer", layer: int) -> dict[str, torch.Tensor]:
+def layer_weights(model: Transformer, layer: int) -> dict[str, torch.Tensor]:
     """Per-head weights of one layer: ``W_Q, W_K, W_V`` ``[H, M, Dk|D]``, ``W_O`` ``[H, D, M]`` and biases.
 
     Args:
@@ -197,7 +197,7 @@ def _latent_qkv(attn: LatentAttention, M: int) -> dict[str, torch.Tensor]:
             "W_V": wv, "b_V": z(H, D)}
 
 
-def stacked(model: "Transformer", name: str, *, fold_norm: bool = False) -> torch.Tensor:
+def stacked(model: Transformer, name: str, *, fold_norm: bool = False) -> torch.Tensor:
     """One weight stacked over layers: ``W_Q/W_K/W_V`` ``[L, H, M, Dk|D]``, ``W_O`` ``[L, H, D, M]``, biases.
 
     Args:
@@ -231,7 +231,7 @@ def stacked(model: "Transformer", name: str, *, fold_norm: bool = False) -> torc
     return torch.stack(out)  # [L, ...]
 
 
-def QK(model: "Transformer", *, fold_norm: bool = False) -> FactoredMatrix:
+def QK(model: Transformer, *, fold_norm: bool = False) -> FactoredMatrix:
     """``W_Q W_K^T`` per head, factored: shape ``[L, H, M, M]``, rank <= D (D + R for MLA).
 
     ``x_q @ QK[l, h] @ x_k^T`` is head (l, h)'s attention score before scaling (no rotation, no biases).
@@ -243,7 +243,7 @@ def QK(model: "Transformer", *, fold_norm: bool = False) -> FactoredMatrix:
                           stacked(model, "W_K", fold_norm=fold_norm).transpose(-1, -2))
 
 
-def OV(model: "Transformer", *, fold_norm: bool = False) -> FactoredMatrix:
+def OV(model: Transformer, *, fold_norm: bool = False) -> FactoredMatrix:
     """``W_V W_O`` per head, factored: shape ``[L, H, M, M]``, rank <= D; ``x @ OV[l, h]`` is what the head
     writes for an attended position x (bias-free).
 

@@ -23,7 +23,6 @@ import time
 
 import torch
 import torch.nn.functional as F
-
 from benchutil import fix_threads, machine_info, ratio_table, time_interleaved
 
 import interp

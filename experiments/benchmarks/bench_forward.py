@@ -16,7 +16,6 @@ import argparse
 import sys
 
 import torch
-
 from benchutil import fix_threads, machine_info, ratio_table, time_interleaved
 from reference import build_pair
 

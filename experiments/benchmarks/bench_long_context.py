@@ -8,7 +8,7 @@ query in the second half to the key right after the query token's first occurren
 Three variants, each in a fresh subprocess so that its peak resident memory is its own:
 
 * streaming: ``model.set_query_chunk(chunk)`` + a :class:`interp.Reducer` that folds each query chunk's
-  pattern ``[B, H, chunk, S]`` as it is computed (``hook.ctx["q_start"]`` locates the chunk); nothing is stored.
+  pattern ``[B, H, chunk, S]`` as it is computed (the reducer's ``q_start`` argument locates the chunk); nothing is stored.
 * library: ``interp.analysis.positional_scores`` + ``induction_scores`` under the same query chunking (their
   reducers build boolean target masks for each chunk of query rows only, so they stay linear too; they run
   the model twice, once per scorer, and score more categories).
@@ -39,8 +39,9 @@ import sys
 import time
 
 import torch
-
 from benchutil import fix_threads, machine_info
+
+from interp.trace import Reducer
 
 GiB = 2**30
 VARIANTS = ("streaming", "library", "materialise")
@@ -62,7 +63,7 @@ def repeated_tokens(T: int, d_vocab: int, seed: int = 0) -> torch.Tensor:
     return torch.cat([r, r], dim=1)  # [1, T]
 
 
-class LongContextScores:
+class LongContextScores(Reducer):
     """Streaming per-head scores: previous-token mass and argmax share, first-token mass, induction mass.
 
     Works on any slice of queries (a query chunk, or the whole pattern): ``fold(layer, p, q0)`` with
@@ -72,13 +73,14 @@ class LongContextScores:
     names = "blocks.*.attn.hook_pattern"
 
     def __init__(self, n_layers: int, n_heads: int, half: int) -> None:
+        super().__init__()
         self.half = half
         z = lambda: torch.zeros(n_layers, n_heads, dtype=torch.float64)  # noqa: E731
         self.prev, self.prev_hit, self.first, self.induction = z(), z(), z(), z()
         self.n_prev, self.n_first, self.n_ind = 0, 0, 0
 
-    def update(self, name: str, tensor: torch.Tensor, hook) -> None:
-        self.fold(int(name.split(".")[1]), tensor, hook.ctx.get("q_start", 0) or 0)
+    def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
+        self.fold(int(name.split(".")[1]), tensor, q_start)
 
     def fold(self, layer: int, p: torch.Tensor, q0: int) -> None:
         B, H, t, S = p.shape

@@ -22,7 +22,6 @@ import sys
 import warnings
 
 import torch
-
 from benchutil import fix_threads, machine_info, ratio_table, time_interleaved
 from reference import build_pair
 

@@ -31,7 +31,6 @@ import time
 import warnings
 
 import torch
-
 from benchutil import fix_threads, machine_info, ratio_table, time_interleaved
 
 RECORD = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_result"]

@@ -9,9 +9,10 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     remove_heads  bench_remove_heads.py  half the heads removed vs the unpruned model (written by the pruning work)
     concurrency   bench_concurrency.py   the per-model lock: one pass with vs without; 8 threads vs one
     smollm2       bench_smollm2.py       SmolLM2-135M (GGUF) vs HF LlamaForCausalLM: forward, recording, greedy decoding
+    analysis      bench_analysis.py      classify_heads on UD EWT dev vs one recorded forward pass over the same batches
 
 Usage:
-    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2] [--quick] [--out FILE.md]
+    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2 analysis] [--quick] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ SCRIPTS = {
     "remove_heads": "bench_remove_heads.py",
     "concurrency": "bench_concurrency.py",
     "smollm2": "bench_smollm2.py",
+    "analysis": "bench_analysis.py",
 }
-TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2"}
+TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis"}
 
 
 def run_one(name: str, quick: bool) -> str:

@@ -78,7 +78,7 @@ def _record_z(model: Any, reference: Any, layers: Sequence[int]) -> list[tuple[d
 
         def grab(layer: int):
             def fn(z: torch.Tensor, hook) -> None:
-                zs[layer] = z.detach()
+                zs[layer] = z.detach()  # noqa: B023 - called inside this iteration's forward pass
             return fn
 
         with model.hooks([(f"blocks.{layer}.attn.hook_z", grab(layer)) for layer in layers]):

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ..data import first_occurrence_mask, repeated_sequences
 from .ablate import ABLATIONS, ablate_heads
-from .data import first_occurrence_mask, repeated_sequences
+
+if TYPE_CHECKING:
+    from ..model import Transformer
 
 __all__ = ["in_context_gain", "ablation_table"]
 
 
-def in_context_gain(model: Any, tokens: torch.Tensor, half_len: int, *, bos: bool,
+def in_context_gain(model: Transformer, tokens: torch.Tensor, half_len: int, *, bos: bool,
                     ablate: Iterable[tuple[int, int]] = (), method: str = "zero", reference: Any = None,
                     values: dict[int, torch.Tensor] | None = None, per_position: bool = False,
                     seed: int = 0) -> dict[str, float]:
@@ -71,7 +74,7 @@ def _check_method(method: str) -> None:
         raise ValueError(f"method={method!r} is not one of {ABLATIONS}")
 
 
-def ablation_table(model: Any, induction_heads: Iterable[tuple[int, int]], *, n_seqs: int = 64,
+def ablation_table(model: Transformer, induction_heads: Iterable[tuple[int, int]], *, n_seqs: int = 64,
                    half_len: int = 25, seed: int = 1234, bos_id: int | None = None,
                    method: str = "zero") -> pd.DataFrame:
     """The gain with nothing ablated, with all ``induction_heads`` ablated, and with each head alone.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["direct_logit_attribution", "logit_direction"]
 
 
-def _check_model(model: "Transformer") -> None:
+def _check_model(model: Transformer) -> None:
     cfg = model.cfg
     if not cfg.unembed:
         raise ValueError(f"model {model.name!r} has no unembedding (cfg.unembed=False): there are no logits")
@@ -50,7 +50,7 @@ def _answers(answer_tokens: torch.Tensor, B: int, d_vocab: int) -> torch.Tensor:
     return answer_tokens.long()
 
 
-def logit_direction(model: "Transformer", answer_tokens: torch.Tensor) -> torch.Tensor:
+def logit_direction(model: Transformer, answer_tokens: torch.Tensor) -> torch.Tensor:
     """The residual directions ``W_U[:, correct] - W_U[:, wrong]``: ``[B, M]``.
 
     Args:
@@ -65,7 +65,7 @@ def logit_direction(model: "Transformer", answer_tokens: torch.Tensor) -> torch.
 
 
 @torch.no_grad()
-def direct_logit_attribution(model: "Transformer", tokens: torch.Tensor, answer_tokens: torch.Tensor, *,
+def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_tokens: torch.Tensor, *,
                              pos: int | torch.Tensor = -1, attention_mask: torch.Tensor | None = None
                              ) -> pd.DataFrame:
     """Each component's direct contribution to ``logit[correct] - logit[wrong]`` at one position.

@@ -33,7 +33,7 @@ __all__ = ["composition_baseline", "composition_scores", "composition_table"]
 _MODES = ("Q", "K", "V")
 
 
-def _circuits(model: "Transformer") -> tuple[FactoredMatrix, FactoredMatrix]:
+def _circuits(model: Transformer) -> tuple[FactoredMatrix, FactoredMatrix]:
     W_Q, W_K = stacked(model, "W_Q", fold_norm=True), stacked(model, "W_K", fold_norm=True)  # [L, H, M, Dk]
     W_V, W_O = stacked(model, "W_V", fold_norm=True), stacked(model, "W_O")  # [L, H, M, D], [L, H, D, M]
     if model.cfg.normalization == "pre":
@@ -52,7 +52,7 @@ def _score(left: FactoredMatrix, right: FactoredMatrix) -> torch.Tensor:
     return sq.sqrt() / (left.norm()[:, :, None, None] * right.norm()[None, None])  # [L, H, L', H']
 
 
-def composition_scores(model: "Transformer", mode: str = "K") -> torch.Tensor:
+def composition_scores(model: Transformer, mode: str = "K") -> torch.Tensor:
     """Composition scores of every (earlier head -> later head) pair.
 
     Args:
@@ -81,7 +81,7 @@ def composition_scores(model: "Transformer", mode: str = "K") -> torch.Tensor:
     return scores.masked_fill(~later[:, None, :, None], float("nan"))
 
 
-def composition_baseline(model: "Transformer", mode: str = "K", *, n_samples: int = 16, seed: int = 0) -> float:
+def composition_baseline(model: Transformer, mode: str = "K", *, n_samples: int = 16, seed: int = 0) -> float:
     """Mean score of the model's OV circuits against random Gaussian reading matrices of the same shapes.
 
     Args:
@@ -108,7 +108,7 @@ def composition_baseline(model: "Transformer", mode: str = "K", *, n_samples: in
         return float(_score(OV, rand).mean())
 
 
-def composition_table(model: "Transformer", *, baseline: bool = True) -> pd.DataFrame:
+def composition_table(model: Transformer, *, baseline: bool = True) -> pd.DataFrame:
     """Q-, K- and V-composition of every pair of heads in different layers, as a long table.
 
     Args:

@@ -29,6 +29,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from ..data import Batch, align_words
 from ..data.coref import (
     COREFUD_BASELINES,
     GAP_BASELINES,
@@ -38,10 +39,8 @@ from ..data.coref import (
     read_corefud,
     read_gap,
 )
-from ..hooks import HookPoint
-from ..trace import Reducer
-from ._stream import PATTERN_HOOKS, layer_of, run_reducer
-from .treebank import align_words
+from ..trace import Reducer, stream
+from ._stream import PATTERN_HOOKS, layer_of
 
 __all__ = ["CorefReducer", "coref_dataset_of", "coreference_kinds", "coreference_scores", "wilson_interval"]
 
@@ -95,13 +94,15 @@ class CorefReducer(Reducer):
 
     def __init__(self, n_layers: int, n_heads: int, groups: list[str], *, tie_tol: float = 1e-6,
                  keep_queries: bool = False) -> None:
+        super().__init__()
         self.groups = list(groups)
         self.keep_queries = keep_queries
         self._per_query: list[torch.Tensor] = []
         self._batch_hits: torch.Tensor | None = None
         self.tie_tol = tie_tol
-        self.hits = torch.zeros(len(groups), n_layers, n_heads, dtype=torch.float64)
-        self.n = torch.zeros(len(groups), dtype=torch.float64)
+        # sums and counts in the mergeable state (:meth:`Reducer.merge`); per-query hits are kept outside it
+        self.state["hits"] = torch.zeros(len(groups), n_layers, n_heads, dtype=torch.float64)
+        self.state["n"] = torch.zeros(len(groups), dtype=torch.float64)
         self._acc: dict[int, torch.Tensor] = {}
 
     def set_batch(self, source: torch.Tensor, units: torch.Tensor, cand: torch.Tensor, gold: torch.Tensor,
@@ -126,7 +127,7 @@ class CorefReducer(Reducer):
                              f"{tuple(member.shape)} ({len(self.groups)} groups)")
         self._flush_queries()  # the previous batch's per-query hits, under its own query mask
         self.source, self.units, self.cand, self.gold, self.member = source, units, cand, gold, member
-        self.n += member.sum((0, 1)).double()
+        self.state["n"] += member.sum((0, 1)).double()
         self._acc = {}
         if self.keep_queries:
             self._batch_hits = torch.zeros(B, Q, *self.hits.shape[1:], dtype=torch.bool)  # [B, Q, L, H]
@@ -137,9 +138,19 @@ class CorefReducer(Reducer):
             self._per_query.append(self._batch_hits[real])  # [n, L, H]
             self._batch_hits = None
 
-    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
+    @property
+    def hits(self) -> torch.Tensor:
+        """``[G, L, H]`` float64: queries per group whose most-attended candidate is correct."""
+        return self.state["hits"]
+
+    @property
+    def n(self) -> torch.Tensor:
+        """``[G]`` float64: queries per group."""
+        return self.state["n"]
+
+    def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
-        q0 = hook.ctx.get("q_start", 0) or 0
+        q0 = q_start
         p = tensor.detach().float()  # [B, H, Tc, S]
         Tc = p.shape[2]
         src = self.source[:, :, q0:q0 + Tc].to(p)  # [B, Q, Tc]
@@ -293,7 +304,7 @@ def coreference_scores(
         T = max(len(w.ids) for w, _ in batch)
         Q = max(len(qs) for _, qs in batch)
         units_per = []
-        for w, qs in batch:
+        for _w, qs in batch:
             seen: dict[tuple[int, ...], int] = {}
             for q, _ in qs:
                 for c in q.candidates:
@@ -323,7 +334,7 @@ def coreference_scores(
                     gold[b, i, k] = g
                 member[b, i] = torch.tensor(groups_of)
         red.set_batch(source, units, cand, gold, member)
-        run_reducer(model, tokens, None if bool(mask.all()) else mask, [red])
+        stream(model, [Batch(tokens, None if bool(mask.all()) else mask)], [red], name="coreference windows")
 
     batch: list[tuple[CorefWindow, list]] = []
     it = windows

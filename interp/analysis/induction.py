@@ -1,6 +1,6 @@
 """Induction, previous-token and duplicate-token heads, scored on repeated random token sequences.
 
-On ``[bos] x_1..x_n x_1..x_n`` (see :func:`interp.analysis.data.repeated_sequences`) an induction head
+On ``[bos] x_1..x_n x_1..x_n`` (see :func:`interp.data.repeated_sequences`) an induction head
 attends from the second occurrence of a token to the token right after its first occurrence (prefix
 matching) and its output raises the logit of the token it attends to (copying; Olsson et al., 2022). A
 previous-token head attends to position ``q - 1``; a duplicate-token head attends to earlier occurrences of
@@ -21,70 +21,23 @@ Two definitions of the attention scores:
 
 from __future__ import annotations
 
-import functools
-
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 
-from ..hooks import HookPoint
-from ..trace import Reducer
-from ._stream import (PATTERN_HOOKS, TargetReducer, check_length, iter_batches, key_allowed, layer_of,
-                      offset_targets, query_real, run_reducer, target_rows_any)
-from .data import repeated_sequences
+from ..data import Batch, repeated_tokens_for
+from ..trace import Reducer, stream
+from ._stream import PATTERN_HOOKS, TargetReducer, head_counts, heads_of, key_allowed, layer_of, offset_targets
 
-__all__ = ["induction_scores", "repeated_tokens_for", "induction_targets", "tl_detection_patterns"]
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["induction_scores", "repeated_tokens_for", "induction_targets", "tl_detection_patterns",
+           "InductionReducer", "TLHeadDetectorReducer", "CopyingReducer"]
 
 _DEFINITIONS = ("interp", "transformer_lens")
 _KINDS = ("previous_token", "duplicate_token", "induction")
-
-
-# --- data ---------------------------------------------------------------------------------------------
-def repeated_tokens_for(model: Any, n_seqs: int = 32, half_len: int | None = None, *, seed: int = 0) -> torch.Tensor:
-    """Repeated random sequences that suit ``model``: its BOS/[CLS] in front, [SEP] at the end for encoders.
-
-    Random ids avoid the tokenizer's special tokens (ids below the largest special id are skipped when
-    the special ids sit at the start of the vocabulary, as in BERT).
-
-    Args:
-        model: an interp Transformer (with or without tokenizer).
-        n_seqs: number of sequences.
-        half_len: length of the repeated half; default ``min(25, (n_ctx - 2) // 2)``.
-        seed: random seed.
-
-    Returns:
-        LongTensor ``[n_seqs, T]``.
-
-    Example:
-        >>> toks = repeated_tokens_for(model, 8, 10)
-    """
-    cfg = model.cfg
-    if half_len is None:
-        half_len = min(25, (cfg.n_ctx - 2) // 2)
-    tok = getattr(model, "tokenizer", None)
-    bos = None
-    sep = None
-    low = 0
-    if tok is not None:
-        bos = getattr(tok, "cls_token_id", None)
-        if bos is None:
-            bos = getattr(tok, "bos_id", None)
-        if not cfg.causal:
-            sep = getattr(tok, "sep_token_id", None)
-        special = set(getattr(tok, "special_ids", set()) or set())
-        if special and max(special) < cfg.d_vocab // 2:
-            low = max(special) + 1
-    if low:
-        body = repeated_sequences(n_seqs, half_len, cfg.d_vocab - low, seed=seed) + low  # [N, 2n]
-        parts = [body]
-        if bos is not None:
-            parts.insert(0, torch.full((n_seqs, 1), bos, dtype=torch.long))
-    else:
-        parts = [repeated_sequences(n_seqs, half_len, cfg.d_vocab, seed=seed, bos_id=bos)]
-    if sep is not None:
-        parts.append(torch.full((n_seqs, 1), sep, dtype=torch.long))
-    return torch.cat(parts, dim=1)  # [N, T]
 
 
 # --- target sets ----------------------------------------------------------------------------------------
@@ -102,7 +55,7 @@ def induction_targets(tokens: torch.Tensor, mask: torch.Tensor | None, causal: b
     """
     B, T = tokens.shape
     allowed = key_allowed(tokens, mask, causal, rows)  # [B, T', S]
-    real = query_real(tokens, mask)  # [B, T]
+    real = Batch(tokens, mask).real  # [B, T]
     q = torch.arange(T)[rows]  # [T']
     k = torch.arange(T)  # [S]
     same = (tokens[:, rows, None] == tokens[:, None, :]) & real[:, rows, None] & real[:, None, :]  # [B, T', S]
@@ -138,22 +91,38 @@ def tl_detection_patterns(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 # --- reducers -------------------------------------------------------------------------------------------
-class _TLReducer(Reducer):
-    """TransformerLens' "mul" score per sequence, averaged over sequences (see the module docstring)."""
+class InductionReducer(TargetReducer):
+    """The ``interp`` scores: previous-token, duplicate-token and induction targets of each batch
+    (:func:`induction_targets`)."""
+
+    def __init__(self, model: Transformer, *, tie_tol: float = 1e-6) -> None:
+        super().__init__(model, list(_KINDS), tie_tol=tie_tol)
+
+    def targets(self, batch: Batch, rows: slice) -> dict[str, torch.Tensor]:
+        return induction_targets(batch.tokens, batch.mask, self.model.cfg.causal, rows)
+
+
+class TLHeadDetectorReducer(Reducer):
+    """TransformerLens' "mul" score per sequence, summed over sequences (see the module docstring).
+
+    State: ``sum_{kind}`` ``[L, H_max]`` (per-sequence scores summed) and ``n_sequences``.
+    """
 
     names = PATTERN_HOOKS
 
-    def __init__(self, n_layers: int, n_heads: int, *, exclude_bos: bool, exclude_current_token: bool) -> None:
+    def __init__(self, model: Transformer, *, exclude_bos: bool = False, exclude_current_token: bool = False) -> None:
+        super().__init__()
         self.exclude_bos = exclude_bos
         self.exclude_current = exclude_current_token
-        self.sum = {k: torch.zeros(n_layers, n_heads, dtype=torch.float64) for k in _KINDS}
-        self.n_seqs = 0
-        self._shape = (n_layers, n_heads)
+        L, H = model.cfg.n_layers, max(head_counts(model), default=0)
+        self._shape = (L, H)
+        self.state = {f"sum_{k}": torch.zeros(L, H, dtype=torch.float64) for k in _KINDS}
+        self.state["n_sequences"] = torch.zeros((), dtype=torch.float64)
 
-    def set_batch(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> None:
-        self._flush()
+    def begin_batch(self, batch: Batch) -> None:
+        tokens = batch.tokens
         B, T = tokens.shape
-        real = query_real(tokens, mask)  # [B, T]
+        real = batch.real  # [B, T]
         dets = {k: torch.zeros(B, T, T) for k in _KINDS}
         for b in range(B):
             idx = real[b].nonzero().flatten()  # positions of the real tokens (right or left padding)
@@ -164,37 +133,35 @@ class _TLReducer(Reducer):
         L, H = self._shape
         self._num = {k: torch.zeros(B, L, H, dtype=torch.float64) for k in _KINDS}
         self._den = torch.zeros(B, L, H, dtype=torch.float64)
-        self._pending = True
 
-    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
+    def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
-        q0 = hook.ctx.get("q_start", 0) or 0
+        q0 = q_start
         p = tensor.detach().float().clone()  # [B, H, Tc, S]
-        Tc = p.shape[2]
+        H, Tc = p.shape[1], p.shape[2]
         p = p * self._real[:, None, q0:q0 + Tc, None].to(p)  # padding rows do not exist in TL's run
         if self.exclude_bos:
             p[..., 0] = 0
         if self.exclude_current:
             rows = torch.arange(Tc)
             p[:, :, rows, rows + q0] = 0
-        self._den[:, layer] += p.sum((2, 3)).double().cpu()
+        self._den[:, layer, :H] += p.sum((2, 3)).double().cpu()
         for k in _KINDS:
             det = self._dets[k][:, q0:q0 + Tc].to(p)  # [B, Tc, S]
-            self._num[k][:, layer] += (p * det[:, None]).sum((2, 3)).double().cpu()
+            self._num[k][:, layer, :H] += (p * det[:, None]).sum((2, 3)).double().cpu()
 
-    def _flush(self) -> None:
-        if getattr(self, "_pending", False):
-            for k in _KINDS:
-                self.sum[k] += (self._num[k] / self._den).sum(0)
-            self.n_seqs += self._den.shape[0]
-            self._pending = False
+    def end_batch(self) -> None:
+        for k in _KINDS:
+            # Heads a pruned layer lacks have a zero denominator: they add 0, not NaN.
+            self.state[f"sum_{k}"] += (self._num[k] / self._den.masked_fill(self._den == 0, 1)).sum(0)
+        self.state["n_sequences"] += self._den.shape[0]
 
     def result(self) -> dict[str, torch.Tensor]:
-        self._flush()
-        return {k: v / max(self.n_seqs, 1) for k, v in self.sum.items()}
+        n = max(float(self.state["n_sequences"]), 1.0)
+        return {k: self.state[f"sum_{k}"] / n for k in _KINDS}
 
 
-class _CopyReducer(Reducer):
+class CopyingReducer(Reducer):
     """Copying score: does a head's direct effect on the logits raise the token it attends to?
 
     For every row with an induction target, take the head's residual write (``hook_result``), pass it through
@@ -202,30 +169,36 @@ class _CopyReducer(Reducer):
     unembedding, and find the rank of the attended token (the token at the row's argmax key) among the whole
     vocabulary. The score is the mean fraction of the vocabulary whose direct logit is strictly below the
     attended token's: 1 = always the top logit, ~0.5 = chance, 0 for a head that writes nothing the
-    unembedding reads.
+    unembedding reads. State: ``sum`` ``[L, H_max]`` and ``rows``.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
         cfg = model.cfg
         L = cfg.n_layers
         self.model = model
         self.names = [PATTERN_HOOKS, "blocks.*.attn.hook_result", f"blocks.{L - 1}.hook_resid_post"]
-        self.sum = torch.zeros(L, cfg.n_heads, dtype=torch.float64)
-        self.rows = 0
+        self._H = max(head_counts(model), default=0)
+        self.state = {"sum": torch.zeros(L, self._H, dtype=torch.float64),
+                      "rows": torch.zeros((), dtype=torch.float64)}
         self._last = f"blocks.{L - 1}.hook_resid_post"
 
-    def set_batch(self, tokens: torch.Tensor, rows: torch.Tensor) -> None:
-        """rows: ``[B, T]`` bool, the query rows scored (those with an induction target)."""
+    def begin_batch(self, batch: Batch) -> None:
+        tokens = batch.tokens
         self._tokens = tokens
-        self._rows = rows
-        B, T = tokens.shape
-        self._argmax = torch.zeros(self.model.cfg.n_layers, B, self.model.cfg.n_heads, T, dtype=torch.long)
+        T = tokens.shape[1]
+        # The query rows scored: real rows with an induction target, built in row chunks (no [T, S] at once).
+        chunks = [induction_targets(tokens, batch.mask, self.model.cfg.causal, slice(i, min(i + 1024, T)))
+                  ["induction"].any(-1) for i in range(0, T, 1024)]
+        self._rows = torch.cat(chunks, dim=1) & batch.real  # [B, T]
+        B = tokens.shape[0]
+        self._argmax = torch.zeros(self.model.cfg.n_layers, B, self._H, T, dtype=torch.long)
         self._res: dict[int, torch.Tensor] = {}
 
-    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
+    def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         if name.endswith("hook_pattern"):
-            q0 = hook.ctx.get("q_start", 0) or 0
-            self._argmax[layer_of(name), :, :, q0:q0 + tensor.shape[2]] = tensor.detach().argmax(-1).cpu()
+            H = tensor.shape[1]
+            self._argmax[layer_of(name), :, :H, q_start:q_start + tensor.shape[2]] = tensor.detach().argmax(-1).cpu()
         elif name.endswith("hook_result"):
             self._res[layer_of(name)] = tensor.detach()[self._rows.to(tensor.device)].float()  # [N, H, M]
         if name == self._last:
@@ -252,29 +225,32 @@ class _CopyReducer(Reducer):
         V = W_U.shape[0]
         for layer, r in self._res.items():
             H = r.shape[1]
+            if not H:
+                continue
             if center:
                 r = r - r.mean(-1, keepdim=True)
             r = r * scale[:, None]  # [N, H, M]
             if weight is not None:
                 r = r * weight.float()
-            key = self._argmax[layer][b_idx.cpu(), :, q_idx.cpu()]  # [N, H]
+            key = self._argmax[layer][b_idx.cpu(), :H, q_idx.cpu()]  # [N, H]
             attended = self._tokens[b_idx.cpu()[:, None], key].to(r.device)  # [N, H]
             step = max(1, 2 ** 24 // (H * V))  # rows per chunk: bounds the [n, H, V] logits tensor
             for i in range(0, N, step):
                 logits = r[i:i + step] @ W_U.T  # [n, H, V]
                 own = logits.gather(-1, attended[i:i + step, :, None])  # [n, H, 1]
                 below = (logits < own).float().mean(-1)  # [n, H]
-                self.sum[layer] += below.sum(0).double().cpu()
-        self.rows += N
+                self.state["sum"][layer, :H] += below.sum(0).double().cpu()
+        self.state["rows"] += N
 
     def result(self) -> torch.Tensor:
-        return self.sum / self.rows if self.rows else torch.full_like(self.sum, torch.nan)
+        rows = float(self.state["rows"])
+        return self.state["sum"] / rows if rows else torch.full_like(self.state["sum"], torch.nan)
 
 
 # --- public ---------------------------------------------------------------------------------------------
 def induction_scores(
-    model: Any,
-    tokens: Any = None,
+    model: Transformer,
+    tokens: torch.Tensor | object = None,
     *,
     definition: str = "interp",
     n_seqs: int = 32,
@@ -314,48 +290,54 @@ def induction_scores(
         raise ValueError(f"definition={definition!r} is not one of {_DEFINITIONS}")
     if definition == "interp" and (exclude_bos or exclude_current_token):
         raise ValueError("exclude_bos / exclude_current_token apply to definition='transformer_lens' only")
-    cfg = model.cfg
-    L, H = cfg.n_layers, cfg.n_heads
+    reducers = induction_reducers(model, definition=definition, exclude_bos=exclude_bos,
+                                  exclude_current_token=exclude_current_token, copying=copying)
     if tokens is None:
         tokens = repeated_tokens_for(model, n_seqs, half_len, seed=seed)
-    can_copy = copying and getattr(model, "W_U", None) is not None and cfg.normalization != "post"
-    interp_red = TargetReducer(L, H, list(_KINDS))
-    tl_red = _TLReducer(L, H, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
-    copy_red = _CopyReducer(model) if can_copy else None
-    n_seq = 0
-    for toks, mask in iter_batches(tokens, batch_size=batch_size, name="tokens"):
-        check_length(model, toks.shape[1])
-        targets = functools.partial(induction_targets, toks, mask, cfg.causal)  # rows -> targets of those rows
-        reds: list[Reducer] = []
-        if definition == "interp":
-            interp_red.set_batch(targets, query_real(toks, mask))
-            reds.append(interp_red)
-        else:
-            tl_red.set_batch(toks, mask)
-            reds.append(tl_red)
-        if copy_red is not None:
-            has_target = target_rows_any(targets, "induction", toks.shape[1])  # [B, T]
-            copy_red.set_batch(toks, has_target & query_real(toks, mask))
-            reds.append(copy_red)
-        run_reducer(model, toks, mask, reds)
-        n_seq += toks.shape[0]
+    n_seq = stream(model, tokens, reducers, batch_size=batch_size, name="tokens")
+    return induction_table(model, reducers, n_seq)
+
+
+def induction_reducers(model: Transformer, *, definition: str = "interp", exclude_bos: bool = False,
+                       exclude_current_token: bool = False, copying: bool = True) -> list[Reducer]:
+    """The streaming pieces of :func:`induction_scores`: the attention scores of ``definition``, then the
+    copying score when asked for and the model has an unembedding (pre-LN).
+
+    Raises:
+        ValueError: unknown definition, or TL-only options with ``definition="interp"``.
+    """
+    if definition not in _DEFINITIONS:
+        raise ValueError(f"definition={definition!r} is not one of {_DEFINITIONS}")
+    if definition == "interp" and (exclude_bos or exclude_current_token):
+        raise ValueError("exclude_bos / exclude_current_token apply to definition='transformer_lens' only")
+    reds: list[Reducer] = [InductionReducer(model) if definition == "interp" else TLHeadDetectorReducer(
+        model, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)]
+    if copying and getattr(model, "W_U", None) is not None and model.cfg.normalization != "post":
+        reds.append(CopyingReducer(model))
+    return reds
+
+
+def induction_table(model: Transformer, reducers: list[Reducer], n_sequences: int) -> pd.DataFrame:
+    """The :func:`induction_scores` table from the reducers of :func:`induction_reducers`."""
+    scores, copy_red = reducers[0], (reducers[1] if len(reducers) > 1 else None)
+    L, H = model.cfg.n_layers, max(head_counts(model), default=0)
     copy = copy_red.result() if copy_red is not None else torch.full((L, H), torch.nan)
+    definition = "interp" if isinstance(scores, InductionReducer) else "transformer_lens"
     if definition == "interp":
-        res = interp_red.result()
+        res = scores.result()
         cols = {k: res[k]["mass"] for k in _KINDS} | {f"{k}_argmax": res[k]["argmax"] for k in _KINDS}
     else:
-        cols = tl_red.result()
+        cols = scores.result()
     rows = []
-    for layer in range(L):
-        for head in range(H):
-            row = {"layer": layer, "head": head}
-            row.update({k: float(v[layer, head]) for k, v in cols.items() if k in _KINDS})
-            row["copying"] = float(copy[layer, head])
-            row.update({k: float(v[layer, head]) for k, v in cols.items() if k not in _KINDS})
-            rows.append(row)
+    for layer, head in heads_of(model):
+        row = {"layer": layer, "head": head}
+        row.update({k: float(v[layer, head]) for k, v in cols.items() if k in _KINDS})
+        row["copying"] = float(copy[layer, head])
+        row.update({k: float(v[layer, head]) for k, v in cols.items() if k not in _KINDS})
+        rows.append(row)
     df = pd.DataFrame(rows)
     df.attrs["definition"] = definition
-    df.attrs["n_sequences"] = n_seq
+    df.attrs["n_sequences"] = n_sequences
     if definition == "interp":
         df.attrs["rows"] = {k: res[k]["rows"] for k in _KINDS}
     return df

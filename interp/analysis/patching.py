@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from ..data import first_occurrence_mask, repeated_sequences
 from ..trace_views import ATTN_NAMES, BLOCK_NAMES
-from .data import first_occurrence_mask, repeated_sequences
 
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["activation_patching", "attribution_patching", "corrupt_repeats", "in_context_metric", "logit_diff_metric", "patch_heads_together"]
+__all__ = ["activation_patching", "attribution_patching", "corrupt_repeats", "in_context_metric", "logit_diff_metric",
+           "patch_heads_together"]
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 _HEAD_ACTS = ("z", "result", "q")
@@ -76,7 +77,7 @@ def in_context_metric(tokens: torch.Tensor, half_len: int, *, bos: bool) -> Metr
     ``tokens`` (the clean run), also when the logits are those of a corrupted or patched run.
 
     Args:
-        tokens: ``[B, T]`` clean repeated sequences (:func:`interp.analysis.data.repeated_sequences`).
+        tokens: ``[B, T]`` clean repeated sequences (:func:`interp.data.repeated_sequences`).
         half_len: length of one half.
         bos: whether the sequences start with a BOS token.
 
@@ -108,7 +109,7 @@ def corrupt_repeats(tokens: torch.Tensor, half_len: int, d_vocab: int, *, bos_id
     """Corrupted twins of repeated sequences: the repeated half replaced by fresh random tokens.
 
     Args:
-        tokens: ``[B, (1) + 2 * half_len]`` from :func:`interp.analysis.data.repeated_sequences`.
+        tokens: ``[B, (1) + 2 * half_len]`` from :func:`interp.data.repeated_sequences`.
         half_len: length of one half.
         d_vocab: vocabulary size.
         bos_id: the BOS id the sequences start with (never drawn), or None.
@@ -132,7 +133,7 @@ def corrupt_repeats(tokens: torch.Tensor, half_len: int, d_vocab: int, *, bos_id
     return out
 
 
-def _plan(model: "Transformer", act: str, by: str) -> list[str]:
+def _plan(model: Transformer, act: str, by: str) -> list[str]:
     """The hook name of ``act`` in each layer (checks that ``by`` fits ``act``)."""
     short = act.removeprefix("hook_")
     if short in _HEAD_ACTS:
@@ -152,7 +153,7 @@ def _plan(model: "Transformer", act: str, by: str) -> list[str]:
     return names
 
 
-def _check_inputs(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor, direction: str):
+def _check_inputs(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, direction: str):
     clean, corrupted = model._check_tokens(clean), model._check_tokens(corrupted)
     if clean.shape != corrupted.shape:
         raise ValueError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} must have one shape")
@@ -202,7 +203,7 @@ def _frame(by: str, sites: list, values: list[float], m_clean: float, m_corr: fl
     return df
 
 
-def activation_patching(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor, *,
+def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, *,
                         act: str = "z", by: str = "head", metric: Metric | None = None,
                         answer_tokens: torch.Tensor | None = None, direction: str = "noising",
                         attention_mask: torch.Tensor | None = None, batch_size: int = 256) -> pd.DataFrame:
@@ -268,7 +269,7 @@ def activation_patching(model: "Transformer", clean: torch.Tensor, corrupted: to
     return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "activation"})
 
 
-def attribution_patching(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor, *,
+def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, *,
                          act: str = "z", by: str = "head", metric: Metric | None = None,
                          answer_tokens: torch.Tensor | None = None, direction: str = "noising",
                          attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
@@ -317,7 +318,7 @@ def attribution_patching(model: "Transformer", clean: torch.Tensor, corrupted: t
     return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "attribution"})
 
 
-def patch_heads_together(model: "Transformer", clean: torch.Tensor, corrupted: torch.Tensor,
+def patch_heads_together(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor,
                          heads: list[tuple[int, int]], *, act: str = "z", metric: Metric | None = None,
                          answer_tokens: torch.Tensor | None = None, direction: str = "noising",
                          attention_mask: torch.Tensor | None = None) -> dict[str, float]:

@@ -9,14 +9,19 @@ a head is positional when its argmax lands on the same relative offset at least 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
-from ._stream import TargetReducer, check_length, iter_batches, key_allowed, offset_targets, query_real, run_reducer
+from ..data import Batch
+from ..trace import stream
+from ._stream import TargetReducer, heads_of, key_allowed, offset_targets
 
-__all__ = ["positional_scores", "offset_label", "default_delimiter_ids"]
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["positional_scores", "offset_label", "default_delimiter_ids", "PositionalReducer"]
 
 _END_PUNCT = (".", "!", "?", ";", ":")
 
@@ -26,7 +31,7 @@ def offset_label(offset: int) -> str:
     return "0" if offset == 0 else f"{offset:+d}"
 
 
-def default_delimiter_ids(model: Any) -> list[int]:
+def default_delimiter_ids(model: Transformer) -> list[int]:
     """Ids of the separator token and of end punctuation in the model's tokenizer (empty without one)."""
     tok = getattr(model, "tokenizer", None)
     if tok is None:
@@ -44,8 +49,75 @@ def default_delimiter_ids(model: Any) -> list[int]:
     return sorted(set(ids))
 
 
+class PositionalReducer(TargetReducer):
+    """The streaming piece of :func:`positional_scores`: targets at relative offsets, the first token and
+    delimiters, prepared from each batch's tokens and mask.
+
+    Args:
+        model: the model whose patterns are folded.
+        window: offsets ``-window..+window`` are measured.
+        delimiter_ids: token ids that count as delimiters (default :func:`default_delimiter_ids`).
+        tie_tol: an argmax is unique when the top weight beats the runner-up by more than this.
+
+    Example:
+        >>> red = PositionalReducer(model)
+        >>> stream(model, batches, [red]); red.table()
+    """
+
+    def __init__(self, model: Transformer, *, window: int = 3, delimiter_ids: Iterable[int] | None = None,
+                 tie_tol: float = 1e-6) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"window={window!r} must be an int >= 0")
+        self.offsets = list(range(-window, window + 1))
+        super().__init__(model, [offset_label(o) for o in self.offsets] + ["first", "delimiter"], tie_tol=tie_tol)
+        self.delims = default_delimiter_ids(model) if delimiter_ids is None else [int(i) for i in delimiter_ids]
+        self.state["n_sequences"] = torch.zeros((), dtype=torch.float64)
+
+    def begin_batch(self, batch: Batch) -> None:
+        super().begin_batch(batch)
+        tokens = batch.tokens
+        self._is_delim = torch.isin(tokens, torch.tensor(self.delims, dtype=torch.long)) if self.delims else (
+            torch.zeros_like(tokens, dtype=torch.bool))  # [B, S]
+        self.state["n_sequences"] += len(batch)
+
+    def targets(self, batch: Batch, rows: slice) -> dict[str, torch.Tensor]:
+        T = batch.tokens.shape[1]
+        allowed = key_allowed(batch.tokens, batch.mask, self.model.cfg.causal, rows)  # [B, T', S]
+        out = {offset_label(o): offset_targets(T, o, rows)[None] & allowed for o in self.offsets}
+        q = torch.arange(T)[rows]  # [T']
+        # Query 0 excluded: attending to itself is not evidence of a first-token head.
+        first = (torch.arange(T)[None, :] == 0) & (q[:, None] > 0)  # [T', S]
+        out["first"] = first[None] & allowed
+        not_self = torch.arange(T)[None, :] != q[:, None]  # a delimiter attending to itself is offset 0
+        out["delimiter"] = self._is_delim[:, None, :] & not_self[None] & allowed
+        return out
+
+    def table(self) -> pd.DataFrame:
+        """The :func:`positional_scores` table of what was folded so far."""
+        res = self.result()
+        cats = self.categories
+        rows: list[dict[str, Any]] = []
+        for layer, head in heads_of(self.model):
+            row: dict[str, Any] = {"layer": layer, "head": head}
+            for cat in cats:
+                row[f"mass_{cat}"] = float(res[cat]["mass"][layer, head])
+                row[f"argmax_{cat}"] = float(res[cat]["argmax"][layer, head])
+            row["confidence"] = float(res["confidence"][layer, head])
+            freq = {o: row[f"argmax_{offset_label(o)}"] for o in self.offsets}
+            freq = {o: f for o, f in freq.items() if f == f}  # drop NaN (no valid rows)
+            best = max(freq, key=freq.get) if freq else 0
+            row["best_offset"] = best
+            row["best_argmax"] = freq.get(best, float("nan"))
+            rows.append(row)
+        df = pd.DataFrame(rows)
+        df.attrs["rows"] = {cat: res[cat]["rows"] for cat in cats}
+        df.attrs["n_sequences"] = int(self.state["n_sequences"])
+        df.attrs["delimiter_ids"] = self.delims
+        return df
+
+
 def positional_scores(
-    model: Any,
+    model: Transformer,
     tokens_or_batches: Any,
     *,
     window: int = 3,
@@ -85,52 +157,6 @@ def positional_scores(
         >>> df = positional_scores(model, torch.randint(0, 100, (16, 32)))
         >>> df.loc[df.best_argmax >= 0.9, ["layer", "head", "best_offset"]]
     """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ValueError(f"window={window!r} must be an int >= 0")
-    delims = default_delimiter_ids(model) if delimiter_ids is None else [int(i) for i in delimiter_ids]
-    offsets = list(range(-window, window + 1))
-    cats = [offset_label(o) for o in offsets] + ["first", "delimiter"]
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    red = TargetReducer(L, H, cats, tie_tol=tie_tol)
-    n_seq = 0
-    for tokens, mask in iter_batches(tokens_or_batches, batch_size=batch_size, name="tokens_or_batches"):
-        B, T = tokens.shape
-        check_length(model, T)
-        is_delim = torch.isin(tokens, torch.tensor(delims, dtype=torch.long)) if delims else torch.zeros_like(
-            tokens, dtype=torch.bool)  # [B, S]
-
-        def targets(rows: slice, tokens=tokens, mask=mask, is_delim=is_delim, T=T) -> dict[str, torch.Tensor]:
-            # Built for a slice of query rows, so query chunking never materialises a [T, S] mask.
-            allowed = key_allowed(tokens, mask, model.cfg.causal, rows)  # [B, T', S]
-            out = {offset_label(o): offset_targets(T, o, rows)[None] & allowed for o in offsets}
-            q = torch.arange(T)[rows]  # [T']
-            # Query 0 excluded: attending to itself is not evidence of a first-token head.
-            first = (torch.arange(T)[None, :] == 0) & (q[:, None] > 0)  # [T', S]
-            out["first"] = first[None] & allowed
-            not_self = torch.arange(T)[None, :] != q[:, None]  # a delimiter attending to itself is offset 0
-            out["delimiter"] = is_delim[:, None, :] & not_self[None] & allowed
-            return out
-
-        red.set_batch(targets, query_real(tokens, mask))
-        run_reducer(model, tokens, mask, [red])
-        n_seq += B
-    res = red.result()
-    rows: list[dict[str, Any]] = []
-    for layer in range(L):
-        for head in range(H):
-            row: dict[str, Any] = {"layer": layer, "head": head}
-            for cat in cats:
-                row[f"mass_{cat}"] = float(res[cat]["mass"][layer, head])
-                row[f"argmax_{cat}"] = float(res[cat]["argmax"][layer, head])
-            row["confidence"] = float(res["confidence"][layer, head])
-            freq = {o: row[f"argmax_{offset_label(o)}"] for o in offsets}
-            freq = {o: f for o, f in freq.items() if f == f}  # drop NaN (no valid rows)
-            best = max(freq, key=freq.get) if freq else 0
-            row["best_offset"] = best
-            row["best_argmax"] = freq.get(best, float("nan"))
-            rows.append(row)
-    df = pd.DataFrame(rows)
-    df.attrs["rows"] = {cat: res[cat]["rows"] for cat in cats}
-    df.attrs["n_sequences"] = n_seq
-    df.attrs["delimiter_ids"] = delims
-    return df
+    red = PositionalReducer(model, window=window, delimiter_ids=delimiter_ids, tie_tol=tie_tol)
+    stream(model, tokens_or_batches, [red], batch_size=batch_size, name="tokens_or_batches")
+    return red.table()

@@ -33,61 +33,26 @@ pattern outlives its forward pass.
 from __future__ import annotations
 
 import itertools
-from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
-from ..hooks import HookPoint
-from ..trace import Reducer
-from ._stream import PATTERN_HOOKS, layer_of, run_reducer
-from .treebank import Sentence, align_words, check_max_sentences, read_conllu
+from ..data import Batch, Sentence, TreebankStats, treebank_batches
+from ..trace import Reducer, stream
+from ._stream import PATTERN_HOOKS, head_counts, heads_of, layer_of
 
-__all__ = ["syntactic_scores", "DIRECTIONS", "CLARK_OFFSETS"]
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["syntactic_scores", "DIRECTIONS", "CLARK_OFFSETS", "SyntacticReducer"]
 
 #: Every direction that can be scored; the first two are Clark et al.'s (the default).
 DIRECTIONS = ("dep->head", "head<-dep", "head->dep")
 #: Clark et al.'s baseline offsets, ``range(-3, 3)``.
 CLARK_OFFSETS = tuple(range(-3, 3))
-
-
-class _WordAttention(Reducer):
-    """Folds token patterns into word-to-word attention ``[L, B, H, W, W]`` for the current batch."""
-
-    names = PATTERN_HOOKS
-
-    def __init__(self, n_layers: int) -> None:
-        self.n_layers = n_layers
-
-    def set_batch(self, member: torch.Tensor) -> None:
-        """member: ``[B, W, T]`` 1 where token t belongs to word w."""
-        self.to_word = member  # attention to a word: sum over its tokens
-        self.from_word = member / member.sum(-1, keepdim=True).clamp(min=1)  # from a word: mean over its tokens
-        self.words: list[torch.Tensor | None] = [None] * self.n_layers
-
-    def update(self, name: str, tensor: torch.Tensor, hook: HookPoint) -> None:
-        layer = layer_of(name)
-        q0 = hook.ctx.get("q_start", 0) or 0
-        p = tensor.detach().float()  # [B, H, Tc, S]
-        frm = self.from_word[:, :, q0:q0 + p.shape[2]].to(p)  # [B, W, Tc]
-        part = torch.einsum("bwt,bhts,bvs->bhwv", frm, p, self.to_word.to(p)).cpu()  # [B, H, W, W]
-        self.words[layer] = part if self.words[layer] is None else self.words[layer] + part
-
-    def result(self) -> list[torch.Tensor | None]:
-        return self.words
-
-
-def _sentences(conllu: Any, max_sentences: int | None) -> Iterable[Sentence]:
-    if isinstance(conllu, (str, Path)):
-        return read_conllu(conllu, max_sentences=max_sentences)
-    if isinstance(conllu, Iterable):
-        check_max_sentences(max_sentences)
-        # islice stops reading at the cap: an endless source must not be consumed to its end.
-        return itertools.islice(conllu, max_sentences)
-    raise TypeError(f"conllu must be a path or an iterable of Sentence, got {type(conllu).__name__}")
 
 
 def _check_options(directions: Any, offsets: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -103,8 +68,170 @@ def _check_options(directions: Any, offsets: Any) -> tuple[tuple[str, ...], tupl
     return directions, offsets
 
 
+def _argmax_or_none(x: torch.Tensor) -> torch.Tensor:
+    best, idx = x.max(-1)
+    return torch.where(torch.isfinite(best), idx, torch.full_like(idx, -1))  # -1: nothing to attend
+
+
+class SyntacticReducer(Reducer):
+    """The streaming piece of :func:`syntactic_scores`: folds token patterns into word-to-word attention
+    and scores each gold arc of the batch's sentences.
+
+    Reads ``batch.annotations["sentences"]`` (``list[Sentence]``) and ``["member"]`` (``[B, W, T]``), as made
+    by :func:`~interp.data.treebank_batches`; a batch without them is skipped. State, per full relation (subtypes
+    kept; pooling happens in :meth:`table`) and direction, key ``{rel}|{direction}``: ``correct|{key}``
+    ``[L, H_max]`` (arcs whose predicted word is the gold partner), ``count|{key}`` (arcs), ``scorable|{key}``
+    (arcs a causal model can get right at all) and ``offset|{key}`` ``[len(offsets)]`` (hits of each baseline
+    offset).
+
+    Args:
+        model: the model whose patterns are folded.
+        strip_subtypes: pool ``obl:tmod`` into ``obl`` in :meth:`table` (the baseline is the per-subtype mixture).
+        directions: any of :data:`DIRECTIONS` (default Clark et al.'s two).
+        offsets: baseline offsets from the dependent (default Clark's -3..+2).
+
+    Raises:
+        ValueError: an unknown direction or bad offsets.
+    """
+
+    names = PATTERN_HOOKS
+
+    def __init__(self, model: Transformer, *, strip_subtypes: bool = False,
+                 directions: Sequence[str] = ("dep->head", "head<-dep"),
+                 offsets: Sequence[int] = CLARK_OFFSETS) -> None:
+        super().__init__()
+        self.model = model
+        self.strip_subtypes = strip_subtypes
+        self.directions, self.offsets = _check_options(directions, offsets)
+        self.causal = bool(model.cfg.causal)
+        self._L, self._H = model.cfg.n_layers, max(head_counts(model), default=0)
+        self.state["n_sentences"] = torch.zeros((), dtype=torch.float64)
+        self._member: torch.Tensor | None = None
+
+    def begin_batch(self, batch: Batch) -> None:
+        member = batch.annotations.get("member")
+        self._sents: list[Sentence] = batch.annotations.get("sentences") or []
+        self._member = member
+        if member is None:
+            return
+        self._to_word = member  # attention to a word: sum over its tokens
+        self._from_word = member / member.sum(-1, keepdim=True).clamp(min=1)  # from a word: mean over its tokens
+        B, W = member.shape[:2]
+        self._words = torch.zeros(self._L, B, self._H, W, W)  # [L, B, H, W, W]
+
+    def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
+        if self._member is None:
+            return
+        p = tensor.detach().float()  # [B, H, Tc, S]
+        B, H, Tc, S = p.shape
+        frm = self._from_word[:, None, :, q_start:q_start + Tc].to(p)  # [B, 1, W, Tc]
+        # Keys to words with the heads folded into the rows (one large matmul per sequence), then queries to
+        # words: word attention [B, H, W, W].
+        to_words = (p.reshape(B, H * Tc, S) @ self._to_word.transpose(1, 2).to(p)).view(B, H, Tc, -1)  # [B, H, Tc, W]
+        part = frm @ to_words  # [B, H, W, W]: [.., i, j] attention from word i to word j
+        self._words[layer_of(name), :, :p.shape[1]] += part.cpu()
+
+    def end_batch(self) -> None:
+        if self._member is None:
+            return
+        words = self._words
+        W = words.shape[-1]
+        n_words = torch.tensor([len(s.words) for s in self._sents])  # [B]
+        exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
+        invalid = ~exists[:, None, :] | ~exists[:, :, None] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]
+        if self.causal:  # a word sees only earlier words: attention to later ones is 0, not evidence
+            invalid = invalid | torch.ones(W, W, dtype=torch.bool).triu(1)[None]
+        words = words.masked_fill(invalid[None, :, None], float("-inf"))
+        by_row = _argmax_or_none(words).permute(1, 3, 0, 2)  # [B, W, L, H]: the word each word attends to most
+        pred = {"dep->head": by_row, "head->dep": by_row}
+        if "head<-dep" in self.directions:  # by column: the word that attends most to word j
+            pred["head<-dep"] = _argmax_or_none(words.transpose(-1, -2)).permute(1, 3, 0, 2)  # [B, W, L, H]
+        # Every arc in every direction, grouped by (relation, direction): one gather per group, not per arc.
+        groups: dict[str, tuple[str, list[tuple[int, int, int, int, int]]]] = {}
+        for b, s in enumerate(self._sents):
+            n = len(s.words)
+            for d, (h, r) in enumerate(zip(s.heads, s.deprels)):
+                if h < 0:
+                    continue  # arcs to ROOT: no word to attend to
+                for direction in self.directions:
+                    src, dst = (h, d) if direction == "head->dep" else (d, h)
+                    # which arcs a causal model can get right at all
+                    ok = not self.causal or (h < d if direction == "dep->head" else h > d if direction == "head<-dep"
+                                             else d < h)
+                    groups.setdefault(f"{r}|{direction}", (direction, []))[1].append((b, src, dst, n, int(ok)))
+        st = self.state
+        offs = torch.tensor(self.offsets)  # [O]
+        for key, (direction, arcs) in groups.items():
+            if f"count|{key}" not in st:
+                st[f"correct|{key}"] = torch.zeros(self._L, self._H, dtype=torch.float64)
+                st[f"count|{key}"] = torch.zeros((), dtype=torch.float64)
+                st[f"scorable|{key}"] = torch.zeros((), dtype=torch.float64)
+                st[f"offset|{key}"] = torch.zeros(len(self.offsets), dtype=torch.float64)
+            b, src, dst, n, ok = torch.tensor(arcs).T  # [N] each
+            hit = pred[direction][b, src] == dst[:, None, None]  # [N, L, H]
+            st[f"correct|{key}"] += hit.sum(0).double()
+            st[f"count|{key}"] += len(arcs)
+            st[f"scorable|{key}"] += ok.sum().double()
+            # Clark: max(0, min(i + o + 1, n)) 1-based, 0 = ROOT -> 0-based [-1, n-1]
+            guess = torch.maximum(torch.minimum(src[:, None] + offs[None], n[:, None] - 1),
+                                  torch.full_like(src[:, None], -1))  # [N, O]
+            st[f"offset|{key}"] += (guess == dst[:, None]).sum(0).double()
+        st["n_sentences"] += len(self._sents)
+        self._member = None
+
+    def result(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """``{(full relation, direction): {"correct": [L, H_max], "n", "n_scorable", "offset_hits": [O]}}``."""
+        out = {}
+        for k in self.state:
+            if k.startswith("count|"):
+                key = k[len("count|"):]
+                rel, direction = key.rsplit("|", 1)
+                out[(rel, direction)] = {"correct": self.state[f"correct|{key}"],
+                                         "n": int(self.state[f"count|{key}"]),
+                                         "n_scorable": int(self.state[f"scorable|{key}"]),
+                                         "offset_hits": self.state[f"offset|{key}"]}
+        return out
+
+    def table(self, *, n_skipped: int = 0, n_untokenized: int = 0) -> pd.DataFrame:
+        """The :func:`syntactic_scores` table of what was folded so far."""
+        res = self.result()
+        offsets = self.offsets
+        # group full relations under the reported name (themselves, or their universal relation when pooling)
+        groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for rel, direction in res:
+            groups.setdefault((rel.split(":")[0] if self.strip_subtypes else rel, direction), []).append(
+                (rel, direction))
+        base_rows, rows = [], []
+        for (name, direction), keys in sorted(groups.items(), key=lambda kv: (kv[0][0], DIRECTIONS.index(kv[0][1]))):
+            n = sum(res[k]["n"] for k in keys)
+            n_ok = sum(res[k]["n_scorable"] for k in keys)
+            # best offset per full relation: most hits, ties to the smaller |offset| (then the first listed)
+            best = {k: max(range(len(offsets)), key=lambda i, k=k: (float(res[k]["offset_hits"][i]), -abs(offsets[i])))
+                    for k in sorted(keys)}
+            hits = sum(float(res[k]["offset_hits"][best[k]]) for k in keys)
+            offs = {offsets[i] for i in best.values()}
+            off: int | str = offs.pop() if len(offs) == 1 else " ".join(
+                f"{k[0]}:{offsets[best[k]]:+d}" for k in sorted(keys))
+            base_acc = hits / n
+            base_rows.append({"relation": name, "direction": direction, "n": n, "n_scorable": n_ok,
+                              "baseline_offset": off, "baseline_accuracy": base_acc})
+            acc = sum(res[k]["correct"] for k in keys) / n  # [L, H_max]
+            for layer, head in heads_of(self.model):
+                a = float(acc[layer, head])
+                rows.append({"layer": layer, "head": head, "relation": name, "direction": direction, "n": n,
+                             "n_scorable": n_ok, "accuracy": a, "baseline_offset": off,
+                             "baseline_accuracy": base_acc, "gain": a - base_acc})
+        df = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "n", "n_scorable", "accuracy",
+                                         "baseline_offset", "baseline_accuracy", "gain"])
+        n_arcs = sum(r["n"] for (_, direction), r in res.items() if direction == self.directions[0])
+        df.attrs.update(baseline=base_rows, offsets=list(offsets), causal=self.causal,
+                        strip_subtypes=self.strip_subtypes, n_sentences=int(self.state["n_sentences"]),
+                        n_skipped_too_long=n_skipped, n_skipped_untokenizable=n_untokenized, n_arcs=n_arcs)
+        return df
+
+
 def syntactic_scores(
-    model: Any,
+    model: Transformer,
     conllu: str | Path | Iterable[Sentence],
     *,
     tokenizer: Any = None,
@@ -120,11 +247,11 @@ def syntactic_scores(
 
     Args:
         model: an interp Transformer.
-        conllu: a CoNLL-U file (any treebank) or an iterable of :class:`~interp.analysis.treebank.Sentence`
-            (for example from :func:`~interp.analysis.treebank.parse_text_with_spacy`).
+        conllu: a CoNLL-U file (any treebank) or an iterable of :class:`~interp.data.Sentence`
+            (for example from :func:`~interp.data.parse_text_with_spacy`).
         tokenizer: anything with ``encode_words(words) -> (ids, word_index)`` and ``pad_token_id``;
             default ``model.tokenizer``.
-        batch_size: sentences per forward pass.
+        batch_size: sentences per forward pass (sentences of similar length are batched together).
         max_sentences: use only the first sentences.
         strip_subtypes: pool ``obl:tmod`` into ``obl`` (default False: subtypes kept); the pooled baseline is the
             mixture of each subtype's own best offset.
@@ -138,140 +265,41 @@ def syntactic_scores(
         with pooling a string like ``"nmod:-2 nmod:poss:+1"`` when the subtypes' best offsets differ).
         ``df.attrs``: ``baseline`` (records ``relation, direction, n, n_scorable, baseline_offset,
         baseline_accuracy``), ``offsets``, ``causal``, ``strip_subtypes``, ``n_sentences`` (scored),
-        ``n_skipped_too_long`` (sentences with more tokens than the model's ``n_ctx``, skipped), ``n_arcs``.
+        ``n_skipped_too_long`` (sentences with more tokens than the model's ``n_ctx``, skipped),
+        ``n_skipped_untokenizable``, ``n_arcs``.
 
     Raises:
         ValueError: a malformed CoNLL-U line (``file:line`` in the message), an empty treebank, no sentence
-            that fits the model's context, a model without tokenizer and no ``tokenizer`` given, an unknown
-            direction or bad offsets.
+            that fits the model's context (or none that tokenizes), a model without tokenizer and no
+            ``tokenizer`` given, an unknown direction or bad offsets.
         FileNotFoundError: the file does not exist.
 
     Example:
         >>> df = syntactic_scores(model, "en_ewt-ud-dev.conllu", max_sentences=500)
         >>> df[df.gain > 0.1].sort_values("gain", ascending=False).head()
     """
-    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    if tok is None or not hasattr(tok, "encode_words"):
-        raise ValueError(f"model {getattr(model, 'name', '?')!r} has no tokenizer with encode_words; pass tokenizer=")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive int")
     directions, offsets = _check_options(directions, offsets)
-    cfg = model.cfg
-    causal = bool(cfg.causal)
-    L, H = cfg.n_layers, cfg.n_heads
-    pad = getattr(tok, "pad_token_id", None) or 0
-    red = _WordAttention(L)
-    # keyed by (full relation, direction); pooling happens at the end so baselines can mix per subtype
-    correct: dict[tuple[str, str], torch.Tensor] = defaultdict(lambda: torch.zeros(L, H, dtype=torch.float64))
-    counts: Counter = Counter()
-    scorable: Counter = Counter()
-    offset_hits: dict[tuple[str, str], Counter] = defaultdict(Counter)
-    n_seen = n_skipped = n_scored = n_untokenized = 0
+    red = SyntacticReducer(model, strip_subtypes=strip_subtypes, directions=directions, offsets=offsets)
+    stats = TreebankStats()
+    batches = treebank_batches(model, conllu, tokenizer=tokenizer, batch_size=batch_size,
+                               max_sentences=max_sentences, stats=stats)
+    run_treebank(model, batches, [red], stats, conllu, progress=progress)
+    return red.table(n_skipped=stats.skipped, n_untokenized=stats.untokenized)
 
-    def flush(batch: list[tuple[Sentence, torch.Tensor, torch.Tensor]]) -> None:
-        B = len(batch)
-        T = max(len(ids) for _, ids, _ in batch)
-        W = max(len(s.words) for s, _, _ in batch)
-        tokens = torch.full((B, T), pad, dtype=torch.long)
-        mask = torch.zeros(B, T, dtype=torch.long)
-        member = torch.zeros(B, W, T)
-        for b, (s, ids, mem) in enumerate(batch):
-            tokens[b, :len(ids)] = ids
-            mask[b, :len(ids)] = 1
-            member[b, :mem.shape[0], :mem.shape[1]] = mem
-        red.set_batch(member)
-        run_reducer(model, tokens, None if bool(mask.all()) else mask, [red])
-        words = torch.stack(red.result())  # [L, B, H, W, W]: [.., i, j] attention from word i to word j
-        n_words = torch.tensor([len(s.words) for s, _, _ in batch])  # [B]
-        exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
-        invalid = ~exists[:, None, :] | ~exists[:, :, None] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]
-        if causal:  # a word sees only earlier words: attention to later ones is 0, not evidence
-            invalid = invalid | torch.ones(W, W, dtype=torch.bool).triu(1)[None]
-        words = words.masked_fill(invalid[None, :, None], float("-inf"))
 
-        def argmax_or_none(x: torch.Tensor) -> torch.Tensor:
-            best, idx = x.max(-1)
-            return torch.where(torch.isfinite(best), idx, torch.full_like(idx, -1))  # -1: nothing to attend
+def run_treebank(model: Transformer, batches: Iterable[Batch], reducers: list[Reducer], stats: TreebankStats,
+                 conllu: Any, *, progress: bool = False) -> None:
+    """Stream treebank ``batches`` through ``reducers`` and check that something was scored.
 
-        pred = {"dep->head": argmax_or_none(words), "head->dep": argmax_or_none(words)}  # [L, B, H, W] by row
-        pred["head<-dep"] = argmax_or_none(words.transpose(-1, -2))  # by column: who attends most to word j
-        for b, (s, _, _) in enumerate(batch):
-            n = len(s.words)
-            for d, (h, r) in enumerate(zip(s.heads, s.deprels)):
-                if h < 0:
-                    continue
-                for direction in directions:
-                    src, dst = (h, d) if direction == "head->dep" else (d, h)
-                    key = (r, direction)
-                    correct[key] += (pred[direction][:, b, :, src] == dst).double()
-                    counts[key] += 1
-                    # which arcs a causal model can get right at all
-                    ok = not causal or (h < d if direction == "dep->head" else h > d if direction == "head<-dep"
-                                        else d < h)
-                    scorable[key] += int(ok)
-                    for o in offsets:  # Clark: max(0, min(i + o + 1, n)) 1-based, 0 = ROOT -> 0-based [-1, n-1]
-                        guess = max(-1, min(src + o, n - 1))
-                        offset_hits[key][o] += int(guess == dst)
-
-    batch: list[tuple[Sentence, torch.Tensor, torch.Tensor]] = []
-    sents = _sentences(conllu, max_sentences)
-    if progress:
-        from tqdm.auto import tqdm
-
-        sents = tqdm(sents, desc="sentences")
-    for s in sents:
-        if not isinstance(s, Sentence):
-            raise TypeError(f"conllu items must be Sentence objects, got {type(s).__name__}")
-        n_seen += 1
-        ids, word_index = tok.encode_words(s.words)
-        if len(ids) > cfg.n_ctx:
-            n_skipped += 1
-            continue
-        try:
-            member = align_words(list(word_index), len(s.words))
-        except ValueError:
-            n_untokenized += 1  # a word whose form tokenizes to nothing: skip the sentence, count it
-            continue
-        batch.append((s, torch.as_tensor(ids, dtype=torch.long), member))
-        if len(batch) == batch_size:
-            flush(batch)
-            n_scored += len(batch)
-            batch = []
-    if batch:
-        flush(batch)
-        n_scored += len(batch)
-    if n_seen == 0:
-        raise ValueError(f"empty dataset: {conllu!s} holds no sentence")
-    if n_scored == 0:
-        raise ValueError(f"none of the {n_seen} sentences could be scored ({n_skipped} longer than the model's "
-                         f"n_ctx={cfg.n_ctx}, {n_untokenized} with a word that tokenizes to nothing)")
-
-    # group full relations under the reported name (themselves, or their universal relation when pooling)
-    groups: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
-    for rel, direction in counts:
-        groups[(rel.split(":")[0] if strip_subtypes else rel, direction)].append((rel, direction))
-    base_rows, rows = [], []
-    for (name, direction), keys in sorted(groups.items(), key=lambda kv: (kv[0][0], DIRECTIONS.index(kv[0][1]))):
-        n = sum(counts[k] for k in keys)
-        n_ok = sum(scorable[k] for k in keys)
-        best = {k: max(offsets, key=lambda o, k=k: (offset_hits[k][o], -abs(o))) for k in sorted(keys)}
-        hits = sum(offset_hits[k][best[k]] for k in keys)
-        offs = set(best.values())
-        off: int | str = offs.pop() if len(offs) == 1 else " ".join(f"{k[0]}:{best[k]:+d}" for k in sorted(keys))
-        base_acc = hits / n
-        base_rows.append({"relation": name, "direction": direction, "n": n, "n_scorable": n_ok,
-                          "baseline_offset": off, "baseline_accuracy": base_acc})
-        acc = sum(correct[k] for k in keys) / n
-        for layer in range(L):
-            for head in range(H):
-                a = float(acc[layer, head])
-                rows.append({"layer": layer, "head": head, "relation": name, "direction": direction, "n": n,
-                             "n_scorable": n_ok, "accuracy": a, "baseline_offset": off,
-                             "baseline_accuracy": base_acc, "gain": a - base_acc})
-    df = pd.DataFrame(rows, columns=["layer", "head", "relation", "direction", "n", "n_scorable", "accuracy",
-                                     "baseline_offset", "baseline_accuracy", "gain"])
-    n_arcs = sum(c for (_, direction), c in counts.items() if direction == directions[0])
-    df.attrs.update(baseline=base_rows, offsets=list(offsets), causal=causal, strip_subtypes=strip_subtypes,
-                    n_sentences=n_scored, n_skipped_too_long=n_skipped,
-                    n_skipped_untokenizable=n_untokenized, n_arcs=n_arcs)
-    return df
+    Raises:
+        ValueError: the treebank holds no sentence, or none fits the model's context (or tokenizes).
+    """
+    it = iter(batches)
+    first = next(it, None)
+    if first is None:
+        if stats.seen == 0:
+            raise ValueError(f"empty dataset: {conllu!s} holds no sentence")
+        raise ValueError(f"none of the {stats.seen} sentences could be scored ({stats.skipped} longer than the "
+                         f"model's n_ctx={model.cfg.n_ctx}, {stats.untokenized} with a word that tokenizes to "
+                         "nothing)")
+    stream(model, itertools.chain([first], it), reducers, name="conllu", progress=progress)

@@ -27,20 +27,24 @@ kind                        criterion                                           
 from __future__ import annotations
 
 import html
-import itertools
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-import torch
 
+from ..data import TreebankStats, random_tokens_for, repeated_tokens_for, text_batches, treebank_batches
+from ..trace import Reducer, stream
+from ._stream import head_counts
 from .coreference import coref_dataset_of, coreference_kinds, coreference_scores
-from .induction import induction_scores
-from .positional import offset_label, positional_scores
-from .syntactic import syntactic_scores
-from .treebank import check_max_sentences, read_conllu
+from .induction import induction_reducers, induction_table
+from .positional import PositionalReducer, offset_label
+from .syntactic import SyntacticReducer, run_treebank
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from ..model import Transformer
 
 __all__ = ["HeadReport", "classify_heads"]
 
@@ -53,7 +57,7 @@ class HeadReport:
 
     Attributes:
         df: DataFrame ``layer, head, kind, score, evidence``, one row per (head, kind).
-        n_layers, n_heads: the model's shape (for the figure).
+        n_layers, n_heads: the model's shape (for the figure); ``n_heads`` is the widest layer's count.
         model_name: the model's name.
         details: the raw score tables (``"positional"``, ``"induction"``, ``"syntactic"``) that were computed.
         thresholds: the thresholds used.
@@ -70,6 +74,11 @@ class HeadReport:
     model_name: str = "model"
     details: dict[str, pd.DataFrame] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)
+    layer_heads: list[int] | None = None  # heads per layer when layers differ (a pruned model); None: n_heads each
+
+    def __post_init__(self) -> None:
+        if self.layer_heads is None:
+            self.layer_heads = [self.n_heads] * self.n_layers
 
     def kinds(self, layer: int, head: int) -> set[str]:
         """The kinds of one head (empty set for an unclassified head)."""
@@ -89,33 +98,11 @@ class HeadReport:
             out.setdefault((int(r.layer), int(r.head)), set()).add(r.kind)
         return out
 
-    def figure(self):
-        """A plotly layer x head map: colour = number of kinds, hover/text = the kinds and scores.
+    def figure(self) -> go.Figure:
+        """The layer x head map of :func:`interp.viz.head_map` (requires plotly)."""
+        from ..viz import head_map
 
-        Returns:
-            ``plotly.graph_objects.Figure``.
-        """
-        import plotly.graph_objects as go
-
-        L, H = self.n_layers, self.n_heads
-        count = [[0] * H for _ in range(L)]
-        text = [[""] * H for _ in range(L)]
-        hover = [[f"L{layer}H{head}: -" for head in range(H)] for layer in range(L)]
-        for (layer, head), sel in self.df.groupby(["layer", "head"]):
-            count[layer][head] = len(sel)
-            text[layer][head] = "<br>".join(k.replace("positional:", "pos:").replace("syntactic:", "syn:")
-                                            .replace("coreference:", "coref:")
-                                            for k in sel.kind)
-            hover[layer][head] = f"L{layer}H{head}<br>" + "<br>".join(
-                f"{k}: {s:.2f}" for k, s in zip(sel.kind, sel.score))
-        fig = go.Figure(go.Heatmap(
-            z=count, x=[f"H{h}" for h in range(H)], y=[f"L{layer}" for layer in range(L)],
-            text=text, texttemplate="%{text}", hovertext=hover, hoverinfo="text",
-            colorscale="Blues", colorbar={"title": "kinds"}, zmin=0,
-        ))
-        fig.update_layout(title=f"Head taxonomy of {self.model_name}", xaxis_title="head", yaxis_title="layer",
-                          yaxis_autorange="reversed", height=max(300, 60 * L + 120), width=max(500, 70 * H + 200))
-        return fig
+        return head_map(self, title=f"Head taxonomy of {self.model_name}")
 
     def __len__(self) -> int:
         return len(self.df)
@@ -123,7 +110,7 @@ class HeadReport:
     def __repr__(self) -> str:
         n_heads = self.df[["layer", "head"]].drop_duplicates().shape[0] if len(self.df) else 0
         head = (f"HeadReport({self.model_name!r}: {len(self.df)} kinds on {n_heads} of "
-                f"{self.n_layers * self.n_heads} heads)")
+                f"{sum(self.layer_heads)} heads)")
         if not len(self.df):
             return head
         return head + "\n" + self.df.to_string(index=False, float_format=lambda x: f"{x:.3f}")
@@ -134,62 +121,9 @@ class HeadReport:
         return title + self.df.to_html(index=False, float_format=lambda x: f"{x:.3f}")
 
 
-def _random_tokens(model: Any, n: int, T: int, seed: int) -> torch.Tensor:
-    """Uniform random ids (avoiding leading special ids), with the model's BOS/[CLS] in front when it has one."""
-    cfg = model.cfg
-    tok = getattr(model, "tokenizer", None)
-    special = set(getattr(tok, "special_ids", set()) or set()) if tok is not None else set()
-    low = max(special) + 1 if special and max(special) < cfg.d_vocab // 2 else 0
-    bos = None
-    if tok is not None:
-        bos = getattr(tok, "cls_token_id", None)
-        bos = getattr(tok, "bos_id", None) if bos is None else bos
-    g = torch.Generator().manual_seed(seed)
-    if bos is None:
-        return torch.randint(low, cfg.d_vocab, (n, T), generator=g)
-    skip = bos >= low  # the BOS id lies inside the drawn range: draw one id fewer and step over it
-    body = torch.randint(low, cfg.d_vocab - int(skip), (n, T - 1), generator=g)  # [n, T-1]
-    if skip:
-        body = body + (body >= bos).long()
-    return torch.cat([torch.full((n, 1), bos, dtype=torch.long), body], dim=1)  # [n, T]
-
-
-def _treebank_batches(model: Any, conllu: Any, max_sentences: int | None, batch_size: int):
-    """Token batches (padded, with masks) of the treebank's sentences that fit the model's context."""
-    tok = model.tokenizer
-    pad = getattr(tok, "pad_token_id", None) or 0
-    seqs: list[torch.Tensor] = []
-    if isinstance(conllu, (str, Path)):
-        sents = read_conllu(conllu, max_sentences=max_sentences)
-    else:
-        check_max_sentences(max_sentences)
-        sents = itertools.islice(conllu, max_sentences)  # stop reading at the cap, also for an endless source
-    n_seen = n_used = 0
-    for s in sents:
-        n_seen += 1
-        ids, _ = tok.encode_words(s.words)
-        if len(ids) <= model.cfg.n_ctx:
-            seqs.append(torch.as_tensor(ids, dtype=torch.long))
-            n_used += 1
-        if len(seqs) == batch_size:
-            yield _pad(seqs, pad)
-            seqs = []
-    if seqs:
-        yield _pad(seqs, pad)
-    if not n_used:
-        what = f"the treebank {str(conllu)!r}" if isinstance(conllu, (str, Path)) else "the treebank"
-        raise ValueError(f"{what} holds no sentence" if not n_seen else
-                         f"all {n_seen} sentences of {what} are longer than the model's n_ctx={model.cfg.n_ctx}")
-
-
-def _pad(seqs: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    T = max(len(s) for s in seqs)
-    tokens = torch.full((len(seqs), T), pad, dtype=torch.long)
-    mask = torch.zeros(len(seqs), T, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        tokens[i, :len(s)] = s
-        mask[i, :len(s)] = 1
-    return tokens, mask
+def _signed(offset: Any) -> str:
+    """A baseline offset as ``+1`` / ``-2``; a pooled relation's per-subtype offsets (a string) unchanged."""
+    return f"{offset:+d}" if isinstance(offset, int) else str(offset)
 
 
 def _stages(progress: bool, n: int):
@@ -215,7 +149,7 @@ def _pct(x: float) -> str:
 
 
 def classify_heads(
-    model: Any,
+    model: Transformer,
     *,
     tokens: Any = None,
     texts: list[str] | None = None,
@@ -238,6 +172,7 @@ def classify_heads(
     half_len: int | None = None,
     seed: int = 0,
     batch_size: int = 32,
+    extra_reducers: list[Reducer] = (),
     progress: bool = False,
 ) -> HeadReport:
     """Classify every head of ``model`` (see the module docstring for the kinds and default thresholds).
@@ -246,6 +181,11 @@ def classify_heads(
     sentences of ``conllu``, else on uniform random tokens. The induction analysis runs on
     ``induction_tokens`` if given, else on repeated random sequences (``n_seqs``, ``half_len``, ``seed``). The
     syntactic analysis runs only when ``conllu`` is given.
+
+    Every scorer that reads the treebank is fed from the same forward pass over each batch (sentences
+    bucketed by length): with ``conllu`` and no ``tokens``/``texts`` the model runs once over the treebank
+    and once over the induction data. A pruned model (per-layer head counts, from
+    :func:`~interp.pruning.remove_heads`) is classified head by head as it is.
 
     Args:
         model: an interp Transformer.
@@ -266,7 +206,9 @@ def classify_heads(
         max_sentences: cap on treebank sentences.
         n_seqs, half_len, seed: the default random data.
         batch_size: sequences (or sentences) per forward pass.
-        progress: report each stage (and the treebank's sentences) on stderr.
+        extra_reducers: more reducers fed from the text pass (the treebank's when ``conllu`` is given), for
+            scorers added later; read their results yourself afterwards.
+        progress: report each stage on stderr.
 
     Returns:
         A :class:`HeadReport`.
@@ -287,25 +229,30 @@ def classify_heads(
     cfg = model.cfg
     rows: list[dict[str, Any]] = []
     details: dict[str, pd.DataFrame] = {}
-    stage = _stages(progress, 3 if conllu is not None else 2)
+    stage = _stages(progress, 3 if coref is not None else 2)
+    pos_red = PositionalReducer(model, window=window)
+    ind_reds = induction_reducers(model, definition=definition)
+    syn_red = SyntacticReducer(model) if conllu is not None else None
+    stats = TreebankStats()
+    tree = (treebank_batches(model, conllu, batch_size=batch_size, max_sentences=max_sentences, stats=stats)
+            if conllu is not None else None)
 
-    # --- positional -----------------------------------------------------------------------------------
-    if tokens is not None:
-        pos_data = tokens
-    elif texts is not None:
-        tok = getattr(model, "tokenizer", None)
-        if tok is None or not hasattr(tok, "encode_batch_with_mask"):
-            raise ValueError(f"texts given but model {getattr(model, 'name', '?')!r} has no text tokenizer; pass tokens")
-        if isinstance(texts, str) or not texts:
-            raise ValueError(f"texts must be a non-empty list of str, got {texts!r}")
-        pos_data = [tok.encode_batch_with_mask(texts[i:i + batch_size], max_length=cfg.n_ctx)
-                    for i in range(0, len(texts), batch_size)]
-    elif conllu is not None and getattr(model, "tokenizer", None) is not None:
-        pos_data = _treebank_batches(model, conllu, max_sentences, batch_size)
+    # --- one pass over the text: positional (+ syntactic when the text is the treebank) ------------------
+    stage("positional statistics" if tree is None else "positional and syntactic statistics")
+    text_reds: list[Reducer] = [pos_red, *extra_reducers]
+    if tokens is not None or texts is not None:
+        data = tokens if tokens is not None else text_batches(model, texts, batch_size=batch_size)
+        stream(model, data, text_reds, batch_size=batch_size)
+        if tree is not None:
+            run_treebank(model, tree, [syn_red], stats, conllu)
+    elif tree is not None and getattr(model, "tokenizer", None) is not None:
+        run_treebank(model, tree, [*text_reds, syn_red], stats, conllu)
     else:
-        pos_data = _random_tokens(model, n_seqs, min(cfg.n_ctx, 64), seed)
-    stage("positional statistics")
-    pos = positional_scores(model, pos_data, window=window, batch_size=batch_size)
+        stream(model, random_tokens_for(model, n_seqs, min(cfg.n_ctx, 64), seed=seed), text_reds,
+               batch_size=batch_size)
+        if tree is not None:
+            run_treebank(model, tree, [syn_red], stats, conllu)
+    pos = pos_red.table()
     details["positional"] = pos
     targets = [(offset_label(o), f"at offset {offset_label(o)}") for o in range(-window, window + 1)]
     targets += [(cat, f"on the {cat} token") for cat in ("first", "delimiter")]
@@ -318,10 +265,11 @@ def classify_heads(
                                          f"{pos.attrs['rows'][lab]} queries; mean weight there "
                                          f"{pos.at[r.Index, f'mass_{lab}']:.2f}"})
 
-    # --- induction family -----------------------------------------------------------------------------
+    # --- the induction family: its own synthetic batches ---------------------------------------------------
     stage("induction scores")
-    ind = induction_scores(model, induction_tokens, definition=definition, n_seqs=n_seqs, half_len=half_len,
-                           seed=seed, batch_size=batch_size)
+    ind_data = induction_tokens if induction_tokens is not None else repeated_tokens_for(
+        model, n_seqs, half_len, seed=seed)
+    ind = induction_table(model, ind_reds, stream(model, ind_data, ind_reds, batch_size=batch_size))
     details["induction"] = ind
     for r in ind.itertuples():
         if r.previous_token >= previous_token_threshold:
@@ -338,17 +286,15 @@ def classify_heads(
                                      f"{copy_txt}"})
 
     # --- syntactic ------------------------------------------------------------------------------------
-    if conllu is not None:
-        stage("syntactic relations")
-        syn = syntactic_scores(model, conllu, max_sentences=max_sentences, batch_size=batch_size,
-                               progress=progress)
+    if syn_red is not None:
+        syn = syn_red.table(n_skipped=stats.skipped, n_untokenized=stats.untokenized)
         details["syntactic"] = syn
         good = syn[(syn.gain >= syntactic_margin) & (syn.n >= syntactic_min_count)]
         # One row per (head, relation): the direction with the larger gain.
         good = good.sort_values("gain", ascending=False).drop_duplicates(["layer", "head", "relation"])
         for r in good.itertuples():
             rows.append({"layer": r.layer, "head": r.head, "kind": f"syntactic:{r.relation}", "score": r.accuracy,
-                         "evidence": f"{r.direction} accuracy {r.accuracy:.2f} vs offset {r.baseline_offset:+d} "
+                         "evidence": f"{r.direction} accuracy {r.accuracy:.2f} vs offset {_signed(r.baseline_offset)} "
                                      f"baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"})
 
     # --- coreference ----------------------------------------------------------------------------------
@@ -372,4 +318,6 @@ def classify_heads(
                       copying_threshold=copying_threshold, syntactic_margin=syntactic_margin,
                       syntactic_min_count=syntactic_min_count, definition=definition, coref_margin=coref_margin,
                       coref_min_count=coref_min_count)
-    return HeadReport(df, cfg.n_layers, cfg.n_heads, getattr(model, "name", "model"), details, thresholds)
+    heads = head_counts(model)
+    return HeadReport(df, cfg.n_layers, max(heads, default=0), getattr(model, "name", "model"), details, thresholds,
+                      layer_heads=heads)

@@ -28,9 +28,7 @@ here, from the annotations alone, so that heads and baselines are judged on exac
 
 Errors name the file and line (``file:line: ...``) and the offending value.
 
-The CoNLL-U line grouping is :mod:`interp.analysis.treebank`'s (it moves to ``interp.data.treebank`` on the
-``arch`` branch); it is imported inside the reader to keep ``interp.data`` free of an import cycle with
-``interp.analysis``.
+The CoNLL-U line grouping is :mod:`interp.data.treebank`'s.
 """
 
 from __future__ import annotations
@@ -44,6 +42,8 @@ from typing import Any
 
 import conllu
 import torch
+
+from .treebank import _blocks
 
 __all__ = [
     "COREFUD_BASELINES",
@@ -178,9 +178,6 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
         >>> [doc.text(m) for m in doc.entities["3"]][:3]
         ['Byron', 'his', 'he']
     """
-    # Line-numbered sentence blocks; imported here, not at the top: see the module docstring.
-    from ..analysis.treebank import _blocks
-
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():

@@ -10,18 +10,19 @@ Example:
 """
 
 from .baseline import average_curves, random_curve
-from .curve import CurvePoint, PruningCurve, auc_table, common_range, curves_figure
-from .experiment import build_data, load_config, run_experiment, write_results
+from .curve import CurvePoint, PruningCurve, auc_table, common_range
+from .experiment import load_config, run_experiment, write_results
 from .gates import LOUIZOS_TEMPERATURE, VOITA_TEMPERATURE, HardConcreteGate, head_mask
 from .importance import head_importance, importance_curve, masked_metric, prune_counts
 from .l0 import L0Result, gated_metric, l0_curve, train_l0_gates
-from .objectives import (LanguageModelObjective, SentenceSimilarityObjective, mean_pool, sentence_batches,
-                         ud_sentences)
+from .objectives import LanguageModelObjective, SentenceSimilarityObjective, mean_pool, sentence_batches, ud_sentences
 from .surgery import heads_to_sets, kv_cache_savings, n_parameters, remove_heads
+from .task import PruningTask, build_task
 
 __all__ = [
-    "CurvePoint", "HardConcreteGate", "L0Result", "LOUIZOS_TEMPERATURE", "VOITA_TEMPERATURE", "gated_metric", "LanguageModelObjective", "PruningCurve",
-    "SentenceSimilarityObjective", "auc_table", "average_curves", "build_data", "common_range", "curves_figure", "head_importance",
+    "CurvePoint", "HardConcreteGate", "L0Result", "LOUIZOS_TEMPERATURE", "LanguageModelObjective", "PruningCurve",
+    "PruningTask", "SentenceSimilarityObjective", "VOITA_TEMPERATURE", "auc_table", "average_curves", "build_task",
+    "common_range", "gated_metric", "head_importance",
     "head_mask", "heads_to_sets", "importance_curve", "kv_cache_savings", "l0_curve", "load_config",
     "masked_metric", "mean_pool", "n_parameters", "prune_counts", "random_curve", "remove_heads", "run_experiment",
     "sentence_batches", "train_l0_gates", "ud_sentences", "write_results",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -13,8 +14,11 @@ from .gates import uniform_heads
 from .importance import make_point, masked_metric, prune_counts
 from .objectives import Batch, Objective, check_batches
 
+if TYPE_CHECKING:
+    from ..model import Transformer
 
-def random_curve(model, batches: Sequence[Batch], objective: Objective, *, seeds: Sequence[int] = (0, 1, 2),
+
+def random_curve(model: Transformer, batches: Sequence[Batch], objective: Objective, *, seeds: Sequence[int] = (0, 1, 2),
                  step: float | int = 0.1, resume: Sequence[PruningCurve] = (),
                  on_seed: Callable[[PruningCurve], None] | None = None, progress: bool = False) -> PruningCurve:
     """The metric when heads are pruned in a random order, mean and std over ``seeds``.

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -69,7 +70,7 @@ class PruningCurve:
     def metrics(self) -> np.ndarray:
         return np.array([p.metric for p in self.points], dtype=float)
 
-    def sorted(self) -> "PruningCurve":
+    def sorted(self) -> PruningCurve:
         """A copy with points ordered by fraction (L0 sweeps finish in target order, not fraction order)."""
         pts = sorted(self.points, key=lambda p: (p.fraction, -p.metric))
         return PruningCurve(self.method, self.metric_name, self.n_heads_total, pts, self.model_name, dict(self.config))
@@ -100,10 +101,10 @@ class PruningCurve:
 
     # --- tables and files -----------------------------------------------------------------------------
     def to_frame(self) -> pd.DataFrame:
-        """One row per point: method, fraction, n_pruned, metric, metric_std, kv_bytes_saved, extra fields."""
+        """One row per point: method, fraction_pruned, n_pruned, metric, metric_std, kv_bytes_saved, extra fields."""
         rows = []
         for p in self.points:
-            row = {"method": self.method, "fraction": p.fraction, "n_pruned": p.n_pruned, "metric": p.metric,
+            row = {"method": self.method, "fraction_pruned": p.fraction, "n_pruned": p.n_pruned, "metric": p.metric,
                    "metric_std": p.metric_std, "kv_bytes_saved": p.kv_bytes_saved}
             row.update({k: v for k, v in p.extra.items() if np.isscalar(v) or v is None})
             rows.append(row)
@@ -114,7 +115,7 @@ class PruningCurve:
                 "model_name": self.model_name, "config": self.config, "points": [asdict(p) for p in self.points]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PruningCurve":
+    def from_dict(cls, data: dict[str, Any]) -> PruningCurve:
         pts = [CurvePoint(**p) for p in data.get("points", [])]
         return cls(data["method"], data["metric_name"], int(data["n_heads_total"]), pts,
                    data.get("model_name", ""), data.get("config", {}))
@@ -138,11 +139,11 @@ class PruningCurve:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "PruningCurve":
+    def load(cls, path: str | Path) -> PruningCurve:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     @classmethod
-    def merge(cls, curves: Sequence["PruningCurve"]) -> "PruningCurve":
+    def merge(cls, curves: Sequence[PruningCurve]) -> PruningCurve:
         """Concatenate the points of curves of one method (e.g. one L0 run per target), sorted by fraction."""
         if not curves:
             raise ValueError("merge needs at least one curve")
@@ -152,9 +153,11 @@ class PruningCurve:
                             dict(first.config)).sorted()
 
     # --- display --------------------------------------------------------------------------------------
-    def figure(self, *others: "PruningCurve", title: str | None = None):
+    def figure(self, *others: PruningCurve, title: str | None = None):
         """A plotly figure of this curve and ``others`` (metric against fraction pruned)."""
-        return curves_figure([self, *others], title=title)
+        from ..viz import pruning_curves
+
+        return pruning_curves([self, *others], title=title)
 
     def __repr__(self) -> str:
         if not self.points:
@@ -168,33 +171,6 @@ class PruningCurve:
         head = html.escape(repr(self))
         table = self.to_frame().to_html(index=False, float_format=lambda v: f"{v:.4f}", na_rep="")
         return f"<div><p><code>{head}</code></p>{table}</div>"
-
-
-def curves_figure(curves: Sequence[PruningCurve], *, title: str | None = None):
-    """Plot several curves (one line per method, error bars when a std is known).
-
-    Returns:
-        ``plotly.graph_objects.Figure``.
-    """
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    upto = common_range(curves) if curves else 1.0
-    for c in curves:
-        c = c.sorted()
-        std = [p.metric_std for p in c.points]
-        err = dict(type="data", array=[s or 0.0 for s in std], visible=True) if any(s for s in std) else None
-        fig.add_trace(go.Scatter(
-            x=c.fractions, y=c.metrics, mode="lines+markers", error_y=err,
-            name=f"{c.method} (AUC[0, {upto:.2f}] {c.auc(upto=upto):.3f})",
-            customdata=[[p.n_pruned] for p in c.points],
-            hovertemplate="pruned %{customdata[0]} heads (%{x:.2f})<br>metric %{y:.4f}",
-        ))
-    name = curves[0].model_name if curves else ""
-    fig.update_layout(title=title or f"Head pruning{' - ' + name if name else ''}",
-                      xaxis_title="fraction of heads pruned", template="plotly_white",
-                      yaxis_title=curves[0].metric_name if curves else "metric", xaxis_range=[0, 1])
-    return fig
 
 
 def common_range(curves: Sequence[PruningCurve]) -> float:

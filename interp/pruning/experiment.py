@@ -13,8 +13,8 @@ Config (a dict, or a JSON/YAML file path), every key optional except ``model``::
       "model": "induction-2l",                     # interp.zoo.load name or checkpoint path
       "methods": ["importance", "random", "l0"],
       "data": {"kind": "repeated", "n_seqs": 64, "half_len": 25, "batch_size": 16, "seed": 1, "eval_seed": 2}
-          or  {"kind": "ud", "path": "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu",
-               "n_train": 64, "n_eval": 64, "batch_size": 16, "max_length": 64},
+          or  {"kind": "ud", "path": "path/to/en_ewt-ud-dev.conllu",
+               "n_train": 64, "n_eval": 64, "batch_size": 16, "max_length": 64},   # see pruning.task.build_task
       "metric": "accuracy",                        # LM objective: "accuracy" or "neg_loss"
       "importance": {"step": 0.1, "threshold": null, "normalize_layers": true, "recompute": true},
       "random": {"seeds": [0, 1, 2, 3, 4], "step": 0.1},
@@ -29,18 +29,20 @@ import copy
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .baseline import random_curve
-from .curve import PruningCurve, auc_table, curves_figure
+from .curve import PruningCurve, auc_table
 from .importance import importance_curve
 from .l0 import check_target, l0_curve
-from .objectives import LanguageModelObjective, SentenceSimilarityObjective, sentence_batches, ud_sentences
+from .task import build_task
+
+if TYPE_CHECKING:
+    from ..model import Transformer
 
 METHODS = ("importance", "random", "l0")
-UD_DEV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
 
 def load_config(config: dict | str | Path) -> dict[str, Any]:
@@ -81,63 +83,14 @@ def load_config(config: dict | str | Path) -> dict[str, Any]:
     return config
 
 
-def build_data(model, data: dict[str, Any]) -> tuple[list[dict], list[dict], Any]:
-    """Training batches, held-out batches and the objective for a model and a data config.
-
-    Decoders (``cfg.unembed``) get repeated random sequences scored on their repeated half (the induction task);
-    encoders get UD English EWT sentences and :class:`SentenceSimilarityObjective`.
-
-    Raises:
-        ValueError: an unknown data kind, or an empty dataset.
-        FileNotFoundError: the UD file is missing.
-    """
-    kind = data.get("kind", "repeated" if model.cfg.unembed else "ud")
-    bs = int(data.get("batch_size", 16))
-    if kind == "repeated":
-        from ..analysis.data import first_occurrence_mask, repeated_sequences
-
-        n, half = int(data.get("n_seqs", 64)), int(data.get("half_len", 25))
-        bos = data.get("bos_id", 0 if getattr(model, "name", "") == "induction-2l" else None)
-        if n <= 0:
-            raise ValueError(f"data.n_seqs={n}: the dataset is empty")
-
-        def make(seed: int) -> list[dict]:
-            toks = repeated_sequences(n, half, model.cfg.d_vocab, seed=seed, bos_id=bos)  # [N, (1) + 2 half]
-            _, rep = first_occurrence_mask(n, half, bos=bos is not None)  # [N, T-1] over targets
-            loss_mask = torch.cat([torch.zeros(n, 1, dtype=torch.bool), rep], dim=1)  # [N, T] over tokens
-            return [{"tokens": toks[i:i + bs], "loss_mask": loss_mask[i:i + bs]} for i in range(0, n, bs)]
-
-        train, held = make(int(data.get("seed", 1))), make(int(data.get("eval_seed", 2)))
-        return train, held, LanguageModelObjective(data.get("metric", "accuracy"))
-    if kind == "ud":
-        path = Path(data.get("path", UD_DEV))
-        n_train, n_eval = int(data.get("n_train", 64)), int(data.get("n_eval", 64))
-        if n_train <= 0 or n_eval <= 0:
-            raise ValueError(f"data.n_train={n_train}, n_eval={n_eval}: the dataset is empty")
-        sents = ud_sentences(path, n_train + n_eval)
-        max_len = int(data.get("max_length", 64))
-        train = sentence_batches(model, sents[:n_train], batch_size=bs, max_length=max_len)
-        held = sentence_batches(model, sents[n_train:], batch_size=bs, max_length=max_len)
-        objective = SentenceSimilarityObjective(model, train + held)  # references from the unpruned model
-        return train, held, objective
-    raise ValueError(f"data.kind={kind!r} is not 'repeated' or 'ud'")
-
-
-def _load_model(config: dict):
-    from ..zoo import load
-
-    model = load(config["model"], device=config.get("device"))
-    model.eval()
-    return model
-
-
-def run_experiment(config: dict | str | Path, *, model=None, out_dir: str | Path | None = None,
+def run_experiment(config: dict | str | Path, *, model: Transformer, out_dir: str | Path | None = None,
                    fresh: bool = False, progress: bool = True) -> dict[str, PruningCurve]:
     """Run the configured pruning methods and return one curve per method.
 
     Args:
         config: a dict or a JSON/YAML path (see the module docstring).
-        model: an already loaded model (default: ``interp.zoo.load(config["model"])``).
+        model: the loaded model (``interp.load(config["model"])``; loading is the caller's job, so that this
+            layer does not depend on the zoo).
         out_dir: where to write results (default: ``config["out_dir"]``; None = write nothing, no resume).
         fresh: ignore partial results from an earlier run.
         progress: tqdm bars.
@@ -154,11 +107,10 @@ def run_experiment(config: dict | str | Path, *, model=None, out_dir: str | Path
         >>> curves["importance"].auc() > curves["random"].auc()
     """
     config = load_config(config)
-    model = _load_model(config) if model is None else model
     data = dict(config.get("data", {}))
     if "metric" in config:
         data.setdefault("metric", config["metric"])
-    train, held, objective = build_data(model, data)
+    train, held, objective = build_task(model, data=data)
     out = out_dir if out_dir is not None else config.get("out_dir")
     out = None if out is None else Path(out)
     part = None if out is None else out / "partial"
@@ -245,9 +197,9 @@ def write_results(curves: dict[str, PruningCurve], out: Path, config: dict | Non
     for method, c in curves.items():
         c.save(out / f"{method}.json")
         c.save(out / f"{method}.csv")
-    from ..viz import save_figure  # figures live in viz; imported only when results are written
+    from ..viz import pruning_curves, save_figure  # figures live in viz; imported only when results are written
 
-    fig = curves_figure(list(curves.values()))
+    fig = pruning_curves(list(curves.values()))
     save_figure(fig, out / "curves.html")  # plotly.js embedded: opens offline
     png = "curves.png"
     try:

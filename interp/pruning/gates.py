@@ -10,9 +10,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..model import Transformer
 
 #: beta in Louizos et al. 2018 ("Learning Sparse Neural Networks through L0 Regularization").
 LOUIZOS_TEMPERATURE = 2.0 / 3.0
@@ -123,7 +127,7 @@ class HardConcreteGate(nn.Module):
 
 
 @contextlib.contextmanager
-def head_mask(model, pruned: torch.Tensor | None) -> Iterator[None]:
+def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]:
     """Run ``model`` with the heads marked True in ``pruned`` (``[L, H]`` bool) gated to 0; restores the
     gates that were set before, also when the body raises.
 
@@ -146,7 +150,7 @@ def head_mask(model, pruned: torch.Tensor | None) -> Iterator[None]:
                 block.attn.set_gate(gate)
 
 
-def uniform_heads(model) -> tuple[int, int]:
+def uniform_heads(model: Transformer) -> tuple[int, int]:
     """``(n_layers, n_heads)`` of a model whose layers all have the same head count.
 
     Raises:

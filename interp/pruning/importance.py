@@ -10,6 +10,7 @@ mask, and stop when the metric drops below ``masking_threshold`` times the unpru
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
@@ -19,8 +20,11 @@ from .gates import head_mask, uniform_heads
 from .objectives import Batch, Objective, check_batches
 from .surgery import kv_cache_savings
 
+if TYPE_CHECKING:
+    from ..model import Transformer
 
-def group_matrix(model) -> torch.Tensor:
+
+def group_matrix(model: Transformer) -> torch.Tensor:
     """``[L, H, K]`` one-hot: query head h of layer l reads K/V head k (``cfg.kv_map``). A gate on K/V group k
     multiplies every query head of the group, so d loss / d xi_k = sum over the group of d loss / d xi_h.
 
@@ -38,7 +42,7 @@ def group_matrix(model) -> torch.Tensor:
     return onehot
 
 
-def _gate_gradients(model, batches: Sequence[Batch], objective: Objective, *, pruned: torch.Tensor | None,
+def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Objective, *, pruned: torch.Tensor | None,
                     per_example: bool, units: torch.Tensor, progress: bool) -> torch.Tensor:
     """Mean |d loss / d gate| per unit ``[L, U]``; a unit is a set of heads sharing one gate (``units``
     ``[L, H, U]`` one-hot: the identity for heads, :func:`group_matrix` for K/V groups).
@@ -73,7 +77,7 @@ def _gate_gradients(model, batches: Sequence[Batch], objective: Objective, *, pr
 
                         def gate_hook(layer: int):
                             def fn(z: torch.Tensor, hook) -> torch.Tensor:
-                                return z * gates[:, layer].to(z.dtype)[:, None, :, None]  # [B, T, H, D]
+                                return z * gates[:, layer].to(z.dtype)[:, None, :, None]  # noqa: B023 - used in this batch only  # [B, T, H, D]
                             return fn
 
                         with model.hooks([(f"blocks.{layer}.attn.hook_z", gate_hook(layer)) for layer in range(L)]):
@@ -94,7 +98,7 @@ def _gate_gradients(model, batches: Sequence[Batch], objective: Objective, *, pr
     return (total / n).float()
 
 
-def head_importance(model, batches: Sequence[Batch], objective: Objective, *, normalize_layers: bool = True,
+def head_importance(model: Transformer, batches: Sequence[Batch], objective: Objective, *, normalize_layers: bool = True,
                     pruned: torch.Tensor | None = None, per_example: bool = True, level: str = "head",
                     progress: bool = False) -> torch.Tensor:
     """Michel et al.'s head importance I_h = E_x |d L(x) / d xi_h|, with every gate xi at 1 (or at the mask).
@@ -166,7 +170,7 @@ def prune_counts(n_total: int, step: float | int) -> list[int]:
     return counts
 
 
-def make_point(model, pruned: torch.Tensor, metric: float, **extra) -> CurvePoint:
+def make_point(model: Transformer, pruned: torch.Tensor, metric: float, **extra) -> CurvePoint:
     """A curve point for a bool mask ``[L, H]`` (fraction, count, mask, KV bytes saved)."""
     n = int(pruned.sum())
     saved = kv_cache_savings(model, pruned.cpu())["bytes_saved_per_token"]
@@ -174,7 +178,7 @@ def make_point(model, pruned: torch.Tensor, metric: float, **extra) -> CurvePoin
                       mask=pruned.cpu().tolist(), kv_bytes_saved=int(saved), extra=extra)
 
 
-def masked_metric(model, batches: Sequence[Batch], objective: Objective, pruned: torch.Tensor, *,
+def masked_metric(model: Transformer, batches: Sequence[Batch], objective: Objective, pruned: torch.Tensor, *,
                   ablation: str = "zero", reference=None) -> float:
     """The objective's metric with the heads in ``pruned`` ablated.
 
@@ -201,7 +205,7 @@ def masked_metric(model, batches: Sequence[Batch], objective: Objective, pruned:
         return float(objective.metric(model, batches))
 
 
-def importance_curve(model, batches: Sequence[Batch], objective: Objective, *,
+def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Objective, *,
                      eval_batches: Sequence[Batch] | None = None, step: float | int = 0.1,
                      threshold: float | None = None, normalize_layers: bool = True, recompute: bool = True,
                      per_example: bool = True, level: str = "head",

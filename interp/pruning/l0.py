@@ -205,8 +205,8 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
         progress: tqdm bars; train_kwargs: passed to :func:`train_l0_gates` (steps, lr, ...).
 
     Returns:
-        A :class:`PruningCurve` ``method="l0"`` (``"l0-group"`` with ``level="group"``), points sorted by the fraction actually pruned, the unpruned
-        model's metric as the first point.
+        A :class:`PruningCurve` ``method="l0"`` (``"l0-group"`` with ``level="group"``), points sorted by the fraction
+        actually pruned, the unpruned model's metric as the first point.
 
     Raises:
         ValueError: both targets and lams given, a target outside [0, 1], empty data.

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from ..model import Transformer
 
 Batch = dict[str, torch.Tensor]
 
@@ -63,10 +66,10 @@ class Objective(Protocol):
 
     metric_name: str
 
-    def loss(self, model, batch: Batch) -> torch.Tensor:
+    def loss(self, model: Transformer, batch: Batch) -> torch.Tensor:
         """A differentiable scalar to minimise."""
 
-    def metric(self, model, batches: Sequence[Batch]) -> float:
+    def metric(self, model: Transformer, batches: Sequence[Batch]) -> float:
         """A number to keep high (the y axis of a pruning curve)."""
 
 
@@ -102,7 +105,7 @@ class LanguageModelObjective:
             raise ValueError("a batch has no scored target tokens (loss_mask / attention_mask exclude all)")
         return logits[keep], targets[keep]  # [N, V], [N]
 
-    def loss(self, model, batch: Batch) -> torch.Tensor:
+    def loss(self, model: Transformer, batch: Batch) -> torch.Tensor:
         logits, targets = self._logits_targets(model, batch)
         return F.cross_entropy(logits.float(), targets)
 
@@ -123,7 +126,7 @@ class LanguageModelObjective:
         return ce.sum(-1) / keep.sum(-1).clamp(min=1)
 
     @torch.no_grad()
-    def metric(self, model, batches: Sequence[Batch]) -> float:
+    def metric(self, model: Transformer, batches: Sequence[Batch]) -> float:
         total, n = 0.0, 0
         for batch in check_batches(batches):
             logits, targets = self._logits_targets(model, batch)
@@ -203,7 +206,7 @@ class SentenceSimilarityObjective:
             raise ValueError("batch has no 'reference' embeddings: build the objective with these batches")
         return F.cosine_similarity(self._embed(model, batch).float(), batch["reference"].float(), dim=-1)  # [B]
 
-    def loss(self, model, batch: Batch) -> torch.Tensor:
+    def loss(self, model: Transformer, batch: Batch) -> torch.Tensor:
         if self.loss_kind == "cosine":
             return 1.0 - self._cosine(model, batch).mean()
         if "reference" not in batch:
@@ -226,12 +229,12 @@ class SentenceSimilarityObjective:
         return F.cross_entropy(logits, torch.arange(len(emb), device=emb.device), reduction="none")
 
     @torch.no_grad()
-    def metric(self, model, batches: Sequence[Batch]) -> float:
+    def metric(self, model: Transformer, batches: Sequence[Batch]) -> float:
         sims = [self._cosine(model, b) for b in check_batches(batches)]
         return float(torch.cat(sims).mean())
 
 
-def sentence_batches(model, sentences: Sequence[str], *, batch_size: int = 16, max_length: int = 64) -> list[Batch]:
+def sentence_batches(model: Transformer, sentences: Sequence[str], *, batch_size: int = 16, max_length: int = 64) -> list[Batch]:
     """Tokenize sentences with the model's tokenizer into padded batch dicts (tokens + attention_mask).
 
     Raises:

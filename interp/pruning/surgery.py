@@ -81,19 +81,22 @@ def kv_cache_savings(model: Transformer, heads: HeadSpec, *, bytes_per_element: 
     sets = heads_to_sets(model, heads)
     cfg = model.cfg
     before = cfg.kv_cache_bytes_per_token(bytes_per_element)
-    kv_total = kv_removed = emptied_layers = 0
+    kv_total = kv_removed = emptied_layers = after_std = 0
     for layer, block in enumerate(model.blocks):
         kept = [h for h in range(block.attn.n_heads) if h not in sets[layer]]
-        k_before = cfg.kv_heads_in_layer(layer)
-        kv_total += k_before
+        shape = cfg.layer(layer)
+        kv_total += shape.n_kv_heads
         if cfg.attention != "latent":
-            kv_removed += k_before - len(_kept_kv(model, layer, kept)[0])
+            k_after = len(_kept_kv(model, layer, kept)[0])
+            kv_removed += shape.n_kv_heads - k_after
+            # The layer's own byte count, with the K/V heads that survive.
+            after_std += dataclasses.replace(shape, n_kv_heads=k_after).kv_bytes_per_token(bytes_per_element)
         elif block.attn.n_heads and not kept:
             emptied_layers += 1
     if cfg.attention == "latent":
         after = before - emptied_layers * (cfg.kv_latent_dim + cfg.rope_dim) * bytes_per_element
     else:
-        after = before - 2 * kv_removed * cfg.d_head * bytes_per_element
+        after = after_std
     return {
         "heads_pruned": sum(len(s) for s in sets),
         "heads_total": sum(b.attn.n_heads for b in model.blocks),

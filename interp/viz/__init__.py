@@ -15,7 +15,13 @@ from .coreference import coreference_figure
 from .cost import flops_figure, kv_cache_figure
 from .export import save_figure
 from .heads import (
-    INDUCTION_COLUMNS, head_map, head_norms_figure, head_write_norms, induction_map, positional_map, score_map,
+    INDUCTION_COLUMNS,
+    head_map,
+    head_norms_figure,
+    head_write_norms,
+    induction_map,
+    positional_map,
+    score_map,
     score_maps,
 )
 from .patching import composition_heatmap, logit_attribution_bar, patching_heatmap

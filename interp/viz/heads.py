@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from ._common import SCORE_SCALE, as_frame, layer_head_grid, to_numpy
 
 #: Kinds that mean "nothing found": drawn light grey.
+# Labels a user's table may use for "no kind" (HeadReport itself simply has no row for such a head).
 _NO_KIND = {"", "no kind", "none", "other", "unclassified", "unknown", "mixed", "diffuse"}
 _GREY = "#e5e5e5"
 _UNCLASSIFIED = "no kind"
@@ -302,7 +303,10 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
     if not df.empty:
         L = max(int(L or 0), int(table["layer"].max()) + 1)
         H = max(int(H or 0), int(table["head"].max()) + 1)
-    unclassified = L * H - len(table)
+    # A pruned model's layers may have fewer heads (HeadReport.layer_heads): the missing cells stay empty.
+    given = getattr(report, "layer_heads", None)
+    layer_heads = list(given) if given is not None and len(given) == L else [H] * L
+    unclassified = sum(min(h, H) for h in layer_heads) - len(table)
     kinds = sorted(set(table["main"]) | ({_UNCLASSIFIED} if unclassified else set()),
                    key=lambda k: (k.lower() in _NO_KIND, k))
     palette = plotly.colors.qualitative.Set2 + plotly.colors.qualitative.Pastel1
@@ -314,6 +318,9 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
     z = np.full((L, H), float(code[_UNCLASSIFIED]) if unclassified else np.nan)
     text = np.full((L, H), "", dtype=object)
     hover = np.full((L, H), "no kind found", dtype=object)
+    for layer, n in enumerate(layer_heads):
+        z[layer, n:] = np.nan
+        hover[layer, n:] = "removed"
     for r in table.itertuples():
         z[r.layer, r.head] = code[r.main]
         text[r.layer, r.head] = r.all.replace("_", " ").replace(", ", "<br>")

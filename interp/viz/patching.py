@@ -46,7 +46,7 @@ def patching_heatmap(df: Any, *, value: str = "normalized", title: str | None = 
     _check_cols(df, ["layer", value], "the patching table")
     has_head, has_pos = "head" in df.columns, "pos" in df.columns
     if has_head and has_pos:
-        df = df.assign(row=[f"L{int(l)}H{int(h)}" for l, h in zip(df["layer"], df["head"])])
+        df = df.assign(row=[f"L{int(layer)}H{int(h)}" for layer, h in zip(df["layer"], df["head"])])
         grid = df.pivot(index="row", columns="pos", values=value)
         grid = grid.loc[list(dict.fromkeys(df["row"]))]
         y, x, ylab, xlab = list(grid.index), list(grid.columns), "head", "position"
@@ -132,7 +132,7 @@ def composition_heatmap(scores: Any, *, title: str = "composition", zmin: float 
     if s.ndim != 4 or s.shape[:2] != s.shape[2:]:
         raise ValueError(f"scores must be [L, H, L, H], got shape {s.shape}")
     L, H = s.shape[:2]
-    labels = [f"L{l}H{h}" for l in range(L) for h in range(H)]
+    labels = [f"L{layer}H{h}" for layer in range(L) for h in range(H)]
     z = s.reshape(L * H, L * H)  # [src heads, dst heads]
     keep_rows = [i for i in range(L * H) if not np.isnan(z[i]).all()]
     keep_cols = [j for j in range(L * H) if not np.isnan(z[:, j]).all()]

@@ -20,7 +20,7 @@ control tokens as special tokens and BOS/EOS added as the file says (``tokenizer
 Two llama.cpp conventions are undone: GGUF dimensions are listed fastest-first (a ``[576, 49152]`` tensor is
 our ``[49152, 576]``), and llama.cpp's converter permutes the rows of ``attn_q`` / ``attn_k`` so that each
 head's rotary pairs are interleaved (``x0, x1`` rotate together) instead of split in halves (``x_i`` with
-``x_{i + D/2}``, the rotate-half convention of :mod:`interp.positional` and Hugging Face).
+``x_{i + D/2}``, the rotate-half convention of :mod:`interp.rotary` and Hugging Face).
 """
 
 from __future__ import annotations

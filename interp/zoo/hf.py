@@ -12,7 +12,7 @@ Weight layouts, and what differs from ours:
 * GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``): ``Conv1D`` stores weights as ``[in, out]``, the transpose of
   ``nn.Linear``; ``gelu_new`` is the tanh approximation; the unembedding is tied to ``wte``.
 * Llama-style (``LlamaForCausalLM``, also ``mistral`` and ``qwen2``): pre-RMSNorm, rotary embeddings in the
-  rotate-half convention (as :mod:`interp.positional`) with base ``rope_theta``, SwiGLU MLP
+  rotate-half convention (as :mod:`interp.rotary`) with base ``rope_theta``, SwiGLU MLP
   (``down(silu(gate(x)) * up(x))``), grouped-query attention with ``num_key_value_heads``.
 """
 

@@ -145,7 +145,7 @@ def head_writes_from_z(z: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
 
 
 
-def from_transformer_lens(bridge: Any) -> "Transformer":
+def from_transformer_lens(bridge: Any) -> Transformer:
     """The reverse direction: an interp :class:`~interp.Transformer` with the weights of a bridge's HF model.
 
     Works when the bridge wraps a BERT, GPT-2 or Llama-style model (it converts ``bridge.original_model``

@@ -53,7 +53,7 @@ class Tokenizer:
 
     # --- construction ---------------------------------------------------------------------------------
     @classmethod
-    def from_file(cls, path: str | Path, **kwargs) -> "Tokenizer":
+    def from_file(cls, path: str | Path, **kwargs) -> Tokenizer:
         """Load a ``tokenizer.json`` file.
 
         Raises:
@@ -65,7 +65,7 @@ class Tokenizer:
         return cls(_HFTokenizer.from_file(str(path)), **kwargs)
 
     @classmethod
-    def from_json(cls, text: str, **kwargs) -> "Tokenizer":
+    def from_json(cls, text: str, **kwargs) -> Tokenizer:
         """Rebuild from :meth:`to_json` output (the ``tokenizer.json`` format)."""
         return cls(_HFTokenizer.from_str(text), **kwargs)
 

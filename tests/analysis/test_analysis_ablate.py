@@ -16,7 +16,7 @@ from interp.analysis.ablate import (
     repeated_text_sequences,
 )
 from interp.analysis.ablation import in_context_gain
-from interp.analysis.data import repeated_sequences
+from interp.data import repeated_sequences
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -155,7 +155,7 @@ def test_induction_2l_mean_and_resample_ablation_beat_20_random_sets():
     target = [(1, 0), (1, 1), (1, 2), (1, 3)]  # the README's induction heads
     for method in ("mean", "resample"):
         df = compare_with_random(
-            lambda hs: in_context_gain(model, x, 20, bos=True, ablate=hs, method=method, reference=ref)["gain"],
+            lambda hs: in_context_gain(model, x, 20, bos=True, ablate=hs, method=method, reference=ref)["gain"],  # noqa: B023
             target, model, n_draws=20, seed=0)
         assert df.attrs["n_random"] == 20
         assert df.attrs["rank"] == 0, (method, df)  # less gain left than with any of 20 random 4-head sets

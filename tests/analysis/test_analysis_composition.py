@@ -7,7 +7,7 @@ import torch
 import interp
 from interp import ModelConfig, Transformer
 from interp.analysis import composition_baseline, composition_scores, composition_table
-from interp.analysis.data import repeated_sequences
+from interp.data import repeated_sequences
 
 
 def _naive(model, mode, l1, h1, l2, h2):

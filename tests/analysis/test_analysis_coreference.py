@@ -1,7 +1,6 @@
 """Coreference heads: a hand-built head wired to attend from a pronoun to its antecedent is found, and only it."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -91,7 +90,7 @@ def test_reducer_sums_attention_to_a_candidate_and_averages_it_from_the_source()
     p[0, 0, 3, :3] = torch.tensor([0.4, 0.3, 0.3])
     p[0, 0, 4, 0] = 1.0
     p[0, 1, 3:, :3] = torch.tensor([0.3, 0.25, 0.25])
-    red.update("blocks.0.attn.hook_pattern", p, SimpleNamespace(ctx={}))
+    red.update("blocks.0.attn.hook_pattern", p, q_start=0)
     res = red.result()
     assert res["n"].tolist() == [1.0]
     assert res["hits"][0, 0].tolist() == [1.0, 0.0]  # head 1 sums 0.5 on candidate 1 (wrong), not 0.25 each

@@ -14,7 +14,7 @@ from interp.analysis import (
     logit_diff_metric,
     patch_heads_together,
 )
-from interp.analysis.data import repeated_sequences
+from interp.data import repeated_sequences
 
 KINDS = {"mha": dict(), "gqa": dict(n_kv_heads=2, normalization="rms"),
          "mla": dict(attention="latent", kv_latent_dim=12, rope_dim=4, positional="rotary")}

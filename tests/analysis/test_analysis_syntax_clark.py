@@ -13,7 +13,7 @@ import torch
 from interp import ModelConfig, Transformer
 from interp.analysis import syntactic_scores
 from interp.analysis.syntactic import CLARK_OFFSETS
-from interp.analysis.treebank import Sentence
+from interp.data import Sentence
 
 VOCAB = ["[PAD]", "[CLS]", "a", "b", "c", "d", "e", "f", "g", "h", "x", "##y"]
 

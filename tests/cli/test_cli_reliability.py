@@ -84,7 +84,7 @@ def test_a_batch_too_large_to_allocate_is_one_line(capsys, tmp_path):
 
 
 def test_an_unwritable_output_fails_before_training(capsys, monkeypatch):
-    import interp.zoo.induction as induction
+    import interp.training as induction
 
     def no_training(*a, **k):
         raise AssertionError("trained although the output cannot be written")

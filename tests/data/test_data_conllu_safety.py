@@ -8,7 +8,7 @@ import pytest
 import interp
 from interp.analysis import classify_heads
 from interp.analysis.syntactic import syntactic_scores
-from interp.analysis.treebank import Sentence, read_conllu
+from interp.data import Sentence, read_conllu
 
 
 def _line(i, form, head, rel):

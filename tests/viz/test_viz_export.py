@@ -5,11 +5,11 @@ import importlib.util
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
+import tomllib
 
 from interp import viz
 from interp.pruning import CurvePoint, PruningCurve

@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 import interp  # noqa: E402
 from interp.flops import format_bytes, kv_cache_bytes, worked_example_config  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[1] / "apps" / "dashboard.py")
+APP = str(Path(__file__).resolve().parents[2] / "apps" / "dashboard.py")
 PAGES = ("Attention patterns", "Head map", "Induction", "Pruning", "KV cache & FLOPs")
 
 
@@ -240,7 +240,8 @@ def test_running_pruning_curves_draws_them():
     assert not at.exception
     fig = charts(at)["fig_pruning"]
     names = [t["name"] for t in fig["data"] if t["type"] == "scatter"]
-    assert names == ["importance", "random"]
+    # viz.pruning_curves labels PruningCurves with their AUC on the range every curve reaches.
+    assert [n.split(" (AUC[0, 1.00] ")[0] for n in names] == ["importance", "random"]
     # A curve starts unpruned and ends with every head pruned (8 heads, step 1 by default here).
     xs = arr(fig["data"][0]["x"])
     assert xs[0] == 0 and xs[-1] == 1

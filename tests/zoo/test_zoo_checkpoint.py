@@ -35,7 +35,8 @@ def test_round_trip_reproduces_logits(tmp_path, kw):
 
 
 def test_tokenizer_travels_with_checkpoint(tmp_path):
-    from tokenizers import Tokenizer as HFTok, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import models, pre_tokenizers
 
     from interp.zoo import Tokenizer
 

@@ -3,7 +3,6 @@ KV-cache savings against hand-computed byte counts."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -8,10 +8,15 @@ import pytest
 import torch
 
 from interp import ModelConfig
-from interp.analysis.data import first_occurrence_mask, induction_training_batch, repeated_sequences
+from interp.analysis import in_context_gain
+from interp.data import first_occurrence_mask, induction_training_batch, repeated_sequences
+from interp.training import evaluate_induction, train_induction_model
 from interp.zoo.induction import (
-    INDUCTION_2L_PATH, TokenIdTokenizer, attention_scores, build_induction_model, evaluate_induction,
-    induction_losses, load_induction_2l, save_induction_model, train_induction_model,
+    INDUCTION_2L_PATH,
+    TokenIdTokenizer,
+    build_induction_model,
+    load_induction_2l,
+    save_induction_model,
 )
 
 EVAL_SEED = 777  # training used seeds 0, 1, 2; the script's evaluation uses 2024
@@ -134,7 +139,7 @@ def test_shipped_model_has_in_context_gain_on_fresh_data(shipped):
     first_loss, rep_loss = float(torch.stack(first).mean()), float(torch.stack(rep).mean())
     assert first_loss > 0.9 * math.log(shipped.cfg.d_vocab - 1), "first occurrences are unpredictable"
     assert rep_loss < 0.3 * first_loss, (first_loss, rep_loss)
-    got = induction_losses(shipped, toks, half)
+    got = in_context_gain(shipped, toks, half, bos=True)
     assert got["first"] == pytest.approx(first_loss, rel=1e-5)
     assert got["repeated"] == pytest.approx(rep_loss, rel=1e-5)
 
@@ -142,33 +147,34 @@ def test_shipped_model_has_in_context_gain_on_fresh_data(shipped):
 def test_shipped_model_has_previous_token_and_induction_heads(shipped):
     half = 20
     toks = repeated_sequences(32, half, shipped.cfg.d_vocab, seed=EVAL_SEED + 1, bos_id=0)
-    scores = attention_scores(shipped, toks, half)
-    # Naive reference for the best heads, one query at a time, from the recorded patterns.
-    _, trace = shipped.run_with_cache(toks, names_filter="*hook_pattern")
-    T = toks.shape[1]
-    naive_best = []
-    for layer, key_of in ((0, lambda q: q - 1), (1, lambda q: q - half + 1)):
-        qs = range(2, T) if layer == 0 else range(1 + half, T)
-        naive = torch.stack([trace.pattern(layer)[:, :, q, key_of(q)] for q in qs]).mean(dim=(0, 1))  # [H]
-        kind = "prev_token" if layer == 0 else "induction"
-        assert torch.allclose(scores[kind][layer], naive, atol=1e-5)
-        naive_best.append(naive.argmax())
-    assert float(scores["prev_token"][0].max()) > 0.5
-    assert float(scores["induction"][1].max()) > 0.5
     ev = evaluate_induction(shipped, n_seqs=32, half_len=half, seed=EVAL_SEED + 1)
-    assert ev["best_prev_token"][0] == int(naive_best[0]) and ev["best_induction"][0] == int(naive_best[1])
+    # Naive reference, one query at a time from the recorded patterns: mean weight on the targets over the
+    # rows that have one (previous token: key q - 1; induction: keys k != q whose previous token equals q's).
+    _, trace = shipped.run_with_cache(toks, names_filter="*hook_pattern")
+    B, T = toks.shape
+    for kind, layer in (("prev_token", 0), ("induction", 1)):
+        p = trace.pattern(layer)  # [B, H, T, T]
+        masses = []
+        for b in range(B):
+            for q in range(T):
+                if kind == "prev_token":
+                    keys = [q - 1] if q else []
+                else:
+                    keys = [k for k in range(1, q + 1) if k != q and toks[b, k - 1] == toks[b, q]]
+                if keys:
+                    masses.append(p[b, :, q, keys].sum(-1))
+        naive = torch.stack(masses).mean(0)  # [H]
+        assert torch.allclose(ev[kind][layer].float(), naive, atol=1e-5), kind
+        assert float(naive.max()) > 0.5
+    assert ev["best_prev_token"][0] == int(ev["prev_token"][0].argmax())
+    assert ev["best_induction"][0] == int(ev["induction"][1].argmax())
 
 
 def test_ablating_layer_one_removes_the_gain(shipped):
     toks = repeated_sequences(32, 25, shipped.cfg.d_vocab, seed=EVAL_SEED + 2, bos_id=0)
-    base = induction_losses(shipped, toks, 25)
-    gates = torch.ones(2, shipped.cfg.n_heads)
-    gates[1] = 0.0
-    shipped.set_head_gates(gates)
-    try:
-        ablated = induction_losses(shipped, toks, 25)
-    finally:
-        shipped.set_head_gates(None)
+    base = in_context_gain(shipped, toks, 25, bos=True)
+    ablated = in_context_gain(shipped, toks, 25, bos=True, ablate=[(1, h) for h in range(shipped.cfg.n_heads)])
+    assert shipped.blocks[1].attn.gate is None  # the gates were removed again
     assert ablated["gain"] < 0.25 * base["gain"], (base, ablated)
 
 
@@ -205,4 +211,4 @@ def test_bad_arguments():
     with pytest.raises(FileNotFoundError, match="train_induction.py"):
         load_induction_2l("/nonexistent/x.safetensors")
     with pytest.raises(ValueError, match=r"expected \[B, 11\]"):
-        induction_losses(build_induction_model(TINY), torch.zeros(2, 7, dtype=torch.long), 5)
+        in_context_gain(build_induction_model(TINY), torch.zeros(2, 7, dtype=torch.long), 5, bos=True)

@@ -93,7 +93,8 @@ def test_errors(bridge, batch):
 def test_gqa_llama_bridge_matches_interp_conversion(tmp_path):
     """A small random Llama with grouped-query attention, booted by TransformerLens from a local folder."""
     transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer as HFTok, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import models, pre_tokenizers
     from transformer_lens.model_bridge import TransformerBridge
 
     from interp.zoo.hf import from_hf

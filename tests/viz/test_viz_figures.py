@@ -197,7 +197,7 @@ def test_pruning_curves_one_line_per_method_sorted_by_fraction():
     with_std = df.assign(metric_std=[None, None, 0.1, 0.2, None])
     rand = viz.pruning_curves(with_std).data[1]
     assert list(rand.error_y.array) == [0.1, 0.2]
-    with pytest.raises(ValueError, match="no y column"):
+    with pytest.raises(ValueError, match=r"no column\(s\) \['metric'\]"):
         viz.pruning_curves(df.rename(columns={"metric": "m"}))
     with pytest.raises(TypeError, match="cannot read a pruning curve from int"):
         viz.pruning_curves([3])
@@ -210,5 +210,6 @@ def test_pruning_curves_reads_pruning_curve_objects():
     rnd = pruning.PruningCurve("random", "accuracy", 4, [pruning.CurvePoint(0.0, 0, 0.9, metric_std=0.0),
                                                          pruning.CurvePoint(0.5, 2, 0.5, metric_std=0.1)])
     fig = viz.pruning_curves([imp, rnd])
-    assert [t.name for t in fig.data] == ["importance", "random"]
+    # Labelled with the AUC on [0, 0.5]: trapezoids (0.9 + 0.8) / 4 and (0.9 + 0.5) / 4.
+    assert [t.name for t in fig.data] == ["importance (AUC[0, 0.50] 0.425)", "random (AUC[0, 0.50] 0.350)"]
     assert list(fig.data[0].y) == [0.9, 0.8] and list(fig.data[1].error_y.array) == [0.0, 0.1]

@@ -7,8 +7,8 @@ import torch
 
 from interp import ModelConfig, Transformer
 from interp.analysis import induction_scores, repeated_tokens_for
-from interp.analysis.data import repeated_sequences
 from interp.analysis.toy import hand_built_model
+from interp.data import repeated_sequences
 
 
 def _model(causal=True, normalization="pre", seed=0, unembed=True):

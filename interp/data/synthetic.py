@@ -7,9 +7,15 @@ one, which is what induction heads do (Olsson et al., 2022; TransformerLens' ind
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-__all__ = ["repeated_sequences", "induction_training_batch", "first_occurrence_mask"]
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["repeated_sequences", "induction_training_batch", "first_occurrence_mask", "repeated_tokens_for",
+           "random_tokens_for"]
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -211,3 +217,80 @@ def first_occurrence_mask(n_seqs: int, half_len: int, *, bos: bool = False) -> t
     first = (target_pos >= max(off, 1)) & (target_pos < off + half_len)
     repeated = target_pos > off + half_len  # skip the copy's first token
     return first.expand(n_seqs, -1).clone(), repeated.expand(n_seqs, -1).clone()
+
+
+def _special_layout(model: Transformer) -> tuple[int, int | None, int | None]:
+    """``(low, bos, sep)`` for random ids that suit ``model``: draw from ``[low, d_vocab)`` (above the
+    tokenizer's special ids when they sit at the start of the vocabulary, as in BERT), with its BOS/[CLS] id
+    and, for encoders, its [SEP] id (``None`` without tokenizer)."""
+    cfg = model.cfg
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return 0, None, None
+    bos = getattr(tok, "cls_token_id", None)
+    if bos is None:
+        bos = getattr(tok, "bos_id", None)
+    sep = None if cfg.causal else getattr(tok, "sep_token_id", None)
+    special = set(getattr(tok, "special_ids", set()) or set())
+    low = max(special) + 1 if special and max(special) < cfg.d_vocab // 2 else 0
+    return low, bos, sep
+
+
+def repeated_tokens_for(model: Transformer, n_seqs: int = 32, half_len: int | None = None, *,
+                        seed: int = 0) -> torch.Tensor:
+    """Repeated random sequences that suit ``model``: its BOS/[CLS] in front, [SEP] at the end for encoders.
+
+    Random ids avoid the tokenizer's special tokens (ids below the largest special id are skipped when
+    the special ids sit at the start of the vocabulary, as in BERT).
+
+    Args:
+        model: an interp Transformer (with or without tokenizer).
+        n_seqs: number of sequences.
+        half_len: length of the repeated half; default ``min(25, (n_ctx - 2) // 2)``.
+        seed: random seed.
+
+    Returns:
+        LongTensor ``[n_seqs, T]``.
+
+    Example:
+        >>> toks = repeated_tokens_for(model, 8, 10)
+    """
+    cfg = model.cfg
+    if half_len is None:
+        half_len = min(25, (cfg.n_ctx - 2) // 2)
+    low, bos, sep = _special_layout(model)
+    if low:
+        body = repeated_sequences(n_seqs, half_len, cfg.d_vocab - low, seed=seed) + low  # [N, 2n]
+        parts = [body]
+        if bos is not None:
+            parts.insert(0, torch.full((n_seqs, 1), bos, dtype=torch.long))
+    else:
+        parts = [repeated_sequences(n_seqs, half_len, cfg.d_vocab, seed=seed, bos_id=bos)]
+    if sep is not None:
+        parts.append(torch.full((n_seqs, 1), sep, dtype=torch.long))
+    return torch.cat(parts, dim=1)  # [N, T]
+
+
+def random_tokens_for(model: Transformer, n: int, T: int, *, seed: int = 0) -> torch.Tensor:
+    """Uniform random ids that suit ``model`` (special ids avoided as in :func:`repeated_tokens_for`), with
+    its BOS/[CLS] in front when it has one.
+
+    Returns:
+        LongTensor ``[n, T]``.
+
+    Example:
+        >>> random_tokens_for(model, 4, 16).shape
+        torch.Size([4, 16])
+    """
+    _check_int("n", n, 1)
+    _check_int("T", T, 1)
+    low, bos, _ = _special_layout(model)
+    d_vocab = model.cfg.d_vocab
+    g = torch.Generator().manual_seed(seed)
+    if bos is None:
+        return torch.randint(low, d_vocab, (n, T), generator=g)
+    skip = bos >= low  # the BOS id lies inside the drawn range: draw one id fewer and step over it
+    body = torch.randint(low, d_vocab - int(skip), (n, T - 1), generator=g)  # [n, T-1]
+    if skip:
+        body = body + (body >= bos).long()
+    return torch.cat([torch.full((n, 1), bos, dtype=torch.long), body], dim=1)  # [n, T]

@@ -8,7 +8,13 @@ from torch.utils.flop_counter import FlopCounterMode
 import interp
 from interp import viz
 from interp.flops import (
-    dtype_bytes, flops_per_layer, format_bytes, format_flops, kv_cache_bytes, kv_cache_table, kv_variants,
+    dtype_bytes,
+    flops_per_layer,
+    format_bytes,
+    format_flops,
+    kv_cache_bytes,
+    kv_cache_table,
+    kv_variants,
     worked_example_config,
 )
 

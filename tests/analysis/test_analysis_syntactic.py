@@ -7,7 +7,7 @@ import torch
 
 from interp import ModelConfig, Transformer
 from interp.analysis import classify_heads, read_conllu, syntactic_scores
-from interp.analysis.treebank import align_words
+from interp.data import align_words
 
 # Word-level vocabulary of the toy treebank. "quickly" and "sleeps" are split into two tokens, so that
 # the word/token alignment rules (to a word: sum; from a word: mean) matter.

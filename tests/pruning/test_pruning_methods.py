@@ -3,14 +3,23 @@ baseline, objectives and bad input."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from interp import ModelConfig, Transformer
-from interp.pruning import (HardConcreteGate, LanguageModelObjective, SentenceSimilarityObjective, head_importance,
-                            importance_curve, l0_curve, mean_pool, random_curve, train_l0_gates, ud_sentences)
+from interp.pruning import (
+    HardConcreteGate,
+    LanguageModelObjective,
+    SentenceSimilarityObjective,
+    head_importance,
+    importance_curve,
+    l0_curve,
+    mean_pool,
+    random_curve,
+    train_l0_gates,
+    ud_sentences,
+)
 
 USELESS = [(0, 0), (0, 2), (1, 1), (1, 3)]
 
@@ -241,11 +250,11 @@ def test_induction_2l_importance_beats_random_and_l0_hits_target():
 
     if not INDUCTION_2L_PATH.exists():
         pytest.skip(f"induction-2l checkpoint not built yet ({INDUCTION_2L_PATH})")
-    from interp.pruning import build_data
+    from interp.pruning import build_task
     from interp.zoo import load
 
     model = load("induction-2l")
-    train, held, obj = build_data(model, {"n_seqs": 32, "half_len": 20, "batch_size": 16})
+    train, held, obj = build_task(model, data={"n_seqs": 32, "half_len": 20, "batch_size": 16})
     assert obj.metric(model, held) > 0.5  # the circuit works before pruning
     imp = importance_curve(model, train, obj, eval_batches=held, step=1)
     rand = random_curve(model, held, obj, seeds=range(5), step=1)

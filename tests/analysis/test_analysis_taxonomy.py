@@ -4,8 +4,8 @@ import pytest
 
 from interp.analysis import HeadReport, classify_heads
 from interp.analysis.ablation import ablation_table, in_context_gain
-from interp.analysis.data import repeated_sequences
 from interp.analysis.toy import HAND_BUILT_KINDS, hand_built_model
+from interp.data import repeated_sequences
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,10 @@ def test_display(report):
     assert "positional:first" in text and "induction" in text
     page = report._repr_html_()
     assert "<table" in page and "previous-token" in page
-    fig = report.figure()
-    z = fig.data[0].z
-    assert len(z) == 2 and len(z[0]) == 2
-    assert [list(row) for row in z] == [[2, 1], [1, 0]]
+    fig = report.figure()  # viz.head_map: each cell lists the head's kinds, one per line
+    text = fig.data[0].text
+    assert len(text) == 2 and len(text[0]) == 2
+    assert [[len(cell.split("<br>")) if cell else 0 for cell in row] for row in text] == [[2, 1], [1, 0]]
 
 
 def test_bad_input():

@@ -14,7 +14,6 @@ import interp.pruning.l0 as l0_mod
 from interp import ModelConfig, Transformer
 from interp.pruning import CurvePoint, PruningCurve, average_curves, load_config, run_experiment
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -133,7 +133,8 @@ def test_rope_theta_matters():
 
 
 def test_local_folder_with_tokenizer(tmp_path):
-    from tokenizers import Tokenizer as HFTok, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import models, pre_tokenizers
 
     hf = gpt2_model()
     hf.save_pretrained(tmp_path)

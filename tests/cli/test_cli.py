@@ -224,7 +224,7 @@ def test_prune_l0_hits_its_target_within_one_head(capsys, tiny_decoder_path):
 
 # --- train-induction ---------------------------------------------------------------------------------------
 def test_train_induction_writes_the_model_the_library_trains(capsys, tmp_path):
-    induction = pytest.importorskip("interp.zoo.induction")
+    induction = pytest.importorskip("interp.training")
     out_path = tmp_path / "ind.safetensors"
     code, out, err = run_cli(capsys, "train-induction", "--steps", "2", "--batch-size", "4", "--seed", "3",
                              "--out", str(out_path), "--no-progress")

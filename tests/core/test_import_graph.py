@@ -1,0 +1,160 @@
+"""The import graph follows the layer order of DESIGN.md, checked two ways.
+
+core (config, hooks, rotary, attention, kv_cache, model, flops, weights) -> data -> trace (trace, trace_views) -> analysis / pruning ->
+viz -> cli / apps; zoo/ (models and their loading) sits on core, data and trace; training uses zoo and
+analysis. Every import statement of every module under interp/ is parsed (function-level imports included;
+``if TYPE_CHECKING:`` blocks excluded, they never run), and fresh interpreters check what importing a layer
+really loads.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "interp"
+
+CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "model", "flops", "weights"}
+TRACE = {"trace", "trace_views"}
+ALLOWED = {
+    "core": {"core"},
+    "data": {"core", "data"},
+    "trace": {"core", "data", "trace"},
+    "zoo": {"core", "data", "trace", "zoo"},
+    "analysis": {"core", "data", "trace", "analysis"},
+    "pruning": {"core", "data", "trace", "pruning"},
+    "training": {"core", "data", "trace", "analysis", "zoo", "training"},
+    "viz": {"core", "data", "trace", "analysis", "pruning", "viz"},
+    "cli": {"core", "data", "trace", "zoo", "analysis", "pruning", "training", "viz", "cli", "package"},
+    "package": {"core", "data", "trace", "zoo", "analysis"},
+}
+# Deliberate deferred imports, each inside a function body and named here with its reason:
+DEFERRED = {
+    ("core", "trace"): "Transformer.run_with_cache is the TransformerLens-style entry point to trace.record",
+    ("analysis", "viz"): "result types' one-line .figure() methods",
+    ("pruning", "viz"): "result types' one-line .figure() methods",
+    ("pruning", "analysis"): "masked_metric's mean / resample ablation reuses analysis.ablate.ablate_heads",
+}
+
+# Single deferred imports allowed module by module (importer, imported), each with its reason:
+DEFERRED_MODULES = {
+    ("interp.analysis.toy_coref", "interp.zoo.tokenizer"): "the hand-built coreference model's WordPiece "
+                                                           "vocabulary is wrapped in zoo's Tokenizer",
+}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    assert parts[0] == "interp", module
+    if len(parts) == 1:
+        return "package"
+    head = parts[1]
+    if head in CORE:
+        return "core"
+    if head in TRACE:
+        return "trace"
+    return head
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def imports(path: Path) -> list[tuple[str, bool, int]]:
+    """``(imported module, inside a function, line)`` for every runtime import of ``path``."""
+    mod = module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out: list[tuple[str, bool, int]] = []
+
+    def visit(node: ast.AST, in_func: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub, in_func)
+                continue
+            func = in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                out.extend((a.name, in_func, child.lineno) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (child.level - 1)]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                if child.module is None and child.level:
+                    out.extend((f"{target}.{a.name}", in_func, child.lineno) for a in child.names)
+                else:
+                    out.append((target, in_func, child.lineno))
+            visit(child, func)
+
+    visit(ast.parse(path.read_text()), False)
+    return out
+
+
+def test_every_interp_import_goes_down_the_layers():
+    bad = []
+    files = sorted(PKG.rglob("*.py"))
+    assert len(files) > 30
+    for path in files:
+        src = layer_of(module_name(path))
+        for target, in_func, line in imports(path):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if target.split(".")[0] == "plotly" and src in {"analysis", "pruning", "core", "data", "trace",
+                                                             "zoo", "training"}:
+                bad.append(f"{where} imports plotly (figures live in interp.viz)")
+            if not target.startswith("interp"):
+                continue
+            dst = layer_of(target)
+            if dst in ALLOWED[src] or (in_func and ((src, dst) in DEFERRED
+                                                    or (module_name(path), target) in DEFERRED_MODULES)):
+                continue
+            bad.append(f"{where}: {src} imports {target} ({dst})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_upward_imports(tmp_path):
+    # The parser must find imports at module level, in functions and behind relative dots.
+    probe = PKG / "zoo" / "induction.py"
+    found = {t for t, _, _ in imports(probe)}
+    assert "interp.config" in found and "interp.zoo.checkpoint" in found
+    fake = PKG / "analysis" / "_probe_upward.py"
+    try:
+        fake.write_text("def f():\n    from ..zoo import load\n    import plotly\n")
+        assert ("interp.zoo", True, 2) in imports(fake)
+        with pytest.raises(AssertionError, match="analysis imports interp.zoo"):
+            test_every_interp_import_goes_down_the_layers()
+    finally:
+        fake.unlink()
+
+
+def _loaded(stmt: str) -> set[str]:
+    code = f"import sys; {stmt}; print('\\n'.join(sorted(sys.modules)))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    return set(res.stdout.split())
+
+
+def test_zoo_loads_neither_analysis_nor_pruning():
+    mods = _loaded("import interp.zoo")
+    assert "interp.zoo" in mods
+    assert not {m for m in mods if m.startswith(("interp.analysis", "interp.pruning", "interp.viz"))}
+
+
+def test_analysis_and_pruning_load_no_plotly():
+    mods = _loaded("import interp.analysis, interp.pruning")
+    assert "interp.analysis.taxonomy" in mods and "interp.pruning.curve" in mods
+    assert not {m for m in mods if m.split(".")[0] == "plotly"}

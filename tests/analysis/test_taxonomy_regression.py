@@ -1,4 +1,5 @@
-"""classify_heads reproduces the score tables recorded before the one-pass redesign (commit 032cdc2).
+"""classify_heads reproduces the score tables recorded before the one-pass redesign (main at 211e4df, which
+already had issue 13's Clark-style syntactic scoring; see the fixture script).
 
 The fixture (tests/analysis/fixtures/taxonomy_regression.json, written by make_taxonomy_regression.py in the
 same folder) holds every raw score table, not only the kinds: the redesign changed how batches are formed

@@ -28,11 +28,8 @@ from pathlib import Path
 import torch
 
 from interp.pruning import auc_table, build_task, importance_curve, random_curve
-from interp.zoo.induction import (
-    load_induction_2l,
-    save_induction_model,
-    train_induction_model,
-)
+from interp.training import train_induction_model
+from interp.zoo.induction import load_induction_2l, save_induction_model
 
 ROOT = Path(__file__).resolve().parent
 DATA = {"kind": "repeated", "n_seqs": 64, "half_len": 25, "batch_size": 16, "seed": 1, "eval_seed": 2,

@@ -7,7 +7,7 @@ one head, so the group-level curves repeat the head-level ones.
 
 Data: decoders with a text tokenizer get next-token loss on UD EWT dev sentences (``--n-train`` for importance /
 L0, the next ``--n-eval`` held out, metric = minus the mean loss); induction-2l gets the repeated-token data of
-experiments/prune_induction.json; encoders get the sentence-similarity objective (``interp.pruning.build_data``).
+experiments/prune_induction.json; encoders get the sentence-similarity objective (``interp.pruning.build_task``).
 
 Writes under ``--out``: ``<method>.json`` / ``.csv`` per curve, ``curves_kv.html`` (+ ``.png`` when kaleido
 works), ``summary.json`` (AUCs, and for every group-level L0 run its target, the groups it pruned, the KV bytes

@@ -437,7 +437,8 @@ def page_attention(key: tuple[str, str], model: interp.Transformer, ids: torch.T
 
 def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Tensor) -> None:
     st.markdown("Each head is classified from its attention statistics (positional offsets, previous-token, "
-                "duplicate-token, induction, copying and, with a treebank, syntactic relations).")
+                "duplicate-token, induction, copying and, with a treebank, syntactic relations; with coreference data, "
+                "coreference).")
     treebank = None
     coref = None
     if model.tokenizer is not None and not _is_token_id_model(model):

@@ -298,7 +298,8 @@ def run_treebank(model: Transformer, batches: Iterable[Batch], reducers: list[Re
     first = next(it, None)
     if first is None:
         if stats.seen == 0:
-            raise ValueError(f"empty dataset: {conllu!s} holds no sentence")
+            what = f"the treebank {str(conllu)!r}" if isinstance(conllu, (str, Path)) else "the treebank"
+            raise ValueError(f"empty dataset: {what} holds no sentence")
         raise ValueError(f"none of the {stats.seen} sentences could be scored ({stats.skipped} longer than the "
                          f"model's n_ctx={model.cfg.n_ctx}, {stats.untokenized} with a word that tokenizes to "
                          "nothing)")

@@ -3,9 +3,9 @@ calculator and the benchmarks, each a thin layer over the library (no math lives
 
 Commands::
 
-    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--json]
+    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--nproc N] [--json]
     interp prune --model NAME --method importance|l0|random [--target F ...] [--step F] [--seed S] [--seeds N]
-                 [--l0-steps N] [--n-seqs N] [--json]
+                 [--l0-steps N] [--n-seqs N] [--nproc N] [--json]
     interp train-induction [--steps N] [--seed S] [--batch-size B] [--out PATH.safetensors]
     interp dashboard [--port P] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
@@ -25,6 +25,11 @@ Commands::
   :func:`interp.flops.kv_cache_table`): ``{"kind": "mha"|"gqa"|"mqa"|"mla", "n_kv_heads": int,
   "bytes_per_token": int, "batch": int, "tokens": int, "total_bytes": int, "vs_mha": float}`` (for MLA,
   ``n_kv_heads`` is the number of heads rebuilt from the cached latent).
+
+Data parallel: ``heads`` and ``prune --method importance`` run under ``torchrun`` (``torchrun --nproc_per_node N
+-m interp heads ...``, several nodes with ``--nnodes`` and ``--rdzv-endpoint``), or ``--nproc N`` launches
+torchrun on this machine for you. Each rank runs its share of the batches, the statistics are all-reduced, and
+rank 0 prints; the output is the single-process output (see :mod:`interp.distributed`).
 
 Progress bars (tqdm) go to stderr, results to stdout. Bad input exits with status 2 (a usage error) or 1 (the
 library rejected a value) and one line ``interp: error: ...`` on stderr, never a traceback.
@@ -54,7 +59,7 @@ HEADS_JSON_KEYS = ("layer", "head", "kind", "score")
 PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
 PRUNE_METHODS = ("importance", "l0", "random")
-BENCHMARKS = ("forward", "recording", "long_context", "remove_heads")
+BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "distributed")
 
 
 class CliError(Exception):
@@ -96,8 +101,48 @@ def _print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
+# --- data parallel ---------------------------------------------------------------------------------------
+def _strip_nproc(argv: Sequence[str]) -> list[str]:
+    """``argv`` without its ``--nproc N`` / ``--nproc=N``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
+    """The command ``--nproc N`` runs: torchrun on this machine (a free port), ``-m interp`` with ``argv``.
+
+    Example:
+        >>> torchrun_command(2, ["heads", "--model", "induction-2l", "--nproc", "2"])[-4:]
+        ['interp', 'heads', '--model', 'induction-2l']
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", "interp", *_strip_nproc(argv)]
+
+
+def _maybe_launch(args: argparse.Namespace) -> int | None:
+    """With ``--nproc N > 1`` outside torchrun: run the same command under torchrun and return its status."""
+    if getattr(args, "nproc", 1) <= 1:
+        return None
+    from . import distributed
+
+    if distributed.launched_by_torchrun():
+        raise CliError(f"--nproc {args.nproc} given inside torchrun (WORLD_SIZE={os.environ.get('WORLD_SIZE')}): "
+                       "use torchrun's --nproc_per_node instead")
+    return subprocess.call(torchrun_command(args.nproc, args.argv))
+
+
 # --- heads -----------------------------------------------------------------------------------------------
 def _heads(args: argparse.Namespace) -> int:
+    launched = _maybe_launch(args)
+    if launched is not None:
+        return launched
     if args.conllu is not None and not Path(args.conllu).is_file():
         raise CliError(f"--conllu file {args.conllu!r} does not exist")
     if args.text is not None and not any(t.strip() for t in args.text):
@@ -166,6 +211,9 @@ def prune_config(args: argparse.Namespace) -> dict[str, Any]:
 def _prune(args: argparse.Namespace) -> int:
     if not 0.0 < args.step <= 1.0:
         raise CliError(f"--step {args.step} must be in (0, 1]")
+    launched = _maybe_launch(args)
+    if launched is not None:
+        return launched
     run_experiment = _require("interp.pruning", "run_experiment", "head pruning (interp.pruning.run_experiment)")
     model = _load_model(args.model)
     config = prune_config(args)
@@ -408,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--conllu", help="a CoNLL-U treebank: adds syntactic heads (gold dependency trees)")
     h.add_argument("--max-sentences", type=_positive_int, help="use at most this many CoNLL-U sentences")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    h.add_argument("--nproc", type=_positive_int, default=1,
+                   help="processes on this machine: launches torchrun --nproc_per_node N (data parallel)")
     h.set_defaults(func=_heads)
 
     pr = sub.add_parser("prune", help="a head-pruning curve (importance, L0 gates or random)", formatter_class=fmt,
@@ -426,6 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--n-seqs", type=_positive_int, help="sequences (sentences) used to prune and to evaluate")
     pr.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pr.add_argument("--nproc", type=_positive_int, default=1,
+                    help="processes on this machine: launches torchrun --nproc_per_node N (importance is data parallel)")
     pr.set_defaults(func=_prune)
 
     t = sub.add_parser("train-induction", help="train the 2-layer attention-only induction model")
@@ -477,11 +529,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status: 0 on success, 1 when the library rejected a value, 2 on a usage error.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
+    where = ""
     try:
+        if args.command in ("heads", "prune"):
+            where = _start_distributed(args)
         return args.func(args)
     except CliError as e:
-        print(f"interp: error: {e}", file=sys.stderr)
+        print(f"interp: error: {where}{e}", file=sys.stderr)
         return EXIT_FAILED
     except BrokenPipeError:  # stdout closed early (``interp ... | head``): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -491,8 +548,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (ValueError, TypeError, KeyError, ImportError, OSError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"interp: error: {type(e).__name__}: {msg}", file=sys.stderr)
+        print(f"interp: error: {where}{type(e).__name__}: {msg}", file=sys.stderr)
         return EXIT_FAILED
+    except RuntimeError as e:
+        if not where:
+            raise
+        print(f"interp: error: {where}{type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if where:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _start_distributed(args: argparse.Namespace) -> str:
+    """Under torchrun: open the process group; ranks other than 0 print nothing on stdout and show no progress.
+
+    Returns:
+        ``"rank R/N: "`` (prefix for error lines) under torchrun, ``""`` for a single process.
+    """
+    from . import distributed
+
+    if not distributed.launched_by_torchrun():
+        return ""
+    torch_threads = os.environ.get("OMP_NUM_THREADS")
+    if torch_threads and torch_threads.isdigit():
+        import torch
+
+        torch.set_num_threads(int(torch_threads))
+    distributed.init_from_env()
+    r, n = distributed.rank(), distributed.world_size()
+    if r != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 writes the report; the others stay silent
+        args.no_progress = True
+    return f"rank {r}/{n}: "
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .. import distributed
 from .curve import CurvePoint, PruningCurve
 from .gates import head_mask, uniform_heads
 from .objectives import Batch, Objective, check_batches
@@ -45,6 +46,7 @@ def head_importance(model, batches: Sequence[Batch], objective: Objective, *, no
     """
     batches = check_batches(batches)
     L, H = uniform_heads(model)
+    distributed.check_same(model, distributed.describe_batches(batches))
     p = next(model.parameters())
     gates = torch.ones(L, H, device=p.device, dtype=p.dtype)
     if pruned is not None:
@@ -57,13 +59,15 @@ def head_importance(model, batches: Sequence[Batch], objective: Objective, *, no
             q.requires_grad_(False)  # only the gates need gradients
         with head_mask(model, None):
             model.set_head_gates(gates)
-            for batch in tqdm(batches, desc="importance", disable=not progress, leave=False):
+            for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress, leave=False):
                 (grad,) = torch.autograd.grad(objective.loss(model, batch), gates)
                 total += grad.detach().abs().double().cpu()
     finally:
         for q, f in zip(model.parameters(), flags):
             q.requires_grad_(f)
-    imp = (total / len(batches)).float()
+    count = torch.tensor(float(len(distributed.shard(batches))), dtype=torch.float64)
+    distributed.all_reduce_(total, count)  # under torchrun: sums over the ranks' shards (no-op otherwise)
+    imp = (total / count).float()
     if normalize_layers:
         imp = imp / (imp.norm(p=2, dim=-1, keepdim=True) + 1e-20)
     return imp

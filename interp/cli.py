@@ -130,11 +130,6 @@ def _maybe_launch(args: argparse.Namespace) -> int | None:
     """With ``--nproc N > 1`` outside torchrun: run the same command under torchrun and return its status."""
     if getattr(args, "nproc", 1) <= 1:
         return None
-    from . import distributed
-
-    if distributed.launched_by_torchrun():
-        raise CliError(f"--nproc {args.nproc} given inside torchrun (WORLD_SIZE={os.environ.get('WORLD_SIZE')}): "
-                       "use torchrun's --nproc_per_node instead")
     return subprocess.call(torchrun_command(args.nproc, args.argv))
 
 
@@ -573,6 +568,9 @@ def _start_distributed(args: argparse.Namespace) -> str:
 
     if not distributed.launched_by_torchrun():
         return ""
+    if getattr(args, "nproc", 1) > 1:
+        raise CliError(f"--nproc {args.nproc} given inside torchrun (WORLD_SIZE={os.environ.get('WORLD_SIZE')}): "
+                       "use torchrun's --nproc_per_node instead")
     torch_threads = os.environ.get("OMP_NUM_THREADS")
     if torch_threads and torch_threads.isdigit():
         import torch

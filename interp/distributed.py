@@ -135,7 +135,7 @@ def all_reduce_(*tensors: torch.Tensor) -> None:
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     dev = _device()
-    for dtype, ts in by_dtype.items():
+    for ts in by_dtype.values():
         flat = torch.cat([t.detach().reshape(-1).to(dev) for t in ts])  # [sum numel]
         _collective("all_reduce", torch.distributed.all_reduce, flat)
         i = 0
@@ -210,10 +210,16 @@ def model_checksum(model: torch.nn.Module) -> dict[str, str]:
 
 def describe_batches(batches: Sequence[Any]) -> str:
     """A checksum of a list of batches: their count and every tensor in them (a
-    :class:`~interp.data.Batch`'s tokens and mask, or a batch dict's tensors, by key)."""
+    :class:`~interp.data.Batch`'s tokens and mask, a batch dict's tensors by key, or a bare tensor of ids).
+
+    Example:
+        >>> describe_batches([torch.zeros(2, 3, dtype=torch.long)])   # 16 hex digits
+    """
     def chunks() -> Iterable[bytes]:
         yield str(len(batches)).encode()
         for b in batches:
+            if isinstance(b, torch.Tensor):
+                b = {"tokens": b}  # a bare tensor of ids is a batch's tokens
             items = b.items() if isinstance(b, dict) else (("tokens", b.tokens), ("mask", b.mask))
             for k, v in sorted(items, key=lambda kv: kv[0]):
                 if isinstance(v, torch.Tensor):

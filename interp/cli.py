@@ -10,7 +10,7 @@ Commands::
     interp dashboard [--port P] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
                     [--latent C] [--rope-dim R] [--json]
-    interp bench [forward recording long_context remove_heads] [--quick]
+    interp bench [forward recording long_context remove_heads distributed] [--quick]
 
 ``--json`` output (stable keys; new keys may be added, these will not change meaning):
 
@@ -86,7 +86,14 @@ def _require(module: str, attr: str | None = None, what: str = "") -> Any:
 
 def _load_model(name: str):
     load = _require("interp.zoo", "load", "the model zoo (interp.zoo.load)")
-    return load(name)
+    model = load(name)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        import torch
+
+        model = model.to(torch.device("cuda", torch.cuda.current_device()))  # nccl: each rank on its own GPU
+    return model
 
 
 def repo_root() -> Path:

@@ -7,9 +7,10 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     recording     bench_recording.py     recording patterns + per-head writes vs not; vs TransformerLens and HF eager
     long_context  bench_long_context.py  peak memory of head scores at 4k/8k/16k tokens, streaming vs materialising
     remove_heads  bench_remove_heads.py  half the heads removed vs the unpruned model (written by the pruning work)
+    distributed   bench_distributed.py   classify_heads over UD EWT dev: 1 process x 2 threads vs 2 x 1 vs 8 x 1 (torchrun)
 
 Usage:
-    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads] [--quick] [--out FILE.md]
+    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads distributed] [--quick] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ SCRIPTS = {
     "recording": "bench_recording.py",
     "long_context": "bench_long_context.py",
     "remove_heads": "bench_remove_heads.py",
+    "distributed": "bench_distributed.py",
 }
-TAKES_QUICK = {"forward", "recording", "long_context"}
+TAKES_QUICK = {"forward", "recording", "long_context", "distributed"}
 
 
 def run_one(name: str, quick: bool) -> str:

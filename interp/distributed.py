@@ -7,6 +7,11 @@ keeps only sums and counts) combines them, and every rank holds the result of th
 it on rank 0 only. Before any forward pass the ranks all-gather a checksum of the model's config and weights and
 of the data, and stop with an error naming the ranks that differ.
 
+Sharding is by batch, so each rank's batches are exactly the batches of one process (same padding and length
+buckets) and the sums agree with one process to float64 rounding. Every rank builds the list of batches (reads
+and tokenizes the whole corpus, cheap next to the forward passes; it also gives the data checksum) and runs the
+model only on its own.
+
 Nothing here runs unless ``torch.distributed`` is initialised with more than one process: :func:`active` is
 False and :func:`~interp.trace.stream` and :func:`~interp.pruning.head_importance` take their single-process
 path unchanged. ``torchrun`` sets the environment; :func:`init_from_env` (called by ``python -m interp``)

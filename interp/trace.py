@@ -176,8 +176,8 @@ def stream(
         The number of sequences processed (over all ranks).
 
     Raises:
-        ValueError: an empty dataset, ranks that disagree on the model or data, a sequence longer than the model's context, or a reducer's hook name
-            that matches nothing.
+        ValueError: an empty dataset, a sequence longer than the model's context, a reducer's hook name
+            that matches nothing, or ranks that disagree on the model or the data.
 
     Example:
         >>> r = MeanReducer("blocks.0.attn.hook_pattern")
@@ -189,17 +189,17 @@ def stream(
     device = param.device if param is not None else torch.device("cpu")
     batches = iter_batches(data, batch_size=batch_size, name=name)
     sharded = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if sharded:  # data parallel under torchrun: check the ranks agree, then run this rank's batches only
+    if sharded:  # the single-process path never imports interp.distributed
         from . import distributed
 
         sharded = distributed.active()
-        if sharded:
-            batches = list(batches)
-            for b in batches:  # fail on every rank alike, not on one while the others wait in the all-reduce
-                check_length(model, b.tokens.shape[1])
-            distributed.check_same(model, distributed.describe_batches(batches))
-            batches = distributed.shard(batches)
-            progress = progress and distributed.rank() == 0
+    if sharded:  # data parallel under torchrun: check that the ranks agree, then run this rank's batches only
+        batches = list(batches)
+        for b in batches:  # fail on every rank alike, not on one while the others wait in the all-reduce
+            check_length(model, b.tokens.shape[1])
+        distributed.check_same(model, distributed.describe_batches(batches))
+        batches = distributed.shard(batches)
+        progress = progress and distributed.rank() == 0
     if progress:
         from tqdm.auto import tqdm
 

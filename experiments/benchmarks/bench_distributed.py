@@ -28,7 +28,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DEFAULT_CONLLU = REPO.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
-CONFIGS = [("1 proc x 2 threads", 1, 2), ("2 procs x 1 thread", 2, 1), ("8 procs x 1 thread", 8, 1)]
+CONFIGS = [("1 proc x 2 threads", 1, 2), ("1 proc x 1 thread", 1, 1), ("2 procs x 1 thread", 2, 1),
+           ("8 procs x 1 thread", 8, 1)]
+TARGET, OVERSUBSCRIBED = CONFIGS[2][0], CONFIGS[3][0]
 
 
 def worker(out: Path, conllu: str, max_sentences: int | None) -> None:
@@ -124,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, nproc, threads in order:
             runs[name].append(run_config(nproc, threads, a.conllu, max_sentences))
             print(f"  rep {r + 1}: {name}: {runs[name][-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
-    ref = runs[CONFIGS[0][0]][0]
+    ref, ref1 = runs[CONFIGS[0][0]][0], runs[CONFIGS[1][0]][0]
     n_sent = ref["sentences"]
     base = statistics.median(x["seconds"] for x in runs[CONFIGS[0][0]])
     print("| configuration | classify_heads s (median) | sentences/s | throughput vs 1 x 2 | whole command s | "
-          "same rows | max abs diff vs 1 proc |")
-    print("|---|---|---|---|---|---|---|")
+          "same rows | max abs diff vs 1 x 2 | vs 1 x 1 |")
+    print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for name, _, _ in CONFIGS:
         sec = statistics.median(x["seconds"] for x in runs[name])
@@ -137,13 +139,17 @@ def main(argv: list[str] | None = None) -> int:
         checks = [max_diff(ref, x) for x in runs[name]]
         same = all(c[0] for c in checks)
         diff = max(c[1] for c in checks)
+        diff1 = max(max_diff(ref1, x)[1] for x in runs[name])
         summary[name] = base / sec
-        print(f"| {name} | {sec:.1f} | {n_sent / sec:.1f} | {base / sec:.3f} | {wall:.1f} | {same} | {diff:.1e} |")
+        print(f"| {name} | {sec:.1f} | {n_sent / sec:.1f} | {base / sec:.3f} | {wall:.1f} | {same} | {diff:.1e} | "
+              f"{diff1:.1e} |")
     print(f"\nTarget: 2 procs x 1 thread / 1 proc x 2 threads throughput >= 0.9: "
-          f"{summary[CONFIGS[1][0]]:.3f} ({'met' if summary[CONFIGS[1][0]] >= 0.9 else 'missed'}). "
-          "Timings on a 2-core machine shared with other engineers' work: noisy.")
-    print(json.dumps({"ratio_2x1_vs_1x2": round(summary[CONFIGS[1][0]], 3),
-                      "ratio_8x1_vs_1x2": round(summary[CONFIGS[2][0]], 3)}), file=sys.stderr)
+          f"{summary[TARGET]:.3f} ({'met' if summary[TARGET] >= 0.9 else 'missed'}). "
+          "Timings on a 2-core machine shared with other engineers' work: noisy. Differences against 1 x 2 come "
+          "from float32 GEMM blocking with 2 threads vs 1; against 1 x 1 (same thread count) they isolate the "
+          "sharding and the all-reduce.")
+    print(json.dumps({"ratio_2x1_vs_1x2": round(summary[TARGET], 3),
+                      "ratio_8x1_vs_1x2": round(summary[OVERSUBSCRIBED], 3)}), file=sys.stderr)
     return 0
 
 

@@ -3,14 +3,15 @@ calculator and the benchmarks, each a thin layer over the library (no math lives
 
 Commands::
 
-    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--coref FILE ...] [--no-progress] [--json]
+    interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--coref FILE ...] [--nproc N]
+                 [--no-progress] [--json]
     interp prune --model NAME --method importance|l0|random [--target F ...] [--step F] [--seed S] [--seeds N]
-                 [--l0-steps N] [--n-seqs N] [--no-progress] [--json]
+                 [--l0-steps N] [--n-seqs N] [--nproc N] [--no-progress] [--json]
     interp train-induction [--steps N] [--seed S] [--batch-size B] [--out PATH.safetensors] [--no-progress]
     interp dashboard [--port P] [--host ADDR] [--files FOLDER] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
                     [--latent C] [--rope-dim R] [--json]
-    interp bench [forward recording long_context remove_heads concurrency smollm2 analysis] [--quick]
+    interp bench [forward recording long_context remove_heads concurrency smollm2 analysis distributed] [--quick]
 
 ``--json`` output (stable keys; new keys may be added, these will not change meaning):
 
@@ -25,6 +26,11 @@ Commands::
   :func:`interp.flops.kv_cache_table`): ``{"kind": "mha"|"gqa"|"mqa"|"mla", "n_kv_heads": int,
   "bytes_per_token": int, "batch": int, "tokens": int, "total_bytes": int, "vs_mha": float}`` (for MLA,
   ``n_kv_heads`` is the number of heads rebuilt from the cached latent).
+
+Data parallel: ``heads`` and ``prune --method importance`` run under ``torchrun`` (``torchrun --nproc_per_node N
+-m interp heads ...``, several nodes with ``--nnodes`` and ``--rdzv-endpoint``), or ``--nproc N`` launches
+torchrun on this machine for you. Each rank runs its share of the batches, the statistics are all-reduced, and
+rank 0 prints; the output is the single-process output (see :mod:`interp.distributed`).
 
 Progress bars (tqdm) go to stderr, results to stdout. Bad input exits with status 2 (a usage error) or 1 (the
 library rejected a value) and one line ``interp: error: ...`` on stderr, never a traceback.
@@ -41,6 +47,7 @@ import importlib
 import json
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,7 +61,8 @@ HEADS_JSON_KEYS = ("layer", "head", "kind", "score")
 PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
 PRUNE_METHODS = ("importance", "l0", "random")
-BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2", "analysis")
+BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2", "analysis",
+              "distributed")
 
 
 class CliError(Exception):
@@ -81,7 +89,14 @@ def _require(module: str, attr: str | None = None, what: str = "") -> Any:
 
 def _load_model(name: str):
     load = _require("interp.zoo", "load", "the model zoo (interp.zoo.load)")
-    return load(name)
+    model = load(name)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        import torch
+
+        model = model.to(torch.device("cuda", torch.cuda.current_device()))  # nccl: each rank on its own GPU
+    return model
 
 
 def repo_root() -> Path:
@@ -96,8 +111,43 @@ def _print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
+# --- data parallel ---------------------------------------------------------------------------------------
+def _strip_nproc(argv: Sequence[str]) -> list[str]:
+    """``argv`` without its ``--nproc N`` / ``--nproc=N``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
+    """The command ``--nproc N`` runs: torchrun on this machine (a free port), ``-m interp`` with ``argv``.
+
+    Example:
+        >>> torchrun_command(2, ["heads", "--model", "induction-2l", "--nproc", "2"])[-4:]
+        ['interp', 'heads', '--model', 'induction-2l']
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", "interp", *_strip_nproc(argv)]
+
+
+def _maybe_launch(args: argparse.Namespace) -> int | None:
+    """With ``--nproc N > 1`` outside torchrun: run the same command under torchrun and return its status."""
+    if getattr(args, "nproc", 1) <= 1:
+        return None
+    return subprocess.call(torchrun_command(args.nproc, args.argv))
+
+
 # --- heads -----------------------------------------------------------------------------------------------
 def _heads(args: argparse.Namespace) -> int:
+    launched = _maybe_launch(args)
+    if launched is not None:
+        return launched
     if args.conllu is not None and not Path(args.conllu).is_file():
         raise CliError(f"--conllu file {args.conllu!r} does not exist")
     for f in args.coref or []:
@@ -171,6 +221,9 @@ def prune_config(args: argparse.Namespace) -> dict[str, Any]:
 def _prune(args: argparse.Namespace) -> int:
     if not 0.0 < args.step <= 1.0:
         raise CliError(f"--step {args.step} must be in (0, 1]")
+    launched = _maybe_launch(args)
+    if launched is not None:
+        return launched
     run_experiment = _require("interp.pruning", "run_experiment", "head pruning (interp.pruning.run_experiment)")
     model = _load_model(args.model)
     config = prune_config(args)
@@ -513,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "heads (repeat for several files)")
     h.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    h.add_argument("--nproc", type=_positive_int, default=1,
+                   help="processes on this machine: launches torchrun --nproc_per_node N (data parallel)")
     h.set_defaults(func=_heads)
 
     pr = sub.add_parser("prune", help="a head-pruning curve (importance, L0 gates or random)", formatter_class=fmt,
@@ -536,6 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--conllu", help="CoNLL-U sentences for an encoder's pruning task (decoders use repeated random sequences)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pr.add_argument("--nproc", type=_positive_int, default=1,
+                    help="processes on this machine: launches torchrun --nproc_per_node N (importance is data parallel)")
     pr.set_defaults(func=_prune)
 
     t = sub.add_parser("train-induction", help="train the 2-layer attention-only induction model",
@@ -603,11 +660,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["kv-cache", "--layers", "2", "--heads", "4", "--d-head", "8"])
         0
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    where = ""
     try:
         args = build_parser().parse_args(argv)
+        args.argv = argv
+        if args.command in ("heads", "prune"):
+            where = _start_distributed(args)
         return args.func(args)
     except CliError as e:
-        print(f"interp: error: {e}", file=sys.stderr)
+        print(f"interp: error: {where}{e}", file=sys.stderr)
         return EXIT_FAILED
     except BrokenPipeError:  # stdout closed early (``interp ... | head``): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -616,23 +678,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interp: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, KeyError, ImportError, OSError) as e:
-        print(f"interp: error: {type(e).__name__}: {_first_line(e)}", file=sys.stderr)
+        print(f"interp: error: {where}{type(e).__name__}: {_first_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     except (RuntimeError, MemoryError) as e:  # torch reports a failed allocation as RuntimeError
-        print(f"interp: error: {type(e).__name__}: {_first_line(e)} (too large for this machine? try smaller "
-              "sizes)", file=sys.stderr)
+        print(f"interp: error: {where}{type(e).__name__}: {_first_line(e)} (too large for this machine? try "
+              "smaller sizes)", file=sys.stderr)
         return EXIT_FAILED
     except Exception as e:  # noqa: BLE001 - the CLI promises one line; INTERP_DEBUG=1 shows the traceback
         if os.environ.get("INTERP_DEBUG"):
             raise
-        print(f"interp: error: unexpected {type(e).__name__}: {_first_line(e)} (INTERP_DEBUG=1 shows the "
+        print(f"interp: error: {where}unexpected {type(e).__name__}: {_first_line(e)} (INTERP_DEBUG=1 shows the "
               "traceback)", file=sys.stderr)
         return EXIT_FAILED
+    finally:
+        if where:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _start_distributed(args: argparse.Namespace) -> str:
+    """Under torchrun: open the process group; ranks other than 0 print nothing on stdout and show no progress.
+
+    Returns:
+        ``"rank R/N: "`` (prefix for error lines) under torchrun, ``""`` for a single process.
+    """
+    from . import distributed
+
+    if not distributed.launched_by_torchrun():
+        return ""
+    if getattr(args, "nproc", 1) > 1:
+        raise CliError(f"--nproc {args.nproc} given inside torchrun (WORLD_SIZE={os.environ.get('WORLD_SIZE')}): "
+                       "use torchrun's --nproc_per_node instead")
+    torch_threads = os.environ.get("OMP_NUM_THREADS")
+    if torch_threads and torch_threads.isdigit():
+        import torch
+
+        torch.set_num_threads(int(torch_threads))
+    distributed.init_from_env()
+    r, n = distributed.rank(), distributed.world_size()
+    if r != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - rank 0 writes the report; the others stay silent
+        args.no_progress = True
+    return f"rank {r}/{n}: "
 
 
 if __name__ == "__main__":  # pragma: no cover

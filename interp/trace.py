@@ -174,7 +174,9 @@ def stream(
 
     Every reducer sees every batch (:meth:`Reducer.begin_batch`, :meth:`Reducer.update` per hook tensor,
     :meth:`Reducer.end_batch`), so all statistics of one dataset come from one forward pass per batch.
-    Gradients are off.
+    Gradients are off. Under ``torchrun`` (``torch.distributed`` initialised, several ranks) each rank runs
+    the batches ``rank::world_size`` after checking that all ranks hold the same model and data, and the
+    reducers' states are summed over the ranks (see :mod:`interp.distributed`).
 
     Args:
         model: an interp Transformer.
@@ -186,11 +188,11 @@ def stream(
         progress: show a tqdm bar over batches.
 
     Returns:
-        The number of sequences processed.
+        The number of sequences processed (over all ranks).
 
     Raises:
-        ValueError: an empty dataset, a sequence longer than the model's context, or a reducer's hook name
-            that matches nothing.
+        ValueError: an empty dataset, a sequence longer than the model's context, a reducer's hook name
+            that matches nothing, or ranks that disagree on the model or the data.
 
     Example:
         >>> r = MeanReducer("blocks.0.attn.hook_pattern")
@@ -201,6 +203,18 @@ def stream(
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     batches = iter_batches(data, batch_size=batch_size, name=name)
+    sharded = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if sharded:  # the single-process path never imports interp.distributed
+        from . import distributed
+
+        sharded = distributed.active()
+    if sharded:  # data parallel under torchrun: check that the ranks agree, then run this rank's batches only
+        batches = list(batches)
+        for b in batches:  # fail on every rank alike, not on one while the others wait in the all-reduce
+            check_length(model, b.tokens.shape[1])
+        distributed.check_same(model, distributed.describe_batches(batches))
+        batches = distributed.shard(batches)
+        progress = progress and distributed.rank() == 0
     if progress:
         from tqdm.auto import tqdm
 
@@ -217,6 +231,8 @@ def stream(
             for r in reducers:
                 r.end_batch()
             n += len(batch)
+    if sharded:  # one all-reduce of every reducer's state: each rank now holds the whole dataset's sums
+        n = distributed.all_reduce_reducers(reducers, n)
     return n
 
 

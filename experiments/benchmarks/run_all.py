@@ -10,9 +10,10 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     concurrency   bench_concurrency.py   the per-model lock: one pass with vs without; 8 threads vs one
     smollm2       bench_smollm2.py       SmolLM2-135M (GGUF) vs HF LlamaForCausalLM: forward, recording, greedy decoding
     analysis      bench_analysis.py      classify_heads on UD EWT dev vs one recorded forward pass over the same batches
+    distributed   bench_distributed.py   classify_heads over UD EWT dev: 1 process x 2 threads vs 2 x 1 vs 8 x 1 (torchrun)
 
 Usage:
-    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2 analysis] [--quick] [--out FILE.md]
+    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2 analysis distributed] [--quick] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ SCRIPTS = {
     "concurrency": "bench_concurrency.py",
     "smollm2": "bench_smollm2.py",
     "analysis": "bench_analysis.py",
+    "distributed": "bench_distributed.py",
 }
-TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis"}
+TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed"}
 
 
 def run_one(name: str, quick: bool) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
+from .. import distributed
 from .curve import CurvePoint, PruningCurve
 from .gates import head_mask, uniform_heads
 from .objectives import Batch, Objective, check_batches
@@ -52,6 +53,8 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
     """
     batches = check_batches(batches)
     L, H = uniform_heads(model)
+    if distributed.active():  # under torchrun: same model and data on every rank, before any work
+        distributed.check_same(model, distributed.describe_batches(batches))
     p = next(model.parameters())
     base = torch.ones(L, H, device=p.device, dtype=p.dtype)
     if pruned is not None:
@@ -69,7 +72,7 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
             for q in model.parameters():
                 q.requires_grad_(False)  # only the gates need gradients
             with head_mask(model, None):
-                for batch in tqdm(batches, desc="importance", disable=not progress, leave=False):
+                for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress, leave=False):
                     if per_example:
                         model.set_head_gates(None)
                         B = batch["tokens"].shape[0]
@@ -95,7 +98,9 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
         finally:
             for q, f in zip(model.parameters(), flags):
                 q.requires_grad_(f)
-    return (total / n).float()
+    count = torch.tensor(float(n), dtype=torch.float64)
+    distributed.all_reduce_(total, count)  # under torchrun: sums over the ranks' shards (no-op otherwise)
+    return (total / count).float()
 
 
 def head_importance(model: Transformer, batches: Sequence[Batch], objective: Objective, *, normalize_layers: bool = True,

@@ -1,0 +1,261 @@
+"""Data parallel head statistics and importance over ``torch.distributed`` (launched by ``torchrun``).
+
+Head statistics and importance gradients are sums over examples, so data parallelism is exact: every rank runs
+the hooked forward passes over its shard of the batches (batch ``i`` goes to rank ``i % world_size``, the
+``rank::world_size`` slice), then one all-reduce (sum) of the reducers' states (:class:`~interp.trace.Reducer`
+keeps only sums and counts) combines them, and every rank holds the result of the whole dataset; the CLI prints
+it on rank 0 only. Before any forward pass the ranks all-gather a checksum of the model's config and weights and
+of the data, and stop with an error naming the ranks that differ.
+
+Sharding is by batch, so each rank's batches are exactly the batches of one process (same padding and length
+buckets) and the sums agree with one process to float64 rounding. Every rank builds the list of batches (reads
+and tokenizes the whole corpus, cheap next to the forward passes; it also gives the data checksum) and runs the
+model only on its own.
+
+Nothing here runs unless ``torch.distributed`` is initialised with more than one process: :func:`active` is
+False and :func:`~interp.trace.stream` and :func:`~interp.pruning.head_importance` take their single-process
+path unchanged. ``torchrun`` sets the environment; :func:`init_from_env` (called by ``python -m interp``)
+opens the process group (gloo on CPU, nccl on GPU) with a timeout, so a rank that dies or hangs stops the job
+with a message naming it instead of blocking it forever.
+
+Example (two processes on one machine, or two machines with ``--nnodes 2 --rdzv-endpoint HOST:29500``)::
+
+    torchrun --nproc_per_node 2 -m interp heads --model minilm-l6 --conllu en_ewt-ud-dev.conllu --json
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .trace import Reducer
+
+__all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_same", "describe_batches",
+           "init_from_env", "rank", "shard", "world_size"]
+
+#: Seconds a collective may wait for the other ranks before the job stops (``INTERP_DIST_TIMEOUT`` overrides).
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class DistributedError(RuntimeError):
+    """A collective failed: a peer rank died, timed out, or the ranks disagree."""
+
+
+def active() -> bool:
+    """True when ``torch.distributed`` is initialised with more than one process."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    """This process's rank (0 when not distributed)."""
+    return torch.distributed.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    """The number of processes (1 when not distributed)."""
+    return torch.distributed.get_world_size() if active() else 1
+
+
+def launched_by_torchrun() -> bool:
+    """True when the environment of ``torchrun`` (``WORLD_SIZE`` > 1, ``MASTER_ADDR``) is present."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "MASTER_ADDR" in os.environ
+
+
+def init_from_env(backend: str | None = None, timeout_s: float | None = None) -> bool:
+    """Open the process group from ``torchrun``'s environment, if there is one.
+
+    Args:
+        backend: ``"gloo"`` or ``"nccl"``; default nccl when CUDA is available, else gloo.
+        timeout_s: how long a collective waits for the other ranks (default ``INTERP_DIST_TIMEOUT`` or 600 s).
+
+    Returns:
+        True if a process group is (now) initialised with more than one rank; False for a single process.
+
+    Raises:
+        ValueError: an unknown backend, or a non-positive timeout.
+
+    Example:
+        >>> init_from_env()   # under torchrun --nproc_per_node 2: True; in a plain python: False
+    """
+    if active():
+        return True
+    if not launched_by_torchrun():
+        return False
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend={backend!r}: use 'gloo' (CPU) or 'nccl' (GPU)")
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("INTERP_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s} must be > 0 seconds")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return active()
+
+
+def _device() -> torch.device:
+    """Where collective buffers live: the current CUDA device for nccl, else CPU."""
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _collective(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a collective; a failure (a dead or hung peer) becomes a :class:`DistributedError` naming this rank."""
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as e:  # gloo/nccl report a lost peer or a timeout as RuntimeError (DistBackendError)
+        raise DistributedError(
+            f"rank {rank()} of {world_size()}: {what} failed; another rank died or did not reach it within the "
+            f"timeout (torchrun's summary names the rank that failed first): {str(e).splitlines()[0]}") from e
+
+
+def shard(items: Sequence[Any]) -> Sequence[Any]:
+    """This rank's share of ``items``: ``items[rank::world_size]`` (everything when not distributed).
+
+    Example:
+        >>> shard(list(range(5)))   # rank 1 of 2: [1, 3]
+    """
+    return items[rank()::world_size()] if active() else items
+
+
+def all_reduce_(*tensors: torch.Tensor) -> None:
+    """Sum tensors over the ranks, in place (nothing when not distributed); one collective per dtype.
+
+    Raises:
+        DistributedError: a peer rank died or timed out.
+    """
+    if not active() or not tensors:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    dev = _device()
+    for ts in by_dtype.values():
+        flat = torch.cat([t.detach().reshape(-1).to(dev) for t in ts])  # [sum numel]
+        _collective("all_reduce", torch.distributed.all_reduce, flat)
+        i = 0
+        for t in ts:
+            t.copy_(flat[i:i + t.numel()].view(t.shape).to(t.device))  # [numel] -> t.shape
+            i += t.numel()
+
+
+def _all_gather(obj: Any, what: str) -> list[Any]:
+    out: list[Any] = [None] * world_size()
+    _collective(what, torch.distributed.all_gather_object, out, obj)
+    return out
+
+
+def all_reduce_reducers(reducers: Iterable[Reducer], n: int = 0) -> int:
+    """Replace every reducer's state by its sum over the ranks; returns ``n`` summed over the ranks.
+
+    States may hold different keys on different ranks (a relation seen on one shard only): the union of keys is
+    agreed first (one all-gather of names, shapes and dtypes) and a missing key counts as zeros, as in
+    :meth:`~interp.trace.Reducer.merge`. Then one all-reduce per dtype over all reducers' flattened states.
+
+    Raises:
+        ValueError: a state key has different shapes or dtypes on different ranks.
+        DistributedError: a peer rank died or timed out.
+    """
+    reducers = list(reducers)
+    if not active():
+        return n
+    specs = [{k: (tuple(v.shape), str(v.dtype)) for k, v in r.state.items()} for r in reducers]
+    everyone = _all_gather(specs, "all_gather of reducer state keys")
+    union: list[dict[str, tuple[tuple[int, ...], str]]] = [{} for _ in reducers]
+    for r_rank, per_rank in enumerate(everyone):
+        if len(per_rank) != len(reducers):
+            raise ValueError(f"rank {r_rank} has {len(per_rank)} reducers, rank {rank()} has {len(reducers)}")
+        for i, spec in enumerate(per_rank):
+            for k, s in spec.items():
+                if k in union[i] and union[i][k] != s:
+                    raise ValueError(f"reducer {i} ({type(reducers[i]).__name__}) state {k!r} is {union[i][k]} on "
+                                     f"one rank and {s} on rank {r_rank}")
+                union[i][k] = s
+    tensors = []
+    for r, keys in zip(reducers, union):
+        for k in sorted(keys):
+            shape, dtype = keys[k]
+            if k not in r.state:
+                r.state[k] = torch.zeros(shape, dtype=getattr(torch, dtype.removeprefix("torch.")))
+            tensors.append(r.state[k])
+    count = torch.tensor([n], dtype=torch.float64)
+    all_reduce_(*tensors, count)
+    return int(count.item())
+
+
+def _sha(chunks: Iterable[bytes]) -> str:
+    h = hashlib.sha256()
+    for c in chunks:
+        h.update(c)
+    return h.hexdigest()[:16]
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().cpu().contiguous()
+    return str((tuple(t.shape), str(t.dtype))).encode() + t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def model_checksum(model: torch.nn.Module) -> dict[str, str]:
+    """``{"config": sha, "weights": sha}`` of a model (config repr; every parameter and buffer, by name)."""
+    cfg = getattr(model, "cfg", None)
+    weights = _sha(name.encode() + _tensor_bytes(t) for name, t in
+                   [*model.named_parameters(), *model.named_buffers()])
+    return {"config": _sha([repr(cfg).encode()]), "weights": weights}
+
+
+def describe_batches(batches: Sequence[Any]) -> str:
+    """A checksum of a list of batches: their count and every tensor in them (a
+    :class:`~interp.data.Batch`'s tokens and mask, a batch dict's tensors by key, or a bare tensor of ids).
+
+    Example:
+        >>> describe_batches([torch.zeros(2, 3, dtype=torch.long)])   # 16 hex digits
+    """
+    def chunks() -> Iterable[bytes]:
+        yield str(len(batches)).encode()
+        for b in batches:
+            if isinstance(b, torch.Tensor):
+                b = {"tokens": b}  # a bare tensor of ids is a batch's tokens
+            items = b.items() if isinstance(b, dict) else (("tokens", b.tokens), ("mask", b.mask))
+            for k, v in sorted(items, key=lambda kv: kv[0]):
+                if isinstance(v, torch.Tensor):
+                    yield k.encode() + _tensor_bytes(v)
+    return _sha(chunks())
+
+
+def check_same(model: torch.nn.Module | None = None, data: str | None = None) -> None:
+    """Stop before any work if the ranks hold different models or data.
+
+    All-gathers a checksum of the config, the weights and ``data`` (a description such as
+    :func:`describe_batches`) and compares each to rank 0's. Nothing happens when not distributed.
+
+    Raises:
+        ValueError: on every rank, naming the ranks whose config, weights or data differ from rank 0's.
+        DistributedError: a peer rank died or timed out.
+
+    Example:
+        >>> check_same(model, describe_batches(batches))
+    """
+    if not active():
+        return
+    mine = dict(model_checksum(model)) if model is not None else {}
+    mine["data"] = data or ""
+    everyone = _all_gather(mine, "all_gather of model/data checksums")
+    problems = []
+    for what in ("config", "weights", "data"):
+        differ = [r for r, c in enumerate(everyone) if c.get(what) != everyone[0].get(what)]
+        if differ:
+            problems.append(f"{what} differ from rank 0's on rank(s) {differ} "
+                            f"({', '.join(f'rank {r}: {everyone[r].get(what)}' for r in [0, *differ])})")
+    if problems:
+        raise ValueError("ranks disagree before any work: " + "; ".join(problems)
+                         + "; every rank must load the same model and the same data")

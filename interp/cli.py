@@ -47,6 +47,7 @@ import importlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -662,40 +663,77 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     where = ""
+    interrupted = _InterruptFlag()
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv
         if args.command in ("heads", "prune"):
             where = _start_distributed(args)
-        return args.func(args)
-    except CliError as e:
-        print(f"interp: error: {where}{e}", file=sys.stderr)
-        return EXIT_FAILED
-    except BrokenPipeError:  # stdout closed early (``interp ... | head``): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("interp: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, TypeError, KeyError, ImportError, OSError) as e:
-        print(f"interp: error: {where}{type(e).__name__}: {_first_line(e)}", file=sys.stderr)
-        return EXIT_FAILED
-    except (RuntimeError, MemoryError) as e:  # torch reports a failed allocation as RuntimeError
-        print(f"interp: error: {where}{type(e).__name__}: {_first_line(e)} (too large for this machine? try "
-              "smaller sizes)", file=sys.stderr)
-        return EXIT_FAILED
-    except Exception as e:  # noqa: BLE001 - the CLI promises one line; INTERP_DEBUG=1 shows the traceback
-        if os.environ.get("INTERP_DEBUG"):
-            raise
-        print(f"interp: error: {where}unexpected {type(e).__name__}: {_first_line(e)} (INTERP_DEBUG=1 shows the "
-              "traceback)", file=sys.stderr)
-        return EXIT_FAILED
+        status = args.func(args)
+        if interrupted.seen:  # a library swallowed the KeyboardInterrupt (numpy/torch import guards do)
+            raise KeyboardInterrupt
+        return status
+    except BaseException as e:
+        if interrupted.seen and not isinstance(e, (KeyboardInterrupt, SystemExit)):
+            # The interrupt landed inside an import that caught it; what fails afterwards is its aftermath.
+            print("interp: interrupted", file=sys.stderr)
+            return 130
+        return _report(e, where)
     finally:
+        interrupted.restore()
         if where:
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+class _InterruptFlag:
+    """Notes that SIGINT arrived (then raises KeyboardInterrupt as Python's default handler does), so that an
+    interrupt swallowed by a library during the start-up imports still ends the command as interrupted."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _report(e: BaseException, where: str) -> int:
+    """One line on stderr for what ended the command; returns the exit status.
+
+    Raises:
+        SystemExit: argparse's usage errors and ``--help`` pass through; anything else too with INTERP_DEBUG=1.
+    """
+    if isinstance(e, SystemExit) or (os.environ.get("INTERP_DEBUG") and not isinstance(e, CliError)):
+        raise e
+    if isinstance(e, CliError):
+        print(f"interp: error: {where}{e}", file=sys.stderr)
+    elif isinstance(e, BrokenPipeError):  # stdout closed early (``interp ... | head``): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    elif isinstance(e, KeyboardInterrupt):
+        print("interp: interrupted", file=sys.stderr)
+        return 130
+    elif isinstance(e, (ValueError, TypeError, KeyError, ImportError, OSError)):
+        print(f"interp: error: {where}{type(e).__name__}: {_first_line(e)}", file=sys.stderr)
+    elif isinstance(e, (RuntimeError, MemoryError)):  # torch reports a failed allocation as RuntimeError
+        print(f"interp: error: {where}{type(e).__name__}: {_first_line(e)} (too large for this machine? try "
+              "smaller sizes)", file=sys.stderr)
+    elif isinstance(e, Exception):  # the CLI promises one line; INTERP_DEBUG=1 shows the traceback
+        print(f"interp: error: {where}unexpected {type(e).__name__}: {_first_line(e)} (INTERP_DEBUG=1 shows the "
+              "traceback)", file=sys.stderr)
+    else:
+        raise e
+    return EXIT_FAILED
 
 
 def _first_line(e: BaseException) -> str:

@@ -34,6 +34,7 @@ The CoNLL-U line grouping is :mod:`interp.data.treebank`'s.
 from __future__ import annotations
 
 import csv
+import inspect
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -433,8 +434,13 @@ class CorefWindow:
     queries: list[CorefQuery]
 
 
-def _encode(tokenizer: Any, words: list[str]) -> tuple[torch.Tensor, list[int | None]]:
-    ids, word_index = tokenizer.encode_words(words)
+def _encode(tokenizer: Any, words: list[str], space_before: list[bool] | None = None
+            ) -> tuple[torch.Tensor, list[int | None]]:
+    # Only a tokenizer that takes ``space_before`` (interp's, byte-level BPE) gets it; simpler ones join by spaces.
+    if space_before is not None and "space_before" in inspect.signature(tokenizer.encode_words).parameters:
+        ids, word_index = tokenizer.encode_words(words, space_before=space_before)
+    else:
+        ids, word_index = tokenizer.encode_words(words)
     return torch.as_tensor(ids, dtype=torch.long), list(word_index)
 
 
@@ -517,7 +523,9 @@ def gap_windows(examples: Iterable[GapExample], tokenizer: Any, *, max_tokens: i
         where = f"GAP row {ex.id!r} (line {ex.line})"
         src = _words_in(ex.pronoun, ranges, where)
         cands = [_words_in(ex.a, ranges, where), _words_in(ex.b, ranges, where)]
-        ids, word_index = _encode(tokenizer, words)
+        # "Simon's" cut at the span's end is "Simon" + "'s" with no space between (byte-level BPE cares).
+        spaces = [i > 0 and ranges[i - 1][1] < a for i, (a, _) in enumerate(ranges)]
+        ids, word_index = _encode(tokenizer, words, spaces)
         if max_tokens is not None and len(ids) > max_tokens:
             st["too_long"] += 1
             continue

@@ -6,8 +6,10 @@ The wrapped tokenizer's own padding/truncation settings (MiniLM's ``tokenizer.js
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer as _HFTokenizer
@@ -50,6 +52,7 @@ class Tokenizer:
         if pad_token_id is None:
             pad_token_id = self._find(_SEP_NAMES[3:])  # "<|endoftext|>" / "<eos>": the usual decoder padding
         self._pad = pad_token_id
+        self._byte_level = _has_byte_level(json.loads(self._tok.to_str()).get("pre_tokenizer"))
 
     # --- construction ---------------------------------------------------------------------------------
     @classmethod
@@ -170,21 +173,29 @@ class Tokenizer:
         """
         return self.encode_batch_with_mask(text, max_length)[0]
 
-    def encode_words(self, words: Sequence[str], max_length: int | None = None
-                     ) -> tuple[torch.Tensor, list[int | None]]:
+    def encode_words(self, words: Sequence[str], max_length: int | None = None, *,
+                     space_before: Sequence[bool] | None = None) -> tuple[torch.Tensor, list[int | None]]:
         """Tokenize pre-split words (a treebank sentence) and map every token back to its word.
 
         Args:
             words: the words of one sentence.
             max_length: truncate to this many ids.
+            space_before: for byte-level tokenizers, whether each word follows a space in the original text
+                (``False`` for ``'s`` in ``Simon's`` cut into two words); default: every word but the first.
+                Ignored by other tokenizers (WordPiece has no notion of a leading space).
 
         Returns:
             ``(ids [T] long, word_index)`` where ``word_index[t]`` is the index in ``words`` of the word that
             token ``t`` belongs to, or ``None`` for special tokens.
 
+        A byte-level BPE tokenizer (GPT-2, SmolLM2, Llama 3) marks a word's leading space inside its first token
+        (``" Simon"`` -> ``"ĠSimon"``); encoding bare words would give the word-initial forms a model sees only at
+        the start of a text (``"Simon"``, often cut into rarer pieces). So every word after the first gets a
+        leading space, and the ids are those of ``" ".join(words)`` encoded as text.
+
         Raises:
             TypeError: ``words`` is not a list of str.
-            ValueError: ``words`` is empty.
+            ValueError: ``words`` is empty, or ``space_before`` is not one bool per word.
 
         Example:
             >>> ids, where = tok.encode_words(["Unbelievable", "!"])   # where == [None, 0, 0, 0, 1, None]
@@ -197,6 +208,12 @@ class Tokenizer:
         bad = [w for w in words if not isinstance(w, str)]
         if bad:
             raise TypeError(f"words must all be str, got {bad[:3]!r}")
+        if space_before is None:
+            space_before = [i > 0 for i in range(len(words))]
+        elif isinstance(space_before, str) or len(space_before) != len(words):
+            raise ValueError(f"space_before must hold one bool per word ({len(words)}), got {space_before!r}")
+        if self._byte_level:
+            words = [" " + w if sp and not w[:1].isspace() else w for w, sp in zip(words, space_before)]
         (enc,) = self._encode([words], max_length, is_pretokenized=True)
         return torch.tensor(enc.ids, dtype=torch.long), list(enc.word_ids)
 
@@ -225,3 +242,12 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, pad_token_id={self._pad})"
+
+
+def _has_byte_level(pre_tokenizer: Any) -> bool:
+    """Whether a ``tokenizer.json`` pre-tokenizer (possibly a ``Sequence``) contains a ``ByteLevel`` step."""
+    if isinstance(pre_tokenizer, dict):
+        return pre_tokenizer.get("type") == "ByteLevel" or any(_has_byte_level(v) for v in pre_tokenizer.values())
+    if isinstance(pre_tokenizer, list):
+        return any(_has_byte_level(v) for v in pre_tokenizer)
+    return False

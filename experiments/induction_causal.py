@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--half-len", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--methods", nargs="+", default=["mean", "resample", "zero"])
+    ap.add_argument("--data", nargs="+", default=["random", "text"], choices=["random", "text"],
+                    help="which evaluated data sets to run (scores always come from the random reference)")
     ap.add_argument("--conllu", type=Path, default=UD)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
@@ -94,6 +96,8 @@ def main() -> None:
              "| random sets with less gain left |", "|---|---|---|---|---|---|"]
     tables = {}
     for dname, (x, ref, bos) in data.items():
+        if dname not in args.data:
+            continue
         for method in args.methods:
             f = args.out / f"{dname}_{method}.csv"
             if f.exists() and not args.fresh:

@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--conllu", type=Path, default=UD_DEV)
     ap.add_argument("--max-sentences", type=int, default=None)
     ap.add_argument("--top", type=int, default=10, help="top induction heads listed in the summary")
+    ap.add_argument("--n-seqs", type=int, default=32, help="repeated random sequences for the induction scores")
+    ap.add_argument("--half-len", type=int, default=None, help="tokens repeated per sequence (default: the "
+                    "library's); the copying score costs n_seqs * half_len * heads * vocab, large for a 49k vocab")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -42,7 +45,8 @@ def main() -> None:
     model = load(args.model)
     model.eval()
     words = hasattr(getattr(model, "tokenizer", None), "encode_words") and args.conllu.exists()
-    report = classify_heads(model, conllu=args.conllu if words else None, max_sentences=args.max_sentences)
+    report = classify_heads(model, conllu=args.conllu if words else None, max_sentences=args.max_sentences,
+                            n_seqs=args.n_seqs, half_len=args.half_len, progress=True)
     args.out.mkdir(parents=True, exist_ok=True)
     report.df.to_csv(args.out / "taxonomy.csv", index=False)
     for name, df in report.details.items():

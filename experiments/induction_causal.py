@@ -8,7 +8,8 @@ text), never the evaluated sequences themselves. Zero-ablation is run too, for c
 off-distribution (see interp.analysis.ablate).
 
 Writes under ``--out``: ``scores.csv`` (induction scores of every head), ``<data>_<method>.csv`` (one row per
-ablated set: none, target, random i) and ``summary.json`` / ``summary.md``. Resumable: finished
+ablated set: none, target, random i), ``summary.json`` / ``summary.md`` and ``ablation_vs_random.html`` (+ ``.png``
+when kaleido works: the gain left per ablated set, target heads against the random sets). Resumable: finished
 ``<data>_<method>.csv`` files are read back, not recomputed (``--fresh`` starts over).
 
 Usage (from the repository root)::
@@ -66,6 +67,8 @@ def main() -> None:
     ap.add_argument("--half-len", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--methods", nargs="+", default=["mean", "resample", "zero"])
+    ap.add_argument("--data", nargs="+", default=["random", "text"], choices=["random", "text"],
+                    help="which evaluated data sets to run (scores always come from the random reference)")
     ap.add_argument("--conllu", type=Path, default=UD)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
@@ -93,7 +96,10 @@ def main() -> None:
              "top heads: " + ", ".join(f"{h['head']} ({h['induction']:.2f})" for h in summary["top_induction_heads"]),
              "", "| data | ablation | gain unablated | gain, top-k ablated | random k-sets: min / mean / max "
              "| random sets with less gain left |", "|---|---|---|---|---|---|"]
+    tables = {}
     for dname, (x, ref, bos) in data.items():
+        if dname not in args.data:
+            continue
         for method in args.methods:
             f = args.out / f"{dname}_{method}.csv"
             if f.exists() and not args.fresh:
@@ -111,6 +117,7 @@ def main() -> None:
 
                 df = compare_with_random(measure, target, model, n_draws=args.n_draws, seed=args.seed)
                 df.to_csv(f, index=False)
+            tables[f"{dname}/{method}"] = df
             base, tv, rand = float(df.value[0]), float(df.value[1]), df.value[2:]
             res = {"gain_unablated": base, "gain_target_ablated": tv, "gain_kept_target": tv / base,
                    "random_min": float(rand.min()), "random_mean": float(rand.mean()),
@@ -122,6 +129,15 @@ def main() -> None:
                          f"{res['random_min']:.3f} / {res['random_mean']:.3f} / {res['random_max']:.3f} | "
                          f"{res['n_random_with_less_gain']} of {res['n_random']} |")
             print(lines[-1], flush=True)
+    from interp.viz.ablation import ablation_vs_random_figure
+
+    fig = ablation_vs_random_figure(tables, title=f"{args.model}: top-{args.k} induction heads vs "
+                                    f"{args.n_draws} random {args.k}-head sets")
+    fig.write_html(args.out / "ablation_vs_random.html", include_plotlyjs="cdn")
+    try:
+        fig.write_image(args.out / "ablation_vs_random.png", width=900, height=500)
+    except Exception as err:  # kaleido / Chrome missing: the HTML is still there
+        print(f"no PNG: {type(err).__name__}: {err}"[:200])
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -150,6 +150,29 @@ def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]
                 block.attn.set_gate(gate)
 
 
+@contextlib.contextmanager
+def gates_only(model: Transformer) -> Iterator[None]:
+    """Train or differentiate head gates only: freeze every parameter, hold the model's lock, and restore the
+    gates and the ``requires_grad`` flags on exit, also when the body raises.
+
+    Example:
+        >>> with gates_only(model):
+        ...     model.set_head_gates(gates)   # gradients flow to ``gates`` only
+    """
+    # requires_grad flags and gates are shared state: no other thread may run or re-gate the model between
+    # saving and restoring them.
+    with model.lock:
+        flags = [q.requires_grad for q in model.parameters()]
+        try:
+            for q in model.parameters():
+                q.requires_grad_(False)
+            with head_mask(model, None):
+                yield
+        finally:
+            for q, f in zip(model.parameters(), flags):
+                q.requires_grad_(f)
+
+
 def uniform_heads(model: Transformer) -> tuple[int, int]:
     """``(n_layers, n_heads)`` of a model whose layers all have the same head count.
 

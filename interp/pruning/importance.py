@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from .. import distributed
 from .curve import CurvePoint, PruningCurve
-from .gates import head_mask, uniform_heads
+from .gates import gates_only, head_mask, uniform_heads
 from .objectives import Batch, Objective, check_batches
 from .surgery import kv_cache_savings
 
@@ -43,6 +43,21 @@ def group_matrix(model: Transformer) -> torch.Tensor:
     return onehot
 
 
+def unit_matrix(model: Transformer, level: str) -> torch.Tensor:
+    """Which gate unit each head belongs to, ``[L, H, U]`` one-hot: the identity for ``level="head"``,
+    :func:`group_matrix` (one unit per K/V group) for ``level="group"``.
+
+    Raises:
+        ValueError: an unknown level.
+    """
+    L, H = uniform_heads(model)
+    if level == "head":
+        return torch.eye(H).expand(L, H, H)  # [L, H, H]
+    if level == "group":
+        return group_matrix(model)  # [L, H, K]
+    raise ValueError(f"level={level!r} is not 'head' or 'group'")
+
+
 def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Objective, *, pruned: torch.Tensor | None,
                     per_example: bool, units: torch.Tensor, progress: bool) -> torch.Tensor:
     """Mean |d loss / d gate| per unit ``[L, U]``; a unit is a set of heads sharing one gate (``units``
@@ -65,39 +80,30 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
                          f"{type(objective).__name__} has none (pass per_example=False)")
     total = torch.zeros(units.shape[0], units.shape[2], dtype=torch.float64)
     n = 0
-    # requires_grad flags and gates are shared state: hold the model's lock from saving them to restoring them.
-    with model.lock:
-        flags = [q.requires_grad for q in model.parameters()]
-        try:
-            for q in model.parameters():
-                q.requires_grad_(False)  # only the gates need gradients
-            with head_mask(model, None):
-                for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress, leave=False):
-                    if per_example:
-                        model.set_head_gates(None)
-                        B = batch["tokens"].shape[0]
-                        gates = base.expand(B, L, H).clone().requires_grad_(True)  # [B, L, H]
+    with gates_only(model):  # only the gates need gradients
+        for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress, leave=False):
+            if per_example:
+                model.set_head_gates(None)
+                B = batch["tokens"].shape[0]
+                gates = base.expand(B, L, H).clone().requires_grad_(True)  # [B, L, H]
 
-                        def gate_hook(layer: int):
-                            def fn(z: torch.Tensor, hook) -> torch.Tensor:
-                                return z * gates[:, layer].to(z.dtype)[:, None, :, None]  # noqa: B023 - used in this batch only  # [B, T, H, D]
-                            return fn
+                def gate_hook(layer: int):
+                    def fn(z: torch.Tensor, hook) -> torch.Tensor:
+                        return z * gates[:, layer].to(z.dtype)[:, None, :, None]  # noqa: B023 - used in this batch only  # [B, T, H, D]
+                    return fn
 
-                        with model.hooks([(f"blocks.{layer}.attn.hook_z", gate_hook(layer)) for layer in range(L)]):
-                            losses = objective.example_losses(model, batch)  # [B]
-                        (grad,) = torch.autograd.grad(losses.sum(), gates)  # [B, L, H]
-                        unit_grad = torch.einsum("blh,lhu->blu", grad, units)  # [B, L, U]
-                        total += unit_grad.detach().abs().sum(0).double().cpu()
-                        n += B
-                    else:
-                        gates = base.clone().requires_grad_(True)
-                        model.set_head_gates(gates)
-                        (grad,) = torch.autograd.grad(objective.loss(model, batch), gates)  # [L, H]
-                        total += torch.einsum("lh,lhu->lu", grad, units).detach().abs().double().cpu()
-                        n += 1
-        finally:
-            for q, f in zip(model.parameters(), flags):
-                q.requires_grad_(f)
+                with model.hooks([(f"blocks.{layer}.attn.hook_z", gate_hook(layer)) for layer in range(L)]):
+                    losses = objective.example_losses(model, batch)  # [B]
+                (grad,) = torch.autograd.grad(losses.sum(), gates)  # [B, L, H]
+                unit_grad = torch.einsum("blh,lhu->blu", grad, units)  # [B, L, U]
+                total += unit_grad.detach().abs().sum(0).double().cpu()
+                n += B
+            else:
+                gates = base.clone().requires_grad_(True)
+                model.set_head_gates(gates)
+                (grad,) = torch.autograd.grad(objective.loss(model, batch), gates)  # [L, H]
+                total += torch.einsum("lh,lhu->lu", grad, units).detach().abs().double().cpu()
+                n += 1
     count = torch.tensor(float(n), dtype=torch.float64)
     distributed.all_reduce_(total, count)  # under torchrun: sums over the ranks' shards (no-op otherwise)
     return (total / count).float()
@@ -140,13 +146,7 @@ def head_importance(model: Transformer, batches: Sequence[Batch], objective: Obj
         >>> imp.shape
         torch.Size([2, 4])
     """
-    L, H = uniform_heads(model)
-    if level == "head":
-        units = torch.eye(H).expand(L, H, H)  # [L, H, H]
-    elif level == "group":
-        units = group_matrix(model)  # [L, H, K]
-    else:
-        raise ValueError(f"level={level!r} is not 'head' or 'group'")
+    units = unit_matrix(model, level)  # [L, H, U]
     imp = _gate_gradients(model, batches, objective, pruned=pruned, per_example=per_example, units=units,
                           progress=progress)
     if normalize_layers:

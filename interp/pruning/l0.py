@@ -23,8 +23,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .curve import PruningCurve
-from .gates import LOUIZOS_TEMPERATURE, TEST_GATES, HardConcreteGate, head_mask, uniform_heads
-from .importance import group_matrix, make_point, masked_metric
+from .gates import LOUIZOS_TEMPERATURE, TEST_GATES, HardConcreteGate, gates_only, head_mask, uniform_heads
+from .importance import make_point, masked_metric, unit_matrix
 from .objectives import Batch, Objective, check_batches
 
 
@@ -123,12 +123,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
     if deterministic not in TEST_GATES:
         raise ValueError(f"deterministic={deterministic!r} is not one of {TEST_GATES}")
     L, H = uniform_heads(model)
-    if level == "head":
-        units = torch.eye(H).expand(L, H, H)  # [L, H, H]
-    elif level == "group":
-        units = group_matrix(model)  # [L, H, K]
-    else:
-        raise ValueError(f"level={level!r} is not 'head' or 'group'")
+    units = unit_matrix(model, level)  # [L, H, U]
     U = units.shape[2]
     p = next(model.parameters())
     units = units.to(device=p.device, dtype=p.dtype)
@@ -143,36 +138,27 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
     lag_opt = torch.optim.Adam([lambdas], lr=lagrangian_lr, maximize=True)  # ascent on the multipliers
     gen = torch.Generator().manual_seed(seed)
     history: list[dict] = []
-    # requires_grad flags and gates are shared state: hold the model's lock for the whole training.
-    with model.lock:
-        flags = [q.requires_grad for q in model.parameters()]
-        try:
-            for q in model.parameters():
-                q.requires_grad_(False)  # the model is frozen; only the gates learn
-            with head_mask(model, None):
-                for step in tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
-                                 disable=not progress, leave=False):
-                    batch = batches[step % len(batches)]
-                    model.set_head_gates(to_heads(gate.sample(gen)))
-                    loss = objective.loss(model, batch)
-                    s = gate.expected_sparsity()
-                    if target is not None:
-                        t = target * min(1.0, (step + 1) / max(1.0, warmup * steps))
-                        penalty = lambdas[0] * (s - t) + lambdas[1] * (s - t) ** 2
-                    else:
-                        penalty = lam * gate.expected_l0().sum()
-                    opt.zero_grad()
-                    lag_opt.zero_grad()
-                    (loss + penalty).backward()
-                    opt.step()
-                    if target is not None:
-                        lag_opt.step()
-                    if step % max(1, steps // 20) == 0 or step == steps - 1:
-                        history.append({"step": step, "loss": float(loss.detach()), "expected_sparsity": float(s.detach()),
-                                        "lambda1": float(lambdas[0].detach()), "lambda2": float(lambdas[1].detach())})
-        finally:
-            for q, f in zip(model.parameters(), flags):
-                q.requires_grad_(f)
+    with gates_only(model):  # the model is frozen (and locked) for the whole training
+        for step in tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
+                         disable=not progress, leave=False):
+            batch = batches[step % len(batches)]
+            model.set_head_gates(to_heads(gate.sample(gen)))
+            loss = objective.loss(model, batch)
+            s = gate.expected_sparsity()
+            if target is not None:
+                t = target * min(1.0, (step + 1) / max(1.0, warmup * steps))
+                penalty = lambdas[0] * (s - t) + lambdas[1] * (s - t) ** 2
+            else:
+                penalty = lam * gate.expected_l0().sum()
+            opt.zero_grad()
+            lag_opt.zero_grad()
+            (loss + penalty).backward()
+            opt.step()
+            if target is not None:
+                lag_opt.step()
+            if step % max(1, steps // 20) == 0 or step == steps - 1:
+                history.append({"step": step, "loss": float(loss.detach()), "expected_sparsity": float(s.detach()),
+                                "lambda1": float(lambdas[0].detach()), "lambda2": float(lambdas[1].detach())})
     unit_gates = gate.test_gates(deterministic)  # [L, U]
     gates = to_heads(unit_gates).detach().cpu()  # [L, H]
     return L0Result(pruned=gates == 0, log_alpha=gate.log_alpha.detach().cpu(),

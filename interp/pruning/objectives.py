@@ -91,7 +91,9 @@ class LanguageModelObjective:
             raise ValueError(f"metric={metric!r} is not 'accuracy' or 'neg_loss'")
         self.metric_name = metric
 
-    def _logits_targets(self, model, batch: Batch):
+    def _scored(self, model, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Next-token logits ``[B, T-1, V]``, targets ``[B, T-1]`` and which targets are scored ``[B, T-1]``
+        (real tokens, inside ``loss_mask`` when the batch has one)."""
         batch = as_batch(batch)
         tokens = batch["tokens"]
         logits = model(tokens, attention_mask=batch.get("attention_mask"))[:, :-1]  # [B, T-1, V]
@@ -101,6 +103,10 @@ class LanguageModelObjective:
             keep &= batch["attention_mask"][:, 1:].bool()
         if batch.get("loss_mask") is not None:
             keep &= batch["loss_mask"][:, 1:].bool()
+        return logits, targets, keep
+
+    def _logits_targets(self, model, batch: Batch):
+        logits, targets, keep = self._scored(model, batch)
         if not bool(keep.any()):
             raise ValueError("a batch has no scored target tokens (loss_mask / attention_mask exclude all)")
         return logits[keep], targets[keep]  # [N, V], [N]
@@ -112,15 +118,7 @@ class LanguageModelObjective:
     def example_losses(self, model, batch: Batch) -> torch.Tensor:
         """Per-example loss ``[B]``: each sequence's mean cross-entropy over its own scored targets (0 for a
         sequence with none; Michel et al.'s importance takes |dL(x)/d xi| per example x)."""
-        batch = as_batch(batch)
-        tokens = batch["tokens"]
-        logits = model(tokens, attention_mask=batch.get("attention_mask"))[:, :-1]  # [B, T-1, V]
-        targets = tokens[:, 1:]  # [B, T-1]
-        keep = torch.ones_like(targets, dtype=torch.bool)
-        if batch.get("attention_mask") is not None:
-            keep &= batch["attention_mask"][:, 1:].bool()
-        if batch.get("loss_mask") is not None:
-            keep &= batch["loss_mask"][:, 1:].bool()
+        logits, targets, keep = self._scored(model, batch)
         ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")  # [B*(T-1)]
         ce = ce.view(targets.shape) * keep  # [B, T-1]
         return ce.sum(-1) / keep.sum(-1).clamp(min=1)

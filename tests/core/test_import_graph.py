@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "interp"
 
-CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "model", "flops", "weights"}
+CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "model", "flops", "weights",
+        "distributed"}  # distributed imports nothing of interp's: trace and pruning call it
 TRACE = {"trace", "trace_views"}
 ALLOWED = {
     "core": {"core"},
@@ -56,6 +57,8 @@ def layer_of(module: str) -> str:
         return "core"
     if head in TRACE:
         return "trace"
+    if head == "__main__":  # ``python -m interp`` (torchrun's entry) is the CLI
+        return "cli"
     return head
 
 

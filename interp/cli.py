@@ -663,24 +663,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     where = ""
-    interrupted = _InterruptFlag()
+    previous = _exit_on_sigint()
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv
         if args.command in ("heads", "prune"):
             where = _start_distributed(args)
-        status = args.func(args)
-        if interrupted.seen:  # a library swallowed the KeyboardInterrupt (numpy/torch import guards do)
-            raise KeyboardInterrupt
-        return status
+        return args.func(args)
     except BaseException as e:
-        if interrupted.seen and not isinstance(e, (KeyboardInterrupt, SystemExit)):
-            # The interrupt landed inside an import that caught it; what fails afterwards is its aftermath.
-            print("interp: interrupted", file=sys.stderr)
-            return 130
         return _report(e, where)
     finally:
-        interrupted.restore()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         if where:
             import torch.distributed as dist
 
@@ -688,24 +682,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dist.destroy_process_group()
 
 
-class _InterruptFlag:
-    """Notes that SIGINT arrived (then raises KeyboardInterrupt as Python's default handler does), so that an
-    interrupt swallowed by a library during the start-up imports still ends the command as interrupted."""
+def _exit_on_sigint() -> Any:
+    """Make Ctrl-C end the command at once with one line and status 130; returns the previous handler.
 
-    def __init__(self) -> None:
-        self.seen = False
-        try:
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-        except ValueError:  # not the main thread: leave signals alone
-            self._previous = None
+    Python's default raises KeyboardInterrupt, which libraries can swallow: an interrupt that lands inside
+    numpy's or torch's import guards leaves a half-imported module and an unrelated error later. Exiting from the
+    handler cannot be swallowed. (Returns None and changes nothing outside the main thread.)
+    """
+    def on_sigint(signum: int, frame: Any) -> None:
+        sys.stderr.write("interp: interrupted\n")
+        sys.stderr.flush()
+        os._exit(130)
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.seen = True
-        raise KeyboardInterrupt
-
-    def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+    try:
+        return signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread
+        return None
 
 
 def _report(e: BaseException, where: str) -> int:

@@ -203,6 +203,22 @@ def _frame(by: str, sites: list, values: list[float], m_clean: float, m_corr: fl
     return df
 
 
+def _source_run(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, act: str, by: str,
+                metric: Metric | None, answer_tokens: torch.Tensor | None, direction: str,
+                attention_mask: torch.Tensor | None) -> tuple[Metric, list[str], torch.Tensor, list[torch.Tensor],
+                                                             float]:
+    """What both patching methods start from: the checked inputs, the metric, the hook names to patch, the run
+    that is patched (``base``), the recorded source activations (one per name) and the source run's metric."""
+    clean, corrupted = _check_inputs(model, clean, corrupted, direction)
+    metric = _metric_of(metric, answer_tokens)
+    names = _plan(model, act, by)
+    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    with torch.no_grad():
+        logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
+        m_src = float(metric(logits_src))
+    return metric, names, base, [trace[n].detach() for n in names], m_src
+
+
 def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, *,
                         act: str = "z", by: str = "head", metric: Metric | None = None,
                         answer_tokens: torch.Tensor | None = None, direction: str = "noising",
@@ -234,17 +250,12 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
         >>> df = activation_patching(model, clean, corrupted, act="z", answer_tokens=answers)
         >>> viz.patching_heatmap(df)
     """
-    clean, corrupted = _check_inputs(model, clean, corrupted, direction)
-    metric = _metric_of(metric, answer_tokens)
-    names = _plan(model, act, by)
-    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
+                                                  direction, attention_mask)
     with torch.no_grad():
-        logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
-        m_src = float(metric(logits_src))
         m_base = float(metric(model(base, attention_mask=attention_mask)))
-        src = [trace[n] for n in names]
         n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
-        sites = _sites(by, n_units, clean.shape[1])
+        sites = _sites(by, n_units, base.shape[1])
         values = []
         B = base.shape[0]
         per_run = max(1, batch_size // B)  # several patched copies of the batch share one forward pass
@@ -287,14 +298,8 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     Example:
         >>> est = attribution_patching(model, clean, corrupted, act="z", answer_tokens=answers)
     """
-    clean, corrupted = _check_inputs(model, clean, corrupted, direction)
-    metric = _metric_of(metric, answer_tokens)
-    names = _plan(model, act, by)
-    base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
-    with torch.no_grad():
-        logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
-        m_src = float(metric(logits_src))
-    src = [trace[n].detach() for n in names]
+    metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
+                                                  direction, attention_mask)
     acts: dict[str, torch.Tensor] = {}
     probes: dict[str, torch.Tensor] = {}
 
@@ -312,7 +317,7 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     m_base = float(m.detach())
     per = [((s - acts[n]) * g).detach() for s, n, g in zip(src, names, grads)]  # [B, T, (H,) ...] each
     n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
-    sites = _sites(by, n_units, clean.shape[1])
+    sites = _sites(by, n_units, base.shape[1])
     values = [m_base + float(per[site[0]][_index(site)].sum()) for site in sites]
     m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
     return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "attribution"})

@@ -37,7 +37,8 @@ from interp.viz import coreference_figure
 from interp.zoo import load
 
 ROOT = Path(__file__).resolve().parent
-DATA = ROOT.parent.parent / "shared" / "data"
+from expt_common import SHARED_DATA as DATA  # noqa: E402 - the scripts' folder is on sys.path
+
 DATASETS = {"gap": DATA / "gap" / "gap-development.tsv", "gum": DATA / "gum-coref" / "en_gum-ud-dev.ccby.conllu"}
 FIGURE_GROUP = {"gap": "all", "gum": "all"}
 

@@ -33,7 +33,8 @@ from interp.viz import save_figure
 from interp.zoo import load
 
 ROOT = Path(__file__).resolve().parent
-DEFAULT_CONLLU = ROOT.parent.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+from expt_common import UD_DEV as DEFAULT_CONLLU  # noqa: E402 - the scripts' folder is on sys.path
+
 MIN_COUNT = 100
 MARGIN = 0.1
 

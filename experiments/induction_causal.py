@@ -27,6 +27,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+# The shared data folder sits beside the repository (../shared/data); a default here, never in the library.
+from expt_common import UD_DEV as UD  # noqa: E402 - the scripts' folder is on sys.path
+
 from interp.analysis import induction_scores, repeated_tokens_for
 from interp.analysis.ablate import (
     compare_with_random,
@@ -35,9 +38,6 @@ from interp.analysis.ablate import (
     repeated_text_sequences,
 )
 from interp.analysis.ablation import in_context_gain
-
-# The shared data folder sits beside the repository (../shared/data); a default here, never in the library.
-UD = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
 
 def datasets(model, n_seqs: int, half_len: int, seed: int, conllu: Path) -> dict[str, tuple]:

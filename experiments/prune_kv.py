@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+# The shared data folder sits beside the repository (../shared/data); a default here, never in the library.
+from expt_common import UD_DEV  # noqa: E402 - the scripts' folder is on sys.path
+
 from interp.pruning import (
     LanguageModelObjective,
     PruningCurve,
@@ -40,9 +43,6 @@ from interp.pruning import (
     ud_sentences,
 )
 from interp.viz.pruning_kv import pruning_kv_figure
-
-# The shared data folder sits beside the repository (../shared/data); a default here, never in the library.
-UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
 ALL = ["importance", "importance-group", "l0", "l0-group", "random"]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from interp.analysis import syntactic_scores
-
 # The shared data folder sits beside the repository (../shared/data); a default here, never in the library.
-UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+from expt_common import UD_DEV  # noqa: E402 - the scripts' folder is on sys.path
+
+from interp.analysis import syntactic_scores
 
 
 def best_table(df: pd.DataFrame, min_n: int) -> pd.DataFrame:

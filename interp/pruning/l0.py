@@ -139,8 +139,9 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
     gen = torch.Generator().manual_seed(seed)
     history: list[dict] = []
     with gates_only(model):  # the model is frozen (and locked) for the whole training
-        for step in tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
-                         disable=not progress, leave=False):
+        bar = tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
+                   disable=not progress, leave=False)
+        for step in bar:
             batch = batches[step % len(batches)]
             model.set_head_gates(to_heads(gate.sample(gen)))
             loss = objective.loss(model, batch)
@@ -159,6 +160,9 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
             if step % max(1, steps // 20) == 0 or step == steps - 1:
                 history.append({"step": step, "loss": float(loss.detach()), "expected_sparsity": float(s.detach()),
                                 "lambda1": float(lambdas[0].detach()), "lambda2": float(lambdas[1].detach())})
+                # the sparsity and multipliers on the bar: a run that will miss its target shows it early
+                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", s=f"{history[-1]['expected_sparsity']:.3f}",
+                                l1=f"{history[-1]['lambda1']:.2f}", refresh=False)
     unit_gates = gate.test_gates(deterministic)  # [L, U]
     gates = to_heads(unit_gates).detach().cpu()  # [L, H]
     return L0Result(pruned=gates == 0, log_alpha=gate.log_alpha.detach().cpu(),
@@ -229,7 +233,7 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
             metric = masked_metric(model, eval_batches, objective, res.pruned)
         part = PruningCurve(method, objective.metric_name, L * H, model_name=name, config={key: v, **train_kwargs})
         part.points.append(make_point(model, res.pruned, metric, **{key: v},
-                                      expected_sparsity=res.expected_sparsity,
+                                      expected_sparsity=res.expected_sparsity, history=res.history,
                                       units_pruned=int(res.pruned_units.sum()), units_total=res.pruned_units.numel()))
         parts.append(part)
         if on_point:

@@ -68,8 +68,8 @@ def _check_options(directions: Any, offsets: Any) -> tuple[tuple[str, ...], tupl
     return directions, offsets
 
 
-def _argmax_or_none(x: torch.Tensor) -> torch.Tensor:
-    best, idx = x.max(-1)
+def _argmax_or_none(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    best, idx = x.max(dim)
     return torch.where(torch.isfinite(best), idx, torch.full_like(idx, -1))  # -1: nothing to attend
 
 
@@ -141,41 +141,54 @@ class SyntacticReducer(Reducer):
         invalid = ~exists[:, None, :] | ~exists[:, :, None] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]
         if self.causal:  # a word sees only earlier words: attention to later ones is 0, not evidence
             invalid = invalid | torch.ones(W, W, dtype=torch.bool).triu(1)[None]
-        words = words.masked_fill(invalid[None, :, None], float("-inf"))
+        words.masked_fill_(invalid[None, :, None], float("-inf"))  # in place: the batch's buffer is done after this
         by_row = _argmax_or_none(words).permute(1, 3, 0, 2)  # [B, W, L, H]: the word each word attends to most
         pred = {"dep->head": by_row, "head->dep": by_row}
         if "head<-dep" in self.directions:  # by column: the word that attends most to word j
-            pred["head<-dep"] = _argmax_or_none(words.transpose(-1, -2)).permute(1, 3, 0, 2)  # [B, W, L, H]
-        # Every arc in every direction, grouped by (relation, direction): one gather per group, not per arc.
-        groups: dict[str, tuple[str, list[tuple[int, int, int, int, int]]]] = {}
-        for b, s in enumerate(self._sents):
-            n = len(s.words)
-            for d, (h, r) in enumerate(zip(s.heads, s.deprels)):
-                if h < 0:
-                    continue  # arcs to ROOT: no word to attend to
-                for direction in self.directions:
-                    src, dst = (h, d) if direction == "head->dep" else (d, h)
-                    # which arcs a causal model can get right at all
-                    ok = not self.causal or (h < d if direction == "dep->head" else h > d if direction == "head<-dep"
-                                             else d < h)
-                    groups.setdefault(f"{r}|{direction}", (direction, []))[1].append((b, src, dst, n, int(ok)))
+            pred["head<-dep"] = _argmax_or_none(words, dim=-2).permute(1, 3, 0, 2)  # [B, W, L, H]
+        # Every arc of the batch at once (arcs to ROOT have no word to attend to): flat [N] index tensors, one
+        # gather per direction, then sums per relation with index_add; Python touches relations, not arcs.
+        arc_b = torch.tensor([b for b, s in enumerate(self._sents) for _ in s.heads])  # [N_all]
+        arc_d = torch.tensor([d for s in self._sents for d in range(len(s.heads))])  # [N_all]
+        arc_h = torch.tensor([h for s in self._sents for h in s.heads])  # [N_all]
+        rels = [r for s in self._sents for r in s.deprels]
+        keep = arc_h >= 0
+        rel_names = list(dict.fromkeys(r for r, k in zip(rels, keep.tolist()) if k))  # first-seen order
+        rel_index = {r: i for i, r in enumerate(rel_names)}
+        arc_b, arc_d, arc_h = arc_b[keep], arc_d[keep], arc_h[keep]  # [N]
+        arc_r = torch.tensor([rel_index[r] for r, k in zip(rels, keep.tolist()) if k], dtype=torch.long)  # [N]
+        n = n_words[arc_b]  # [N]
+        R, n_offsets = len(rel_names), len(self.offsets)
         st = self.state
         offs = torch.tensor(self.offsets)  # [O]
-        for key, (direction, arcs) in groups.items():
-            if f"count|{key}" not in st:
-                st[f"correct|{key}"] = torch.zeros(self._L, self._H, dtype=torch.float64)
-                st[f"count|{key}"] = torch.zeros((), dtype=torch.float64)
-                st[f"scorable|{key}"] = torch.zeros((), dtype=torch.float64)
-                st[f"offset|{key}"] = torch.zeros(len(self.offsets), dtype=torch.float64)
-            b, src, dst, n, ok = torch.tensor(arcs).T  # [N] each
-            hit = pred[direction][b, src] == dst[:, None, None]  # [N, L, H]
-            st[f"correct|{key}"] += hit.sum(0).double()
-            st[f"count|{key}"] += len(arcs)
-            st[f"scorable|{key}"] += ok.sum().double()
+        sums = {}
+        for direction in self.directions:
+            src, dst = (arc_h, arc_d) if direction == "head->dep" else (arc_d, arc_h)
+            # which arcs a causal model can get right at all
+            ok = (torch.ones_like(keep[keep]) if not self.causal else arc_h < arc_d if direction == "dep->head"
+                  else arc_h > arc_d if direction == "head<-dep" else arc_d < arc_h)  # [N]
+            hit = pred[direction][arc_b, src] == dst[:, None, None]  # [N, L, H]
             # Clark: max(0, min(i + o + 1, n)) 1-based, 0 = ROOT -> 0-based [-1, n-1]
             guess = torch.maximum(torch.minimum(src[:, None] + offs[None], n[:, None] - 1),
                                   torch.full_like(src[:, None], -1))  # [N, O]
-            st[f"offset|{key}"] += (guess == dst[:, None]).sum(0).double()
+            sums[direction] = (
+                torch.zeros(R, self._L, self._H, dtype=torch.float64).index_add_(0, arc_r, hit.double()),
+                torch.bincount(arc_r, minlength=R).double(),
+                torch.zeros(R, dtype=torch.float64).index_add_(0, arc_r, ok.double()),
+                torch.zeros(R, n_offsets, dtype=torch.float64).index_add_(0, arc_r, (guess == dst[:, None]).double()))
+        for i, r in enumerate(rel_names):  # state keys appear in the order the arcs first show them
+            for direction in self.directions:
+                key = f"{r}|{direction}"
+                if f"count|{key}" not in st:
+                    st[f"correct|{key}"] = torch.zeros(self._L, self._H, dtype=torch.float64)
+                    st[f"count|{key}"] = torch.zeros((), dtype=torch.float64)
+                    st[f"scorable|{key}"] = torch.zeros((), dtype=torch.float64)
+                    st[f"offset|{key}"] = torch.zeros(n_offsets, dtype=torch.float64)
+                correct, count, scorable, offset_hits = sums[direction]
+                st[f"correct|{key}"] += correct[i]
+                st[f"count|{key}"] += count[i]
+                st[f"scorable|{key}"] += scorable[i]
+                st[f"offset|{key}"] += offset_hits[i]
         st["n_sentences"] += len(self._sents)
         self._member = None
 

@@ -210,7 +210,7 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
 
     try:
         for block in _blocks(handle, where):
-            comments = [(no, line) for no, line in block if line.startswith("#")]
+            comments = [(no, line) for no, line, _ in block if line.startswith("#")]
             for no, line in comments:
                 if re.match(r"#\s*newdoc\b", line):
                     if doc is not None and doc.words:
@@ -226,7 +226,7 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
                     fields = _fields_of(line)
             if doc is None:
                 doc = CorefDocument("doc0", line=block[0][0])
-            token_lines = [(no, line) for no, line in block if not line.startswith("#")]
+            token_lines = [(no, line) for no, line, _ in block if not line.startswith("#")]
             text = "\n".join(line for _, line in token_lines) + "\n\n"
             try:
                 (toks,) = conllu.parse(text)

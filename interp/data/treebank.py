@@ -14,6 +14,7 @@ from typing import Any
 
 import conllu
 import torch
+from conllu.parser import parse_id_value, parse_int_value
 
 __all__ = ["Sentence", "read_conllu", "align_words", "check_max_sentences", "parse_text_with_spacy"]
 
@@ -39,9 +40,10 @@ class Sentence:
     line: int = 0
 
 
-def _blocks(lines: Iterator[str], where: str) -> Iterator[list[tuple[int, str]]]:
-    """Group lines into sentence blocks of ``(line_number, line)``, checking the field count on the way."""
-    block: list[tuple[int, str]] = []
+def _blocks(lines: Iterator[str], where: str) -> Iterator[list[tuple[int, str, list[str] | None]]]:
+    """Group lines into sentence blocks of ``(line_number, line, fields)`` (``fields`` None for a comment),
+    checking the field count on the way."""
+    block: list[tuple[int, str, list[str] | None]] = []
     for no, raw in enumerate(lines, start=1):
         if isinstance(raw, bytes):  # files are read as bytes so that a decoding error can name its line
             try:
@@ -55,44 +57,48 @@ def _blocks(lines: Iterator[str], where: str) -> Iterator[list[tuple[int, str]]]
                 yield block
                 block = []
             continue
-        if not line.startswith("#"):
-            n = len(line.split("\t"))
-            if n != _N_FIELDS:
-                raise ValueError(f"{where}:{no}: malformed CoNLL-U line (expected {_N_FIELDS} tab-separated fields, "
-                                 f"got {n}): {line!r}")
-        block.append((no, line))
+        if line.startswith("#"):
+            block.append((no, line, None))
+            continue
+        fields = line.split("\t")
+        if len(fields) != _N_FIELDS:
+            raise ValueError(f"{where}:{no}: malformed CoNLL-U line (expected {_N_FIELDS} tab-separated fields, "
+                             f"got {len(fields)}): {line!r}")
+        block.append((no, line, fields))
     if block:
         yield block
 
 
-def _parse_block(block: list[tuple[int, str]], where: str) -> Sentence | None:
-    text = "\n".join(line for _, line in block) + "\n\n"
-    try:
-        (tokenlist,) = conllu.parse(text)
-    except conllu.exceptions.ParseException as e:
-        # conllu does not say which line failed: parse the token lines one by one to find it.
-        for no, line in block:
-            if line.startswith("#"):
-                continue
-            try:
-                conllu.parse(line + "\n\n")
-            except conllu.exceptions.ParseException as e_line:
-                raise ValueError(f"{where}:{no}: malformed CoNLL-U line ({e_line}): {line!r}") from e_line
-        raise ValueError(f"{where}:{block[0][0]}: malformed CoNLL-U sentence ({e})") from e
-    token_lines = [(no, line) for no, line in block if not line.startswith("#")]
-    words, heads, rels = [], [], []
-    head_lines = []
-    for tok, (no, line) in zip(tokenlist, token_lines):
-        if not isinstance(tok["id"], int):
+def _parse_block(block: list[tuple[int, str, list[str] | None]], where: str) -> Sentence | None:
+    # Only ID, FORM, HEAD and DEPREL are read; ID and HEAD go through conllu's own field parsers (so ranges
+    # "3-4", empty nodes "5.1" and "_" mean what the library says), and FEATS / MISC / DEPS are never parsed:
+    # parsing them was most of the time a whole-treebank analysis spent outside the model.
+    words: list[str] = []
+    heads: list[int] = []
+    rels: list[str] = []
+    head_lines: list[tuple[int, str]] = []
+    sent_id = None
+    for no, line, fields in block:
+        if fields is None:
+            key, _, value = line[1:].partition("=")
+            if key.strip() == "sent_id" and value.strip():
+                sent_id = value.strip()
+            continue
+        try:
+            tok_id = parse_id_value(fields[0])
+            head = parse_int_value(fields[6])
+        except conllu.exceptions.ParseException as e:
+            raise ValueError(f"{where}:{no}: malformed CoNLL-U line ({e}): {line!r}") from e
+        if not isinstance(tok_id, int):
             continue  # multiword range or empty node: not part of the basic tree
-        if tok["id"] != len(words) + 1:
+        if tok_id != len(words) + 1:
             raise ValueError(f"{where}:{no}: word ids must count 1, 2, 3...; expected {len(words) + 1}, got "
-                             f"{tok['id']!r}: {line!r}")
-        if not isinstance(tok["head"], int):
-            raise ValueError(f"{where}:{no}: word {tok['id']} has no integer HEAD ({tok['head']!r}): {line!r}")
-        words.append(str(tok["form"]))
-        heads.append(tok["head"] - 1)
-        rels.append(str(tok["deprel"]))
+                             f"{tok_id!r}: {line!r}")
+        if not isinstance(head, int):
+            raise ValueError(f"{where}:{no}: word {tok_id} has no integer HEAD ({head!r}): {line!r}")
+        words.append(fields[1])
+        heads.append(head - 1)
+        rels.append(fields[7])
         head_lines.append((no, line))
     for h, (no, line) in zip(heads, head_lines):
         if not -1 <= h < len(words):
@@ -100,7 +106,7 @@ def _parse_block(block: list[tuple[int, str]], where: str) -> Sentence | None:
     if not words:
         return None
     _check_tree(heads, head_lines, where)
-    return Sentence(words, heads, rels, tokenlist.metadata.get("sent_id"), block[0][0])
+    return Sentence(words, heads, rels, sent_id, block[0][0])
 
 
 def _check_tree(heads: list[int], head_lines: list[tuple[int, str]], where: str) -> None:
@@ -186,12 +192,13 @@ def align_words(word_index: Sequence[int | None], n_words: int) -> torch.Tensor:
     """
     T = len(word_index)
     member = torch.zeros(n_words, T)
-    for t, w in enumerate(word_index):
-        if w is None:
-            continue
-        if not 0 <= w < n_words:
-            raise ValueError(f"word index {w} at token {t} is outside [0, {n_words})")
-        member[w, t] = 1.0
+    tok_pos = [t for t, w in enumerate(word_index) if w is not None]
+    word_of = torch.tensor([word_index[t] for t in tok_pos], dtype=torch.long)  # [T_words]
+    bad = ((word_of < 0) | (word_of >= n_words)).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        raise ValueError(f"word index {int(word_of[i])} at token {tok_pos[i]} is outside [0, {n_words})")
+    member[word_of, torch.tensor(tok_pos, dtype=torch.long)] = 1.0  # one scatter, not a Python loop per token
     empty = (member.sum(1) == 0).nonzero().flatten().tolist()
     if empty:
         raise ValueError(f"words {empty} have no token after tokenization")

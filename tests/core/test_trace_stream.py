@@ -124,3 +124,43 @@ def test_reducers_see_the_batch_annotations():
     with pytest.raises(ValueError, match="empty dataset"):
         stream(_model(), [], [_Ann()])
     assert interp.stream is stream
+
+
+def _count_calls(module: torch.nn.Module) -> list[int]:
+    calls = [0]
+    module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_a_pass_feeding_only_patterns_stops_after_the_last_pattern_and_agrees_with_a_full_recording(chunk):
+    """Reducers that read attention patterns only: the pass stops after the last layer's pattern (the last
+    block's MLP and the unembedding never run), the statistics equal those of a full recorded pass, and a
+    query-chunked pass still delivers every chunk."""
+    model = _model()
+    tokens = torch.randint(0, 37, (6, 20))
+    _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")  # full forward, reference
+    mlp_calls = _count_calls(model.blocks[-1].mlp)
+    unembed_calls = _count_calls(model.W_U)
+    red = MeanReducer("blocks.*.attn.hook_pattern")
+    model.set_query_chunk(chunk)
+    try:
+        stream(model, tokens, [red], batch_size=3)
+    finally:
+        model.set_query_chunk(None)
+    assert mlp_calls[0] == 0 and unembed_calls[0] == 0
+    for layer in range(CFG.n_layers):
+        name = f"blocks.{layer}.attn.hook_pattern"
+        torch.testing.assert_close(red.result()[name], trace[name].mean(0), atol=1e-6, rtol=0)
+    assert all(not hp._fns for hp in model.hook_dict.values())  # the stop left no hook behind
+    model(tokens)  # and the model still runs whole
+    assert mlp_calls[0] == 1 and unembed_calls[0] == 1
+
+
+def test_a_pass_feeding_a_late_hook_runs_whole():
+    model = _model()
+    mlp_calls = _count_calls(model.blocks[-1].mlp)
+    red = MeanReducer(["blocks.0.attn.hook_pattern", f"blocks.{CFG.n_layers - 1}.hook_resid_post"])
+    stream(model, torch.randint(0, 37, (4, 10)), [red], batch_size=2)
+    assert mlp_calls[0] == 2
+    assert f"blocks.{CFG.n_layers - 1}.hook_resid_post" in red.result()

@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--n-seqs", type=int, default=32, help="repeated random sequences for the induction scores")
     ap.add_argument("--half-len", type=int, default=None, help="tokens repeated per sequence (default: the "
                     "library's); the copying score costs n_seqs * half_len * heads * vocab, large for a 49k vocab")
+    ap.add_argument("--copying-rows", type=int, default=None, help="score copying on at most this many random "
+                    "rows per induction batch (default: all rows; SmolLM2 wants ~128)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -46,7 +48,8 @@ def main() -> None:
     model.eval()
     words = hasattr(getattr(model, "tokenizer", None), "encode_words") and args.conllu.exists()
     report = classify_heads(model, conllu=args.conllu if words else None, max_sentences=args.max_sentences,
-                            n_seqs=args.n_seqs, half_len=args.half_len, progress=True)
+                            n_seqs=args.n_seqs, half_len=args.half_len, copying_rows=args.copying_rows,
+                            progress=True)
     args.out.mkdir(parents=True, exist_ok=True)
     report.df.to_csv(args.out / "taxonomy.csv", index=False)
     for name, df in report.details.items():

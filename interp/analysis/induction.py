@@ -170,10 +170,25 @@ class CopyingReducer(Reducer):
     vocabulary. The score is the mean fraction of the vocabulary whose direct logit is strictly below the
     attended token's: 1 = always the top logit, ~0.5 = chance, 0 for a head that writes nothing the
     unembedding reads. State: ``sum`` ``[L, H_max]`` and ``rows``.
+
+    Args:
+        model: the model whose heads are scored.
+        max_rows: score at most this many rows per batch, drawn at random (seeded) among the rows with an
+            induction target; None scores them all. Each scored row costs ``heads x vocabulary x d_model``
+            multiply-adds (SmolLM2: 270 x 49,152 x 576, ~7.6 GFLOP a row), so a large-vocabulary model wants a
+            sample: the score is a mean over rows, and 128 rows put its standard error near 0.03.
+        seed: seeds the row sample.
+
+    Raises:
+        ValueError: ``max_rows`` < 1.
     """
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, *, max_rows: int | None = None, seed: int = 0) -> None:
         super().__init__()
+        if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+            raise ValueError(f"max_rows={max_rows!r} must be an int >= 1 or None")
+        self.max_rows = max_rows
+        self._gen = torch.Generator().manual_seed(seed)
         cfg = model.cfg
         L = cfg.n_layers
         self.model = model
@@ -191,6 +206,10 @@ class CopyingReducer(Reducer):
         chunks = [induction_targets(tokens, batch.mask, self.model.cfg.causal, slice(i, min(i + 1024, T)))
                   ["induction"].any(-1) for i in range(0, T, 1024)]
         self._rows = torch.cat(chunks, dim=1) & batch.real  # [B, T]
+        if self.max_rows is not None and int(self._rows.sum()) > self.max_rows:
+            where = self._rows.flatten().nonzero().flatten()  # [N] flat indices of the candidate rows
+            keep = where[torch.randperm(len(where), generator=self._gen)[:self.max_rows]]  # [max_rows]
+            self._rows = torch.zeros_like(self._rows).flatten().index_fill_(0, keep, True).view_as(self._rows)
         B = tokens.shape[0]
         self._argmax = torch.zeros(self.model.cfg.n_layers, B, self._H, T, dtype=torch.long)
         self._res: dict[int, torch.Tensor] = {}
@@ -299,9 +318,11 @@ def induction_scores(
 
 
 def induction_reducers(model: Transformer, *, definition: str = "interp", exclude_bos: bool = False,
-                       exclude_current_token: bool = False, copying: bool = True) -> list[Reducer]:
+                       exclude_current_token: bool = False, copying: bool = True,
+                       copying_rows: int | None = None) -> list[Reducer]:
     """The streaming pieces of :func:`induction_scores`: the attention scores of ``definition``, then the
-    copying score when asked for and the model has an unembedding (pre-LN).
+    copying score when asked for and the model has an unembedding (pre-LN), on at most ``copying_rows`` rows
+    per batch (:class:`CopyingReducer`'s ``max_rows``).
 
     Raises:
         ValueError: unknown definition, or TL-only options with ``definition="interp"``.
@@ -313,7 +334,7 @@ def induction_reducers(model: Transformer, *, definition: str = "interp", exclud
     reds: list[Reducer] = [InductionReducer(model) if definition == "interp" else TLHeadDetectorReducer(
         model, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)]
     if copying and getattr(model, "W_U", None) is not None and model.cfg.normalization != "post":
-        reds.append(CopyingReducer(model))
+        reds.append(CopyingReducer(model, max_rows=copying_rows))
     return reds
 
 

@@ -162,6 +162,7 @@ def classify_heads(
     duplicate_token_threshold: float = 0.5,
     induction_threshold: float = 0.4,
     copying_threshold: float = 0.7,
+    copying_rows: int | None = None,
     syntactic_margin: float = 0.1,
     syntactic_min_count: int = 100,
     coref: Any = None,
@@ -198,6 +199,8 @@ def classify_heads(
         positional_threshold: Voita et al.'s argmax share for ``positional:*``.
         previous_token_threshold, duplicate_token_threshold, induction_threshold: attention-mass thresholds.
         copying_threshold: minimum copying score of an induction head (models with an unembedding).
+        copying_rows: score copying on at most this many random rows per induction batch (None: all; a
+            49k-token vocabulary makes every row cost ~7.6 GFLOP for SmolLM2's 270 heads).
         syntactic_margin: accuracy above the offset baseline needed for ``syntactic:{rel}``.
         syntactic_min_count: arcs of a relation (in that direction) needed before it is judged.
         coref: coreference data for ``coreference:{dataset}``: a GAP ``.tsv`` / CorefUD ``.conllu`` path (the
@@ -231,7 +234,7 @@ def classify_heads(
     details: dict[str, pd.DataFrame] = {}
     stage = _stages(progress, 3 if coref is not None else 2)
     pos_red = PositionalReducer(model, window=window)
-    ind_reds = induction_reducers(model, definition=definition)
+    ind_reds = induction_reducers(model, definition=definition, copying_rows=copying_rows)
     syn_red = SyntacticReducer(model) if conllu is not None else None
     stats = TreebankStats()
     tree = (treebank_batches(model, conllu, batch_size=batch_size, max_sentences=max_sentences, stats=stats)

@@ -99,15 +99,34 @@ def test_transformer_lens_definition_matches_tl_functions(causal, exclude):
         assert (ours - ref).abs().max() < 1e-5, col
 
 
+def _naive_copy_fraction(model, trace, toks, layer, head, b, q, normalization):
+    """Direct logit attribution of one head at one row: the share of the vocabulary below the attended token."""
+    x = trace[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"][b, q]
+    out = trace.head_out(layer)[b, q, head]
+    if normalization == "pre":
+        ln = model.ln_final
+        out = (out - out.mean()) / torch.sqrt(x.var(unbiased=False) + ln.eps) * ln.weight
+    elif normalization == "rms":
+        ln = model.ln_final
+        eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
+        out = out / torch.sqrt(x.pow(2).mean() + eps) * ln.weight
+    logits = model.W_U.weight @ out
+    attended = toks[b, int(trace.pattern(layer)[b, head, q].argmax())]
+    return float((logits < logits[attended]).float().mean())
+
+
+def _copy_trace(model, toks):
+    _, trace = model.run_with_cache(toks, names_filter=lambda n: n.endswith(("hook_pattern", "hook_result"))
+                                    or n == f"blocks.{model.cfg.n_layers - 1}.hook_resid_post")
+    return trace
+
+
 @pytest.mark.parametrize("normalization", ["pre", "rms", "none"])
 def test_copying_matches_naive_direct_logit_attribution(normalization):
     model = _model(normalization=normalization, seed=2)
     toks = repeated_sequences(4, 6, 24, seed=1)
     df = induction_scores(model, toks)
-    _, trace = model.run_with_cache(toks, names_filter=lambda n: n.endswith(("hook_pattern", "hook_result"))
-                                    or n == "blocks.1.hook_resid_post")
-    resid = trace["blocks.1.hook_resid_post"]
-    W_U = model.W_U.weight
+    trace = _copy_trace(model, toks)
     for r in df.itertuples():
         fracs = []
         for b in range(4):
@@ -115,19 +134,44 @@ def test_copying_matches_naive_direct_logit_attribution(normalization):
                 # Rows scored: those with an induction target (a key after an earlier copy of token q).
                 if not any(toks[b, k - 1] == toks[b, q] for k in range(1, q)):
                     continue
-                x = resid[b, q]
-                out = trace.head_out(r.layer)[b, q, r.head]
-                if normalization == "pre":
-                    ln = model.ln_final
-                    out = (out - out.mean()) / torch.sqrt(x.var(unbiased=False) + ln.eps) * ln.weight
-                elif normalization == "rms":
-                    ln = model.ln_final
-                    eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
-                    out = out / torch.sqrt(x.pow(2).mean() + eps) * ln.weight
-                logits = W_U @ out
-                attended = toks[b, int(trace.pattern(r.layer)[b, r.head, q].argmax())]
-                fracs.append(float((logits < logits[attended]).float().mean()))
+                fracs.append(_naive_copy_fraction(model, trace, toks, r.layer, r.head, b, q, normalization))
         assert r.copying == pytest.approx(sum(fracs) / len(fracs), abs=1e-5)
+
+
+def test_copying_on_a_row_sample_scores_exactly_the_sampled_rows():
+    """max_rows: a seeded sample of the rows with an induction target, each scored as in the naive loop."""
+    from interp import stream
+    from interp.analysis.induction import CopyingReducer
+
+    model = _model(normalization="pre", seed=2)
+    toks = repeated_sequences(4, 6, 24, seed=1)
+    candidates = torch.tensor([[any(toks[b, k - 1] == toks[b, q] for k in range(1, q)) for q in range(12)]
+                               for b in range(4)])  # [B, T]
+    red = CopyingReducer(model, max_rows=7, seed=3)
+    stream(model, toks, [red], batch_size=4)  # one batch: red._rows is the sample it scored
+    rows = red._rows
+    assert int(rows.sum()) == 7 and int(red.state["rows"]) == 7 and not (rows & ~candidates).any()
+    trace = _copy_trace(model, toks)
+    got = red.result()
+    for layer in range(model.cfg.n_layers):
+        for head in range(model.cfg.n_heads):
+            fracs = [_naive_copy_fraction(model, trace, toks, layer, head, b, q, "pre")
+                     for b, q in rows.nonzero().tolist()]
+            assert float(got[layer, head]) == pytest.approx(sum(fracs) / len(fracs), abs=1e-5)
+    other = CopyingReducer(model, max_rows=7, seed=4)
+    stream(model, toks, [other], batch_size=4)
+    assert not torch.equal(other._rows, rows)  # the seed picks the sample
+    whole = CopyingReducer(model, max_rows=10_000)
+    stream(model, toks, [whole], batch_size=4)
+    torch.testing.assert_close(whole.result(), induction_scores_copying(model, toks), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="max_rows=0"):
+        CopyingReducer(model, max_rows=0)
+
+
+def induction_scores_copying(model, toks):
+    df = induction_scores(model, toks).set_index(["layer", "head"])
+    return torch.tensor([[df.loc[(layer, head), "copying"] for head in range(model.cfg.n_heads)]
+                         for layer in range(model.cfg.n_layers)], dtype=torch.float64)
 
 
 def test_encoder_has_no_copying_and_default_data_fits():

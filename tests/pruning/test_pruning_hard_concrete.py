@@ -101,3 +101,17 @@ def test_continuous_gates_in_training_and_curve():
         train_l0_gates(model, data, obj, target=0.5, steps=1, deterministic="soft")
     with pytest.raises(ValueError, match="level='layer'"):
         train_l0_gates(model, data, obj, target=0.5, steps=1, level="layer")
+
+
+def test_target_runs_test_the_post_warmup_average_of_log_alpha():
+    """average=True changes only which log_alpha is tested (the mean after the warmup), never the training
+    trajectory; without it the test-time gates are the last step's; fixed-lam runs are never averaged."""
+    model, data, obj = gqa(), batches(), LanguageModelObjective("neg_loss")
+    avg = train_l0_gates(model, data, obj, target=0.5, steps=40, seed=1)
+    last = train_l0_gates(model, data, obj, target=0.5, steps=40, seed=1, average=False)
+    assert avg.history == last.history and avg.last_step_sparsity == last.last_step_sparsity
+    assert last.expected_sparsity == pytest.approx(last.last_step_sparsity, abs=1e-7)
+    assert not torch.equal(avg.log_alpha, last.log_alpha)
+    assert avg.expected_sparsity != pytest.approx(last.expected_sparsity, abs=1e-7)
+    fixed = [train_l0_gates(model, data, obj, lam=0.5, steps=20, seed=1, average=a) for a in (True, False)]
+    assert torch.equal(fixed[0].log_alpha, fixed[1].log_alpha)

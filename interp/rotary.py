@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 # The last (positions, cos, sin) computed, shared by every Rotary: all layers of a forward pass (and q and k)
-# rotate by the same positions tensor, so its angles are computed once per pass, not twice per layer. The
-# strong reference to ``positions`` keeps its id from being reused by another tensor while it is memoised.
+# rotate by the same positions, so their angles are computed once per pass, not twice per layer. A copy of the
+# positions is kept and compared by value (inference tensors have no version counter to detect edits).
 _LAST: tuple | None = None
 
 
@@ -55,16 +55,18 @@ class Rotary(nn.Module):
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         global _LAST
         # Inference-mode tensors cannot be saved for backward: a pass with autograd computes its own.
-        key = (self.dim, self.inv_freq.dtype, self.inv_freq.device, dtype, torch.is_inference_mode_enabled())
+        key = (self.dim, self.inv_freq.dtype, self.inv_freq.device, dtype, positions.device,
+               torch.is_inference_mode_enabled())
         last = _LAST  # one read: another thread may replace it meanwhile
-        if (last is not None and last[0] is positions and last[1] == positions._version and last[2] == key
-                and (last[3] is self.inv_freq or torch.equal(last[3], self.inv_freq))):
-            return last[4], last[5]
+        if (last is not None and last[1] == key and last[0].shape == positions.shape
+                and torch.equal(last[0], positions)
+                and (last[2] is self.inv_freq or torch.equal(last[2], self.inv_freq))):
+            return last[3], last[4]
         freqs = positions.to(torch.float32)[..., None] * self.inv_freq  # [(B,) T, dim/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [(B,) T, dim]
         if emb.dim() == 2:
             emb = emb[None]  # [1, T, dim]
         cos = emb.cos()[:, :, None, :].to(dtype)  # [B|1, T, 1, dim]
         sin = emb.sin()[:, :, None, :].to(dtype)  # [B|1, T, 1, dim]
-        _LAST = (positions, positions._version, key, self.inv_freq, cos, sin)
+        _LAST = (positions.clone(), key, self.inv_freq, cos, sin)
         return cos, sin

@@ -109,7 +109,13 @@ def test_rotary_angles_are_shared_only_for_the_same_positions_and_base():
         torch.testing.assert_close(yb[0, :, h], naive_rotary(x[0, :, h], pos, 8, 500.0), atol=1e-5, rtol=0)
     pos.add_(1)  # edited in place: the memoised angles are stale
     torch.testing.assert_close(a(x, pos)[0, :, 0], naive_rotary(x[0, :, 0], pos, 8, 10000.0), atol=1e-5, rtol=0)
-    assert rotary_mod._LAST[0] is pos
+    assert torch.equal(rotary_mod._LAST[0], pos)
+    with torch.inference_mode():  # inference tensors (no version counter) edited in place, too
+        ipos = torch.arange(5)
+        a(x, ipos)
+        ipos.add_(2)
+        torch.testing.assert_close(a(x, ipos)[0, :, 1], naive_rotary(x[0, :, 1], ipos, 8, 10000.0), atol=1e-5,
+                                   rtol=0)
 
 
 def test_rotary_angles_from_inference_mode_are_not_reused_under_autograd():

@@ -267,15 +267,32 @@ class Transformer(HookedModule):
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,
-                 eos_token_id: int | None = None) -> torch.Tensor:
+                 eos_token_id: int | None = None, pack_weights: bool | None = None) -> torch.Tensor:
         """Greedy decoding. Returns ``[B, T + new]`` (the prompt followed by the generated ids).
 
-        With the cache (the default), one static :class:`KVCache` and one output buffer serve the whole run, the
-        prompt's logits are computed for its last position only, and from ``PACK_MIN_ROWS`` sequences on a
-        float32 CPU model multiplies each step by MKL-packed copies of its weights (built once per call, one
-        extra copy of the weights while it runs; see :func:`_packed_linears`). Hooks fire as in a forward pass.
+        With the cache (the default), one static :class:`KVCache` and one output buffer serve the whole run, and
+        the prompt's logits are computed for its last position only. Hooks fire as in a forward pass.
+
+        Args:
+            tokens: ``[B, T]`` (or ``[T]``) prompt ids, unpadded.
+            max_new_tokens: how many tokens to append.
+            use_cache: decode with the KV cache (False recomputes the whole sequence every step).
+            eos_token_id: stop once every sequence has produced it.
+            pack_weights: multiply each step by MKL-packed copies of the float32 CPU linear weights, built once
+                per call and held while it runs (one extra copy of those weights; see :func:`_packed_linears`).
+                ``None`` (default) packs when it pays: with the cache, at least ``PACK_MIN_ROWS`` sequences and
+                ``PACK_MIN_STEPS`` new tokens, and at most ``PACK_MAX_BYTES`` of weights. The tokens are the
+                same either way, up to float rounding in near ties.
+
+        Returns:
+            ``[B, T + new]`` ids (fewer new ones when every sequence hit ``eos_token_id``).
 
         Raises:
+            TypeError: ``max_new_tokens`` is not an int, or ``pack_weights`` is not a bool or None.
+            ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
+
+        Example:
+            >>> model.generate(model.to_tokens(["The cat", "A dog"]), 16)   # [2, T + 16]
             ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
@@ -293,7 +310,14 @@ class Transformer(HookedModule):
         out = tokens.new_empty(B, T + max_new_tokens)  # [B, T + new]
         out[:, :T] = tokens
         n = T
-        pack = use_cache and B >= PACK_MIN_ROWS and max_new_tokens >= PACK_MIN_STEPS
+        if pack_weights is not None and not isinstance(pack_weights, bool):
+            raise TypeError(f"pack_weights={pack_weights!r} must be True, False or None")
+        pack = pack_weights
+        if pack is None:
+            linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in self.modules()
+                               if isinstance(m, nn.Linear))
+            pack = (use_cache and B >= PACK_MIN_ROWS and max_new_tokens >= PACK_MIN_STEPS
+                    and linear_bytes <= PACK_MAX_BYTES)
         # The lock is held for the whole run: the packed weights below must not meet another thread's pass.
         with self.lock, _packed_linears(self, rows=B, enabled=pack):
             for _ in range(max_new_tokens):
@@ -431,6 +455,8 @@ class Transformer(HookedModule):
 # runs of at least this many steps (packing takes ~0.3 s there, one step saves ~30-50 ms at 4-8 rows).
 PACK_MIN_ROWS = 4
 PACK_MIN_STEPS = 8
+# ... and only when the packed copy (about the size of the weights) is small: a 7B float32 model is not doubled.
+PACK_MAX_BYTES = 2 * 2**30
 
 
 def _mkl_packing_available() -> bool:

@@ -48,7 +48,7 @@ def test_packed_linears_fall_back_under_autograd_and_after_an_edit():
 
 @needs_mkl
 @pytest.mark.parametrize("variant", ["gqa-rotary", "mha", "mla"])
-def test_packed_generate_equals_unpacked_and_full_recompute(variant, monkeypatch):
+def test_packed_generate_equals_unpacked_and_full_recompute(variant):
     model = make(variant)
     prompt = torch.randint(0, 37, (model_mod.PACK_MIN_ROWS + 1, 4), generator=torch.Generator().manual_seed(3))
     seen = []
@@ -56,9 +56,31 @@ def test_packed_generate_equals_unpacked_and_full_recompute(variant, monkeypatch
     packed = model.generate(prompt, model_mod.PACK_MIN_STEPS + 2)
     model.blocks[0].attn.hook_z.remove_hooks()
     assert any(seen) and _patched(model) == []  # packing was on during the run, and undone after it
-    monkeypatch.setattr(model_mod, "PACK_MIN_ROWS", 10**9)
-    assert torch.equal(packed, model.generate(prompt, model_mod.PACK_MIN_STEPS + 2))
+    assert torch.equal(packed, model.generate(prompt, model_mod.PACK_MIN_STEPS + 2, pack_weights=False))
     assert torch.equal(packed, model.generate(prompt, model_mod.PACK_MIN_STEPS + 2, use_cache=False))
+    assert torch.equal(packed[:1, :7], model.generate(prompt[:1], 3, pack_weights=True))  # forced, one row
+
+
+@needs_mkl
+def test_generate_packs_only_when_it_pays_or_is_asked(monkeypatch):
+    model = make("gqa-rotary")
+    seen = []
+    model.blocks[0].attn.hook_z.add_hook(lambda z, hook: seen.append(bool(_patched(model))) or z)
+
+    def packed_during(n_seq, steps, **kw):
+        seen.clear()
+        model.generate(torch.zeros(n_seq, 2, dtype=torch.long), steps, **kw)
+        return any(seen)
+
+    rows, steps = model_mod.PACK_MIN_ROWS, model_mod.PACK_MIN_STEPS
+    assert packed_during(rows, steps)
+    assert not packed_during(rows - 1, steps) and not packed_during(rows, steps - 1)
+    assert not packed_during(rows, steps, use_cache=False) and not packed_during(rows, steps, pack_weights=False)
+    assert packed_during(1, 2, pack_weights=True)
+    monkeypatch.setattr(model_mod, "PACK_MAX_BYTES", 0)  # weights "too large" to copy
+    assert not packed_during(rows, steps)
+    with pytest.raises(TypeError, match="pack_weights='yes'"):
+        model.generate(torch.zeros(1, 2, dtype=torch.long), 2, pack_weights="yes")
 
 
 def test_generate_restores_every_layer_when_a_hook_raises():

@@ -293,7 +293,6 @@ class Transformer(HookedModule):
 
         Example:
             >>> model.generate(model.to_tokens(["The cat", "A dog"]), 16)   # [2, T + 16]
-            ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise TypeError(f"max_new_tokens={max_new_tokens!r} must be an int")

@@ -292,7 +292,7 @@ class Transformer(HookedModule):
             ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
 
         Example:
-            >>> model.generate(model.to_tokens(["The cat", "A dog"]), 16)   # [2, T + 16]
+            >>> model.generate(model.to_tokens("The capital of France is").repeat(8, 1), 16)  # [8, T + 16]
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise TypeError(f"max_new_tokens={max_new_tokens!r} must be an int")

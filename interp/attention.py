@@ -179,7 +179,7 @@ class _AttentionBase(nn.Module):
         scores = scores.view(B, H, T, -1)  # [B, H, T, S]
         add = mask.additive(scores.dtype, scores.device, q_slice)
         if add is not None:
-            scores = scores + add
+            scores = scores.add_(add)  # in place: scores is this pass's own buffer (add's backward needs neither)
         scores = self.hook_attn_scores(scores, q_slice.start)
         pattern = torch.softmax(scores, dim=-1)
         pattern = self.hook_pattern(pattern, q_slice.start)

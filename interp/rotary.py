@@ -5,10 +5,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# The last (positions, cos, sin) computed, shared by every Rotary: all layers of a forward pass (and q and k)
+# rotate by the same positions, so their angles are computed once per pass, not twice per layer. A copy of the
+# positions is kept and compared by value (inference tensors have no version counter to detect edits).
+_LAST: tuple | None = None
+
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin``, the same numbers, with the last two steps in place: both buffers
+    are this call's own, and neither in-place step's backward needs the value it overwrites."""
+    return (x * cos).add_(rotate_half(x).mul_(sin))
 
 
 class Rotary(nn.Module):
@@ -35,13 +46,27 @@ class Rotary(nn.Module):
         B, T = x.shape[:2]
         if positions is None:
             positions = torch.arange(T, device=x.device)
+        cos, sin = self._cos_sin(positions, x.dtype)  # [B|1, T, 1, dim] each
+        if self.dim == x.shape[-1]:
+            return _rotate(x, cos, sin)
+        x_rot, x_pass = x[..., : self.dim], x[..., self.dim:]
+        return torch.cat((_rotate(x_rot, cos, sin), x_pass), dim=-1)
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        global _LAST
+        # Inference-mode tensors cannot be saved for backward: a pass with autograd computes its own.
+        key = (self.dim, self.inv_freq.dtype, self.inv_freq.device, dtype, positions.device,
+               torch.is_inference_mode_enabled())
+        last = _LAST  # one read: another thread may replace it meanwhile
+        if (last is not None and last[1] == key and last[0].shape == positions.shape
+                and torch.equal(last[0], positions)
+                and (last[2] is self.inv_freq or torch.equal(last[2], self.inv_freq))):
+            return last[3], last[4]
         freqs = positions.to(torch.float32)[..., None] * self.inv_freq  # [(B,) T, dim/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [(B,) T, dim]
         if emb.dim() == 2:
             emb = emb[None]  # [1, T, dim]
-        cos = emb.cos()[:, :, None, :].to(x.dtype)  # [B|1, T, 1, dim]
-        sin = emb.sin()[:, :, None, :].to(x.dtype)  # [B|1, T, 1, dim]
-        if self.dim == x.shape[-1]:
-            return x * cos + rotate_half(x) * sin
-        x_rot, x_pass = x[..., : self.dim], x[..., self.dim:]
-        return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+        cos = emb.cos()[:, :, None, :].to(dtype)  # [B|1, T, 1, dim]
+        sin = emb.sin()[:, :, None, :].to(dtype)  # [B|1, T, 1, dim]
+        _LAST = (positions.clone(), key, self.inv_freq, cos, sin)
+        return cos, sin

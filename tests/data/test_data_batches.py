@@ -72,3 +72,55 @@ def test_random_tokens_start_with_bos_and_avoid_it():
 
     t = random_tokens_for(_M(), 50, 8, seed=0)
     assert (t[:, 0] == 3).all() and not (t[:, 1:] == 3).any() and int(t.max()) < 10
+
+
+def test_prefetch_keeps_order_reraises_producer_errors_and_stops_when_closed():
+    import threading
+    import time
+
+    from interp.data import prefetch
+
+    assert list(prefetch(iter(range(50)), depth=3)) == list(range(50))
+
+    def failing():
+        yield 1
+        yield 2
+        raise ValueError("malformed line 3")
+
+    got = []
+    with pytest.raises(ValueError, match="malformed line 3"):
+        for x in prefetch(failing()):
+            got.append(x)
+    assert got == [1, 2]  # everything produced before the error arrives first
+
+    produced = []
+
+    def endless():
+        i = 0
+        while True:
+            produced.append(i)
+            yield i
+            i += 1
+
+    it = prefetch(endless(), depth=2)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    it.close()
+    time.sleep(0.3)
+    n = len(produced)
+    time.sleep(0.3)
+    assert len(produced) == n <= 3 + 2 + 1  # stopped: at most depth items (+ one in hand) beyond those consumed
+    assert not any(t.name == "interp-prefetch" and t.is_alive() for t in threading.enumerate())
+    with pytest.raises(ValueError, match="depth=0"):
+        list(prefetch([1], depth=0))
+
+
+def test_stream_over_a_generator_equals_stream_over_a_list():
+    from interp import MeanReducer, ModelConfig, Transformer, stream
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=11, n_ctx=16)).eval()
+    data = [torch.randint(0, 11, (3, 8)) for _ in range(5)]
+    a, b = MeanReducer("blocks.*.attn.hook_pattern"), MeanReducer("blocks.*.attn.hook_pattern")
+    assert stream(model, data, [a]) == stream(model, (x for x in data), [b]) == 15
+    for k, v in a.result().items():
+        assert torch.equal(v, b.result()[k])

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -58,6 +59,14 @@ def datasets(model, n_seqs: int, half_len: int, seed: int, conllu: Path) -> dict
     return out
 
 
+def parse_head(name: str) -> tuple[int, int]:
+    """``"L16H0"`` -> ``(16, 0)``."""
+    m = re.fullmatch(r"L(\d+)H(\d+)", name.strip())
+    if m is None:
+        raise SystemExit(f"--also: {name!r} is not a head name like L16H0")
+    return int(m.group(1)), int(m.group(2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="induction-2l")
@@ -70,6 +79,9 @@ def main() -> None:
     ap.add_argument("--data", nargs="+", default=["random", "text"], choices=["random", "text"],
                     help="which evaluated data sets to run (scores always come from the random reference)")
     ap.add_argument("--conllu", type=Path, default=UD)
+    ap.add_argument("--also", nargs="+", default=[], metavar="HEADS",
+                    help="more head sets to ablate beside the target, each 'L16H0' or 'L16H0,L18H6' (written to "
+                    "also.csv / also.md: e.g. a previous-token head that feeds the induction heads)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--fresh", action="store_true")
@@ -129,6 +141,25 @@ def main() -> None:
                          f"{res['random_min']:.3f} / {res['random_mean']:.3f} / {res['random_max']:.3f} | "
                          f"{res['n_random_with_less_gain']} of {res['n_random']} |")
             print(lines[-1], flush=True)
+    if args.also:
+        also_sets = {name: [parse_head(h) for h in name.split(",")] for name in args.also}
+        rows = []
+        for dname, (x, ref, bos) in data.items():
+            if dname not in args.data:
+                continue
+            for method in (m for m in args.methods if m != "zero"):
+                values = head_z_means(model, ref) if method == "mean" else head_z_samples(model, ref)
+                for name, hs in also_sets.items():
+                    g = in_context_gain(model, x, args.half_len, bos=bos, ablate=hs, method=method,
+                                        values=values)["gain"]
+                    rows.append({"data": dname, "ablation": method, "heads": name, "gain_left": float(g),
+                                 "gain_unablated": summary["results"][f"{dname}/{method}"]["gain_unablated"]})
+                    print(rows[-1], flush=True)
+        also = pd.DataFrame(rows)
+        also.to_csv(args.out / "also.csv", index=False)
+        (args.out / "also.md").write_text("| data | ablation | heads ablated | gain left | unablated |\n|---|---|---|---|---|\n"
+                                          + "".join(f"| {r.data} | {r.ablation} | {r.heads} | {r.gain_left:.3f} | "
+                                                    f"{r.gain_unablated:.3f} |\n" for r in also.itertuples()))
     from interp.viz.ablation import ablation_vs_random_figure
 
     fig = ablation_vs_random_figure(tables, title=f"{args.model}: top-{args.k} induction heads vs "

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import trace_views
-from .data.batches import Batch, check_length, iter_batches, prefetch
+from .data.batches import Batch, check_length, iter_batches
 from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
 
 if TYPE_CHECKING:
@@ -235,7 +235,6 @@ def stream(
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     batches = iter_batches(data, batch_size=batch_size, name=name)
-    ahead = None  # the prefetching generator, closed (its producer stopped) however the pass ends
     sharded = torch.distributed.is_available() and torch.distributed.is_initialized()
     if sharded:  # the single-process path never imports interp.distributed
         from . import distributed
@@ -248,16 +247,13 @@ def stream(
         distributed.check_same(model, distributed.describe_batches(batches))
         batches = distributed.shard(batches)
         progress = progress and distributed.rank() == 0
-    elif isinstance(data, Iterator):  # produced lazily (a treebank being read): prepare ahead, beside the model
-        batches = ahead = prefetch(batches)
     if progress:
         from tqdm.auto import tqdm
 
         batches = tqdm(batches, desc="batches")
     n = 0
     # Hooks are shared state: hold the model's lock for the whole stream, so no other thread's pass sees them.
-    with (contextlib.closing(ahead) if ahead is not None else contextlib.nullcontext(),
-          getattr(model, "lock", contextlib.nullcontext()), torch.no_grad(), model.hooks(hooks)):
+    with getattr(model, "lock", contextlib.nullcontext()), torch.no_grad(), model.hooks(hooks):
         for batch in batches:
             check_length(model, batch.tokens.shape[1])
             for r in reducers:

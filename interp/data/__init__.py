@@ -12,7 +12,6 @@ from .batches import (
                       check_length,
                       iter_batches,
                       pad,
-                      prefetch,
                       sentences,
                       text_batches,
                       treebank_batches,
@@ -28,7 +27,7 @@ from .treebank import Sentence, align_words, parse_text_with_spacy, read_conllu
 
 __all__ = [
     "Batch", "Sentence", "TreebankStats", "align_words", "bucket_by_length", "check_length",
-    "first_occurrence_mask", "induction_training_batch", "iter_batches", "pad", "parse_text_with_spacy", "prefetch",
+    "first_occurrence_mask", "induction_training_batch", "iter_batches", "pad", "parse_text_with_spacy",
     "random_tokens_for", "read_conllu", "repeated_sequences", "repeated_tokens_for", "sentences", "text_batches",
     "treebank_batches",
 ]

@@ -25,7 +25,7 @@ from .treebank import Sentence, align_words, check_max_sentences, read_conllu
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["Batch", "iter_batches", "pad", "prefetch", "bucket_by_length", "text_batches", "treebank_batches",
+__all__ = ["Batch", "iter_batches", "pad", "bucket_by_length", "text_batches", "treebank_batches",
            "sentences", "check_length"]
 
 
@@ -135,72 +135,6 @@ def iter_batches(data: Any, *, batch_size: int = 32, name: str = "tokens") -> It
         yield _as_batch(item, f"{name}[{i}]")
     if n == 0:
         raise ValueError(f"{name} is an empty dataset: nothing to analyse")
-
-
-_DONE = object()
-
-
-def prefetch(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:
-    """Produce ``items`` in a background thread, up to ``depth`` ahead of the consumer, in order.
-
-    Reading and tokenizing a treebank is Python work between forward passes; the model's kernels release the
-    GIL, so the next batches are prepared while the current one runs (the idea of a DataLoader worker, without a
-    process). An exception raised while producing is re-raised here, with its own type, at the position it
-    occurred; closing the returned generator early (or an error in the consumer) stops the producer.
-
-    Args:
-        items: any iterable (typically a generator of :class:`Batch`).
-        depth: how many items may wait ready.
-
-    Yields:
-        The items of ``items``.
-
-    Raises:
-        ValueError: ``depth`` < 1.
-
-    Example:
-        >>> list(prefetch(iter(range(5))))
-        [0, 1, 2, 3, 4]
-    """
-    import queue
-    import threading
-
-    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise ValueError(f"depth={depth!r} must be an int >= 1")
-    ready: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(x: Any) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(x, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for x in items:
-                if not put((x, None)):
-                    return
-            put((_DONE, None))
-        except BaseException as e:  # handed to the consumer, raised there
-            put((_DONE, e))
-
-    worker = threading.Thread(target=produce, name="interp-prefetch", daemon=True)
-    worker.start()
-    try:
-        while True:
-            x, err = ready.get()
-            if err is not None:
-                raise err
-            if x is _DONE:
-                return
-            yield x
-    finally:
-        stop.set()
-        worker.join(timeout=5)
 
 
 def pad(seqs: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -69,6 +69,8 @@ def main() -> None:
                     "default one unit")
     ap.add_argument("--targets", type=float, nargs="+", default=[0.125, 0.25, 0.375, 0.5, 0.625, 0.75])
     ap.add_argument("--l0-steps", type=int, default=300)
+    ap.add_argument("--l0-average", action="store_true", help="test the L0 gates' log_alpha averaged over the "
+                    "post-warmup steps (train_l0_gates average=True: for long runs whose sparsity cycles)")
     ap.add_argument("--seeds", type=int, default=10, help="random orders")
     ap.add_argument("--conllu", type=Path, default=UD_DEV)
     ap.add_argument("--n-train", type=int, default=64)
@@ -97,8 +99,9 @@ def main() -> None:
         if method.startswith("importance"):
             c = importance_curve(model, train, obj, eval_batches=held, step=step, level=level, progress=True)
         elif method.startswith("l0"):
+            extra = {"average": True} if args.l0_average else {}
             c = l0_curve(model, train, obj, targets=args.targets, eval_batches=held, steps=args.l0_steps,
-                         level=level, progress=True)
+                         level=level, progress=True, **extra)
         else:
             c = random_curve(model, held, obj, seeds=range(args.seeds), step=step, progress=True)
         c.method = method

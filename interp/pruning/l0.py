@@ -78,7 +78,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
                    warmup: float = 0.5, temperature: float = LOUIZOS_TEMPERATURE,
                    limits: tuple[float, float] = (-0.1, 1.1), init_log_alpha: float = 2.0, init_lambda2: float = 10.0,
                    deterministic: str = "expected", level: str = "head", seed: int = 0,
-                   average: bool = True, progress: bool = False) -> L0Result:
+                   average: bool = False, progress: bool = False) -> L0Result:
     """Train one Hard-Concrete gate per head with the rest of the model frozen.
 
     Args:
@@ -101,12 +101,14 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
             (the papers' clip(sigmoid(log_alpha)(r - l) + l, 0, 1); only gates at exactly 0 count as pruned).
         level: ``"head"`` (one gate per head) or ``"group"`` (one gate per K/V group; target = fraction of groups).
         seed: seeds the gate noise.
-        average: with a ``target``, the test-time gates come from log_alpha averaged over the steps after the
-            warmup (Polyak averaging), not from the last step. Gradient descent on the gates and ascent on the
-            multipliers is a saddle-point search, and it can cycle: on SmolLM2 (90 K/V groups, target 0.2) the
-            expected sparsity swung 0.12 -> 0.27 -> 0.17 with a period of ~140 steps, so the last step landed
-            wherever the cycle happened to be (15, 12 and 34 groups in three runs for a target of 18). The
-            averaged iterate sits at the cycle's centre. Fixed-``lam`` runs have no multipliers and are not averaged.
+        average: with a ``target``, test log_alpha averaged over the steps after the warmup (Polyak averaging)
+            instead of the last step's. Gradient descent on the gates and ascent on the multipliers is a
+            saddle-point search that can cycle: on SmolLM2 (90 K/V groups, target 0.2) the expected sparsity
+            swung 0.12 -> 0.27 -> 0.17 with a period of ~140 steps, and the last step landed wherever the cycle
+            was (34, 12 and 15 groups in three runs for a target of 18; with averaging over 150 post-warmup
+            steps, 17). Use it for long runs that cycle; in a short run the iterates right after the warmup still
+            lag the ramp and drag the average below the target (induction-2l, 30 steps: 2 heads for a target of
+            4), so it is off by default. Fixed-``lam`` runs are never averaged.
         progress: show a tqdm bar.
 
     Returns:

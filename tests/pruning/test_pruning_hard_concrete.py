@@ -104,10 +104,10 @@ def test_continuous_gates_in_training_and_curve():
 
 
 def test_target_runs_test_the_post_warmup_average_of_log_alpha():
-    """average=True changes only which log_alpha is tested (the mean after the warmup), never the training
+    """average=True (off by default) changes only which log_alpha is tested (the mean after the warmup), never the training
     trajectory; without it the test-time gates are the last step's; fixed-lam runs are never averaged."""
     model, data, obj = gqa(), batches(), LanguageModelObjective("neg_loss")
-    avg = train_l0_gates(model, data, obj, target=0.5, steps=40, seed=1)
+    avg = train_l0_gates(model, data, obj, target=0.5, steps=40, seed=1, average=True)
     last = train_l0_gates(model, data, obj, target=0.5, steps=40, seed=1, average=False)
     assert avg.history == last.history and avg.last_step_sparsity == last.last_step_sparsity
     assert last.expected_sparsity == pytest.approx(last.last_step_sparsity, abs=1e-7)

@@ -109,6 +109,17 @@ def main() -> None:
              "", "| data | ablation | gain unablated | gain, top-k ablated | random k-sets: min / mean / max "
              "| random sets with less gain left |", "|---|---|---|---|---|---|"]
     tables = {}
+    cache: dict[tuple[str, str], object] = {}
+
+    def reference_values(dname: str, method: str):
+        """What mean / resample ablation writes in place of a head (from the reference set), computed once."""
+        if method not in ("mean", "resample"):
+            return None
+        if (dname, method) not in cache:
+            ref = data[dname][1]
+            cache[dname, method] = head_z_means(model, ref) if method == "mean" else head_z_samples(model, ref)
+        return cache[dname, method]
+
     for dname, (x, ref, bos) in data.items():
         for method in args.methods:
             f = args.out / f"{dname}_{method}.csv"
@@ -117,11 +128,7 @@ def main() -> None:
             if f.exists() and not args.fresh:
                 df = pd.read_csv(f)
             else:
-                values = None
-                if method == "mean":
-                    values = head_z_means(model, ref)
-                elif method == "resample":
-                    values = head_z_samples(model, ref)
+                values = reference_values(dname, method)
 
                 def measure(hs, method=method, values=values, x=x, bos=bos):
                     return in_context_gain(model, x, args.half_len, bos=bos, ablate=hs, method=method,
@@ -148,7 +155,7 @@ def main() -> None:
             if dname not in args.data:
                 continue
             for method in (m for m in args.methods if m != "zero"):
-                values = head_z_means(model, ref) if method == "mean" else head_z_samples(model, ref)
+                values = reference_values(dname, method)
                 for name, hs in also_sets.items():
                     g = in_context_gain(model, x, args.half_len, bos=bos, ablate=hs, method=method,
                                         values=values)["gain"]

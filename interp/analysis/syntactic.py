@@ -151,12 +151,13 @@ class SyntacticReducer(Reducer):
         arc_b = torch.tensor([b for b, s in enumerate(self._sents) for _ in s.heads])  # [N_all]
         arc_d = torch.tensor([d for s in self._sents for d in range(len(s.heads))])  # [N_all]
         arc_h = torch.tensor([h for s in self._sents for h in s.heads])  # [N_all]
-        rels = [r for s in self._sents for r in s.deprels]
         keep = arc_h >= 0
-        rel_names = list(dict.fromkeys(r for r, k in zip(rels, keep.tolist()) if k))  # first-seen order
-        rel_index = {r: i for i, r in enumerate(rel_names)}
+        rels = [r for s in self._sents for r in s.deprels]
+        rels = [r for r, k in zip(rels, keep.tolist()) if k]  # [N]: the relations of the kept arcs
+        rel_index = {r: i for i, r in enumerate(dict.fromkeys(rels))}  # first-seen order
+        rel_names = list(rel_index)
         arc_b, arc_d, arc_h = arc_b[keep], arc_d[keep], arc_h[keep]  # [N]
-        arc_r = torch.tensor([rel_index[r] for r, k in zip(rels, keep.tolist()) if k], dtype=torch.long)  # [N]
+        arc_r = torch.tensor([rel_index[r] for r in rels], dtype=torch.long)  # [N]
         n = n_words[arc_b]  # [N]
         R, n_offsets = len(rel_names), len(self.offsets)
         st = self.state
@@ -165,7 +166,7 @@ class SyntacticReducer(Reducer):
         for direction in self.directions:
             src, dst = (arc_h, arc_d) if direction == "head->dep" else (arc_d, arc_h)
             # which arcs a causal model can get right at all
-            ok = (torch.ones_like(keep[keep]) if not self.causal else arc_h < arc_d if direction == "dep->head"
+            ok = (torch.ones_like(arc_h, dtype=torch.bool) if not self.causal else arc_h < arc_d if direction == "dep->head"
                   else arc_h > arc_d if direction == "head<-dep" else arc_d < arc_h)  # [N]
             hit = pred[direction][arc_b, src] == dst[:, None, None]  # [N, L, H]
             # Clark: max(0, min(i + o + 1, n)) 1-based, 0 = ROOT -> 0-based [-1, n-1]

@@ -278,11 +278,12 @@ class Transformer(HookedModule):
             max_new_tokens: how many tokens to append.
             use_cache: decode with the KV cache (False recomputes the whole sequence every step).
             eos_token_id: stop once every sequence has produced it.
-            pack_weights: multiply each step by MKL-packed copies of the float32 CPU linear weights, built once
-                per call and held while it runs (one extra copy of those weights; see :func:`_packed_linears`).
-                ``None`` (default) packs when it pays: with the cache, at least ``PACK_MIN_ROWS`` sequences and
-                ``PACK_MIN_STEPS`` new tokens, and at most ``PACK_MAX_BYTES`` of weights. The tokens are the
-                same either way, up to float rounding in near ties.
+            pack_weights: multiply each step by copies of the float32 CPU linear weights laid out for B rows
+                (MKL-packed from ``PACK_MIN_ROWS`` rows, transposed below), built once per call and held while it
+                runs (one extra copy of those weights; see :func:`_packed_linears`). ``None`` (default) packs
+                when it pays: with the cache, at least ``PACK_MIN_ROWS`` sequences and ``PACK_MIN_STEPS`` new
+                tokens, and at most ``PACK_MAX_BYTES`` of weights. Inside :meth:`decoding` the copies already
+                exist and are reused. The tokens are the same either way, up to float rounding in near ties.
 
         Returns:
             ``[B, T + new]`` ids (fewer new ones when every sequence hit ``eos_token_id``).
@@ -328,6 +329,46 @@ class Transformer(HookedModule):
                 if eos_token_id is not None and bool((out[:, n - 1] == eos_token_id).all()):
                     break
         return out[:, :n]
+
+    @contextlib.contextmanager
+    def decoding(self, batch_size: int = 1) -> Iterator[Transformer]:
+        """Lay the weights out for decoding ``batch_size`` sequences once, for every :meth:`generate` in the block.
+
+        Inside the block every float32 CPU linear layer multiplies ``batch_size``-row inputs (the decode steps
+        of a ``batch_size``-sequence :meth:`generate`) by a copy of its weight laid out for that many rows: the
+        transposed ``[in, out]`` matrix below ``PACK_MIN_ROWS`` rows, an MKL-packed one from there. Building the
+        copies costs about one pass over the weights (~0.4 s for SmolLM2-135M) and holds one extra copy of them
+        until the block ends, so it pays when many steps reuse them. Prompts, other row counts, autograd and a
+        weight edited inside the block take the plain path, so results are those of :meth:`generate` outside
+        the block up to float rounding (the summation order of a GEMM kernel). Nothing is changed on models
+        that are not float32 on CPU, or on torch builds without MKL.
+
+        Args:
+            batch_size: how many sequences each :meth:`generate` call inside the block decodes.
+
+        Yields:
+            the model itself.
+
+        Raises:
+            TypeError: ``batch_size`` is not an int.
+            ValueError: ``batch_size`` < 1.
+
+        Example:
+            >>> with model.decoding(batch_size=1):
+            ...     outs = [model.generate(model.to_tokens(p), 64) for p in prompts]
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+            raise TypeError(f"batch_size={batch_size!r} must be an int")
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        with self.lock:  # no pass of another thread sees half the layers switched
+            layout = _packed_linears(self, rows=batch_size)
+            layout.__enter__()
+        try:
+            yield self
+        finally:
+            with self.lock:
+                layout.__exit__(None, None, None)
 
     # --- gates ----------------------------------------------------------------------------------------
     def set_head_gates(self, gates: torch.Tensor | Sequence[torch.Tensor] | None) -> None:
@@ -450,8 +491,10 @@ class Transformer(HookedModule):
 
 
 # generate() multiplies each decode step's B rows by MKL-packed weights from this many rows (measured on a
-# Xeon, 1 thread, SmolLM2-135M: 1 row gains nothing over the plain weight, 4-16 rows run ~1.5x faster) and for
-# runs of at least this many steps (packing takes ~0.3 s there, one step saves ~30-50 ms at 4-8 rows).
+# Xeon, 1 thread, SmolLM2-135M: 4-16 rows run ~1.5x faster) and for runs of at least this many steps (packing
+# takes ~0.3 s there, one step saves ~30-50 ms at 4-8 rows). Fewer rows get the transposed layout, whose ~5 ms
+# a step pays for its ~0.4 s copy only over ~100 steps: generate() builds it only when asked (pack_weights=True)
+# or inside Transformer.decoding(), which builds it once for many generate() calls.
 PACK_MIN_ROWS = 4
 PACK_MIN_STEPS = 8
 # ... and only when the packed copy (about the size of the weights) is small: a 7B float32 model is not doubled.
@@ -477,16 +520,31 @@ def _packed_forward(mod: nn.Linear, weight: torch.Tensor, packed: torch.Tensor, 
     return torch.ops.mkl._mkl_linear(x, packed, weight, mod.bias, rows)
 
 
+def _transposed_forward(mod: nn.Linear, weight: torch.Tensor, weight_t: torch.Tensor, version: int, rows: int,
+                        x: torch.Tensor) -> torch.Tensor:
+    # The guards of _packed_forward, and only inputs of `rows` rows (decode steps) use the copy: a prompt is
+    # multiplied exactly as in forward().
+    if (torch.is_grad_enabled() or mod.weight is not weight or weight._version != version
+            or x.device != weight_t.device or x.numel() != rows * x.shape[-1]):
+        return F.linear(x, mod.weight, mod.bias)
+    out = x @ weight_t  # [..., in] @ [in, out] -> [..., out]
+    return out if mod.bias is None else out.add_(mod.bias)
+
+
 @contextlib.contextmanager
 def _packed_linears(model: nn.Module, *, rows: int, enabled: bool = True) -> Iterator[int]:
-    """Within the block, every float32 CPU ``nn.Linear`` of ``model`` multiplies ``rows``-row inputs by an
-    MKL-packed copy of its weight; yields how many layers were packed (0 when disabled or unavailable).
+    """Within the block, every float32 CPU ``nn.Linear`` of ``model`` multiplies ``rows``-row inputs by a copy
+    of its weight laid out for that many rows; yields how many layers got one (0 when disabled or unavailable).
 
-    Why: a decode step multiplies a few rows (one per sequence) by every weight, and MKL's sgemm repacks the
-    weight on every call, which at 4-16 rows costs about as much as the multiply itself. Packing once per
-    ``generate`` call holds one extra copy of the weights while it runs. The results equal ``F.linear``'s up
-    to float rounding (the summation order of a GEMM kernel). Every layer gets its own forward back on exit,
-    also when the block raises.
+    Why: a decode step multiplies a few rows (one per sequence) by every weight. From ``PACK_MIN_ROWS`` rows
+    the copy is MKL-packed: MKL's sgemm otherwise repacks the weight on every call, which at 4-16 rows costs
+    about as much as the multiply itself. Below that it is the transposed ``[in, out]`` matrix, contiguous:
+    the product is then a matrix-vector product bound by memory bandwidth, and MKL streams that layout faster
+    than ``F.linear``'s ``[out, in]`` (SmolLM2-135M, 1 thread, one row: 45 ms per decode step instead of 50).
+    The copy costs one extra copy of the weights while the block runs and takes ~0.4 s to build for 540 MB,
+    so one row only pays when many steps reuse it (:meth:`Transformer.decoding`). The results equal
+    ``F.linear``'s up to float rounding (the summation order of a GEMM kernel). Every layer gets its own forward
+    back on exit, also when the block raises.
     """
     patched: list[nn.Linear] = []
     try:
@@ -496,8 +554,12 @@ def _packed_linears(model: nn.Module, *, rows: int, enabled: bool = True) -> Ite
                 if (type(mod) is not nn.Linear or "forward" in mod.__dict__ or w.dtype != torch.float32
                         or w.device.type != "cpu"):
                     continue
-                packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows)
-                mod.forward = functools.partial(_packed_forward, mod, w, packed, w._version, rows)
+                if rows >= PACK_MIN_ROWS:
+                    packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows)
+                    mod.forward = functools.partial(_packed_forward, mod, w, packed, w._version, rows)
+                else:
+                    w_t = w.detach().t().contiguous()  # [out, in] -> [in, out]
+                    mod.forward = functools.partial(_transposed_forward, mod, w, w_t, w._version, rows)
                 patched.append(mod)
         yield len(patched)
     finally:

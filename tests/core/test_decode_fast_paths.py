@@ -33,6 +33,54 @@ def test_packed_linears_equal_f_linear_for_every_row_count(bias):
 
 
 @needs_mkl
+@pytest.mark.parametrize("bias", [False, True])
+def test_transposed_linears_below_pack_min_rows_equal_f_linear(bias):
+    model = make("gqa-rotary", attn_bias=bias, mlp_bias=bias, out_bias=bias)
+    lin = model.blocks[1].attn.W_qkv
+    rows = model_mod.PACK_MIN_ROWS - 1
+    with torch.no_grad(), model_mod._packed_linears(model, rows=rows):
+        assert lin.forward.func is model_mod._transposed_forward
+        x = torch.randn(rows, 1, lin.in_features)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
+        prompt = torch.randn(rows, 5, lin.in_features)  # another row count: exactly the plain product
+        assert torch.equal(lin(prompt), F.linear(prompt, lin.weight, lin.bias))
+        lin.weight.mul_(2)  # an edit makes the copy stale: the layer must see it
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
+    assert _patched(model) == []
+
+
+@needs_mkl
+@pytest.mark.parametrize("variant", ["gqa-rotary", "mla"])
+def test_decoding_block_builds_the_layout_once_and_generates_the_same_tokens(variant):
+    model = make(variant)
+    one = torch.randint(0, 37, (1, 4), generator=torch.Generator().manual_seed(6))
+    five = torch.randint(0, 37, (5, 4), generator=torch.Generator().manual_seed(7))
+    plain_one, plain_five = model.generate(one, 7, pack_weights=False), model.generate(five, 7, pack_weights=False)
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    with model.decoding(batch_size=1) as m:
+        assert m is model and len(_patched(model)) == n_linear
+        copies = {name: mod.forward.args[2] for name, mod in model.named_modules() if "forward" in mod.__dict__}
+        assert torch.equal(model.generate(one, 7), plain_one)
+        assert torch.equal(model.generate(one, 7), model.generate(one, 7, use_cache=False))
+        assert torch.equal(model.generate(five, 7), plain_five)  # another batch size: the plain weights
+        # the same copies serve every call of the block
+        assert all(mod.forward.args[2] is copies[name] for name, mod in model.named_modules() if name in copies)
+    assert _patched(model) == []
+    with pytest.raises(RuntimeError, match="inside"), model.decoding(batch_size=1):
+        raise RuntimeError("inside")
+    assert _patched(model) == [] and not model.lock._is_owned()
+
+
+def test_decoding_rejects_a_bad_batch_size():
+    model = make("gqa-rotary")
+    with pytest.raises(ValueError, match="batch_size=0"), model.decoding(batch_size=0):
+        pass
+    with pytest.raises(TypeError, match="batch_size=1.5"), model.decoding(batch_size=1.5):
+        pass
+    assert _patched(model) == []
+
+
+@needs_mkl
 def test_packed_linears_fall_back_under_autograd_and_after_an_edit():
     model = make("gqa-rotary")
     lin = model.blocks[1].attn.W_qkv

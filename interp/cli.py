@@ -663,23 +663,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     where = ""
+    ok = False
     previous = _exit_on_sigint()
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv
         if args.command in ("heads", "prune"):
             where = _start_distributed(args)
-        return args.func(args)
+        status = args.func(args)
+        ok = True
+        return status
     except BaseException as e:
         return _report(e, where)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
         if where:
-            import torch.distributed as dist
+            from . import distributed
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            distributed.shutdown(wait=ok)  # after a failure the other ranks may never reach a barrier
 
 
 def _exit_on_sigint() -> Any:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .trace import Reducer
 
 __all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_same", "describe_batches",
-           "init_from_env", "rank", "shard", "world_size"]
+           "init_from_env", "rank", "shard", "shutdown", "world_size"]
 
 #: Seconds a collective may wait for the other ranks before the job stops (``INTERP_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 600.0
@@ -100,6 +100,32 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None) ->
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return active()
+
+
+def shutdown(*, wait: bool = True) -> None:
+    """Close the process group that :func:`init_from_env` opened; nothing happens when there is none.
+
+    Why a barrier first: a rank that destroys its group and exits while a peer is still tearing down its gloo
+    connections can abort that peer ("terminate called without an active exception"), turning a finished run
+    into a failed one. Waiting for every rank makes them leave together.
+
+    Args:
+        wait: meet the other ranks at a barrier before closing. Pass False after a failure: the peers may never
+            arrive (a failed barrier is ignored either way; the run's own outcome stands).
+
+    Example:
+        >>> init_from_env(); ...; shutdown()   # at the end of a torchrun job
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if wait and dist.get_world_size() > 1:
+            _collective("the closing barrier", dist.barrier)
+    except DistributedError:
+        pass  # a peer already left or died: its own error, not this rank's
+    finally:
+        dist.destroy_process_group()
 
 
 def _device() -> torch.device:

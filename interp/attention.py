@@ -259,16 +259,6 @@ class Attention(_AttentionBase):
         H, K, D = self.n_heads, self.n_kv_heads, self.d_head
         if H == 0:
             return self._no_heads(x)
-        if context is None and self.rotary is not None and not (self.hook_q.active or self.hook_k.active):
-            # Nothing reads q or k before the rotation: rotate both in one pass over the fused projection's
-            # first H + K heads (half the elementwise ops of a decode step's rotary; the same numbers).
-            qk, v = self.W_qkv(x).split([(H + K) * D, K * D], dim=-1)
-            q, k = self.rotary(qk.view(B, T, H + K, D), positions).split([H, K], dim=2)  # [B, T, H|K, D]
-            v = self.hook_v(v.view(B, T, K, D))  # [B, T, K, D]
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H|K, T, D]
-            if cache is not None:
-                k, v = cache.update(mask.start, k, v)  # [B, K, S, D] up to start + T
-            return self._project_out(self._attend(q, k, v, mask))
         if context is None:
             q, k, v = self.W_qkv(x).split([H * D, K * D, K * D], dim=-1)
             S_new = T

@@ -183,22 +183,3 @@ def test_cross_attention_matches_naive():
             writes = writes + torch.softmax(s, -1) @ v @ cross.W_O.weight[:, h * D:(h + 1) * D].T
         torch.testing.assert_close(got[0][i], writes, atol=1e-5, rtol=0)
 
-
-@pytest.mark.parametrize("variant", [v for v in sorted(VARIANTS) if VARIANTS[v].get("positional") == "rotary"
-                                     and VARIANTS[v].get("attention") != "latent"])
-def test_rotating_q_and_k_together_equals_the_hooked_path(variant):
-    # Without hooks on q/k, attention rotates both in one pass; a hook on either takes the per-tensor path.
-    model = make(variant)
-    tokens = torch.randint(0, 37, (2, 6), generator=torch.Generator().manual_seed(8))
-    with torch.no_grad():
-        joint = model(tokens)
-        cache = model.make_cache(batch_size=2)
-        steps = torch.cat([model(tokens[:, :4], kv_cache=cache), model(tokens[:, 4:5], kv_cache=cache),
-                           model(tokens[:, 5:], kv_cache=cache)], dim=1)
-        seen = []
-        with model.hooks([(f"blocks.{i}.attn.hook_{n}", lambda t, hook: seen.append(hook.name))
-                          for i in range(2) for n in ("q", "k")]):
-            per_tensor = model(tokens)
-    assert len(seen) == 4
-    assert torch.equal(joint, per_tensor)
-    torch.testing.assert_close(steps, joint, atol=1e-5, rtol=0)

@@ -182,4 +182,3 @@ def test_cross_attention_matches_naive():
             s = (q @ k.T / math.sqrt(D)).masked_fill(~ctx_mask[i].bool(), float("-inf"))
             writes = writes + torch.softmax(s, -1) @ v @ cross.W_O.weight[:, h * D:(h + 1) * D].T
         torch.testing.assert_close(got[0][i], writes, atol=1e-5, rtol=0)
-

@@ -119,10 +119,10 @@ class SyntacticReducer(Reducer):
         W = member.shape[1]
         n_words = torch.tensor([len(s.words) for s in self._sents])  # [B]
         exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
-        invalid = ~exists[:, None, :] | ~exists[:, :, None] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]
+        self._invalid = None  # an encoder masks only the diagonal (see update)
         if self.causal:  # a word sees only earlier words: attention to later ones is 0, not evidence
-            invalid = invalid | torch.ones(W, W, dtype=torch.bool).triu(1)[None]
-        self._invalid = invalid[:, None]  # [B, 1, W, W]
+            invalid = ~exists[:, None, :] | ~exists[:, :, None] | torch.ones(W, W, dtype=torch.bool).triu()[None]
+            self._invalid = invalid[:, None]  # [B, 1, W, W]: padding, the word itself and later words
         # Every arc of the batch at once (arcs to ROOT have no word to attend to): flat [N] index tensors; each
         # layer scores them with one gather per direction and sums per relation with index_add, so Python
         # touches relations, not arcs, and no word map outlives its layer.
@@ -134,14 +134,16 @@ class SyntacticReducer(Reducer):
         rels = [r for r, k in zip(rels, keep.tolist()) if k]  # [N]: the relations of the kept arcs
         rel_index = {r: i for i, r in enumerate(dict.fromkeys(rels))}  # first-seen order
         self._rel_names = list(rel_index)
-        self._arc_b, arc_d, arc_h = arc_b[keep], arc_d[keep], arc_h[keep]  # [N]
+        self._arc_b, self._arc_d, self._arc_h = arc_b[keep], arc_d[keep], arc_h[keep]  # [N]
         self._arc_r = torch.tensor([rel_index[r] for r in rels], dtype=torch.long)  # [N]
-        # (source word, gold partner) of each direction: the prediction read at the source must be the partner
-        self._arcs = {d: (arc_h, arc_d) if d == "head->dep" else (arc_d, arc_h) for d in self.directions}
         R = len(self._rel_names)
         self._correct = {d: torch.zeros(R, self._L, self._H, dtype=torch.float64) for d in self.directions}
         self._n_words = n_words
         self._chunks: dict[int, torch.Tensor] = {}  # layer -> word map summed over the query chunks so far
+
+    def _src_dst(self, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(source word, gold partner)`` of every arc: the prediction read at the source must be the partner."""
+        return (self._arc_h, self._arc_d) if direction == "head->dep" else (self._arc_d, self._arc_h)
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         if self._member is None:
@@ -174,7 +176,7 @@ class SyntacticReducer(Reducer):
             pred["head<-dep"] = _argmax_or_none(words, dim=-2)  # [B, H, W]
         arc_b, arc_r = self._arc_b.to(words.device), self._arc_r.to(words.device)
         for direction in self.directions:
-            src, dst = (t.to(words.device) for t in self._arcs[direction])
+            src, dst = (t.to(words.device) for t in self._src_dst(direction))
             hit = pred[direction][arc_b, :, src] == dst[:, None]  # [N, H]
             self._correct[direction][:, layer, :H].index_add_(0, arc_r.cpu(), hit.double().cpu())
 
@@ -188,8 +190,8 @@ class SyntacticReducer(Reducer):
         offs = torch.tensor(self.offsets)  # [O]
         sums = {}
         for direction in self.directions:
-            src, dst = self._arcs[direction]
-            arc_h, arc_d = (src, dst) if direction == "head->dep" else (dst, src)
+            src, dst = self._src_dst(direction)
+            arc_h, arc_d = self._arc_h, self._arc_d
             # which arcs a causal model can get right at all
             ok = (torch.ones_like(arc_h, dtype=torch.bool) if not self.causal else arc_h < arc_d if direction == "dep->head"
                   else arc_h > arc_d if direction == "head<-dep" else arc_d < arc_h)  # [N]

@@ -116,68 +116,94 @@ class SyntacticReducer(Reducer):
             return
         self._to_word = member  # attention to a word: sum over its tokens
         self._from_word = member / member.sum(-1, keepdim=True).clamp(min=1)  # from a word: mean over its tokens
-        B, W = member.shape[:2]
-        self._words = torch.zeros(self._L, B, self._H, W, W)  # [L, B, H, W, W]
+        W = member.shape[1]
+        n_words = torch.tensor([len(s.words) for s in self._sents])  # [B]
+        exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
+        self._invalid = None  # an encoder masks only the diagonal (see update)
+        if self.causal:  # a word sees only earlier words: attention to later ones is 0, not evidence
+            invalid = ~exists[:, None, :] | ~exists[:, :, None] | torch.ones(W, W, dtype=torch.bool).triu()[None]
+            self._invalid = invalid[:, None]  # [B, 1, W, W]: padding, the word itself and later words
+        # Every arc of the batch at once (arcs to ROOT have no word to attend to): flat [N] index tensors; each
+        # layer scores them with one gather per direction and sums per relation with index_add, so Python
+        # touches relations, not arcs, and no word map outlives its layer.
+        arc_b = torch.tensor([b for b, s in enumerate(self._sents) for _ in s.heads], dtype=torch.long)  # [N_all]
+        arc_d = torch.tensor([d for s in self._sents for d in range(len(s.heads))], dtype=torch.long)  # [N_all]
+        arc_h = torch.tensor([h for s in self._sents for h in s.heads], dtype=torch.long)  # [N_all]
+        keep = arc_h >= 0
+        rels = [r for s in self._sents for r in s.deprels]
+        rels = [r for r, k in zip(rels, keep.tolist()) if k]  # [N]: the relations of the kept arcs
+        rel_index = {r: i for i, r in enumerate(dict.fromkeys(rels))}  # first-seen order
+        self._rel_names = list(rel_index)
+        self._arc_b, self._arc_d, self._arc_h = arc_b[keep], arc_d[keep], arc_h[keep]  # [N]
+        self._arc_r = torch.tensor([rel_index[r] for r in rels], dtype=torch.long)  # [N]
+        R = len(self._rel_names)
+        self._correct = {d: torch.zeros(R, self._L, self._H, dtype=torch.float64) for d in self.directions}
+        self._n_words = n_words
+        self._chunks: dict[int, torch.Tensor] = {}  # layer -> word map summed over the query chunks so far
+
+    def _src_dst(self, direction: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(source word, gold partner)`` of every arc: the prediction read at the source must be the partner."""
+        return (self._arc_h, self._arc_d) if direction == "head->dep" else (self._arc_d, self._arc_h)
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         if self._member is None:
             return
+        layer = layer_of(name)
         p = tensor.detach().float()  # [B, H, Tc, S]
         B, H, Tc, S = p.shape
         frm = self._from_word[:, None, :, q_start:q_start + Tc].to(p)  # [B, 1, W, Tc]
         # Keys to words with the heads folded into the rows (one large matmul per sequence), then queries to
         # words: word attention [B, H, W, W].
         to_words = (p.reshape(B, H * Tc, S) @ self._to_word.transpose(1, 2).to(p)).view(B, H, Tc, -1)  # [B, H, Tc, W]
-        part = frm @ to_words  # [B, H, W, W]: [.., i, j] attention from word i to word j
-        self._words[layer_of(name), :, :p.shape[1]] += part.cpu()
+        words = frm @ to_words  # [B, H, W, W]: [.., i, j] attention from word i to word j
+        if q_start > 0 or Tc < S:  # query chunks: sum the word maps until the last chunk has arrived
+            if layer in self._chunks:
+                words = self._chunks.pop(layer) + words
+            if q_start + Tc < S:
+                self._chunks[layer] = words
+                return
+        # A word never predicts itself. Padding words need no mask in an encoder: their rows and columns hold
+        # exact zeros after every real word (attention weights are >= 0, and the argmax takes the first of
+        # equal values), and a sentence with a scored arc has a second word. A decoder's zeros above the
+        # diagonal come before the real candidates of a column, so there the whole mask is applied.
+        if self.causal:
+            words.masked_fill_(self._invalid.to(words.device), float("-inf"))  # in place: the map is ours
+        else:
+            words.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))  # [B, H, W] view
+        pred = {"dep->head": _argmax_or_none(words)}  # [B, H, W]: the word each word attends to most
+        pred["head->dep"] = pred["dep->head"]
+        if "head<-dep" in self.directions:  # by column: the word that attends most to word j
+            pred["head<-dep"] = _argmax_or_none(words, dim=-2)  # [B, H, W]
+        arc_b, arc_r = self._arc_b.to(words.device), self._arc_r.to(words.device)
+        for direction in self.directions:
+            src, dst = (t.to(words.device) for t in self._src_dst(direction))
+            hit = pred[direction][arc_b, :, src] == dst[:, None]  # [N, H]
+            self._correct[direction][:, layer, :H].index_add_(0, arc_r.cpu(), hit.double().cpu())
 
     def end_batch(self) -> None:
         if self._member is None:
             return
-        words = self._words
-        W = words.shape[-1]
-        n_words = torch.tensor([len(s.words) for s in self._sents])  # [B]
-        exists = torch.arange(W)[None, :] < n_words[:, None]  # [B, W]
-        invalid = ~exists[:, None, :] | ~exists[:, :, None] | torch.eye(W, dtype=torch.bool)[None]  # [B, W, W]
-        if self.causal:  # a word sees only earlier words: attention to later ones is 0, not evidence
-            invalid = invalid | torch.ones(W, W, dtype=torch.bool).triu(1)[None]
-        words.masked_fill_(invalid[None, :, None], float("-inf"))  # in place: the batch's buffer is done after this
-        by_row = _argmax_or_none(words).permute(1, 3, 0, 2)  # [B, W, L, H]: the word each word attends to most
-        pred = {"dep->head": by_row, "head->dep": by_row}
-        if "head<-dep" in self.directions:  # by column: the word that attends most to word j
-            pred["head<-dep"] = _argmax_or_none(words, dim=-2).permute(1, 3, 0, 2)  # [B, W, L, H]
-        # Every arc of the batch at once (arcs to ROOT have no word to attend to): flat [N] index tensors, one
-        # gather per direction, then sums per relation with index_add; Python touches relations, not arcs.
-        arc_b = torch.tensor([b for b, s in enumerate(self._sents) for _ in s.heads])  # [N_all]
-        arc_d = torch.tensor([d for s in self._sents for d in range(len(s.heads))])  # [N_all]
-        arc_h = torch.tensor([h for s in self._sents for h in s.heads])  # [N_all]
-        keep = arc_h >= 0
-        rels = [r for s in self._sents for r in s.deprels]
-        rels = [r for r, k in zip(rels, keep.tolist()) if k]  # [N]: the relations of the kept arcs
-        rel_index = {r: i for i, r in enumerate(dict.fromkeys(rels))}  # first-seen order
-        rel_names = list(rel_index)
-        arc_b, arc_d, arc_h = arc_b[keep], arc_d[keep], arc_h[keep]  # [N]
-        arc_r = torch.tensor([rel_index[r] for r in rels], dtype=torch.long)  # [N]
-        n = n_words[arc_b]  # [N]
-        R, n_offsets = len(rel_names), len(self.offsets)
+        arc_b, arc_r = self._arc_b, self._arc_r
+        n = self._n_words[arc_b]  # [N]
+        R, n_offsets = len(self._rel_names), len(self.offsets)
         st = self.state
         offs = torch.tensor(self.offsets)  # [O]
         sums = {}
         for direction in self.directions:
-            src, dst = (arc_h, arc_d) if direction == "head->dep" else (arc_d, arc_h)
+            src, dst = self._src_dst(direction)
+            arc_h, arc_d = self._arc_h, self._arc_d
             # which arcs a causal model can get right at all
             ok = (torch.ones_like(arc_h, dtype=torch.bool) if not self.causal else arc_h < arc_d if direction == "dep->head"
                   else arc_h > arc_d if direction == "head<-dep" else arc_d < arc_h)  # [N]
-            hit = pred[direction][arc_b, src] == dst[:, None, None]  # [N, L, H]
             # Clark: max(0, min(i + o + 1, n)) 1-based, 0 = ROOT -> 0-based [-1, n-1]
             guess = torch.maximum(torch.minimum(src[:, None] + offs[None], n[:, None] - 1),
                                   torch.full_like(src[:, None], -1))  # [N, O]
             sums[direction] = (
-                torch.zeros(R, self._L, self._H, dtype=torch.float64).index_add_(0, arc_r, hit.double()),
+                self._correct[direction],
                 torch.bincount(arc_r, minlength=R).double(),
                 torch.zeros(R, dtype=torch.float64).index_add_(0, arc_r, ok.double()),
                 torch.zeros(R, n_offsets, dtype=torch.float64).index_add_(0, arc_r, (guess == dst[:, None]).double()))
-        for i, r in enumerate(rel_names):  # state keys appear in the order the arcs first show them
+        for i, r in enumerate(self._rel_names):  # state keys appear in the order the arcs first show them
             for direction in self.directions:
                 key = f"{r}|{direction}"
                 if f"count|{key}" not in st:

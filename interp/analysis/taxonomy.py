@@ -144,6 +144,14 @@ def _stages(progress: bool, n: int):
     return stage
 
 
+def _plain(df: pd.DataFrame) -> pd.DataFrame:
+    """A shallow copy of ``df`` without its ``attrs``, to read from: pandas deep-copies ``attrs`` into every frame
+    and column derived from a frame (a syntactic table's attrs hold a record per relation)."""
+    plain = df.copy(deep=False)
+    plain.attrs = {}
+    return plain
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
@@ -259,14 +267,14 @@ def classify_heads(
     details["positional"] = pos
     targets = [(offset_label(o), f"at offset {offset_label(o)}") for o in range(-window, window + 1)]
     targets += [(cat, f"on the {cat} token") for cat in ("first", "delimiter")]
-    for r in pos.itertuples():
+    n_rows = pos.attrs["rows"]
+    for r in _plain(pos).to_dict("records"):
         for lab, where in targets:
-            share = pos.at[r.Index, f"argmax_{lab}"]
+            share = r[f"argmax_{lab}"]
             if share == share and share >= positional_threshold:  # share != share: NaN, no valid rows
-                rows.append({"layer": r.layer, "head": r.head, "kind": f"positional:{lab}", "score": share,
-                             "evidence": f"argmax {where} in {_pct(share)} of "
-                                         f"{pos.attrs['rows'][lab]} queries; mean weight there "
-                                         f"{pos.at[r.Index, f'mass_{lab}']:.2f}"})
+                rows.append({"layer": r["layer"], "head": r["head"], "kind": f"positional:{lab}", "score": share,
+                             "evidence": f"argmax {where} in {_pct(share)} of {n_rows[lab]} queries; mean "
+                                         f"weight there {r[f'mass_{lab}']:.2f}"})
 
     # --- the induction family: its own synthetic batches ---------------------------------------------------
     stage("induction scores")
@@ -274,7 +282,7 @@ def classify_heads(
         model, n_seqs, half_len, seed=seed)
     ind = induction_table(model, ind_reds, stream(model, ind_data, ind_reds, batch_size=batch_size))
     details["induction"] = ind
-    for r in ind.itertuples():
+    for r in _plain(ind).itertuples():
         if r.previous_token >= previous_token_threshold:
             rows.append({"layer": r.layer, "head": r.head, "kind": "previous-token", "score": r.previous_token,
                          "evidence": f"mean attention {r.previous_token:.2f} on the previous token"})
@@ -292,7 +300,8 @@ def classify_heads(
     if syn_red is not None:
         syn = syn_red.table(n_skipped=stats.skipped, n_untokenized=stats.untokenized)
         details["syntactic"] = syn
-        good = syn[(syn.gain >= syntactic_margin) & (syn.n >= syntactic_min_count)]
+        plain = _plain(syn)
+        good = plain[(plain.gain >= syntactic_margin) & (plain.n >= syntactic_min_count)]
         # One row per (head, relation): the direction with the larger gain.
         good = good.sort_values("gain", ascending=False).drop_duplicates(["layer", "head", "relation"])
         for r in good.itertuples():

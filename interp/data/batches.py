@@ -13,6 +13,7 @@ that reads the same text can prepare its targets from one batch and share one fo
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .treebank import Sentence, align_words, check_max_sentences, read_conllu
+from .treebank import Sentence, check_max_sentences, check_word_index, read_conllu, word_members
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -284,37 +285,51 @@ def treebank_batches(
     return _treebank_stream(model, conllu, tok, batch_size, max_sentences, bucket, stats)
 
 
+def _encode_sentences(tok: Any, sents: list[Sentence]) -> list[tuple[Sequence[int], Sequence[int | None]]]:
+    """``(ids, word_index)`` of each sentence, in one call when the tokenizer encodes batches of sentences."""
+    if hasattr(tok, "encode_words_batch"):
+        return tok.encode_words_batch([s.words for s in sents])
+    return [tok.encode_words(s.words) for s in sents]
+
+
 def _treebank_stream(model: Transformer, conllu: Any, tok: Any, batch_size: int, max_sentences: int | None,
                      bucket: bool, stats: TreebankStats) -> Iterator[Batch]:
     pad_id = getattr(tok, "pad_token_id", None) or 0
     window = 16 * batch_size if bucket else 1
-    pending: list[tuple[Sentence, torch.Tensor, torch.Tensor]] = []
+    pending: list[tuple[Sentence, Sequence[int], Sequence[int | None]]] = []
 
-    def emit(items: list[tuple[Sentence, torch.Tensor, torch.Tensor]]) -> Iterator[Batch]:
+    def emit(items: list[tuple[Sentence, Sequence[int], Sequence[int | None]]]) -> Iterator[Batch]:
         for group in bucket_by_length([len(ids) for _, ids, _ in items], batch_size, window=window):
             rows = [items[i] for i in group]
             tokens, mask = pad([ids for _, ids, _ in rows], pad_id)
             W = max(len(s.words) for s, _, _ in rows)
-            member = torch.zeros(len(rows), W, tokens.shape[1])  # [B, W, T]
-            for b, (_, _, mem) in enumerate(rows):
-                member[b, :mem.shape[0], :mem.shape[1]] = mem
+            member = word_members([wi for _, _, wi in rows], W, tokens.shape[1])  # [B, W, T]
             stats.batched += len(rows)
             yield Batch(tokens, mask, {"sentences": [s for s, _, _ in rows], "member": member})
 
-    for s in sentences(conllu, max_sentences):
-        stats.seen += 1
-        ids, word_index = tok.encode_words(s.words)
-        if len(ids) > model.cfg.n_ctx:
-            stats.skipped += 1
-            continue
-        try:
-            member = align_words(list(word_index), len(s.words))
-        except ValueError:
-            stats.untokenized += 1  # a word whose form tokenizes to nothing: skip the sentence, count it
-            continue
-        pending.append((s, torch.as_tensor(ids, dtype=torch.long), member))
-        if len(pending) == max(window, batch_size):
-            yield from emit(pending)
-            pending = []
+    # Sentences are tokenized a window at a time (one tokenizer call), then taken one by one as before.
+    for sents in _chunks(sentences(conllu, max_sentences), max(window, batch_size)):
+        for s, (ids, word_index) in zip(sents, _encode_sentences(tok, sents)):
+            stats.seen += 1
+            if len(ids) > model.cfg.n_ctx:
+                stats.skipped += 1
+                continue
+            word_index = list(word_index)
+            try:
+                check_word_index(word_index, len(s.words))
+            except ValueError:
+                stats.untokenized += 1  # a word whose form tokenizes to nothing: skip the sentence, count it
+                continue
+            pending.append((s, torch.as_tensor(ids, dtype=torch.long), word_index))
+            if len(pending) == max(window, batch_size):
+                yield from emit(pending)
+                pending = []
     if pending:
         yield from emit(pending)
+
+
+def _chunks(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    """Lists of up to ``n`` consecutive items."""
+    it = iter(items)
+    while chunk := list(itertools.islice(it, n)):
+        yield chunk

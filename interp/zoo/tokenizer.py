@@ -200,22 +200,51 @@ class Tokenizer:
         Example:
             >>> ids, where = tok.encode_words(["Unbelievable", "!"])   # where == [None, 0, 0, 0, 1, None]
         """
-        if isinstance(words, str) or not isinstance(words, Sequence):
-            raise TypeError(f"words must be a list of str, got {type(words).__name__}")
-        words = list(words)
-        if not words:
-            raise ValueError("words is empty: pass the words of one sentence")
-        bad = [w for w in words if not isinstance(w, str)]
-        if bad:
-            raise TypeError(f"words must all be str, got {bad[:3]!r}")
-        if space_before is None:
-            space_before = [i > 0 for i in range(len(words))]
-        elif isinstance(space_before, str) or len(space_before) != len(words):
-            raise ValueError(f"space_before must hold one bool per word ({len(words)}), got {space_before!r}")
-        if self._byte_level:
-            words = [" " + w if sp and not w[:1].isspace() else w for w, sp in zip(words, space_before)]
-        (enc,) = self._encode([words], max_length, is_pretokenized=True)
-        return torch.tensor(enc.ids, dtype=torch.long), list(enc.word_ids)
+        space = None if space_before is None else [space_before]
+        ((ids, word_index),) = self.encode_words_batch([words], max_length, space_before=space)
+        return torch.tensor(ids, dtype=torch.long), word_index
+
+    def encode_words_batch(self, sentences: Sequence[Sequence[str]], max_length: int | None = None, *,
+                           space_before: Sequence[Sequence[bool]] | None = None
+                           ) -> list[tuple[list[int], list[int | None]]]:
+        """:meth:`encode_words` for many sentences in one tokenizer call (the Rust tokenizer batches them).
+
+        Args:
+            sentences: the words of each sentence.
+            max_length: truncate each sentence to this many ids.
+            space_before: per sentence, as in :meth:`encode_words` (default: every word but the first).
+
+        Returns:
+            One ``(ids, word_index)`` per sentence, as plain lists.
+
+        Raises:
+            TypeError: a sentence is not a list of str.
+            ValueError: a sentence is empty, or ``space_before`` does not match the sentences.
+
+        Example:
+            >>> [ids for ids, _ in tok.encode_words_batch([["Hi", "!"], ["Bye"]])]
+        """
+        if isinstance(sentences, str) or not isinstance(sentences, Sequence):
+            raise TypeError(f"sentences must be a list of word lists, got {type(sentences).__name__}")
+        if space_before is not None and (isinstance(space_before, str) or len(space_before) != len(sentences)):
+            raise ValueError(f"space_before must hold one list per sentence ({len(sentences)}), got {space_before!r}")
+        batch = []
+        for k, words in enumerate(sentences):
+            if isinstance(words, str) or not isinstance(words, Sequence):
+                raise TypeError(f"words must be a list of str, got {type(words).__name__}")
+            words = list(words)
+            if not words:
+                raise ValueError("words is empty: pass the words of one sentence")
+            bad = [w for w in words if not isinstance(w, str)]
+            if bad:
+                raise TypeError(f"words must all be str, got {bad[:3]!r}")
+            space = space_before[k] if space_before is not None else [i > 0 for i in range(len(words))]
+            if isinstance(space, str) or len(space) != len(words):
+                raise ValueError(f"space_before must hold one bool per word ({len(words)}), got {space!r}")
+            if self._byte_level:
+                words = [" " + w if sp and not w[:1].isspace() else w for w, sp in zip(words, space)]
+            batch.append(words)
+        return [(enc.ids, enc.word_ids) for enc in self._encode(batch, max_length, is_pretokenized=True)]
 
     # --- decoding -------------------------------------------------------------------------------------
     def to_str_tokens(self, ids: Sequence[int] | torch.Tensor) -> list[str]:

@@ -117,11 +117,16 @@ def test_pooling_mixes_each_subtypes_own_baseline():
     assert p.accuracy["nmod"] == pytest.approx(want)
 
 
+@pytest.mark.parametrize("chunk", [None, 3])  # 3: patterns arrive in query chunks, word maps are summed
 @pytest.mark.parametrize("causal", [False, True])
-def test_directions_against_a_naive_loop(causal):
+def test_directions_against_a_naive_loop(causal, chunk):
     model = model_for(causal, seed=1)
     dirs = ["dep->head", "head<-dep", "head->dep"]
-    df = syntactic_scores(model, SENTS, directions=dirs, batch_size=2)
+    model.set_query_chunk(chunk)
+    try:
+        df = syntactic_scores(model, SENTS, directions=dirs, batch_size=2)
+    finally:
+        model.set_query_chunk(None)
     hits, n, ok = Counter(), Counter(), Counter()
     for s in SENTS:
         ids, where = model.tokenizer.encode_words(s.words)

@@ -99,9 +99,8 @@ def main() -> None:
         if method.startswith("importance"):
             c = importance_curve(model, train, obj, eval_batches=held, step=step, level=level, progress=True)
         elif method.startswith("l0"):
-            extra = {"average": True} if args.l0_average else {}
             c = l0_curve(model, train, obj, targets=args.targets, eval_batches=held, steps=args.l0_steps,
-                         level=level, progress=True, **extra)
+                         level=level, progress=True, average=args.l0_average)
         else:
             c = random_curve(model, held, obj, seeds=range(args.seeds), step=step, progress=True)
         c.method = method

@@ -313,11 +313,10 @@ class Transformer(HookedModule):
         if pack_weights is not None and not isinstance(pack_weights, bool):
             raise TypeError(f"pack_weights={pack_weights!r} must be True, False or None")
         pack = pack_weights
-        if pack is None:
-            linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in self.modules()
-                               if isinstance(m, nn.Linear))
+        if pack is None:  # the weights' size is summed only when the rest says packing would pay
             pack = (use_cache and B >= PACK_MIN_ROWS and max_new_tokens >= PACK_MIN_STEPS
-                    and linear_bytes <= PACK_MAX_BYTES)
+                    and sum(m.weight.numel() * m.weight.element_size() for m in self.modules()
+                            if type(m) is nn.Linear) <= PACK_MAX_BYTES)
         # The lock is held for the whole run: the packed weights below must not meet another thread's pass.
         with self.lock, _packed_linears(self, rows=B, enabled=pack):
             for _ in range(max_new_tokens):
@@ -511,24 +510,23 @@ def _mkl_packing_available() -> bool:
         return False
 
 
-def _packed_forward(mod: nn.Linear, weight: torch.Tensor, packed: torch.Tensor, version: int, rows: int,
-                    x: torch.Tensor) -> torch.Tensor:
-    # MKL's packed op has no autograd and knows nothing of later edits: anything else takes the plain path.
-    if torch.is_grad_enabled() or mod.weight is not weight or weight._version != version or x.device.type != "cpu":
-        return F.linear(x, mod.weight, mod.bias)
-    # Inputs of `rows` rows use the packed copy; MKL multiplies any other row count by the plain weight.
-    return torch.ops.mkl._mkl_linear(x, packed, weight, mod.bias, rows)
+def _packed_mm(x: torch.Tensor, packed: torch.Tensor, mod: nn.Linear, rows: int) -> torch.Tensor:
+    return torch.ops.mkl._mkl_linear(x, packed, mod.weight, mod.bias, rows)
 
 
-def _transposed_forward(mod: nn.Linear, weight: torch.Tensor, weight_t: torch.Tensor, version: int, rows: int,
-                        x: torch.Tensor) -> torch.Tensor:
-    # The guards of _packed_forward, and only inputs of `rows` rows (decode steps) use the copy: a prompt is
-    # multiplied exactly as in forward().
-    if (torch.is_grad_enabled() or mod.weight is not weight or weight._version != version
-            or x.device != weight_t.device or x.numel() != rows * x.shape[-1]):
-        return F.linear(x, mod.weight, mod.bias)
+def _transposed_mm(x: torch.Tensor, weight_t: torch.Tensor, mod: nn.Linear, rows: int) -> torch.Tensor:
     out = x @ weight_t  # [..., in] @ [in, out] -> [..., out]
     return out if mod.bias is None else out.add_(mod.bias)
+
+
+def _layout_forward(mod: nn.Linear, weight: torch.Tensor, copy: torch.Tensor, version: int, rows: int,
+                    multiply: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    # The copy has no autograd and knows nothing of later edits, and it serves only `rows`-row inputs (decode
+    # steps): anything else, a prompt included, is multiplied exactly as in forward().
+    if (torch.is_grad_enabled() or mod.weight is not weight or weight._version != version
+            or x.device != copy.device or x.numel() != rows * x.shape[-1]):
+        return F.linear(x, mod.weight, mod.bias)
+    return multiply(x, copy, mod, rows)
 
 
 @contextlib.contextmanager
@@ -555,11 +553,10 @@ def _packed_linears(model: nn.Module, *, rows: int, enabled: bool = True) -> Ite
                         or w.device.type != "cpu"):
                     continue
                 if rows >= PACK_MIN_ROWS:
-                    packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows)
-                    mod.forward = functools.partial(_packed_forward, mod, w, packed, w._version, rows)
+                    copy, multiply = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows), _packed_mm
                 else:
-                    w_t = w.detach().t().contiguous()  # [out, in] -> [in, out]
-                    mod.forward = functools.partial(_transposed_forward, mod, w, w_t, w._version, rows)
+                    copy, multiply = w.detach().t().contiguous(), _transposed_mm  # [out, in] -> [in, out]
+                mod.forward = functools.partial(_layout_forward, mod, w, copy, w._version, rows, multiply)
                 patched.append(mod)
         yield len(patched)
     finally:

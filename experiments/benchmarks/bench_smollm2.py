@@ -9,8 +9,9 @@ medians after warm-up (benchutil.time_interleaved); the machine is shared, so tr
    ``output_attentions=True`` (patterns only, which favours HF). Target <= 1.0. TransformerLens
    ``TransformerBridge.run_with_cache`` (patterns + z, per-head writes formed from z and W_O) / interp.
 3. greedy decoding, tokens per second, interp ``generate`` (static KV cache, one output buffer, weights
-   packed for MKL once per call from 4 sequences on) / HF ``generate`` (static cache), batch 1 and 8. Target
-   >= 1.2. Outputs are checked equal; interp without packing is timed beside them, and the packing time shown.
+   packed for MKL once per call from 4 sequences on) and ``generate`` inside ``model.decoding(B)`` (the decode
+   layout built once; its build time shown) / HF ``generate`` (static cache), batch 1 and 8. Target >= 1.2.
+   Outputs are checked equal; interp without weight copies is timed beside them.
 4. load time of ``interp.load("smollm2-135m")`` from the converted cache; peak memory of a full Trace (every
    hook) of 512 tokens, in a fresh subprocess (kernel rusage).
 

@@ -39,7 +39,7 @@ def test_transposed_linears_below_pack_min_rows_equal_f_linear(bias):
     lin = model.blocks[1].attn.W_qkv
     rows = model_mod.PACK_MIN_ROWS - 1
     with torch.no_grad(), model_mod._packed_linears(model, rows=rows):
-        assert lin.forward.func is model_mod._transposed_forward
+        assert lin.forward.func is model_mod._layout_forward and lin.forward.args[5] is model_mod._transposed_mm
         x = torch.randn(rows, 1, lin.in_features)
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
         prompt = torch.randn(rows, 5, lin.in_features)  # another row count: exactly the plain product

@@ -8,7 +8,6 @@ norm placement, positional scheme and attention variant. Every intermediate pass
 from __future__ import annotations
 
 import contextlib
-import functools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import decode as _decode
 from . import weights as _weights
 from .attention import AttnMask, make_attention
 from .config import ModelConfig
@@ -150,6 +150,7 @@ class Transformer(HookedModule):
         self.hook_pos_embed = HookPoint()
         self.tokenizer: Any = None
         self.name: str = "transformer"
+        self._decode_layout: _decode.DecodeLayout | None = None  # set inside decoding()
         self.setup_hooks()
 
     # --- forward --------------------------------------------------------------------------------------
@@ -273,17 +274,23 @@ class Transformer(HookedModule):
         With the cache (the default), one static :class:`KVCache` and one output buffer serve the whole run, and
         the prompt's logits are computed for its last position only. Hooks fire as in a forward pass.
 
+        With the cache, a llama-family model (rotary, RMSNorm, SDPA) runs each step past the prompt as
+        :class:`interp.decode.LeanDecoder`'s hook-free tensor operations (over the copies when there are some,
+        else over the weights themselves) while no hook and no head gate is attached: hooks attached make
+        every step the hooked forward pass, so they fire as usual. The tokens are the same on every path, up to
+        float rounding in near ties.
+
         Args:
             tokens: ``[B, T]`` (or ``[T]``) prompt ids, unpadded.
             max_new_tokens: how many tokens to append.
             use_cache: decode with the KV cache (False recomputes the whole sequence every step).
             eos_token_id: stop once every sequence has produced it.
             pack_weights: multiply each step by copies of the float32 CPU linear weights laid out for B rows
-                (MKL-packed from ``PACK_MIN_ROWS`` rows, transposed below), built once per call and held while it
-                runs (one extra copy of those weights; see :func:`_packed_linears`). ``None`` (default) packs
-                when it pays: with the cache, at least ``PACK_MIN_ROWS`` sequences and ``PACK_MIN_STEPS`` new
-                tokens, and at most ``PACK_MAX_BYTES`` of weights. Inside :meth:`decoding` the copies already
-                exist and are reused. The tokens are the same either way, up to float rounding in near ties.
+                (MKL-packed from ``PACK_MIN_ROWS`` rows, transposed below), built once per call and held while
+                it runs (one extra copy of those weights; see :func:`interp.decode._packed_linears`). ``None``
+                (default) packs when it pays: with the cache, at least ``PACK_MIN_ROWS`` sequences and
+                ``PACK_MIN_STEPS`` new tokens, and at most ``PACK_MAX_BYTES`` of weights. Inside
+                :meth:`decoding` the copies already exist and are reused.
 
         Returns:
             ``[B, T + new]`` ids (fewer new ones when every sequence hit ``eos_token_id``).
@@ -314,16 +321,27 @@ class Transformer(HookedModule):
             raise TypeError(f"pack_weights={pack_weights!r} must be True, False or None")
         pack = pack_weights
         if pack is None:  # the weights' size is summed only when the rest says packing would pay
-            pack = (use_cache and B >= PACK_MIN_ROWS and max_new_tokens >= PACK_MIN_STEPS
+            pack = (use_cache and B >= _decode.PACK_MIN_ROWS and max_new_tokens >= _decode.PACK_MIN_STEPS
                     and sum(m.weight.numel() * m.weight.element_size() for m in self.modules()
-                            if type(m) is nn.Linear) <= PACK_MAX_BYTES)
+                            if type(m) is nn.Linear) <= _decode.PACK_MAX_BYTES)
         # The lock is held for the whole run: the packed weights below must not meet another thread's pass.
-        with self.lock, _packed_linears(self, rows=B, enabled=pack):
+        with self.lock, _decode._packed_linears(self, rows=B, enabled=pack) as own_layout:
+            held = getattr(self, "_decode_layout", None)  # decoding()'s copies, when inside that block
+            layout = held if held is not None else own_layout
+            # Past the prompt, a step skips the hooked forward while nothing could observe the difference.
+            lean = None
+            if use_cache:  # over the copies when they serve B rows, else over the weights themselves
+                lean = _decode.LeanDecoder.build(self, layout) if layout.rows == B else None
+                lean = lean or _decode.LeanDecoder.build(self, _decode.DecodeLayout.plain(self, B))
+                lean = lean if lean is not None and lean.usable(B) else None
             for _ in range(max_new_tokens):
-                step_in = out[:, cache.length:n] if use_cache else out[:, :n]
-                logits = self._forward(step_in, attention_mask=None, token_type_ids=None, position_ids=None,
-                                       context=None, context_mask=None, kv_cache=cache, last_only=True)
-                out[:, n] = logits[:, -1].argmax(-1)  # [B]
+                if lean is not None and cache.length == n - 1:
+                    logits = lean.step(out[:, n - 1], n - 1, cache)  # [B, V]
+                else:
+                    step_in = out[:, cache.length:n] if use_cache else out[:, :n]
+                    logits = self._forward(step_in, attention_mask=None, token_type_ids=None, position_ids=None,
+                                           context=None, context_mask=None, kv_cache=cache, last_only=True)[:, -1]
+                out[:, n] = logits.argmax(-1)  # [B]
                 n += 1
                 if eos_token_id is not None and bool((out[:, n - 1] == eos_token_id).all()):
                     break
@@ -340,7 +358,10 @@ class Transformer(HookedModule):
         until the block ends, so it pays when many steps reuse them. Prompts, other row counts, autograd and a
         weight edited inside the block take the plain path, so results are those of :meth:`generate` outside
         the block up to float rounding (the summation order of a GEMM kernel). Nothing is changed on models
-        that are not float32 on CPU, or on torch builds without MKL.
+        that are not float32 on CPU, or on torch builds without MKL. For llama-family models (rotary, RMSNorm,
+        SDPA) :meth:`generate` also runs each step past the prompt as :class:`interp.decode.LeanDecoder`'s
+        hook-free sequence of tensor operations, while no hook and no head gate is attached. A block inside
+        another reuses the outer block's copies.
 
         Args:
             batch_size: how many sequences each :meth:`generate` call inside the block decodes.
@@ -361,13 +382,19 @@ class Transformer(HookedModule):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         with self.lock:  # no pass of another thread sees half the layers switched
-            layout = _packed_linears(self, rows=batch_size)
-            layout.__enter__()
+            nested = getattr(self, "_decode_layout", None) is not None  # then the outer block's copies serve
+            if not nested:
+                build = _decode._packed_linears(self, rows=batch_size)
+                self._decode_layout = build.__enter__()
+        if nested:
+            yield self
+            return
         try:
             yield self
         finally:
             with self.lock:
-                layout.__exit__(None, None, None)
+                self._decode_layout = None
+                build.__exit__(None, None, None)
 
     # --- gates ----------------------------------------------------------------------------------------
     def set_head_gates(self, gates: torch.Tensor | Sequence[torch.Tensor] | None) -> None:
@@ -487,81 +514,6 @@ class Transformer(HookedModule):
         heads = c.n_heads if c.layer_n_heads is None else c.layer_n_heads
         return (f"name={self.name!r}, kind={c.kind}, layers={c.n_layers}, heads={heads}, "
                 f"kv_heads={c.n_kv_heads}, d_model={c.d_model}, causal={c.causal}")
-
-
-# generate() multiplies each decode step's B rows by MKL-packed weights from this many rows (measured on a
-# Xeon, 1 thread, SmolLM2-135M: 4-16 rows run ~1.5x faster) and for runs of at least this many steps (packing
-# takes ~0.3 s there, one step saves ~30-50 ms at 4-8 rows). Fewer rows get the transposed layout, whose ~5 ms
-# a step pays for its ~0.4 s copy only over ~100 steps: generate() builds it only when asked (pack_weights=True)
-# or inside Transformer.decoding(), which builds it once for many generate() calls.
-PACK_MIN_ROWS = 4
-PACK_MIN_STEPS = 8
-# ... and only when the packed copy (about the size of the weights) is small: a 7B float32 model is not doubled.
-PACK_MAX_BYTES = 2 * 2**30
-
-
-def _mkl_packing_available() -> bool:
-    """True when this torch build has MKL's packed sgemm ops (x86 CPU builds); otherwise nothing is packed."""
-    if not torch.backends.mkl.is_available():
-        return False
-    try:
-        return callable(torch.ops.mkl._mkl_reorder_linear_weight) and callable(torch.ops.mkl._mkl_linear)
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def _packed_mm(x: torch.Tensor, packed: torch.Tensor, mod: nn.Linear, rows: int) -> torch.Tensor:
-    return torch.ops.mkl._mkl_linear(x, packed, mod.weight, mod.bias, rows)
-
-
-def _transposed_mm(x: torch.Tensor, weight_t: torch.Tensor, mod: nn.Linear, rows: int) -> torch.Tensor:
-    out = x @ weight_t  # [..., in] @ [in, out] -> [..., out]
-    return out if mod.bias is None else out.add_(mod.bias)
-
-
-def _layout_forward(mod: nn.Linear, weight: torch.Tensor, copy: torch.Tensor, version: int, rows: int,
-                    multiply: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    # The copy has no autograd and knows nothing of later edits, and it serves only `rows`-row inputs (decode
-    # steps): anything else, a prompt included, is multiplied exactly as in forward().
-    if (torch.is_grad_enabled() or mod.weight is not weight or weight._version != version
-            or x.device != copy.device or x.numel() != rows * x.shape[-1]):
-        return F.linear(x, mod.weight, mod.bias)
-    return multiply(x, copy, mod, rows)
-
-
-@contextlib.contextmanager
-def _packed_linears(model: nn.Module, *, rows: int, enabled: bool = True) -> Iterator[int]:
-    """Within the block, every float32 CPU ``nn.Linear`` of ``model`` multiplies ``rows``-row inputs by a copy
-    of its weight laid out for that many rows; yields how many layers got one (0 when disabled or unavailable).
-
-    Why: a decode step multiplies a few rows (one per sequence) by every weight. From ``PACK_MIN_ROWS`` rows
-    the copy is MKL-packed: MKL's sgemm otherwise repacks the weight on every call, which at 4-16 rows costs
-    about as much as the multiply itself. Below that it is the transposed ``[in, out]`` matrix, contiguous:
-    the product is then a matrix-vector product bound by memory bandwidth, and MKL streams that layout faster
-    than ``F.linear``'s ``[out, in]`` (SmolLM2-135M, 1 thread, one row: 45 ms per decode step instead of 50).
-    The copy costs one extra copy of the weights while the block runs and takes ~0.4 s to build for 540 MB,
-    so one row only pays when many steps reuse it (:meth:`Transformer.decoding`). The results equal
-    ``F.linear``'s up to float rounding (the summation order of a GEMM kernel). Every layer gets its own forward
-    back on exit, also when the block raises.
-    """
-    patched: list[nn.Linear] = []
-    try:
-        if enabled and _mkl_packing_available():
-            for mod in model.modules():
-                w = getattr(mod, "weight", None)
-                if (type(mod) is not nn.Linear or "forward" in mod.__dict__ or w.dtype != torch.float32
-                        or w.device.type != "cpu"):
-                    continue
-                if rows >= PACK_MIN_ROWS:
-                    copy, multiply = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows), _packed_mm
-                else:
-                    copy, multiply = w.detach().t().contiguous(), _transposed_mm  # [out, in] -> [in, out]
-                mod.forward = functools.partial(_layout_forward, mod, w, copy, w._version, rows, multiply)
-                patched.append(mod)
-        yield len(patched)
-    finally:
-        for mod in patched:
-            del mod.forward
 
 
 def _check_mask(name: str, mask: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor | None:

@@ -22,6 +22,44 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos).add_(rotate_half(x).mul_(sin))
 
 
+def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cosines and sines that rotate features at ``positions``.
+
+    Args:
+        positions: ``[T]`` or ``[B, T]`` absolute positions.
+        inv_freq: ``[dim / 2]`` inverse frequencies (:attr:`Rotary.inv_freq`).
+        dtype: of the returned tables.
+
+    Returns:
+        ``(cos, sin)``, each ``[B|1, T, 1, dim]``.
+
+    Example:
+        >>> cos, sin = rotary_angles(torch.arange(5), Rotary(8).inv_freq, torch.float32)  # [1, 5, 1, 8] each
+    """
+    freqs = positions.to(torch.float32)[..., None] * inv_freq  # [(B,) T, dim/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [(B,) T, dim]
+    if emb.dim() == 2:
+        emb = emb[None]  # [1, T, dim]
+    cos = emb.cos()[:, :, None, :].to(dtype)  # [B|1, T, 1, dim]
+    sin = emb.sin()[:, :, None, :].to(dtype)  # [B|1, T, 1, dim]
+    return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` features of ``x`` ``[B, T, heads, Dx]`` by :func:`rotary_angles`'
+    tables; the rest pass through unchanged (partial rotary). Returns a new tensor of ``x``'s shape.
+
+    Example:
+        >>> cos, sin = rotary_angles(torch.arange(5), Rotary(8).inv_freq, torch.float32)
+        >>> apply_rotary(torch.randn(1, 5, 2, 8), cos, sin).shape
+        torch.Size([1, 5, 2, 8])
+    """
+    dim = cos.shape[-1]
+    if dim == x.shape[-1]:
+        return _rotate(x, cos, sin)
+    return torch.cat((_rotate(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
+
+
 class Rotary(nn.Module):
     """Rotate the first ``dim`` features of each head by position-dependent angles.
 
@@ -47,10 +85,7 @@ class Rotary(nn.Module):
         if positions is None:
             positions = torch.arange(T, device=x.device)
         cos, sin = self._cos_sin(positions, x.dtype)  # [B|1, T, 1, dim] each
-        if self.dim == x.shape[-1]:
-            return _rotate(x, cos, sin)
-        x_rot, x_pass = x[..., : self.dim], x[..., self.dim:]
-        return torch.cat((_rotate(x_rot, cos, sin), x_pass), dim=-1)
+        return apply_rotary(x, cos, sin)
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         global _LAST
@@ -62,11 +97,6 @@ class Rotary(nn.Module):
                 and torch.equal(last[0], positions)
                 and (last[2] is self.inv_freq or torch.equal(last[2], self.inv_freq))):
             return last[3], last[4]
-        freqs = positions.to(torch.float32)[..., None] * self.inv_freq  # [(B,) T, dim/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [(B,) T, dim]
-        if emb.dim() == 2:
-            emb = emb[None]  # [1, T, dim]
-        cos = emb.cos()[:, :, None, :].to(dtype)  # [B|1, T, 1, dim]
-        sin = emb.sin()[:, :, None, :].to(dtype)  # [B|1, T, 1, dim]
+        cos, sin = rotary_angles(positions, self.inv_freq, dtype)  # [B|1, T, 1, dim] each
         _LAST = (positions.clone(), key, self.inv_freq, cos, sin)
         return cos, sin

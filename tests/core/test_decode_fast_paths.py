@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from core_helpers import VARIANTS, make, naive_rotary
 
-import interp.model as model_mod
+import interp.decode as decode_mod
 import interp.rotary as rotary_mod
 from interp.rotary import Rotary
 
-needs_mkl = pytest.mark.skipif(not model_mod._mkl_packing_available(), reason="this torch build has no MKL packed sgemm")
+needs_mkl = pytest.mark.skipif(not decode_mod._mkl_packing_available(), reason="this torch build has no MKL packed sgemm")
 
 
 def _patched(model) -> list[str]:
@@ -24,8 +24,8 @@ def _patched(model) -> list[str]:
 def test_packed_linears_equal_f_linear_for_every_row_count(bias):
     model = make("gqa-rotary", attn_bias=bias, mlp_bias=bias, out_bias=bias)
     lin = model.blocks[0].mlp.W_in
-    with torch.no_grad(), model_mod._packed_linears(model, rows=5) as n:
-        assert n == sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    with torch.no_grad(), decode_mod._packed_linears(model, rows=5) as layout:
+        assert len(layout) == sum(isinstance(m, torch.nn.Linear) for m in model.modules())
         for rows in (5, 1, 7):  # the packed row count, and two that MKL multiplies by the plain weight
             x = torch.randn(rows, 1, lin.in_features)
             torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
@@ -37,9 +37,9 @@ def test_packed_linears_equal_f_linear_for_every_row_count(bias):
 def test_transposed_linears_below_pack_min_rows_equal_f_linear(bias):
     model = make("gqa-rotary", attn_bias=bias, mlp_bias=bias, out_bias=bias)
     lin = model.blocks[1].attn.W_qkv
-    rows = model_mod.PACK_MIN_ROWS - 1
-    with torch.no_grad(), model_mod._packed_linears(model, rows=rows):
-        assert lin.forward.func is model_mod._layout_forward and lin.forward.args[5] is model_mod._transposed_mm
+    rows = decode_mod.PACK_MIN_ROWS - 1
+    with torch.no_grad(), decode_mod._packed_linears(model, rows=rows):
+        assert lin.forward.func is decode_mod._layout_forward and lin.forward.args[5] is decode_mod._transposed_mm
         x = torch.randn(rows, 1, lin.in_features)
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
         prompt = torch.randn(rows, 5, lin.in_features)  # another row count: exactly the plain product
@@ -85,7 +85,7 @@ def test_packed_linears_fall_back_under_autograd_and_after_an_edit():
     model = make("gqa-rotary")
     lin = model.blocks[1].attn.W_qkv
     x = torch.randn(4, lin.in_features, requires_grad=True)
-    with model_mod._packed_linears(model, rows=4):
+    with decode_mod._packed_linears(model, rows=4):
         y = lin(x)  # grad mode: the plain path, so gradients flow
         y.sum().backward()
         torch.testing.assert_close(x.grad, lin.weight.sum(0).expand_as(x))
@@ -98,14 +98,14 @@ def test_packed_linears_fall_back_under_autograd_and_after_an_edit():
 @pytest.mark.parametrize("variant", ["gqa-rotary", "mha", "mla"])
 def test_packed_generate_equals_unpacked_and_full_recompute(variant):
     model = make(variant)
-    prompt = torch.randint(0, 37, (model_mod.PACK_MIN_ROWS + 1, 4), generator=torch.Generator().manual_seed(3))
+    prompt = torch.randint(0, 37, (decode_mod.PACK_MIN_ROWS + 1, 4), generator=torch.Generator().manual_seed(3))
     seen = []
     model.blocks[0].attn.hook_z.add_hook(lambda z, hook: seen.append(bool(_patched(model))) or z)
-    packed = model.generate(prompt, model_mod.PACK_MIN_STEPS + 2)
+    packed = model.generate(prompt, decode_mod.PACK_MIN_STEPS + 2)
     model.blocks[0].attn.hook_z.remove_hooks()
     assert any(seen) and _patched(model) == []  # packing was on during the run, and undone after it
-    assert torch.equal(packed, model.generate(prompt, model_mod.PACK_MIN_STEPS + 2, pack_weights=False))
-    assert torch.equal(packed, model.generate(prompt, model_mod.PACK_MIN_STEPS + 2, use_cache=False))
+    assert torch.equal(packed, model.generate(prompt, decode_mod.PACK_MIN_STEPS + 2, pack_weights=False))
+    assert torch.equal(packed, model.generate(prompt, decode_mod.PACK_MIN_STEPS + 2, use_cache=False))
     assert torch.equal(packed[:1, :7], model.generate(prompt[:1], 3, pack_weights=True))  # forced, one row
 
 
@@ -120,12 +120,12 @@ def test_generate_packs_only_when_it_pays_or_is_asked(monkeypatch):
         model.generate(torch.zeros(n_seq, 2, dtype=torch.long), steps, **kw)
         return any(seen)
 
-    rows, steps = model_mod.PACK_MIN_ROWS, model_mod.PACK_MIN_STEPS
+    rows, steps = decode_mod.PACK_MIN_ROWS, decode_mod.PACK_MIN_STEPS
     assert packed_during(rows, steps)
     assert not packed_during(rows - 1, steps) and not packed_during(rows, steps - 1)
     assert not packed_during(rows, steps, use_cache=False) and not packed_during(rows, steps, pack_weights=False)
     assert packed_during(1, 2, pack_weights=True)
-    monkeypatch.setattr(model_mod, "PACK_MAX_BYTES", 0)  # weights "too large" to copy
+    monkeypatch.setattr(decode_mod, "PACK_MAX_BYTES", 0)  # weights "too large" to copy
     assert not packed_during(rows, steps)
     with pytest.raises(TypeError, match="pack_weights='yes'"):
         model.generate(torch.zeros(1, 2, dtype=torch.long), 2, pack_weights="yes")
@@ -139,7 +139,7 @@ def test_generate_restores_every_layer_when_a_hook_raises():
 
     model.blocks[1].hook_resid_post.add_hook(boom)
     with pytest.raises(ValueError, match="stop here"):
-        model.generate(torch.zeros(model_mod.PACK_MIN_ROWS, 3, dtype=torch.long), model_mod.PACK_MIN_STEPS)
+        model.generate(torch.zeros(decode_mod.PACK_MIN_ROWS, 3, dtype=torch.long), decode_mod.PACK_MIN_STEPS)
     model.blocks[1].hook_resid_post.remove_hooks()
     assert _patched(model) == []
     assert not model.lock._is_owned()  # the run's lock was released too

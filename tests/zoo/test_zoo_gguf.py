@@ -314,6 +314,8 @@ def test_smollm2_greedy_generation_matches_transformers_and_full_recompute(smol,
                           do_sample=False, pad_token_id=2)
     assert ours.tolist() == ref.tolist()
     assert ours.tolist() == full.tolist()
+    with smol.decoding(batch_size=1):  # the transposed copies and the hook-free decode step
+        assert smol.generate(tokens, 32).tolist() == ref.tolist()
 
 
 def test_smollm2_answers_berlin(smol):

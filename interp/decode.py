@@ -33,11 +33,15 @@ from .rotary import apply_rotary, rotary_angles
 
 # generate() multiplies each decode step's B rows by MKL-packed weights from this many rows (measured on a
 # Xeon, 1 thread, SmolLM2-135M: 4-16 rows run ~1.5x faster) and for runs of at least this many steps (packing
-# takes ~0.3 s there, one step saves ~30-50 ms at 4-8 rows). Fewer rows get the transposed layout, whose ~5 ms
-# a step pays for its ~0.4 s copy only over ~100 steps: generate() builds it only when asked (pack_weights=True)
-# or inside Transformer.decoding(), which builds it once for many generate() calls.
+# takes ~0.3 s there, one step saves ~30-50 ms at 4-8 rows). Fewer rows get the transposed layout (see
+# TRANSPOSE_MIN_STEPS); Transformer.decoding() builds either once for many generate() calls.
 PACK_MIN_ROWS = 4
 PACK_MIN_STEPS = 8
+# Below PACK_MIN_ROWS, generate() builds the transposed copies by itself for runs of at least this many steps:
+# with LeanDecoder they save ~14 ms a step on SmolLM2-135M (one row, one thread: 46 against 60 ms) and cost
+# ~0.7 s to build, so they pay from ~50 steps (measured: 64 new tokens 4.06 s against 4.26 s, 32 tokens 2.58 s
+# against 2.34 s); the margin keeps noisy hosts on the right side.
+TRANSPOSE_MIN_STEPS = 96
 # ... and only when the packed copy (about the size of the weights) is small: a 7B float32 model is not doubled.
 PACK_MAX_BYTES = 2 * 2**30
 

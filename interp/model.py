@@ -288,8 +288,9 @@ class Transformer(HookedModule):
             pack_weights: multiply each step by copies of the float32 CPU linear weights laid out for B rows
                 (MKL-packed from ``PACK_MIN_ROWS`` rows, transposed below), built once per call and held while
                 it runs (one extra copy of those weights; see :func:`interp.decode._packed_linears`). ``None``
-                (default) packs when it pays: with the cache, at least ``PACK_MIN_ROWS`` sequences and
-                ``PACK_MIN_STEPS`` new tokens, and at most ``PACK_MAX_BYTES`` of weights. Inside
+                (default) builds them when they pay: with the cache, at least ``PACK_MIN_STEPS`` new tokens from
+                ``PACK_MIN_ROWS`` sequences (``TRANSPOSE_MIN_STEPS`` below), and at most ``PACK_MAX_BYTES`` of
+                weights. Inside
                 :meth:`decoding` the copies already exist and are reused.
 
         Returns:
@@ -321,7 +322,8 @@ class Transformer(HookedModule):
             raise TypeError(f"pack_weights={pack_weights!r} must be True, False or None")
         pack = pack_weights
         if pack is None:  # the weights' size is summed only when the rest says packing would pay
-            pack = (use_cache and B >= _decode.PACK_MIN_ROWS and max_new_tokens >= _decode.PACK_MIN_STEPS
+            min_steps = _decode.PACK_MIN_STEPS if B >= _decode.PACK_MIN_ROWS else _decode.TRANSPOSE_MIN_STEPS
+            pack = (use_cache and max_new_tokens >= min_steps
                     and sum(m.weight.numel() * m.weight.element_size() for m in self.modules()
                             if type(m) is nn.Linear) <= _decode.PACK_MAX_BYTES)
         # The lock is held for the whole run: the packed weights below must not meet another thread's pass.

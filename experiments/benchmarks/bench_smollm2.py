@@ -8,10 +8,11 @@ medians after warm-up (benchutil.time_interleaved); the machine is shared, so tr
 2. recording every pattern + every per-head write (interp ``run_with_cache``) / HF eager
    ``output_attentions=True`` (patterns only, which favours HF). Target <= 1.0. TransformerLens
    ``TransformerBridge.run_with_cache`` (patterns + z, per-head writes formed from z and W_O) / interp.
-3. greedy decoding, tokens per second, interp ``generate`` (static KV cache, one output buffer, weights
-   packed for MKL once per call from 4 sequences on) and ``generate`` inside ``model.decoding(B)`` (the decode
-   layout built once; its build time shown) / HF ``generate`` (static cache), batch 1 and 8. Target >= 1.2.
-   Outputs are checked equal; interp without weight copies is timed beside them.
+3. greedy decoding, tokens per second, interp ``generate`` (static KV cache, one output buffer, each step past
+   the prompt as ``LeanDecoder``'s hook-free operations, weights packed for MKL once per call from 4 sequences
+   on) and ``generate`` inside ``model.decoding(B)`` (the decode layout built once; its build time shown) / HF
+   ``generate`` (static cache), batch 1 and 8. Target >= 1.2. Outputs are checked equal; interp without weight
+   copies, and with the hooked forward pass at every step, are timed beside them.
 4. load time of ``interp.load("smollm2-135m")`` from the converted cache; peak memory of a full Trace (every
    hook) of 512 tokens, in a fresh subprocess (kernel rusage).
 
@@ -120,19 +121,24 @@ def bench_recording(ours, hf, gguf_path, reps: int, batch: int = 4, seq: int = 1
 def bench_decode(ours, hf, reps: int, new_tokens: int) -> tuple[str, dict[int, tuple[float, float]]]:
     """tokens/s of interp and HF greedy decoding, batch 1 and 8, side by side.
 
-    interp is timed three ways: ``generate`` as a user calls it once (from ``PACK_MIN_ROWS`` sequences it
-    packs the weights inside every call), ``generate`` inside ``model.decoding(batch_size=B)`` (the decode
-    layout of the weights built once, before the timed calls, as for a run of many generations; its build
-    time is reported beside it), and ``generate(pack_weights=False)`` (no copies at all). The ``decoding()``
-    variant runs on a copy of the model held inside the block, so that all four are timed interleaved.
+    Past the prompt, interp's ``generate`` runs each step as ``LeanDecoder``'s hook-free tensor operations
+    while no hook is attached. It is timed four ways: ``generate`` as a user calls it once (from
+    ``PACK_MIN_ROWS`` sequences it packs the weights for MKL inside every call; below, at 32 new tokens, it
+    multiplies the weights themselves), ``generate`` inside ``model.decoding(batch_size=B)`` (the decode layout
+    of the weights built once, before the timed calls, as for a run of many generations; its build time is
+    reported beside it), ``generate(pack_weights=False)`` (no copies at all), and the hooked forward pass at
+    every step (a no-op hook attached, no copies: what every step cost before ``LeanDecoder``). The
+    ``decoding()`` variant runs on a copy of the model held inside the block, so that all five are timed
+    interleaved.
     """
     prompt = ours.to_tokens(PROMPT)
     held = copy.deepcopy(ours)
     set_attn(hf, "sdpa")
     rows = ["| batch | interp `generate` tokens/s | interp in `decoding()` tokens/s | HF generate (static cache) "
             "tokens/s | ratio `generate` / HF | ratio `decoding()` / HF | outputs equal | target | interp, no "
-            "weight copies, tokens/s | `decoding()` layout built once in (s) |",
-            "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+            "weight copies, tokens/s | interp, hooked pass every step, tokens/s | `decoding()` layout built once "
+            "in (s) |",
+            "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"]
     ratios = {}
     for batch in (1, 8):
         ids = prompt.repeat(batch, 1)
@@ -147,6 +153,10 @@ def bench_decode(ours, hf, reps: int, new_tokens: int) -> tuple[str, dict[int, t
         def held_gen():
             return held.generate(ids, new_tokens)
 
+        def ours_hooked():  # a hook that changes nothing: every step takes the hooked forward pass
+            with ours.hooks([("blocks.0.hook_resid_pre", lambda x, hook: None)]):
+                return ours.generate(ids, new_tokens, pack_weights=False)
+
         def hf_gen():
             return hf.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                do_sample=False, cache_implementation="static", pad_token_id=2)
@@ -154,24 +164,26 @@ def bench_decode(ours, hf, reps: int, new_tokens: int) -> tuple[str, dict[int, t
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ref = hf_gen().tolist()
-            same = ours_gen().tolist() == ref and ours_plain().tolist() == ref
+            same = ours_gen().tolist() == ref and ours_plain().tolist() == ref and ours_hooked().tolist() == ref
             t0 = time.perf_counter()
             with held.decoding(batch_size=batch):
                 build_s = time.perf_counter() - t0
                 same = same and held_gen().tolist() == ref
-                med = time_interleaved({"interp": ours_gen, "held": held_gen, "hf": hf_gen, "plain": ours_plain},
-                                       reps=reps, warmup=1)
+                med = time_interleaved({"interp": ours_gen, "held": held_gen, "hf": hf_gen, "plain": ours_plain,
+                                        "hooked": ours_hooked}, reps=reps, warmup=1)
         tok = {k: batch * new_tokens / v for k, v in med.items()}
         t_in = tok["held"]
         ratios[batch] = (tok["interp"] / tok["hf"], t_in / tok["hf"])
         rows.append(f"| {batch} | {tok['interp']:.1f} | {t_in:.1f} | {tok['hf']:.1f} | {ratios[batch][0]:.2f} | "
-                    f"{ratios[batch][1]:.2f} | {same} | >= 1.2 | {tok['plain']:.1f} | {build_s:.2f} |")
+                    f"{ratios[batch][1]:.2f} | {same} | >= 1.2 | {tok['plain']:.1f} | {tok['hooked']:.1f} | "
+                    f"{build_s:.2f} |")
     return (f"### 3. greedy decoding, prompt {prompt.shape[1]} tokens + {new_tokens} new\n\n" + "\n".join(rows)
-            + "\n\n`generate` packs its float32 weights for MKL inside every call from 4 sequences on "
+            + "\n\nPast the prompt every interp variant but the hooked one runs `LeanDecoder`'s hook-free step. "
+              "`generate` packs its float32 weights for MKL inside every call from 4 sequences on "
               "(`pack_weights=None`); that time is inside its tokens/s. Inside `model.decoding(batch_size=B)` the "
-              "weights are laid out for B rows once (transposed below 4 rows, MKL-packed from 4) and reused by "
-              "every call, as in a run of many generations (timed on a copy of the model held in the block); the "
-              "build time is in the last column, not in the tokens/s.", ratios)
+              "weights are laid out for B rows once (transposed below 4 rows, the MLP's gate and input fused; "
+              "MKL-packed from 4) and reused by every call, as in a run of many generations (timed on a copy of "
+              "the model held in the block); the build time is in the last column, not in the tokens/s.", ratios)
 
 
 def peak_rss() -> int:

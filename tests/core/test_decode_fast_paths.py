@@ -125,6 +125,8 @@ def test_generate_packs_only_when_it_pays_or_is_asked(monkeypatch):
     assert not packed_during(rows - 1, steps) and not packed_during(rows, steps - 1)
     assert not packed_during(rows, steps, use_cache=False) and not packed_during(rows, steps, pack_weights=False)
     assert packed_during(1, 2, pack_weights=True)
+    monkeypatch.setattr(decode_mod, "TRANSPOSE_MIN_STEPS", steps + 2)  # the tiny model's n_ctx is 24
+    assert packed_during(1, steps + 2) and not packed_during(1, steps + 1)
     monkeypatch.setattr(decode_mod, "PACK_MAX_BYTES", 0)  # weights "too large" to copy
     assert not packed_during(rows, steps)
     with pytest.raises(TypeError, match="pack_weights='yes'"):

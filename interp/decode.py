@@ -81,16 +81,17 @@ def _layout_forward(mod: nn.Linear, weight: torch.Tensor, copy: torch.Tensor, ve
 
 @dataclass
 class LaidOut:
-    """One linear layer's decode copy: ``copy`` is ``weight`` (at ``version``) laid out by ``multiply``."""
+    """One linear layer's decode copy: ``copy`` is ``weight`` (at ``version``) laid out by ``multiply``; with
+    ``version`` None the "copy" is the weight itself, read live, so no edit can make it stale."""
 
     weight: torch.Tensor
-    version: int
+    version: int | None
     copy: torch.Tensor
     multiply: Callable[..., torch.Tensor]
 
     def fresh(self, mod: nn.Linear) -> bool:
         """True while ``mod`` still holds the weight this copy was made from, unedited."""
-        return mod.weight is self.weight and self.weight._version == self.version
+        return mod.weight is self.weight and (self.version is None or self.weight._version == self.version)
 
 
 @dataclass
@@ -109,15 +110,17 @@ class DecodeLayout:
     def plain(cls, model: nn.Module, rows: int) -> DecodeLayout:
         """No copies: every linear layer's own weight, multiplied as ``F.linear`` does (any dtype, any device).
         What :class:`LeanDecoder` runs on outside :meth:`Transformer.decoding` and below ``PACK_MIN_ROWS``."""
-        linears = {mod: LaidOut(mod.weight, mod.weight._version, mod.weight, _plain_mm)
+        linears = {mod: LaidOut(mod.weight, None, mod.weight, _plain_mm)
                    for mod in model.modules() if isinstance(mod, nn.Linear)}
         return cls(rows=rows, linears=linears, fused_mlp={})
 
 
 def _eligible(mod: nn.Module) -> bool:
+    # Inference tensors (a model built under torch.inference_mode) have no version counter, so a copy could
+    # not tell that the weight was edited since: they keep their own weights.
     w = getattr(mod, "weight", None)
     return (type(mod) is nn.Linear and "forward" not in mod.__dict__ and w.dtype == torch.float32
-            and w.device.type == "cpu")
+            and w.device.type == "cpu" and not w.is_inference())
 
 
 @contextlib.contextmanager

@@ -153,3 +153,16 @@ def test_bfloat16_models_decode_lean_on_their_own_weights(monkeypatch):
         got = decoder.step(nxt, 4, lean_cache)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_a_model_built_under_inference_mode_decodes_on_its_own_weights():
+    # Inference tensors have no version counter: no copy is made of them (it could not see an edit), and the
+    # lean step reads the weights themselves.
+    with torch.inference_mode():
+        model = llama("gqa")
+        prompt = torch.randint(0, 37, (decode_mod.PACK_MIN_ROWS + 1, 3), generator=torch.Generator().manual_seed(6))
+        full = model.generate(prompt, decode_mod.PACK_MIN_STEPS, use_cache=False)
+        assert torch.equal(model.generate(prompt, decode_mod.PACK_MIN_STEPS), full)
+        with model.decoding(batch_size=1) as m:
+            assert len(m._decode_layout) == 0
+            assert torch.equal(model.generate(prompt[:1], 5), full[:1, :8])

@@ -190,13 +190,14 @@ class _LayerStep:
 
 
 class LeanDecoder:
-    """The hook-free decode step of a llama-family model over a :class:`DecodeLayout`'s copies.
+    """The hook-free decode step of a llama-family model over a :class:`DecodeLayout` (copies of the weights,
+    or with :meth:`DecodeLayout.plain` the weights themselves).
 
     One step embeds the last token of each of ``rows`` sequences, runs every layer as the handful of tensor
     operations it needs (RMSNorm, the fused Q/K/V product, rotary on Q and K together, the in-place cache
-    write, SDPA, the output product added to the residual, RMSNorm, the fused gate/input product, the
-    activation, the output product added to the residual) and returns the next-token logits. It calls no
-    module, no hook and no wrapper: on SmolLM2-135M that saves ~10 of ~55 ms a step (one row, one thread).
+    write, SDPA, the output product added to the residual, RMSNorm, the gate/input product, the activation,
+    the output product added to the residual) and returns the next-token logits. It calls no module, no hook
+    and no wrapper, which the hooked forward pass does a dozen times per layer.
 
     Build with :meth:`build` (``None`` for a model it does not cover); check :meth:`usable` before each run.
 

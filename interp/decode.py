@@ -184,8 +184,9 @@ class _LayerStep:
     ln2: nn.Module | None = None
     act: Callable[[torch.Tensor], torch.Tensor] | None = None
     d_mlp: int = 0
-    gate_in: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, M] -> [B, 2F] (gate | input)
-    up: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, M] -> [B, F] (ungated MLP)
+    gate_in: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, M] -> [B, 2F] (fused gate | input)
+    gate: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, M] -> [B, F] (gated MLP, not fused)
+    up: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, M] -> [B, F] (the MLP's input product)
     down_add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # (x, h) -> x + h W_out
 
 
@@ -225,11 +226,9 @@ class LeanDecoder:
                 layer.down_add = self._product_add(mlp.W_out)
                 if mlp in layout.fused_mlp:
                     layer.gate_in = self._fused(mlp)
-                elif mlp.gated:
-                    gate, inp = self._product(mlp.W_gate), self._product(mlp.W_in)
-                    layer.gate_in = lambda h, g=gate, i=inp: torch.cat((g(h), i(h)), dim=-1)  # [B, 2F]
                 else:
                     layer.up = self._product(mlp.W_in)
+                    layer.gate = self._product(mlp.W_gate) if mlp.gated else None
             self.layers.append(layer)
 
     @staticmethod
@@ -329,6 +328,8 @@ class LeanDecoder:
                 if layer.gate_in is not None:
                     gate_in = layer.gate_in(h)  # [B, 2F]
                     h = layer.act(gate_in[:, :layer.d_mlp]).mul_(gate_in[:, layer.d_mlp:])  # [B, F]
+                elif layer.gate is not None:
+                    h = layer.act(layer.gate(h)).mul_(layer.up(h))  # [B, F]
                 else:
                     h = layer.act(layer.up(h))  # [B, F]
                 x = layer.down_add(x, h)

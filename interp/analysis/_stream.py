@@ -97,6 +97,9 @@ class TargetReducer(Reducer):
         self.model = model
         self.categories = list(categories)
         self.tie_tol = tie_tol
+        self._bit_values = 2.0 ** torch.arange(_CODE_BITS, dtype=torch.float32)  # [_CODE_BITS]
+        self._bits = {len(g): ((torch.arange(1 << len(g))[:, None] >> torch.arange(len(g))) & 1).double()
+                      for g in _code_groups(C)}  # G -> [2^G, G]: the bits of every pattern of G categories
         f64 = torch.float64
         self.state = {"mass": torch.zeros(C, L, H, dtype=f64), "hits": torch.zeros(C, L, H, dtype=f64),
                       "rows": torch.zeros(C, L, dtype=f64), "max_sum": torch.zeros(L, H, dtype=f64),
@@ -113,10 +116,12 @@ class TargetReducer(Reducer):
         self._real = batch.real
         self._whole = None
 
-    def _targets_for(self, q0: int, Tc: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-        """Targets of query rows ``q0 .. q0 + Tc`` on valid rows: ``(codes, valid rows [B, C, Tc] bool,
-        weights [B, C, Tc*S] float)``; ``codes`` holds, per group of categories (:func:`_code_groups`), a
-        ``[B, Tc, S]`` long whose bit ``c - group start`` says that the key is a target of category ``c``.
+    def _targets_for(self, q0: int, Tc: int, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor,
+                                                                             torch.Tensor, torch.Tensor]:
+        """Targets of query rows ``q0 .. q0 + Tc`` on valid rows (a real query with a target), on ``device``:
+        ``(codes, weights [B, C, Tc*S] float, valid rows per category [C] float64, real rows float64)``;
+        ``codes`` holds, per group of categories (:func:`_code_groups`), a ``[B, Tc, S]`` long whose bit
+        ``c - group start`` says that the key is a target of category ``c``.
 
         Whole-sequence targets are kept for the next layers; chunks are rebuilt (keeping them would hold a
         ``[T, S]`` mask again)."""
@@ -128,12 +133,15 @@ class TargetReducer(Reducer):
         if missing:
             raise ValueError(f"{type(self).__name__}: no target mask for categories {missing}")
         tgt = torch.stack([targets[c] for c in self.categories], dim=1)  # [B, C, Tc, S]
-        valid = tgt.any(-1) & self._real[:, None, q0:q0 + Tc]  # [B, C, Tc]: real rows with a target
+        real = self._real[:, q0:q0 + Tc]  # [B, Tc]
+        valid = tgt.any(-1) & real[:, None]  # [B, C, Tc]: real rows with a target
         B, C, _, S = tgt.shape
-        tgt = tgt & valid[..., None]  # [B, C, Tc, S]: targets on valid rows
-        # Each key's categories as bits of one integer per group: the argmax's categories are one gather.
-        codes = [sum(tgt[:, c].long() << (c - g[0]) for c in g) for g in _code_groups(C)]  # [B, Tc, S] each
-        out = (codes, valid, tgt.float().reshape(B, C, Tc * S))  # weights [B, C, Tc*S]
+        w = (tgt & valid[..., None]).to(device, torch.float32).view(B, C, Tc * S)  # [B, C, Tc*S]: valid targets
+        # Each key's categories as bits of one integer per group (a sum of powers of two, exact in float32):
+        # the argmax's categories are then one gather.
+        codes = [(w[:, g.start:g.stop] * self._bit_values[: len(g), None].to(device)).sum(1).long().view(B, Tc, S)
+                 for g in _code_groups(C)]  # [B, Tc, S] each
+        out = (codes, w, valid.sum((0, 2)).double(), real.sum().double())
         if whole:
             self._whole = out
         return out
@@ -146,8 +154,7 @@ class TargetReducer(Reducer):
         if H == 0:
             return
         st = self.state
-        codes, valid, w = self._targets_for(q0, Tc)
-        valid, w = valid.to(p.device), w.to(p.device)
+        codes, w, rows, n_real = self._targets_for(q0, Tc, p.device)
         real = self._real[:, q0:q0 + Tc].to(p.device)  # [B, Tc]
         top, best = p.max(-1)  # [B, H, Tc]
         # The argmax is unique when no other key lies within tie_tol of the top. The runner-up is the maximum
@@ -156,22 +163,22 @@ class TargetReducer(Reducer):
         others = p.clone().scatter_(-1, best.unsqueeze(-1), float("-inf"))  # [B, H, Tc, S]
         unique = others.amax(-1) < top - self.tie_tol  # [B, H, Tc]
         st["max_sum"][layer, :H] += (top * real[:, None]).sum((0, 2)).double().cpu()
-        st["max_rows"][layer] += float(real.sum())
+        st["max_rows"][layer] += n_real
         # Mass on the targets of every category over the valid rows, as one batched matmul over (query, key):
         # sum_{t,s} p[b,h,t,s] * tgt[b,c,t,s] * valid[b,c,t]; no [B, C, H, Tc, S] product is formed.
         mass = p.reshape(B, H, Tc * S) @ w.transpose(1, 2)  # [B, H, C]
         st["mass"][:, layer, :H] += mass.double().sum(0).T.cpu()
         # Is the (unique) argmax key a target? Read the categories' bits at each row's argmax and count every
         # (head, bit pattern) with one bincount; a pattern's count goes to each category whose bit it holds.
-        head = torch.arange(H, device=p.device)[None, :, None]  # [1, H, 1]
+        best = best.transpose(1, 2)  # [B, Tc, H]: gathered along the keys of each row
         for g, code in zip(_code_groups(len(self.categories)), codes):
-            n_codes = 1 << len(g)
-            at_best = code.to(p.device).gather(-1, best.transpose(1, 2)).transpose(1, 2)  # [B, H, Tc]
-            at_best = torch.where(unique, at_best, 0)  # a tied row hits nothing (code 0)
-            count = torch.bincount((head * n_codes + at_best).flatten(), minlength=H * n_codes)  # [H * 2^G]
-            bits = (torch.arange(n_codes, device=p.device)[:, None] >> torch.arange(len(g), device=p.device)) & 1
-            st["hits"][g.start:g.stop, layer, :H] += (count.view(H, n_codes).double() @ bits.double()).T.cpu()
-        st["rows"][:, layer] += valid.sum((0, 2)).double().cpu()
+            n_codes, bits = 1 << len(g), self._bits[len(g)].to(p.device)  # bits: [2^G, G], pattern -> its bits
+            at_best = code.gather(-1, best).transpose(1, 2)  # [B, H, Tc]
+            head = torch.arange(0, H * n_codes, n_codes, device=p.device)[:, None]  # [H, 1]: each head's first bin
+            # A tied row counts in bin 0 (head 0, no bits): it hits nothing.
+            count = torch.bincount(torch.where(unique, at_best + head, 0).flatten(), minlength=H * n_codes)
+            st["hits"][g.start:g.stop, layer, :H] += (count.view(H, n_codes).double() @ bits).T.cpu()
+        st["rows"][:, layer] += rows
 
     def result(self) -> dict[str, Any]:
         """Per category: ``mass``, ``argmax`` (``[L, H_max]`` means over valid rows, NaN without rows), ``rows``;

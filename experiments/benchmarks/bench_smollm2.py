@@ -1,7 +1,7 @@
 """SmolLM2-135M (a real GQA decoder from GGUF), side by side with transformers on the same weights.
 
 The reference is transformers' own GGUF loading of the same file (``LlamaForCausalLM``), switched between its
-``sdpa`` and ``eager`` attention. Everything runs in this one process, interleaved with rotating order and
+``sdpa`` and ``eager`` attention. Everything runs in this one process, interleaved in shuffled order and
 medians after warm-up (benchutil.time_interleaved); the machine is shared, so treat every number as noisy.
 
 1. forward, 4 x 128 tokens: interp (nothing hooked) / HF sdpa. Target <= 1.0.

@@ -1,8 +1,8 @@
 """Shared helpers of the side-by-side benchmarks: fixed threads, interleaved timing with medians, machine info.
 
-Every benchmark compares variants in one process: each repetition runs every variant once, in an order that
-rotates between repetitions, so drift in machine load hits all variants alike; the reported figure is the
-median over repetitions, after warm-up runs.
+Every benchmark compares variants in one process: each repetition runs every variant once, in an order
+shuffled anew for every repetition, so drift in machine load hits all variants alike and no variant always
+follows the same one; the reported figure is the median over repetitions, after warm-up runs.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -41,7 +42,11 @@ def machine_info() -> str:
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, reps: int = 10, warmup: int = 2) -> dict[str, float]:
-    """Median wall-clock seconds of each function, timed in interleaved, rotating order.
+    """Median wall-clock seconds of each function, timed interleaved, in a new shuffled order every repetition.
+
+    Shuffled rather than rotated: rotating keeps each variant behind the same predecessor in every repetition,
+    so whatever that predecessor leaves in the caches (or the allocator) biases the comparison one way. The
+    shuffle is seeded, so a rerun times the same orders.
 
     Args:
         fns: name -> zero-argument callable (run under ``torch.inference_mode`` by the caller if wanted).
@@ -56,8 +61,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, reps: int = 10, wa
         for n in names:
             fns[n]()
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(reps):
-        order = names[r % len(names):] + names[: r % len(names)]  # rotate so no variant always runs first
+    rng = random.Random(0)
+    for _ in range(reps):
+        order = rng.sample(names, len(names))  # [names], shuffled
         for n in order:
             t0 = time.perf_counter()
             fns[n]()

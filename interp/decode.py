@@ -69,16 +69,6 @@ def _plain_mm(x: torch.Tensor, weight: torch.Tensor, mod: nn.Linear, rows: int) 
     return F.linear(x, weight, mod.bias)
 
 
-def _layout_forward(mod: nn.Linear, weight: torch.Tensor, copy: torch.Tensor, version: int, rows: int,
-                    multiply: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    # The copy has no autograd and knows nothing of later edits, and it serves only `rows`-row inputs (decode
-    # steps): anything else, a prompt included, is multiplied exactly as in forward().
-    if (torch.is_grad_enabled() or mod.weight is not weight or weight._version != version
-            or x.device != copy.device or x.numel() != rows * x.shape[-1]):
-        return F.linear(x, mod.weight, mod.bias)
-    return multiply(x, copy, mod, rows)
-
-
 @dataclass
 class LaidOut:
     """One linear layer's decode copy: ``copy`` is ``weight`` (at ``version``) laid out by ``multiply``; with
@@ -92,6 +82,15 @@ class LaidOut:
     def fresh(self, mod: nn.Linear) -> bool:
         """True while ``mod`` still holds the weight this copy was made from, unedited."""
         return mod.weight is self.weight and (self.version is None or self.weight._version == self.version)
+
+
+def _layout_forward(mod: nn.Linear, laid: LaidOut, rows: int, x: torch.Tensor) -> torch.Tensor:
+    # The copy has no autograd and knows nothing of later edits, and it serves only `rows`-row inputs (decode
+    # steps): anything else, a prompt included, is multiplied exactly as in forward().
+    if (torch.is_grad_enabled() or not laid.fresh(mod) or x.device != laid.copy.device
+            or x.numel() != rows * x.shape[-1]):
+        return F.linear(x, mod.weight, mod.bias)
+    return laid.multiply(x, laid.copy, mod, rows)
 
 
 @dataclass
@@ -162,12 +161,27 @@ def _packed_linears(model: nn.Module, *, rows: int, enabled: bool = True) -> Ite
                 else:
                     copy = views[mod] if mod in views else w.detach().t().contiguous()  # [out, in] -> [in, out]
                     multiply = _transposed_mm
-                layout.linears[mod] = LaidOut(w, w._version, copy, multiply)
-                mod.forward = functools.partial(_layout_forward, mod, w, copy, w._version, rows, multiply)
+                layout.linears[mod] = laid = LaidOut(w, w._version, copy, multiply)
+                mod.forward = functools.partial(_layout_forward, mod, laid, rows)
         yield layout
     finally:
         for mod in layout.linears:
             del mod.forward
+
+
+def _lean_linears(model: nn.Module) -> list[nn.Linear]:
+    """Every linear layer :meth:`LeanDecoder.step` multiplies by (the unembedding, then layer by layer)."""
+    linears = [model.W_U]
+    for block in model.blocks:
+        linears += [block.attn.W_qkv, block.attn.W_O]
+        if block.mlp is not None:
+            linears += [block.mlp.W_in, block.mlp.W_out] + ([block.mlp.W_gate] if block.mlp.gated else [])
+    return linears
+
+
+def _rms_norm(x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
+    """``norm(x)`` without the module call (what ``nn.RMSNorm.forward`` computes)."""
+    return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
 
 
 @dataclass(eq=False)
@@ -210,18 +224,16 @@ class LeanDecoder:
     def __init__(self, model: nn.Module, layout: DecodeLayout) -> None:
         self.model, self.layout, self.rows = model, layout, layout.rows
         self.layers: list[_LayerStep] = []
-        self._checked: list[nn.Linear] = [model.W_U]  # every layer whose copy a step reads
+        self._checked = _lean_linears(model)  # every layer whose copy a step reads
         self._inv_freq = model.blocks[0].attn.rotary.inv_freq
         self._ln_final = model.ln_final
         self._embed = model.W_E.weight
         self._unembed = self._product(model.W_U)
         for block in model.blocks:
             attn, mlp = block.attn, block.mlp
-            self._checked += [attn.W_qkv, attn.W_O]
             layer = _LayerStep(attn=attn, ln1=block.ln1, H=attn.n_heads, K=attn.n_kv_heads, D=attn.d_head,
                                qkv=self._product(attn.W_qkv), o_add=self._product_add(attn.W_O))
             if mlp is not None:
-                self._checked += [mlp.W_in, mlp.W_out] + ([mlp.W_gate] if mlp.gated else [])
                 layer.ln2, layer.act, layer.d_mlp = block.ln2, mlp.act, mlp.W_in.out_features
                 layer.down_add = self._product_add(mlp.W_out)
                 if mlp in layout.fused_mlp:
@@ -264,14 +276,25 @@ class LeanDecoder:
     def build(cls, model: nn.Module, layout: DecodeLayout) -> LeanDecoder | None:
         """A decoder over ``layout``'s copies, or ``None`` when the model is not covered (see
         :meth:`unsupported`) or a layer it needs has no copy (not float32 on CPU, or no MKL)."""
-        if cls.unsupported(model) is not None:
-            return None
-        needed = [model.W_U] + [lin for b in model.blocks for lin in (b.attn.W_qkv, b.attn.W_O)]
-        needed += [lin for b in model.blocks if b.mlp is not None
-                   for lin in (b.mlp.W_in, b.mlp.W_out) + ((b.mlp.W_gate,) if b.mlp.gated else ())]
-        if any(lin not in layout.linears for lin in needed):
+        if cls.unsupported(model) is not None or not cls._covers(model, layout):
             return None
         return cls(model, layout)
+
+    @classmethod
+    def for_generate(cls, model: nn.Module, layout: DecodeLayout, rows: int) -> LeanDecoder | None:
+        """The decoder a ``rows``-sequence :meth:`Transformer.generate` runs past its prompt: over ``layout``'s
+        copies when they serve ``rows`` rows and every layer it needs, else over the weights themselves;
+        ``None`` when the model is not covered or a step could be observed (see :meth:`usable`)."""
+        if cls.unsupported(model) is not None:
+            return None
+        if layout.rows != rows or not cls._covers(model, layout):
+            layout = DecodeLayout.plain(model, rows)
+        decoder = cls(model, layout)
+        return decoder if decoder.usable(rows) else None
+
+    @staticmethod
+    def _covers(model: nn.Module, layout: DecodeLayout) -> bool:
+        return all(lin in layout.linears for lin in _lean_linears(model))
 
     def usable(self, rows: int) -> bool:
         """True when a step may skip the hooked forward: ``rows`` sequences, no autograd, no hook attached, no
@@ -313,8 +336,8 @@ class LeanDecoder:
         positions = torch.arange(position, position + 1, device=ids.device)  # as the hooked pass builds them
         cos, sin = rotary_angles(positions, self._inv_freq, x.dtype)  # [1, 1, 1, R] each
         for layer, layer_cache in zip(self.layers, cache.layers):
-            H, K, D, ln = layer.H, layer.K, layer.D, layer.ln1
-            qkv = layer.qkv(F.rms_norm(x, ln.normalized_shape, ln.weight, ln.eps))  # [B, (H + 2K) D]
+            H, K, D = layer.H, layer.K, layer.D
+            qkv = layer.qkv(_rms_norm(x, layer.ln1))  # [B, (H + 2K) D]
             # q and k rotate in one call: rotary is elementwise, so together or apart gives the same numbers.
             qk = apply_rotary(qkv[:, :(H + K) * D].view(B, 1, H + K, D), cos, sin)  # [B, 1, H + K, D]
             v = qkv[:, (H + K) * D:].view(B, 1, K, D).transpose(1, 2)  # [B, K, 1, D]
@@ -323,8 +346,7 @@ class LeanDecoder:
             z = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(D), enable_gqa=K != H)
             x = layer.o_add(x, z.reshape(B, H * D))  # [B, H, 1, D] -> [B, H*D]; plus the residual
             if layer.ln2 is not None:
-                ln = layer.ln2
-                h = F.rms_norm(x, ln.normalized_shape, ln.weight, ln.eps)
+                h = _rms_norm(x, layer.ln2)
                 if layer.gate_in is not None:
                     gate_in = layer.gate_in(h)  # [B, 2F]
                     h = layer.act(gate_in[:, :layer.d_mlp]).mul_(gate_in[:, layer.d_mlp:])  # [B, F]
@@ -334,5 +356,4 @@ class LeanDecoder:
                     h = layer.act(layer.up(h))  # [B, F]
                 x = layer.down_add(x, h)
         cache.length = position + 1
-        ln = self._ln_final
-        return self._unembed(F.rms_norm(x, ln.normalized_shape, ln.weight, ln.eps))  # [B, d_vocab]
+        return self._unembed(_rms_norm(x, self._ln_final))  # [B, d_vocab]

@@ -290,8 +290,7 @@ class Transformer(HookedModule):
                 it runs (one extra copy of those weights; see :func:`interp.decode._packed_linears`). ``None``
                 (default) builds them when they pay: with the cache, at least ``PACK_MIN_STEPS`` new tokens from
                 ``PACK_MIN_ROWS`` sequences (``TRANSPOSE_MIN_STEPS`` below), and at most ``PACK_MAX_BYTES`` of
-                weights. Inside
-                :meth:`decoding` the copies already exist and are reused.
+                weights. Inside :meth:`decoding` the copies already exist and are reused.
 
         Returns:
             ``[B, T + new]`` ids (fewer new ones when every sequence hit ``eos_token_id``).
@@ -331,11 +330,7 @@ class Transformer(HookedModule):
             held = getattr(self, "_decode_layout", None)  # decoding()'s copies, when inside that block
             layout = held if held is not None else own_layout
             # Past the prompt, a step skips the hooked forward while nothing could observe the difference.
-            lean = None
-            if use_cache:  # over the copies when they serve B rows, else over the weights themselves
-                lean = _decode.LeanDecoder.build(self, layout) if layout.rows == B else None
-                lean = lean or _decode.LeanDecoder.build(self, _decode.DecodeLayout.plain(self, B))
-                lean = lean if lean is not None and lean.usable(B) else None
+            lean = _decode.LeanDecoder.for_generate(self, layout, B) if use_cache else None
             for _ in range(max_new_tokens):
                 if lean is not None and cache.length == n - 1:
                     logits = lean.step(out[:, n - 1], n - 1, cache)  # [B, V]

@@ -39,7 +39,7 @@ def test_transposed_linears_below_pack_min_rows_equal_f_linear(bias):
     lin = model.blocks[1].attn.W_qkv
     rows = decode_mod.PACK_MIN_ROWS - 1
     with torch.no_grad(), decode_mod._packed_linears(model, rows=rows):
-        assert lin.forward.func is decode_mod._layout_forward and lin.forward.args[5] is decode_mod._transposed_mm
+        assert lin.forward.func is decode_mod._layout_forward and lin.forward.args[1].multiply is decode_mod._transposed_mm
         x = torch.randn(rows, 1, lin.in_features)
         torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
         prompt = torch.randn(rows, 5, lin.in_features)  # another row count: exactly the plain product
@@ -59,12 +59,12 @@ def test_decoding_block_builds_the_layout_once_and_generates_the_same_tokens(var
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
     with model.decoding(batch_size=1) as m:
         assert m is model and len(_patched(model)) == n_linear
-        copies = {name: mod.forward.args[2] for name, mod in model.named_modules() if "forward" in mod.__dict__}
+        copies = {name: mod.forward.args[1].copy for name, mod in model.named_modules() if "forward" in mod.__dict__}
         assert torch.equal(model.generate(one, 7), plain_one)
         assert torch.equal(model.generate(one, 7), model.generate(one, 7, use_cache=False))
         assert torch.equal(model.generate(five, 7), plain_five)  # another batch size: the plain weights
         # the same copies serve every call of the block
-        assert all(mod.forward.args[2] is copies[name] for name, mod in model.named_modules() if name in copies)
+        assert all(mod.forward.args[1].copy is copies[name] for name, mod in model.named_modules() if name in copies)
     assert _patched(model) == []
     with pytest.raises(RuntimeError, match="inside"), model.decoding(batch_size=1):
         raise RuntimeError("inside")

@@ -21,7 +21,7 @@ _EXPORTS = {
     "HeadReport": ".analysis", "classify_heads": ".analysis",
     "Attention": ".attention", "AttnMask": ".attention", "LatentAttention": ".attention",
     "LayerShape": ".config", "ModelConfig": ".config", "HookPoint": ".hooks", "KVCache": ".kv_cache", "Transformer": ".model",
-    "MeanReducer": ".trace", "Reducer": ".trace", "Trace": ".trace", "record": ".trace", "stream": ".trace",
+    "MeanReducer": ".streaming", "Reducer": ".streaming", "Trace": ".trace", "record": ".streaming", "stream": ".streaming",
     "list_models": ".zoo", "load": ".zoo",
 }
 
@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # static tools see the eager imports
     from .hooks import HookPoint
     from .kv_cache import KVCache
     from .model import Transformer
-    from .trace import MeanReducer, Reducer, Trace, record, stream
+    from .streaming import MeanReducer, Reducer, record, stream
+    from .trace import Trace
     from .zoo import list_models, load
 
 

@@ -330,16 +330,17 @@ def check_writable(path: Path, option: str) -> None:
 
 # --- dashboard -------------------------------------------------------------------------------------------
 def dashboard_path() -> Path:
-    """``apps/dashboard.py`` of the checkout this package is installed from (editable installs).
+    """The dashboard script inside the installed package (``interp/app/dashboard.py``).
 
     Raises:
-        CliError: the file is absent (a non-editable install has no apps/ folder).
+        CliError: the file is absent (a broken install).
     """
-    path = repo_root() / "apps" / "dashboard.py"
-    if not path.is_file():
-        raise CliError(f"dashboard app not found at {str(path)!r}; install interp editable from a checkout "
-                       "(pip install -e .) or run 'streamlit run apps/dashboard.py' there")
-    return path
+    from .app import DASHBOARD
+
+    if not DASHBOARD.is_file():
+        raise CliError(f"dashboard app not found at {str(DASHBOARD)!r}; reinstall interp with the app extra "
+                       "(pip install 'interp[app]')")
+    return DASHBOARD
 
 
 def dashboard_command(port: int | None = None, headless: bool = False) -> list[str]:
@@ -607,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="induction-2l.safetensors", help="checkpoint to write (safetensors)")
     t.set_defaults(func=_train_induction)
 
-    d = sub.add_parser("dashboard", help="start the Streamlit dashboard (apps/dashboard.py)", formatter_class=fmt,
+    d = sub.add_parser("dashboard", help="start the Streamlit dashboard (interp/app/dashboard.py)", formatter_class=fmt,
                        description="Start the Streamlit dashboard. It reads files by path only inside the folder "
                                    "given with --files (uploads always work), and listens on --host.")
     d.add_argument("--port", type=int, help="server port (streamlit's --server.port; default 8501)")

@@ -2,7 +2,7 @@
 
 Head statistics and importance gradients are sums over examples, so data parallelism is exact: every rank runs
 the hooked forward passes over its shard of the batches (batch ``i`` goes to rank ``i % world_size``, the
-``rank::world_size`` slice), then one all-reduce (sum) of the reducers' states (:class:`~interp.trace.Reducer`
+``rank::world_size`` slice), then one all-reduce (sum) of the reducers' states (:class:`~interp.streaming.Reducer`
 keeps only sums and counts) combines them, and every rank holds the result of the whole dataset; the CLI prints
 it on rank 0 only. Before any forward pass the ranks all-gather a checksum of the model's config and weights and
 of the data, and stop with an error naming the ranks that differ.
@@ -13,7 +13,7 @@ and tokenizes the whole corpus, cheap next to the forward passes; it also gives 
 model only on its own.
 
 Nothing here runs unless ``torch.distributed`` is initialised with more than one process: :func:`active` is
-False and :func:`~interp.trace.stream` and :func:`~interp.pruning.head_importance` take their single-process
+False and :func:`~interp.streaming.stream` and :func:`~interp.pruning.head_importance` take their single-process
 path unchanged. ``torchrun`` sets the environment; :func:`init_from_env` (called by ``python -m interp``)
 opens the process group (gloo on CPU, nccl on GPU) with a timeout, so a rank that dies or hangs stops the job
 with a message naming it instead of blocking it forever.
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .trace import Reducer
+    from .streaming import Reducer
 
 __all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_same", "describe_batches",
            "init_from_env", "rank", "shard", "shutdown", "world_size"]
@@ -186,7 +186,7 @@ def all_reduce_reducers(reducers: Iterable[Reducer], n: int = 0) -> int:
 
     States may hold different keys on different ranks (a relation seen on one shard only): the union of keys is
     agreed first (one all-gather of names, shapes and dtypes) and a missing key counts as zeros, as in
-    :meth:`~interp.trace.Reducer.merge`. Then one all-reduce per dtype over all reducers' flattened states.
+    :meth:`~interp.streaming.Reducer.merge`. Then one all-reduce per dtype over all reducers' flattened states.
 
     Raises:
         ValueError: a state key has different shapes or dtypes on different ranks.

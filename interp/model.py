@@ -454,7 +454,7 @@ class Transformer(HookedModule):
 
         Args:
             names_filter: a hook name, glob pattern, list, or predicate; ``None`` records everything.
-            other arguments: as :meth:`forward`, plus the recording options of :func:`interp.trace.record`
+            other arguments: as :meth:`forward`, plus the recording options of :func:`interp.streaming.record`
                 (``layers``, ``dtype``, ``device``, ``reducers``).
 
         Returns:
@@ -464,7 +464,7 @@ class Transformer(HookedModule):
             >>> logits, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_pattern"])
             >>> cache["blocks.0.attn.hook_pattern"].shape
         """
-        from .trace import record
+        from .streaming import record
 
         return record(self, *args, names_filter=names_filter, **kwargs)
 

@@ -41,7 +41,7 @@ import time
 import torch
 from benchutil import fix_threads, machine_info
 
-from interp.trace import Reducer
+from interp.streaming import Reducer
 
 GiB = 2**30
 VARIANTS = ("streaming", "library", "materialise")

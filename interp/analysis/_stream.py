@@ -1,6 +1,6 @@
 """Shared pieces of the head analyzers: per-layer head counts, target masks, and the target reducer.
 
-Every analyzer is a :class:`~interp.trace.Reducer` fed by :func:`~interp.trace.stream`: it prepares its
+Every analyzer is a :class:`~interp.streaming.Reducer` fed by :func:`~interp.streaming.stream`: it prepares its
 targets from each :class:`~interp.data.Batch` in ``begin_batch`` and folds the attention patterns in
 ``update``, so several analyzers share one forward pass and no dataset's patterns are held at once (with
 ``model.set_query_chunk`` not even one batch's full pattern is).
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..data import Batch
-from ..trace import Reducer
+from ..streaming import Reducer
 
 if TYPE_CHECKING:
     from ..model import Transformer

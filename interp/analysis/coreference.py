@@ -39,7 +39,7 @@ from ..data.coref import (
     read_corefud,
     read_gap,
 )
-from ..trace import Reducer, stream
+from ..streaming import Reducer, stream
 from ._stream import PATTERN_HOOKS, layer_of
 
 __all__ = ["CorefReducer", "coref_dataset_of", "coreference_kinds", "coreference_scores", "wilson_interval"]

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from ..data import Batch, repeated_tokens_for
-from ..trace import Reducer, stream
+from ..streaming import Reducer, stream
 from ._stream import PATTERN_HOOKS, TargetReducer, head_counts, heads_of, key_allowed, layer_of, offset_targets
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from ..data import Batch
-from ..trace import stream
+from ..streaming import stream
 from ._stream import TargetReducer, heads_of, key_allowed, offset_targets
 
 if TYPE_CHECKING:

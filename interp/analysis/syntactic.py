@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 
 from ..data import Batch, Sentence, TreebankStats, treebank_batches
-from ..trace import Reducer, stream
+from ..streaming import Reducer, stream
 from ._stream import PATTERN_HOOKS, head_counts, heads_of, layer_of
 
 if TYPE_CHECKING:

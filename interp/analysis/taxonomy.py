@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ..data import TreebankStats, random_tokens_for, repeated_tokens_for, text_batches, treebank_batches
-from ..trace import Reducer, stream
+from ..streaming import Reducer, stream
 from ._stream import head_counts
 from .coreference import coref_dataset_of, coreference_kinds, coreference_scores
 from .induction import induction_reducers, induction_table

@@ -1,7 +1,7 @@
 """Plotly figures for interp: every function returns a ``plotly.graph_objects.Figure``.
 
 No Streamlit here: notebooks display the figures inline (``fig`` as the last expression of a cell, or
-``fig.show()``), the dashboard (apps/dashboard.py) embeds them with ``st.plotly_chart``.
+``fig.show()``), the dashboard (interp/app/dashboard.py) embeds them with ``st.plotly_chart``.
 
 Example:
     >>> from interp import viz

@@ -34,7 +34,7 @@ def run(case: str, rank: int, world: int, conllu: str | None):
     from interp import distributed
     from interp.analysis import classify_heads
     from interp.pruning import LanguageModelObjective, head_importance
-    from interp.trace import MeanReducer, stream
+    from interp.streaming import MeanReducer, stream
     from interp.zoo import load
 
     if case == "classify_induction":

@@ -19,7 +19,7 @@ import torch
 from interp import distributed
 from interp.analysis import classify_heads
 from interp.pruning import LanguageModelObjective, head_importance
-from interp.trace import MeanReducer, Reducer, stream
+from interp.streaming import MeanReducer, Reducer, stream
 from interp.zoo import load
 
 WORKER = Path(__file__).with_name("dist_worker.py")

@@ -3,7 +3,6 @@ widgets and figures, the figures carry the model's real numbers, and bad input g
 
 import base64
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,9 +13,10 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import interp  # noqa: E402
+from interp.app import DASHBOARD  # noqa: E402
 from interp.flops import format_bytes, kv_cache_bytes, worked_example_config  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[2] / "apps" / "dashboard.py")
+APP = str(DASHBOARD)
 PAGES = ("Attention patterns", "Head map", "Induction", "Pruning", "KV cache & FLOPs")
 
 

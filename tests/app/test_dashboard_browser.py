@@ -1,4 +1,4 @@
-"""End to end: `streamlit run apps/dashboard.py` on a free localhost port, driven in headless Chromium.
+"""End to end: `streamlit run interp/app/dashboard.py` on a free localhost port, driven in headless Chromium.
 
 Clicks through every page, checks that each renders its figures without an exception, and saves a screenshot
 of each page to tests/artifacts/ (git-ignored). Needs the `playwright` Python package and a system Chromium
@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "apps" / "dashboard.py"
+from interp.app import DASHBOARD  # noqa: E402
+
+APP = DASHBOARD
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

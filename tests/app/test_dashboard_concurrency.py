@@ -10,14 +10,15 @@ ungated and hook-free is checked on the library in tests/core/test_concurrent_ho
 
 import importlib.util
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("streamlit")
 
-APP = Path(__file__).resolve().parents[2] / "apps" / "dashboard.py"
+from interp.app import DASHBOARD  # noqa: E402
+
+APP = DASHBOARD
 KEY = ("builtin", "induction-2l")
 N_THREADS = 8
 REPEATS = 3

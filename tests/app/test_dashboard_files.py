@@ -4,7 +4,6 @@ way to probe which paths exist; uploads live in a private per-session folder rem
 import gc
 import os
 import stat
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +12,9 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import interp  # noqa: E402
+from interp.app import DASHBOARD  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[2] / "apps" / "dashboard.py")
+APP = str(DASHBOARD)
 
 
 def make_app(model="local checkpoint", page=None) -> AppTest:

@@ -240,24 +240,26 @@ def test_train_induction_writes_the_model_the_library_trains(capsys, tmp_path):
 
 # --- dashboard / bench -------------------------------------------------------------------------------------
 def test_dashboard_command_and_missing_app(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "repo_root", lambda: tmp_path)  # a checkout without apps/
+    import interp.app
+
+    missing = tmp_path / "dashboard.py"
+    monkeypatch.setattr(interp.app, "DASHBOARD", missing)  # a broken install without the app file
     code, _, err = run_cli(capsys, "dashboard", "--dry-run")
-    assert_one_line_error(code, err, str(tmp_path / "apps" / "dashboard.py"))
-    (tmp_path / "apps").mkdir()
-    (tmp_path / "apps" / "dashboard.py").write_text("import interp\n")
+    assert_one_line_error(code, err, str(missing))
+    missing.write_text("import interp\n")
     code, out, err = run_cli(capsys, "dashboard", "--dry-run", "--port", "8765", "--headless")
     assert code == 0, err
     cmd = out.split()
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4] == str(tmp_path / "apps" / "dashboard.py")
+    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4] == str(missing)
     assert cmd[5:] == ["--browser.gatherUsageStats", "false", "--server.port", "8765", "--server.headless", "true"]
     code, _, err = run_cli(capsys, "dashboard", "--port", "70000")
     assert_one_line_error(code, err, "70000")
 
 
-def test_dashboard_is_found_in_this_checkout():
-    app = Path(interp.__file__).resolve().parents[1] / "apps" / "dashboard.py"
-    if not app.is_file():
-        pytest.skip("apps/dashboard.py not written yet")
+def test_dashboard_ships_inside_the_package():
+    # The app is package data of interp itself, so a wheel install (no checkout) finds it.
+    app = Path(interp.__file__).resolve().parent / "app" / "dashboard.py"
+    assert app.is_file()
     assert cli.dashboard_path() == app
 
 

@@ -1,7 +1,7 @@
 """The import graph follows the layer order of DESIGN.md, checked two ways.
 
-core (config, hooks, rotary, attention, kv_cache, decode, model, flops, weights) -> data -> trace (trace, trace_views) -> analysis / pruning ->
-viz -> cli / apps; zoo/ (models and their loading) sits on core, data and trace; training uses zoo and
+core (config, hooks, rotary, attention, kv_cache, decode, model, flops, weights) -> data -> trace (trace, trace_views, streaming) -> analysis / pruning ->
+viz -> cli / app; zoo/ (models and their loading) sits on core, data and trace; training uses zoo and
 analysis. Every import statement of every module under interp/ is parsed (function-level imports included;
 ``if TYPE_CHECKING:`` blocks excluded, they never run), and fresh interpreters check what importing a layer
 really loads.
@@ -19,7 +19,7 @@ PKG = ROOT / "interp"
 
 CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "model", "flops", "weights",
         "distributed"}  # distributed imports nothing of interp's: trace and pruning call it
-TRACE = {"trace", "trace_views"}
+TRACE = {"trace", "trace_views", "streaming"}
 ALLOWED = {
     "core": {"core"},
     "data": {"core", "data"},
@@ -31,13 +31,15 @@ ALLOWED = {
     "viz": {"core", "data", "trace", "analysis", "pruning", "viz"},
     "cli": {"core", "data", "trace", "zoo", "analysis", "pruning", "training", "viz", "cli", "package"},
     "package": {"core", "data", "trace", "zoo", "analysis"},
+    "app": {"core", "data", "trace", "zoo", "analysis", "pruning", "training", "viz", "cli", "package", "app"},
 }
 # Deliberate deferred imports, each inside a function body and named here with its reason:
 DEFERRED = {
-    ("core", "trace"): "Transformer.run_with_cache is the TransformerLens-style entry point to trace.record",
+    ("core", "trace"): "Transformer.run_with_cache is the TransformerLens-style entry point to streaming.record",
     ("analysis", "viz"): "result types' one-line .figure() methods",
     ("pruning", "viz"): "result types' one-line .figure() methods",
     ("pruning", "analysis"): "masked_metric's mean / resample ablation reuses analysis.ablate.ablate_heads",
+    ("cli", "app"): "interp dashboard reads the app script's path (interp.app itself imports nothing)",
 }
 
 # Single deferred imports allowed module by module (importer, imported), each with its reason:

@@ -1,4 +1,4 @@
-"""trace.stream and the Reducer protocol: one forward pass per batch, the query offset as an argument, and
+"""streaming.stream and the Reducer protocol: one forward pass per batch, the query offset as an argument, and
 mergeable states whose merge is order-independent."""
 
 import pytest

@@ -400,11 +400,10 @@ def test_smollm2_bfloat16_on_request(smol):
 
 
 def test_smollm2_in_the_dashboard(smol):
-    from pathlib import Path
-
     AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
-    app = Path(__file__).resolve().parents[2] / "apps" / "dashboard.py"
-    at = AppTest.from_file(str(app), default_timeout=240)
+    from interp.app import DASHBOARD
+
+    at = AppTest.from_file(str(DASHBOARD), default_timeout=240)
     at.query_params["model"] = "smollm2-135m"
     at.run()
     assert not at.exception, at.exception

@@ -1,6 +1,6 @@
 """interp dashboard: look inside the attention heads of a model, in the browser.
 
-Run it with ``interp dashboard`` or ``streamlit run apps/dashboard.py``. It imports only ``interp`` (plus
+Run it with ``interp dashboard`` or ``streamlit run`` on ``interp.app.DASHBOARD``. It imports only ``interp`` (plus
 Streamlit, numpy, pandas and torch), so a copy of this file works anywhere interp is installed.
 
 Pages (sidebar): attention patterns, head map (taxonomy), induction analysis, pruning, KV-cache & FLOPs

@@ -1,0 +1,10 @@
+"""The Streamlit dashboard, shipped inside the package so that a wheel install can run ``interp dashboard``.
+
+``interp.app.dashboard`` is a Streamlit script (it draws the page when imported): start it with
+``interp dashboard`` or ``streamlit run`` on :data:`DASHBOARD`. Importing this package imports nothing else.
+"""
+
+from pathlib import Path
+
+#: The dashboard script's path, for ``streamlit run`` and for Streamlit's testing tools.
+DASHBOARD = Path(__file__).resolve().parent / "dashboard.py"

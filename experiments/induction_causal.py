@@ -90,7 +90,7 @@ def main() -> None:
         print(f"warning: --n-draws {args.n_draws} < 20 is too few random sets for a claim")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from expt_common import load_model
+    from interp import load as load_model  # checkpoints get their stored tokenizer
 
     model = load_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)

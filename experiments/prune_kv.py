@@ -83,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from expt_common import load_model
+    from interp import load as load_model  # checkpoints get their stored tokenizer
 
     model = load_model(args.model)
     train, held, obj = data_for(model, args)

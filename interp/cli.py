@@ -90,18 +90,14 @@ def _require(module: str, attr: str | None = None, what: str = "") -> Any:
 
 def _load_model(name: str):
     load = _require("interp.zoo", "load", "the model zoo (interp.zoo.load)")
-    model = load(name)
-    import torch.distributed as dist
+    from .distributed import rank_device
 
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
-        import torch
-
-        model = model.to(torch.device("cuda", torch.cuda.current_device()))  # nccl: each rank on its own GPU
-    return model
+    return load(name, device=rank_device())  # under nccl each rank on its own GPU
 
 
 def repo_root() -> Path:
-    """The source checkout holding this package (valid for an editable install)."""
+    """The folder above this package: the source checkout for an editable install (``interp bench`` runs
+    ``experiments/benchmarks/`` from there), ``site-packages`` for a wheel install."""
     import interp
 
     return Path(interp.__file__).resolve().parents[1]
@@ -355,10 +351,6 @@ def dashboard_command(port: int | None = None, headless: bool = False) -> list[s
     return cmd
 
 
-#: Environment variable naming the one folder whose files the dashboard may read by path (none by default).
-FILES_ENV = "INTERP_DASHBOARD_FILES"
-
-
 def _exec(cmd: list[str], env: dict[str, str] | None = None) -> int:
     """Replace this process with ``cmd``: a signal sent to ``interp``'s PID then reaches the program itself
     (a child started with subprocess would keep running after ``kill PID``)."""
@@ -395,6 +387,8 @@ def dashboard_env(host: str = "127.0.0.1", files: str | Path | None = None) -> d
         folder = Path(files).expanduser()
         if not folder.is_dir():
             raise CliError(f"--files {str(folder)!r} is not a folder")
+        from .app import FILES_ENV
+
         env[FILES_ENV] = str(folder.resolve())
     return env
 
@@ -414,6 +408,12 @@ def _dashboard(args: argparse.Namespace) -> int:
 
 
 # --- kv-cache --------------------------------------------------------------------------------------------
+#: kv-cache's options by the argument names of interp.flops that its errors quote ("d_head=7" -> "--d-head 7").
+_KV_OPTIONS = {"layers": "--layers", "heads": "--heads", "kv_heads": "--kv-heads", "d_head": "--d-head",
+               "rope_dim": "--rope-dim"}
+_KV_ARG_RX = re.compile(r"\b(kv_heads|d_head|rope_dim|heads|layers)=(-?\d+)")
+
+
 def kv_cache_table(*, layers: int, heads: int, d_head: int, kv_heads: int | None = None, dtype: str = "fp16",
                    batch: int = 1, tokens: int = 1, latent: int | None = None, rope_dim: int | None = None
                    ) -> list[dict[str, Any]]:
@@ -430,26 +430,22 @@ def kv_cache_table(*, layers: int, heads: int, d_head: int, kv_heads: int | None
         One dict per variant with the keys of ``KV_JSON_KEYS``.
 
     Raises:
-        ValueError: a value ModelConfig rejects (quoted), an unknown dtype, or batch/tokens < 1.
+        ValueError: a value :func:`interp.flops.rotary_decoder_config`, :func:`interp.flops.kv_variants` or
+            ModelConfig rejects (quoted), an unknown dtype, or batch/tokens < 1.
 
     Example:
         >>> kv_cache_table(layers=80, heads=64, d_head=128)[0]["bytes_per_token"]
         2621440
     """
-    from interp.config import ModelConfig
     from interp.flops import kv_cache_table as table
+    from interp.flops import rotary_decoder_config
 
-    if kv_heads is not None and (heads % kv_heads or kv_heads > heads):
-        raise ValueError(f"--kv-heads {kv_heads} must divide --heads {heads}")
-    if d_head % 2:
-        # The table describes a rotary decoder, and RoPE rotates pairs of dimensions.
-        raise ValueError(f"--d-head {d_head} must be even (the KV-cache table assumes rotary positions)")
-    if rope_dim is not None and rope_dim > 0 and rope_dim % 2:
-        raise ValueError(f"--rope-dim {rope_dim} must be even (RoPE rotates pairs of dimensions)")
-    base = ModelConfig(n_layers=layers, n_heads=heads, d_head=d_head, d_model=heads * d_head, d_vocab=1, n_ctx=1,
-                       n_kv_heads=kv_heads or heads, positional="rotary")
-    df = table(base, batch=batch, tokens=tokens, dtype=dtype, n_kv_groups=kv_heads if kv_heads != heads else None,
-               kv_latent_dim=latent, rope_dim=rope_dim)
+    try:
+        base = rotary_decoder_config(layers=layers, heads=heads, d_head=d_head, kv_heads=kv_heads)
+        df = table(base, batch=batch, tokens=tokens, dtype=dtype,
+                   n_kv_groups=kv_heads if kv_heads != heads else None, kv_latent_dim=latent, rope_dim=rope_dim)
+    except ValueError as e:  # the library names its arguments; the user typed options
+        raise ValueError(_KV_ARG_RX.sub(lambda m: f"{_KV_OPTIONS[m.group(1)]} {m.group(2)}", str(e))) from None
     return [{"kind": str(r.kind), "n_kv_heads": int(r.n_kv_heads), "bytes_per_token": int(r.bytes_per_token),
              "batch": batch, "tokens": tokens, "total_bytes": int(r.total_bytes), "vs_mha": float(r.vs_mha)}
             for r in df.itertuples(index=False)]
@@ -484,7 +480,9 @@ def _bench(args: argparse.Namespace) -> int:
         raise CliError(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
     runner = repo_root() / "experiments" / "benchmarks" / "run_all.py"
     if not runner.is_file():
-        raise CliError(f"benchmark runner not found at {str(runner)!r}; run 'interp bench' from an editable install")
+        raise CliError("interp bench needs a source checkout (the benchmarks in experiments/benchmarks/ are not part "
+                       "of the installed package): clone the interp repository, pip install -e . in it, and run "
+                       f"interp bench there (looked for {str(runner)!r})")
     cmd = [sys.executable, str(runner), *args.names]
     if args.quick:
         cmd.append("--quick")
@@ -614,6 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, help="server port (streamlit's --server.port; default 8501)")
     d.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 serves every network interface (only on a trusted network)")
+    from .app import FILES_ENV
+
     d.add_argument("--files", metavar="FOLDER",
                    help=f"the folder whose checkpoints and curves users may open by path (sets {FILES_ENV}; "
                         "default: none, uploads only)")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .streaming import Reducer
 
 __all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_same", "describe_batches",
-           "init_from_env", "rank", "shard", "shutdown", "world_size"]
+           "init_from_env", "rank", "rank_device", "shard", "shutdown", "world_size"]
 
 #: Seconds a collective may wait for the other ranks before the job stops (``INTERP_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 600.0
@@ -133,6 +133,23 @@ def _device() -> torch.device:
     if torch.distributed.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def rank_device() -> torch.device | None:
+    """Where this rank's model belongs: its own GPU under nccl (each rank on the device
+    :func:`init_from_env` selected), ``None`` (leave the model where it is) otherwise.
+
+    Returns:
+        The current CUDA device when the process group runs on nccl, else ``None``.
+
+    Example:
+        >>> rank_device() is None  # not distributed
+        True
+    """
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
 
 
 def _collective(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

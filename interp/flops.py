@@ -62,6 +62,35 @@ def worked_example_config(**overrides) -> ModelConfig:
     return ModelConfig(**fields)
 
 
+def rotary_decoder_config(*, layers: int, heads: int, d_head: int, kv_heads: int | None = None) -> ModelConfig:
+    """The smallest config that describes a rotary decoder's attention stack for the cost tables: ``layers``
+    layers of ``heads`` query heads of width ``d_head`` and ``kv_heads`` K/V heads (``d_model = heads * d_head``;
+    vocabulary and context of 1, which the KV-cache figures do not depend on).
+
+    Args:
+        layers, heads, d_head: the stack's layers, query heads and head width.
+        kv_heads: K/V heads (default ``heads``, multi-head attention).
+
+    Returns:
+        A :class:`~interp.config.ModelConfig` with ``positional="rotary"``.
+
+    Raises:
+        ValueError: ``kv_heads`` does not divide ``heads``, an odd ``d_head`` (RoPE rotates pairs of dimensions),
+            or a value ModelConfig rejects (quoted).
+
+    Example:
+        >>> rotary_decoder_config(layers=80, heads=64, d_head=128, kv_heads=8).kind
+        'gqa'
+    """
+    if kv_heads is not None and (kv_heads <= 0 or heads % kv_heads or kv_heads > heads):
+        raise ValueError(f"kv_heads={kv_heads} must divide heads={heads}")
+    if d_head % 2:
+        # The cost tables describe a rotary decoder, and RoPE rotates pairs of dimensions.
+        raise ValueError(f"d_head={d_head} must be even (the KV-cache table assumes rotary positions)")
+    return ModelConfig(n_layers=layers, n_heads=heads, d_head=d_head, d_model=heads * d_head, d_vocab=1, n_ctx=1,
+                       n_kv_heads=kv_heads or heads, positional="rotary")
+
+
 def gqa_group_options(n_heads: int) -> list[int]:
     """KV-head counts that make ``n_heads`` query heads grouped-query attention (divisors strictly between
     1 and ``n_heads``).
@@ -109,7 +138,7 @@ def kv_variants(
         An ordered dict of configs, MHA first.
 
     Raises:
-        ValueError: ``n_kv_groups`` does not divide ``n_heads``.
+        ValueError: ``n_kv_groups`` does not divide ``n_heads``, or an odd ``rope_dim`` (RoPE rotates pairs).
 
     Example:
         >>> sorted(kv_variants(worked_example_config()))
@@ -126,7 +155,9 @@ def kv_variants(
     else:
         latent = 4 * D if kv_latent_dim is None else kv_latent_dim
         rope = (D // 2 if cfg.positional == "rotary" else 0) if rope_dim is None else rope_dim
-    rope -= rope % 2  # decoupled RoPE rotates pairs
+    if rope_dim is not None and rope_dim > 0 and rope_dim % 2:
+        raise ValueError(f"rope_dim={rope_dim} must be even (RoPE rotates pairs of dimensions)")
+    rope -= rope % 2  # a derived width (d_head // 2) rounds down to pairs: decoupled RoPE rotates pairs
     # MLA with rope_dim == 0 cannot be "rotary" (its RoPE lives only in the decoupled part).
     positional = "rotary" if rope else ("none" if cfg.positional == "rotary" else cfg.positional)
     # The variants are uniform what-ifs: drop the per-layer head counts of a pruned model.

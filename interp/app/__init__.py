@@ -8,3 +8,7 @@ from pathlib import Path
 
 #: The dashboard script's path, for ``streamlit run`` and for Streamlit's testing tools.
 DASHBOARD = Path(__file__).resolve().parent / "dashboard.py"
+
+#: Environment variable naming the one folder whose files the dashboard may read by path (none by default);
+#: ``interp dashboard --files FOLDER`` sets it.
+FILES_ENV = "INTERP_DASHBOARD_FILES"

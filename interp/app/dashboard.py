@@ -27,6 +27,7 @@ import torch
 
 import interp
 from interp import viz
+from interp.app import FILES_ENV
 from interp.flops import (
     DTYPE_BYTES,
     default_kv_groups,
@@ -71,45 +72,18 @@ st.set_page_config(page_title="interp dashboard", page_icon="🔍", layout="wide
 
 
 # --- models -----------------------------------------------------------------------------------------------
-def _random_tiny() -> interp.Transformer:
-    """A tiny random decoder with a token-id tokenizer: instant to load, for trying the app and for tests."""
-    from interp.zoo.induction import TokenIdTokenizer
-
-    torch.manual_seed(0)
-    cfg = interp.ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=64, n_ctx=48,
-                             attn_only=True)
-    model = interp.Transformer(cfg).eval()
-    model.tokenizer = TokenIdTokenizer(cfg.d_vocab, bos_id=0)
-    model.name = RANDOM_TINY
-    return model
-
-
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=4)
 def load_model(source: str, ref: str) -> interp.Transformer:
-    """The model named by ``(source, ref)``: cached across reruns and sessions."""
-    from interp import zoo
+    """The model named by ``(source, ref)``: ``interp.load(ref)``, cached across reruns and sessions.
 
-    if source == "random":
-        return _random_tiny()
-    if source == "builtin":
-        return zoo.load(ref)
-    if source == "checkpoint":
-        return zoo.load_checkpoint(ref)
-    if source == "hf":
-        from interp.zoo.hf import from_hf
-
-        return from_hf(ref).eval()
-    if source == "tl":
-        from transformer_lens.model_bridge import TransformerBridge
-
-        from interp.zoo.tl import from_transformer_lens
-
-        return from_transformer_lens(TransformerBridge.boot_transformers(ref, device="cpu")).eval()
-    raise ValueError(f"unknown model source {source!r}")
+    ``source`` (``builtin``, ``random``, ``checkpoint``, ``hf``, ``tl``) only keeps the cache keys of the sidebar's
+    choices apart and picks the error message; ``ref`` is a built-in name, a checkpoint path inside the served
+    or upload folder, or an ``hf:`` / ``tl:`` name from :func:`served_model_ref`.
+    """
+    return interp.load(ref)
 
 
 # --- files: uploads in a private folder per session; paths only inside the folder the operator named ------
-FILES_ENV = "INTERP_DASHBOARD_FILES"  # set by `interp dashboard --files FOLDER`; unset: no reading by path
 MAX_FILE_MB = float(os.environ.get("INTERP_DASHBOARD_MAX_FILE_MB", "2048"))
 MAX_CURVE_MB = 20.0
 
@@ -149,16 +123,27 @@ def served_file(typed: str, max_mb: float = MAX_FILE_MB) -> Path:
     return path
 
 
-def served_model_ref(typed: str) -> str:
-    """A Hugging Face / TransformerLens name as typed, or, when it looks like a local path, that folder inside
-    the served folder (any other local folder is refused with the one "not available" message).
+def served_model_ref(typed: str, prefix: str = "hf:") -> str:
+    """The ``interp.load`` name of a Hugging Face / TransformerLens model typed in the sidebar.
+
+    A name that looks like a local path (``/``, ``.`` or ``~`` first, a ``\\`` or a ``..``) must be a folder
+    inside the served folder and becomes its absolute path; any other name is a hub id, which ``interp.load``
+    takes strictly as one (``tmp/some/folder`` is never a folder relative to the server's working directory).
+    Every refused path gets the same message, so the box cannot be used to probe which server paths exist.
+
+    Args:
+        typed: what the user typed.
+        prefix: ``"hf:"`` or ``"tl:"``.
+
+    Returns:
+        ``prefix`` + the hub id or the served folder's absolute path.
 
     Raises:
-        FileNotFoundError: a path outside the served folder, or not a folder.
+        FileNotFoundError: a path outside the served folder, or not a folder (one message for every reason).
     """
     name = typed.strip()
     if not (name.startswith(("/", ".", "~")) or "\\" in name or ".." in name.split("/")):
-        return name  # a hub id such as "gpt2" or "org/model"
+        return prefix + name  # a hub id such as "gpt2" or "org/model"
     folder = served_folder()
     unavailable = FileNotFoundError(f"{name!r} is not available: local folders are read only inside the folder "
                                     "the operator serves (interp dashboard --files)")
@@ -170,7 +155,7 @@ def served_model_ref(typed: str) -> str:
         raise unavailable from None
     if not path.is_relative_to(folder) or not path.is_dir():
         raise unavailable
-    return str(path)
+    return prefix + str(path)
 
 
 def read_limited(path: Path, max_mb: float) -> bytes:
@@ -221,7 +206,7 @@ def choose_model() -> tuple[str, str] | None:
     if choice in BUILTIN_MODELS:
         return "builtin", choice
     if choice == RANDOM_TINY:
-        return "random", RANDOM_TINY
+        return "random", RANDOM_TINY  # a built-in of interp.load too
     if choice == CHECKPOINT:
         upload = st.sidebar.file_uploader("Upload a checkpoint", type=["safetensors"], key="ckpt_upload")
         path = ""
@@ -246,7 +231,7 @@ def choose_model() -> tuple[str, str] | None:
                     "convert to interp) in the sidebar.")
             return None
         try:
-            return "tl", served_model_ref(name)
+            return "tl", served_model_ref(name, "tl:")
         except FileNotFoundError as e:
             st.error(str(e))
             return None
@@ -377,18 +362,13 @@ def induction_data(key: tuple[str, str], n_seqs: int, half_len: int) -> dict[str
     return out
 
 
-def pruning_setup(model: interp.Transformer) -> tuple[Any, list[dict[str, torch.Tensor]]]:
-    """The objective and evaluation batches used for pruning this model (the library's task definition)."""
+def pruning_setup(model: interp.Transformer) -> tuple[Any, list[Any]]:
+    """The objective and evaluation batches used for pruning this model: the library's task (``build_task``
+    picks repeated sequences for a decoder, the sentences below for an encoder), smaller for the browser."""
     from interp.pruning import build_task
 
-    if model.cfg.causal and model.cfg.unembed:
-        data = {"kind": "repeated", "n_seqs": 16, "half_len": min(16, (model.cfg.n_ctx - 2) // 2), "eval_seed": 123}
-    elif model.cfg.unembed or model.tokenizer is None:
-        raise ValueError("pruning in the app needs a causal decoder with an unembedding, or an encoder with a "
-                         "tokenizer")
-    else:
-        data = {"kind": "texts", "texts": PRUNING_SENTENCES, "batch_size": 8}
-    task = build_task(model, data=data)
+    task = build_task(model, data={"n_seqs": 16, "half_len": min(16, (model.cfg.n_ctx - 2) // 2), "eval_seed": 123,
+                                   "texts": PRUNING_SENTENCES, "batch_size": 8})
     return task.objective, task.held_out
 
 
@@ -528,14 +508,15 @@ def saved_curve_files() -> list[str]:
 
 
 def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
-    from interp.pruning import PruningCurve, auc_table, importance_curve, random_curve
+    from interp.pruning import LanguageModelObjective, PruningCurve, auc_table, importance_curve, random_curve
 
     try:
         objective, batches = pruning_setup(model)
     except ValueError as e:
         st.error(str(e))
         return
-    what = ("next-token loss on the repeated half of repeated random sequences" if model.cfg.unembed
+    what = ("next-token loss on the repeated half of repeated random sequences"
+            if isinstance(objective, LanguageModelObjective)
             else "1 - cosine similarity of sentence embeddings to the unpruned model's")
     st.markdown(f"Objective: **{what}** (metric: `{objective.metric_name}`, higher is better).")
 

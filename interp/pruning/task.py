@@ -51,8 +51,9 @@ def build_task(model: Transformer, *, data: dict[str, Any] | None = None) -> Pru
 
     Args:
         model: the model to prune.
-        data: the data config; ``kind`` defaults to ``"repeated"`` for a decoder with an unembedding and
-            ``"ud"`` otherwise.
+        data: the data config; ``kind`` defaults to ``"repeated"`` for a causal decoder with an unembedding,
+            else to ``"texts"`` when ``data`` has ``texts`` and ``"ud"`` otherwise (keys of the other kinds are
+            ignored, so a caller can give settings for both and let the model decide).
 
             - ``{"kind": "repeated", "n_seqs": 64, "half_len": 25, "seed": 1, "eval_seed": 2, "batch_size": 16,
               "bos_id": <the tokenizer's bos_id>, "metric": "accuracy"}``: repeated random sequences, the
@@ -74,7 +75,8 @@ def build_task(model: Transformer, *, data: dict[str, Any] | None = None) -> Pru
         >>> train, held, objective = build_task(load("induction-2l"), data={"n_seqs": 32})
     """
     data = dict(data or {})
-    kind = data.get("kind", "repeated" if model.cfg.unembed else "ud")
+    kind = data.get("kind", "repeated" if model.cfg.causal and model.cfg.unembed else
+                    "texts" if "texts" in data else "ud")
     bs = int(data.get("batch_size", 16))
     if kind == "repeated":
         n = int(data.get("n_seqs", 64))

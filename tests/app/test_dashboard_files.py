@@ -115,3 +115,30 @@ def test_uploads_go_to_a_private_session_folder_removed_with_the_session(ckpt_by
     del at
     gc.collect()
     assert not folder.exists()
+
+
+def test_hub_name_box_cannot_load_folders_outside_the_served_folder(served, tmp_path, monkeypatch):
+    # A real model folder at a path relative to the server's working directory, outside the served folder.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=16)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "work" / "tmp" / "some")
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setattr("huggingface_hub.snapshot_download",
+                        lambda repo_id, **kw: (_ for _ in ()).throw(OSError("no such repository on the hub")))
+    messages = {}
+    for box, model in (("hf_name", "Hugging Face name"), ("tl_name", "TransformerLens name")):
+        for typed in ("tmp/some", "tmp/missing", "./tmp/some", "./tmp/missing", str(tmp_path / "work" / "tmp" / "some")):
+            at = make_app(model=model)
+            at.sidebar.text_input(key=box).set_value(typed)
+            at.run()
+            assert not at.exception, at.exception
+            assert not at.sidebar.caption or "some" not in at.sidebar.caption[0].value  # no model was loaded
+            (msg,) = _errors(at)
+            messages[box, typed] = msg.replace(repr(typed), "NAME").replace(f"tl:{typed}", "NAME").replace(
+                f"hf:{typed}", "NAME")
+    # Existing and missing folders give one message: the box tells nothing about which server paths exist.
+    for box in ("hf_name", "tl_name"):
+        assert messages[box, "tmp/some"] == messages[box, "tmp/missing"], messages
+        assert messages[box, "./tmp/some"] == messages[box, "./tmp/missing"] == messages[box, str(
+            tmp_path / "work" / "tmp" / "some")], messages
+        assert "not available" in messages[box, "./tmp/some"]

@@ -68,7 +68,7 @@ def test_kv_cache_mla_row_and_table(capsys):
 
 @pytest.mark.parametrize("argv, needles", [
     (["kv-cache", "--layers", "2", "--heads", "3", "--kv-heads", "2", "--d-head", "4"], ["--kv-heads 2"]),
-    (["kv-cache", "--layers", "2", "--heads", "4", "--d-head", "4", "--rope-dim", "-2"], ["rope_dim=-2"]),
+    (["kv-cache", "--layers", "2", "--heads", "4", "--d-head", "4", "--rope-dim", "-2"], ["--rope-dim -2"]),
 ])
 def test_kv_cache_rejected_values_exit_1_with_one_line(capsys, argv, needles):
     code, out, err = run_cli(capsys, *argv)
@@ -261,6 +261,12 @@ def test_dashboard_ships_inside_the_package():
     app = Path(interp.__file__).resolve().parent / "app" / "dashboard.py"
     assert app.is_file()
     assert cli.dashboard_path() == app
+
+
+def test_bench_outside_a_checkout_says_it_needs_one(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "repo_root", lambda: tmp_path)  # what a wheel install sees: no experiments/
+    code, _, err = run_cli(capsys, "bench", "forward")
+    assert_one_line_error(code, err, "needs a source checkout", "pip install -e .")
 
 
 def test_bench_runner_exists_and_lists_known_benchmarks():

@@ -205,6 +205,24 @@ def test_save_and_load_round_trip(tmp_path):
     assert back.tokenizer.bos_id == 0 and back.checkpoint_metadata["note"] == "x"
 
 
+def test_interp_load_of_a_saved_induction_checkpoint_has_its_tokenizer_and_own_name(tmp_path):
+    # `interp train-induction` tells users to load its output with interp.load(path).
+    import interp
+
+    model = build_induction_model(TINY, seed=1)
+    assert model.name == "induction-2l"  # what the header stores: it must not pass for the shipped model
+    path = save_induction_model(model, tmp_path / "retrained.safetensors")
+    back = interp.load(path)
+    assert back.name == "retrained" and back.name == load_induction_2l(path).name
+    assert isinstance(back.tokenizer, TokenIdTokenizer) and back.tokenizer.bos_id == 0
+    assert back.to_str_tokens(torch.tensor([0, 5, 9])) == ["<bos>", "t5", "t9"]
+    toks = back.to_tokens("t3 t4 t3")
+    assert toks.tolist() == [[0, 3, 4, 3]] and torch.equal(back(toks), model.eval()(toks))
+    assert interp.load(INDUCTION_2L_PATH).name == "induction-2l"  # the shipped file keeps the built-in's name
+    none = save_induction_model(build_induction_model(TINY, bos_id=None), tmp_path / "no-bos.safetensors")
+    assert interp.load(none).tokenizer.bos_id is None
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="steps=0"):
         train_induction_model(steps=0, progress=False)

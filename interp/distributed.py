@@ -258,7 +258,7 @@ def model_checksum(model: torch.nn.Module) -> dict[str, str]:
 
 def describe_batches(batches: Sequence[Any]) -> str:
     """A checksum of a list of batches: their count and every tensor in them (a
-    :class:`~interp.data.Batch`'s tokens and mask, a batch dict's tensors by key, or a bare tensor of ids).
+    :class:`~interp.data.Batch`'s tokens, mask and tensor annotations, a batch dict's tensors by key, or a bare tensor of ids).
 
     Example:
         >>> describe_batches([torch.zeros(2, 3, dtype=torch.long)])   # 16 hex digits
@@ -268,7 +268,8 @@ def describe_batches(batches: Sequence[Any]) -> str:
         for b in batches:
             if isinstance(b, torch.Tensor):
                 b = {"tokens": b}  # a bare tensor of ids is a batch's tokens
-            items = b.items() if isinstance(b, dict) else (("tokens", b.tokens), ("mask", b.mask))
+            items = b.items() if isinstance(b, dict) else (("tokens", b.tokens), ("mask", b.mask),
+                                                            *b.annotations.items())
             for k, v in sorted(items, key=lambda kv: kv[0]):
                 if isinstance(v, torch.Tensor):
                     yield k.encode() + _tensor_bytes(v)

@@ -8,6 +8,7 @@ It imports only the core (config, model) and is imported by :mod:`interp.trace`,
 from .batches import (
                       Batch,
                       TreebankStats,
+                      as_batch,
                       bucket_by_length,
                       check_length,
                       iter_batches,
@@ -26,7 +27,7 @@ from .synthetic import (
 from .treebank import Sentence, align_words, parse_text_with_spacy, read_conllu
 
 __all__ = [
-    "Batch", "Sentence", "TreebankStats", "align_words", "bucket_by_length", "check_length",
+    "Batch", "Sentence", "TreebankStats", "align_words", "as_batch", "bucket_by_length", "check_length",
     "first_occurrence_mask", "induction_training_batch", "iter_batches", "pad", "parse_text_with_spacy",
     "random_tokens_for", "read_conllu", "repeated_sequences", "repeated_tokens_for", "sentences", "text_batches",
     "treebank_batches",

@@ -26,7 +26,7 @@ from .treebank import Sentence, check_max_sentences, check_word_index, read_conl
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["Batch", "iter_batches", "pad", "bucket_by_length", "text_batches", "treebank_batches",
+__all__ = ["Batch", "as_batch", "iter_batches", "pad", "bucket_by_length", "text_batches", "treebank_batches",
            "sentences", "check_length"]
 
 
@@ -39,7 +39,9 @@ class Batch:
         mask: ``[B, T]`` padding mask (1 = real token), or ``None`` when every position is real.
         annotations: per-batch extras keyed by name. Treebank batches carry ``"sentences"``
             (``list[Sentence]``, one per row) and ``"member"`` (``[B, W, T]`` float, 1 where token t belongs
-            to word w); scorers that need other annotations document their keys.
+            to word w); pruning batches ``"loss_mask"`` (``[B, T]`` bool, the tokens scored as next-token
+            targets) and, once a sentence objective has seen them, ``"reference"`` (``[B, M]``, the unpruned
+            model's sentence embeddings); scorers that need other annotations document their keys.
 
     Example:
         >>> b = Batch(torch.tensor([[1, 2, 3]]))
@@ -60,16 +62,33 @@ class Batch:
         return self.tokens.shape[0]
 
 
-def _as_batch(item: Any, where: str) -> Batch:
-    """One dataset item -> a :class:`Batch` (tokens ``[B, T]`` long, mask ``[B, T]`` or None)."""
+def as_batch(item: Any, where: str = "batch") -> Batch:
+    """One dataset item -> a :class:`Batch` (tokens ``[B, T]`` long, mask ``[B, T]`` or None).
+
+    Args:
+        item: a :class:`Batch` (returned as it is), token ids (``[B, T]`` or ``[T]``), a ``(tokens, mask)``
+            tuple, or a dict with ``tokens`` (or ``input_ids``), optionally ``attention_mask``, and any other
+            keys, which become annotations (``{"tokens": t, "loss_mask": m}``).
+        where: the item's name, for error messages.
+
+    Raises:
+        ValueError: a dict without tokens, or bad shapes.
+        TypeError: ids that are not integers.
+
+    Example:
+        >>> as_batch({"tokens": torch.tensor([[1, 2]]), "loss_mask": torch.tensor([[0, 1]])}).annotations["loss_mask"]
+        tensor([[0, 1]])
+    """
     if isinstance(item, Batch):
         return item
     mask = None
+    extras: dict[str, Any] = {}
     if isinstance(item, Mapping):
         if "tokens" not in item and "input_ids" not in item:
             raise ValueError(f"{where}: a dict batch needs a 'tokens' (or 'input_ids') key, got keys {sorted(item)}")
         tokens = item.get("tokens", item.get("input_ids"))
         mask = item.get("attention_mask")
+        extras = {k: v for k, v in item.items() if k not in ("tokens", "input_ids", "attention_mask")}
     elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], torch.Tensor):
         tokens, mask = item
     else:
@@ -91,7 +110,7 @@ def _as_batch(item: Any, where: str) -> Batch:
         mask = torch.as_tensor(mask)
         if tuple(mask.shape) != tuple(tokens.shape):
             raise ValueError(f"{where}: attention_mask has shape {tuple(mask.shape)}, tokens {tuple(tokens.shape)}")
-    return Batch(tokens.long(), mask)
+    return Batch(tokens.long(), mask, extras)
 
 
 def iter_batches(data: Any, *, batch_size: int = 32, name: str = "tokens") -> Iterator[Batch]:
@@ -120,22 +139,33 @@ def iter_batches(data: Any, *, batch_size: int = 32, name: str = "tokens") -> It
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size={batch_size!r} must be a positive int")
     if isinstance(data, (torch.Tensor, Mapping, Batch)):
-        whole = _as_batch(data, name)
-        for i in range(0, whole.tokens.shape[0], batch_size):
-            yield Batch(whole.tokens[i:i + batch_size], None if whole.mask is None else whole.mask[i:i + batch_size],
-                        dict(whole.annotations))
+        whole = as_batch(data, name)
+        n = whole.tokens.shape[0]
+        for i in range(0, n, batch_size):
+            rows = slice(i, i + batch_size)
+            yield Batch(whole.tokens[rows], None if whole.mask is None else whole.mask[rows],
+                        {k: _rows_of(v, rows, n) for k, v in whole.annotations.items()})
         return
     if not isinstance(data, Iterable) or isinstance(data, (str, bytes)):
         raise TypeError(f"{name} must be a LongTensor or an iterable of batches, got {type(data).__name__}")
     if isinstance(data, list) and data and all(isinstance(x, int) for x in data):
-        yield _as_batch(data, name)  # one sequence given as a flat list of ints
+        yield as_batch(data, name)  # one sequence given as a flat list of ints
         return
     n = 0
     for i, item in enumerate(data):
         n += 1
-        yield _as_batch(item, f"{name}[{i}]")
+        yield as_batch(item, f"{name}[{i}]")
     if n == 0:
         raise ValueError(f"{name} is an empty dataset: nothing to analyse")
+
+
+def _rows_of(value: Any, rows: slice, n: int) -> Any:
+    """The ``rows`` of a per-row annotation (a tensor or list with one entry per row); others as they are."""
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == n:
+        return value[rows]
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        return value[rows]
+    return value
 
 
 def pad(seqs: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,8 +224,16 @@ def check_length(model: Transformer, T: int, what: str = "sequence") -> None:
         raise ValueError(f"{what} length {T} exceeds the model's n_ctx={model.cfg.n_ctx}")
 
 
-def text_batches(model: Transformer, texts: Sequence[str], *, batch_size: int = 32) -> list[Batch]:
-    """Tokenize ``texts`` with the model's tokenizer into padded batches (truncated to ``n_ctx``).
+def text_batches(model: Transformer, texts: Sequence[str], *, batch_size: int = 32,
+                 max_length: int | None = None) -> list[Batch]:
+    """Tokenize ``texts`` with the model's tokenizer into padded batches.
+
+    Args:
+        model: the model whose tokenizer reads the texts.
+        texts: the texts.
+        batch_size: texts per batch.
+        max_length: truncate each text to this many tokens (special tokens kept); default and at most the
+            model's ``n_ctx``.
 
     Raises:
         ValueError: no text tokenizer, or ``texts`` is not a non-empty list of str.
@@ -208,7 +246,8 @@ def text_batches(model: Transformer, texts: Sequence[str], *, batch_size: int = 
         raise ValueError(f"texts given but model {getattr(model, 'name', '?')!r} has no text tokenizer; pass tokens")
     if isinstance(texts, str) or not texts:
         raise ValueError(f"texts must be a non-empty list of str, got {texts!r}")
-    return [_as_batch(tok.encode_batch_with_mask(list(texts[i:i + batch_size]), max_length=model.cfg.n_ctx), "texts")
+    limit = model.cfg.n_ctx if max_length is None else min(max_length, model.cfg.n_ctx)
+    return [as_batch(tok.encode_batch_with_mask(list(texts[i:i + batch_size]), max_length=limit), "texts")
             for i in range(0, len(texts), batch_size)]
 
 

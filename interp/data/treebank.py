@@ -31,6 +31,7 @@ class Sentence:
         deprels: ``deprels[i]`` is the relation of word i to its head (``nsubj``, ``obl:tmod``...).
         sent_id: the ``# sent_id`` comment, if any.
         line: the line number (1-based) where the sentence starts.
+        text: the ``# text`` comment (the sentence as written, with its original spacing), if any.
     """
 
     words: list[str]
@@ -38,6 +39,7 @@ class Sentence:
     deprels: list[str]
     sent_id: str | None = None
     line: int = 0
+    text: str | None = None
 
 
 def _blocks(lines: Iterator[str], where: str) -> Iterator[list[tuple[int, str, list[str] | None]]]:
@@ -77,12 +79,14 @@ def _parse_block(block: list[tuple[int, str, list[str] | None]], where: str) -> 
     heads: list[int] = []
     rels: list[str] = []
     head_lines: list[tuple[int, str]] = []
-    sent_id = None
+    sent_id = text = None
     for no, line, fields in block:
         if fields is None:
             key, _, value = line[1:].partition("=")
             if key.strip() == "sent_id" and value.strip():
                 sent_id = value.strip()
+            elif key.strip() == "text" and value.strip():
+                text = value.strip()
             continue
         try:
             tok_id = _int_or(fields[0], parse_id_value)
@@ -106,7 +110,7 @@ def _parse_block(block: list[tuple[int, str, list[str] | None]], where: str) -> 
     if not words:
         return None
     _check_tree(heads, head_lines, where)
-    return Sentence(words, heads, rels, sent_id, block[0][0])
+    return Sentence(words, heads, rels, sent_id, block[0][0], text)
 
 
 def _int_or(value: str, parse: Any) -> Any:

@@ -84,7 +84,7 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
         for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress, leave=False):
             if per_example:
                 model.set_head_gates(None)
-                B = batch["tokens"].shape[0]
+                B = batch.tokens.shape[0]
                 gates = base.expand(B, L, H).clone().requires_grad_(True)  # [B, L, H]
 
                 def gate_hook(layer: int):

@@ -1,8 +1,10 @@
 """What pruning preserves: an objective gives a differentiable loss (for importance and L0 gates) and a metric
 (for curves, higher is better).
 
-Batches are dicts ``{"tokens": [B, T], "attention_mask": [B, T] (optional), "loss_mask": [B, T] (optional),
-"reference": [B, M] (sentence objective)}``; a bare ``[B, T]`` tensor is read as ``{"tokens": tensor}``.
+Batches are :class:`interp.data.Batch` objects: ``tokens`` ``[B, T]``, ``mask`` (padding, optional) and, in
+``annotations``, ``loss_mask`` ``[B, T]`` (the tokens scored as targets, optional) and ``reference`` ``[B, M]``
+(sentence objective). A dict ``{"tokens", "attention_mask", "loss_mask", ...}`` or a bare ``[B, T]`` tensor is
+read as the same Batch (:func:`interp.data.as_batch`).
 
 * :class:`LanguageModelObjective` - next-token cross-entropy for decoders; the metric is next-token accuracy
   on the scored positions (e.g. the repeated half of ``repeated_sequences``, which only induction solves).
@@ -24,41 +26,44 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from ..data import Batch, as_batch, read_conllu, text_batches
+
 if TYPE_CHECKING:
     from ..model import Transformer
 
-Batch = dict[str, torch.Tensor]
+__all__ = ["Batch", "LanguageModelObjective", "Objective", "SentenceSimilarityObjective", "check_batches",
+           "mean_pool", "sentence_batches", "ud_sentences"]
 
+def check_batches(batches: Sequence[Any] | Any, name: str = "batches") -> list[Batch]:
+    """Validate a non-empty sequence of batches, as :class:`interp.data.Batch` objects.
 
-def as_batch(batch: torch.Tensor | Batch) -> Batch:
-    """A tensor of token ids or a batch dict -> a batch dict.
+    Args:
+        batches: Batches, ``[B, T]`` token tensors or batch dicts (one of them alone is one batch).
+        name: the argument's name, for messages.
 
-    Raises:
-        TypeError: anything else.
-    """
-    if isinstance(batch, torch.Tensor):
-        return {"tokens": batch if batch.dim() == 2 else batch[None]}
-    if isinstance(batch, dict) and "tokens" in batch:
-        return batch
-    raise TypeError(f"a batch must be a [B, T] token tensor or a dict with 'tokens', got {type(batch).__name__}")
-
-
-def check_batches(batches: Sequence[Any], name: str = "batches") -> list[Batch]:
-    """Validate a non-empty sequence of batches.
+    Returns:
+        The batches as :class:`~interp.data.Batch` (a Batch given is returned as it is).
 
     Raises:
         ValueError: empty dataset.
-        TypeError: a batch is neither a tensor nor a dict with ``tokens``.
+        TypeError: a batch is neither a tensor, a Batch nor a dict with ``tokens``.
+
+    Example:
+        >>> check_batches(torch.tensor([[1, 2, 3]]))[0].tokens.shape
+        torch.Size([1, 3])
     """
-    if isinstance(batches, (torch.Tensor, dict)):
+    if isinstance(batches, (torch.Tensor, dict, Batch)):
         batches = [batches]
     batches = list(batches)
     if not batches:
         raise ValueError(f"{name} is empty: pruning needs at least one batch of data")
-    out = [as_batch(b) for b in batches]
-    if any(b["tokens"].numel() == 0 for b in out):
+    for b in batches:
+        if not (isinstance(b, (torch.Tensor, Batch)) or (isinstance(b, dict) and "tokens" in b)):
+            raise TypeError(f"a batch must be a [B, T] token tensor, an interp.data.Batch or a dict with 'tokens', "
+                            f"got {type(b).__name__}")
+    if any(b.numel() == 0 for b in batches if isinstance(b, torch.Tensor)):
         raise ValueError(f"{name} contains an empty batch (0 tokens)")
-    return out
+    return [as_batch(b, f"{name}[{i}]") for i, b in enumerate(batches)]
 
 
 class Objective(Protocol):
@@ -95,14 +100,15 @@ class LanguageModelObjective:
         """Next-token logits ``[B, T-1, V]``, targets ``[B, T-1]`` and which targets are scored ``[B, T-1]``
         (real tokens, inside ``loss_mask`` when the batch has one)."""
         batch = as_batch(batch)
-        tokens = batch["tokens"]
-        logits = model(tokens, attention_mask=batch.get("attention_mask"))[:, :-1]  # [B, T-1, V]
+        tokens = batch.tokens
+        logits = model(tokens, attention_mask=batch.mask)[:, :-1]  # [B, T-1, V]
         targets = tokens[:, 1:]  # [B, T-1]
         keep = torch.ones_like(targets, dtype=torch.bool)
-        if batch.get("attention_mask") is not None:
-            keep &= batch["attention_mask"][:, 1:].bool()
-        if batch.get("loss_mask") is not None:
-            keep &= batch["loss_mask"][:, 1:].bool()
+        if batch.mask is not None:
+            keep &= batch.mask[:, 1:].bool()
+        loss_mask = batch.annotations.get("loss_mask")
+        if loss_mask is not None:
+            keep &= torch.as_tensor(loss_mask)[:, 1:].bool()
         return logits, targets, keep
 
     def _logits_targets(self, model, batch: Batch):
@@ -147,8 +153,8 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torc
 class SentenceSimilarityObjective:
     """Cosine similarity of the (pruned) model's mean-pooled sentence embeddings to the unpruned ones.
 
-    Build it with the unpruned model and the batches: it stores each batch's reference embeddings under
-    ``batch["reference"]`` (computed with every gate removed).
+    Build it with the unpruned model and the batches: it stores each batch's reference embeddings in the
+    batch's annotations under ``"reference"`` (computed with every gate removed; a dict batch also gets the key).
 
     The metric is always the mean cosine to the unpruned embeddings. The loss (what importance and L0 gates
     differentiate) is by default contrastive: in-batch InfoNCE that asks each pruned embedding to be nearer its
@@ -161,7 +167,7 @@ class SentenceSimilarityObjective:
 
     Args:
         model: an encoder with ``cfg.unembed=False`` (hidden states out).
-        batches: batch dicts with ``tokens`` and ``attention_mask``; extended in place with ``reference``.
+        batches: Batches (or batch dicts) with tokens and padding mask; extended in place with ``reference``.
         loss: ``"contrastive"`` (default) or ``"cosine"`` (1 - mean cosine).
         temperature: of the contrastive loss (0.05, sentence-transformers' scale 20).
 
@@ -185,32 +191,40 @@ class SentenceSimilarityObjective:
         self.loss_kind, self.temperature = loss, float(temperature)
         if model.cfg.unembed:
             raise ValueError("SentenceSimilarityObjective needs an encoder returning hidden states (cfg.unembed=False)")
-        batches = check_batches(batches)
+        given = [batches] if isinstance(batches, (torch.Tensor, dict, Batch)) else list(batches)
+        batches = check_batches(given)
         from .gates import head_mask
 
         with torch.no_grad(), head_mask(model, None):  # restores any gates set before
             model.set_head_gates(None)  # the reference is the unpruned model
-            for batch in batches:
-                batch["reference"] = self._embed(model, batch).detach()
+            for original, batch in zip(given, batches):
+                batch.annotations["reference"] = self._embed(model, batch).detach()
+                if isinstance(original, dict):  # the caller's dict keeps working as a batch of this objective
+                    original["reference"] = batch.annotations["reference"]
         self.batches = batches
 
     @staticmethod
     def _embed(model, batch: Batch) -> torch.Tensor:
-        hidden = model(batch["tokens"], attention_mask=batch.get("attention_mask"))  # [B, T, M]
-        return mean_pool(hidden, batch.get("attention_mask"))  # [B, M]
+        hidden = model(batch.tokens, attention_mask=batch.mask)  # [B, T, M]
+        return mean_pool(hidden, batch.mask)  # [B, M]
+
+    @staticmethod
+    def _reference(batch: Batch) -> torch.Tensor:
+        if "reference" not in batch.annotations:
+            raise ValueError("batch has no 'reference' embeddings: build the objective with these batches")
+        return batch.annotations["reference"].float()  # [B, M]
 
     def _cosine(self, model, batch: Batch) -> torch.Tensor:
-        if "reference" not in batch:
-            raise ValueError("batch has no 'reference' embeddings: build the objective with these batches")
-        return F.cosine_similarity(self._embed(model, batch).float(), batch["reference"].float(), dim=-1)  # [B]
+        batch = as_batch(batch)
+        ref = self._reference(batch)
+        return F.cosine_similarity(self._embed(model, batch).float(), ref, dim=-1)  # [B]
 
     def loss(self, model: Transformer, batch: Batch) -> torch.Tensor:
         if self.loss_kind == "cosine":
             return 1.0 - self._cosine(model, batch).mean()
-        if "reference" not in batch:
-            raise ValueError("batch has no 'reference' embeddings: build the objective with these batches")
+        batch = as_batch(batch)
+        ref = F.normalize(self._reference(batch), dim=-1)  # [B, M]
         emb = F.normalize(self._embed(model, batch).float(), dim=-1)  # [B, M]
-        ref = F.normalize(batch["reference"].float(), dim=-1)  # [B, M]
         logits = emb @ ref.T / self.temperature  # [B, B]: sentence i against every unpruned embedding j
         return F.cross_entropy(logits, torch.arange(len(emb), device=emb.device))
 
@@ -219,10 +233,9 @@ class SentenceSimilarityObjective:
         in-batch negatives are the fixed unpruned references), so it depends only on example i's gates."""
         if self.loss_kind == "cosine":
             return 1.0 - self._cosine(model, batch)
-        if "reference" not in batch:
-            raise ValueError("batch has no 'reference' embeddings: build the objective with these batches")
+        batch = as_batch(batch)
+        ref = F.normalize(self._reference(batch), dim=-1)  # [B, M]
         emb = F.normalize(self._embed(model, batch).float(), dim=-1)  # [B, M]
-        ref = F.normalize(batch["reference"].float(), dim=-1)  # [B, M]
         logits = emb @ ref.T / self.temperature  # [B, B]
         return F.cross_entropy(logits, torch.arange(len(emb), device=emb.device), reduction="none")
 
@@ -233,24 +246,20 @@ class SentenceSimilarityObjective:
 
 
 def sentence_batches(model: Transformer, sentences: Sequence[str], *, batch_size: int = 16, max_length: int = 64) -> list[Batch]:
-    """Tokenize sentences with the model's tokenizer into padded batch dicts (tokens + attention_mask).
+    """Tokenize sentences with the model's tokenizer into padded Batches (:func:`interp.data.text_batches`,
+    blank sentences dropped).
 
     Raises:
-        ValueError: no sentences, or the model has no tokenizer.
+        ValueError: no sentences, or the model has no text tokenizer.
     """
     sentences = [s for s in sentences if s.strip()]
     if not sentences:
         raise ValueError("sentences is empty: pruning needs at least one sentence")
-    pad = model.cfg.pad_token_id if model.cfg.pad_token_id is not None else 0
-    out = []
-    for i in range(0, len(sentences), batch_size):
-        tokens = model.to_tokens(list(sentences[i:i + batch_size]), max_length=max_length)  # [B, T]
-        out.append({"tokens": tokens, "attention_mask": (tokens != pad).long()})
-    return out
+    return text_batches(model, sentences, batch_size=batch_size, max_length=max_length)
 
 
 def ud_sentences(path: str | Path, n: int | None = None, *, skip: int = 0) -> list[str]:
-    """The ``# text =`` sentences of a CoNLL-U file (read with the ``conllu`` library).
+    """The ``# text =`` sentences of a CoNLL-U file (read with :func:`interp.data.read_conllu`).
 
     Args:
         path: a .conllu file (e.g. ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu).
@@ -258,20 +267,14 @@ def ud_sentences(path: str | Path, n: int | None = None, *, skip: int = 0) -> li
 
     Raises:
         FileNotFoundError: no such file.
+        ValueError: a malformed line (``file:line`` named).
     """
-    import conllu
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no CoNLL-U file at {path}")
     out: list[str] = []
-    with path.open(encoding="utf-8") as f:
-        for i, sent in enumerate(conllu.parse_incr(f)):
-            if i < skip:
-                continue
-            text = sent.metadata.get("text")
-            if text:
-                out.append(text)
-            if n is not None and len(out) >= n:
-                break
+    for i, sent in enumerate(read_conllu(Path(path))):
+        if i < skip:
+            continue
+        if sent.text:
+            out.append(sent.text)
+        if n is not None and len(out) >= n:
+            break
     return out

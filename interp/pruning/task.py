@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..data import first_occurrence_mask, repeated_sequences
+from ..data import Batch, first_occurrence_mask, repeated_sequences
 from .objectives import LanguageModelObjective, Objective, SentenceSimilarityObjective, sentence_batches, ud_sentences
 
 if TYPE_CHECKING:
@@ -31,15 +31,16 @@ class PruningTask:
     """What a pruning method optimises and is scored on.
 
     Attributes:
-        train: batches the method learns from (importance gradients, L0 gates).
-        held_out: batches the curve is evaluated on.
+        train: :class:`interp.data.Batch` objects the method learns from (importance gradients, L0 gates); a
+            repeated-sequence task's carry the scored tokens as annotation ``loss_mask``.
+        held_out: Batches the curve is evaluated on.
         objective: the :class:`~interp.pruning.objectives.Objective` (loss to train, metric to report).
 
     Unpacks as ``train, held_out, objective = build_task(...)``.
     """
 
-    train: list[dict[str, torch.Tensor]]
-    held_out: list[dict[str, torch.Tensor]]
+    train: list[Batch]
+    held_out: list[Batch]
     objective: Objective
 
     def __iter__(self) -> Iterator[Any]:
@@ -85,11 +86,11 @@ def build_task(model: Transformer, *, data: dict[str, Any] | None = None) -> Pru
         if n <= 0:
             raise ValueError(f"data.n_seqs={n}: the dataset is empty")
 
-        def make(seed: int) -> list[dict[str, torch.Tensor]]:
+        def make(seed: int) -> list[Batch]:
             toks = repeated_sequences(n, half, model.cfg.d_vocab, seed=seed, bos_id=bos)  # [N, (1) + 2 half]
             _, rep = first_occurrence_mask(n, half, bos=bos is not None)  # [N, T-1] over targets
             loss_mask = torch.cat([torch.zeros(n, 1, dtype=torch.bool), rep], dim=1)  # [N, T] over tokens
-            return [{"tokens": toks[i:i + bs], "loss_mask": loss_mask[i:i + bs]} for i in range(0, n, bs)]
+            return [Batch(toks[i:i + bs], None, {"loss_mask": loss_mask[i:i + bs]}) for i in range(0, n, bs)]
 
         return PruningTask(make(int(data.get("seed", 1))), make(int(data.get("eval_seed", 2))),
                            LanguageModelObjective(data.get("metric", "accuracy")))

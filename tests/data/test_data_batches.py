@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from interp.data import Sentence, bucket_by_length, iter_batches, pad, treebank_batches
+from interp.data import Sentence, as_batch, bucket_by_length, iter_batches, pad, read_conllu, treebank_batches
 from interp.data.synthetic import random_tokens_for
 
 
@@ -72,3 +72,21 @@ def test_random_tokens_start_with_bos_and_avoid_it():
 
     t = random_tokens_for(_M(), 50, 8, seed=0)
     assert (t[:, 0] == 3).all() and not (t[:, 1:] == 3).any() and int(t.max()) < 10
+
+
+def test_dict_extras_become_annotations_and_are_split_with_their_rows():
+    tokens = torch.arange(10).view(5, 2)
+    loss_mask = torch.tensor([[0, 1]] * 5).bool()
+    b = as_batch({"tokens": tokens, "loss_mask": loss_mask, "note": "x"})
+    assert torch.equal(b.annotations["loss_mask"], loss_mask) and b.annotations["note"] == "x" and b.mask is None
+    parts = list(iter_batches({"tokens": tokens, "loss_mask": loss_mask, "note": "x"}, batch_size=2))
+    assert [len(p) for p in parts] == [2, 2, 1]
+    assert [p.annotations["loss_mask"].shape[0] for p in parts] == [2, 2, 1]  # sliced with the rows
+    assert torch.equal(parts[2].tokens, tokens[4:]) and parts[2].annotations["note"] == "x"
+
+
+def test_read_conllu_keeps_the_text_comment():
+    lines = ["# sent_id = a", "# text = The cat.", "1\tThe\t_\t_\t_\t_\t2\tdet\t_\t_",
+             "2\tcat\t_\t_\t_\t_\t0\troot\t_\t_", "", "1\tHi\t_\t_\t_\t_\t0\troot\t_\t_", ""]
+    first, second = read_conllu(lines)
+    assert (first.text, first.sent_id, second.text) == ("The cat.", "a", None)

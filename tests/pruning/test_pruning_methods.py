@@ -272,3 +272,21 @@ def test_curves_report_kv_bytes_saved_for_gqa():
         whole_groups = int(mask.view(2, 2, 2).all(-1).sum())  # [L, K, G]: groups with every query head pruned
         assert p.kv_bytes_saved == whole_groups * 2 * 8 * 2
     assert curve.points[-1].kv_bytes_saved == model.cfg.kv_cache_bytes_per_token(2)
+
+
+def test_build_task_returns_data_batches_with_the_loss_mask_annotation():
+    from interp.data import Batch, first_occurrence_mask, repeated_sequences
+    from interp.pruning import build_task
+
+    model = tiny()
+    train, held, obj = build_task(model, data={"n_seqs": 6, "half_len": 4, "batch_size": 4, "seed": 3})
+    assert all(isinstance(b, Batch) for b in (*train, *held)) and [len(b) for b in train] == [4, 2]
+    toks = torch.cat([b.tokens for b in train])
+    assert torch.equal(toks, repeated_sequences(6, 4, model.cfg.d_vocab, seed=3, bos_id=None))
+    loss_mask = torch.cat([b.annotations["loss_mask"] for b in train])  # [N, T]: the repeated half after its first
+    assert torch.equal(loss_mask[:, 1:], first_occurrence_mask(6, 4, bos=False)[1])
+    assert not loss_mask[:, 0].any() and int(loss_mask.sum()) == 6 * 3
+    # The same rows as a dict batch score the same: dicts are read as the same Batch.
+    b = train[0]
+    as_dict = {"tokens": b.tokens, "loss_mask": b.annotations["loss_mask"]}
+    torch.testing.assert_close(obj.loss(model, as_dict), obj.loss(model, b), rtol=0, atol=0)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from interp.analysis import classify_heads
-from interp.analysis.ablation import ablation_table
+from interp.analysis.ablate import ablation_table
 
 ROOT = Path(__file__).resolve().parent
 

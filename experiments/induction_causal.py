@@ -36,9 +36,9 @@ from interp.analysis.ablate import (
     compare_with_random,
     head_z_means,
     head_z_samples,
+    in_context_gain,
     repeated_text_sequences,
 )
-from interp.analysis.ablation import in_context_gain
 
 
 def datasets(model, n_seqs: int, half_len: int, seed: int, conllu: Path) -> dict[str, tuple]:

@@ -6,8 +6,7 @@ Example:
 """
 
 from ..data import Sentence, parse_text_with_spacy, read_conllu, repeated_tokens_for
-from .ablate import ablate_heads, compare_with_random, head_z_means, random_head_sets
-from .ablation import ablation_table, in_context_gain
+from .ablate import ablate_heads, ablation_table, compare_with_random, head_z_means, in_context_gain, random_head_sets
 from .attribution import direct_logit_attribution
 from .composition import composition_baseline, composition_scores, composition_table
 from .coreference import CorefReducer, coreference_scores

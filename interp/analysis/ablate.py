@@ -1,101 +1,50 @@
-"""Head ablation, one API for induction checks and pruning: zero, mean and resample ablation, at every position or
-at chosen ones, and the comparison of target heads against random head sets of the same size.
+"""Head ablation experiments: which heads a behaviour needs, by zero, mean and resample ablation (the
+interventions themselves live in :mod:`interp.interventions`, shared with pruning).
 
-Ablation acts on ``hook_z`` (the head's output before ``W_O``), so ablating head h replaces its residual write
-``z_h W_O[h]`` by the write of the replacement z:
+* :func:`ablate_heads` (:func:`interp.interventions.ablate` on heads), :func:`head_z_means` and
+  :func:`head_z_samples` (the reference statistics of mean / resample ablation);
+* :func:`compare_with_random` and :func:`random_head_sets`: claims like "these k heads do the job" compare the
+  effect of ablating them with ablating k random heads, many times, not with ablating nothing;
+* the causal check of induction heads: :func:`in_context_gain` on ``[bos] x_1..x_n x_1..x_n`` (the mean
+  next-token loss on the first half minus the loss on the repeated half; induction heads produce it, so
+  ablating them should remove most of it, while ablating a head with another job should not) and
+  :func:`ablation_table`; :func:`repeated_text_sequences` builds the same test from natural text.
 
-* ``"zero"``: z = 0 (the same as a head gate at 0). Off-distribution: the next layers never saw a missing head,
-  so zero-ablation can hurt for reasons that have nothing to do with the head's job (induction-2l with its
-  layer 1 zero-ablated predicts *worse* than uniform guessing on both halves).
-* ``"mean"``: z = the head's mean z over a reference distribution (over examples and positions, or per
-  position with ``per_position=True``); keeps the head's constant contribution, removes what depends on the
-  input (Wang et al. 2022, IOI).
-* ``"resample"``: z = the head's z on *another* input from the reference distribution, at the same position
-  (Chan et al. 2022, causal scrubbing): on-distribution values carrying the wrong information.
-
-Claims like "these k heads do the job" compare the effect of ablating them with ablating k random heads,
-many times (:func:`compare_with_random`), not with ablating nothing.
+Zero-ablation takes the model off-distribution (induction-2l with its layer 1 zero-ablated predicts *worse*
+than uniform guessing on both halves); mean- and resample-ablation are the fairer measures.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
-__all__ = ["ABLATIONS", "ablate_heads", "compare_with_random", "head_z_means", "head_z_samples", "random_head_sets",
-           "repeated_text_sequences"]
+from ..data import first_occurrence_mask, repeated_sequences
+from ..interventions import ABLATIONS, ablate, unit_means, unit_samples
 
-#: The ablation methods.
-ABLATIONS = ("zero", "mean", "resample")
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["ABLATIONS", "ablate_heads", "ablation_table", "compare_with_random", "head_z_means", "head_z_samples",
+           "in_context_gain", "random_head_sets", "repeated_text_sequences"]
 
 Heads = Iterable[tuple[int, int]]
 
 
-def _check_heads(model: Any, heads: Heads) -> dict[int, list[int]]:
-    """``(layer, head)`` pairs -> ``{layer: sorted heads}``, validated against the model."""
-    counts = [block.attn.n_heads for block in model.blocks]
-    by_layer: dict[int, set[int]] = {}
-    for pair in heads:
-        try:
-            layer, head = (int(x) for x in pair)
-        except (TypeError, ValueError):
-            raise TypeError(f"heads must be (layer, head) pairs, got {pair!r}") from None
-        if not (0 <= layer < len(counts) and 0 <= head < counts[layer]):
-            raise ValueError(f"head ({layer}, {head}) is outside the model (head counts per layer {counts})")
-        by_layer.setdefault(layer, set()).add(head)
-    return {layer: sorted(hs) for layer, hs in sorted(by_layer.items())}
-
-
-def _as_token_batches(reference: Any) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """A ``[B, T]`` tensor, a batch dict or a sequence of them -> ``[(tokens, attention_mask or None)]``."""
-    if isinstance(reference, (torch.Tensor, dict)):
-        reference = [reference]
-    out = []
-    for b in reference:
-        if isinstance(b, torch.Tensor):
-            out.append((b if b.dim() == 2 else b[None], None))
-        elif isinstance(b, dict) and "tokens" in b:
-            out.append((b["tokens"], b.get("attention_mask")))
-        else:
-            raise TypeError(f"reference batches must be [B, T] token tensors or dicts with 'tokens', got "
-                            f"{type(b).__name__}")
-    if not out:
-        raise ValueError("reference is empty: mean and resample ablation need reference inputs")
-    return out
-
-
-@torch.no_grad()
-def _record_z(model: Any, reference: Any, layers: Sequence[int]) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
-    """Clean forward passes over the reference: per batch ``({layer: z [B, T, H, D]}, real-token mask [B, T])``."""
-    p = next(model.parameters())
-    out = []
-    for tokens, mask in _as_token_batches(reference):
-        zs: dict[int, torch.Tensor] = {}
-
-        def grab(layer: int):
-            def fn(z: torch.Tensor, hook) -> None:
-                zs[layer] = z.detach()  # noqa: B023 - called inside this iteration's forward pass
-            return fn
-
-        with model.hooks([(f"blocks.{layer}.attn.hook_z", grab(layer)) for layer in layers]):
-            model(tokens.to(p.device), attention_mask=None if mask is None else mask.to(p.device))
-        real = torch.ones(tokens.shape, dtype=torch.bool) if mask is None else mask.bool().cpu()
-        out.append((zs, real))
-    return out
-
-
 def head_z_means(model: Any, reference: Any, layers: Sequence[int] | None = None, *,
                  per_position: bool = False) -> dict[int, torch.Tensor]:
-    """Each head's mean z over a reference distribution (what mean-ablation puts in its place).
+    """Each head's mean z over a reference distribution (what mean-ablation puts in its place):
+    :func:`interp.interventions.unit_means` of the heads.
 
     Args:
         model: an interp Transformer.
-        reference: ``[B, T]`` token ids, a batch dict (``tokens``, optional ``attention_mask``) or a sequence of
-            them; padding (attention_mask 0) is left out of the mean.
+        reference: ``[B, T]`` token ids, a Batch, a batch dict (``tokens``, optional ``attention_mask``) or a
+            sequence of them; padding (attention_mask 0) is left out of the mean.
         layers: the layers to record (default all).
         per_position: one mean per position ``[T, H, D]`` (all batches must have the same length) instead of
             one over all positions ``[H, D]``.
@@ -112,22 +61,7 @@ def head_z_means(model: Any, reference: Any, layers: Sequence[int] | None = None
         >>> means[1].shape
         torch.Size([4, 32])
     """
-    layers = list(range(len(model.blocks))) if layers is None else list(layers)
-    recs = _record_z(model, reference, layers)
-    if per_position and len({real.shape[1] for _, real in recs}) > 1:
-        raise ValueError(f"per_position means need reference batches of one length, got lengths "
-                         f"{sorted({real.shape[1] for _, real in recs})}")
-    means = {}
-    for layer in layers:
-        total, count = None, None
-        for zs, real in recs:
-            z = zs[layer].double()  # [B, T, H, D]
-            w = real.to(z.device).double()[:, :, None, None]  # [B, T, 1, 1]
-            s, c = ((z * w).sum(0), w.sum(0)) if per_position else ((z * w).sum((0, 1)), w.sum((0, 1)))
-            total = s if total is None else total + s
-            count = c if count is None else count + c
-        means[layer] = (total / count.clamp(min=1)).to(recs[0][0][layer].dtype)  # [T, H, D] or [H, D]
-    return means
+    return unit_means(model, reference, layers, per_position=per_position, component="heads")
 
 
 def head_z_samples(model: Any, reference: Any, layers: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
@@ -136,42 +70,19 @@ def head_z_samples(model: Any, reference: Any, layers: Sequence[int] | None = No
     Raises:
         ValueError: empty reference, or reference batches of different lengths.
     """
-    layers = list(range(len(model.blocks))) if layers is None else list(layers)
-    recs = _record_z(model, reference, layers)
-    if len({real.shape[1] for _, real in recs}) > 1:
-        raise ValueError("resample ablation needs reference batches of one length, got lengths "
-                         f"{sorted({real.shape[1] for _, real in recs})}")
-    return {layer: torch.cat([zs[layer] for zs, _ in recs]) for layer in layers}
+    return unit_samples(model, reference, layers, component="heads")
 
 
-def _position_mask(positions: Any, B: int, T: int, device: torch.device) -> torch.Tensor | None:
-    """None (every position) or a bool ``[B, T]`` mask of the positions to ablate."""
-    if positions is None:
-        return None
-    pos = torch.as_tensor(positions, device=device)
-    if pos.dtype == torch.bool:
-        if pos.shape == (T,):
-            return pos[None].expand(B, T)
-        if pos.shape == (B, T):
-            return pos
-        raise ValueError(f"a bool positions mask must be [T]={T} or [B, T]=({B}, {T}), got {tuple(pos.shape)}")
-    if pos.dim() != 1 or (len(pos) and (int(pos.min()) < -T or int(pos.max()) >= T)):
-        raise ValueError(f"positions {positions!r} must be indices in [-{T}, {T}) or a bool mask")
-    m = torch.zeros(T, dtype=torch.bool, device=device)
-    m[pos.long()] = True
-    return m[None].expand(B, T)
-
-
-@contextlib.contextmanager
 def ablate_heads(model: Any, heads: Heads, method: str = "mean", *, reference: Any = None,
                  per_position: bool = False, positions: Any = None, seed: int = 0,
-                 values: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
-    """Run ``model`` with ``heads`` ablated inside the ``with`` block (hooks on ``hook_z``, removed on exit).
+                 values: dict[int, torch.Tensor] | None = None) -> contextlib.AbstractContextManager[None]:
+    """Run ``model`` with ``heads`` ablated inside the ``with`` block (hooks on ``hook_z``, removed on exit):
+    :func:`interp.interventions.ablate` with ``component="heads"``.
 
     Args:
         model: an interp Transformer.
         heads: ``(layer, head)`` pairs.
-        method: ``"zero"``, ``"mean"`` or ``"resample"`` (see the module docstring).
+        method: ``"zero"``, ``"mean"`` or ``"resample"`` (see :mod:`interp.interventions`).
         reference: the reference distribution for mean / resample: ``[R, T]`` token ids, a batch dict or a list of
             them. It should come from the same distribution as the inputs, not be the inputs themselves.
         per_position: mean-ablate with a per-position mean (the inputs must have the reference's length).
@@ -190,60 +101,8 @@ def ablate_heads(model: Any, heads: Heads, method: str = "mean", *, reference: A
         >>> with ablate_heads(model, [(1, 0), (1, 2)], "mean", reference=ref_tokens):
         ...     logits = model(tokens)
     """
-    if method not in ABLATIONS:
-        raise ValueError(f"method={method!r} is not one of {ABLATIONS}")
-    by_layer = _check_heads(model, heads)
-    layers = list(by_layer)
-    if method != "zero" and values is None:
-        if reference is None:
-            raise ValueError(f"method={method!r} needs reference inputs (reference=...) or precomputed values")
-        values = (head_z_means(model, reference, layers, per_position=per_position) if method == "mean"
-                  else head_z_samples(model, reference, layers))
-    gen = torch.Generator().manual_seed(seed)
-    draws: dict[int, torch.Tensor] = {}  # batch size -> reference rows, shared across layers in one forward
-
-    def hook_for(layer: int):
-        idx = by_layer[layer]
-
-        def fn(z: torch.Tensor, hook) -> torch.Tensor:
-            B, T, H, D = z.shape
-            hs = torch.tensor(idx, device=z.device)
-            if method == "zero":
-                rep = torch.zeros(B, T, len(idx), D, dtype=z.dtype, device=z.device)
-            elif method == "mean":
-                v = values[layer].to(device=z.device, dtype=z.dtype)
-                if v.dim() == 3:  # per position [T_ref, H, D]
-                    if v.shape[0] != T:
-                        raise ValueError(f"per-position means have length {v.shape[0]}, the input has {T}")
-                    rep = v[None, :, hs].expand(B, T, len(idx), D)
-                else:
-                    rep = v[None, None, hs].expand(B, T, len(idx), D)
-            else:
-                v = values[layer].to(device=z.device, dtype=z.dtype)  # [R, T_ref, H, D]
-                if v.shape[1] != T:
-                    raise ValueError(f"resample reference has length {v.shape[1]}, the input has {T}")
-                if B not in draws:
-                    draws[B] = torch.randint(0, v.shape[0], (B,), generator=gen)
-                rep = v[draws[B].to(z.device)][:, :, hs]  # [B, T, k, D]
-            mask = _position_mask(positions, B, T, z.device)
-            z = z.clone()
-            if mask is None:
-                z[:, :, hs] = rep
-            else:
-                z[:, :, hs] = torch.where(mask[:, :, None, None], rep, z[:, :, hs])
-            return z
-
-        return fn
-
-    def new_forward(_module, _inputs) -> None:
-        draws.clear()  # a fresh draw per forward pass, shared by every ablated layer of that pass
-
-    handle = model.register_forward_pre_hook(new_forward)
-    try:
-        with model.hooks([(f"blocks.{layer}.attn.hook_z", hook_for(layer)) for layer in layers]):
-            yield
-    finally:
-        handle.remove()
+    return ablate(model, heads, method, component="heads", reference=reference, per_position=per_position,
+                  positions=positions, seed=seed, values=values)
 
 
 def random_head_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclude: Heads = (),
@@ -376,3 +235,92 @@ def repeated_text_sequences(model: Any, texts: Iterable[str], n_seqs: int, half_
     if bos_id is not None:
         parts.insert(0, torch.full((n_seqs, 1), int(bos_id), dtype=torch.long))
     return torch.cat(parts, dim=1)  # [N, (1) + 2n]
+
+
+def in_context_gain(model: Transformer, tokens: torch.Tensor, half_len: int, *, bos: bool,
+                    ablate: Iterable[tuple[int, int]] = (), method: str = "zero", reference: Any = None,
+                    values: dict[int, torch.Tensor] | None = None, per_position: bool = False,
+                    seed: int = 0) -> dict[str, float]:
+    """Loss on the first and on the repeated half, with the given heads ablated (:func:`ablate_heads`).
+
+    Args:
+        model: a causal decoder with an unembedding.
+        tokens: ``[B, (1 if bos) + 2 * half_len]`` repeated sequences (random tokens or natural text).
+        half_len: length of one half.
+        bos: whether the sequences start with a BOS token.
+        ablate: ``(layer, head)`` pairs to ablate.
+        method: ``"zero"``, ``"mean"`` or ``"resample"``.
+        reference: reference inputs for mean / resample (same distribution as ``tokens``, other samples).
+        values: precomputed replacements (from :func:`head_z_means` / :func:`head_z_samples`).
+        per_position: per-position means (mean-ablation).
+        seed: the resample draw.
+
+    Returns:
+        ``{"first", "repeated", "gain"}`` in nats per token.
+
+    Raises:
+        ValueError: a head out of range, tokens of the wrong length, an unknown method or a missing reference.
+    """
+    T = (1 if bos else 0) + 2 * half_len
+    if tokens.dim() != 2 or tokens.shape[1] != T:
+        raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, {T}] for half_len={half_len}")
+    heads = list(ablate)
+    p = next(model.parameters())
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        if heads:
+            stack.enter_context(ablate_heads(model, heads, method, reference=reference, values=values,
+                                             per_position=per_position, seed=seed))
+        else:
+            _check_method(method)
+        logits = model(tokens.to(p.device)).float()  # [B, T, V]
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten().to(p.device), reduction="none")
+    loss = loss.view(tokens.shape[0], T - 1).cpu()  # [B, T-1]: loss of predicting token t+1 at position t
+    first, rep = first_occurrence_mask(tokens.shape[0], half_len, bos=bos)
+    f, r = float(loss[first].mean()), float(loss[rep].mean())
+    return {"first": f, "repeated": r, "gain": f - r}
+
+
+def _check_method(method: str) -> None:
+    if method not in ABLATIONS:
+        raise ValueError(f"method={method!r} is not one of {ABLATIONS}")
+
+
+def ablation_table(model: Transformer, induction_heads: Iterable[tuple[int, int]], *, n_seqs: int = 64,
+                   half_len: int = 25, seed: int = 1234, bos_id: int | None = None,
+                   method: str = "zero") -> pd.DataFrame:
+    """The gain with nothing ablated, with all ``induction_heads`` ablated, and with each head alone.
+
+    Args:
+        model: a causal decoder with an unembedding.
+        induction_heads: the heads a classifier reported as induction heads.
+        n_seqs, half_len, seed: the repeated random sequences used.
+        bos_id: the model's BOS id (default: ``model.tokenizer.bos_id`` when present).
+        method: ``"zero"``, ``"mean"`` or ``"resample"``; the reference distribution for the last two is
+            ``n_seqs`` other repeated sequences (seed ``seed + 1``).
+
+    Returns:
+        DataFrame ``ablated, first, repeated, gain, gain_kept`` (``gain_kept`` = gain / unablated gain); the
+        ``ablated`` column is ``"none"``, ``"induction heads"`` or ``"L{l}H{h}"``.
+
+    Example:
+        >>> ablation_table(model, report.heads("induction"))
+    """
+    if bos_id is None:
+        bos_id = getattr(getattr(model, "tokenizer", None), "bos_id", None)
+    toks = repeated_sequences(n_seqs, half_len, model.cfg.d_vocab, seed=seed, bos_id=bos_id)
+    bos = bos_id is not None
+    _check_method(method)
+    ref = None if method == "zero" else repeated_sequences(n_seqs, half_len, model.cfg.d_vocab, seed=seed + 1,
+                                                           bos_id=bos_id)
+    ind = sorted(set(map(tuple, induction_heads)))
+    runs: list[tuple[str, list]] = [("none", []), ("induction heads", ind)]
+    for layer in range(model.cfg.n_layers):
+        for head in range(model.cfg.n_heads):  # every head alone, the reported induction heads included
+            runs.append((f"L{layer}H{head}", [(layer, head)]))
+    rows = []
+    base = None
+    for name, heads in runs:
+        g = in_context_gain(model, toks, half_len, bos=bos, ablate=heads, method=method, reference=ref)
+        base = g["gain"] if base is None else base
+        rows.append({"ablated": name, **g, "gain_kept": g["gain"] / base})
+    return pd.DataFrame(rows)

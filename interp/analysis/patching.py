@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from ..data import first_occurrence_mask, repeated_sequences
+from ..interventions import gradient_probe_hook, patch_sites_hook, patch_units_hook, site_index
 from ..trace_views import ATTN_NAMES, BLOCK_NAMES
 
 if TYPE_CHECKING:
@@ -183,13 +184,6 @@ def _sites(by: str, n_units: list[int], T: int) -> list[tuple[int, int, int]]:
     return sites
 
 
-def _index(site: tuple[int, int, int]) -> tuple:
-    """The index into a [B, T, (H,) ...] activation for one site."""
-    _, unit, pos = site
-    p = slice(None) if pos < 0 else pos
-    return (slice(None), p) if unit < 0 else (slice(None), p, unit)
-
-
 def _frame(by: str, sites: list, values: list[float], m_clean: float, m_corr: float, extra: dict) -> pd.DataFrame:
     df = pd.DataFrame(sites, columns=["layer", "head", "pos"])
     if not by.startswith("head"):
@@ -263,16 +257,7 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
             chunk = sites[start:start + per_run]
             tokens = base.repeat(len(chunk), 1)  # [n B, T]
             mask = None if attention_mask is None else attention_mask.repeat(len(chunk), 1)
-
-            def hook(t: torch.Tensor, hook: Any, chunk=chunk) -> torch.Tensor:
-                layer = names.index(hook.name)
-                t = t.clone()
-                for j, site in enumerate(chunk):
-                    if site[0] == layer:
-                        idx = _index(site)
-                        t[j * B:(j + 1) * B][idx] = src[layer][idx].to(t.dtype)
-                return t
-
+            hook = patch_sites_hook(names, src, chunk, B)
             logits = model.run_with_hooks(tokens, attention_mask=mask,
                                           fwd_hooks=[(sorted({names[s[0]] for s in chunk}), hook)])
             values += [float(metric(logits[j * B:(j + 1) * B])) for j in range(len(chunk))]
@@ -302,13 +287,7 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
                                                   direction, attention_mask)
     acts: dict[str, torch.Tensor] = {}
     probes: dict[str, torch.Tensor] = {}
-
-    def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
-        # Adding a zero leaf gives d metric / d t through every later path, without cutting the graph
-        # upstream (detaching t would drop the paths from earlier sites through this one).
-        probe = torch.zeros_like(t, requires_grad=True)
-        acts[hook.name], probes[hook.name] = t.detach(), probe
-        return t + probe
+    hook = gradient_probe_hook(acts, probes)
 
     with torch.enable_grad():
         logits = model.run_with_hooks(base, attention_mask=attention_mask, fwd_hooks=[(names, hook)])
@@ -318,7 +297,7 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     per = [((s - acts[n]) * g).detach() for s, n, g in zip(src, names, grads)]  # [B, T, (H,) ...] each
     n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
     sites = _sites(by, n_units, base.shape[1])
-    values = [m_base + float(per[site[0]][_index(site)].sum()) for site in sites]
+    values = [m_base + float(per[site[0]][site_index(site)].sum()) for site in sites]
     m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
     return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "attribution"})
 
@@ -357,14 +336,7 @@ def patch_heads_together(model: Transformer, clean: torch.Tensor, corrupted: tor
         by_layer: dict[int, list[int]] = {}
         for layer, head in heads:
             by_layer.setdefault(layer, []).append(head)
-
-        def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
-            layer = names.index(hook.name)
-            hs = by_layer[layer]
-            t = t.clone()
-            t[:, :, hs] = trace[hook.name][:, :, hs].to(t.dtype)
-            return t
-
+        hook = patch_units_hook(names, trace, by_layer)
         hooked = [names[layer] for layer in by_layer]
         m = float(metric(model.run_with_hooks(base, attention_mask=attention_mask,
                                               fwd_hooks=[(hooked, hook)] if hooked else [])))

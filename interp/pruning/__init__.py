@@ -9,10 +9,11 @@ Example:
     >>> small = remove_heads(model, imp.points[3].mask)
 """
 
+from ..interventions import head_mask
 from .baseline import average_curves, random_curve
 from .curve import CurvePoint, PruningCurve, auc_table, common_range
 from .experiment import load_config, run_experiment, write_results
-from .gates import LOUIZOS_TEMPERATURE, VOITA_TEMPERATURE, HardConcreteGate, head_mask
+from .gates import LOUIZOS_TEMPERATURE, VOITA_TEMPERATURE, HardConcreteGate
 from .importance import head_importance, importance_curve, masked_metric, prune_counts
 from .l0 import L0Result, gated_metric, l0_curve, train_l0_gates
 from .objectives import LanguageModelObjective, SentenceSimilarityObjective, mean_pool, sentence_batches, ud_sentences

@@ -1,4 +1,5 @@
-"""Head gates: Hard-Concrete gates (Louizos et al. 2018) and a context manager that applies a head mask.
+"""Head gates: Hard-Concrete gates (Louizos et al. 2018); :func:`head_mask` and :func:`gates_only` (which apply a
+head mask and train gates only) come from :mod:`interp.interventions`.
 
 A Hard-Concrete gate per head is a stretched, clipped binary-concrete variable. During training it is sampled
 (reparameterised, so ``log_alpha`` gets gradients); its probability of being non-zero gives a differentiable
@@ -7,9 +8,7 @@ expected L0 norm. At evaluation the gates are deterministic.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +16,8 @@ from torch import nn
 
 if TYPE_CHECKING:
     from ..model import Transformer
+
+__all__ = ["HardConcreteGate", "LOUIZOS_TEMPERATURE", "TEST_GATES", "VOITA_TEMPERATURE", "uniform_heads"]
 
 #: beta in Louizos et al. 2018 ("Learning Sparse Neural Networks through L0 Regularization").
 LOUIZOS_TEMPERATURE = 2.0 / 3.0
@@ -124,53 +125,6 @@ class HardConcreteGate(nn.Module):
         if mode not in TEST_GATES:
             raise ValueError(f"mode={mode!r} is not one of {TEST_GATES}")
         return self.deterministic(mode).float()
-
-
-@contextlib.contextmanager
-def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]:
-    """Run ``model`` with the heads marked True in ``pruned`` (``[L, H]`` bool) gated to 0; restores the
-    gates that were set before, also when the body raises.
-
-    Example:
-        >>> with head_mask(model, pruned):
-        ...     loss = objective.loss(model, batch)
-    """
-    # The model's lock is held for the whole block: gates are shared state, and another thread (a dashboard
-    # session) must neither run under these gates nor change them before they are restored. Being
-    # re-entrant, it also makes nested contexts restore in the right order within one thread.
-    with model.lock:
-        before = [block.attn.gate for block in model.blocks]
-        try:
-            if pruned is not None:
-                p = next(model.parameters())
-                model.set_head_gates((~pruned).to(device=p.device, dtype=p.dtype))
-            yield
-        finally:
-            for block, gate in zip(model.blocks, before):
-                block.attn.set_gate(gate)
-
-
-@contextlib.contextmanager
-def gates_only(model: Transformer) -> Iterator[None]:
-    """Train or differentiate head gates only: freeze every parameter, hold the model's lock, and restore the
-    gates and the ``requires_grad`` flags on exit, also when the body raises.
-
-    Example:
-        >>> with gates_only(model):
-        ...     model.set_head_gates(gates)   # gradients flow to ``gates`` only
-    """
-    # requires_grad flags and gates are shared state: no other thread may run or re-gate the model between
-    # saving and restoring them.
-    with model.lock:
-        flags = [q.requires_grad for q in model.parameters()]
-        try:
-            for q in model.parameters():
-                q.requires_grad_(False)
-            with head_mask(model, None):
-                yield
-        finally:
-            for q, f in zip(model.parameters(), flags):
-                q.requires_grad_(f)
 
 
 def uniform_heads(model: Transformer) -> tuple[int, int]:

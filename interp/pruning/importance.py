@@ -16,8 +16,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import distributed
+from ..interventions import ablate, gates_only, head_mask
 from .curve import CurvePoint, PruningCurve
-from .gates import gates_only, head_mask, uniform_heads
+from .gates import uniform_heads
 from .objectives import Batch, Objective, check_batches
 from .surgery import kv_cache_savings
 
@@ -191,8 +192,8 @@ def masked_metric(model: Transformer, batches: Sequence[Batch], objective: Objec
         model, batches, objective: what to evaluate.
         pruned: ``[L, H]`` bool, True = ablated.
         ablation: ``"zero"`` (gates at 0: the head is removed) or ``"mean"`` / ``"resample"`` through
-            :func:`interp.analysis.ablate.ablate_heads` (a mean-ablated head writes a constant, which
-            could be folded into W_O's bias).
+            :func:`interp.interventions.ablate` (a mean-ablated head writes a constant, which could be folded
+            into W_O's bias).
         reference: reference inputs for mean / resample ablation.
 
     Raises:
@@ -201,12 +202,10 @@ def masked_metric(model: Transformer, batches: Sequence[Batch], objective: Objec
     if ablation == "zero":
         with head_mask(model, pruned):
             return float(objective.metric(model, batches))
-    from ..analysis.ablate import ablate_heads
-
     heads = [(int(a), int(b)) for a, b in pruned.nonzero().tolist()]
     if not heads:
         return float(objective.metric(model, batches))
-    with ablate_heads(model, heads, ablation, reference=reference):
+    with ablate(model, heads, ablation, component="heads", reference=reference):
         return float(objective.metric(model, batches))
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from ..interventions import gates_only, head_mask
 from .curve import PruningCurve
-from .gates import LOUIZOS_TEMPERATURE, TEST_GATES, HardConcreteGate, gates_only, head_mask, uniform_heads
+from .gates import LOUIZOS_TEMPERATURE, TEST_GATES, HardConcreteGate, uniform_heads
 from .importance import make_point, masked_metric, unit_matrix
 from .objectives import Batch, Objective, check_batches
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import Batch, as_batch, read_conllu, text_batches
+from ..interventions import head_mask
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -193,8 +194,6 @@ class SentenceSimilarityObjective:
             raise ValueError("SentenceSimilarityObjective needs an encoder returning hidden states (cfg.unembed=False)")
         given = [batches] if isinstance(batches, (torch.Tensor, dict, Batch)) else list(batches)
         batches = check_batches(given)
-        from .gates import head_mask
-
         with torch.no_grad(), head_mask(model, None):  # restores any gates set before
             model.set_head_gates(None)  # the reference is the unpruned model
             for original, batch in zip(given, batches):

@@ -12,10 +12,10 @@ from interp.analysis.ablate import (
     ablate_heads,
     compare_with_random,
     head_z_means,
+    in_context_gain,
     random_head_sets,
     repeated_text_sequences,
 )
-from interp.analysis.ablation import in_context_gain
 from interp.data import repeated_sequences
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -3,7 +3,7 @@
 import pytest
 
 from interp.analysis import HeadReport, classify_heads
-from interp.analysis.ablation import ablation_table, in_context_gain
+from interp.analysis.ablate import ablation_table, in_context_gain
 from interp.analysis.toy import HAND_BUILT_KINDS, hand_built_model
 from interp.data import repeated_sequences
 

@@ -1,6 +1,6 @@
 """The import graph follows the layer order of DESIGN.md, checked two ways.
 
-core (config, hooks, rotary, attention, kv_cache, decode, model, flops, weights) -> data -> trace (trace, trace_views, streaming) -> analysis / pruning ->
+core (config, hooks, rotary, attention, kv_cache, decode, model, flops, weights) -> data -> trace (trace, trace_views, streaming, interventions) -> analysis / pruning ->
 viz -> cli / app; zoo/ (models and their loading) sits on core, data and trace; training uses zoo and
 analysis. Every import statement of every module under interp/ is parsed (function-level imports included;
 ``if TYPE_CHECKING:`` blocks excluded, they never run), and fresh interpreters check what importing a layer
@@ -19,7 +19,7 @@ PKG = ROOT / "interp"
 
 CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "model", "flops", "weights",
         "distributed"}  # distributed imports nothing of interp's: trace and pruning call it
-TRACE = {"trace", "trace_views", "streaming"}
+TRACE = {"trace", "trace_views", "streaming", "interventions"}
 ALLOWED = {
     "core": {"core"},
     "data": {"core", "data"},
@@ -38,7 +38,6 @@ DEFERRED = {
     ("core", "trace"): "Transformer.run_with_cache is the TransformerLens-style entry point to streaming.record",
     ("analysis", "viz"): "result types' one-line .figure() methods",
     ("pruning", "viz"): "result types' one-line .figure() methods",
-    ("pruning", "analysis"): "masked_metric's mean / resample ablation reuses analysis.ablate.ablate_heads",
     ("cli", "app"): "interp dashboard reads the app script's path (interp.app itself imports nothing)",
 }
 

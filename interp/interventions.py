@@ -1,0 +1,489 @@
+"""Interventions: turn model components off or replace what they write, for analysis and pruning alike.
+
+One place for every way of changing what a component contributes to a forward pass:
+
+* **gates** (:func:`head_mask`, :func:`gates_only`): a multiplier per head on the model's own gate
+  (``Transformer.set_head_gates``), hook-free, differentiable (pruning trains them);
+* **ablation** (:func:`ablate`): zero, mean or resample replacement of chosen units' activations through
+  hooks, at every position or at chosen ones, with the reference statistics from :func:`unit_means` /
+  :func:`unit_samples`;
+* **patching hooks** (:func:`patch_sites_hook`, :func:`patch_units_hook`, :func:`gradient_probe_hook`): the
+  hook functions activation and attribution patching (:mod:`interp.analysis.patching`) attach.
+
+Units are named by a component and an index set: ``ablate(model, [(1, 0), (1, 2)], "mean", component="heads")``.
+A component (:class:`Component`, registered in :data:`COMPONENTS`) says which hook point of each layer
+carries the units' activations and along which axis; ``"heads"`` is ``blocks.{layer}.attn.hook_z`` (the
+head's output before ``W_O``, ``[B, T, H, D]``), so ablating head h replaces its residual write
+``z_h W_O[h]`` by the write of the replacement z. Another kind of unit (experts of a mixture-of-experts
+layer) is one more :class:`Component` with its own hook point and count.
+
+Ablation methods:
+
+* ``"zero"``: the activation is 0 (for heads the same as a gate at 0). Off-distribution: the next layers never
+  saw a missing head, so zero-ablation can hurt for reasons that have nothing to do with the head's job.
+* ``"mean"``: the unit's mean activation over a reference distribution (over examples and positions, or per
+  position with ``per_position=True``); keeps its constant contribution, removes what depends on the input
+  (Wang et al. 2022, IOI).
+* ``"resample"``: the unit's activation on *another* input from the reference distribution, at the same
+  position (Chan et al. 2022, causal scrubbing): on-distribution values carrying the wrong information.
+
+Example:
+    >>> import interp
+    >>> model = interp.load("random-tiny")
+    >>> tokens = torch.randint(1, 64, (2, 8))
+    >>> with ablate(model, [(1, 0)], "zero"):
+    ...     ablated = model(tokens)
+    >>> with head_mask(model, torch.tensor([[False] * 4, [True, False, False, False]])):
+    ...     gated = model(tokens)
+    >>> torch.allclose(ablated, gated, atol=1e-6)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .data import as_batch
+
+if TYPE_CHECKING:
+    from .model import Transformer
+
+__all__ = ["ABLATIONS", "COMPONENTS", "Component", "ablate", "check_units", "gates_only", "gradient_probe_hook",
+           "head_mask", "patch_sites_hook", "patch_units_hook", "position_mask", "reference_batches",
+           "register_component", "site_index", "unit_means", "unit_samples"]
+
+#: The ablation methods.
+ABLATIONS = ("zero", "mean", "resample")
+
+Units = Iterable[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Component:
+    """A kind of model unit that interventions act on: one hook point per layer whose activation has one axis
+    over the layer's units.
+
+    Attributes:
+        name: what the units are called (``"heads"``), the ``component=`` argument of the functions here.
+        hook: the hook point of layer ``{layer}`` that carries the units' activations.
+        unit_axis: the axis of the units in that activation (heads: 2 of ``[B, T, H, D]``; the first two axes are
+            always batch and position).
+        counts: ``counts(model) -> [units in layer 0, units in layer 1, ...]``.
+    """
+
+    name: str
+    hook: str
+    unit_axis: int
+    counts: Callable[[Any], list[int]]
+
+    def hook_name(self, layer: int) -> str:
+        """The hook point of ``layer``."""
+        return self.hook.format(layer=layer)
+
+
+def _head_counts(model: Any) -> list[int]:
+    return [block.attn.n_heads for block in model.blocks]
+
+
+#: The components interventions know, by name (add one with :func:`register_component`).
+COMPONENTS: dict[str, Component] = {
+    "heads": Component("heads", "blocks.{layer}.attn.hook_z", 2, _head_counts),
+}
+
+
+def register_component(component: Component) -> None:
+    """Make ``component`` available to :func:`ablate`, :func:`unit_means` and :func:`unit_samples` by its name.
+
+    Raises:
+        TypeError: not a :class:`Component`.
+        ValueError: the name is taken, or the unit axis is one of the batch / position axes.
+    """
+    if not isinstance(component, Component):
+        raise TypeError(f"register_component takes a Component, got {type(component).__name__}")
+    if component.name in COMPONENTS:
+        raise ValueError(f"component {component.name!r} is already registered")
+    if component.unit_axis < 2:
+        raise ValueError(f"unit_axis={component.unit_axis}: axes 0 and 1 are batch and position")
+    COMPONENTS[component.name] = component
+
+
+def _component(name: str) -> Component:
+    if name not in COMPONENTS:
+        raise ValueError(f"component={name!r} is not one of {sorted(COMPONENTS)}")
+    return COMPONENTS[name]
+
+
+def check_units(model: Any, units: Units, component: str = "heads") -> dict[int, list[int]]:
+    """``(layer, unit)`` pairs -> ``{layer: sorted units}``, validated against the model.
+
+    Raises:
+        TypeError: an item is not a pair of ints.
+        ValueError: a unit outside the model (the counts per layer are named), or an unknown component.
+
+    Example:
+        >>> from interp import load
+        >>> check_units(load("random-tiny"), [(1, 2), (0, 1), (1, 0)])
+        {0: [1], 1: [0, 2]}
+    """
+    comp = _component(component)
+    counts = comp.counts(model)
+    by_layer: dict[int, set[int]] = {}
+    for pair in units:
+        try:
+            layer, unit = (int(x) for x in pair)
+        except (TypeError, ValueError):
+            raise TypeError(f"{comp.name} must be (layer, index) pairs, got {pair!r}") from None
+        if not (0 <= layer < len(counts) and 0 <= unit < counts[layer]):
+            singular = comp.name.removesuffix("s")
+            raise ValueError(f"{singular} ({layer}, {unit}) is outside the model ({comp.name} per layer {counts})")
+        by_layer.setdefault(layer, set()).add(unit)
+    return {layer: sorted(us) for layer, us in sorted(by_layer.items())}
+
+
+# --- gates ------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]:
+    """Run ``model`` with the heads marked True in ``pruned`` (``[L, H]`` bool) gated to 0; restores the
+    gates that were set before, also when the body raises.
+
+    Args:
+        model: an interp Transformer.
+        pruned: ``[L, H]`` bool (True = off), or None to run with the gates as they are (and restore them).
+
+    Example:
+        >>> with head_mask(model, pruned):
+        ...     loss = objective.loss(model, batch)
+    """
+    # The model's lock is held for the whole block: gates are shared state, and another thread (a dashboard
+    # session) must neither run under these gates nor change them before they are restored. Being
+    # re-entrant, it also makes nested contexts restore in the right order within one thread.
+    with model.lock:
+        before = [block.attn.gate for block in model.blocks]
+        try:
+            if pruned is not None:
+                p = next(model.parameters())
+                model.set_head_gates((~pruned).to(device=p.device, dtype=p.dtype))
+            yield
+        finally:
+            for block, gate in zip(model.blocks, before):
+                block.attn.set_gate(gate)
+
+
+@contextlib.contextmanager
+def gates_only(model: Transformer) -> Iterator[None]:
+    """Train or differentiate head gates only: freeze every parameter, hold the model's lock, and restore the
+    gates and the ``requires_grad`` flags on exit, also when the body raises.
+
+    Example:
+        >>> with gates_only(model):
+        ...     model.set_head_gates(gates)   # gradients flow to ``gates`` only
+    """
+    # requires_grad flags and gates are shared state: no other thread may run or re-gate the model between
+    # saving and restoring them.
+    with model.lock:
+        flags = [q.requires_grad for q in model.parameters()]
+        try:
+            for q in model.parameters():
+                q.requires_grad_(False)
+            with head_mask(model, None):
+                yield
+        finally:
+            for q, f in zip(model.parameters(), flags):
+                q.requires_grad_(f)
+
+
+# --- reference statistics -----------------------------------------------------------------------------------
+def reference_batches(reference: Any) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Reference inputs -> ``[(tokens [B, T], padding mask [B, T] or None)]``.
+
+    Args:
+        reference: a ``[B, T]`` tensor, a :class:`interp.data.Batch`, a batch dict (``tokens``, optional
+            ``attention_mask``) or a sequence of them.
+
+    Raises:
+        ValueError: no batch.
+        TypeError: a batch that is not token ids.
+    """
+    if isinstance(reference, (torch.Tensor, dict)) or hasattr(reference, "tokens"):
+        reference = [reference]
+    out = []
+    for b in reference:
+        if not (isinstance(b, torch.Tensor) or hasattr(b, "tokens") or (isinstance(b, dict) and "tokens" in b)):
+            raise TypeError(f"reference batches must be [B, T] token tensors, Batches or dicts with 'tokens', got "
+                            f"{type(b).__name__}")
+        batch = as_batch(b, "reference")
+        out.append((batch.tokens, batch.mask))
+    if not out:
+        raise ValueError("reference is empty: mean and resample ablation need reference inputs")
+    return out
+
+
+@torch.no_grad()
+def _record(model: Any, reference: Any, comp: Component, layers: Sequence[int]
+            ) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
+    """Clean forward passes over the reference: per batch ``({layer: activation [B, T, ...]}, real mask [B, T])``."""
+    p = next(model.parameters())
+    out = []
+    for tokens, mask in reference_batches(reference):
+        acts: dict[int, torch.Tensor] = {}
+
+        def grab(layer: int):
+            def fn(t: torch.Tensor, hook) -> None:
+                acts[layer] = t.detach()  # noqa: B023 - called inside this iteration's forward pass
+            return fn
+
+        with model.hooks([(comp.hook_name(layer), grab(layer)) for layer in layers]):
+            model(tokens.to(p.device), attention_mask=None if mask is None else mask.to(p.device))
+        real = torch.ones(tokens.shape, dtype=torch.bool) if mask is None else mask.bool().cpu()
+        out.append((acts, real))
+    return out
+
+
+def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, *, per_position: bool = False,
+               component: str = "heads") -> dict[int, torch.Tensor]:
+    """Each unit's mean activation over a reference distribution (what mean-ablation puts in its place).
+
+    Args:
+        model: an interp Transformer.
+        reference: see :func:`reference_batches`; padding (mask 0) is left out of the mean.
+        layers: the layers to record (default all).
+        per_position: one mean per position (all batches must have the same length) instead of one over all
+            positions.
+        component: the kind of unit (:data:`COMPONENTS`).
+
+    Returns:
+        ``{layer: activation without the batch and position axes}`` (heads: ``[H, D]``; per position
+        ``[T, H, D]``), on the model's device.
+
+    Raises:
+        ValueError: empty reference, or batches of different lengths with ``per_position``.
+        TypeError: a reference batch that is not token ids.
+    """
+    comp = _component(component)
+    layers = list(range(len(model.blocks))) if layers is None else list(layers)
+    recs = _record(model, reference, comp, layers)
+    if per_position and len({real.shape[1] for _, real in recs}) > 1:
+        raise ValueError(f"per_position means need reference batches of one length, got lengths "
+                         f"{sorted({real.shape[1] for _, real in recs})}")
+    means = {}
+    for layer in layers:
+        total, count = None, None
+        for acts, real in recs:
+            a = acts[layer].double()  # [B, T, ...]
+            w = real.to(a.device).double().view(*real.shape, *[1] * (a.dim() - 2))  # [B, T, 1, ...]
+            s, c = ((a * w).sum(0), w.sum(0)) if per_position else ((a * w).sum((0, 1)), w.sum((0, 1)))
+            total = s if total is None else total + s
+            count = c if count is None else count + c
+        means[layer] = (total / count.clamp(min=1)).to(recs[0][0][layer].dtype)  # [(T,) ...]
+    return means
+
+
+def unit_samples(model: Any, reference: Any, layers: Sequence[int] | None = None, *,
+                 component: str = "heads") -> dict[int, torch.Tensor]:
+    """Each unit's activation on every reference input ``{layer: [R, T, ...]}`` (what resample-ablation draws).
+
+    Raises:
+        ValueError: empty reference, or reference batches of different lengths.
+    """
+    comp = _component(component)
+    layers = list(range(len(model.blocks))) if layers is None else list(layers)
+    recs = _record(model, reference, comp, layers)
+    if len({real.shape[1] for _, real in recs}) > 1:
+        raise ValueError("resample ablation needs reference batches of one length, got lengths "
+                         f"{sorted({real.shape[1] for _, real in recs})}")
+    return {layer: torch.cat([acts[layer] for acts, _ in recs]) for layer in layers}
+
+
+# --- ablation -----------------------------------------------------------------------------------------------
+def position_mask(positions: Any, B: int, T: int, device: torch.device) -> torch.Tensor | None:
+    """None (every position) or a bool ``[B, T]`` mask of the positions to intervene on.
+
+    Args:
+        positions: None, indices in ``[-T, T)``, or a bool ``[T]`` / ``[B, T]`` mask.
+
+    Raises:
+        ValueError: a mask of another shape, or an index out of range.
+    """
+    if positions is None:
+        return None
+    pos = torch.as_tensor(positions, device=device)
+    if pos.dtype == torch.bool:
+        if pos.shape == (T,):
+            return pos[None].expand(B, T)
+        if pos.shape == (B, T):
+            return pos
+        raise ValueError(f"a bool positions mask must be [T]={T} or [B, T]=({B}, {T}), got {tuple(pos.shape)}")
+    if pos.dim() != 1 or (len(pos) and (int(pos.min()) < -T or int(pos.max()) >= T)):
+        raise ValueError(f"positions {positions!r} must be indices in [-{T}, {T}) or a bool mask")
+    m = torch.zeros(T, dtype=torch.bool, device=device)
+    m[pos.long()] = True
+    return m[None].expand(B, T)
+
+
+@contextlib.contextmanager
+def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "heads", reference: Any = None,
+           per_position: bool = False, positions: Any = None, seed: int = 0,
+           values: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
+    """Run ``model`` with ``units`` ablated inside the ``with`` block (hooks on the component's hook point,
+    removed on exit).
+
+    Args:
+        model: an interp Transformer.
+        units: ``(layer, index)`` pairs of the component (heads: ``(layer, head)``).
+        method: ``"zero"``, ``"mean"`` or ``"resample"`` (see the module docstring).
+        component: the kind of unit (:data:`COMPONENTS`; default ``"heads"``).
+        reference: the reference distribution for mean / resample (see :func:`reference_batches`). It should
+            come from the same distribution as the inputs, not be the inputs themselves.
+        per_position: mean-ablate with a per-position mean (the inputs must have the reference's length).
+        positions: ablate only at these query positions (indices, a bool ``[T]`` or ``[B, T]`` mask); None =
+            everywhere.
+        seed: which reference input each ablated input draws (resample); each input draws one reference input,
+            with replacement, shared by all ablated units (one coherent "other input").
+        values: precomputed replacements ``{layer: activation}`` from :func:`unit_means` / :func:`unit_samples`
+            (saves the reference passes when the same units are ablated many times).
+
+    Raises:
+        ValueError: unknown method or component, a unit out of range, a missing reference, bad positions, or an
+            input whose length does not match a per-position / resample reference.
+
+    Example:
+        >>> with ablate(model, [(1, 0), (1, 2)], "mean", reference=ref_tokens):
+        ...     logits = model(tokens)
+    """
+    if method not in ABLATIONS:
+        raise ValueError(f"method={method!r} is not one of {ABLATIONS}")
+    comp = _component(component)
+    by_layer = check_units(model, units, component)
+    layers = list(by_layer)
+    if method != "zero" and values is None:
+        if reference is None:
+            raise ValueError(f"method={method!r} needs reference inputs (reference=...) or precomputed values")
+        values = (unit_means(model, reference, layers, per_position=per_position, component=component)
+                  if method == "mean" else unit_samples(model, reference, layers, component=component))
+    gen = torch.Generator().manual_seed(seed)
+    draws: dict[int, torch.Tensor] = {}  # batch size -> reference rows, shared across layers in one forward
+    ax = comp.unit_axis
+
+    def hook_for(layer: int):
+        idx = by_layer[layer]
+
+        def fn(t: torch.Tensor, hook) -> torch.Tensor:
+            B, T = t.shape[:2]
+            us = torch.tensor(idx, device=t.device)
+            at = (slice(None),) * ax + (us,)  # the ablated units of a [B, T, ..., U, ...] activation
+            shape = list(t[at].shape)  # [B, T, ..., k, ...]
+            if method == "zero":
+                rep = torch.zeros(shape, dtype=t.dtype, device=t.device)
+            elif method == "mean":
+                v = values[layer].to(device=t.device, dtype=t.dtype)
+                if v.dim() == t.dim() - 1:  # per position [T_ref, ...]
+                    if v.shape[0] != T:
+                        raise ValueError(f"per-position means have length {v.shape[0]}, the input has {T}")
+                    rep = v[None][at].expand(shape)
+                else:  # [...] over all positions
+                    rep = v[None, None][at].expand(shape)
+            else:
+                v = values[layer].to(device=t.device, dtype=t.dtype)  # [R, T_ref, ...]
+                if v.shape[1] != T:
+                    raise ValueError(f"resample reference has length {v.shape[1]}, the input has {T}")
+                if B not in draws:
+                    draws[B] = torch.randint(0, v.shape[0], (B,), generator=gen)
+                rep = v[draws[B].to(t.device)][at]  # [B, T, ..., k, ...]
+            mask = position_mask(positions, B, T, t.device)
+            t = t.clone()
+            if mask is None:
+                t[at] = rep
+            else:
+                t[at] = torch.where(mask.view(B, T, *[1] * (t.dim() - 2)), rep, t[at])
+            return t
+
+        return fn
+
+    def new_forward(_module, _inputs) -> None:
+        draws.clear()  # a fresh draw per forward pass, shared by every ablated layer of that pass
+
+    handle = model.register_forward_pre_hook(new_forward)
+    try:
+        with model.hooks([(comp.hook_name(layer), hook_for(layer)) for layer in layers]):
+            yield
+    finally:
+        handle.remove()
+
+
+# --- patching hooks -----------------------------------------------------------------------------------------
+def patch_sites_hook(names: Sequence[str], source: Sequence[torch.Tensor], chunk: Sequence[tuple[int, int, int]],
+                     rows: int) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """The hook of one batched activation-patching pass: copy ``j`` of the base batch (rows ``j*rows`` to
+    ``(j+1)*rows``) gets site ``chunk[j]`` overwritten with the source run's value.
+
+    Args:
+        names: the patched hook point of each layer (``names[layer]``).
+        source: the source run's activation at each of them (``[B, T, ...]``).
+        chunk: ``(layer, unit, pos)`` sites, one per copy of the batch; ``unit`` -1 is the whole layer, ``pos``
+            -1 every position.
+        rows: the batch size ``B`` of one copy.
+
+    Returns:
+        ``hook(activation, hook) -> patched activation``.
+    """
+    def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
+        layer = names.index(hook.name)
+        t = t.clone()
+        for j, site in enumerate(chunk):
+            if site[0] == layer:
+                idx = site_index(site)
+                t[j * rows:(j + 1) * rows][idx] = source[layer][idx].to(t.dtype)
+        return t
+
+    return hook
+
+
+def site_index(site: tuple[int, int, int]) -> tuple:
+    """The index into a ``[B, T, (U,) ...]`` activation of one ``(layer, unit, pos)`` site (-1: all)."""
+    _, unit, pos = site
+    p = slice(None) if pos < 0 else pos
+    return (slice(None), p) if unit < 0 else (slice(None), p, unit)
+
+
+def patch_units_hook(names: Sequence[str], source: Any, by_layer: dict[int, list[int]]
+                     ) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """The hook that overwrites units ``by_layer[layer]`` (axis 2, every position) with the source run's values.
+
+    Args:
+        names: the patched hook point of each layer (``names[layer]``).
+        source: the source run's activations by hook name (a :class:`interp.Trace` or a dict).
+        by_layer: ``{layer: unit indices}``.
+
+    Returns:
+        ``hook(activation, hook) -> patched activation``.
+    """
+    def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
+        us = by_layer[names.index(hook.name)]
+        t = t.clone()
+        t[:, :, us] = source[hook.name][:, :, us].to(t.dtype)
+        return t
+
+    return hook
+
+
+def gradient_probe_hook(acts: dict[str, torch.Tensor], probes: dict[str, torch.Tensor]
+                        ) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+    """The hook of attribution patching: records each activation (into ``acts``) and adds a zero leaf tensor
+    (into ``probes``) whose gradient is d metric / d activation.
+
+    Returns:
+        ``hook(activation, hook) -> activation + zero probe``.
+    """
+    def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
+        # Adding a zero leaf gives d metric / d t through every later path, without cutting the graph
+        # upstream (detaching t would drop the paths from earlier sites through this one).
+        probe = torch.zeros_like(t, requires_grad=True)
+        acts[hook.name], probes[hook.name] = t.detach(), probe
+        return t + probe
+
+    return hook

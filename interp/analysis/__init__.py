@@ -15,15 +15,14 @@ from .patching import activation_patching, attribution_patching, corrupt_repeats
 from .positional import PositionalReducer, positional_scores
 from .syntactic import SyntacticReducer, syntactic_scores
 from .taxonomy import HeadReport, classify_heads
-from .toy import HAND_BUILT_KINDS, hand_built_model
 
 __all__ = [
     "activation_patching", "attribution_patching", "composition_baseline", "composition_scores",
     "composition_table", "corrupt_repeats", "coreference_scores", "direct_logit_attribution", "in_context_metric",
     "logit_diff_metric", "patch_heads_together",
-    "CopyingReducer", "CorefReducer", "HAND_BUILT_KINDS", "HeadReport", "InductionReducer", "PositionalReducer",
+    "CopyingReducer", "CorefReducer", "HeadReport", "InductionReducer", "PositionalReducer",
     "Sentence", "SyntacticReducer", "TLHeadDetectorReducer", "ablate_heads", "ablation_table", "compare_with_random",
-    "head_z_means", "random_head_sets", "classify_heads", "hand_built_model",
+    "head_z_means", "random_head_sets", "classify_heads",
     "in_context_gain", "induction_scores", "parse_text_with_spacy", "positional_scores", "read_conllu",
     "repeated_tokens_for", "syntactic_scores",
 ]

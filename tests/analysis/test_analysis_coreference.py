@@ -4,6 +4,11 @@ import math
 
 import pytest
 import torch
+from toy_coref import (
+    hand_built_coref_model,
+    toy_corefud_lines,
+    toy_gap_lines,
+)
 
 from interp.analysis import classify_heads
 from interp.analysis.coreference import (
@@ -11,11 +16,6 @@ from interp.analysis.coreference import (
     coreference_kinds,
     coreference_scores,
     wilson_interval,
-)
-from interp.analysis.toy_coref import (
-    hand_built_coref_model,
-    toy_corefud_lines,
-    toy_gap_lines,
 )
 from interp.data.coref import gap_windows, read_gap
 

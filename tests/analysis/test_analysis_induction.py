@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
+from toy_models import hand_built_model
 
 from interp import ModelConfig, Transformer
 from interp.analysis import induction_scores, repeated_tokens_for
-from interp.analysis.toy import hand_built_model
 from interp.data import repeated_sequences
 
 

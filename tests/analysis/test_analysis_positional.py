@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
+from toy_models import hand_built_model
 
 from interp import ModelConfig, Transformer
 from interp.analysis import positional_scores
 from interp.analysis.positional import offset_label
-from interp.analysis.toy import hand_built_model
 
 
 def _small_model(causal: bool, seed: int = 0) -> Transformer:

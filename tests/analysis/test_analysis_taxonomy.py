@@ -1,10 +1,10 @@
 """classify_heads / HeadReport: exact kinds on the hand-built model, display, and the causal check on induction-2l."""
 
 import pytest
+from toy_models import HAND_BUILT_KINDS, hand_built_model
 
 from interp.analysis import HeadReport, classify_heads
 from interp.analysis.ablate import ablation_table, in_context_gain
-from interp.analysis.toy import HAND_BUILT_KINDS, hand_built_model
 from interp.data import repeated_sequences
 
 

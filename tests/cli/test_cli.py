@@ -139,7 +139,8 @@ def test_console_script_runs_and_fails_without_traceback(tmp_path):
 # --- heads -------------------------------------------------------------------------------------------------
 def test_heads_json_on_a_hand_built_model_finds_exactly_its_heads(capsys, tmp_path):
     """The known-answer model (weights set by hand: L0H0 previous token, L0H1 first token, L1H0 induction)."""
-    toy = pytest.importorskip("interp.analysis.toy")
+    import toy_models as toy
+
     from interp.zoo.checkpoint import save_checkpoint
 
     path = save_checkpoint(toy.hand_built_model(), tmp_path / "toy.safetensors")

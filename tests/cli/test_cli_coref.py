@@ -2,8 +2,9 @@
 
 import json
 
+from toy_coref import COREF_HEAD, hand_built_coref_model, toy_gap_lines
+
 from interp import cli
-from interp.analysis.toy_coref import COREF_HEAD, hand_built_coref_model, toy_gap_lines
 from interp.zoo.checkpoint import save_checkpoint
 
 

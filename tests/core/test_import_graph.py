@@ -42,10 +42,7 @@ DEFERRED = {
 }
 
 # Single deferred imports allowed module by module (importer, imported), each with its reason:
-DEFERRED_MODULES = {
-    ("interp.analysis.toy_coref", "interp.zoo.tokenizer"): "the hand-built coreference model's WordPiece "
-                                                           "vocabulary is wrapped in zoo's Tokenizer",
-}
+DEFERRED_MODULES: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> str:

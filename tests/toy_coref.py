@@ -1,4 +1,4 @@
-"""A hand-built model with one coreference head, and GAP / CorefUD files it is judged on: a known answer.
+"""Test fixture: a hand-built model with one coreference head, and GAP / CorefUD files it is judged on: a known answer.
 
 Residual stream (no norms, attention only): ``[token one-hot (V) | position one-hot (N)]``; a WordPiece
 tokenizer over a tiny vocabulary (``Rosenthals`` splits into ``Rosenthal ##s``, so sub-token sums matter).
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelConfig
-from ..model import Transformer
+from interp.config import ModelConfig
+from interp.model import Transformer
 
 __all__ = ["COREF_HEAD", "hand_built_coref_model", "toy_corefud_lines", "toy_gap_lines"]
 
@@ -32,7 +32,7 @@ def _tokenizer():
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers
 
-    from ..zoo.tokenizer import Tokenizer
+    from interp.zoo.tokenizer import Tokenizer
 
     tok = HFTokenizer(models.WordPiece({w: i for i, w in enumerate(VOCAB)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

@@ -1,4 +1,4 @@
-"""A hand-built 2-layer model whose heads are known by construction: the classifiers' ground truth.
+"""Test fixture: a hand-built 2-layer model whose heads are known by construction, the classifiers' ground truth.
 
 Residual stream (no norms, attention only), four one-hot subspaces of width ``d_vocab`` or ``n_ctx``::
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelConfig
-from ..model import Transformer
+from interp.config import ModelConfig
+from interp.model import Transformer
 
 __all__ = ["hand_built_model", "HAND_BUILT_KINDS"]
 

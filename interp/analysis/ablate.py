@@ -83,15 +83,9 @@ def ablate_heads(model: Any, heads: Heads, method: str = "mean", *, reference: A
         model: an interp Transformer.
         heads: ``(layer, head)`` pairs.
         method: ``"zero"``, ``"mean"`` or ``"resample"`` (see :mod:`interp.interventions`).
-        reference: the reference distribution for mean / resample: ``[R, T]`` token ids, a batch dict or a list of
-            them. It should come from the same distribution as the inputs, not be the inputs themselves.
-        per_position: mean-ablate with a per-position mean (the inputs must have the reference's length).
-        positions: ablate only at these query positions (indices, a bool ``[T]`` or ``[B, T]`` mask); None =
-            everywhere.
-        seed: which reference input each ablated input draws (resample); each input draws one reference input,
-            with replacement, shared by all ablated heads (one coherent "other input").
-        values: precomputed replacements ``{layer: z}`` from :func:`head_z_means` / :func:`head_z_samples`
-            (saves the reference passes when the same heads are ablated many times).
+        reference, per_position, positions, seed, values: as :func:`interp.interventions.ablate` (the reference
+            distribution of mean / resample, per-position means, the query positions ablated, the resample
+            draw, precomputed :func:`head_z_means` / :func:`head_z_samples`).
 
     Raises:
         ValueError: unknown method, a head out of range, a missing reference, bad positions, or an input whose

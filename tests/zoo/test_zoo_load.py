@@ -34,15 +34,18 @@ def _gpt2_folder(path):
     return hf
 
 
-def test_hf_name_with_an_absolute_folder_converts_it(tmp_path):
+@pytest.mark.parametrize("prefix", ["hf:", "tl:"])
+def test_a_hub_name_with_an_absolute_folder_converts_it(tmp_path, prefix):
+    if prefix == "tl:":
+        pytest.importorskip("transformer_lens")
     hf = _gpt2_folder(tmp_path / "gpt2-tiny")
-    model = interp.load(f"hf:{tmp_path / 'gpt2-tiny'}")
+    model = interp.load(f"{prefix}{tmp_path / 'gpt2-tiny'}")
     ids = torch.randint(0, 50, (2, 7))
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-4)
     assert model.name == str(tmp_path / "gpt2-tiny")
     with pytest.raises(FileNotFoundError, match="no Hugging Face model folder"):
-        interp.load(f"hf:{tmp_path / 'missing'}")
+        interp.load(f"{prefix}{tmp_path / 'missing'}")
 
 
 @pytest.mark.parametrize("prefix", ["hf:", "tl:"])
@@ -67,12 +70,3 @@ def test_a_relative_hub_name_is_a_hub_id_never_a_local_folder(tmp_path, monkeypa
         with pytest.raises(ValueError, match="not a hub repository id"):
             interp.load(prefix + bad)
 
-
-def test_tl_name_with_an_absolute_folder_matches_the_hf_conversion(tmp_path):
-    pytest.importorskip("transformer_lens")
-    hf = _gpt2_folder(tmp_path / "gpt2-tiny")
-    model = interp.load(f"tl:{tmp_path / 'gpt2-tiny'}")
-    ids = torch.randint(0, 50, (1, 6))
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-4)
-    assert model.name == str(tmp_path / "gpt2-tiny")

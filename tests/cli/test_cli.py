@@ -10,21 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_cli
 
 import interp
 from interp import cli
 
 INDUCTION_CKPT = Path(interp.__file__).parent / "zoo" / "checkpoints" / "induction-2l.safetensors"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """main(argv) -> (exit status, stdout, stderr); argparse's SystemExit becomes a status."""
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_line_error(code: int, err: str, *needles: str) -> None:

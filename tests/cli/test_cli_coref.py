@@ -2,19 +2,10 @@
 
 import json
 
+from helpers import run_cli
 from toy_coref import COREF_HEAD, hand_built_coref_model, toy_gap_lines
 
-from interp import cli
 from interp.zoo.checkpoint import save_checkpoint
-
-
-def run_cli(capsys, *argv):
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_heads_coref_json_names_the_wired_head(capsys, tmp_path, one_thread):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_cli
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -23,15 +24,6 @@ from interp import cli
 REPO = Path(__file__).resolve().parents[2]
 # What the console script does: import interp.cli, then call main().
 ENTRY = "import sys; from interp.cli import main; sys.exit(main())"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line_error(code: int, err: str, *needles: str) -> str:

@@ -1,31 +1,22 @@
-"""Shared by the core tests: tiny models of every attention variant and independent naive references."""
+"""Shared by the core tests: tiny models of every attention variant (built by ``helpers.tiny_model``, with random
+biases and norms) and independent naive references."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+from helpers import VARIANTS, tiny_model
 
 import interp
-from interp import ModelConfig, Transformer
+from interp import Transformer
 
-VARIANTS = {
-    "mha": dict(),
-    "gqa": dict(n_kv_heads=2),
-    "mqa": dict(n_kv_heads=1),
-    "mla": dict(attention="latent", kv_latent_dim=12, q_latent_dim=20, rope_dim=4, positional="rotary"),
-    "mla-noq": dict(attention="latent", kv_latent_dim=12, positional="learned"),
-    "gqa-rotary": dict(n_kv_heads=4, positional="rotary", normalization="rms", activation="swiglu",
-                       attn_bias=False, out_bias=False, mlp_bias=False),
-}
+__all__ = ["VARIANTS", "make", "naive_attention", "naive_rotary"]  # VARIANTS: the shared one, for the core tests
 
 
 def make(variant: str, *, causal: bool = True, seed: int = 0, **over) -> Transformer:
-    kw = dict(n_layers=2, d_model=32, n_heads=8, d_head=6, d_vocab=37, n_ctx=24, causal=causal)
-    kw.update(VARIANTS[variant])
-    kw.update(over)
-    torch.manual_seed(seed)
-    model = Transformer(ModelConfig(**kw)).eval()
+    model = tiny_model(seed, variant=variant, **{**dict(n_heads=8, d_head=6, d_vocab=37, n_ctx=24, causal=causal),
+                                                 **over})
     # Random non-zero biases and norms so that every term is exercised.
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from interp import ModelConfig, Transformer
+from interp import Transformer
 from interp.analysis.ablate import (
     ablate_heads,
     compare_with_random,
@@ -22,11 +23,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(seed: int = 0, **over) -> Transformer:
-    kw = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=30, n_ctx=32, positional="rotary",
-              attn_only=True)
-    kw.update(over)
-    torch.manual_seed(seed)
-    return Transformer(ModelConfig(**kw)).double().eval()
+    return tiny_model(seed, dtype=torch.float64, **{**dict(n_kv_heads=2, d_vocab=30, positional="rotary",
+                                                         attn_only=True), **over})
 
 
 def toks(b: int, t: int = 9, seed: int = 0) -> torch.Tensor:

@@ -3,8 +3,8 @@ the naive formula on a norm-free model."""
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from interp import ModelConfig, Transformer
 from interp.analysis import direct_logit_attribution
 
 CONFIGS = {
@@ -17,8 +17,7 @@ CONFIGS = {
 
 
 def _model(**kw):
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16, **kw)).eval()
+    model = tiny_model(d_vocab=50, n_ctx=16, **kw)
     with torch.no_grad():  # random biases and norm weights, so every part is non-zero
         for p_name, p in model.named_parameters():
             if p_name.endswith("bias") or "ln" in p_name or "norm" in p_name:

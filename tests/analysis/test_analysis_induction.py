@@ -4,18 +4,16 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_model
 from toy_models import hand_built_model
 
-from interp import ModelConfig, Transformer
 from interp.analysis import induction_scores, repeated_tokens_for
 from interp.data import repeated_sequences
 
 
 def _model(causal=True, normalization="pre", seed=0, unembed=True):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=24, n_ctx=24, causal=causal, attn_only=True,
-                      normalization=normalization, unembed=unembed)
-    model = Transformer(cfg).eval()
+    model = tiny_model(seed, d_vocab=24, n_ctx=24, causal=causal, attn_only=True, normalization=normalization,
+                       unembed=unembed)
     with torch.no_grad():
         for block in model.blocks:
             block.attn.W_qkv.weight.mul_(3.0)

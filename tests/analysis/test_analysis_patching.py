@@ -3,6 +3,7 @@ of induction-2l (patching its induction heads' z from a corrupted run removes th
 
 import pytest
 import torch
+from helpers import tiny_model
 
 import interp
 from interp import ModelConfig, Transformer
@@ -21,8 +22,7 @@ KINDS = {"mha": dict(), "gqa": dict(n_kv_heads=2, normalization="rms"),
 
 
 def _model(kind):
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=30, n_ctx=16, **KINDS[kind])).eval()
+    return tiny_model(d_vocab=30, n_ctx=16, **KINDS[kind])
 
 
 def _pair(seed=0):

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_model
 from toy_models import hand_built_model
 
 from interp import ModelConfig, Transformer
@@ -12,9 +13,7 @@ from interp.analysis.positional import offset_label
 
 
 def _small_model(causal: bool, seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=20, n_ctx=16, causal=causal, positional="rotary")
-    model = Transformer(cfg).eval()
+    model = tiny_model(seed, n_ctx=16, causal=causal, positional="rotary")
     with torch.no_grad():  # sharpen attention so that argmaxes are unique and informative
         for block in model.blocks:
             block.attn.W_qkv.weight.mul_(4.0)

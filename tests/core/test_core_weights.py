@@ -3,8 +3,8 @@ MHA, GQA and MLA; FactoredMatrix norms and SVD equal the materialised matrix's."
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from interp import ModelConfig, Transformer
 from interp.weights import FactoredMatrix, layer_weights, stacked
 
 CONFIGS = {
@@ -16,10 +16,7 @@ CONFIGS = {
 
 
 def _model(kind, **extra):
-    torch.manual_seed(0)
-    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, attn_only=True,
-                      **{**CONFIGS[kind], **extra})
-    return Transformer(cfg).eval()
+    return tiny_model(d_vocab=40, n_ctx=16, attn_only=True, **{**CONFIGS[kind], **extra})
 
 
 @pytest.mark.parametrize("kind", ["mha", "gqa", "mqa"])

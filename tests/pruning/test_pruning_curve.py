@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
+from helpers import tiny_model
 
 import interp.pruning.baseline as baseline_mod
 import interp.pruning.l0 as l0_mod
-from interp import ModelConfig, Transformer
+from interp import Transformer
 from interp.pruning import CurvePoint, PruningCurve, average_curves, load_config, run_experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -84,8 +84,7 @@ def test_load_config_rejects_bad_values(tmp_path):
 
 
 def tiny() -> Transformer:
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=20, n_ctx=32, attn_only=True)).eval()
+    model = tiny_model(attn_only=True)
     model.name = "tiny"
     return model
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import tiny_model
 
-from interp import ModelConfig, Transformer
+from interp import Transformer
 from interp.pruning import (
     HardConcreteGate,
     LanguageModelObjective,
@@ -28,10 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(seed: int = 0, **over) -> Transformer:
-    kw = dict(n_layers=2, d_model=32, n_heads=4, d_vocab=20, n_ctx=32, attn_only=True)
-    kw.update(over)
-    torch.manual_seed(seed)
-    return Transformer(ModelConfig(**kw)).eval()
+    return tiny_model(seed, **{"attn_only": True, **over})
 
 
 def with_useless_heads(seed: int = 0) -> Transformer:

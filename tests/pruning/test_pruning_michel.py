@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from interp import ModelConfig, Transformer
+from interp import Transformer
 from interp.pruning import (
     LanguageModelObjective,
     head_importance,
@@ -19,10 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_gqa(seed: int = 0, **over) -> Transformer:
-    kw = dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=20, n_ctx=32, positional="rotary")
-    kw.update(over)
-    torch.manual_seed(seed)
-    return Transformer(ModelConfig(**kw)).double().eval()
+    return tiny_model(seed, variant="gqa", positional="rotary", dtype=torch.float64, **over)
 
 
 def data(n: int = 2, b: int = 5, t: int = 10, seed: int = 0) -> list[dict]:

@@ -4,17 +4,15 @@ import json
 
 import pytest
 import torch
+from helpers import tiny_model
 from safetensors.torch import save_file
 
-from interp import ModelConfig, Transformer
+from interp import Transformer
 from interp.zoo import load, load_checkpoint, load_state_dict_strict, read_checkpoint_metadata, save_checkpoint
 
 
 def tiny(**kw) -> Transformer:
-    torch.manual_seed(0)
-    cfg = dict(n_layers=2, d_model=16, n_heads=4, n_kv_heads=2, d_vocab=23, n_ctx=12, positional="rotary")
-    cfg.update(kw)
-    return Transformer(ModelConfig(**cfg)).eval()
+    return tiny_model(**{**dict(d_model=16, n_kv_heads=2, d_vocab=23, n_ctx=12, positional="rotary"), **kw})
 
 
 @pytest.mark.parametrize("kw", [{}, {"tie_embeddings": True, "positional": "learned", "n_kv_heads": None},

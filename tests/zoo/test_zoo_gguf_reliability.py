@@ -133,11 +133,11 @@ def test_gguf_declared_sizes_are_checked_against_the_tensor_table_before_allocat
 
 def test_gguf_extra_layer_tensors_are_an_error_naming_them(tiny, tmp_path):
     path = rewrite(tiny, tmp_path / "one.gguf", set_={"llama.block_count": (1, U32)})
-    with pytest.raises(zgguf.GGUFError, match=r"block_count = 1.*layer\(s\) \[1\].*blk\.1\.") as e:
+    with pytest.raises(ValueError, match=r"block_count = 1.*layer\(s\) \[1\].*blk\.1\.") as e:
         zgguf.load_gguf(path)
     assert str(path) in str(e.value)
     extra = rewrite(tiny, tmp_path / "extra.gguf", extra_tensors={"blk.0.attn_q.bias.x": np.zeros(4, np.float32)})
-    with pytest.raises(zgguf.GGUFError, match="blk.0.attn_q.bias.x"):
+    with pytest.raises(ValueError, match="blk.0.attn_q.bias.x"):
         zgguf.load_gguf(extra)
 
 
@@ -179,7 +179,7 @@ def test_gguf_corrupt_header_error_names_file_and_field(tiny, tmp_path, case):
     data, expected = _raw_cases(tiny)[case]
     path = tmp_path / "bad.gguf"
     path.write_bytes(data)
-    with pytest.raises(zgguf.GGUFError, match=expected) as e:
+    with pytest.raises(ValueError, match=expected) as e:
         zgguf.load_gguf(path)
     assert str(path) in str(e.value)
 
@@ -203,7 +203,7 @@ def test_gguf_bad_metadata_error_names_file_and_key(tiny, tmp_path, case):
         "wrong embedding_length": ({"llama.embedding_length": (128, U32)}, r"embedding_length|token_embd|W_E"),
     }[case]
     path = rewrite(tiny, tmp_path / "bad.gguf", set_=changes)
-    with pytest.raises(zgguf.GGUFError, match=expected) as e:
+    with pytest.raises(ValueError, match=expected) as e:
         zgguf.load_gguf(path)
     assert str(path) in str(e.value)
     if case == "wrong embedding_length":
@@ -216,7 +216,7 @@ def test_gguf_non_finite_weights_are_refused_after_dequantisation(tiny, tmp_path
     data = bytearray(tiny.read_bytes())
     data[f32.data_offset:f32.data_offset + 64] = b"\xff" * 64  # 16 NaN floats
     (tmp_path / "nan.gguf").write_bytes(bytes(data))
-    with pytest.raises(zgguf.GGUFError, match=f"tensor '{f32.name}'.*NaN or infinite"):
+    with pytest.raises(ValueError, match=f"tensor '{f32.name}'.*NaN or infinite"):
         zgguf.load_gguf(tmp_path / "nan.gguf")
 
 
@@ -305,3 +305,7 @@ def test_smollm2_cache_write_failure_warns_and_keeps_the_model(smol_env, monkeyp
     with pytest.warns(UserWarning, match="could not cache.*No space left"):
         model = smollm2.load_smollm2(progress=False)
     assert model.cfg.n_layers == 2 and not smollm2.converted_path().exists()
+
+
+def test_gguf_errors_are_one_documented_type():
+    assert issubclass(zgguf.GGUFError, ValueError)

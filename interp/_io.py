@@ -11,10 +11,14 @@ hidden ``.<name>.*.tmp`` file beside it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+import torch
 
 
 def _umask() -> int:
@@ -59,7 +63,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # The suffix kept last: writers that pick the format from it (plotly's write_image) still do.
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
@@ -102,4 +107,64 @@ def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> P
     return Path(path)
 
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text"]
+# --- integrity records for safetensors files -----------------------------------------------------------
+def tensor_sha256(t: torch.Tensor) -> str:
+    """sha256 of a tensor's raw bytes (any dtype, bfloat16 included).
+
+    Example:
+        >>> tensor_sha256(torch.zeros(2))[:12]
+        '374708fff771'
+    """
+    flat = t.detach().contiguous().cpu().reshape(-1)  # [numel]
+    return hashlib.sha256(flat.view(torch.uint8).numpy() if flat.numel() else b"").hexdigest()
+
+
+def tensor_record(tensors: Mapping[str, torch.Tensor]) -> str:
+    """A JSON record of each tensor's dtype, shape and sha256, for a file's header.
+
+    A file damaged on disk (bytes overwritten) or a header edited by hand (a dtype changed from F32 to
+    I32 reinterprets the same bytes) then fails :func:`check_tensor_record` instead of loading garbage.
+
+    Example:
+        >>> json.loads(tensor_record({"w": torch.zeros(2)}))["w"][:2]
+        ['float32', [2]]
+    """
+    return json.dumps({k: [str(t.dtype).removeprefix("torch."), list(t.shape), tensor_sha256(t)]
+                       for k, t in sorted(tensors.items())})
+
+
+def check_tensor_record(record: str, tensors: Mapping[str, torch.Tensor], where: str) -> None:
+    """Check tensors read from a file against the :func:`tensor_record` stored in its header.
+
+    Raises:
+        ValueError: the record is unreadable or lists other tensors, or a tensor's dtype, shape or bytes
+            differ from it; the message names the file and the tensors.
+
+    Example:
+        >>> t = {"w": torch.ones(3)}
+        >>> check_tensor_record(tensor_record(t), t, "x.safetensors")
+    """
+    try:
+        entries = json.loads(record)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: the integrity record in the header is not valid JSON: {e}") from e
+    if not isinstance(entries, dict) or set(entries) != set(tensors):
+        raise ValueError(f"{where}: the integrity record in the header does not list the file's tensors")
+    bad = []
+    for k, t in tensors.items():
+        entry = entries[k]
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise ValueError(f"{where}: the integrity record of tensor {k!r} is malformed")
+        dtype, shape, digest = entry
+        if dtype != str(t.dtype).removeprefix("torch.") or shape != list(t.shape):
+            raise ValueError(f"{where}: tensor {k!r} is stored as {str(t.dtype).removeprefix('torch.')} "
+                             f"{list(t.shape)} but was written as {dtype} {shape}: the header was altered")
+        if tensor_sha256(t) != digest:
+            bad.append(k)
+    if bad:
+        raise ValueError(f"{where} is damaged: the bytes of tensor(s) {bad[:5]} do not match the sha256 "
+                         f"recorded when it was written; delete the file and write it again")
+
+
+__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "check_tensor_record", "tensor_record",
+           "tensor_sha256"]

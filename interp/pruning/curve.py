@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._io import atomic_path
+
 
 @dataclass
 class CurvePoint:
@@ -127,15 +129,13 @@ class PruningCurve:
             ValueError: another suffix.
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".json":
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.to_dict(), indent=1))
-            tmp.replace(path)  # atomic: an interrupted run never leaves half a file
-        elif path.suffix == ".csv":
-            self.to_frame().to_csv(path, index=False)
-        else:
+        if path.suffix not in (".json", ".csv"):
             raise ValueError(f"save to .json or .csv, got {path.name!r}")
+        with atomic_path(path) as tmp:  # an interrupted run never leaves half a file
+            if path.suffix == ".json":
+                tmp.write_text(json.dumps(self.to_dict(), indent=1))
+            else:
+                self.to_frame().to_csv(tmp, index=False)
         return path
 
     @classmethod

@@ -7,7 +7,6 @@ A checkpoint is one ``.safetensors`` file holding the model's weights; its metad
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -18,14 +17,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .._io import atomic_path
+from .._io import atomic_path, check_tensor_record, tensor_record
 from ..config import ModelConfig
 from ..model import Transformer
 
 CHECKPOINT_FORMAT = "interp.model/1"
-# Header entry with each tensor's sha256 (over its raw bytes): a checkpoint damaged on disk is refused by
-# name instead of loading with garbage weights. Checkpoints written before it existed load unchecked.
-INTEGRITY_KEY = "tensor_sha256"
+# Header entry with each tensor's dtype, shape and sha256 (interp._io.tensor_record): a checkpoint damaged
+# on disk is refused by name instead of loading with garbage weights. Older checkpoints load unchecked.
+INTEGRITY_KEY = "tensor_record"
 _RESERVED = ("format", "config", "name", "tokenizer", INTEGRITY_KEY)
 _BLOCK_RX = re.compile(r"^blocks\.(\d+)\.")
 
@@ -166,46 +165,11 @@ def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[s
         header[k] = v
     aliases = _aliases(model)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in aliases}
-    header[INTEGRITY_KEY] = json.dumps({k: tensor_sha256(v) for k, v in tensors.items()}, sort_keys=True)
+    header[INTEGRITY_KEY] = tensor_record(tensors)
     path = Path(path)
     with atomic_path(path) as tmp:  # a killed save leaves the previous checkpoint, never half of one
         save_file(tensors, str(tmp), metadata=header)
     return path
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    """sha256 of a tensor's raw bytes (any dtype, bfloat16 included), as stored in a checkpoint header.
-
-    Example:
-        >>> tensor_sha256(torch.zeros(2))[:12]
-        '374708fff771'
-    """
-    flat = t.detach().contiguous().cpu().reshape(-1)  # [numel]
-    return hashlib.sha256(flat.view(torch.uint8).numpy() if flat.numel() else b"").hexdigest()
-
-
-def verify_integrity(header: Mapping[str, str], tensors: Mapping[str, torch.Tensor], where: str) -> bool:
-    """Check tensors against the per-tensor sha256 record of a checkpoint header.
-
-    Returns:
-        True when the header has a record and every tensor matches it, False when it has no record.
-
-    Raises:
-        ValueError: the record is unreadable, lists other tensors, or a tensor's bytes differ (named).
-    """
-    if INTEGRITY_KEY not in header:
-        return False
-    try:
-        record = json.loads(header[INTEGRITY_KEY])
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: the {INTEGRITY_KEY!r} record in the header is not valid JSON: {e}") from e
-    if not isinstance(record, dict) or set(record) != set(tensors):
-        raise ValueError(f"{where}: the {INTEGRITY_KEY!r} record does not list the file's tensors")
-    bad = [k for k, t in tensors.items() if tensor_sha256(t) != record[k]]
-    if bad:
-        raise ValueError(f"{where} is damaged: the bytes of tensor(s) {bad[:5]} do not match the sha256 "
-                         f"recorded when it was written; delete the file and write it again")
-    return True
 
 
 def read_checkpoint_metadata(path: str | Path) -> dict[str, str]:
@@ -275,7 +239,9 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
         raise
     except Exception as e:  # safetensors raises its own error types for corrupt tensor data
         raise ValueError(f"{where}: the tensors cannot be read: {e}") from e
-    verified = verify_integrity(header, tensors, where)
+    verified = INTEGRITY_KEY in header
+    if verified:
+        check_tensor_record(header[INTEGRITY_KEY], tensors, where)
     model = Transformer(cfg)
     stored = {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
     if len(stored) == 1 and dtype is None:

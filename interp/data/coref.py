@@ -253,6 +253,8 @@ def _read_corefud(where: str, handle: Any, max_documents: int | None) -> Iterato
             if doc is None:
                 doc = CorefDocument("doc0", line=block[0][0])
             token_lines = [(no, line) for no, line, _ in block if not line.startswith("#")]
+            if not token_lines:  # a block of comments only (a trailing "# newdoc", a stray "#"): no sentence
+                continue
             text = "\n".join(line for _, line in token_lines) + "\n\n"
             try:
                 (toks,) = conllu.parse(text)

@@ -81,3 +81,12 @@ def test_gap_contradictory_rows_are_refused(tmp_path, bad, expected):
     path = gap_file(tmp_path, row(1), row(2, **bad))
     with pytest.raises(ValueError, match=f"{path}:3: {expected}"):
         list(read_gap(path))
+
+
+def test_corefud_block_of_comments_only_reads_as_no_sentence(tmp_path):
+    # found by the loader fuzzing: a file that is one "#" line gave a raw "not enough values to unpack"
+    path = tmp_path / "c.conllu"
+    path.write_text("#\n")
+    assert list(read_corefud(path)) == []
+    path.write_text(CONLLU + "# newdoc id = trailing\n")
+    assert [d.doc_id for d in read_corefud(path)] == ["d1"]

@@ -133,10 +133,82 @@ def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
             "-m", "interp", *_strip_nproc(argv)]
 
 
+# Rough float32 weight bytes of the built-ins, for the --nproc memory check (a rank also holds activations
+# and its own PyTorch runtime: see _rank_bytes).
+_BUILTIN_WEIGHT_BYTES = {"induction-2l": 1 << 20, "minilm-l6": 90 << 20, "smollm2-135m": 540 << 20}
+_RANK_RUNTIME_BYTES = 400 << 20  # one Python + PyTorch process before any model is loaded
+_RANKS_PER_CORE = 2  # beyond this the ranks only take turns on the cores
+
+
+def _weight_bytes(model: str) -> int:
+    """Estimated float32 weight bytes of ``--model`` without loading it (0 when unknown)."""
+    if model in _BUILTIN_WEIGHT_BYTES:
+        return _BUILTIN_WEIGHT_BYTES[model]
+    path = Path(model)
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            from .zoo.gguf_file import read_gguf
+
+            return 4 * sum(t.n_elements for t in read_gguf(path).tensors)  # dequantised to float32
+        if path.is_file():
+            return path.stat().st_size
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.glob("*.safetensors")) or \
+                sum(f.stat().st_size for f in path.glob("*.bin"))
+    except (OSError, ValueError):
+        return 0  # the command itself reports the bad file
+    return 0
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_nproc(nproc: int, model: str, *, cores: int | None = None, available: int | None = None) -> None:
+    """Refuse a ``--nproc`` that this machine cannot run: more ranks than memory or cores allow.
+
+    Each rank loads its own copy of the model: ``nproc`` x (weights x 2 + the PyTorch runtime) must fit in the
+    available memory, and more than two ranks per core only queue for the cores.
+
+    Args:
+        nproc: the ``--nproc`` asked for.
+        model: the ``--model`` value (its size is estimated without loading it).
+        cores: usable cores (default: this process's CPU affinity).
+        available: available memory in bytes (default: ``MemAvailable`` of ``/proc/meminfo``).
+
+    Raises:
+        CliError: too many ranks; the message says what ``--nproc`` should be at most, and why.
+
+    Example:
+        >>> check_nproc(2, "induction-2l", cores=2, available=8 << 30)
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    available = _available_bytes() if available is None else available
+    per_rank = 2 * _weight_bytes(model) + _RANK_RUNTIME_BYTES
+    limits, reasons = [cores * _RANKS_PER_CORE], [f"this machine has {cores} core(s)"]
+    if available is not None:
+        limits.append(max(1, available // per_rank))
+        reasons.append(f"{nproc} ranks x ~{per_rank / 2**30:.1f} GiB each ({model}: a copy of the model per rank) "
+                       f"need ~{nproc * per_rank / 2**30:.1f} GiB, {available / 2**30:.1f} GiB are available")
+    best = min(limits)
+    if nproc > best:
+        raise CliError(f"--nproc {nproc} is more than this machine can run: {'; '.join(reasons)}. "
+                       f"Use --nproc {best} or less")
+
+
 def _maybe_launch(args: argparse.Namespace) -> int | None:
     """With ``--nproc N > 1`` outside torchrun: run the same command under torchrun and return its status."""
     if getattr(args, "nproc", 1) <= 1:
         return None
+    check_nproc(args.nproc, args.model)
     return subprocess.call(torchrun_command(args.nproc, args.argv))
 
 

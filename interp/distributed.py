@@ -25,7 +25,9 @@ Example (two processes on one machine, or two machines with ``--nnodes 2 --rdzv-
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import hashlib
 import os
 from collections.abc import Iterable, Sequence
@@ -99,19 +101,32 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None) ->
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    # A rank that leaves through an exception must still close its group while the interpreter is whole:
+    # gloo's worker threads and the TCP store torn down during interpreter finalisation abort the process.
+    atexit.register(shutdown, wait=False)
     return active()
+
+
+_EXIT_KEY = "interp/exit/"
+_EXIT_TIMEOUT_S = 30.0
 
 
 def shutdown(*, wait: bool = True) -> None:
     """Close the process group that :func:`init_from_env` opened; nothing happens when there is none.
 
-    Why a barrier first: a rank that destroys its group and exits while a peer is still tearing down its gloo
-    connections can abort that peer ("terminate called without an active exception"), turning a finished run
-    into a failed one. Waiting for every rank makes them leave together.
+    The order matters, because a rank aborted with SIGABRT ("terminate called without an active
+    exception") at the very end of a finished run otherwise:
+
+    1. every rank meets at a barrier, so no rank tears down its gloo connections while a peer still uses them;
+    2. each rank destroys its group, joining gloo's worker threads while the interpreter is fully alive;
+    3. the ranks other than 0 then tell rank 0 through the TCP store that they are done with it, and rank 0,
+       which hosts the store, waits for them: the store's server thread is never torn down under a client;
+    4. the store is released and collected here, not left to interpreter finalisation, where C++ threads
+       that are still joinable when their objects die call ``std::terminate``.
 
     Args:
-        wait: meet the other ranks at a barrier before closing. Pass False after a failure: the peers may never
-            arrive (a failed barrier is ignored either way; the run's own outcome stands).
+        wait: meet the other ranks before closing (steps 1 and 3). Pass False after a failure: the peers may
+            never arrive (a failed barrier is ignored either way; the run's own outcome stands).
 
     Example:
         >>> init_from_env(); ...; shutdown()   # at the end of a torchrun job
@@ -119,13 +134,29 @@ def shutdown(*, wait: bool = True) -> None:
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return
+    me, n = dist.get_rank(), dist.get_world_size()
+    store = None
     try:
-        if wait and dist.get_world_size() > 1:
+        store = dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError, ValueError):  # a private helper: tolerate its absence
+        pass
+    try:
+        if wait and n > 1:
             _collective("the closing barrier", dist.barrier)
     except DistributedError:
-        pass  # a peer already left or died: its own error, not this rank's
+        wait = False  # a peer already left or died: its own error, not this rank's
     finally:
         dist.destroy_process_group()
+    if store is not None and wait and n > 1:
+        try:
+            if me == 0:
+                store.wait([f"{_EXIT_KEY}{r}" for r in range(1, n)], datetime.timedelta(seconds=_EXIT_TIMEOUT_S))
+            else:
+                store.set(f"{_EXIT_KEY}{me}", "1")
+        except (RuntimeError, ValueError):  # a peer gone, or the store closed under us: leave anyway
+            pass
+    del store
+    gc.collect()
 
 
 def _device() -> torch.device:

@@ -281,12 +281,16 @@ def record(
         ``(output, trace)``.
 
     Raises:
+        TypeError: ``layers`` is not a list of int layer indices (``['0']`` is named).
         ValueError: an explicit hook name matches nothing, or a layer is out of range.
     """
     names = [] if isinstance(names_filter, (list, tuple)) and not names_filter else resolve_names(
         names_filter, model.hook_names)
     if layers is not None:
         n_layers = model.cfg.n_layers
+        if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not all(
+                isinstance(layer, int) and not isinstance(layer, bool) for layer in layers):
+            raise TypeError(f"layers must be a list of int layer indices (0 to {n_layers - 1}), got {layers!r}")
         bad = [layer for layer in layers if not 0 <= layer < n_layers]
         if bad:
             raise ValueError(f"layers {bad} out of range for a model with {n_layers} layers")

@@ -19,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from . import trace_views
+from ._io import atomic_path, check_tensor_record, tensor_record
 
 if TYPE_CHECKING:
     from .model import Transformer
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 _LAYER_RX = re.compile(r"^blocks\.(\d+)\.")
 _TRACE_FORMAT = "interp.trace/1"
 _TOKENS_KEY = "__tokens__"
+_RECORD_KEY = "tensor_record"  # each tensor's dtype, shape and sha256 (interp._io.tensor_record)
 
 
 def _json_object(path: Path, header: dict[str, str], key: str) -> dict[str, Any]:
@@ -38,6 +40,33 @@ def _json_object(path: Path, header: dict[str, str], key: str) -> dict[str, Any]
         raise ValueError(f"{str(path)!r}: the trace's {key!r} header must be a JSON object, "
                          f"got {type(value).__name__}")
     return value
+
+def _check_consistent(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
+                      tokens: torch.Tensor | None) -> None:
+    """What a trace file says about itself must agree: dtypes, the layer count, the token strings."""
+    where = repr(str(path))
+    if tokens is not None and (tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dim() != 2):
+        raise ValueError(f"{where}: the stored tokens must be a [batch, pos] integer tensor, got "
+                         f"{str(tokens.dtype).removeprefix('torch.')} {list(tokens.shape)}")
+    for name, t in tensors.items():
+        if not t.dtype.is_floating_point:
+            raise ValueError(f"{where}: recorded tensor {name!r} is {str(t.dtype).removeprefix('torch.')}; "
+                             f"activations are floating point (the header was altered?)")
+    n_layers = meta.get("n_layers")
+    if n_layers is not None:
+        layers = {int(m.group(1)) for n in tensors if (m := _LAYER_RX.match(n))}
+        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1 or \
+                any(layer >= n_layers for layer in layers):
+            raise ValueError(f"{where}: meta n_layers = {n_layers!r}, but the file holds tensors for layer(s) "
+                             f"{sorted(layers)[-3:]}")
+    str_tokens = meta.get("str_tokens")
+    if str_tokens is not None:
+        if not isinstance(str_tokens, list) or not all(isinstance(r, list) for r in str_tokens):
+            raise ValueError(f"{where}: meta str_tokens must be a list of lists of token strings")
+        if tokens is not None and [len(r) for r in str_tokens] != [tokens.shape[1]] * tokens.shape[0]:
+            raise ValueError(f"{where}: meta str_tokens has {len(str_tokens)} row(s) of lengths "
+                             f"{[len(r) for r in str_tokens][:4]}, the stored tokens are {list(tokens.shape)}")
+
 
 class Trace:
     """Recorded activations keyed by hook name.
@@ -71,6 +100,10 @@ class Trace:
 
     # --- mapping interface ------------------------------------------------------------------------------
     def __getitem__(self, name: str | tuple) -> torch.Tensor:
+        if not isinstance(name, (str, tuple)):
+            raise TypeError(f"a Trace is indexed by hook name (trace['blocks.0.attn.hook_pattern']) or a "
+                            f"TransformerLens short name (trace['pattern', 0]), not by {type(name).__name__} "
+                            f"{name!r}; to take sequences, index the tensor: trace.pattern(0)[0:2]")
         if isinstance(name, tuple) or name in trace_views.GLOBAL_NAMES:  # TL short names: trace["pattern", 0]
             name = trace_views.act_name(self, name if isinstance(name, tuple) else (name,))
         if name in self.tensors:
@@ -205,10 +238,11 @@ class Trace:
             seen[view] = name
             storages.add(t.untyped_storage().data_ptr())
             tensors[name] = t
-        header = {"format": _TRACE_FORMAT, "meta": meta_json}
+        header = {"format": _TRACE_FORMAT, "meta": meta_json, _RECORD_KEY: tensor_record(tensors)}
         if aliases:
             header["aliases"] = json.dumps(aliases)
-        save_file(tensors, str(path), metadata=header)
+        with atomic_path(path) as tmp:  # a killed save leaves the previous file, never half of one
+            save_file(tensors, str(tmp), metadata=header)
         return path
 
     @classmethod
@@ -223,7 +257,10 @@ class Trace:
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: the file is not an interp trace, or its metadata is not a JSON object.
+            ValueError: the file is not an interp trace, its metadata is not a JSON object, its tensors'
+                bytes, dtypes or shapes differ from the record written with them, or what it says about
+                itself disagrees (``n_layers`` vs the layers stored, ``str_tokens`` vs the tokens, integer
+                activations); the message names the file.
 
         Example:
             >>> trace = Trace.load("run.safetensors")
@@ -239,12 +276,15 @@ class Trace:
             raise ValueError(f"{str(path)!r} is not a readable safetensors trace: {e}") from e
         if header.get("format") != _TRACE_FORMAT:
             raise ValueError(f"{str(path)!r} is not an interp trace (format={header.get('format')!r})")
+        if _RECORD_KEY in header:
+            check_tensor_record(header[_RECORD_KEY], tensors, repr(str(path)))
         meta = _json_object(path, header, "meta")
         for name, source in _json_object(path, header, "aliases").items():
-            if source not in tensors:
+            if not isinstance(source, str) or source not in tensors:
                 raise ValueError(f"{str(path)!r}: alias {name!r} points to {source!r}, which is not in the file")
             tensors[name] = tensors[source]
         tokens = tensors.pop(_TOKENS_KEY, None)
+        _check_consistent(path, tensors, meta, tokens)
         return cls(tensors, meta, tokens)
 
     # --- display ----------------------------------------------------------------------------------------

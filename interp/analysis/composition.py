@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from ..weights import FactoredMatrix, stacked
+from .patching_checks import check_n_samples
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -93,11 +94,15 @@ def composition_baseline(model: Transformer, mode: str = "K", *, n_samples: int 
     Returns:
         The mean over heads and samples (what an unrelated pair scores).
 
+    Raises:
+        ValueError: an unknown ``mode``, or ``n_samples`` that is not a positive int.
+
     Example:
         >>> composition_baseline(model, "K")
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    n_samples = check_n_samples(n_samples)
     QK, OV = _circuits(model)
     right = {"Q": QK, "K": QK.T, "V": OV}[mode]
     gen = torch.Generator().manual_seed(seed)

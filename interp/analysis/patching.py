@@ -27,6 +27,7 @@ import torch
 from ..data import first_occurrence_mask, repeated_sequences
 from ..interventions import gradient_probe_hook, patch_sites_hook, patch_units_hook, site_index
 from ..trace_views import ATTN_NAMES, BLOCK_NAMES
+from . import patching_checks as checks
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -238,12 +239,18 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
         0 = corrupted); ``df.attrs`` holds ``metric_clean``, ``metric_corrupted``, ``act``, ``direction``.
 
     Raises:
-        ValueError: unknown act / by / direction, inputs of different shapes, no metric.
+        ValueError: unknown act / by / direction, inputs of different shapes or identical, no metric, a
+            ``batch_size`` that is not a positive int, ``answer_tokens`` of the wrong batch size or outside
+            the vocabulary, a metric that returns more than one number or a NaN.
 
     Example:
         >>> df = activation_patching(model, clean, corrupted, act="z", answer_tokens=answers)
         >>> viz.patching_heatmap(df)
     """
+    batch_size = checks.check_batch_size(batch_size)
+    checks.check_clean_corrupted(clean, corrupted)
+    checks.check_answer_tokens(answer_tokens, clean, model.cfg.d_vocab)
+    metric = checks.checked_metric(metric)
     metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
                                                   direction, attention_mask)
     with torch.no_grad():
@@ -283,6 +290,9 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     Example:
         >>> est = attribution_patching(model, clean, corrupted, act="z", answer_tokens=answers)
     """
+    checks.check_clean_corrupted(clean, corrupted)
+    checks.check_answer_tokens(answer_tokens, clean, model.cfg.d_vocab)
+    metric = checks.checked_metric(metric)
     metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
                                                   direction, attention_mask)
     acts: dict[str, torch.Tensor] = {}
@@ -317,11 +327,16 @@ def patch_heads_together(model: Transformer, clean: torch.Tensor, corrupted: tor
         ``{"metric", "normalized", "metric_clean", "metric_corrupted"}``.
 
     Raises:
+        TypeError: ``heads`` is not a list of ``(layer, head)`` int pairs.
         ValueError: a head out of range, or the errors of :func:`activation_patching`.
 
     Example:
         >>> patch_heads_together(model, clean, corrupted, [(1, h) for h in range(4)], metric=metric)["normalized"]
     """
+    heads = checks.check_heads(heads)
+    checks.check_clean_corrupted(clean, corrupted)
+    checks.check_answer_tokens(answer_tokens, clean, model.cfg.d_vocab)
+    metric = checks.checked_metric(metric)
     clean, corrupted = _check_inputs(model, clean, corrupted, direction)
     metric = _metric_of(metric, answer_tokens)
     names = _plan(model, act, "head")

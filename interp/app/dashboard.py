@@ -28,6 +28,7 @@ import torch
 import interp
 from interp import viz
 from interp.app import FILES_ENV
+from interp._io import atomic_write_bytes
 from interp.flops import (
     DTYPE_BYTES,
     default_kv_groups,
@@ -189,7 +190,7 @@ def _saved_upload(data: bytes) -> str:
     digest = hashlib.sha256(data).hexdigest()[:16]
     path = session_folder() / f"upload-{digest}.safetensors"
     if not path.exists():
-        path.write_bytes(data)
+        atomic_write_bytes(path, data)  # an interrupted write never leaves a truncated file under the hash
     return str(path)
 
 

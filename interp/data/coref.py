@@ -159,6 +159,22 @@ def _span_head(start: int, end: int, heads: list[int]) -> int:
     return start
 
 
+def _check_limit(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+
+
+def _decoded(handle: Iterable[bytes], where: str) -> Iterator[str]:
+    """Lines of a file read as bytes, decoded one by one so that an error names its line; a BOM is dropped."""
+    for no, raw in enumerate(handle, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}:{no}: not UTF-8 text ({e.reason} at byte {e.start} of the line); GAP files "
+                             f"are UTF-8") from e
+        yield line.removeprefix("\ufeff") if no == 1 else line
+
+
 def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | None = None) -> Iterator[CorefDocument]:
     """Stream the documents of a CorefUD CoNLL-U file (coreference in the MISC column's ``Entity=``).
 
@@ -171,21 +187,31 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
 
     Raises:
         FileNotFoundError: no file at the path.
-        ValueError: a malformed line, a mention closed that was never opened, a mention left open at the end of
-            its document, or an ``Entity`` value without an entity id; the message starts with ``file:line``.
+        ValueError: a malformed or non-UTF-8 line, a mention closed that was never opened, a mention left open
+            at the end of its document, or an ``Entity`` value without an entity id (the message starts with
+            ``file:line``); a negative or non-int ``max_documents``.
 
     Example:
         >>> doc = next(read_corefud("en_gum-ud-dev.ccby.conllu"))
         >>> [doc.text(m) for m in doc.entities["3"]][:3]
         ['Byron', 'his', 'he']
     """
+    _check_limit("max_documents", max_documents)
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"no CoNLL-U file at {str(path)!r}")
-        where, handle = str(path), path.open(encoding="utf-8")
+        where, handle = str(path), path.open("rb")  # bytes: a decoding error names its line
     else:
         where, handle = "<conllu>", iter(source)
+    return _read_corefud(where, handle, max_documents)
+
+
+def _read_corefud(where: str, handle: Any, max_documents: int | None) -> Iterator[CorefDocument]:
+    if max_documents == 0:
+        if hasattr(handle, "close"):
+            handle.close()
+        return
     fields = ["GRP", "etype", "infstat", "salience", "centering", "minspan", "link", "identity"]
     doc: CorefDocument | None = None
     open_: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {}  # entity -> stack of (start, line, minspan)
@@ -227,6 +253,8 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
             if doc is None:
                 doc = CorefDocument("doc0", line=block[0][0])
             token_lines = [(no, line) for no, line, _ in block if not line.startswith("#")]
+            if not token_lines:  # a block of comments only (a trailing "# newdoc", a stray "#"): no sentence
+                continue
             text = "\n".join(line for _, line in token_lines) + "\n\n"
             try:
                 (toks,) = conllu.parse(text)
@@ -357,24 +385,63 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
 
     Raises:
         FileNotFoundError: no file at the path.
-        ValueError: a missing column in the header, a row with too few fields, an offset that does not point
-            at its string, or a coref flag that is not TRUE/FALSE; the message starts with ``file:line``.
+        ValueError: a missing column in the header, a row with too few fields or a field over csv's size
+            limit, a line that is not UTF-8, an offset that does not point at its string, a coref flag that
+            is not TRUE/FALSE, or a contradictory row (A and B both TRUE, A and B the same span, the pronoun
+            inside a name); the message starts with ``file:line``. A negative or non-int ``max_rows``.
 
     Example:
         >>> ex = next(read_gap("gap-development.tsv"))
         >>> ex.pronoun.string, ex.a.string, ex.label
         ('her', 'Cheryl Cassidy', 'A')
     """
+    _check_limit("max_rows", max_rows)
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"no GAP file at {str(path)!r}")
-        where, handle = str(path), path.open(encoding="utf-8", newline="")
+        where, handle = str(path), path.open("rb")  # bytes: a decoding error names its line
+        lines: Iterable[str] = _decoded(handle, where)
     else:
         where, handle = "<gap>", iter(source)
+        lines = (line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(handle))
+    return _read_gap(where, handle, lines, max_rows)
+
+
+def _gap_rows(reader: Any, where: str) -> Iterator[tuple[int, list[str]]]:
+    """``(line, row)`` pairs; csv's own errors (a field over its size limit) become errors naming the line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise ValueError(f"{where}:{reader.line_num}: unreadable GAP row ({e}; the limit is "
+                             f"{csv.field_size_limit()} characters per field)") from e
+        yield reader.line_num, row
+
+
+def _check_gap_row(ex: GapExample, where: str) -> GapExample:
+    """Refuse rows that contradict themselves (GAP gives each pronoun at most one antecedent)."""
+    if ex.a_coref and ex.b_coref:
+        raise ValueError(f"{where}: A-coref and B-coref are both TRUE; a GAP pronoun refers to at most one name")
+    if (ex.a.start, ex.a.end) == (ex.b.start, ex.b.end):
+        raise ValueError(f"{where}: A and B are the same span {ex.a.string!r} at offset {ex.a.start}")
+    for name, span in (("A", ex.a), ("B", ex.b)):
+        if ex.pronoun.start < span.end and span.start < ex.pronoun.end:
+            raise ValueError(f"{where}: the pronoun {ex.pronoun.string!r} at offset {ex.pronoun.start} overlaps "
+                             f"{name} {span.string!r} at offset {span.start}")
+    return ex
+
+
+def _read_gap(where: str, handle: Any, lines: Iterable[str], max_rows: int | None) -> Iterator[GapExample]:
+    if max_rows == 0:
+        if hasattr(handle, "close"):
+            handle.close()
+        return
     try:
-        reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, None)
+        reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = next((row for _, row in _gap_rows(reader, where)), None)
         if header is None:
             raise ValueError(f"{where}:1: empty file, expected a GAP header {_GAP_COLUMNS}")
         missing = [c for c in _GAP_COLUMNS if c not in header]
@@ -382,19 +449,19 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
             raise ValueError(f"{where}:1: GAP header lacks columns {missing}: {header!r}")
         col = {c: header.index(c) for c in _GAP_COLUMNS}
         n = 0
-        for no, row in enumerate(reader, start=2):
+        for no, row in _gap_rows(reader, where):
             if not row or all(not x.strip() for x in row):
                 continue
             if len(row) < len(header):
                 raise ValueError(f"{where}:{no}: expected {len(header)} tab-separated fields, got {len(row)}")
             at = f"{where}:{no}"
             text = row[col["Text"]]
-            yield GapExample(
+            yield _check_gap_row(GapExample(
                 row[col["ID"]], text,
                 _span(text, row[col["Pronoun"]], row[col["Pronoun-offset"]], at, "Pronoun"),
                 _span(text, row[col["A"]], row[col["A-offset"]], at, "A"),
                 _span(text, row[col["B"]], row[col["B-offset"]], at, "B"),
-                _bool(row[col["A-coref"]], at, "A-coref"), _bool(row[col["B-coref"]], at, "B-coref"), no)
+                _bool(row[col["A-coref"]], at, "A-coref"), _bool(row[col["B-coref"]], at, "B-coref"), no), at)
             n += 1
             if max_rows is not None and n >= max_rows:
                 return

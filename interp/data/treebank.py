@@ -54,6 +54,8 @@ def _blocks(lines: Iterator[str], where: str) -> Iterator[list[tuple[int, str, l
                 raise ValueError(f"{where}:{no}: not UTF-8 text ({e.reason} at byte {e.start}); CoNLL-U files "
                                  "are UTF-8") from e
         line = raw.rstrip("\n").rstrip("\r")
+        if no == 1:
+            line = line.removeprefix("\ufeff")  # a byte-order mark some editors write
         if not line.strip():
             if block:
                 yield block

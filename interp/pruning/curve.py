@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._io import atomic_path
+
 
 @dataclass
 class CurvePoint:
@@ -116,9 +118,36 @@ class PruningCurve:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PruningCurve:
-        pts = [CurvePoint(**p) for p in data.get("points", [])]
-        return cls(data["method"], data["metric_name"], int(data["n_heads_total"]), pts,
-                   data.get("model_name", ""), data.get("config", {}))
+        """Rebuild a curve from :meth:`to_dict` output (a saved ``.json``), checking every point.
+
+        Raises:
+            ValueError: not a curve's dict, or a point outside the curve's range (a fraction outside
+                [0, 1], a head count outside [0, n_heads_total], a metric that is not a number); the
+                message names the point.
+        """
+        if not isinstance(data, dict) or not all(k in data for k in ("method", "metric_name", "n_heads_total")):
+            raise ValueError("a pruning curve is a JSON object with method, metric_name, n_heads_total and points")
+        total = data["n_heads_total"]
+        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+            raise ValueError(f"n_heads_total must be a positive int, got {total!r}")
+        raw = data.get("points", [])
+        if not isinstance(raw, list):
+            raise ValueError(f"points must be a list, got {type(raw).__name__}")
+        pts = []
+        for i, p in enumerate(raw):
+            try:
+                pt = CurvePoint(**p)
+            except TypeError as e:
+                raise ValueError(f"point {i} is not a curve point: {e}") from None
+            if not isinstance(pt.fraction, (int, float)) or not 0.0 <= pt.fraction <= 1.0:
+                raise ValueError(f"point {i}: fraction {pt.fraction!r} must be in [0, 1]")
+            if isinstance(pt.n_pruned, bool) or not isinstance(pt.n_pruned, int) or not 0 <= pt.n_pruned <= total:
+                raise ValueError(f"point {i}: n_pruned {pt.n_pruned!r} must be an int in [0, {total}]")
+            if isinstance(pt.metric, bool) or not isinstance(pt.metric, (int, float)):
+                raise ValueError(f"point {i}: metric {pt.metric!r} must be a number")
+            pts.append(pt)
+        return cls(data["method"], data["metric_name"], total, pts, data.get("model_name", ""),
+                   data.get("config", {}))
 
     def save(self, path: str | Path) -> Path:
         """Write the curve as ``.json`` (everything, masks included) or ``.csv`` (the table).
@@ -127,15 +156,13 @@ class PruningCurve:
             ValueError: another suffix.
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".json":
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.to_dict(), indent=1))
-            tmp.replace(path)  # atomic: an interrupted run never leaves half a file
-        elif path.suffix == ".csv":
-            self.to_frame().to_csv(path, index=False)
-        else:
+        if path.suffix not in (".json", ".csv"):
             raise ValueError(f"save to .json or .csv, got {path.name!r}")
+        with atomic_path(path) as tmp:  # an interrupted run never leaves half a file
+            if path.suffix == ".json":
+                tmp.write_text(json.dumps(self.to_dict(), indent=1))
+            else:
+                self.to_frame().to_csv(tmp, index=False)
         return path
 
     @classmethod

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._io import atomic_write_text
 from .baseline import random_curve
 from .curve import PruningCurve, auc_table
 from .importance import importance_curve
@@ -207,5 +208,5 @@ def write_results(curves: dict[str, PruningCurve], out: Path, config: dict | Non
     except (ImportError, RuntimeError) as err:  # kaleido / Chrome missing: the HTML figure is still there
         png = f"not written: {err}"
     summary = {"config": config, "auc": auc_table(list(curves.values())).to_dict(orient="records"), "png": png}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return summary

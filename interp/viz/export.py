@@ -8,6 +8,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from .._io import atomic_path
+
 PNG_EXTRA = "png"  # pyproject extra that provides kaleido: pip install "interp[png]"
 
 
@@ -34,7 +36,8 @@ def save_figure(fig: go.Figure, path: str | Path, **image_kwargs: Any) -> Path:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".html", ".htm"):
-        fig.write_html(path, include_plotlyjs=True)  # ~4 MB, but saved results must open offline
+        with atomic_path(path) as tmp:
+            fig.write_html(tmp, include_plotlyjs=True)  # ~4 MB, but saved results must open offline
         return path
     if suffix not in (".png", ".svg", ".pdf", ".jpg", ".jpeg", ".webp"):
         raise ValueError(f"cannot save a figure as {path.name!r}: use .html, .png, .svg, .pdf, .jpg or .webp")
@@ -43,7 +46,8 @@ def save_figure(fig: go.Figure, path: str | Path, **image_kwargs: Any) -> Path:
                           f"\"interp[{PNG_EXTRA}]\" (kaleido >= 1.0 also needs Chrome or Chromium; "
                           "`plotly_get_chrome` installs one). The .html figure needs nothing.")
     try:
-        fig.write_image(path, **image_kwargs)
+        with atomic_path(path) as tmp:
+            fig.write_image(tmp, **image_kwargs)
     except Exception as e:  # kaleido reports a missing browser and similar problems with its own types
         raise RuntimeError(f"kaleido could not write {path.name}: {' '.join(str(e).split())}") from e
     return path

@@ -17,10 +17,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from .._io import atomic_path, check_tensor_record, tensor_record
 from ..config import ModelConfig
 from ..model import Transformer
 
 CHECKPOINT_FORMAT = "interp.model/1"
+# Header entry with each tensor's dtype, shape and sha256 (interp._io.tensor_record): a checkpoint damaged
+# on disk is refused by name instead of loading with garbage weights. Older checkpoints load unchecked.
+INTEGRITY_KEY = "tensor_record"
+_RESERVED = ("format", "config", "name", "tokenizer", INTEGRITY_KEY)
 _BLOCK_RX = re.compile(r"^blocks\.(\d+)\.")
 
 
@@ -153,16 +158,17 @@ def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[s
     if tok is not None and hasattr(tok, "to_json"):
         header["tokenizer"] = tok.to_json()
     for k, v in (metadata or {}).items():
-        if k in header or k == "tokenizer":
-            raise ValueError(f"metadata key {k!r} is reserved (reserved: format, config, name, tokenizer)")
+        if k in _RESERVED:
+            raise ValueError(f"metadata key {k!r} is reserved (reserved: {', '.join(_RESERVED)})")
         if not isinstance(k, str) or not isinstance(v, str):
             raise TypeError(f"metadata must map str -> str, got {k!r}: {type(v).__name__}")
         header[k] = v
     aliases = _aliases(model)
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in aliases}
+    header[INTEGRITY_KEY] = tensor_record(tensors)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata=header)
+    with atomic_path(path) as tmp:  # a killed save leaves the previous checkpoint, never half of one
+        save_file(tensors, str(tmp), metadata=header)
     return path
 
 
@@ -187,6 +193,22 @@ def read_checkpoint_metadata(path: str | Path) -> dict[str, str]:
     return header
 
 
+def _read_tensors(where: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    with safe_open(where, framework="pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        # Check the declared sizes against the tensors in the file before allocating anything: a header
+        # may declare d_vocab=10**9 or a million layers over a file of a few kilobytes.
+        layers = {int(m.group(1)) for k in shapes if (m := _BLOCK_RX.match(k))}
+        if layers != set(range(cfg.n_layers)):
+            raise ValueError(f"{where} does not fit its config: the config declares n_layers={cfg.n_layers}, "
+                             f"the file holds weights for {len(layers)} layer(s)")
+        with torch.device("meta"):
+            skeleton = Transformer(cfg)
+        check_fits(skeleton, shapes, source=where)
+        del skeleton
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
 def load_checkpoint(path: str | Path, *, device: torch.device | str | None = None,
                     dtype: torch.dtype | None = None) -> Transformer:
     """Load a model written by :func:`save_checkpoint`.
@@ -203,8 +225,9 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: not an interp checkpoint, a bad config, or weights that do not fit the config (the
-            message names the tensor and both shapes).
+        ValueError: not an interp checkpoint, a bad config, weights that do not fit the config (the
+            message names the tensor and both shapes), or tensors whose bytes differ from the sha256
+            record written with them (``model.checkpoint_verified`` says whether there was a record).
 
     Example:
         >>> model = load_checkpoint("ckpt/induction.safetensors")
@@ -212,19 +235,15 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     header = read_checkpoint_metadata(path)
     where = str(path)
     cfg = _config_from_header(header, where)
-    with safe_open(where, framework="pt") as f:
-        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        # Check the declared sizes against the tensors in the file before allocating anything: a header
-        # may declare d_vocab=10**9 or a million layers over a file of a few kilobytes.
-        layers = {int(m.group(1)) for k in shapes if (m := _BLOCK_RX.match(k))}
-        if layers != set(range(cfg.n_layers)):
-            raise ValueError(f"{where} does not fit its config: the config declares n_layers={cfg.n_layers}, "
-                             f"the file holds weights for {len(layers)} layer(s)")
-        with torch.device("meta"):
-            skeleton = Transformer(cfg)
-        check_fits(skeleton, shapes, source=where)
-        del skeleton
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        tensors = _read_tensors(where, cfg)
+    except ValueError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for corrupt tensor data
+        raise ValueError(f"{where}: the tensors cannot be read: {e}") from e
+    verified = INTEGRITY_KEY in header
+    if verified:
+        check_tensor_record(header[INTEGRITY_KEY], tensors, where)
     model = Transformer(cfg)
     stored = {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
     if len(stored) == 1 and dtype is None:
@@ -242,7 +261,8 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             model.tokenizer = Tokenizer.from_json(header["tokenizer"])
         except Exception as e:  # noqa: BLE001 - the tokenizers library raises a plain Exception
             raise ValueError(f"{where}: the tokenizer stored in the checkpoint cannot be read: {e}") from e
-    model.checkpoint_metadata = {k: v for k, v in header.items() if k not in ("config", "tokenizer")}
+    model.checkpoint_metadata = {k: v for k, v in header.items() if k not in ("config", "tokenizer", INTEGRITY_KEY)}
+    model.checkpoint_verified = verified
     if dtype is not None:
         model.to(dtype=dtype)
     if device is not None:

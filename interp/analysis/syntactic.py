@@ -233,7 +233,15 @@ class SyntacticReducer(Reducer):
         return out
 
     def table(self, *, n_skipped: int = 0, n_untokenized: int = 0) -> pd.DataFrame:
-        """The :func:`syntactic_scores` table of what was folded so far."""
+        """The :func:`syntactic_scores` table of what was folded so far.
+
+        Raises:
+            ValueError: no sentence was folded yet (no treebank batch reached the reducer), instead of an empty
+                table.
+        """
+        if int(self.state["n_sentences"]) == 0:
+            raise ValueError("SyntacticReducer.table(): no sentence was folded (n_sentences=0); run "
+                             "stream(model, treebank_batches(model, conllu_path), [reducer]) first")
         res = self.result()
         offsets = self.offsets
         # group full relations under the reported name (themselves, or their universal relation when pooling)

@@ -189,7 +189,7 @@ def kv_cache_table(
 
     Example:
         >>> t = kv_cache_table(worked_example_config(), batch=32, tokens=4096)
-        >>> t.set_index("kind").loc["gqa", "vs_mha"]
+        >>> float(t.set_index("kind").loc["gqa", "vs_mha"])
         0.125
     """
     nbytes = dtype_bytes(dtype)

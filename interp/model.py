@@ -300,7 +300,7 @@ class Transformer(HookedModule):
             ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
 
         Example:
-            >>> model.generate(model.to_tokens("The capital of France is").repeat(8, 1), 16)  # [8, T + 16]
+            >>> model.generate(tokens.repeat(4, 1), 16).shape  # [8, T + 16]
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise TypeError(f"max_new_tokens={max_new_tokens!r} must be an int")
@@ -372,7 +372,7 @@ class Transformer(HookedModule):
 
         Example:
             >>> with model.decoding(batch_size=1):
-            ...     outs = [model.generate(model.to_tokens(p), 64) for p in prompts]
+            ...     outs = [model.generate(t[None], 8) for t in tokens]
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int):
             raise TypeError(f"batch_size={batch_size!r} must be an int")

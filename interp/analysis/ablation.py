@@ -92,7 +92,7 @@ def ablation_table(model: Transformer, induction_heads: Iterable[tuple[int, int]
         ``ablated`` column is ``"none"``, ``"induction heads"`` or ``"L{l}H{h}"``.
 
     Example:
-        >>> ablation_table(model, report.heads("induction"))
+        >>> ablation_table(model, [(1, 0), (1, 1), (1, 2), (1, 3)])
     """
     if bos_id is None:
         bos_id = getattr(getattr(model, "tokenizer", None), "bos_id", None)

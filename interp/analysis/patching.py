@@ -248,7 +248,7 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
 
     Example:
         >>> df = activation_patching(model, clean, corrupted, act="z", answer_tokens=answers)
-        >>> viz.patching_heatmap(df)
+        >>> interp.viz.patching_heatmap(df)
     """
     metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
                                                   direction, attention_mask)

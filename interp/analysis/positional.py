@@ -61,7 +61,7 @@ class PositionalReducer(TargetReducer):
 
     Example:
         >>> red = PositionalReducer(model)
-        >>> stream(model, batches, [red]); red.table()
+        >>> stream(model, tokens, [red]); red.table()
     """
 
     def __init__(self, model: Transformer, *, window: int = 3, delimiter_ids: Iterable[int] | None = None,

@@ -323,7 +323,7 @@ def syntactic_scores(
         FileNotFoundError: the file does not exist.
 
     Example:
-        >>> df = syntactic_scores(model, "en_ewt-ud-dev.conllu", max_sentences=500)
+        >>> df = syntactic_scores(interp.load("minilm-l6"), "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=20)
         >>> df[df.gain > 0.1].sort_values("gain", ascending=False).head()
     """
     directions, offsets = _check_options(directions, offsets)

@@ -132,8 +132,8 @@ def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]
     gates that were set before, also when the body raises.
 
     Example:
-        >>> with head_mask(model, pruned):
-        ...     loss = objective.loss(model, batch)
+        >>> with head_mask(model, torch.tensor([[True, False, False, False], [False] * 4])):
+        ...     loss = objective.loss(model, train[0])
     """
     # The model's lock is held for the whole block: gates are shared state, and another thread (a dashboard
     # session) must neither run under these gates nor change them before they are restored. Being
@@ -157,7 +157,7 @@ def gates_only(model: Transformer) -> Iterator[None]:
 
     Example:
         >>> with gates_only(model):
-        ...     model.set_head_gates(gates)   # gradients flow to ``gates`` only
+        ...     model.set_head_gates(torch.ones(2, 4, requires_grad=True))   # gradients flow to the gates only
     """
     # requires_grad flags and gates are shared state: no other thread may run or re-gate the model between
     # saving and restoring them.

@@ -102,7 +102,7 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
 
     Example:
         >>> model = load("induction-2l")
-        >>> model = load("runs/my_model.safetensors")
+        >>> model = load(save_checkpoint(model, tmp / "runs" / "my_model.safetensors"))
     """
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"load takes a model name or a path, got {type(name_or_path).__name__}")

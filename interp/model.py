@@ -137,7 +137,8 @@ class Transformer(HookedModule):
         self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
         self.W_tt = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
         self.embed_ln = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
-        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        # Typed as the list of Blocks it holds (nn.ModuleList indexes to a bare Module for type checkers).
+        self.blocks: list[Block] = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))  # type: ignore[assignment]
         # Pre-norm models normalise the final residual; post-norm ones already ended on a norm.
         self.ln_final = make_norm(cfg) if cfg.normalization in ("pre", "rms") else None
         if cfg.unembed:

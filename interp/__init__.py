@@ -11,9 +11,14 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+# One version source: pyproject.toml's ``version``, read from the installed package's metadata.
+try:
+    __version__ = importlib.metadata.version("interp")
+except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path without an install
+    __version__ = "0+unknown"
 
 # The public names load on first use (PEP 562): ``import interp.cli`` stays free of torch, so the ``interp``
 # command can turn a Ctrl-C during its start-up imports into one line instead of a traceback.

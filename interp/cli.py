@@ -732,6 +732,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Example:
         >>> main(["kv-cache", "--layers", "2", "--heads", "4", "--d-head", "8"])
+        KV cache, 2 layers x 4 heads x d_head 8, fp16
+        ...
         0
     """
     argv = list(sys.argv[1:] if argv is None else argv)

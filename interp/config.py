@@ -109,8 +109,10 @@ class ModelConfig:
     n_layers: int
     d_model: int
     n_heads: int
-    d_head: int | None = None
-    n_kv_heads: int | None = None
+    # d_head, n_kv_heads and d_mlp accept None (derive the default) and are ints once __post_init__ has run:
+    # typed as what every reader sees.
+    d_head: int = None  # type: ignore[assignment]
+    n_kv_heads: int = None  # type: ignore[assignment]
     attention: AttentionKind = "standard"
     kv_latent_dim: int | None = None
     q_latent_dim: int | None = None
@@ -123,7 +125,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     embed_norm: bool = False
     attn_only: bool = False
-    d_mlp: int | None = None
+    d_mlp: int = None  # type: ignore[assignment]
     activation: Activation = "gelu"
     d_vocab: int
     n_ctx: int

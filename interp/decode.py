@@ -218,7 +218,7 @@ class LeanDecoder:
 
     Example:
         >>> with model.decoding(batch_size=1):  # generate() builds and uses it by itself
-        ...     model.generate(model.to_tokens("The capital of France is"), 16)
+        ...     model.generate(tokens[:1], 16)
     """
 
     def __init__(self, model: nn.Module, layout: DecodeLayout) -> None:

@@ -17,6 +17,7 @@ Worked example (a Llama-2-70B-sized stack with full multi-head attention): 80 la
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pandas as pd
 
@@ -50,13 +51,13 @@ def dtype_bytes(dtype: str | int) -> int:
 
 
 def worked_example_config(**overrides) -> ModelConfig:
-    """The issue's worked example: 80 layers, 64 heads, d_head 128 (d_model 8192), MHA.
+    """The worked example: 80 layers, 64 heads, d_head 128 (d_model 8192), MHA.
 
     Example:
         >>> worked_example_config(n_kv_heads=8).kind
         'gqa'
     """
-    fields = dict(n_layers=80, d_model=8192, n_heads=64, d_head=128, d_mlp=28672, activation="swiglu",
+    fields: dict[str, Any] = dict(n_layers=80, d_model=8192, n_heads=64, d_head=128, d_mlp=28672, activation="swiglu",
                   normalization="rms", positional="rotary", d_vocab=32000, n_ctx=4096)
     fields.update(overrides)
     return ModelConfig(**fields)
@@ -162,7 +163,7 @@ def kv_variants(
     positional = "rotary" if rope else ("none" if cfg.positional == "rotary" else cfg.positional)
     # The variants are uniform what-ifs: drop the per-layer head counts of a pruned model.
     uniform = {f: None for f in ("layer_n_heads", "layer_n_kv_heads", "layer_kv_map") if hasattr(cfg, f)}
-    std = dict(attention="standard", kv_latent_dim=None, q_latent_dim=None, rope_dim=0, **uniform,
+    std: dict[str, Any] = dict(attention="standard", kv_latent_dim=None, q_latent_dim=None, rope_dim=0, **uniform,
                positional=cfg.positional if cfg.attention == "standard" else "rotary",
                rotary_dim=cfg.rotary_dim if cfg.attention == "standard" else None)
     out: dict[str, ModelConfig] = {"mha": dataclasses.replace(cfg, n_kv_heads=H, **std)}
@@ -220,7 +221,7 @@ def kv_cache_table(
 
     Example:
         >>> t = kv_cache_table(worked_example_config(), batch=32, tokens=4096)
-        >>> t.set_index("kind").loc["gqa", "vs_mha"]
+        >>> float(t.set_index("kind").loc["gqa", "vs_mha"])
         0.125
     """
     nbytes = dtype_bytes(dtype)

@@ -43,9 +43,9 @@ class KVCache:
         dtype, device: of the buffers.
 
     Example:
-        >>> cache = model.make_cache(batch_size=1)
-        >>> logits = model(prompt, kv_cache=cache)          # prefill
-        >>> logits = model(next_token, kv_cache=cache)      # one step
+        >>> cache = model.make_cache(batch_size=2)
+        >>> logits = model(tokens, kv_cache=cache)          # prefill
+        >>> logits = model(logits[:, -1:].argmax(-1), kv_cache=cache)      # one step
         >>> cache.nbytes_used
     """
 

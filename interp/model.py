@@ -137,7 +137,8 @@ class Transformer(HookedModule):
         self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
         self.W_tt = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
         self.embed_ln = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
-        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        # Typed as the list of Blocks it holds (nn.ModuleList indexes to a bare Module for type checkers).
+        self.blocks: list[Block] = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))  # type: ignore[assignment]
         # Pre-norm models normalise the final residual; post-norm ones already ended on a norm.
         self.ln_final = make_norm(cfg) if cfg.normalization in ("pre", "rms") else None
         if cfg.unembed:
@@ -300,7 +301,7 @@ class Transformer(HookedModule):
             ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
 
         Example:
-            >>> model.generate(model.to_tokens("The capital of France is").repeat(8, 1), 16)  # [8, T + 16]
+            >>> model.generate(tokens.repeat(4, 1), 16).shape  # [8, T + 16]
         """
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise TypeError(f"max_new_tokens={max_new_tokens!r} must be an int")
@@ -372,7 +373,7 @@ class Transformer(HookedModule):
 
         Example:
             >>> with model.decoding(batch_size=1):
-            ...     outs = [model.generate(model.to_tokens(p), 64) for p in prompts]
+            ...     outs = [model.generate(t[None], 8) for t in tokens]
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int):
             raise TypeError(f"batch_size={batch_size!r} must be an int")

@@ -103,7 +103,7 @@ class MeanReducer(Reducer):
 
     Example:
         >>> r = MeanReducer("blocks.*.attn.hook_pattern")
-        >>> stream(model, batches, [r])
+        >>> stream(model, tokens, [r])
         >>> r.result()["blocks.0.attn.hook_pattern"].shape   # [H, T, S]
     """
 

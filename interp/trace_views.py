@@ -236,7 +236,8 @@ def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool 
         incl_mid: also each layer's ``resid_mid``.
         pos_slice, model, return_labels: as :func:`stack_head_results`.
         apply_ln: pass every entry through the model's final norm with its own statistics (the logit lens;
-            TL's ``recompute_ln``), weight and bias included.
+            TL's ``recompute_ln``), weight and bias included. A post-norm model's final norm is its last
+            block's last LayerNorm.
 
     Returns:
         ``[n, B, T, M]``, or ``(stack, labels)``.
@@ -268,18 +269,34 @@ def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool 
     return (stack, labels) if return_labels else stack
 
 
-def _norm_for(model: Transformer, layer: int | None, mlp_input: bool) -> tuple[Any, str]:
-    """The norm that reads the residual at (layer, mlp_input), and the hook holding that residual."""
+def _norm_for(model: Transformer, layer: int | None, mlp_input: bool) -> tuple[Any, tuple[str, ...]]:
+    """The norm that reads the residual at (layer, mlp_input), and the hooks whose sum is what it reads.
+
+    Pre-norm models: ``ln_final`` reads the last ``resid_post``, ``ln1`` / ``ln2`` read ``resid_pre`` /
+    ``resid_mid``. Post-norm models (BERT) end every sublayer on a norm, so the only norm that reads a whole
+    residual stream with nothing after it is the last block's last norm (``ln2``, or ``ln1`` without an MLP):
+    TransformerLens takes it as the final norm too. It reads the sublayer's input plus its output
+    (``resid_mid + mlp_out``). No norm reads a post-norm block's input, so mid-model norms are refused.
+    """
     n = model.cfg.n_layers
+    final = layer is None or layer == -1 or layer == n
+    if model.cfg.normalization == "post":
+        if not final:
+            raise ValueError(f"a post-norm model (normalization='post') has no norm reading layer {layer}'s "
+                             f"{'MLP input' if mlp_input else 'input'}: only the final norm (layer=None) is defined")
+        last = model.blocks[n - 1]
+        if last.mlp is not None:
+            return last.ln2, (f"blocks.{n - 1}.hook_resid_mid", f"blocks.{n - 1}.hook_mlp_out")
+        return last.ln1, (f"blocks.{n - 1}.hook_resid_pre", f"blocks.{n - 1}.hook_attn_out")
     if model.cfg.normalization not in ("pre", "rms"):
-        raise ValueError(f"apply_ln_to_stack needs a pre-norm model (normalization 'pre' or 'rms'), got "
+        raise ValueError(f"apply_ln needs a normalised model (normalization 'pre', 'rms' or 'post'), got "
                          f"normalization={model.cfg.normalization!r}")
-    if layer is None or layer == -1 or layer == n:
-        return model.ln_final, f"blocks.{n - 1}.hook_resid_post"
+    if final:
+        return model.ln_final, (f"blocks.{n - 1}.hook_resid_post",)
     block = model.blocks[layer]
     if mlp_input:
-        return block.ln2, f"blocks.{layer}.hook_resid_mid"
-    return block.ln1, f"blocks.{layer}.hook_resid_pre"
+        return block.ln2, (f"blocks.{layer}.hook_resid_mid",)
+    return block.ln1, (f"blocks.{layer}.hook_resid_pre",)
 
 
 def norm_scale(x: torch.Tensor, norm: Any) -> torch.Tensor:
@@ -299,12 +316,13 @@ def apply_ln_to_stack(trace: Trace, stack: torch.Tensor, model: Transformer, *, 
     the normalised residual minus the norm's bias (times its weight with ``weight=True``).
 
     Args:
-        trace: holds the residual the norm read (``resid_post`` of the last layer for the final norm).
+        trace: holds the residual the norm read (``resid_post`` of the last layer for the final norm; for a
+            post-norm model, the last layer's ``resid_mid`` and ``mlp_out``).
         stack: ``[..., B, T', M]`` where T' matches ``pos_slice`` applied to the recorded positions
             (``[..., B, M]`` for an int position).
         model: the model that made the trace (its norm type, epsilon and weight).
-        layer: which norm: ``None`` / ``-1`` / ``n_layers`` the final one, else layer's ``ln1``
-            (``ln2`` with ``mlp_input``).
+        layer: which norm: ``None`` / ``-1`` / ``n_layers`` the final one (a post-norm model's: the last
+            block's last norm, as TransformerLens defines it), else layer's ``ln1`` (``ln2`` with ``mlp_input``).
         pos_slice: the positions ``stack`` holds.
         weight: also multiply by the norm's elementwise weight (TL leaves it folded into the next weights).
 
@@ -312,13 +330,16 @@ def apply_ln_to_stack(trace: Trace, stack: torch.Tensor, model: Transformer, *, 
         A tensor shaped like ``stack``.
 
     Raises:
-        ValueError: a post-norm or norm-free model, or shapes that do not match.
+        ValueError: a norm-free model, a mid-model norm of a post-norm model, or shapes that do not match.
 
     Example:
         >>> parts = trace.apply_ln_to_stack(trace.decompose_resid(), model)
     """
-    norm, hook = _norm_for(model, layer, mlp_input)
-    resid = _pos(trace[hook], pos_slice)  # [B, T', M] ([B, M] for an int position)
+    norm, hooks = _norm_for(model, layer, mlp_input)
+    resid = trace[hooks[0]]
+    for h in hooks[1:]:  # a post-norm final norm reads the last sublayer's input plus its output
+        resid = resid + trace[h]
+    resid = _pos(resid, pos_slice)  # [B, T', M] ([B, M] for an int position)
     if stack.shape[-resid.dim():] != resid.shape:
         raise ValueError(f"stack ends in {tuple(stack.shape[-resid.dim():])}, the recorded residual (after "
                          f"pos_slice={pos_slice!r}) is {tuple(resid.shape)}")

@@ -59,7 +59,7 @@ def evaluate_induction(model: Transformer, *, n_seqs: int = 64, half_len: int = 
         ``(head, score)`` in layer 1 (the last layer, for deeper models).
 
     Example:
-        >>> stats = evaluate_induction(load_induction_2l())
+        >>> stats = evaluate_induction(model)
         >>> stats["repeated"] < 0.3 * stats["first"]
         True
     """

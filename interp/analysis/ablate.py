@@ -57,7 +57,7 @@ def head_z_means(model: Any, reference: Any, layers: Sequence[int] | None = None
         TypeError: a reference batch that is not token ids.
 
     Example:
-        >>> means = head_z_means(model, repeated_sequences(64, 25, 128, seed=7, bos_id=0))
+        >>> means = head_z_means(model, interp.data.repeated_sequences(64, 25, 128, seed=7, bos_id=0))
         >>> means[1].shape
         torch.Size([4, 32])
     """
@@ -92,7 +92,7 @@ def ablate_heads(model: Any, heads: Heads, method: str = "mean", *, reference: A
             length does not match a per-position / resample reference.
 
     Example:
-        >>> with ablate_heads(model, [(1, 0), (1, 2)], "mean", reference=ref_tokens):
+        >>> with ablate_heads(model, [(1, 0), (1, 2)], "mean", reference=tokens):
         ...     logits = model(tokens)
     """
     return ablate(model, heads, method, component="heads", reference=reference, per_position=per_position,
@@ -118,7 +118,7 @@ def random_head_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclude
 
     Example:
         >>> random_head_sets(model, 4, 20, seed=0)[0]
-        [(0, 1), (1, 0), (1, 3), (0, 2)]
+        [(1, 0), (0, 0), (1, 3), (0, 3)]
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k={k!r} must be an int >= 1")
@@ -165,7 +165,7 @@ def compare_with_random(measure, target: Sequence[tuple[int, int]], model: Any, 
         lowers the measure more than every random set).
 
     Example:
-        >>> df = compare_with_random(lambda hs: gain_with(hs), induction_heads, model, n_draws=20)
+        >>> df = compare_with_random(lambda hs: sum(h for _, h in hs), [(1, 0), (1, 1)], model, n_draws=5)
         >>> df.attrs["rank"]   # 0: the target removes more gain than every random set
     """
     target = [tuple(map(int, h)) for h in target]
@@ -207,7 +207,7 @@ def repeated_text_sequences(model: Any, texts: Iterable[str], n_seqs: int, half_
         ValueError: not enough text for ``n_seqs`` runs, or non-positive sizes.
 
     Example:
-        >>> toks = repeated_text_sequences(model, ud_sentences(path, 500), 32, 40)
+        >>> toks = repeated_text_sequences(interp.load("minilm-l6"), ["The cat sat on the mat."] * 20, 4, 8)
     """
     if n_seqs < 1 or half_len < 1:
         raise ValueError(f"n_seqs={n_seqs} and half_len={half_len} must be >= 1")
@@ -297,7 +297,7 @@ def ablation_table(model: Transformer, induction_heads: Iterable[tuple[int, int]
         ``ablated`` column is ``"none"``, ``"induction heads"`` or ``"L{l}H{h}"``.
 
     Example:
-        >>> ablation_table(model, report.heads("induction"))
+        >>> ablation_table(model, [(1, 0), (1, 1), (1, 2), (1, 3)])
     """
     if bos_id is None:
         bos_id = getattr(getattr(model, "tokenizer", None), "bos_id", None)

@@ -88,7 +88,7 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
         ValueError: no unembedding, a post-norm model, bad answer tokens or positions.
 
     Example:
-        >>> df = direct_logit_attribution(model, tokens, torch.tensor([[tok_a, tok_b]]))
+        >>> df = direct_logit_attribution(model, tokens, torch.tensor([[5, 7], [5, 7]]))
         >>> df.sort_values("attribution").tail()
     """
     _check_model(model)

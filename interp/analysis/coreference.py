@@ -262,7 +262,7 @@ def coreference_scores(
         FileNotFoundError: the file does not exist.
 
     Example:
-        >>> df = coreference_scores(load("minilm-l6"), "gap-development.tsv")
+        >>> df = coreference_scores(interp.load("minilm-l6"), "../shared/data/gap/gap-development.tsv", max_items=10, n_boot=0)
         >>> df[df.group == "all"].sort_values("gain", ascending=False).head()
     """
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
@@ -450,7 +450,8 @@ def coreference_kinds(df: pd.DataFrame, name: str, *, margin: float = 0.1, min_c
         ValueError: ``margin`` or ``min_count`` out of range.
 
     Example:
-        >>> coreference_kinds(coreference_scores(model, "gap-development.tsv"), "gap")[0]["kind"]
+        >>> df = coreference_scores(interp.load("minilm-l6"), "../shared/data/gap/gap-development.tsv", max_items=10, n_boot=0)
+        >>> coreference_kinds(df, "gap", min_count=1, margin=0)[0]["kind"]
         'coreference:gap'
     """
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not -1 <= margin <= 1:

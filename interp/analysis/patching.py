@@ -245,7 +245,7 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
 
     Example:
         >>> df = activation_patching(model, clean, corrupted, act="z", answer_tokens=answers)
-        >>> viz.patching_heatmap(df)
+        >>> interp.viz.patching_heatmap(df)
     """
     batch_size = checks.check_batch_size(batch_size)
     checks.check_clean_corrupted(clean, corrupted)

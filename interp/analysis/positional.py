@@ -61,7 +61,7 @@ class PositionalReducer(TargetReducer):
 
     Example:
         >>> red = PositionalReducer(model)
-        >>> stream(model, batches, [red]); red.table()
+        >>> stream(model, tokens, [red]); red.table()
     """
 
     def __init__(self, model: Transformer, *, window: int = 3, delimiter_ids: Iterable[int] | None = None,
@@ -93,7 +93,14 @@ class PositionalReducer(TargetReducer):
         return out
 
     def table(self) -> pd.DataFrame:
-        """The :func:`positional_scores` table of what was folded so far."""
+        """The :func:`positional_scores` table of what was folded so far.
+
+        Raises:
+            ValueError: nothing was folded yet (no batch reached the reducer), instead of an all-NaN table.
+        """
+        if int(self.state["n_sequences"]) == 0:
+            raise ValueError("PositionalReducer.table(): no sequence was folded (n_sequences=0); run "
+                             "stream(model, batches, [reducer]) over non-empty batches first")
         res = self.result()
         cats = self.categories
         rows: list[dict[str, Any]] = []

@@ -233,7 +233,15 @@ class SyntacticReducer(Reducer):
         return out
 
     def table(self, *, n_skipped: int = 0, n_untokenized: int = 0) -> pd.DataFrame:
-        """The :func:`syntactic_scores` table of what was folded so far."""
+        """The :func:`syntactic_scores` table of what was folded so far.
+
+        Raises:
+            ValueError: no sentence was folded yet (no treebank batch reached the reducer), instead of an empty
+                table.
+        """
+        if int(self.state["n_sentences"]) == 0:
+            raise ValueError("SyntacticReducer.table(): no sentence was folded (n_sentences=0); run "
+                             "stream(model, treebank_batches(model, conllu_path), [reducer]) first")
         res = self.result()
         offsets = self.offsets
         # group full relations under the reported name (themselves, or their universal relation when pooling)
@@ -315,7 +323,7 @@ def syntactic_scores(
         FileNotFoundError: the file does not exist.
 
     Example:
-        >>> df = syntactic_scores(model, "en_ewt-ud-dev.conllu", max_sentences=500)
+        >>> df = syntactic_scores(interp.load("minilm-l6"), "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=20)
         >>> df[df.gain > 0.1].sort_values("gain", ascending=False).head()
     """
     directions, offsets = _check_options(directions, offsets)

@@ -228,7 +228,7 @@ def classify_heads(
         ValueError: empty data, bad thresholds, ``texts`` without a tokenizer, or the errors of the analyzers.
 
     Example:
-        >>> report = classify_heads(load("minilm-l6"), conllu="en_ewt-ud-dev.conllu")
+        >>> report = classify_heads(interp.load("minilm-l6"), conllu="../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=20)
         >>> report
         >>> report.heads("syntactic:")
     """

@@ -239,7 +239,7 @@ def text_batches(model: Transformer, texts: Sequence[str], *, batch_size: int = 
         ValueError: no text tokenizer, or ``texts`` is not a non-empty list of str.
 
     Example:
-        >>> text_batches(model, ["The cat sat.", "A dog."])[0].tokens.shape   # [2, T]
+        >>> text_batches(interp.load("minilm-l6"), ["The cat sat.", "A dog."])[0].tokens.shape   # [2, T]
     """
     tok = getattr(model, "tokenizer", None)
     if tok is None or not hasattr(tok, "encode_batch_with_mask"):
@@ -311,7 +311,7 @@ def treebank_batches(
         ValueError: the model has no word-aware tokenizer, or a CoNLL-U line is malformed.
 
     Example:
-        >>> b = next(treebank_batches(model, "en_ewt-ud-dev.conllu", batch_size=8))
+        >>> b = next(treebank_batches(interp.load("minilm-l6"), "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", batch_size=8))
         >>> b.annotations["member"].shape    # [8, W, T]
     """
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)

@@ -192,7 +192,7 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
             ``file:line``); a negative or non-int ``max_documents``.
 
     Example:
-        >>> doc = next(read_corefud("en_gum-ud-dev.ccby.conllu"))
+        >>> doc = next(read_corefud("../shared/data/gum-coref/en_gum-ud-dev.ccby.conllu"))
         >>> [doc.text(m) for m in doc.entities["3"]][:3]
         ['Byron', 'his', 'he']
     """
@@ -391,7 +391,7 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
             inside a name); the message starts with ``file:line``. A negative or non-int ``max_rows``.
 
     Example:
-        >>> ex = next(read_gap("gap-development.tsv"))
+        >>> ex = next(read_gap("../shared/data/gap/gap-development.tsv"))
         >>> ex.pronoun.string, ex.a.string, ex.label
         ('her', 'Cheryl Cassidy', 'A')
     """
@@ -574,7 +574,7 @@ def gap_windows(examples: Iterable[GapExample], tokenizer: Any, *, max_tokens: i
         Windows with one query each: the pronoun's words -> candidates ``[A's words, B's words]``.
 
     Example:
-        >>> w = next(gap_windows(read_gap("gap-development.tsv"), model.tokenizer))
+        >>> w = next(gap_windows(read_gap("../shared/data/gap/gap-development.tsv"), interp.load("minilm-l6").tokenizer))
         >>> [w.words[i] for i in w.queries[0].candidates[0]]
         ['Cheryl', 'Cassidy']
     """
@@ -645,8 +645,8 @@ def corefud_windows(docs: Iterable[CorefDocument], tokenizer: Any, *, max_tokens
         ValueError: ``max_tokens`` is not a positive int.
 
     Example:
-        >>> docs = read_corefud("en_gum-ud-dev.ccby.conllu")
-        >>> n = sum(len(w.queries) for w in corefud_windows(docs, model.tokenizer, max_tokens=512))
+        >>> docs = read_corefud("../shared/data/gum-coref/en_gum-ud-dev.ccby.conllu", max_documents=1)
+        >>> n = sum(len(w.queries) for w in corefud_windows(docs, interp.load("minilm-l6").tokenizer, max_tokens=512))
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens!r} must be a positive int")

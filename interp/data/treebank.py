@@ -164,7 +164,7 @@ def read_conllu(source: str | Path | Sequence[str], *, max_sentences: int | None
             sentence, a self-loop, a cycle, no root or several roots); the message starts with ``file:line``.
 
     Example:
-        >>> for sent in read_conllu("en_ewt-ud-dev.conllu", max_sentences=2):
+        >>> for sent in read_conllu("../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=2):
         ...     print(sent.words, sent.heads, sent.deprels)
     """
     check_max_sentences(max_sentences)

@@ -4,9 +4,9 @@ and ``remove_heads`` for a physically smaller model.
 Example:
     >>> from interp.pruning import importance_curve, random_curve, LanguageModelObjective, remove_heads
     >>> obj = LanguageModelObjective()
-    >>> imp = importance_curve(model, batches, obj)
-    >>> imp.figure(random_curve(model, batches, obj)).show()
-    >>> small = remove_heads(model, imp.points[3].mask)
+    >>> imp = importance_curve(model, batches, obj, step=0.5)
+    >>> imp.figure(random_curve(model, batches, obj, seeds=(0,), step=0.5)).show()
+    >>> small = remove_heads(model, imp.points[1].mask)
 """
 
 from ..interventions import head_mask

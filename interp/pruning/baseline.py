@@ -41,7 +41,7 @@ def random_curve(model: Transformer, batches: Sequence[Batch], objective: Object
         ValueError: empty data or no seeds.
 
     Example:
-        >>> rand = random_curve(model, held_out, LanguageModelObjective(), seeds=range(5))
+        >>> rand = random_curve(model, held_out, objective, seeds=range(2))
     """
     batches = check_batches(batches)
     seeds = [int(s) for s in seeds]

@@ -51,9 +51,10 @@ class PruningCurve:
         config: the method's settings (kept with the results).
 
     Example:
-        >>> curve = importance_curve(model, batches, objective)
+        >>> from interp.pruning import importance_curve, random_curve
+        >>> curve = importance_curve(model, batches, objective, step=0.5)
         >>> curve.auc(), curve.to_frame().head()
-        >>> curve.figure(random_curve(model, batches, objective)).show()
+        >>> curve.figure(random_curve(model, batches, objective, seeds=(0,), step=0.5)).show()
     """
 
     method: str

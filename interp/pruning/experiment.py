@@ -104,7 +104,7 @@ def run_experiment(config: dict | str | Path, *, model: Transformer, out_dir: st
         ValueError: a bad config (see :func:`load_config`) or empty data.
 
     Example:
-        >>> curves = run_experiment({"model": "induction-2l", "methods": ["importance", "random"]})
+        >>> curves = run_experiment({"model": "induction-2l", "methods": ["importance", "random"]}, model=model)
         >>> curves["importance"].auc() > curves["random"].auc()
     """
     config = load_config(config)

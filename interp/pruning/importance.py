@@ -143,7 +143,7 @@ def head_importance(model: Transformer, batches: Sequence[Batch], objective: Obj
             or per_example with an objective that has no ``example_losses``.
 
     Example:
-        >>> imp = head_importance(model, [tokens], LanguageModelObjective())
+        >>> imp = head_importance(model, train, objective)
         >>> imp.shape
         torch.Size([2, 4])
     """
@@ -243,7 +243,7 @@ def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Ob
         ValueError: empty data, a bad step, threshold outside (0, 1], an unknown level.
 
     Example:
-        >>> curve = importance_curve(model, train, LanguageModelObjective(), eval_batches=held_out, step=1)
+        >>> curve = importance_curve(model, train, objective, eval_batches=held_out, step=1)
     """
     batches = check_batches(batches)
     eval_batches = batches if eval_batches is None else check_batches(eval_batches, "eval_batches")

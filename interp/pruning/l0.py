@@ -120,7 +120,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
             unknown deterministic mode or level.
 
     Example:
-        >>> res = train_l0_gates(model, batches, LanguageModelObjective(), target=0.5, steps=300)
+        >>> res = train_l0_gates(model, batches, objective, target=0.5, steps=20)
         >>> res.n_pruned   # within one head of 0.5 * L * H
     """
     batches = check_batches(batches)
@@ -222,7 +222,7 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
         ValueError: both targets and lams given, a target outside [0, 1], empty data.
 
     Example:
-        >>> curve = l0_curve(model, train, obj, targets=[0.25, 0.5, 0.75], eval_batches=held_out, steps=300)
+        >>> curve = l0_curve(model, train, objective, targets=[0.25, 0.5], eval_batches=held_out, steps=20)
     """
     batches = check_batches(batches)
     eval_batches = batches if eval_batches is None else check_batches(eval_batches, "eval_batches")

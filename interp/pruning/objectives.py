@@ -176,7 +176,8 @@ class SentenceSimilarityObjective:
         ValueError: the model has an unembedding, the batches are empty, or an unknown loss.
 
     Example:
-        >>> batches = sentence_batches(model, sentences, batch_size=16)
+        >>> model = interp.load("minilm-l6")
+        >>> batches = sentence_batches(model, ["The cat sat.", "A dog ran after the ball."], batch_size=2)
         >>> obj = SentenceSimilarityObjective(model, batches)
         >>> obj.metric(model, batches)   # 1.0 for the unpruned model
     """

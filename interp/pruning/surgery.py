@@ -75,7 +75,8 @@ def kv_cache_savings(model: Transformer, heads: HeadSpec, *, bytes_per_element: 
         "bytes_per_token_after", "bytes_saved_per_token", "fraction_saved"}``.
 
     Example:
-        >>> kv_cache_savings(gqa_model, {0: [0, 1, 2, 3]})["kv_heads_removed"]   # a whole group of 4
+        >>> gqa = interp.Transformer(interp.ModelConfig(n_layers=1, d_model=64, n_heads=8, n_kv_heads=2, d_vocab=10, n_ctx=8))
+        >>> kv_cache_savings(gqa, {0: [0, 1, 2, 3]})["kv_heads_removed"]   # a whole group of 4
         1
     """
     sets = heads_to_sets(model, heads)

@@ -73,7 +73,7 @@ def build_task(model: Transformer, *, data: dict[str, Any] | None = None) -> Pru
         FileNotFoundError: the CoNLL-U file is missing.
 
     Example:
-        >>> train, held, objective = build_task(load("induction-2l"), data={"n_seqs": 32})
+        >>> train, held, objective = build_task(interp.load("induction-2l"), data={"n_seqs": 32})
     """
     data = dict(data or {})
     kind = data.get("kind", "repeated" if model.cfg.causal and model.cfg.unembed else

@@ -6,7 +6,7 @@ No Streamlit here: notebooks display the figures inline (``fig`` as the last exp
 Example:
     >>> from interp import viz
     >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
-    >>> viz.attention_heatmap(trace.pattern(0)[0, 1], model.to_str_tokens(tokens))
+    >>> viz.attention_heatmap(trace.pattern(0)[0, 1], model.to_str_tokens(tokens[0]))
     >>> viz.head_grid(trace)
 """
 

@@ -26,7 +26,8 @@ def ablation_vs_random_figure(tables: Mapping[str, Any], *, title: str = "ablati
         ValueError: no tables, or a table without the ``none`` / ``target`` / random rows.
 
     Example:
-        >>> ablation_vs_random_figure({"random/mean": df_mean, "random/resample": df_res}).show()
+        >>> df = interp.analysis.compare_with_random(lambda hs: sum(h for _, h in hs), [(1, 3)], model, n_draws=3)
+        >>> ablation_vs_random_figure({"random/sum of head indices": df}).show()
     """
     if not tables:
         raise ValueError("ablation_vs_random_figure needs at least one table")

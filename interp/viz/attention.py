@@ -56,7 +56,7 @@ def attention_heatmap(
 
     Example:
         >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
-        >>> attention_heatmap(trace.pattern(1)[0, 3], model.to_str_tokens(tokens)).show()
+        >>> attention_heatmap(trace.pattern(1)[0, 3], model.to_str_tokens(tokens[0])).show()
     """
     z = to_numpy(pattern, "pattern", 2)
     T, S = z.shape
@@ -102,7 +102,7 @@ def layer_heads(
         ValueError: ``patterns`` is not 3-D or ``cols`` < 1.
 
     Example:
-        >>> layer_heads(trace.pattern(0)[0], model.to_str_tokens(tokens), layer=0)
+        >>> layer_heads(trace.pattern(0)[0], model.to_str_tokens(tokens[0]), layer=0)
     """
     z = to_numpy(patterns, "patterns", 3)
     if cols < 1:

@@ -32,7 +32,9 @@ def coreference_figure(df: pd.DataFrame, *, group: str = "all", top: int = 10, t
         ValueError: a missing column, or a group the table does not hold.
 
     Example:
-        >>> coreference_figure(coreference_scores(model, "gap-development.tsv"), group="backward")
+        >>> from interp.analysis import coreference_scores
+    >>> df = coreference_scores(interp.load("minilm-l6"), "../shared/data/gap/gap-development.tsv", max_items=10, n_boot=0)
+    >>> coreference_figure(df, group="all")
     """
     missing = [c for c in _NEEDED if c not in df.columns]
     if missing:

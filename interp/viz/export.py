@@ -31,7 +31,7 @@ def save_figure(fig: go.Figure, path: str | Path, **image_kwargs: Any) -> Path:
         ValueError: an unknown suffix.
 
     Example:
-        >>> save_figure(viz.pruning_curves(curves), "out/curves.html")
+        >>> save_figure(interp.viz.attention_heatmap(torch.rand(3, 3)), tmp / "head.html")
     """
     path = Path(path)
     suffix = path.suffix.lower()

@@ -57,7 +57,8 @@ def score_map(
         ValueError: a DataFrame without ``value``, or scores that are not 2-D.
 
     Example:
-        >>> score_map(induction_df, value="induction", zmin=0, zmax=1)
+        >>> from interp.analysis import induction_scores
+        >>> score_map(induction_scores(model), value="induction", zmin=0, zmax=1)
     """
     if isinstance(scores, pd.DataFrame):
         if value is None:
@@ -100,6 +101,7 @@ def score_maps(
         ValueError: no columns, or a column is missing.
 
     Example:
+        >>> from interp.analysis import induction_scores
         >>> score_maps(induction_scores(model), ["previous_token", "induction"])
     """
     df = as_frame(df, "df")

@@ -40,6 +40,7 @@ def patching_heatmap(df: Any, *, value: str = "normalized", title: str | None = 
         ValueError: the table lacks ``layer`` or ``value``.
 
     Example:
+        >>> from interp.analysis import activation_patching
         >>> patching_heatmap(activation_patching(model, clean, corrupted, act="z", answer_tokens=answers))
     """
     df = as_frame(df, "df")
@@ -92,6 +93,7 @@ def logit_attribution_bar(df: Any, *, title: str | None = None, top: int | None 
         ValueError: a required column is missing.
 
     Example:
+        >>> from interp.analysis import direct_logit_attribution
         >>> logit_attribution_bar(direct_logit_attribution(model, tokens, answers), top=10)
     """
     df = as_frame(df, "df")
@@ -124,6 +126,7 @@ def composition_heatmap(scores: Any, *, title: str = "composition", zmin: float 
         ValueError: scores is not ``[L, H, L, H]``.
 
     Example:
+        >>> from interp.analysis import composition_scores
         >>> composition_heatmap(composition_scores(model, "K"), title="K-composition")
     """
     if hasattr(scores, "detach"):

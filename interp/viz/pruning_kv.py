@@ -27,7 +27,8 @@ def pruning_kv_figure(curves: Sequence[Any], *, title: str | None = None) -> go.
         ValueError: no curves.
 
     Example:
-        >>> pruning_kv_figure([imp, imp_group, rand]).show()
+        >>> from interp.pruning import importance_curve
+    >>> pruning_kv_figure([importance_curve(model, train, objective, step=0.5)]).show()
     """
     if not curves:
         raise ValueError("pruning_kv_figure needs at least one curve")

@@ -121,7 +121,8 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
     Example:
         >>> load("random-tiny").name
         'random-tiny'
-        >>> model = load("runs/my_model.safetensors")  # doctest: +SKIP
+        >>> model = load("induction-2l")
+        >>> model = load(save_checkpoint(model, tmp / "runs" / "my_model.safetensors"))
     """
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"load takes a model name or a path, got {type(name_or_path).__name__}")

@@ -81,8 +81,8 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, torch.Tens
         ValueError: missing keys, unexpected keys, or shape mismatches; all of them are listed.
 
     Example:
-        >>> model = Transformer(cfg)
-        >>> load_state_dict_strict(model, torch.load("weights.pt"), source="weights.pt")
+        >>> fresh = Transformer(model.cfg)
+        >>> load_state_dict_strict(fresh, model.state_dict(), source="weights.pt")
     """
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping of name -> Tensor, got {type(state_dict).__name__}")
@@ -111,7 +111,7 @@ def check_fits(model: nn.Module, shapes: Mapping[str, tuple[int, ...]], *, sourc
         ValueError: missing keys, unexpected keys, or shape mismatches; all of them are listed.
 
     Example:
-        >>> check_fits(model, {k: tuple(v.shape) for k, v in weights.items()}, source="weights.pt")
+        >>> check_fits(model, {k: tuple(v.shape) for k, v in model.state_dict().items()}, source="weights.pt")
     """
     own = model.state_dict()
     aliases = _aliases(model)

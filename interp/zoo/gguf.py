@@ -71,7 +71,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         GGUFError: (a ValueError) the file is not GGUF, or its header is corrupt (file and key named).
 
     Example:
-        >>> read_metadata("SmolLM2-135M-Instruct.Q4_1.gguf")["llama.attention.head_count_kv"]
+        >>> read_metadata(interp.zoo.smollm2.fetch_gguf())["llama.attention.head_count_kv"]
         3
     """
     return _metadata(_reader(path))
@@ -112,7 +112,7 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
         ValueError: another architecture, experts, RoPE scaling, partial rotary, or a missing key.
 
     Example:
-        >>> cfg = hf_config_from_gguf(read_metadata(path), {"token_embd.weight"})
+        >>> cfg = hf_config_from_gguf(read_metadata(interp.zoo.smollm2.fetch_gguf()), {"token_embd.weight"})
         >>> cfg["num_key_value_heads"]
         3
     """
@@ -397,7 +397,7 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
             or a byte-level pre-tokenizer this loader does not know (both named).
 
     Example:
-        >>> tok = tokenizer_from_gguf(read_metadata("SmolLM2-135M-Instruct.Q4_1.gguf"))
+        >>> tok = tokenizer_from_gguf(read_metadata(interp.zoo.smollm2.fetch_gguf()))
         >>> tok.to_str_tokens(tok.to_tokens("Hello world")[0].tolist())
         ['Hello', ' world']
     """
@@ -552,8 +552,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
         ImportError: the ``gguf`` package is missing (``pip install interp[gguf]``).
 
     Example:
-        >>> model = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
-        >>> model.generate(model.to_tokens("The capital of France is"), 5)
+        >>> model = load_gguf(interp.zoo.smollm2.fetch_gguf())  # ~1 min (dequantises every tensor)  # doctest: +SKIP
+        >>> model.generate(model.to_tokens("The capital of France is"), 5)  # doctest: +SKIP
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch dtype, got {dtype!r}")

@@ -7,9 +7,9 @@ TransformerLens supports.
 
 Example:
     >>> from transformer_lens.model_bridge import TransformerBridge
-    >>> bridge = TransformerBridge.boot_transformers("gpt2", device="cpu")       # needs hub access
-    >>> trace = trace_transformer_lens(bridge, bridge.to_tokens("The cat sat on the mat."))
-    >>> trace.pattern(0).shape                                                   # [B, H, T, S]
+    >>> bridge = TransformerBridge.boot_transformers("gpt2", device="cpu")       # needs hub access  # doctest: +SKIP
+    >>> trace = trace_transformer_lens(bridge, bridge.to_tokens("The cat sat on the mat."))  # doctest: +SKIP
+    >>> trace.pattern(0).shape                                                   # [B, H, T, S]  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def trace_transformer_lens(
         ValueError: an unknown hook name or a layer out of range.
 
     Example:
-        >>> trace = trace_transformer_lens(bridge, ids, attention_mask=mask)
-        >>> trace.head_out(3).shape     # [B, T, H, d_model]
+        >>> trace = trace_transformer_lens(bridge, ids, attention_mask=mask)  # doctest: +SKIP
+        >>> trace.head_out(3).shape     # [B, T, H, d_model]  # doctest: +SKIP
     """
     _require_bridge(bridge)
     if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
@@ -164,7 +164,7 @@ def from_transformer_lens(bridge: Any) -> Transformer:
         ValueError: the wrapped architecture has no interp converter (the supported ones are listed).
 
     Example:
-        >>> model = from_transformer_lens(TransformerBridge.boot_transformers("gpt2"))   # with hub access
+        >>> model = from_transformer_lens(TransformerBridge.boot_transformers("gpt2"))   # with hub access  # doctest: +SKIP
     """
     _require_bridge(bridge)
     from .hf import _wrap_tokenizer, convert

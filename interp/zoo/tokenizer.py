@@ -32,7 +32,8 @@ class Tokenizer:
         TypeError: ``tokenizer`` is not a ``tokenizers.Tokenizer``.
 
     Example:
-        >>> tok = Tokenizer.from_file("tokenizer.json")
+        >>> import os; from interp.zoo.minilm import minilm_path
+        >>> tok = Tokenizer.from_file(os.path.join(minilm_path(), "tokenizer.json"))
         >>> ids, mask = tok.encode_batch_with_mask(["a short one", "a slightly longer sentence"])
         >>> tok.to_str_tokens(ids[0].tolist())
     """

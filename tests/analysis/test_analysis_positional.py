@@ -123,3 +123,14 @@ def test_bad_input():
         positional_scores(model, torch.zeros(1, 4))
     with pytest.raises(ValueError, match="window=-1"):
         positional_scores(model, torch.zeros(1, 4, dtype=torch.long), window=-1)
+
+
+def test_tables_of_reducers_that_saw_no_data_raise():
+    # A stream that never ran (e.g. a wrong treebank path caught in a notebook) must not read as all-NaN scores.
+    from interp.analysis import PositionalReducer, SyntacticReducer
+
+    model = _small_model(causal=False)
+    with pytest.raises(ValueError, match="no sequence was folded"):
+        PositionalReducer(model).table()
+    with pytest.raises(ValueError, match="no sentence was folded"):
+        SyntacticReducer(model).table()

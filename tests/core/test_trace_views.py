@@ -54,3 +54,20 @@ def test_apply_ln_to_stack_sums_to_the_final_norm(run):
         tr.decompose_resid(apply_ln=True)
     with pytest.raises(ValueError, match="stack ends in"):
         tr.apply_ln_to_stack(parts[:, :, :5], model, pos_slice=-1)
+
+
+def test_post_norm_models_use_the_last_blocks_last_norm_as_the_final_norm():
+    # BERT-style post-LN: resid_post of the last block is ln2(resid_mid + mlp_out), so that ln2 is the final norm.
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layers=2, d_model=24, n_heads=3, d_vocab=30, n_ctx=12, normalization="post",
+                                    positional="learned", causal=False)).eval()
+    _, tr = model.run_with_cache(torch.randint(0, 30, (2, 7)))
+    ln = model.blocks[-1].ln2
+    parts = torch.stack([tr["resid_mid", -1], tr["mlp_out", -1]])  # [2, B, T, M]: what the final norm reads
+    scaled = tr.apply_ln_to_stack(parts, model, weight=True)
+    torch.testing.assert_close(scaled.sum(0) + ln.bias, tr["resid_post", -1], rtol=0, atol=1e-5)
+    lens, labels = tr.accumulated_resid(apply_ln=True, model=model, return_labels=True)
+    assert labels == ["0_pre", "1_pre", "final_post"]
+    torch.testing.assert_close(lens[1], ln(tr["resid_pre", 1]), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="post-norm model .* has no norm reading layer 1's input"):
+        tr.apply_ln_to_stack(parts, model, layer=1)

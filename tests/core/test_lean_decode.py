@@ -30,7 +30,8 @@ SHAPES = {
     "untied-geglu": dict(activation="geglu", tie_embeddings=False),
     # Families a hand-written llama step did not cover: the traced blocks do.
     "layernorm-rotary": dict(normalization="pre"),
-    "unequal-kv-groups": dict(n_heads=8, n_kv_heads=4, layer_n_heads=[5, 8], layer_n_kv_heads=[3, 4]),
+    "unequal-kv-groups": dict(n_heads=8, n_kv_heads=4, layer_n_heads=[5, 8], layer_n_kv_heads=[3, 4],
+                              layer_kv_map=[[0, 0, 1, 2, 2], None]),
 }
 
 

@@ -186,8 +186,11 @@ class _AttentionBase(nn.Module):
         z = pattern.reshape(B, K, G * T, -1) @ v  # [B, K, G*T, Dv]
         return z.view(B, H, T, -1)  # [B, H, T, Dv]
 
-    def _no_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """A layer whose every head was removed writes only W_O's bias (zeros without one)."""
+    def _no_heads(self, x: torch.Tensor, cache: LayerKVCache | None) -> torch.Tensor:
+        """A layer whose every head was removed writes only W_O's bias (zeros without one); its cache stores
+        nothing but counts the positions, as every other layer's does."""
+        if cache is not None:
+            cache.advance(x.shape[1])
         out = x.new_zeros(*x.shape[:-1], self.cfg.d_model)  # [B, T, M]
         return out if self.W_O.bias is None else out + self.W_O.bias
 
@@ -250,7 +253,7 @@ class Attention(_AttentionBase):
             mask: the shared :class:`AttnMask`.
             context: ``[B, S, M]`` keys' residual stream for cross-attention.
             positions: ``[B, T]`` or ``[T]`` absolute positions (rotary only).
-            cache: this layer's K/V cache; new K/V are written at ``mask.start``.
+            cache: this layer's K/V cache; new K/V are appended at its own position (``mask.start``).
 
         Returns:
             ``[B, T, M]``.
@@ -258,7 +261,7 @@ class Attention(_AttentionBase):
         B, T, _ = x.shape
         H, K, D = self.n_heads, self.n_kv_heads, self.d_head
         if H == 0:
-            return self._no_heads(x)
+            return self._no_heads(x, None if context is not None else cache)
         if context is None:
             q, k, v = self.W_qkv(x).split([H * D, K * D, K * D], dim=-1)
             S_new = T
@@ -275,7 +278,7 @@ class Attention(_AttentionBase):
             k = self.rotary(k, positions)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H|K, T|S, D]
         if cache is not None and context is None:
-            k, v = cache.update(mask.start, k, v)  # [B, K, S, D] up to start + T
+            k, v = cache.update(k, v)  # [B, K, S, D] up to start + T
         return self._project_out(self._attend(q, k, v, mask))
 
 
@@ -324,7 +327,7 @@ class LatentAttention(_AttentionBase):
         B, T, _ = x.shape
         H, D, R, C = self.n_heads, self.d_head, self.rope_dim, self.kv_latent_dim
         if H == 0:
-            return self._no_heads(x)  # no head reads K/V, so nothing is computed or cached
+            return self._no_heads(x, None if context is not None else cache)  # no head reads K/V: nothing cached
         if hasattr(self, "W_dq"):
             c_q = self.hook_q_latent(self.W_dq(x))  # [B, T, Cq]
             q = self.W_uq(self.q_norm(c_q))
@@ -339,7 +342,7 @@ class LatentAttention(_AttentionBase):
             q = torch.cat([q_nope, self.rotary(q_rope, positions)], dim=-1)  # [B, T, H, D+R]
             k_rope = self.rotary(k_rope.unsqueeze(2), positions).squeeze(2)  # [B, S_new, R]
         if cache is not None and context is None:
-            c_kv, k_rope = cache.update(mask.start, c_kv, k_rope)  # [B, S, C], [B, S, R]
+            c_kv, k_rope = cache.update(c_kv, k_rope)  # [B, S, C], [B, S, R]
         S = c_kv.shape[1]
         k_nope, v = self.W_ukv(c_kv).view(B, S, H, 2 * D).split([D, D], dim=-1)  # [B, S, H, D] each
         k = torch.cat([k_nope, k_rope.unsqueeze(2).expand(B, S, H, R)], dim=-1)  # [B, S, H, D+R]

@@ -1,48 +1,55 @@
-"""Decoding's fast paths: weights laid out for few-row products, and a hook-free decode step.
+"""Decoding's fast paths: weights laid out for few-row products, and the hook-free decode step.
 
 A decode step multiplies one row per sequence by every weight: a matrix-vector product bound by memory
 bandwidth, plus a few dozen small operations per layer whose Python and dispatch cost is not small beside it
 (on SmolLM2-135M, one row: ~6 ms of a ~50 ms step alone, about twice that in the loop, where streaming the
 weights evicts the interpreter's working set from the caches). Two things here make it cheaper:
 
-- :class:`DecodeLayout` (``_packed_linears``): a copy of every float32 CPU ``nn.Linear`` weight laid out for
-  ``rows``-row inputs: MKL-packed from ``PACK_MIN_ROWS`` rows, transposed ``[in, out]`` below (MKL streams that
-  layout faster than ``F.linear``'s ``[out, in]``); a gated MLP's gate and input weights share one fused
-  ``[in, 2 * d_mlp]`` copy, so a step reads them in one product.
-- :class:`LeanDecoder`: the decode step of a llama-family model (rotary, RMSNorm, pre-norm, SDPA) written as
-  the few tensor operations it needs, over those copies. :meth:`Transformer.generate` uses it only while
-  nothing can observe the difference: no hook attached anywhere, no head gates, no weight edited since the
-  copies were made, no autograd. Otherwise every step runs the hooked forward pass. Its numbers equal the
-  hooked pass's up to float rounding (the same operations; a product's summation order may differ).
+- :class:`DecodeLayout`: how each float32 CPU ``nn.Linear`` weight is laid out for ``rows``-row products.
+  Below ``PACK_MIN_ROWS`` rows the weight is stored transposed (``[in, out]`` contiguous, which MKL streams
+  faster than ``F.linear``'s ``[out, in]``): inside :func:`decoding` the parameters' own storage is
+  transposed in place (the same values, read live, so no edit can be missed), and a single
+  :func:`interp.generate.generate` call makes transposed copies for its own run. From ``PACK_MIN_ROWS``
+  rows a copy is MKL-packed (MKL's sgemm otherwise repacks the weight on every call, which at 4-16 rows costs
+  about as much as the multiply itself); a packed copy held across calls is checked against the live weight
+  before every run (:meth:`DecodeLayout.stale`).
+- :class:`LeanDecoder`: the decode step of the model's own blocks, traced once with ``torch.fx`` while no
+  hook is attached (a :class:`~interp.hooks.HookPoint` without hooks returns its input, so hooks vanish from
+  the trace), and run as one flat function with the layout's products in place of the linear layers. There
+  is no second forward to maintain: a change to a block changes the trace. :func:`interp.generate.generate`
+  uses it only while nothing can observe the difference: no hook or head gate, no torch module hook, no
+  module replaced since the trace, no autograd. Otherwise every step runs the hooked forward pass.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
+import operator
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import AttnMask
 from .kv_cache import KVCache
-from .rotary import apply_rotary, rotary_angles
+from .rotary import Rotary
 
 # generate() multiplies each decode step's B rows by MKL-packed weights from this many rows (measured on a
 # Xeon, 1 thread, SmolLM2-135M: 4-16 rows run ~1.5x faster) and for runs of at least this many steps (packing
 # takes ~0.3 s there, one step saves ~30-50 ms at 4-8 rows). Fewer rows get the transposed layout (see
-# TRANSPOSE_MIN_STEPS); Transformer.decoding() builds either once for many generate() calls.
+# TRANSPOSE_MIN_STEPS); decoding() builds either once for many generate() calls.
 PACK_MIN_ROWS = 4
 PACK_MIN_STEPS = 8
 # Below PACK_MIN_ROWS, generate() builds the transposed copies by itself for runs of at least this many steps:
-# with LeanDecoder they save ~14 ms a step on SmolLM2-135M (one row, one thread: 46 against 60 ms) and cost
-# ~0.7 s to build, so they pay from ~50 steps (measured: 64 new tokens 4.06 s against 4.26 s, 32 tokens 2.58 s
-# against 2.34 s); the margin keeps noisy hosts on the right side.
+# with the lean step they save ~14 ms a step on SmolLM2-135M (one row, one thread: 46 against 60 ms) and cost
+# ~0.7 s to build, so they pay from ~50 steps; the margin keeps noisy hosts on the right side.
 TRANSPOSE_MIN_STEPS = 96
-# ... and only when the packed copy (about the size of the weights) is small: a 7B float32 model is not doubled.
+# ... and only when the copy (about the size of the weights) is small: a 7B float32 model is not doubled.
 PACK_MAX_BYTES = 2 * 2**30
 
 
@@ -56,203 +63,391 @@ def _mkl_packing_available() -> bool:
         return False
 
 
-def _packed_mm(x: torch.Tensor, packed: torch.Tensor, mod: nn.Linear, rows: int) -> torch.Tensor:
-    return torch.ops.mkl._mkl_linear(x, packed, mod.weight, mod.bias, rows)
+def _eligible(mod: nn.Module) -> bool:
+    # Inference tensors (a model built under torch.inference_mode) can be neither re-laid-out in place nor
+    # checked by version: they keep their own layout.
+    w = getattr(mod, "weight", None)
+    return (type(mod) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu"
+            and not w.is_inference())
 
 
-def _transposed_mm(x: torch.Tensor, weight_t: torch.Tensor, mod: nn.Linear, rows: int) -> torch.Tensor:
-    out = x @ weight_t  # [..., in] @ [in, out] -> [..., out]
-    return out if mod.bias is None else out.add_(mod.bias)
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    """Every eligible linear layer, each weight once (a tied unembedding shares its embedding's weight)."""
+    seen: set[int] = set()
+    out = []
+    for mod in model.modules():
+        if _eligible(mod) and id(mod.weight) not in seen:
+            seen.add(id(mod.weight))
+            out.append(mod)
+    return out
 
 
-def _plain_mm(x: torch.Tensor, weight: torch.Tensor, mod: nn.Linear, rows: int) -> torch.Tensor:
-    return F.linear(x, weight, mod.bias)
+def _fingerprint(weight: torch.Tensor, probe: torch.Tensor) -> torch.Tensor:
+    """``weight @ probe``: one read of every element. An edit of any kind (through ``.data`` too, which no
+    version counter sees) changes it, except for an edit orthogonal to a random probe."""
+    return torch.mv(weight.detach(), probe[:weight.shape[1]])  # [out, in] @ [in] -> [out]
 
 
 @dataclass
-class LaidOut:
-    """One linear layer's decode copy: ``copy`` is ``weight`` (at ``version``) laid out by ``multiply``; with
-    ``version`` None the "copy" is the weight itself, read live, so no edit can make it stale."""
+class _Packed:
+    """One linear layer's MKL-packed copy, of ``weight`` as it was at ``version``/``ptr`` (and ``print``)."""
 
     weight: torch.Tensor
-    version: int | None
+    version: int
+    ptr: int
     copy: torch.Tensor
-    multiply: Callable[..., torch.Tensor]
-
-    def fresh(self, mod: nn.Linear) -> bool:
-        """True while ``mod`` still holds the weight this copy was made from, unedited."""
-        return mod.weight is self.weight and (self.version is None or self.weight._version == self.version)
-
-
-def _layout_forward(mod: nn.Linear, laid: LaidOut, rows: int, x: torch.Tensor) -> torch.Tensor:
-    # The copy has no autograd and knows nothing of later edits, and it serves only `rows`-row inputs (decode
-    # steps): anything else, a prompt included, is multiplied exactly as in forward().
-    if (torch.is_grad_enabled() or not laid.fresh(mod) or x.device != laid.copy.device
-            or x.numel() != rows * x.shape[-1]):
-        return F.linear(x, mod.weight, mod.bias)
-    return laid.multiply(x, laid.copy, mod, rows)
+    print: torch.Tensor | None = None  # the fingerprint, for copies held across generate() calls
 
 
 @dataclass
 class DecodeLayout:
-    """The copies :func:`_packed_linears` made: per linear layer, and the fused gate/input copy of each gated
-    MLP (``[in, 2 * d_mlp]``, transposed layout only; the two layers' copies are views into it)."""
+    """How a ``rows``-row decode step multiplies by each linear layer.
+
+    Attributes:
+        rows: the row count (sequences) the layout serves.
+        packed: per layer, its MKL-packed copy (from ``PACK_MIN_ROWS`` rows).
+        transposed: per layer, a transposed ``[in, out]`` copy of its weight (a single generate call's own).
+        relaid: parameters whose own storage was transposed in place (inside :func:`decoding`); restored to
+            contiguous ``[out, in]`` storage when the layout is released.
+    """
 
     rows: int
-    linears: dict[nn.Linear, LaidOut]
-    fused_mlp: dict[nn.Module, torch.Tensor]
+    packed: dict[nn.Linear, _Packed] = field(default_factory=dict)
+    transposed: dict[nn.Linear, tuple[torch.Tensor, int, int, torch.Tensor]] = field(default_factory=dict)
+    relaid: list[nn.Parameter] = field(default_factory=list)
+    probe: torch.Tensor | None = None
+    trace: _Traced | None = field(default=None, repr=False)  # the lean step's trace, kept for the next call
 
     def __len__(self) -> int:
-        return len(self.linears)
+        return len(self.packed) + len(self.transposed) + len(self.relaid)
 
     @classmethod
     def plain(cls, model: nn.Module, rows: int) -> DecodeLayout:
-        """No copies: every linear layer's own weight, multiplied as ``F.linear`` does (any dtype, any device).
-        What :class:`LeanDecoder` runs on outside :meth:`Transformer.decoding` and below ``PACK_MIN_ROWS``."""
-        linears = {mod: LaidOut(mod.weight, None, mod.weight, _plain_mm)
-                   for mod in model.modules() if isinstance(mod, nn.Linear)}
-        return cls(rows=rows, linears=linears, fused_mlp={})
+        """No copies: every linear layer multiplies by its own weight as ``F.linear`` does."""
+        return cls(rows=rows)
+
+    @classmethod
+    def build(cls, model: nn.Module, rows: int, *, held: bool = False) -> DecodeLayout:
+        """Lay out ``model``'s float32 CPU linear weights for ``rows``-row products (nothing without MKL).
+
+        Args:
+            rows: the decode step's row count.
+            held: the layout outlives one generate() call (:func:`decoding`): below ``PACK_MIN_ROWS`` the
+                parameters themselves are transposed in place (so they are always the live weights), and
+                packed copies get a fingerprint that :meth:`stale` compares before every run.
+        """
+        layout = cls(rows=rows)
+        if not _mkl_packing_available():
+            return layout
+        linears = _linears(model)
+        if rows >= PACK_MIN_ROWS:
+            if held and linears:
+                gen = torch.Generator().manual_seed(0)
+                layout.probe = torch.randn(max(m.in_features for m in linears), generator=gen)
+            for mod in linears:
+                w = mod.weight
+                packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows)
+                fp = None if layout.probe is None else _fingerprint(w, layout.probe)
+                layout.packed[mod] = _Packed(w, w._version, w.data_ptr(), packed, fp)
+        elif held:
+            try:
+                for mod in linears:
+                    w = mod.weight
+                    if w.stride(-1) == 1:  # not yet transposed (an untied copy of a tied weight is seen once)
+                        with torch.no_grad():
+                            w.data = w.data.t().contiguous().t()  # the same [out, in] values, [in, out] storage
+                        layout.relaid.append(w)
+            except BaseException:
+                layout.release()
+                raise
+        else:
+            for mod in linears:
+                w = mod.weight
+                layout.transposed[mod] = (w, w._version, w.data_ptr(), w.detach().t().contiguous())  # [in, out]
+        return layout
+
+    def release(self) -> None:
+        """Give the parameters transposed in place their contiguous storage back (edits made meanwhile kept)."""
+        with torch.no_grad():
+            for w in self.relaid:
+                if not w.is_contiguous():
+                    w.data = w.data.contiguous()
+        self.relaid.clear()
+        self.packed.clear()
+        self.transposed.clear()
+
+    def stale(self, mod: nn.Linear) -> bool:
+        """True when ``mod``'s copy no longer is its current weight: the parameter replaced, edited in place,
+        given other storage, or (held copies) its values changed behind the version counter (``.data``)."""
+        laid = self.packed.get(mod)
+        if laid is not None:
+            w = mod.weight
+            if w is not laid.weight or w._version != laid.version or w.data_ptr() != laid.ptr:
+                return True
+            return laid.print is not None and not torch.equal(_fingerprint(w, self.probe), laid.print)
+        t = self.transposed.get(mod)
+        if t is not None:
+            w = mod.weight
+            return w is not t[0] or w._version != t[1] or w.data_ptr() != t[2]
+        return False
+
+    def product(self, mod: nn.Linear, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``x -> mod(x)`` for ``rows``-row inputs: over the layout's copy when there is a fresh one, else
+        ``F.linear`` of the live weight (which, relaid in place, is already stored transposed)."""
+        if rows == self.rows and not self.stale(mod):
+            laid = self.packed.get(mod)
+            if laid is not None:
+                return functools.partial(_packed_mm, laid.copy, laid.weight, mod.bias, rows)
+            t = self.transposed.get(mod)
+            if t is not None:
+                return functools.partial(F.linear, weight=t[3].t(), bias=mod.bias)  # x @ [in, out] (+ b)
+        return functools.partial(F.linear, weight=mod.weight, bias=mod.bias)
 
 
-def _eligible(mod: nn.Module) -> bool:
-    # Inference tensors (a model built under torch.inference_mode) have no version counter, so a copy could
-    # not tell that the weight was edited since: they keep their own weights.
-    w = getattr(mod, "weight", None)
-    return (type(mod) is nn.Linear and "forward" not in mod.__dict__ and w.dtype == torch.float32
-            and w.device.type == "cpu" and not w.is_inference())
+def _packed_mm(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rows: int,
+               x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+
+
+def layout_for_generate(model: nn.Module, rows: int, new_tokens: int, *, use_cache: bool,
+                        pack_weights: bool | None) -> DecodeLayout:
+    """The layout a ``rows``-sequence generate() of ``new_tokens`` builds for itself (plain when it would not pay).
+
+    ``pack_weights=None`` lays the weights out when it pays: with the cache, at least ``PACK_MIN_STEPS`` new
+    tokens from ``PACK_MIN_ROWS`` sequences (``TRANSPOSE_MIN_STEPS`` below), and at most ``PACK_MAX_BYTES``
+    of weights; ``True`` always, ``False`` never.
+
+    Raises:
+        TypeError: ``pack_weights`` is not a bool or None.
+    """
+    if pack_weights is not None and not isinstance(pack_weights, bool):
+        raise TypeError(f"pack_weights={pack_weights!r} must be True, False or None")
+    pack = pack_weights
+    if pack is None:  # the weights' size is summed only when the rest says it would pay
+        min_steps = PACK_MIN_STEPS if rows >= PACK_MIN_ROWS else TRANSPOSE_MIN_STEPS
+        pack = (use_cache and new_tokens >= min_steps
+                and sum(m.weight.numel() * m.weight.element_size() for m in _linears(model)) <= PACK_MAX_BYTES)
+    return DecodeLayout.build(model, rows) if pack else DecodeLayout.plain(model, rows)
 
 
 @contextlib.contextmanager
-def _packed_linears(model: nn.Module, *, rows: int, enabled: bool = True) -> Iterator[DecodeLayout]:
-    """Within the block, every float32 CPU ``nn.Linear`` of ``model`` multiplies ``rows``-row inputs by a copy
-    of its weight laid out for that many rows; yields the :class:`DecodeLayout` (empty when disabled or
-    unavailable).
+def decoding(model: nn.Module, batch_size: int = 1) -> Iterator[nn.Module]:
+    """Lay the weights out for decoding ``batch_size`` sequences once, for every generate() in the block.
 
-    Why: a decode step multiplies a few rows (one per sequence) by every weight. From ``PACK_MIN_ROWS`` rows
-    the copy is MKL-packed: MKL's sgemm otherwise repacks the weight on every call, which at 4-16 rows costs
-    about as much as the multiply itself. Below that it is the transposed ``[in, out]`` matrix, contiguous:
-    the product is then a matrix-vector product bound by memory bandwidth, and MKL streams that layout faster
-    than ``F.linear``'s ``[out, in]`` (SmolLM2-135M, 1 thread, one row: 45 ms per decode step instead of 50).
-    A gated MLP's gate and input weights are transposed into one ``[in, 2 * d_mlp]`` matrix (each layer's copy
-    is a view into it), which :class:`LeanDecoder` multiplies in one product. The copy costs one extra copy of
-    the weights while the block runs and takes ~0.4 s to build for 540 MB, so one row only pays when many
-    steps reuse it (:meth:`Transformer.decoding`). The results equal ``F.linear``'s up to float rounding (the
-    summation order of a GEMM kernel). Every layer gets its own forward back on exit, also when the block
-    raises.
+    Below ``PACK_MIN_ROWS`` sequences every float32 CPU linear weight is stored transposed (``[in, out]``
+    contiguous, the same values) for the block: the parameters themselves, so the model needs no extra memory
+    and every edit, through ``.data`` or not, is the weight the next step reads. From ``PACK_MIN_ROWS`` an
+    MKL-packed copy of each weight is built once (about one extra copy of the weights, ~0.3 s for SmolLM2-135M)
+    and checked against the live weight before every generate() (identity, version, storage and a one-pass
+    fingerprint); a stale copy is not used. Results are those of generate() outside the block up to float
+    rounding (the summation order of a GEMM kernel). Nothing is changed on models that are not float32 on CPU,
+    or on torch builds without MKL. A block inside another reuses the outer block's layout. Inside the block
+    the weights are not contiguous: call ``.contiguous()`` before handing them to code that needs it (such as
+    safetensors' ``save_file``).
+
+    Args:
+        model: an :class:`interp.Transformer`.
+        batch_size: how many sequences each generate() call inside the block decodes.
+
+    Yields:
+        the model itself.
+
+    Raises:
+        TypeError: ``batch_size`` is not an int.
+        ValueError: ``batch_size`` < 1.
+
+    Example:
+        >>> from interp import ModelConfig, Transformer
+        >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16,
+        ...                                 positional="rotary", normalization="rms"))
+        >>> with decoding(model, batch_size=1):
+        ...     model.generate(torch.tensor([[1, 2, 3]]), 4).shape
+        torch.Size([1, 7])
     """
-    layout = DecodeLayout(rows=rows, linears={}, fused_mlp={})
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size={batch_size!r} must be an int")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    with model.lock:  # no pass of another thread sees half the layers switched
+        if getattr(model, "_decode_layout", None) is not None:  # nested: the outer block's layout serves
+            outer = True
+        else:
+            outer = False
+            model._decode_layout = DecodeLayout.build(model, batch_size, held=True)
+    if outer:
+        yield model
+        return
     try:
-        if enabled and _mkl_packing_available():
-            views: dict[nn.Linear, torch.Tensor] = {}
-            if rows < PACK_MIN_ROWS:
-                for mod in model.modules():
-                    gate, inp = getattr(mod, "W_gate", None), getattr(mod, "W_in", None)
-                    if (getattr(mod, "gated", False) and _eligible(gate) and _eligible(inp)
-                            and (gate.bias is None) == (inp.bias is None)):
-                        fused = torch.cat((gate.weight.detach().t(), inp.weight.detach().t()), dim=1)  # [in, 2F]
-                        layout.fused_mlp[mod] = fused
-                        views[gate], views[inp] = fused[:, :gate.out_features], fused[:, gate.out_features:]
-            for mod in model.modules():
-                if not _eligible(mod):
-                    continue
-                w = mod.weight
-                if rows >= PACK_MIN_ROWS:
-                    copy, multiply = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows), _packed_mm
-                else:
-                    copy = views[mod] if mod in views else w.detach().t().contiguous()  # [out, in] -> [in, out]
-                    multiply = _transposed_mm
-                layout.linears[mod] = laid = LaidOut(w, w._version, copy, multiply)
-                mod.forward = functools.partial(_layout_forward, mod, laid, rows)
-        yield layout
+        yield model
     finally:
-        for mod in layout.linears:
-            del mod.forward
+        with model.lock:
+            layout, model._decode_layout = model._decode_layout, None
+            layout.release()
 
 
-def _lean_linears(model: nn.Module) -> list[nn.Linear]:
-    """Every linear layer :meth:`LeanDecoder.step` multiplies by (the unembedding, then layer by layer)."""
-    linears = [model.W_U]
-    for block in model.blocks:
-        linears += [block.attn.W_qkv, block.attn.W_O]
-        if block.mlp is not None:
-            linears += [block.mlp.W_in, block.mlp.W_out] + ([block.mlp.W_gate] if block.mlp.gated else [])
-    return linears
+# --- the traced decode step ----------------------------------------------------------------------------------
+class _StepMask(AttnMask):
+    """The mask of one decode step without padding: the new token sees every cached key, so the mask is
+    trivial whatever the position. Its ``start`` and ``S`` change every step and are not known when tracing:
+    reading them raises, so a block whose decode step depends on them (a window, say) fails to trace and keeps
+    the hooked path instead of freezing one step's numbers into the trace."""
+
+    def __init__(self) -> None:
+        super().__init__(T=1, S=0, start=0, causal=True)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("start", "S"):
+            raise _Untraceable("the decode step reads the mask's positions")
+        return super().__getattribute__(name)
+
+    @property
+    def trivial(self) -> bool:
+        return True
+
+    @property
+    def sdpa_is_causal(self) -> bool:
+        return False
 
 
-def _rms_norm(x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
-    """``norm(x)`` without the module call (what ``nn.RMSNorm.forward`` computes)."""
-    return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
+class _Untraceable(Exception):
+    """Raised while tracing: the block does something a trace cannot hold."""
 
 
-@dataclass(eq=False)
-class _LayerStep:
-    """What :meth:`LeanDecoder.step` needs of one layer: its norms, head counts and products."""
+class _Tracer(torch.fx.Tracer):
+    def is_leaf_module(self, mod: nn.Module, qualname: str) -> bool:
+        # Rotary memoises its angles by comparing position values, a branch on data: it is called, not traced.
+        return isinstance(mod, Rotary) or type(mod).__module__ == Rotary.__module__
 
-    attn: nn.Module
-    ln1: nn.Module
-    H: int
-    K: int
-    D: int
-    qkv: Callable[[torch.Tensor], torch.Tensor]  # [B, M] -> [B, (H + 2K) D]
-    o_add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, z) -> x + z W_O
-    ln2: nn.Module | None = None
-    act: Callable[[torch.Tensor], torch.Tensor] | None = None
-    d_mlp: int = 0
-    gate_in: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, M] -> [B, 2F] (fused gate | input)
-    gate: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, M] -> [B, F] (gated MLP, not fused)
-    up: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, M] -> [B, F] (the MLP's input product)
-    down_add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # (x, h) -> x + h W_out
+
+class _StepRoot(nn.Module):
+    """What the trace runs: the token embedding, every block of the model as its own forward defines it, the
+    final norm and the unembedding of the last position. The models :meth:`LeanDecoder.unsupported` lets
+    through embed with ``W_E`` alone."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list) -> torch.Tensor:
+        m = self.model
+        x = m.hook_embed(m.W_E(tokens))  # [B, 1, M]
+        mask = _StepMask()
+        for i, block in enumerate(m.blocks):
+            x = block(x, mask=mask, positions=positions, cache=caches[i], context=None, context_mask=None)
+        if m.ln_final is not None:
+            x = m.ln_final(x)
+        return m.W_U(x)[:, -1]  # [B, 1, V] -> [B, V]
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+@dataclass
+class _Traced:
+    """The traced step as a flat function ``run(tokens, positions, caches, params, products, leaves)`` and
+    what to bind to it: the parameter and buffer paths, the linear layers and the leaf modules it calls."""
+
+    run: Callable[..., torch.Tensor]
+    param_paths: list[str]
+    linears: list[nn.Module]
+    leaves: list[nn.Module]
+    modules: tuple[nn.Module, ...]
+
+
+def _trace(model: nn.Module) -> _Traced:
+    """Trace the decode step of ``model``'s blocks and rewrite it to take everything it reads as arguments."""
+    root = _StepRoot(model)
+    with torch.no_grad():  # the blocks' no-autograd branches (the in-place MLP) are the ones a step runs
+        graph = _Tracer().trace(root)
+    ph = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    last_ph = list(ph.values())[-1]
+    with graph.inserting_after(last_ph):
+        leaves_ph = graph.placeholder("leaves")
+    with graph.inserting_after(last_ph):
+        products_ph = graph.placeholder("products")
+    with graph.inserting_after(last_ph):
+        params_ph = graph.placeholder("params")
+    param_paths: list[str] = []
+    linears: list[nn.Module] = []
+    leaves: list[nn.Module] = []
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in (torch._C._nn.linear, F.linear):
+            x, w = node.args[0], node.args[1]
+            if not (isinstance(w, torch.fx.Node) and w.op == "get_attr" and w.target.endswith(".weight")):
+                raise _Untraceable(f"a linear product of something other than a layer's weight: {node.format_node()}")
+            mod = root.get_submodule(w.target.rsplit(".", 1)[0])
+            bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+            own_bias = getattr(bias, "op", None) == "get_attr" and bias.target == w.target[:-len("weight")] + "bias"
+            if type(mod) is not nn.Linear or (bias is not None and not own_bias):
+                raise _Untraceable(f"a linear product that is not an nn.Linear's own: {node.format_node()}")
+            with graph.inserting_before(node):
+                prod = graph.call_function(operator.getitem, (products_ph, len(linears)))
+                new = graph.call_function(_call, (prod, x))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            linears.append(mod)
+        elif node.op == "call_module":
+            with graph.inserting_before(node):
+                leaf = graph.call_function(operator.getitem, (leaves_ph, len(leaves)))
+                new = graph.call_function(_call, (leaf, *node.args), node.kwargs)
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            leaves.append(root.get_submodule(node.target))
+    for node in list(graph.nodes):
+        if node.op == "get_attr":
+            if not node.users:
+                graph.erase_node(node)
+                continue
+            with graph.inserting_before(node):
+                new = graph.call_function(operator.getitem, (params_ph, len(param_paths)))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            param_paths.append(node.target)
+    graph.lint()
+    module = torch.fx.GraphModule(nn.Module(), graph)  # nothing is read from the root: all comes as arguments
+    return _Traced(run=module.forward, param_paths=param_paths, linears=linears, leaves=leaves,
+                   modules=tuple(model.modules()))
 
 
 class LeanDecoder:
-    """The hook-free decode step of a llama-family model over a :class:`DecodeLayout` (copies of the weights,
-    or with :meth:`DecodeLayout.plain` the weights themselves).
+    """The hook-free decode step of a model: its own blocks traced once, run over a :class:`DecodeLayout`.
 
-    One step embeds the last token of each of ``rows`` sequences, runs every layer as the handful of tensor
-    operations it needs (RMSNorm, the fused Q/K/V product, rotary on Q and K together, the in-place cache
-    write, SDPA, the output product added to the residual, RMSNorm, the gate/input product, the activation,
-    the output product added to the residual) and returns the next-token logits. It calls no module, no hook
-    and no wrapper, which the hooked forward pass does a dozen times per layer.
+    One step embeds the last token of each sequence, runs every block's forward as the flat sequence of
+    tensor operations the trace recorded (no module call, no hook point, no wrapper: a hook point without
+    hooks returns its input, so it leaves nothing in the trace) and returns the next-token logits. Its
+    numbers are the hooked forward pass's, up to the summation order of a laid-out product.
 
     Build with :meth:`build` (``None`` for a model it does not cover); check :meth:`usable` before each run.
 
     Example:
-        >>> with model.decoding(batch_size=1):  # generate() builds and uses it by itself
-        ...     model.generate(tokens[:1], 16)
+        >>> from interp import ModelConfig, Transformer
+        >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16,
+        ...                                 positional="rotary", normalization="rms")).eval()
+        >>> decoder = LeanDecoder.build(model, DecodeLayout.plain(model, 1))
+        >>> cache = model.make_cache(1)
+        >>> with torch.no_grad():
+        ...     _ = model(torch.tensor([[1, 2, 3]]), kv_cache=cache)
+        ...     decoder.step(torch.tensor([4]), cache).shape
+        torch.Size([1, 11])
     """
 
-    def __init__(self, model: nn.Module, layout: DecodeLayout) -> None:
-        self.model, self.layout, self.rows = model, layout, layout.rows
-        self.layers: list[_LayerStep] = []
-        self._checked = _lean_linears(model)  # every layer whose copy a step reads
-        self._inv_freq = model.blocks[0].attn.rotary.inv_freq
-        self._ln_final = model.ln_final
-        self._embed = model.W_E.weight
-        self._unembed = self._product(model.W_U)
-        for block in model.blocks:
-            attn, mlp = block.attn, block.mlp
-            layer = _LayerStep(attn=attn, ln1=block.ln1, H=attn.n_heads, K=attn.n_kv_heads, D=attn.d_head,
-                               qkv=self._product(attn.W_qkv), o_add=self._product_add(attn.W_O))
-            if mlp is not None:
-                layer.ln2, layer.act, layer.d_mlp = block.ln2, mlp.act, mlp.W_in.out_features
-                layer.down_add = self._product_add(mlp.W_out)
-                if mlp in layout.fused_mlp:
-                    layer.gate_in = self._fused(mlp)
-                else:
-                    layer.up = self._product(mlp.W_in)
-                    layer.gate = self._product(mlp.W_gate) if mlp.gated else None
-            self.layers.append(layer)
+    def __init__(self, model: nn.Module, layout: DecodeLayout, traced: _Traced) -> None:
+        self.model, self.layout, self.rows, self.traced = model, layout, layout.rows, traced
+        self._params = [functools.reduce(getattr, path.split("."), _StepRoot(model)) for path in traced.param_paths]
+        self._products = [layout.product(mod, layout.rows) for mod in traced.linears]
+        self._leaves = [leaf.forward for leaf in traced.leaves]  # usable() made sure no torch hook is skipped
 
     @staticmethod
     def unsupported(model: nn.Module) -> str | None:
-        """Why :class:`LeanDecoder` does not cover ``model`` (``None`` when it does)."""
+        """Why :class:`LeanDecoder` does not cover ``model`` (``None`` when it does; a model that fails to
+        trace is refused by :meth:`build` too)."""
         cfg = getattr(model, "cfg", None)
         if cfg is None or not hasattr(model, "blocks"):
             return "not an interp Transformer"
         checks = [
-            (cfg.attention == "standard", f"attention={cfg.attention!r}"),
             (cfg.causal and cfg.unembed, "not a causal decoder with an unembedding"),
-            (cfg.normalization == "rms" and not cfg.embed_norm, f"normalization={cfg.normalization!r}"),
+            (not cfg.embed_norm, "embedding norm"),
             (getattr(model, "W_pos", None) is None and getattr(model, "W_tt", None) is None,
              "learned position or token-type embeddings"),
             (not cfg.cross_attention, "cross-attention"),
@@ -261,99 +456,69 @@ class LeanDecoder:
         for ok, why in checks:
             if not ok:
                 return why
-        first = model.blocks[0].attn.rotary
-        for i, block in enumerate(model.blocks):
-            attn = block.attn
-            if attn.rotary is None or first is None:
-                return "no rotary embedding"
-            if not torch.equal(attn.rotary.inv_freq, first.inv_freq):
-                return f"layer {i} rotates with other frequencies than layer 0"
-            if attn.n_heads == 0 or getattr(attn, "kv_index", None) is not None:
-                return f"layer {i} has no heads or unequal K/V groups"
         return None
 
     @classmethod
-    def build(cls, model: nn.Module, layout: DecodeLayout) -> LeanDecoder | None:
-        """A decoder over ``layout``'s copies, or ``None`` when the model is not covered (see
-        :meth:`unsupported`) or a layer it needs has no copy (not float32 on CPU, or no MKL)."""
-        if cls.unsupported(model) is not None or not cls._covers(model, layout):
+    def build(cls, model: nn.Module, layout: DecodeLayout, traced: _Traced | None = None) -> LeanDecoder | None:
+        """A decoder over ``layout``, or ``None`` when the model is not covered (see :meth:`unsupported`) or
+        its blocks do not trace."""
+        if cls.unsupported(model) is not None:
             return None
-        return cls(model, layout)
+        if traced is None or not cls._same_modules(model, traced):
+            try:
+                traced = _trace(model)
+            except Exception:  # noqa: BLE001 - any block the trace cannot hold keeps the hooked path
+                return None
+        return cls(model, layout, traced)
 
     @classmethod
     def for_generate(cls, model: nn.Module, layout: DecodeLayout, rows: int) -> LeanDecoder | None:
-        """The decoder a ``rows``-sequence :meth:`Transformer.generate` runs past its prompt: over ``layout``'s
-        copies when they serve ``rows`` rows and every layer it needs, else over the weights themselves;
-        ``None`` when the model is not covered or a step could be observed (see :meth:`usable`)."""
-        if cls.unsupported(model) is not None:
+        """The decoder a ``rows``-sequence generate() runs past its prompt (over ``layout`` where it serves
+        ``rows`` rows, else over the weights themselves); ``None`` when the model is not covered or a step
+        could be observed (see :meth:`usable`). The trace is kept with a held layout for the next call."""
+        if cls.unsupported(model) is not None or not _unobserved(model):
             return None
-        if layout.rows != rows or not cls._covers(model, layout):
+        if layout.rows != rows:
             layout = DecodeLayout.plain(model, rows)
-        decoder = cls(model, layout)
+        decoder = cls.build(model, layout, layout.trace)
+        if decoder is None:
+            return None
+        layout.trace = decoder.traced
         return decoder if decoder.usable(rows) else None
 
     @staticmethod
-    def _covers(model: nn.Module, layout: DecodeLayout) -> bool:
-        return all(lin in layout.linears for lin in _lean_linears(model))
+    def _same_modules(model: nn.Module, traced: _Traced) -> bool:
+        mods = tuple(model.modules())
+        return len(mods) == len(traced.modules) and all(a is b for a, b in zip(mods, traced.modules))
 
     def usable(self, rows: int) -> bool:
-        """True when a step may skip the hooked forward: ``rows`` sequences, no autograd, no hook attached, no
-        head gate, and every weight still the one its copy was made from."""
-        return (rows == self.rows and not torch.is_grad_enabled()
-                and not any(hp._fns for hp in self.model.hook_dict.values())
-                and all(layer.attn.gate is None for layer in self.layers)
-                and all(self.layout.linears[lin].fresh(lin) for lin in self._checked))
+        """True when a step may skip the hooked forward: ``rows`` sequences, no autograd, no hook, head gate
+        or torch module hook attached, and no module replaced since the trace."""
+        return (rows == self.rows and not torch.is_grad_enabled() and _unobserved(self.model)
+                and self._same_modules(self.model, self.traced))
 
-    # --- products over the copies (h is [rows, in]) ----------------------------------------------------
-    def _product(self, mod: nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
-        laid, rows = self.layout.linears[mod], self.rows
-        return lambda h: laid.multiply(h, laid.copy, mod, rows)
-
-    def _product_add(self, mod: nn.Linear) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """``(x, h) -> x + mod(h)``: one ``addmm`` when the copy is a plain transposed matrix and there is no
-        bias (the residual is added as the product is written)."""
-        laid = self.layout.linears[mod]
-        if laid.multiply is _transposed_mm and mod.bias is None:
-            return lambda x, h: torch.addmm(x, h, laid.copy)  # [rows, M] + [rows, in] @ [in, M]
-        if laid.multiply is _plain_mm and mod.bias is None:
-            return lambda x, h: torch.addmm(x, h, laid.copy.t())  # [rows, M] + [rows, in] @ [out, in]^T
-        product = self._product(mod)
-        return lambda x, h: x + product(h)
-
-    def _fused(self, mlp: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-        fused = self.layout.fused_mlp[mlp]
-        if mlp.W_gate.bias is None:
-            return lambda h: h @ fused  # [rows, in] @ [in, 2F]
-        bias = torch.cat((mlp.W_gate.bias.detach(), mlp.W_in.bias.detach()))  # [2F]
-        return lambda h: (h @ fused).add_(bias)
-
-    # --- the step --------------------------------------------------------------------------------------
-    def step(self, ids: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
-        """One decode step: ``ids`` ``[rows]`` (each sequence's last token, at ``position``) -> logits
-        ``[rows, d_vocab]``; writes every layer's K/V at ``position`` and sets ``cache.length``."""
-        B = ids.shape[0]
-        x = F.embedding(ids, self._embed)  # [B, M]
+    def step(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One decode step: ``ids`` ``[rows]`` (each sequence's last token) -> logits ``[rows, d_vocab]``;
+        every layer's cache appends its K/V at its own position."""
+        position = cache.length
         positions = torch.arange(position, position + 1, device=ids.device)  # as the hooked pass builds them
-        cos, sin = rotary_angles(positions, self._inv_freq, x.dtype)  # [1, 1, 1, R] each
-        for layer, layer_cache in zip(self.layers, cache.layers):
-            H, K, D = layer.H, layer.K, layer.D
-            qkv = layer.qkv(_rms_norm(x, layer.ln1))  # [B, (H + 2K) D]
-            # q and k rotate in one call: rotary is elementwise, so together or apart gives the same numbers.
-            qk = apply_rotary(qkv[:, :(H + K) * D].view(B, 1, H + K, D), cos, sin)  # [B, 1, H + K, D]
-            v = qkv[:, (H + K) * D:].view(B, 1, K, D).transpose(1, 2)  # [B, K, 1, D]
-            k, v = layer_cache.update(position, qk[:, :, H:].transpose(1, 2), v)  # [B, K, S, D] each
-            q = qk[:, :, :H].transpose(1, 2)  # [B, H, 1, D]
-            z = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(D), enable_gqa=K != H)
-            x = layer.o_add(x, z.reshape(B, H * D))  # [B, H, 1, D] -> [B, H*D]; plus the residual
-            if layer.ln2 is not None:
-                h = _rms_norm(x, layer.ln2)
-                if layer.gate_in is not None:
-                    gate_in = layer.gate_in(h)  # [B, 2F]
-                    h = layer.act(gate_in[:, :layer.d_mlp]).mul_(gate_in[:, layer.d_mlp:])  # [B, F]
-                elif layer.gate is not None:
-                    h = layer.act(layer.gate(h)).mul_(layer.up(h))  # [B, F]
-                else:
-                    h = layer.act(layer.up(h))  # [B, F]
-                x = layer.down_add(x, h)
-        cache.length = position + 1
-        return self._unembed(_rms_norm(x, self._ln_final))  # [B, d_vocab]
+        try:
+            return self.traced.run(ids[:, None], positions, cache.layers, self._params, self._products,
+                                   self._leaves)
+        except BaseException:
+            cache.rewind(position)
+            raise
+
+
+def _unobserved(model: nn.Module) -> bool:
+    """No interp hook, head gate or torch module hook anywhere: nothing could see a step skip the modules."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return False
+    if any(hp._fns for hp in model.hook_dict.values()):
+        return False
+    for mod in model.modules():
+        if mod._forward_hooks or mod._forward_pre_hooks or getattr(mod, "gate", None) is not None:
+            return False
+    return True

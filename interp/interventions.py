@@ -156,8 +156,8 @@ def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]
         pruned: ``[L, H]`` bool (True = off), or None to run with the gates as they are (and restore them).
 
     Example:
-        >>> with head_mask(model, pruned):
-        ...     loss = objective.loss(model, batch)
+        >>> with head_mask(model, torch.tensor([[True, False, False, False], [False] * 4])):
+        ...     loss = objective.loss(model, train[0])
     """
     # The model's lock is held for the whole block: gates are shared state, and another thread (a dashboard
     # session) must neither run under these gates nor change them before they are restored. Being
@@ -181,7 +181,7 @@ def gates_only(model: Transformer) -> Iterator[None]:
 
     Example:
         >>> with gates_only(model):
-        ...     model.set_head_gates(gates)   # gradients flow to ``gates`` only
+        ...     model.set_head_gates(torch.ones(2, 4, requires_grad=True))   # gradients flow to the gates only
     """
     # requires_grad flags and gates are shared state: no other thread may run or re-gate the model between
     # saving and restoring them.

@@ -1,5 +1,8 @@
 """A static KV cache for token-by-token decoding (gpt-fast style: buffers allocated once, written in place).
 
+Each layer's cache advances its own position as it is written (torchtune's ``KVCache.update``): callers hand
+it the new entries, never a position, so no caller can leave it pointing at the wrong place.
+
 Standard attention stores K and V per K/V head (``[B, K, S_max, D]``), so GQA/MQA shrink it by the group
 size; multi-head latent attention stores only the latent ``[B, S_max, C]`` and the shared rotary key
 ``[B, S_max, R]``.
@@ -13,28 +16,43 @@ from .config import ModelConfig
 
 
 class LayerKVCache:
-    """One layer's buffers. ``update(start, *new)`` writes the new entries at ``start`` and returns views of
-    everything up to ``start + T``."""
+    """One layer's buffers and how many positions they hold. ``update(*new)`` writes the new entries at that
+    position, advances it, and returns views of everything written so far."""
 
     def __init__(self, buffers: list[torch.Tensor], seq_dims: list[int]) -> None:
         self.buffers = buffers
         self.seq_dims = seq_dims
+        self.length = 0
 
-    def update(self, start: int, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = []
-        for buf, dim, t in zip(self.buffers, self.seq_dims, new):
-            n = t.shape[dim]
+    def update(self, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Append ``new`` (one tensor per buffer) and return each buffer up to the new length.
+
+        Raises:
+            ValueError: the new entries do not fit in the buffers (nothing is written then).
+        """
+        start, n = self.length, new[0].shape[self.seq_dims[0]]
+        for buf, dim in zip(self.buffers, self.seq_dims):
             if start + n > buf.shape[dim]:
                 raise ValueError(
                     f"KV cache overflow: writing {n} tokens at position {start} exceeds max_len={buf.shape[dim]}"
                 )
+        out = []
+        for buf, dim, t in zip(self.buffers, self.seq_dims, new):
             buf.narrow(dim, start, n).copy_(t)
             out.append(buf.narrow(dim, 0, start + n))
+        self.length = start + n
         return tuple(out)
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` more positions without writing them (a layer with no heads stores nothing)."""
+        if self.length + n > self.buffers[0].shape[self.seq_dims[0]]:
+            raise ValueError(f"KV cache overflow: {self.length} + {n} positions exceed "
+                             f"max_len={self.buffers[0].shape[self.seq_dims[0]]}")
+        self.length += n
 
 
 class KVCache:
-    """K/V (or latent) buffers for every layer, plus how many positions are filled.
+    """K/V (or latent) buffers for every layer; :attr:`length` is how many positions are filled.
 
     Args:
         cfg: the model config (decides what is stored: per-KV-head K/V, or the MLA latent).
@@ -66,7 +84,6 @@ class KVCache:
         self.cfg = cfg
         self.batch_size = batch_size
         self.max_len = max_len
-        self.length = 0
         self.layers: list[LayerKVCache] = []
         for layer in range(cfg.n_layers):
             if cfg.attention == "latent":
@@ -80,9 +97,33 @@ class KVCache:
             bufs = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
             self.layers.append(LayerKVCache(bufs, seq_dims))
 
+    @property
+    def length(self) -> int:
+        """Positions filled so far: every layer advances its own count as a forward pass writes it.
+
+        Raises:
+            RuntimeError: the layers disagree (a pass that raised midway, and :meth:`rewind` was not called).
+        """
+        lengths = {layer.length for layer in self.layers}
+        if len(lengths) != 1:
+            raise RuntimeError(f"KV cache layers hold different lengths {sorted(lengths)}: a forward pass stopped "
+                               f"midway; call cache.rewind(n) or cache.reset()")
+        return lengths.pop()
+
+    def rewind(self, length: int) -> None:
+        """Forget every position from ``length`` on, in every layer (the buffers are kept and overwritten).
+
+        Raises:
+            ValueError: ``length`` is negative or beyond ``max_len``.
+        """
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.max_len:
+            raise ValueError(f"length={length!r} must be an int in [0, max_len={self.max_len}]")
+        for layer in self.layers:
+            layer.length = min(layer.length, length)
+
     def reset(self) -> None:
         """Forget every stored position (buffers are kept and overwritten)."""
-        self.length = 0
+        self.rewind(0)
 
     @property
     def nbytes(self) -> int:

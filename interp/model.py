@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import decode as _decode
 from . import weights as _weights
 from .attention import AttnMask, make_attention
 from .config import ModelConfig
@@ -151,7 +150,6 @@ class Transformer(HookedModule):
         self.hook_pos_embed = HookPoint()
         self.tokenizer: Any = None
         self.name: str = "transformer"
-        self._decode_layout: _decode.DecodeLayout | None = None  # set inside decoding()
         self.setup_hooks()
 
     # --- forward --------------------------------------------------------------------------------------
@@ -232,11 +230,14 @@ class Transformer(HookedModule):
             ctx_mask = AttnMask(T=T, S=context.shape[1], start=0, causal=False, key_keep=ctx_keep)
         elif cfg.cross_attention:
             raise ValueError("cfg.cross_attention is True: pass context=[B, S_ctx, d_model]")
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask=mask, positions=positions, cache=None if kv_cache is None else kv_cache.layers[i],
-                      context=context, context_mask=ctx_mask)
-        if kv_cache is not None:
-            kv_cache.length = S
+        try:
+            for i, block in enumerate(self.blocks):
+                x = block(x, mask=mask, positions=positions, cache=None if kv_cache is None else kv_cache.layers[i],
+                          context=context, context_mask=ctx_mask)
+        except BaseException:
+            if kv_cache is not None:
+                kv_cache.rewind(start)  # the layers advanced themselves: a pass that stopped leaves none ahead
+            raise
         if last_only:
             # generate() reads only the last position: skip the unembedding of the others (no hook sees them).
             x = x[:, -1:]  # [B, 1, M]
@@ -267,132 +268,28 @@ class Transformer(HookedModule):
         p = next(self.parameters())
         return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=p.device)
 
-    @torch.no_grad()
-    def generate(self, tokens: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,
-                 eos_token_id: int | None = None, pack_weights: bool | None = None) -> torch.Tensor:
-        """Greedy decoding. Returns ``[B, T + new]`` (the prompt followed by the generated ids).
-
-        With the cache (the default), one static :class:`KVCache` and one output buffer serve the whole run, and
-        the prompt's logits are computed for its last position only. Hooks fire as in a forward pass.
-
-        With the cache, a llama-family model (rotary, RMSNorm, SDPA) runs each step past the prompt as
-        :class:`interp.decode.LeanDecoder`'s hook-free tensor operations (over the copies when there are some,
-        else over the weights themselves) while no hook and no head gate is attached: hooks attached make
-        every step the hooked forward pass, so they fire as usual. The tokens are the same on every path, up to
-        float rounding in near ties.
-
-        Args:
-            tokens: ``[B, T]`` (or ``[T]``) prompt ids, unpadded.
-            max_new_tokens: how many tokens to append.
-            use_cache: decode with the KV cache (False recomputes the whole sequence every step).
-            eos_token_id: stop once every sequence has produced it.
-            pack_weights: multiply each step by copies of the float32 CPU linear weights laid out for B rows
-                (MKL-packed from ``PACK_MIN_ROWS`` rows, transposed below), built once per call and held while
-                it runs (one extra copy of those weights; see :func:`interp.decode._packed_linears`). ``None``
-                (default) builds them when they pay: with the cache, at least ``PACK_MIN_STEPS`` new tokens from
-                ``PACK_MIN_ROWS`` sequences (``TRANSPOSE_MIN_STEPS`` below), and at most ``PACK_MAX_BYTES`` of
-                weights. Inside :meth:`decoding` the copies already exist and are reused.
-
-        Returns:
-            ``[B, T + new]`` ids (fewer new ones when every sequence hit ``eos_token_id``).
-
-        Raises:
-            TypeError: ``max_new_tokens`` is not an int, or ``pack_weights`` is not a bool or None.
-            ValueError: the model is not a causal decoder with an unembedding, or prompt + new > n_ctx.
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor | tuple:
+        """Generate ``max_new_tokens`` after ``tokens``: :func:`interp.generate.generate` (greedy by default;
+        sampling, stop tokens, hooks during generation and the trace of the result are documented there).
 
         Example:
             >>> model.generate(tokens.repeat(4, 1), 16).shape  # [8, T + 16]
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
-            raise TypeError(f"max_new_tokens={max_new_tokens!r} must be an int")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
-        if not (self.cfg.causal and self.cfg.unembed):
-            raise ValueError("generate needs a causal decoder with an unembedding (cfg.causal and cfg.unembed)")
-        tokens = self._check_tokens(tokens)
-        B, T = tokens.shape
-        if T + max_new_tokens > self.cfg.n_ctx:
-            raise ValueError(f"prompt {T} + max_new_tokens {max_new_tokens} exceeds n_ctx={self.cfg.n_ctx}")
-        cache = self.make_cache(B, T + max_new_tokens) if use_cache else None
-        # One output buffer and one static cache for the whole run: steps write in place, nothing regrows.
-        out = tokens.new_empty(B, T + max_new_tokens)  # [B, T + new]
-        out[:, :T] = tokens
-        n = T
-        if pack_weights is not None and not isinstance(pack_weights, bool):
-            raise TypeError(f"pack_weights={pack_weights!r} must be True, False or None")
-        pack = pack_weights
-        if pack is None:  # the weights' size is summed only when the rest says packing would pay
-            min_steps = _decode.PACK_MIN_STEPS if B >= _decode.PACK_MIN_ROWS else _decode.TRANSPOSE_MIN_STEPS
-            pack = (use_cache and max_new_tokens >= min_steps
-                    and sum(m.weight.numel() * m.weight.element_size() for m in self.modules()
-                            if type(m) is nn.Linear) <= _decode.PACK_MAX_BYTES)
-        # The lock is held for the whole run: the packed weights below must not meet another thread's pass.
-        with self.lock, _decode._packed_linears(self, rows=B, enabled=pack) as own_layout:
-            held = getattr(self, "_decode_layout", None)  # decoding()'s copies, when inside that block
-            layout = held if held is not None else own_layout
-            # Past the prompt, a step skips the hooked forward while nothing could observe the difference.
-            lean = _decode.LeanDecoder.for_generate(self, layout, B) if use_cache else None
-            for _ in range(max_new_tokens):
-                if lean is not None and cache.length == n - 1:
-                    logits = lean.step(out[:, n - 1], n - 1, cache)  # [B, V]
-                else:
-                    step_in = out[:, cache.length:n] if use_cache else out[:, :n]
-                    logits = self._forward(step_in, attention_mask=None, token_type_ids=None, position_ids=None,
-                                           context=None, context_mask=None, kv_cache=cache, last_only=True)[:, -1]
-                out[:, n] = logits.argmax(-1)  # [B]
-                n += 1
-                if eos_token_id is not None and bool((out[:, n - 1] == eos_token_id).all()):
-                    break
-        return out[:, :n]
+        from .generate import generate
 
-    @contextlib.contextmanager
-    def decoding(self, batch_size: int = 1) -> Iterator[Transformer]:
-        """Lay the weights out for decoding ``batch_size`` sequences once, for every :meth:`generate` in the block.
+        return generate(self, tokens, max_new_tokens, **kwargs)
 
-        Inside the block every float32 CPU linear layer multiplies ``batch_size``-row inputs (the decode steps
-        of a ``batch_size``-sequence :meth:`generate`) by a copy of its weight laid out for that many rows: the
-        transposed ``[in, out]`` matrix below ``PACK_MIN_ROWS`` rows, an MKL-packed one from there. Building the
-        copies costs about one pass over the weights (~0.4 s for SmolLM2-135M) and holds one extra copy of them
-        until the block ends, so it pays when many steps reuse them. Prompts, other row counts, autograd and a
-        weight edited inside the block take the plain path, so results are those of :meth:`generate` outside
-        the block up to float rounding (the summation order of a GEMM kernel). Nothing is changed on models
-        that are not float32 on CPU, or on torch builds without MKL. For llama-family models (rotary, RMSNorm,
-        SDPA) :meth:`generate` also runs each step past the prompt as :class:`interp.decode.LeanDecoder`'s
-        hook-free sequence of tensor operations, while no hook and no head gate is attached. A block inside
-        another reuses the outer block's copies.
-
-        Args:
-            batch_size: how many sequences each :meth:`generate` call inside the block decodes.
-
-        Yields:
-            the model itself.
-
-        Raises:
-            TypeError: ``batch_size`` is not an int.
-            ValueError: ``batch_size`` < 1.
+    def decoding(self, batch_size: int = 1) -> contextlib.AbstractContextManager[Transformer]:
+        """Lay the weights out once for decoding ``batch_size`` sequences, for every :meth:`generate` in the
+        block: :func:`interp.decode.decoding`.
 
         Example:
             >>> with model.decoding(batch_size=1):
             ...     outs = [model.generate(t[None], 8) for t in tokens]
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-            raise TypeError(f"batch_size={batch_size!r} must be an int")
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be >= 1")
-        with self.lock:  # no pass of another thread sees half the layers switched
-            nested = getattr(self, "_decode_layout", None) is not None  # then the outer block's copies serve
-            if not nested:
-                build = _decode._packed_linears(self, rows=batch_size)
-                self._decode_layout = build.__enter__()
-        if nested:
-            yield self
-            return
-        try:
-            yield self
-        finally:
-            with self.lock:
-                self._decode_layout = None
-                build.__exit__(None, None, None)
+        from .decode import decoding
+
+        return decoding(self, batch_size)
 
     # --- gates ----------------------------------------------------------------------------------------
     def set_head_gates(self, gates: torch.Tensor | Sequence[torch.Tensor] | None) -> None:

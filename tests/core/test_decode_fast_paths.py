@@ -1,5 +1,5 @@
-"""Decoding's fast paths equal the plain ones: MKL-packed weights, the shared rotary angles, the in-place MLP,
-and the static KV cache (written in place, no buffer reallocated per step)."""
+"""Decoding's fast paths equal the plain ones: MKL-packed and transposed weight layouts (no layer patched), the
+shared rotary angles, the in-place MLP, and the static KV cache (written in place, no buffer reallocated per step)."""
 
 from __future__ import annotations
 
@@ -21,54 +21,60 @@ def _patched(model) -> list[str]:
 
 @needs_mkl
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linears_equal_f_linear_for_every_row_count(bias):
+def test_packed_products_equal_f_linear_and_other_row_counts_get_the_plain_one(bias):
     model = make("gqa-rotary", attn_bias=bias, mlp_bias=bias, out_bias=bias)
     lin = model.blocks[0].mlp.W_in
-    with torch.no_grad(), decode_mod._packed_linears(model, rows=5) as layout:
-        assert len(layout) == sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-        for rows in (5, 1, 7):  # the packed row count, and two that MKL multiplies by the plain weight
+    layout = decode_mod.DecodeLayout.build(model, 5)
+    assert len(layout.packed) == len(decode_mod._linears(model)) and _patched(model) == []  # nothing patched
+    with torch.no_grad():
+        for rows in (5, 1, 7):  # the packed row count, and two that multiply by the plain weight
             x = torch.randn(rows, 1, lin.in_features)
-            torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
-    assert _patched(model) == []
+            torch.testing.assert_close(layout.product(lin, rows)(x), F.linear(x, lin.weight, lin.bias),
+                                       atol=1e-6, rtol=1e-5)
+    assert layout.product(lin, 7).func is F.linear and layout.product(lin, 5).func is decode_mod._packed_mm
 
 
 @needs_mkl
 @pytest.mark.parametrize("bias", [False, True])
-def test_transposed_linears_below_pack_min_rows_equal_f_linear(bias):
+def test_transposed_copies_below_pack_min_rows_equal_f_linear_until_the_weight_is_edited(bias):
     model = make("gqa-rotary", attn_bias=bias, mlp_bias=bias, out_bias=bias)
     lin = model.blocks[1].attn.W_qkv
     rows = decode_mod.PACK_MIN_ROWS - 1
-    with torch.no_grad(), decode_mod._packed_linears(model, rows=rows):
-        assert lin.forward.func is decode_mod._layout_forward and lin.forward.args[1].multiply is decode_mod._transposed_mm
+    layout = decode_mod.DecodeLayout.build(model, rows)
+    assert lin in layout.transposed and layout.transposed[lin][3].is_contiguous()  # [in, out] storage
+    with torch.no_grad():
         x = torch.randn(rows, 1, lin.in_features)
-        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
-        prompt = torch.randn(rows, 5, lin.in_features)  # another row count: exactly the plain product
-        assert torch.equal(lin(prompt), F.linear(prompt, lin.weight, lin.bias))
-        lin.weight.mul_(2)  # an edit makes the copy stale: the layer must see it
-        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), atol=1e-6, rtol=1e-5)
-    assert _patched(model) == []
+        torch.testing.assert_close(layout.product(lin, rows)(x), F.linear(x, lin.weight, lin.bias), atol=1e-6,
+                                   rtol=1e-5)
+        lin.weight.mul_(2)  # an edit makes the copy stale: the product must read the weight
+        assert layout.stale(lin)
+        torch.testing.assert_close(layout.product(lin, rows)(x), F.linear(x, lin.weight, lin.bias), atol=1e-6,
+                                   rtol=1e-5)
 
 
 @needs_mkl
 @pytest.mark.parametrize("variant", ["gqa-rotary", "mla"])
-def test_decoding_block_builds_the_layout_once_and_generates_the_same_tokens(variant):
+def test_decoding_block_lays_the_weights_out_once_and_generates_the_same_tokens(variant):
     model = make(variant)
     one = torch.randint(0, 37, (1, 4), generator=torch.Generator().manual_seed(6))
     five = torch.randint(0, 37, (5, 4), generator=torch.Generator().manual_seed(7))
     plain_one, plain_five = model.generate(one, 7, pack_weights=False), model.generate(five, 7, pack_weights=False)
-    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    lin = model.blocks[0].attn.W_O
     with model.decoding(batch_size=1) as m:
-        assert m is model and len(_patched(model)) == n_linear
-        copies = {name: mod.forward.args[1].copy for name, mod in model.named_modules() if "forward" in mod.__dict__}
+        layout = model._decode_layout
+        # the parameters themselves, stored [in, out]: the same values, no copy held
+        assert m is model and lin.weight.stride() == (1, lin.out_features) and len(layout.relaid) > 0
+        assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
         assert torch.equal(model.generate(one, 7), plain_one)
         assert torch.equal(model.generate(one, 7), model.generate(one, 7, use_cache=False))
-        assert torch.equal(model.generate(five, 7), plain_five)  # another batch size: the plain weights
-        # the same copies serve every call of the block
-        assert all(mod.forward.args[1].copy is copies[name] for name, mod in model.named_modules() if name in copies)
+        assert torch.equal(model.generate(five, 7), plain_five)  # another batch size: the plain products
+        assert model._decode_layout is layout  # the same layout serves every call of the block
+    assert all(p.is_contiguous() and torch.equal(p, before[name]) for name, p in model.named_parameters())
     assert _patched(model) == []
     with pytest.raises(RuntimeError, match="inside"), model.decoding(batch_size=1):
         raise RuntimeError("inside")
-    assert _patched(model) == [] and not model.lock._is_owned()
+    assert all(p.is_contiguous() for p in model.parameters()) and not model.lock._is_owned()
 
 
 def test_decoding_rejects_a_bad_batch_size():
@@ -77,48 +83,63 @@ def test_decoding_rejects_a_bad_batch_size():
         pass
     with pytest.raises(TypeError, match="batch_size=1.5"), model.decoding(batch_size=1.5):
         pass
-    assert _patched(model) == []
+    assert _patched(model) == [] and getattr(model, "_decode_layout", None) is None
 
 
 @needs_mkl
-def test_packed_linears_fall_back_under_autograd_and_after_an_edit():
+def test_lean_steps_are_not_used_under_autograd_and_stale_copies_not_after_an_edit():
     model = make("gqa-rotary")
     lin = model.blocks[1].attn.W_qkv
-    x = torch.randn(4, lin.in_features, requires_grad=True)
-    with decode_mod._packed_linears(model, rows=4):
-        y = lin(x)  # grad mode: the plain path, so gradients flow
-        y.sum().backward()
-        torch.testing.assert_close(x.grad, lin.weight.sum(0).expand_as(x))
-        with torch.no_grad():
-            lin.weight.mul_(2)  # the packed copy is now stale: the layer must see the edit
-            torch.testing.assert_close(lin(x), F.linear(x, lin.weight), atol=1e-6, rtol=1e-5)
+    layout = decode_mod.DecodeLayout.build(model, 4, held=True)
+    decoder = decode_mod.LeanDecoder.build(model, layout)
+    assert not decoder.usable(4)  # grad mode: the hooked pass, so gradients flow
+    with torch.no_grad():
+        assert decoder.usable(4) and not decoder.usable(3)
+        assert not layout.stale(lin)
+        lin.weight.data.mul_(2)  # behind the version counter: the fingerprint sees it
+        assert layout.stale(lin)
+        x = torch.randn(4, lin.in_features)
+        torch.testing.assert_close(layout.product(lin, 4)(x), F.linear(x, lin.weight), atol=1e-6, rtol=1e-5)
+
+
+def _layouts_built(monkeypatch) -> list[int]:
+    """The size of every layout generate() builds for itself (0: plain, no copies)."""
+    import interp.generate as gen_mod
+
+    sizes = []
+    real = gen_mod.layout_for_generate
+
+    def spy(*a, **kw):
+        layout = real(*a, **kw)
+        sizes.append(len(layout))
+        return layout
+
+    monkeypatch.setattr(gen_mod, "layout_for_generate", spy)
+    return sizes
 
 
 @needs_mkl
 @pytest.mark.parametrize("variant", ["gqa-rotary", "mha", "mla"])
-def test_packed_generate_equals_unpacked_and_full_recompute(variant):
+def test_packed_generate_equals_unpacked_and_full_recompute(variant, monkeypatch):
     model = make(variant)
     prompt = torch.randint(0, 37, (decode_mod.PACK_MIN_ROWS + 1, 4), generator=torch.Generator().manual_seed(3))
-    seen = []
-    model.blocks[0].attn.hook_z.add_hook(lambda z, hook: seen.append(bool(_patched(model))) or z)
+    sizes = _layouts_built(monkeypatch)
     packed = model.generate(prompt, decode_mod.PACK_MIN_STEPS + 2)
-    model.blocks[0].attn.hook_z.remove_hooks()
-    assert any(seen) and _patched(model) == []  # packing was on during the run, and undone after it
+    assert sizes[-1] > 0 and _patched(model) == []  # packing was on during the run, and nothing patched
     assert torch.equal(packed, model.generate(prompt, decode_mod.PACK_MIN_STEPS + 2, pack_weights=False))
     assert torch.equal(packed, model.generate(prompt, decode_mod.PACK_MIN_STEPS + 2, use_cache=False))
     assert torch.equal(packed[:1, :7], model.generate(prompt[:1], 3, pack_weights=True))  # forced, one row
+    assert sizes[-1] > 0
 
 
 @needs_mkl
-def test_generate_packs_only_when_it_pays_or_is_asked(monkeypatch):
+def test_generate_lays_weights_out_only_when_it_pays_or_is_asked(monkeypatch):
     model = make("gqa-rotary")
-    seen = []
-    model.blocks[0].attn.hook_z.add_hook(lambda z, hook: seen.append(bool(_patched(model))) or z)
+    sizes = _layouts_built(monkeypatch)
 
     def packed_during(n_seq, steps, **kw):
-        seen.clear()
         model.generate(torch.zeros(n_seq, 2, dtype=torch.long), steps, **kw)
-        return any(seen)
+        return sizes[-1] > 0
 
     rows, steps = decode_mod.PACK_MIN_ROWS, decode_mod.PACK_MIN_STEPS
     assert packed_during(rows, steps)
@@ -142,8 +163,10 @@ def test_generate_restores_every_layer_when_a_hook_raises():
     model.blocks[1].hook_resid_post.add_hook(boom)
     with pytest.raises(ValueError, match="stop here"):
         model.generate(torch.zeros(decode_mod.PACK_MIN_ROWS, 3, dtype=torch.long), decode_mod.PACK_MIN_STEPS)
+    with model.decoding(batch_size=1), pytest.raises(ValueError, match="stop here"):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 4)
     model.blocks[1].hook_resid_post.remove_hooks()
-    assert _patched(model) == []
+    assert _patched(model) == [] and all(p.is_contiguous() for p in model.parameters())
     assert not model.lock._is_owned()  # the run's lock was released too
 
 

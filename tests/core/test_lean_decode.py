@@ -1,15 +1,19 @@
-"""LeanDecoder, the hook-free decode step: each step's logits and cache writes equal the hooked forward pass
-with a KV cache (an independent path through the modules), for every llama-family shape it accepts; generate
-uses it only while nothing could observe the difference, and falls back for hooks, gates and weight edits."""
+"""LeanDecoder, the hook-free decode step traced from the model's own blocks: each step's logits and cache writes
+equal the hooked forward pass with a KV cache (an independent path through the modules), for every shape it
+accepts and over every weight layout; generate uses it only while nothing could observe the difference, and
+the tokens it generates are always those of the current weights, however they were edited."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from core_helpers import make
+from torch import nn
 
 import interp.decode as decode_mod
-from interp.decode import LeanDecoder
+from interp.decode import DecodeLayout, LeanDecoder
 
 needs_mkl = pytest.mark.skipif(not decode_mod._mkl_packing_available(), reason="this torch build has no MKL packed sgemm")
 
@@ -24,6 +28,10 @@ SHAPES = {
     "attn-only": dict(attn_only=True),
     "per-layer-heads": dict(n_heads=8, n_kv_heads=4, layer_n_heads=[6, 2], layer_n_kv_heads=[3, 1]),
     "untied-geglu": dict(activation="geglu", tie_embeddings=False),
+    # Families a hand-written llama step did not cover: the traced blocks do.
+    "layernorm-rotary": dict(normalization="pre"),
+    "unequal-kv-groups": dict(n_heads=8, n_kv_heads=4, layer_n_heads=[5, 8], layer_n_kv_heads=[3, 4],
+                              layer_kv_map=[[0, 0, 1, 2, 2], None]),
 }
 
 
@@ -38,36 +46,55 @@ def _count_lean_steps(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize(("layout", "rows"), [
-    ("copies", 1),  # transposed, the gated MLP's gate and input fused
-    ("copies", decode_mod.PACK_MIN_ROWS + 1),  # MKL-packed
-    ("plain", 1), ("plain", 3),  # the weights themselves, as generate() runs without copies
-])
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_each_step_equals_the_hooked_cached_forward(shape, layout, rows):
-    if layout == "copies" and not decode_mod._mkl_packing_available():
-        pytest.skip("this torch build has no MKL packed sgemm")
-    model = llama(shape)
+def _layout(model, kind: str, rows: int) -> DecodeLayout:
+    if kind == "plain":
+        return DecodeLayout.plain(model, rows)
+    return DecodeLayout.build(model, rows, held=kind == "held")
+
+
+def _step_equals_hooked(model, rows: int, layout: DecodeLayout, atol: float = 1e-5) -> None:
     tokens = torch.randint(0, 37, (rows, 9), generator=torch.Generator().manual_seed(1))
     hooked, lean_cache = model.make_cache(rows, 9), model.make_cache(rows, 9)
-    copies = decode_mod._packed_linears(model, rows=rows, enabled=layout == "copies")
-    with torch.no_grad(), copies as laid_out:
-        laid_out = laid_out if layout == "copies" else decode_mod.DecodeLayout.plain(model, rows)
-        decoder = LeanDecoder.build(model, laid_out)
+    with torch.no_grad():
+        decoder = LeanDecoder.build(model, layout)
         assert decoder is not None and decoder.usable(rows)
-        mlp = model.blocks[0].mlp
-        fused = layout == "copies" and rows < decode_mod.PACK_MIN_ROWS and mlp is not None and mlp.gated
-        assert (mlp in laid_out.fused_mlp) == fused
         model(tokens[:, :4], kv_cache=hooked)
         model(tokens[:, :4], kv_cache=lean_cache)
         for t in range(4, 9):
             want = model(tokens[:, t:t + 1], kv_cache=hooked)[:, -1]  # [rows, V]
-            got = decoder.step(tokens[:, t], t, lean_cache)
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+            got = decoder.step(tokens[:, t], lean_cache)
+            torch.testing.assert_close(got, want, atol=atol, rtol=atol)
             assert lean_cache.length == hooked.length == t + 1
         for a, b in zip(lean_cache.layers, hooked.layers):
             for x, y in zip(a.buffers, b.buffers):
-                torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(x, y, atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize(("layout", "rows"), [
+    ("copies", 1),  # a generate call's own transposed copies
+    ("copies", decode_mod.PACK_MIN_ROWS + 1),  # MKL-packed copies
+    ("held", 1),  # decoding(): the parameters themselves stored transposed
+    ("held", decode_mod.PACK_MIN_ROWS + 1),  # decoding(): packed copies with a fingerprint
+    ("plain", 1), ("plain", 3),  # the weights themselves, as generate() runs without copies
+])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_each_step_equals_the_hooked_cached_forward(shape, layout, rows):
+    if layout != "plain" and not decode_mod._mkl_packing_available():
+        pytest.skip("this torch build has no MKL packed sgemm")
+    model = llama(shape)
+    laid = _layout(model, layout, rows)
+    try:
+        assert (len(laid) > 0) == (layout != "plain")
+        _step_equals_hooked(model, rows, laid)
+    finally:
+        laid.release()
+    assert all(p.is_contiguous() for p in model.parameters())
+
+
+@pytest.mark.parametrize("variant", ["mla", "gqa-rotary"])
+def test_latent_attention_steps_equal_the_hooked_cached_forward(variant):
+    model = make(variant)
+    _step_equals_hooked(model, 2, DecodeLayout.plain(model, 2))
 
 
 @needs_mkl
@@ -81,14 +108,15 @@ def test_generate_inside_decoding_runs_lean_steps_and_equals_the_hooked_and_full
     with model.decoding(batch_size=rows):
         assert torch.equal(model.generate(prompt, 8), plain)
         assert len(calls) == 7  # every step past the prompt
-        with model.decoding(batch_size=rows):  # nested: the outer copies serve, nothing is rebuilt
+        with model.decoding(batch_size=rows):  # nested: the outer layout serves, nothing is rebuilt
             assert torch.equal(model.generate(prompt, 8), plain)
     assert torch.equal(plain, full)
     assert model._decode_layout is None and not any("forward" in m.__dict__ for m in model.modules())
+    assert all(p.is_contiguous() for p in model.parameters())
 
 
 @needs_mkl
-def test_hooks_gates_and_edits_make_every_step_the_hooked_pass(monkeypatch):
+def test_hooks_and_gates_make_every_step_the_hooked_pass(monkeypatch):
     model = llama("gqa")
     prompt = torch.randint(0, 37, (1, 4), generator=torch.Generator().manual_seed(3))
     gates = torch.ones(2, 8)
@@ -97,6 +125,7 @@ def test_hooks_gates_and_edits_make_every_step_the_hooked_pass(monkeypatch):
     model.set_head_gates(gates)
     plain_gated = model.generate(prompt, 6, pack_weights=False)
     model.set_head_gates(None)
+    assert not torch.equal(plain, plain_gated)  # the gate changes the tokens, so the check below has teeth
     calls = _count_lean_steps(monkeypatch)
     fired = []
     with model.decoding(batch_size=1):
@@ -106,31 +135,103 @@ def test_hooks_gates_and_edits_make_every_step_the_hooked_pass(monkeypatch):
         model.set_head_gates(gates)
         assert torch.equal(model.generate(prompt, 6), plain_gated) and calls == []
         model.set_head_gates(None)
+        handle = model.blocks[0].mlp.register_forward_hook(lambda mod, args, out: fired.append("torch"))
+        model.generate(prompt, 3)
+        handle.remove()
+        assert fired[-3:] == ["torch"] * 3 and calls == []  # torch's own module hooks are not skipped either
+        model.generate(prompt, 3)
+        assert len(calls) == 2
+
+
+def _edits():
+    """Every way a user edits a weight: (name, function(model) that edits it)."""
+    def data_mul(m):
+        m.blocks[1].mlp.W_out.weight.data.mul_(-4.0)  # behind the parameter's version counter
+
+    def data_copy(m):
+        w = m.blocks[0].attn.W_qkv.weight
+        w.data.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(9)))
+
+    def data_rebind(m):
+        w = m.blocks[0].attn.W_O.weight
+        w.data = torch.randn(w.shape, generator=torch.Generator().manual_seed(10))
+
+    def no_grad_mul(m):
         with torch.no_grad():
-            model.blocks[1].mlp.W_out.weight.mul_(-4.0)  # edited in place: every copy of it is now stale
-        edited = model.generate(prompt, 6)
-        assert calls == []
-    assert torch.equal(edited, model.generate(prompt, 6, pack_weights=False))
-    assert not torch.equal(edited, plain)  # the edit changed the generation, so the check above has teeth
+            m.blocks[1].attn.W_qkv.weight.mul_(3.0)
+
+    def new_parameter(m):
+        w = m.blocks[1].mlp.W_in.weight
+        m.blocks[1].mlp.W_in.weight = nn.Parameter(torch.randn(w.shape, generator=torch.Generator().manual_seed(11)))
+
+    def unembedding_zeroed(m):
+        m.W_U.weight.data[:, :16] = 0  # the tied embedding too: a slice of it, through .data
+
+    return {f.__name__: f for f in (data_mul, data_copy, data_rebind, no_grad_mul, new_parameter, unembedding_zeroed)}
+
+
+@pytest.mark.parametrize("rows", [1, decode_mod.PACK_MIN_ROWS + 1])
+@pytest.mark.parametrize("edit", sorted(_edits()))
+def test_generate_inside_decoding_sees_every_kind_of_weight_edit(edit, rows):
+    model = llama("gqa")
+    prompt = torch.randint(0, 37, (rows, 4), generator=torch.Generator().manual_seed(3))
+    edited = copy.deepcopy(model)
+    _edits()[edit](edited)
+    want = edited.generate(prompt, 8, pack_weights=False)  # the edited weights' tokens, no layout at all
+    assert not torch.equal(want, model.generate(prompt, 8, pack_weights=False))  # the edit changes the tokens
+    with model.decoding(batch_size=rows):
+        model.generate(prompt, 8)  # the layout is in use before the edit
+        _edits()[edit](model)
+        assert torch.equal(model.generate(prompt, 8), want)
+    assert torch.equal(model.generate(prompt, 8), want)  # and after the block, which kept the edit
 
 
 @pytest.mark.parametrize(("variant", "over", "reason"), [
-    ("mla", {}, "attention='latent'"),
-    ("gqa", {}, "normalization='pre'"),
+    ("mha", {}, "learned position"),
+    ("gqa-rotary", dict(embed_norm=True), "embedding norm"),
     ("gqa-rotary", dict(causal=False, unembed=True), "not a causal decoder"),
     ("gqa-rotary", dict(use_sdpa=False), "use_sdpa=False"),
 ])
-def test_models_it_does_not_cover_are_named_and_take_the_hooked_path(variant, over, reason):
+def test_models_it_does_not_cover_are_named_and_take_the_hooked_path(variant, over, reason, monkeypatch):
     model = make(variant, **over)
     assert reason in LeanDecoder.unsupported(model)
-    assert LeanDecoder.build(model, decode_mod.DecodeLayout(rows=1, linears={}, fused_mlp={})) is None
+    assert LeanDecoder.build(model, DecodeLayout.plain(model, 1)) is None
+    if model.cfg.causal:
+        calls = _count_lean_steps(monkeypatch)
+        prompt = torch.randint(0, 37, (1, 3), generator=torch.Generator().manual_seed(4))
+        assert torch.equal(model.generate(prompt, 5), model.generate(prompt, 5, use_cache=False))
+        assert calls == []
+
+
+def test_a_layer_without_heads_keeps_the_hooked_path_and_counts_its_cache_positions(monkeypatch):
+    model = llama("gqa", n_heads=8, n_kv_heads=4, layer_n_heads=[0, 2], layer_n_kv_heads=[0, 1])
+    assert LeanDecoder.build(model, DecodeLayout.plain(model, 1)) is None  # its zero output does not trace
+    calls = _count_lean_steps(monkeypatch)
+    prompt = torch.randint(0, 37, (2, 3), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(model.generate(prompt, 5), model.generate(prompt, 5, use_cache=False)) and calls == []
+
+
+def test_a_block_the_trace_cannot_hold_keeps_the_hooked_path(monkeypatch):
+    # A block whose decode step reads the mask's positions (a window, say) must not have one step's numbers
+    # frozen into the trace: tracing refuses it and generate keeps the hooked pass.
+    model = llama("gqa")
+    attn = model.blocks[1].attn
+    real = type(attn).forward
+
+    def windowed(self, x, *, mask, **kw):
+        _ = mask.start  # what a sliding-window mask would read
+        return real(self, x, mask=mask, **kw)
+
+    monkeypatch.setattr(type(attn), "forward", windowed)
+    assert LeanDecoder.build(model, DecodeLayout.plain(model, 1)) is None
+    calls = _count_lean_steps(monkeypatch)
+    prompt = torch.randint(0, 37, (1, 3), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(model.generate(prompt, 5), model.generate(prompt, 5, use_cache=False)) and calls == []
 
 
 def test_without_copies_generate_runs_lean_steps_on_the_weights_themselves(monkeypatch):
     model = llama("gqa")
     prompt = torch.randint(0, 37, (2, 4), generator=torch.Generator().manual_seed(4))
-    with decode_mod._packed_linears(model, rows=1, enabled=False) as layout:
-        assert len(layout) == 0 and LeanDecoder.build(model, layout) is None  # no copies: nothing to run on
     with torch.no_grad():
         hooked = model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: None)])  # forces the hooked pass
         with hooked:
@@ -140,23 +241,36 @@ def test_without_copies_generate_runs_lean_steps_on_the_weights_themselves(monke
     assert torch.equal(want, model.generate(prompt, 7, use_cache=False))
 
 
-def test_bfloat16_models_decode_lean_on_their_own_weights(monkeypatch):
+def test_a_module_replaced_after_the_trace_is_not_run_from_the_old_trace(monkeypatch):
+    model = llama("gqa")
+    prompt = torch.randint(0, 37, (1, 4), generator=torch.Generator().manual_seed(5))
+    with model.decoding(batch_size=1):
+        model.generate(prompt, 4)  # the trace is made and kept with the layout
+        replacement = copy.deepcopy(model.blocks[1].mlp)
+        with torch.no_grad():
+            replacement.W_out.weight.mul_(-3.0)
+        model.blocks[1].mlp = replacement
+        got = model.generate(prompt, 8)
+    assert torch.equal(got, model.generate(prompt, 8, use_cache=False))
+
+
+def test_bfloat16_models_decode_lean_on_their_own_weights():
     model = llama("gqa").to(torch.bfloat16)
     prompt = torch.randint(0, 37, (1, 4), generator=torch.Generator().manual_seed(5))
     hooked, lean_cache = model.make_cache(1, 8), model.make_cache(1, 8)
     with torch.no_grad():
-        decoder = LeanDecoder.build(model, decode_mod.DecodeLayout.plain(model, 1))
+        decoder = LeanDecoder.build(model, DecodeLayout.plain(model, 1))
         model(prompt, kv_cache=hooked)
         model(prompt, kv_cache=lean_cache)
         nxt = torch.tensor([5])
         want = model(nxt[:, None], kv_cache=hooked)[:, -1]
-        got = decoder.step(nxt, 4, lean_cache)
+        got = decoder.step(nxt, lean_cache)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_a_model_built_under_inference_mode_decodes_on_its_own_weights():
-    # Inference tensors have no version counter: no copy is made of them (it could not see an edit), and the
+    # Inference tensors have no version counter and cannot be re-laid-out: no layout touches them, and the
     # lean step reads the weights themselves.
     with torch.inference_mode():
         model = llama("gqa")
@@ -166,3 +280,23 @@ def test_a_model_built_under_inference_mode_decodes_on_its_own_weights():
         with model.decoding(batch_size=1) as m:
             assert len(m._decode_layout) == 0
             assert torch.equal(model.generate(prompt[:1], 5), full[:1, :8])
+
+
+def test_a_step_that_raises_leaves_the_cache_as_it_found_it(monkeypatch):
+    model = llama("gqa")
+    cache = model.make_cache(1, 8)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]), kv_cache=cache)
+        decoder = LeanDecoder.build(model, DecodeLayout.plain(model, 1))
+        leaf = decoder._leaves[-1]
+
+        def boom(*a):
+            raise RuntimeError("stop here")
+
+        decoder._leaves[-1] = boom  # the last layer's rotary: layers before it have already written
+        with pytest.raises(RuntimeError, match="stop here"):
+            decoder.step(torch.tensor([4]), cache)
+        assert cache.length == 3
+        decoder._leaves[-1] = leaf
+        torch.testing.assert_close(decoder.step(torch.tensor([4]), cache),
+                                   model(torch.tensor([[1, 2, 3, 4]]))[:, -1], atol=1e-5, rtol=1e-5)

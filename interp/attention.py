@@ -106,8 +106,9 @@ class _AttentionBase(nn.Module):
         # Per-layer head count of a pruned model; cross-attention is never pruned and keeps cfg.n_heads.
         self.shape = cfg.layer(layer) if layer is not None and not cross else None
         self.n_heads = cfg.n_heads if self.shape is None else self.shape.n_heads
-        self.d_head = cfg.d_head
-        self.W_O = nn.Linear(self.n_heads * cfg.d_head, cfg.d_model, bias=cfg.out_bias)
+        # The width of what a head writes through W_O: MLA's value width may differ from its key width.
+        self.d_head = cfg.v_head_dim if cfg.attention == "latent" else cfg.d_head
+        self.W_O = nn.Linear(self.n_heads * self.d_head, cfg.d_model, bias=cfg.out_bias)
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -144,9 +145,13 @@ class _AttentionBase(nn.Module):
     def _needs_explicit(self) -> bool:
         return (not self.cfg.use_sdpa) or self.hook_pattern.active or self.hook_attn_scores.active
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:
-        """q ``[B, H, T, Dq]``, k ``[B, K, S, Dq]``, v ``[B, K, S, Dv]`` -> z ``[B, H, T, Dv]``."""
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask,
+                scale: float | None = None) -> torch.Tensor:
+        """q ``[B, H, T, Dq]``, k ``[B, K, S, Dq]``, v ``[B, K, S, Dv]`` -> z ``[B, H, T, Dv]``.
+
+        ``scale`` defaults to ``cfg.softmax_scale``, else ``1 / sqrt(Dq)``."""
+        if scale is None:
+            scale = self.cfg.softmax_scale or 1.0 / math.sqrt(q.shape[-1])
         kv_index = getattr(self, "kv_index", None)
         if kv_index is not None:
             # Unequal K/V groups (a partially pruned group): give every query head its own K/V copy.
@@ -280,22 +285,44 @@ class Attention(_AttentionBase):
 
 
 class LatentAttention(_AttentionBase):
-    """Multi-head latent attention (DeepSeek-V2): K and V are up-projected from a low-rank latent.
+    """Multi-head latent attention, as DeepSeek-V2/V3 define it: K and V are up-projected from a low-rank latent.
 
-    The cache stores only the latent ``c_kv`` ``[B, S, C]`` and the shared rotary key ``[B, S, R]``, which is
-    what makes MLA cheap to serve. Queries may be compressed too (``q_latent_dim``). Scores use the
-    concatenation [no-position part (D) | decoupled rotary part (R)], scaled by ``1 / sqrt(D + R)``.
+    Shapes: H heads, no-position query/key width D (``cfg.d_head``, DeepSeek's ``qk_nope_head_dim``), rotary
+    width R (``cfg.rope_dim``, ``qk_rope_head_dim``), value width Dv (``cfg.v_head_dim``), latent C
+    (``cfg.kv_latent_dim``, ``kv_lora_rank``), query latent Cq (``cfg.q_latent_dim``, ``q_lora_rank``, or direct
+    query projection when None). Weights (HF names in brackets): ``W_dq`` [q_a_proj], ``q_norm``
+    [q_a_layernorm], ``W_uq`` [q_b_proj] or ``W_q`` [q_proj] ``[H (D + R), .]``; ``W_dkv`` [kv_a_proj_with_mqa]
+    ``[C + R, M]``; ``kv_norm`` [kv_a_layernorm]; ``W_ukv`` [kv_b_proj] ``[H (D + Dv), C]``, head h's rows are
+    its key part ``W_UK[h]`` ``[D, C]`` then its value part ``W_UV[h]`` ``[Dv, C]``; ``W_O`` [o_proj].
 
-    Hooks: ``hook_q_latent`` ``[B, T, Cq]``, ``hook_kv_latent`` ``[B, S_new, C]``; ``hook_q`` ``[B, T, H, D+R]``
-    and ``hook_k`` ``[B, S, H, D+R]`` are after RoPE (the rotary part is part of the head's key), ``hook_v``
-    ``[B, S, H, D]``; with a cache, ``hook_k``/``hook_v`` see every cached position (they are recomputed
-    from the latent).
+    The cache stores only the normalised latent ``c_kv`` ``[B, S, C]`` and the shared rotated key ``[B, S, R]``.
+    Scores use [no-position part | rotary part] and ``cfg.softmax_scale`` (default ``1 / sqrt(D + R)``).
+    RoPE rotates in the half-split layout; a checkpoint with interleaved rotary pairs (DeepSeek's
+    ``rope_interleave``) is converted by permuting the rotary rows of ``W_uq`` / ``W_dkv``, which leaves every
+    score unchanged.
+
+    Two paths give the same numbers:
+
+    * expanded (prefill, and any pass without a cache): ``k = [c_kv W_UK^T | k_rope]`` and ``v = c_kv W_UV^T``
+      per head, then attention;
+    * absorbed (``decode_path = "absorbed"``, the default, for single-token steps with a cache): ``W_UK`` is
+      folded into the query (``q_lat = q_nope W_UK`` ``[B, H, 1, C]``) and ``W_UV`` into the output
+      (``z = (p c_kv) W_UV^T``), so a step attends over the cached latent directly (one shared K/V head of
+      width C + R, like MQA) and never expands K or V for the cached positions.
+
+    Hooks: ``hook_q_latent`` ``[B, T, Cq]``, ``hook_kv_latent`` ``[B, S_new, C]``, ``hook_q`` ``[B, T, H, D+R]``
+    (after RoPE), and on both paths ``hook_attn_scores`` / ``hook_pattern`` / ``hook_z`` ``[B, T, H, Dv]`` /
+    ``hook_result``. ``hook_k`` ``[B, S, H, D+R]`` and ``hook_v`` ``[B, S, H, Dv]`` exist on the expanded path
+    only: attaching either makes a step take the expanded path (with a cache they see every cached position,
+    recomputed from the latent).
     """
 
     def __init__(self, cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> None:
         super().__init__(cfg, cross=cross, layer=layer)
         H, D, M, C, R = self.n_heads, cfg.d_head, cfg.d_model, cfg.kv_latent_dim, cfg.rope_dim
+        Dv = self.d_head
         self.n_kv_heads = H
+        self.d_nope = D
         self.rope_dim = R if not cross else 0
         self.kv_latent_dim = C
         if cfg.q_latent_dim is not None:
@@ -306,10 +333,11 @@ class LatentAttention(_AttentionBase):
             self.W_q = nn.Linear(M, H * (D + self.rope_dim), bias=cfg.attn_bias)
         self.W_dkv = nn.Linear(M, C + self.rope_dim, bias=False)  # fused: latent and shared rotary key
         self.kv_norm = nn.RMSNorm(C, eps=cfg.norm_eps)
-        self.W_ukv = nn.Linear(C, H * 2 * D, bias=False)  # fused: no-position keys and values
+        self.W_ukv = nn.Linear(C, H * (D + Dv), bias=False)  # fused: no-position keys and values
         self.rotary = Rotary(self.rope_dim, cfg.rotary_base) if self.rope_dim else None
         self.hook_q_latent = HookPoint()
         self.hook_kv_latent = HookPoint()
+        self.decode_path = "absorbed"
 
     def forward(
         self,
@@ -322,9 +350,11 @@ class LatentAttention(_AttentionBase):
     ) -> torch.Tensor:
         """Same arguments as :meth:`Attention.forward`."""
         B, T, _ = x.shape
-        H, D, R, C = self.n_heads, self.d_head, self.rope_dim, self.kv_latent_dim
+        H, D, R, C, Dv = self.n_heads, self.d_nope, self.rope_dim, self.kv_latent_dim, self.d_head
         if H == 0:
             return self._no_heads(x)  # no head reads K/V, so nothing is computed or cached
+        if self.decode_path not in ("absorbed", "expanded"):
+            raise ValueError(f"decode_path={self.decode_path!r} must be 'absorbed' or 'expanded'")
         if hasattr(self, "W_dq"):
             c_q = self.hook_q_latent(self.W_dq(x))  # [B, T, Cq]
             q = self.W_uq(self.q_norm(c_q))
@@ -340,12 +370,36 @@ class LatentAttention(_AttentionBase):
             k_rope = self.rotary(k_rope.unsqueeze(2), positions).squeeze(2)  # [B, S_new, R]
         if cache is not None and context is None:
             c_kv, k_rope = cache.update(mask.start, c_kv, k_rope)  # [B, S, C], [B, S, R]
+        q = self.hook_q(q)
+        absorbed = (self.decode_path == "absorbed" and cache is not None and context is None and T == 1
+                    and not (self.hook_k.active or self.hook_v.active))
+        if absorbed:
+            return self._project_out(self._attend_absorbed(q, c_kv, k_rope, mask))
         S = c_kv.shape[1]
-        k_nope, v = self.W_ukv(c_kv).view(B, S, H, 2 * D).split([D, D], dim=-1)  # [B, S, H, D] each
+        k_nope, v = self.W_ukv(c_kv).view(B, S, H, D + Dv).split([D, Dv], dim=-1)  # [B, S, H, D], [B, S, H, Dv]
         k = torch.cat([k_nope, k_rope.unsqueeze(2).expand(B, S, H, R)], dim=-1)  # [B, S, H, D+R]
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T|S, D(+R)]
+        k, v = self.hook_k(k), self.hook_v(v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T|S, D(+R)|Dv]
         return self._project_out(self._attend(q, k, v, mask))
+
+    def _attend_absorbed(self, q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor,
+                         mask: AttnMask) -> torch.Tensor:
+        """q ``[B, T, H, D+R]``, c_kv ``[B, S, C]``, k_rope ``[B, S, R]`` -> z ``[B, H, T, Dv]``, K/V unexpanded.
+
+        ``q_nope . (W_UK c) = (q_nope W_UK) . c``: the score of a head is its absorbed query against the shared
+        latent, and ``sum_s p_s W_UV c_s = W_UV (sum_s p_s c_s)`` gives its value read-out.
+        """
+        H, D, R, C, Dv = self.n_heads, self.d_nope, self.rope_dim, self.kv_latent_dim, self.d_head
+        up = self.W_ukv.weight.view(H, D + Dv, C)  # [H, D+Dv, C]
+        w_uk, w_uv = up[:, :D], up[:, D:]  # [H, D, C], [H, Dv, C]
+        q_nope, q_rope = q.split([D, R], dim=-1)  # [B, T, H, D], [B, T, H, R]
+        q_lat = torch.einsum("bthd,hdc->bhtc", q_nope, w_uk)  # [B, H, T, C]
+        q_cat = torch.cat([q_lat, q_rope.transpose(1, 2)], dim=-1)  # [B, H, T, C+R]
+        k_cat = torch.cat([c_kv, k_rope], dim=-1).unsqueeze(1)  # [B, 1, S, C+R]: one shared key head
+        # The scale is the expanded path's: the dot products are the same, only their width changed.
+        scale = self.cfg.softmax_scale or 1.0 / math.sqrt(D + R)
+        z_lat = self._attend(q_cat, k_cat, c_kv.unsqueeze(1), mask, scale)  # [B, H, T, C]
+        return torch.einsum("bhtc,hvc->bhtv", z_lat, w_uv)  # [B, H, T, Dv]
 
 
 def make_attention(cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> _AttentionBase:

@@ -16,11 +16,15 @@ AttentionKind = Literal["standard", "latent"]
 Positional = Literal["learned", "rotary", "none"]
 Normalization = Literal["pre", "post", "rms", "none"]
 Activation = Literal["gelu", "gelu_new", "relu", "silu", "swiglu", "geglu"]
+RouterScore = Literal["softmax", "sigmoid"]
+RouterGroupScore = Literal["max", "top2_sum"]
 
 _ATTENTION_KINDS = ("standard", "latent")
 _POSITIONALS = ("learned", "rotary", "none")
 _NORMALIZATIONS = ("pre", "post", "rms", "none")
 _ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu")
+_ROUTER_SCORES = ("softmax", "sigmoid")
+_ROUTER_GROUP_SCORES = ("max", "top2_sum")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,37 @@ class ModelConfig:
             mean the uniform grouping, query head h reads K/V head ``h // (H_l // K_l)``). Needed when a
             partially pruned K/V group leaves groups of unequal size.
 
+    Multi-head latent attention (DeepSeek-V2/V3), besides ``kv_latent_dim`` / ``q_latent_dim`` / ``rope_dim``:
+
+    Args:
+        v_head_dim: MLA only: width of one head's value (and of its slice of ``W_O``); defaults to ``d_head``,
+            which for MLA is the no-position part of the query/key head (DeepSeek's ``qk_nope_head_dim``).
+        softmax_scale: the attention-score scale; ``None`` is ``1 / sqrt(query-key width)``. DeepSeek's YaRN
+            multiplies it by ``mscale**2``.
+
+    Mixture of experts (``n_experts > 0``; see :mod:`interp.moe`):
+
+    Args:
+        n_experts: routed experts per MoE layer (E); 0 means every MLP is dense.
+        n_experts_per_token: experts each token is routed to (top-k), ``1 <= k <= n_experts``.
+        d_expert: hidden width of one routed expert; defaults to ``d_mlp``.
+        router_score: ``"softmax"`` (Mixtral, Qwen, OLMoE, DeepSeek-V2) or ``"sigmoid"`` (DeepSeek-V3) of the
+            router logits.
+        router_renormalize: divide the k chosen scores by their sum.
+        router_groups: DeepSeek's ``n_group``: experts fall in this many equal groups and a token first picks
+            ``router_topk_groups`` groups, then its top-k experts inside them.
+        router_topk_groups: groups a token may use (``topk_group``); defaults to ``router_groups``.
+        router_group_score: a group's score, ``"max"`` of its scores (DeepSeek-V2) or ``"top2_sum"``, the sum of
+            its two best (DeepSeek-V3).
+        router_choice_bias: a per-expert bias added to the scores for choosing only, never to the weights
+            (DeepSeek-V3's ``e_score_correction_bias``).
+        routed_scaling: multiplies the chosen weights (``routed_scaling_factor``).
+        d_shared_expert: hidden width of the shared expert every token passes through (0: none); DeepSeek's
+            ``n_shared_experts`` experts are one MLP of ``n_shared_experts * d_expert``.
+        shared_expert_gate: the shared expert's output is scaled by ``sigmoid(x @ w)`` (Qwen-MoE).
+        dense_mlp_layers: layers that keep a dense MLP of width ``d_mlp`` (DeepSeek's first
+            ``first_k_dense_replace`` layers, Qwen-MoE's ``mlp_only_layers``).
+
     Raises:
         ValueError: on any invalid value or combination, quoting the values.
 
@@ -139,6 +174,23 @@ class ModelConfig:
     layer_n_heads: list[int] | None = None
     layer_n_kv_heads: list[int] | None = None
     layer_kv_map: list[list[int] | None] | None = None
+    # --- multi-head latent attention (DeepSeek) ---
+    v_head_dim: int | None = None
+    softmax_scale: float | None = None
+    # --- mixture of experts ---
+    n_experts: int = 0
+    n_experts_per_token: int | None = None
+    d_expert: int | None = None
+    router_score: RouterScore = "softmax"
+    router_renormalize: bool = False
+    router_groups: int = 1
+    router_topk_groups: int | None = None
+    router_group_score: RouterGroupScore = "max"
+    router_choice_bias: bool = False
+    routed_scaling: float = 1.0
+    d_shared_expert: int = 0
+    shared_expert_gate: bool = False
+    dense_mlp_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx"):
@@ -221,7 +273,95 @@ class ModelConfig:
             raise ValueError("tie_embeddings=True needs unembed=True")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.d_vocab:
             raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.d_vocab})")
+        self._check_latent_extras()
+        self._check_experts()
         self._check_layer_heads()
+
+    def _check_latent_extras(self) -> None:
+        """Validate the DeepSeek MLA fields (value width, softmax scale)."""
+        _int_or_none("v_head_dim", self.v_head_dim)
+        if self.softmax_scale is not None:
+            _positive_float("softmax_scale", self.softmax_scale)
+        if self.attention != "latent":
+            if self.v_head_dim is not None:
+                raise ValueError(f"v_head_dim={self.v_head_dim} only applies to attention='latent'")
+            return
+        if self.v_head_dim is None:
+            self.v_head_dim = self.d_head
+        _positive_int("v_head_dim", self.v_head_dim)
+
+    def _check_experts(self) -> None:
+        """Validate the mixture-of-experts fields, quoting the values."""
+        for name in ("n_experts", "n_experts_per_token", "d_expert", "router_groups", "router_topk_groups",
+                     "d_shared_expert"):
+            _int_or_none(name, getattr(self, name))
+        for name in ("router_renormalize", "router_choice_bias", "shared_expert_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.n_experts < 0:
+            raise ValueError(f"n_experts={self.n_experts} must be >= 0 (0: dense MLPs)")
+        if not self.n_experts:
+            set_fields = [f"{name}={getattr(self, name)!r}" for name, default in _MOE_DEFAULTS.items()
+                          if getattr(self, name) != default]
+            if set_fields:
+                raise ValueError(f"{', '.join(set_fields)} only apply to a mixture of experts (n_experts > 0)")
+            return
+        if self.attn_only:
+            raise ValueError(f"n_experts={self.n_experts} needs MLPs, but attn_only=True")
+        if self.activation not in ("swiglu", "geglu"):
+            raise ValueError(f"experts are gated MLPs: activation={self.activation!r} must be 'swiglu' or 'geglu'")
+        E, k = self.n_experts, self.n_experts_per_token
+        if k is None:
+            raise ValueError(f"n_experts={E} needs n_experts_per_token (the router's top-k)")
+        _positive_int("n_experts_per_token", k)
+        if k > E:
+            raise ValueError(f"router top-k n_experts_per_token={k} is larger than the number of experts "
+                             f"n_experts={E}")
+        if self.d_expert is None:
+            self.d_expert = self.d_mlp
+        _positive_int("d_expert", self.d_expert)
+        if self.router_score not in _ROUTER_SCORES:
+            raise ValueError(f"router_score={self.router_score!r} is not one of {_ROUTER_SCORES}")
+        if self.router_group_score not in _ROUTER_GROUP_SCORES:
+            raise ValueError(f"router_group_score={self.router_group_score!r} is not one of {_ROUTER_GROUP_SCORES}")
+        _positive_int("router_groups", self.router_groups)
+        if self.router_topk_groups is None:
+            self.router_topk_groups = self.router_groups
+        _positive_int("router_topk_groups", self.router_topk_groups)
+        G, Gk = self.router_groups, self.router_topk_groups
+        if E % G:
+            raise ValueError(f"n_experts={E} is not divisible by router_groups={G}")
+        if Gk > G:
+            raise ValueError(f"router_topk_groups={Gk} is larger than router_groups={G}")
+        if G > 1 and self.router_group_score == "top2_sum" and E // G < 2:
+            raise ValueError(f"router_group_score='top2_sum' needs >= 2 experts per group, got n_experts={E} "
+                             f"in router_groups={G}")
+        if k > Gk * (E // G):
+            raise ValueError(f"n_experts_per_token={k} is more than the {Gk * (E // G)} experts of the "
+                             f"router_topk_groups={Gk} groups a token may use")
+        _positive_float("routed_scaling", self.routed_scaling)
+        if self.d_shared_expert < 0:
+            raise ValueError(f"d_shared_expert={self.d_shared_expert} must be >= 0 (0: no shared expert)")
+        if self.shared_expert_gate and not self.d_shared_expert:
+            raise ValueError("shared_expert_gate=True needs a shared expert (d_shared_expert > 0)")
+        if self.dense_mlp_layers is not None:
+            dense = list(self.dense_mlp_layers)
+            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers for i in dense) \
+                    or len(set(dense)) != len(dense):
+                raise ValueError(f"dense_mlp_layers={self.dense_mlp_layers!r} must be distinct layer indices in "
+                                 f"[0, {self.n_layers})")
+            self.dense_mlp_layers = sorted(dense)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts (False for dense configs and ``dense_mlp_layers``).
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu",
+            ...                   n_experts=4, n_experts_per_token=2, dense_mlp_layers=[0])
+            >>> [cfg.is_moe_layer(i) for i in range(2)]
+            [False, True]
+        """
+        return bool(self.n_experts) and layer not in (self.dense_mlp_layers or ())
 
     def _check_layer_heads(self) -> None:
         """Validate the optional per-layer head counts and query-to-K/V maps (pruned models)."""
@@ -351,6 +491,11 @@ class ModelConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+
+_MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": "softmax",
+                 "router_renormalize": False, "router_groups": 1, "router_topk_groups": None,
+                 "router_group_score": "max", "router_choice_bias": False, "routed_scaling": 1.0,
+                 "d_shared_expert": 0, "shared_expert_gate": False, "dense_mlp_layers": None}
 
 _BOOL_FIELDS = ("causal", "embed_norm", "attn_only", "attn_bias", "out_bias", "mlp_bias", "unembed",
                 "tie_embeddings", "cross_attention", "use_sdpa")

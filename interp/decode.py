@@ -257,6 +257,7 @@ class LeanDecoder:
              "learned position or token-type embeddings"),
             (not cfg.cross_attention, "cross-attention"),
             (cfg.use_sdpa, "use_sdpa=False"),
+            (not cfg.n_experts, "mixture-of-experts MLPs"),
         ]
         for ok, why in checks:
             if not ok:

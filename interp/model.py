@@ -22,6 +22,7 @@ from .attention import AttnMask, make_attention
 from .config import ModelConfig
 from .hooks import HookedModule, HookPoint, NamesFilter
 from .kv_cache import KVCache
+from .moe import MoE
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -51,16 +52,20 @@ _ACT_INPLACE: dict[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tenso
 
 
 class MLP(nn.Module):
-    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``)."""
+    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``).
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    ``d_hidden`` overrides ``cfg.d_mlp`` (a mixture of experts' shared expert has its own width).
+    """
+
+    def __init__(self, cfg: ModelConfig, d_hidden: int | None = None) -> None:
         super().__init__()
+        F_ = cfg.d_mlp if d_hidden is None else d_hidden
         self.gated = cfg.activation in ("swiglu", "geglu")
         self.act = _ACT[cfg.activation]
-        self.W_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+        self.W_in = nn.Linear(cfg.d_model, F_, bias=cfg.mlp_bias)
         if self.gated:
-            self.W_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
-        self.W_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
+            self.W_gate = nn.Linear(cfg.d_model, F_, bias=cfg.mlp_bias)
+        self.W_out = nn.Linear(F_, cfg.d_model, bias=cfg.mlp_bias)
         self.hook_post = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,6 +80,14 @@ class MLP(nn.Module):
         return self.W_out(self.hook_post(h))
 
 
+def make_mlp(cfg: ModelConfig, layer: int | None) -> nn.Module:
+    """The MLP of ``layer``: a :class:`~interp.moe.MoE` on a mixture-of-experts layer, else a dense :class:`MLP`."""
+    if layer is None or not cfg.is_moe_layer(layer):
+        return MLP(cfg)
+    shared = MLP(cfg, d_hidden=cfg.d_shared_expert) if cfg.d_shared_expert else None
+    return MoE(cfg, shared, _ACT[cfg.activation])
+
+
 class Block(nn.Module):
     """One layer: attention (+ cross-attention) + MLP, with pre-norm, post-norm (BERT) or no norm."""
 
@@ -87,7 +100,7 @@ class Block(nn.Module):
             self.ln_cross = make_norm(cfg)
             self.cross_attn = make_attention(cfg, cross=True)
             self.hook_cross_attn_out = HookPoint()
-        self.mlp = None if cfg.attn_only else MLP(cfg)
+        self.mlp = None if cfg.attn_only else make_mlp(cfg, layer)
         if self.mlp is not None:
             self.ln2 = make_norm(cfg)
             self.hook_mlp_out = HookPoint()

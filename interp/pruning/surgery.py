@@ -181,7 +181,7 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
             for suffix in ("weight", "bias"):
                 if pre + f"{q_name}.{suffix}" in state:
                     state[pre + f"{q_name}.{suffix}"] = state[pre + f"{q_name}.{suffix}"][q_rows]
-            state[pre + "W_ukv.weight"] = state[pre + "W_ukv.weight"][_head_rows(kept, 2 * D)]
+            state[pre + "W_ukv.weight"] = state[pre + "W_ukv.weight"][_head_rows(kept, D + cfg.v_head_dim)]
         else:
             K = attn.n_kv_heads
             kv_kept, _ = _kept_kv(model, layer, kept)
@@ -191,12 +191,13 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
             for suffix in ("weight", "bias"):
                 if pre + f"W_qkv.{suffix}" in state:
                     state[pre + f"W_qkv.{suffix}"] = state[pre + f"W_qkv.{suffix}"][rows]
-        w_o = state[pre + "W_O.weight"]  # [M, H*D]
+        w_o = state[pre + "W_O.weight"]  # [M, H*Dv] (Dv = D except for MLA's own value width)
+        Dv = attn.d_head
         if attn.gate is not None:
             # Fold the gates of the kept heads into W_O's columns: z_h * g_h @ W_O[h] = z_h @ (g_h W_O[h]).
-            scale = attn.gate.detach().to(w_o.dtype).repeat_interleave(D)  # [H*D]
+            scale = attn.gate.detach().to(w_o.dtype).repeat_interleave(Dv)  # [H*Dv]
             w_o = w_o * scale[None, :]
-        state[pre + "W_O.weight"] = w_o[:, _head_rows(kept, D)]  # [M, H_kept*D]
+        state[pre + "W_O.weight"] = w_o[:, _head_rows(kept, Dv)]  # [M, H_kept*Dv]
     new.load_state_dict(state, strict=True)
     new.to(device=p.device, dtype=p.dtype)
     new.name = model.name

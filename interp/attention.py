@@ -234,7 +234,8 @@ class Attention(_AttentionBase):
         # Query head -> K/V head, only for unequal groups (None keeps the grouped, copy-free path).
         self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
                              persistent=False)
-        self.rotary = Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" and not cross else None
+        self.rotary = (Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling)
+                       if cfg.positional == "rotary" and not cross else None)
 
     def forward(
         self,

@@ -239,7 +239,8 @@ class Attention(_AttentionBase):
         # Query head -> K/V head, only for unequal groups (None keeps the grouped, copy-free path).
         self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
                              persistent=False)
-        self.rotary = Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" and not cross else None
+        self.rotary = (Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling)
+                       if cfg.positional == "rotary" and not cross else None)
 
     def forward(
         self,
@@ -334,7 +335,7 @@ class LatentAttention(_AttentionBase):
         self.W_dkv = nn.Linear(M, C + self.rope_dim, bias=False)  # fused: latent and shared rotary key
         self.kv_norm = nn.RMSNorm(C, eps=cfg.norm_eps)
         self.W_ukv = nn.Linear(C, H * (D + Dv), bias=False)  # fused: no-position keys and values
-        self.rotary = Rotary(self.rope_dim, cfg.rotary_base) if self.rope_dim else None
+        self.rotary = Rotary(self.rope_dim, cfg.rotary_base, cfg.rope_scaling) if self.rope_dim else None
         self.hook_q_latent = HookPoint()
         self.hook_kv_latent = HookPoint()
         self.decode_path = "absorbed"

@@ -26,6 +26,17 @@ _ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu")
 _ROUTER_SCORES = ("softmax", "sigmoid")
 _ROUTER_GROUP_SCORES = ("max", "top2_sum")
 
+#: For each RoPE scaling kind, its (required, optional) keys besides ``rope_type``.
+ROPE_SCALING_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "linear": (("factor",), ()),
+    "dynamic": (("factor", "original_max_position_embeddings"), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")),
+    "longrope": (("short_factor", "long_factor", "original_max_position_embeddings"),
+                 ("factor", "attention_factor")),
+}
+
 
 @dataclass(frozen=True)
 class LayerShape:
@@ -74,6 +85,10 @@ class ModelConfig:
         positional: ``"learned"`` absolute embeddings, ``"rotary"`` (RoPE on queries and keys) or ``"none"``.
         rotary_base: RoPE base frequency.
         rotary_dim: how many dims of each head RoPE rotates (standard attention); defaults to ``d_head``.
+        rope_scaling: optional RoPE scaling, a dict in Hugging Face's ``rope_parameters`` vocabulary:
+            ``rope_type`` one of ``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope`` and the keys
+            :data:`interp.rotary.ROPE_SCALING_KEYS` lists for it (e.g. ``{"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``).
         normalization: ``"pre"`` (pre-LN, GPT-2), ``"post"`` (post-LN, BERT), ``"rms"`` (pre-RMSNorm, Llama)
             or ``"none"``.
         norm_eps: epsilon of the norms.
@@ -154,6 +169,7 @@ class ModelConfig:
     positional: Positional = "learned"
     rotary_base: float = 10000.0
     rotary_dim: int | None = None
+    rope_scaling: dict[str, Any] | None = None
     normalization: Normalization = "pre"
     norm_eps: float = 1e-5
     embed_norm: bool = False
@@ -269,6 +285,7 @@ class ModelConfig:
                 )
         elif self.rotary_dim is not None and self.positional != "rotary":
             raise ValueError(f"rotary_dim={self.rotary_dim} needs positional='rotary', got {self.positional!r}")
+        self._check_rope_scaling()
         if self.tie_embeddings and not self.unembed:
             raise ValueError("tie_embeddings=True needs unembed=True")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.d_vocab:
@@ -362,6 +379,51 @@ class ModelConfig:
             [False, True]
         """
         return bool(self.n_experts) and layer not in (self.dense_mlp_layers or ())
+
+    def _check_rope_scaling(self) -> None:
+        """Validate ``rope_scaling``: a known kind, its required keys, no unknown key, sensible numbers."""
+        rs = self.rope_scaling
+        if rs is None:
+            return
+        if not isinstance(rs, dict):
+            raise TypeError(f"rope_scaling={rs!r} must be a dict with a 'rope_type', or None")
+        if self.positional != "rotary":
+            raise ValueError(f"rope_scaling={rs!r} needs positional='rotary', got positional={self.positional!r}")
+        kind = rs.get("rope_type")
+        if kind not in ROPE_SCALING_KEYS:
+            raise ValueError(f"rope_scaling rope_type={kind!r} is not supported; supported: "
+                             f"{sorted(ROPE_SCALING_KEYS)}")
+        required, optional = ROPE_SCALING_KEYS[kind]
+        missing = [k for k in required if rs.get(k) is None]
+        if missing:
+            raise ValueError(f"rope_scaling rope_type={kind!r} needs {missing}; got {rs!r}")
+        unknown = sorted(set(rs) - {"rope_type", *required, *optional})
+        if unknown:
+            raise ValueError(f"rope_scaling rope_type={kind!r} has unknown key(s) {unknown}; "
+                             f"known: {sorted((*required, *optional))}")
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
+                    "mscale", "mscale_all_dim"):
+            if rs.get(key) is not None:
+                value = rs[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise ValueError(f"rope_scaling {key}={value!r} must be a finite number")
+                if key not in ("mscale", "mscale_all_dim") and value <= 0:
+                    raise ValueError(f"rope_scaling {key}={value!r} must be > 0")
+        if kind in ("linear", "dynamic", "llama3", "yarn") and rs["factor"] < 1:
+            raise ValueError(f"rope_scaling factor={rs['factor']!r} must be >= 1 (it stretches the context)")
+        if "original_max_position_embeddings" in rs:
+            _positive_int("rope_scaling original_max_position_embeddings", rs["original_max_position_embeddings"])
+        if kind == "llama3" and not rs["low_freq_factor"] < rs["high_freq_factor"]:
+            raise ValueError(f"rope_scaling low_freq_factor={rs['low_freq_factor']} must be < "
+                             f"high_freq_factor={rs['high_freq_factor']}")
+        if kind == "longrope":
+            half = (self.rotary_dim or self.rope_dim or self.d_head) // 2
+            for key in ("short_factor", "long_factor"):
+                value = rs[key]
+                if (not isinstance(value, (list, tuple)) or len(value) != half
+                        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)):
+                    raise ValueError(f"rope_scaling {key} must be {half} positive numbers (one per rotary "
+                                     f"frequency), got {value!r}")
 
     def _check_layer_heads(self) -> None:
         """Validate the optional per-layer head counts and query-to-K/V maps (pruned models)."""

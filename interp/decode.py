@@ -267,6 +267,8 @@ class LeanDecoder:
             attn = block.attn
             if attn.rotary is None or first is None:
                 return "no rotary embedding"
+            if attn.rotary.length_dependent or attn.rotary.attention_factor != 1.0:
+                return f"rope_scaling={cfg.rope_scaling!r} (length-dependent frequencies or an attention factor)"
             if not torch.equal(attn.rotary.inv_freq, first.inv_freq):
                 return f"layer {i} rotates with other frequencies than layer 0"
             if attn.n_heads == 0 or getattr(attn, "kv_index", None) is not None:

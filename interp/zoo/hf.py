@@ -19,6 +19,7 @@ Weight layouts, and what differs from ours:
 from __future__ import annotations
 
 import dataclasses
+import math
 import pickle
 import re
 from collections.abc import Callable, Mapping
@@ -180,23 +181,71 @@ def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
 _LLAMA_TYPES = ("llama", "mistral", "qwen2")
 
 
-def _rope_theta(hf_cfg: Mapping[str, Any]) -> float:
-    rope = hf_cfg.get("rope_parameters") or {}
-    scaling = hf_cfg.get("rope_scaling") or {}
-    kind = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise ValueError(f"rope_type={kind!r} (RoPE scaling) is not supported; only 'default' rotary")
-    theta = rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0))
-    return float(theta)
+_ROPE_KINDS_HF = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+
+
+def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None = None) -> tuple[float, dict | None]:
+    """``(rope_theta, rope_scaling)`` of a HF config: transformers 5's ``rope_parameters`` or 4.x's
+    ``rope_theta`` + ``rope_scaling``, resolved into :class:`ModelConfig`'s explicit ``rope_scaling`` dict
+    (defaults filled in as transformers fills them). ``params`` overrides the dict read (per-layer-type RoPE).
+
+    Raises:
+        ValueError: a RoPE kind interp does not implement, named with the supported ones.
+    """
+    rope = dict(params if params is not None else (hf_cfg.get("rope_parameters") or {}))
+    legacy = hf_cfg.get("rope_scaling") or {}
+    if not rope.get("rope_type") and legacy:
+        rope = {**legacy, **rope}
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    if kind not in _ROPE_KINDS_HF:
+        raise ValueError(f"{arch} rope_type={kind!r} is not supported; supported: {list(_ROPE_KINDS_HF)}")
+    theta = float(rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)))
+    if kind == "default":
+        return theta, None
+    max_pos = _need(hf_cfg, "max_position_embeddings", arch)
+    orig = rope.get("original_max_position_embeddings") or hf_cfg.get("original_max_position_embeddings")
+    scaling: dict[str, Any] = {"rope_type": kind}
+    if kind == "linear":
+        scaling["factor"] = float(_need(rope, "factor", f"{arch} rope_parameters"))
+    elif kind == "dynamic":
+        # transformers grows the base past max_position_embeddings itself (the original context of dynamic NTK).
+        scaling.update(factor=float(_need(rope, "factor", f"{arch} rope_parameters")),
+                       original_max_position_embeddings=max_pos)
+    elif kind == "llama3":
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            scaling[key] = _need(rope, key, f"{arch} rope_parameters")
+    elif kind == "yarn":
+        orig = orig or max_pos
+        factor = rope.get("factor") or max_pos / orig
+        scaling.update(factor=float(factor), original_max_position_embeddings=orig)
+        for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"):
+            if rope.get(key) is not None:
+                scaling[key] = rope[key]
+    else:  # longrope
+        orig = orig or max_pos
+        scaling.update(short_factor=list(_need(rope, "short_factor", f"{arch} rope_parameters")),
+                       long_factor=list(_need(rope, "long_factor", f"{arch} rope_parameters")),
+                       original_max_position_embeddings=orig, factor=float(rope.get("factor") or max_pos / orig))
+        if rope.get("attention_factor") is not None:
+            scaling["attention_factor"] = rope["attention_factor"]
+    return theta, scaling
+
+
+def _rope_context(n_ctx: int, scaling: dict | None) -> int:
+    """Dynamic NTK exists to run past ``max_position_embeddings``: allow ``factor`` times that."""
+    if scaling is not None and scaling["rope_type"] == "dynamic":
+        return int(n_ctx * scaling["factor"])
+    return n_ctx
 
 
 def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2) from its HF config dict.
 
-    ``rotary_base`` comes from ``rope_parameters["rope_theta"]`` (transformers 5) or ``rope_theta`` (4.x).
+    ``rotary_base`` comes from ``rope_parameters["rope_theta"]`` (transformers 5) or ``rope_theta`` (4.x), and
+    RoPE scaling (``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope``) becomes ``rope_scaling``.
 
     Raises:
-        ValueError: RoPE scaling, an activation other than silu, or a missing key. A sliding window
+        ValueError: another RoPE kind, an activation other than silu, or a missing key. A sliding window
             shorter than ``max_position_embeddings`` caps ``n_ctx`` at the window (where both agree).
     """
     arch = "Llama"
@@ -211,13 +260,15 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_ctx = window
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     attn_bias = bool(hf_cfg.get("attention_bias", mtype == "qwen2"))
+    theta, scaling = _rope(hf_cfg, mtype)
+    n_ctx = _rope_context(n_ctx, scaling)
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
         d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=n_ctx, normalization="rms",
-        norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=_rope_theta(hf_cfg),
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         causal=True, attn_bias=attn_bias, out_bias=attn_bias and mtype != "qwen2",
         mlp_bias=bool(hf_cfg.get("mlp_bias", False)), unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
@@ -409,11 +460,18 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     first_dense = hf_cfg.get("first_k_dense_replace", 0) or 0
     E = _need(hf_cfg, "n_routed_experts", arch)
     d_expert = _need(hf_cfg, "moe_intermediate_size", arch)
+    theta, scaling = _rope(hf_cfg, mtype)
+    softmax_scale = None
+    if scaling is not None and scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
+        # DeepSeek's YaRN also rescales the softmax by mscale(factor, mscale_all_dim)**2.
+        m = _yarn_mscale(scaling["factor"], scaling["mscale_all_dim"])
+        softmax_scale = (nope + rope) ** -0.5 * m * m
     return ModelConfig(
         n_layers=L, d_model=_need(hf_cfg, "hidden_size", arch), n_heads=n_heads, attention="latent",
         d_head=nope, rope_dim=rope, v_head_dim=_need(hf_cfg, "v_head_dim", arch),
         kv_latent_dim=_need(hf_cfg, "kv_lora_rank", arch), q_latent_dim=hf_cfg.get("q_lora_rank"),
-        positional="rotary", rotary_base=_rope_theta(hf_cfg), normalization="rms",
+        positional="rotary", rotary_base=theta, rope_scaling=scaling, softmax_scale=softmax_scale,
+        normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), d_mlp=_need(hf_cfg, "intermediate_size", arch),
         activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), attn_bias=False, out_bias=False, mlp_bias=False,
@@ -427,6 +485,11 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         d_shared_expert=(hf_cfg.get("n_shared_experts") or 0) * d_expert,
         dense_mlp_layers=list(range(min(first_dense, L))) or None,
     )
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's attention-temperature factor ``0.1 * mscale * ln(factor) + 1`` (1 without stretching)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def _deinterleave(w: torch.Tensor, heads: int, width: int, rope: int) -> torch.Tensor:

@@ -152,7 +152,10 @@ class MoE(nn.Module):
                 outs.append(F.linear(h, self.W_out[e]))  # [n, M]
             start += n
         sorted_out = torch.cat(outs)  # [N*k, M]
-        return torch.empty_like(sorted_out).index_copy_(0, order, sorted_out)  # back to slot order
+        # Back to slot order by a gather through the inverse permutation (a row gather is several times faster
+        # on CPU than scattering the rows with index_copy_).
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=order.device))  # [N*k]
+        return sorted_out.index_select(0, inverse)  # [N*k, M]
 
     def extra_repr(self) -> str:
         return (f"experts={self.n_experts}, top_k={self.top_k}, d_expert={self.cfg.d_expert}, "

@@ -239,3 +239,54 @@ def test_unimplemented_settings_are_refused_by_name():
         convert({**hf.config.to_dict(), "scoring_func": "softmax"}, hf.state_dict())
     with pytest.raises(ValueError, match=r"attention_bias=True"):
         convert({**hf.config.to_dict(), "attention_bias": True}, hf.state_dict())
+
+
+# --- analyses on converted MoE / MLA models ------------------------------------------------------------------
+def test_dla_splits_the_mlp_term_into_experts():
+    from interp.analysis.attribution import direct_logit_attribution
+
+    model = from_hf(hf_model("qwen2_moe"))
+    tokens = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(4))
+    answers = torch.tensor([5, 7])
+    whole = direct_logit_attribution(model, tokens, answers)
+    split = direct_logit_attribution(model, tokens, answers, split_experts=True)
+    assert split.attrs["logit_diff"] == pytest.approx(whole.attrs["logit_diff"], abs=1e-5)
+    assert split["attribution"].sum() == pytest.approx(split.attrs["logit_diff"], abs=1e-4)
+    experts = split[split.kind == "expert"]
+    assert len(experts) == 8  # layer 0's experts (layer 1 is dense: mlp_only_layers)
+    moe_parts = experts["attribution"].sum() + float(split.set_index("component").loc["L0 shared", "attribution"])
+    assert moe_parts == pytest.approx(float(whole.set_index("component").loc["L0 mlp", "attribution"]), abs=1e-4)
+
+
+def test_remove_heads_on_mla_equals_gating_them_off():
+    from interp.pruning import remove_heads
+
+    model = from_hf(hf_model("deepseek_v3"))
+    tokens = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(5))
+    small = remove_heads(model, {0: [1], 1: [0, 3]})
+    assert small.blocks[1].attn.W_ukv.weight.shape == (2 * (8 + 6), 16)  # the kept heads' slices of W_UK / W_UV
+    assert small.blocks[1].attn.W_uq.weight.shape == (2 * (8 + 4), 12)
+    model.blocks[0].attn.set_gate(torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    model.blocks[1].attn.set_gate(torch.tensor([0.0, 1.0, 1.0, 0.0]))
+    with torch.no_grad():
+        torch.testing.assert_close(small(tokens), model(tokens), rtol=0, atol=1e-5)
+        # the pruned model decodes with its latent cache too
+        assert torch.equal(small.generate(tokens[:1], 8), small.generate(tokens[:1], 8, use_cache=False))
+
+
+def test_mla_effective_weights_follow_the_deepseek_layout():
+    """interp.weights' W_V [H, M, Dv] reproduces hook_v up to the latent RMSNorm's per-token scale."""
+    from interp.weights import layer_weights
+
+    model = from_hf(hf_model("deepseek_v3"))
+    tokens = torch.randint(0, V, (1, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        _, trace = model.run_with_cache(tokens, names_filter=["blocks.1.attn.hook_v", "blocks.1.hook_resid_pre"])
+        x = model.blocks[1].ln1(trace["blocks.1.hook_resid_pre"])[0]  # [T, M], what attention reads
+        w = layer_weights(model, 1)
+    assert w["W_V"].shape == (4, 32, 6) and w["W_O"].shape == (4, 6, 32) and w["W_K"].shape == (4, 32, 8 + 4)
+    v = trace["blocks.1.attn.hook_v"][0]  # [T, H, Dv]
+    approx = torch.einsum("tm,hmd->thd", x, w["W_V"])  # without the per-token RMS scale
+    ratio = v / approx  # [T, H, Dv]: one positive number per token
+    torch.testing.assert_close(ratio, ratio[:, :1, :1].expand_as(ratio), rtol=1e-3, atol=1e-4)
+    assert bool((ratio > 0).all())

@@ -176,7 +176,33 @@ def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
 
 
 # --- Llama-style ------------------------------------------------------------------------------------------
-_LLAMA_TYPES = ("llama", "mistral", "qwen2")
+_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | None:
+    """Each layer's sliding window from a HF config: ``layer_types`` when given (``"sliding_attention"`` /
+    ``"full_attention"``), else Qwen's ``max_window_layers`` (layers from that index on slide), else every layer
+    slides when ``sliding_window`` is set; ``None`` when no layer slides.
+
+    Raises:
+        ValueError: a layer type other than sliding or full attention (named with its layer).
+    """
+    window = hf_cfg.get("sliding_window")
+    if window is None or hf_cfg.get("use_sliding_window", True) is False:
+        return None
+    n_layers = _need(hf_cfg, "num_hidden_layers", arch)
+    types = hf_cfg.get("layer_types")
+    if types:
+        for i, kind in enumerate(types):
+            if kind not in ("sliding_attention", "full_attention"):
+                raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
+                                 "(only 'sliding_attention' and 'full_attention')")
+        windows = [window if kind == "sliding_attention" else None for kind in types]
+    elif "max_window_layers" in hf_cfg:
+        windows = [window if i >= hf_cfg["max_window_layers"] else None for i in range(n_layers)]
+    else:
+        windows = [window] * n_layers
+    return windows if any(w is not None for w in windows) else None
 
 
 _ROPE_KINDS_HF = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
@@ -237,14 +263,15 @@ def _rope_context(n_ctx: int, scaling: dict | None) -> int:
 
 
 def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
-    """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2) from its HF config dict.
+    """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2 / qwen3) from its HF config dict.
+
+    Sliding windows come per layer (:func:`sliding_windows`); Qwen3 adds per-head QK-norm.
 
     ``rotary_base`` comes from ``rope_parameters["rope_theta"]`` (transformers 5) or ``rope_theta`` (4.x), and
     RoPE scaling (``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope``) becomes ``rope_scaling``.
 
     Raises:
-        ValueError: another RoPE kind, an activation other than silu, or a missing key. A sliding window
-            shorter than ``max_position_embeddings`` caps ``n_ctx`` at the window (where both agree).
+        ValueError: another RoPE kind, an activation other than silu, an unknown layer type, or a missing key.
     """
     arch = "Llama"
     mtype = hf_cfg.get("model_type", "llama")
@@ -252,10 +279,6 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
     n_ctx = _need(hf_cfg, "max_position_embeddings", arch)
-    window = hf_cfg.get("sliding_window")
-    if window is not None and hf_cfg.get("use_sliding_window", True) and window < n_ctx:
-        # Within the window sliding-window attention is full causal attention: cap the context there.
-        n_ctx = window
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     attn_bias = bool(hf_cfg.get("attention_bias", mtype == "qwen2"))
     theta, scaling = _rope(hf_cfg, mtype)
@@ -270,6 +293,7 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         causal=True, attn_bias=attn_bias, out_bias=attn_bias and mtype != "qwen2",
         mlp_bias=bool(hf_cfg.get("mlp_bias", False)), unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        sliding_window=sliding_windows(hf_cfg, mtype), qk_norm="head" if mtype == "qwen3" else "none",
     )
 
 
@@ -293,6 +317,9 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
             out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
         out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
         out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        if cfg.qk_norm == "head":  # Qwen3
+            out[b + "attn.q_norm.weight"] = src(h + "self_attn.q_norm.weight")
+            out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")
         for ours, theirs in (("W_gate", "gate_proj"), ("W_in", "up_proj"), ("W_out", "down_proj")):
             for kind in (("weight", "bias") if cfg.mlp_bias else ("weight",)):
                 out[b + f"mlp.{ours}.{kind}"] = src(h + f"mlp.{theirs}.{kind}")
@@ -314,6 +341,13 @@ CONVERTERS: dict[str, Converter] = {
 }
 
 
+def _register_dense_families() -> None:
+    # The other dense families live in their own module, which reads this one's helpers.
+    from .hf_families import CONVERTERS_DENSE
+
+    CONVERTERS.update(CONVERTERS_DENSE)
+
+
 def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-model") -> Transformer:
     """Build an :class:`interp.Transformer` from a HF config dict and state dict (no ``transformers`` needed).
 
@@ -330,6 +364,7 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
             missing tensors, or shape mismatches (tensor named with both shapes).
     """
     mtype = hf_cfg.get("model_type")
+    _register_dense_families()
     if mtype not in CONVERTERS:
         raise ValueError(f"model_type={mtype!r} is not supported; supported: {sorted(CONVERTERS)}")
     make_cfg, make_sd = CONVERTERS[mtype]

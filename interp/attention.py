@@ -45,6 +45,10 @@ class AttnMask:
         padded_queries_see_all: self-attention only: a padding query ignores the padding mask (it still obeys
             the causal rule). Its output is meaningless either way; this keeps its pattern row a proper
             distribution (no NaN, nothing above the diagonal) instead of a row with no allowed key.
+        window: sliding window W: the query at position p sees only keys p - W + 1 .. p (``None``: no window).
+        key_start: absolute position of the first key (a windowed layer's cache holds only the last keys).
+
+    :meth:`for_keys` derives a layer's mask (its window, the keys its cache returned) from the pass's mask.
 
     Masked scores get ``finfo(dtype).min`` rather than ``-inf`` (as Hugging Face does), so no row turns into NaN.
     """
@@ -55,16 +59,38 @@ class AttnMask:
     causal: bool
     key_keep: torch.Tensor | None = None
     padded_queries_see_all: bool = False
+    window: int | None = None
+    key_start: int = 0
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def for_keys(self, window: int | None, n_keys: int) -> AttnMask:
+        """This pass's mask for a layer with sliding ``window`` that attends to the last ``n_keys`` keys.
+
+        Derived masks are kept (one per window and key count), so layers that share them build them once.
+        """
+        key_start = self.S - n_keys
+        if window is not None and self.start + self.T <= window:
+            window = None  # no query is far enough from position 0 for the window to exclude a key
+        if window is None and key_start == 0:
+            return self
+        key = ("for_keys", window, key_start)
+        if key not in self._cache:
+            self._cache[key] = AttnMask(T=self.T, S=self.S, start=self.start, causal=self.causal,
+                                        key_keep=self.key_keep, padded_queries_see_all=self.padded_queries_see_all,
+                                        window=window, key_start=key_start)
+        return self._cache[key]
 
     @property
     def sdpa_is_causal(self) -> bool:
-        """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset)."""
-        return self.causal and self.key_keep is None and self.start == 0 and self.T == self.S and self.T > 1
+        """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset, no window)."""
+        return (self.causal and self.key_keep is None and self.start == 0 and self.T == self.S and self.T > 1
+                and self.window is None and self.key_start == 0)
 
     @property
     def trivial(self) -> bool:
         """True when every query may see every key."""
+        if self.window is not None and self.S - self.key_start > self.window:
+            return False
         return self.key_keep is None and (not self.causal or (self.T == 1 and self.start + 1 == self.S))
 
     def additive(self, dtype: torch.dtype, device: torch.device, q_slice: slice = slice(None)) -> torch.Tensor | None:
@@ -75,13 +101,16 @@ class AttnMask:
         if key in self._cache:
             return self._cache[key]
         q_pos = torch.arange(self.start, self.start + self.T, device=device)[q_slice]  # [T']
+        k_pos = torch.arange(self.key_start, self.S, device=device)  # [S'] the keys this layer attends to
         allowed = None
         if self.causal:
-            allowed = torch.arange(self.S, device=device)[None, :] <= q_pos[:, None]  # [T', S]
-            allowed = allowed[None, None]  # [1, 1, T', S]
+            allowed = k_pos[None, :] <= q_pos[:, None]  # [T', S']
+            if self.window is not None:
+                allowed &= k_pos[None, :] > q_pos[:, None] - self.window  # [T', S']
+            allowed = allowed[None, None]  # [1, 1, T', S']
         if self.key_keep is not None:
             key_keep = self.key_keep.to(device=device, dtype=torch.bool)
-            keep = key_keep[:, None, None, :]  # [B, 1, 1, S]
+            keep = key_keep[:, None, None, self.key_start:]  # [B, 1, 1, S']
             if self.padded_queries_see_all:
                 q_keep = key_keep[:, self.start:self.start + self.T][:, q_slice]  # [B, T']
                 keep = keep | ~q_keep[:, None, :, None]  # [B, 1, T', S]
@@ -120,6 +149,9 @@ class _AttentionBase(nn.Module):
         self.gate: torch.Tensor | None = None
         # Explicit path only: process this many queries at a time (None = all at once).
         self.query_chunk: int | None = None
+        # Sliding window of this layer (None: global); cross-attention never slides.
+        self.window = None if cross or layer is None else cfg.window(layer)
+        self.softcap = cfg.attn_softcap
 
     # --- per-head views of the output projection -----------------------------------------------------
     @property
@@ -143,15 +175,20 @@ class _AttentionBase(nn.Module):
 
     # --- attention ------------------------------------------------------------------------------------
     def _needs_explicit(self) -> bool:
-        return (not self.cfg.use_sdpa) or self.hook_pattern.active or self.hook_attn_scores.active
+        # SDPA has no soft-capping: a soft-capped model always computes its scores explicitly.
+        return (not self.cfg.use_sdpa or self.softcap is not None or self.hook_pattern.active
+                or self.hook_attn_scores.active)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask,
                 scale: float | None = None) -> torch.Tensor:
         """q ``[B, H, T, Dq]``, k ``[B, K, S, Dq]``, v ``[B, K, S, Dv]`` -> z ``[B, H, T, Dv]``.
 
-        ``scale`` defaults to ``cfg.softmax_scale``, else ``1 / sqrt(Dq)``."""
+        ``mask`` is the pass's mask; the layer's window and the keys it was given (a windowed cache returns only
+        the last ones) narrow it here. ``scale`` defaults to ``cfg.attn_scale``, else ``1 / sqrt(Dq)``.
+        """
+        mask = mask.for_keys(self.window, k.shape[2])
         if scale is None:
-            scale = self.cfg.softmax_scale or 1.0 / math.sqrt(q.shape[-1])
+            scale = self.cfg.attn_scale or 1.0 / math.sqrt(q.shape[-1])
         kv_index = getattr(self, "kv_index", None)
         if kv_index is not None:
             # Unequal K/V groups (a partially pruned group): give every query head its own K/V copy.
@@ -182,6 +219,8 @@ class _AttentionBase(nn.Module):
         qg = q.reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
         scores = (qg @ k.transpose(-1, -2)).mul_(scale)  # [B, K, G*T, S]
         scores = scores.view(B, H, T, -1)  # [B, H, T, S]
+        if self.softcap is not None:
+            scores = torch.tanh(scores.div_(self.softcap)) * self.softcap  # before the mask, as Gemma 2
         add = mask.additive(scores.dtype, scores.device, q_slice)
         if add is not None:
             scores = scores.add_(add)  # in place: scores is this pass's own buffer (add's backward needs neither)
@@ -239,8 +278,19 @@ class Attention(_AttentionBase):
         # Query head -> K/V head, only for unequal groups (None keeps the grouped, copy-free path).
         self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
                              persistent=False)
-        self.rotary = (Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling)
-                       if cfg.positional == "rotary" and not cross else None)
+        self.rotary = None
+        if cfg.positional == "rotary" and not cross:
+            local = self.window is not None and cfg.local_rotary_base is not None
+            self.rotary = (Rotary(cfg.rotary_dim, cfg.local_rotary_base) if local
+                           else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling))
+        # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
+        self.qk_norm = "none" if cross else cfg.qk_norm
+        if self.qk_norm != "none":
+            per_head = self.qk_norm == "head"
+            self.q_norm = nn.RMSNorm(D if per_head else H * D, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(D if per_head else K * D, eps=cfg.norm_eps)
+            self.hook_q_normed = HookPoint()
+            self.hook_k_normed = HookPoint()
 
     def forward(
         self,
@@ -276,6 +326,11 @@ class Attention(_AttentionBase):
         q = self.hook_q(q.view(B, T, H, D))  # [B, T, H, D]
         k = self.hook_k(k.view(B, S_new, K, D))  # [B, S, K, D]
         v = self.hook_v(v.view(B, S_new, K, D))  # [B, S, K, D]
+        if self.qk_norm == "head":
+            q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
+        elif self.qk_norm == "full":
+            q = self.hook_q_normed(self.q_norm(q.reshape(B, T, H * D)).view(B, T, H, D))  # [B, T, H, D]
+            k = self.hook_k_normed(self.k_norm(k.reshape(B, S_new, K * D)).view(B, S_new, K, D))  # [B, S, K, D]
         if self.rotary is not None:
             q = self.rotary(q, positions)
             k = self.rotary(k, positions)
@@ -297,7 +352,7 @@ class LatentAttention(_AttentionBase):
     its key part ``W_UK[h]`` ``[D, C]`` then its value part ``W_UV[h]`` ``[Dv, C]``; ``W_O`` [o_proj].
 
     The cache stores only the normalised latent ``c_kv`` ``[B, S, C]`` and the shared rotated key ``[B, S, R]``.
-    Scores use [no-position part | rotary part] and ``cfg.softmax_scale`` (default ``1 / sqrt(D + R)``).
+    Scores use [no-position part | rotary part] and ``cfg.attn_scale`` (default ``1 / sqrt(D + R)``).
     RoPE rotates in the half-split layout; a checkpoint with interleaved rotary pairs (DeepSeek's
     ``rope_interleave``) is converted by permuting the rotary rows of ``W_uq`` / ``W_dkv``, which leaves every
     score unchanged.
@@ -398,7 +453,7 @@ class LatentAttention(_AttentionBase):
         q_cat = torch.cat([q_lat, q_rope.transpose(1, 2)], dim=-1)  # [B, H, T, C+R]
         k_cat = torch.cat([c_kv, k_rope], dim=-1).unsqueeze(1)  # [B, 1, S, C+R]: one shared key head
         # The scale is the expanded path's: the dot products are the same, only their width changed.
-        scale = self.cfg.softmax_scale or 1.0 / math.sqrt(D + R)
+        scale = self.cfg.attn_scale or 1.0 / math.sqrt(D + R)
         z_lat = self._attend(q_cat, k_cat, c_kv.unsqueeze(1), mask, scale)  # [B, H, T, C]
         return torch.einsum("bhtc,hvc->bhtv", z_lat, w_uv)  # [B, H, T, Dv]
 

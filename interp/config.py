@@ -15,14 +15,20 @@ from typing import Any, Literal
 AttentionKind = Literal["standard", "latent"]
 Positional = Literal["learned", "rotary", "none"]
 Normalization = Literal["pre", "post", "rms", "none"]
-Activation = Literal["gelu", "gelu_new", "relu", "silu", "swiglu", "geglu"]
+Activation = Literal["gelu", "gelu_new", "relu", "silu", "swiglu", "geglu", "geglu_tanh"]
+QKNorm = Literal["none", "head", "full"]
+SublayerNorm = Literal["input", "sandwich", "output"]
+ParallelBlock = Literal["none", "one_norm", "two_norms"]
 RouterScore = Literal["softmax", "sigmoid"]
 RouterGroupScore = Literal["max", "top2_sum"]
 
 _ATTENTION_KINDS = ("standard", "latent")
 _POSITIONALS = ("learned", "rotary", "none")
 _NORMALIZATIONS = ("pre", "post", "rms", "none")
-_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu")
+_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu", "geglu_tanh")
+_QK_NORMS = ("none", "head", "full")
+_SUBLAYER_NORMS = ("input", "sandwich", "output")
+_PARALLEL_BLOCKS = ("none", "one_norm", "two_norms")
 _ROUTER_SCORES = ("softmax", "sigmoid")
 _ROUTER_GROUP_SCORES = ("max", "top2_sum")
 
@@ -89,13 +95,37 @@ class ModelConfig:
             ``rope_type`` one of ``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope`` and the keys
             :data:`interp.rotary.ROPE_SCALING_KEYS` lists for it (e.g. ``{"rope_type": "llama3", "factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``).
+        local_rotary_base: RoPE base of the sliding-window layers, when it differs from ``rotary_base`` (Gemma 3:
+            local layers rotate with plain RoPE of this base, global ones with ``rotary_base`` and
+            ``rope_scaling``).
+        sliding_window: sliding-window attention: an int (every layer) or one entry per layer, an int W (the
+            query at position p sees keys p - W + 1 .. p) or ``None`` (global attention). ``n_ctx`` is not capped
+            by it, and the KV cache keeps only the last W - 1 positions of a windowed layer.
+        attn_scale: the factor on ``q . k`` (default ``1 / sqrt(d_head)``; Gemma 2's ``query_pre_attn_scalar``
+            gives ``query_pre_attn_scalar ** -0.5``).
+        attn_softcap: attention-logit soft-capping: scores become ``cap * tanh(scores / cap)`` before the mask
+            (Gemma 2). Attention then always takes the explicit path (SDPA has no soft-cap).
+        final_softcap: final-logit soft-capping, ``cap * tanh(logits / cap)`` (Gemma 2).
+        qk_norm: RMSNorm on queries and keys before RoPE: ``"head"`` (per head, over ``d_head``: Qwen3,
+            Gemma 3), ``"full"`` (over all heads' concatenation: OLMo 2) or ``"none"``. Hooks
+            ``hook_q_normed`` / ``hook_k_normed`` read the normalised ``[B, T, heads, D]``.
+        sublayer_norm: where a pre-norm model (``normalization`` ``"pre"`` or ``"rms"``) normalises each sublayer:
+            ``"input"`` (its input, GPT-2 / Llama), ``"sandwich"`` (its input and its output, Gemma 2/3: norms
+            ``ln1_post`` / ``ln2_post``) or ``"output"`` (its output only, OLMo 2). ``hook_attn_out`` /
+            ``hook_mlp_out`` are what is added to the residual (after the output norm); the values before it are
+            ``hook_attn_out_pre_norm`` / ``hook_mlp_out_pre_norm``.
+        parallel_block: ``"none"`` (attention, then MLP), or attention and MLP reading the same residual and
+            both added to it (GPT-NeoX / Pythia, Falcon, Phi): ``"one_norm"`` (one shared input norm, ``ln1``) or
+            ``"two_norms"`` (``ln1`` and ``ln2``). A parallel block has no ``hook_resid_mid``.
+        embed_scale: multiplies the token embeddings (Gemma: ``sqrt(d_model)``); ``hook_embed`` sees the product.
         normalization: ``"pre"`` (pre-LN, GPT-2), ``"post"`` (post-LN, BERT), ``"rms"`` (pre-RMSNorm, Llama)
             or ``"none"``.
         norm_eps: epsilon of the norms.
         embed_norm: a LayerNorm right after the embeddings (BERT).
         attn_only: blocks without MLPs.
         d_mlp: MLP hidden width; defaults to ``4 * d_model``.
-        activation: MLP non-linearity; ``"swiglu"``/``"geglu"`` are gated MLPs (Llama uses ``"swiglu"``).
+        activation: MLP non-linearity; ``"swiglu"``/``"geglu"``/``"geglu_tanh"`` are gated MLPs (Llama uses
+            ``"swiglu"``, Gemma ``"geglu_tanh"``, the gate through the tanh approximation of GELU).
         d_vocab: vocabulary size.
         n_ctx: the longest sequence the model accepts (and the size of learned position tables).
         n_token_types: token-type (segment) embeddings, 0 for none (BERT uses 2).
@@ -116,13 +146,12 @@ class ModelConfig:
             mean the uniform grouping, query head h reads K/V head ``h // (H_l // K_l)``). Needed when a
             partially pruned K/V group leaves groups of unequal size.
 
-    Multi-head latent attention (DeepSeek-V2/V3), besides ``kv_latent_dim`` / ``q_latent_dim`` / ``rope_dim``:
+    Multi-head latent attention (DeepSeek-V2/V3), besides ``kv_latent_dim`` / ``q_latent_dim`` / ``rope_dim``
+    (DeepSeek's YaRN ``mscale**2`` softmax correction goes in ``attn_scale``):
 
     Args:
         v_head_dim: MLA only: width of one head's value (and of its slice of ``W_O``); defaults to ``d_head``,
             which for MLA is the no-position part of the query/key head (DeepSeek's ``qk_nope_head_dim``).
-        softmax_scale: the attention-score scale; ``None`` is ``1 / sqrt(query-key width)``. DeepSeek's YaRN
-            multiplies it by ``mscale**2``.
 
     Mixture of experts (``n_experts > 0``; see :mod:`interp.moe`):
 
@@ -170,6 +199,15 @@ class ModelConfig:
     rotary_base: float = 10000.0
     rotary_dim: int | None = None
     rope_scaling: dict[str, Any] | None = None
+    local_rotary_base: float | None = None
+    sliding_window: int | list[int | None] | None = None
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    qk_norm: QKNorm = "none"
+    sublayer_norm: SublayerNorm = "input"
+    parallel_block: ParallelBlock = "none"
+    embed_scale: float = 1.0
     normalization: Normalization = "pre"
     norm_eps: float = 1e-5
     embed_norm: bool = False
@@ -192,7 +230,6 @@ class ModelConfig:
     layer_kv_map: list[list[int] | None] | None = None
     # --- multi-head latent attention (DeepSeek) ---
     v_head_dim: int | None = None
-    softmax_scale: float | None = None
     # --- mixture of experts ---
     n_experts: int = 0
     n_experts_per_token: int | None = None
@@ -286,6 +323,7 @@ class ModelConfig:
         elif self.rotary_dim is not None and self.positional != "rotary":
             raise ValueError(f"rotary_dim={self.rotary_dim} needs positional='rotary', got {self.positional!r}")
         self._check_rope_scaling()
+        self._check_block_features()
         if self.tie_embeddings and not self.unembed:
             raise ValueError("tie_embeddings=True needs unembed=True")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.d_vocab:
@@ -295,10 +333,8 @@ class ModelConfig:
         self._check_layer_heads()
 
     def _check_latent_extras(self) -> None:
-        """Validate the DeepSeek MLA fields (value width, softmax scale)."""
+        """Validate the DeepSeek MLA field (value width)."""
         _int_or_none("v_head_dim", self.v_head_dim)
-        if self.softmax_scale is not None:
-            _positive_float("softmax_scale", self.softmax_scale)
         if self.attention != "latent":
             if self.v_head_dim is not None:
                 raise ValueError(f"v_head_dim={self.v_head_dim} only applies to attention='latent'")
@@ -424,6 +460,61 @@ class ModelConfig:
                         or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)):
                     raise ValueError(f"rope_scaling {key} must be {half} positive numbers (one per rotary "
                                      f"frequency), got {value!r}")
+
+    def _check_block_features(self) -> None:
+        """Validate windows, soft-caps, the score scale, QK-norm, norm placement and parallel blocks."""
+        for name, value, allowed in (("qk_norm", self.qk_norm, _QK_NORMS),
+                                     ("sublayer_norm", self.sublayer_norm, _SUBLAYER_NORMS),
+                                     ("parallel_block", self.parallel_block, _PARALLEL_BLOCKS)):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not one of {allowed}")
+        for name in ("attn_scale", "attn_softcap", "final_softcap", "local_rotary_base"):
+            if getattr(self, name) is not None:
+                _positive_float(name, getattr(self, name))
+        _positive_float("embed_scale", self.embed_scale)
+        window = self.sliding_window
+        if window is not None:
+            windows = [window] * self.n_layers if isinstance(window, int) and not isinstance(window, bool) else window
+            if (not isinstance(windows, (list, tuple)) or len(windows) != self.n_layers
+                    or any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1)
+                           for w in windows)):
+                raise ValueError(f"sliding_window={window!r} must be a positive int or {self.n_layers} entries "
+                                 "(one per layer), each a positive int or None (global attention)")
+            if any(w is not None for w in windows) and not self.causal:
+                raise ValueError(f"sliding_window={window!r} needs a causal decoder (causal=False)")
+            self.sliding_window = None if all(w is None for w in windows) else list(windows)
+        if self.local_rotary_base is not None and (self.positional != "rotary" or self.sliding_window is None):
+            raise ValueError(f"local_rotary_base={self.local_rotary_base} needs positional='rotary' and "
+                             f"sliding-window layers, got positional={self.positional!r}, "
+                             f"sliding_window={self.sliding_window!r}")
+        if self.qk_norm != "none" and self.attention != "standard":
+            raise ValueError(f"qk_norm={self.qk_norm!r} applies to attention='standard', got {self.attention!r}")
+        if self.sublayer_norm != "input" and self.normalization not in ("pre", "rms"):
+            raise ValueError(f"sublayer_norm={self.sublayer_norm!r} needs a pre-norm model (normalization 'pre' "
+                             f"or 'rms'), got normalization={self.normalization!r}")
+        if self.parallel_block != "none":
+            if self.attn_only or self.cross_attention or self.sublayer_norm != "input":
+                raise ValueError(f"parallel_block={self.parallel_block!r} needs an MLP, no cross-attention and "
+                                 f"sublayer_norm='input'; got attn_only={self.attn_only}, "
+                                 f"cross_attention={self.cross_attention}, sublayer_norm={self.sublayer_norm!r}")
+            if self.normalization not in ("pre", "rms"):
+                raise ValueError(f"parallel_block={self.parallel_block!r} needs a pre-norm model, got "
+                                 f"normalization={self.normalization!r}")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (``None``: global attention).
+
+        Example:
+            >>> ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=32, sliding_window=[4, None]).window(0)
+            4
+        """
+        return None if self.sliding_window is None else self.sliding_window[layer]
+
+    def set_features(self, names: tuple[str, ...]) -> str:
+        """``"name=value, ..."`` for those of ``names`` whose value is not the field's default ("" when none):
+        how a code path that covers only the defaults says what it does not cover."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n])
 
     def _check_layer_heads(self) -> None:
         """Validate the optional per-layer head counts and query-to-K/V maps (pruned models)."""

@@ -179,6 +179,11 @@ def _lean_linears(model: nn.Module) -> list[nn.Linear]:
     return linears
 
 
+# ModelConfig features the lean step does not implement (the hooked path covers them).
+_LEAN_UNCOVERED = ("sliding_window", "attn_scale", "attn_softcap", "final_softcap", "qk_norm", "sublayer_norm",
+                   "parallel_block", "embed_scale", "local_rotary_base")
+
+
 def _rms_norm(x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
     """``norm(x)`` without the module call (what ``nn.RMSNorm.forward`` computes)."""
     return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
@@ -258,6 +263,7 @@ class LeanDecoder:
             (not cfg.cross_attention, "cross-attention"),
             (cfg.use_sdpa, "use_sdpa=False"),
             (not cfg.n_experts, "mixture-of-experts MLPs"),
+            (not (uncovered := cfg.set_features(_LEAN_UNCOVERED)), uncovered),
         ]
         for ok, why in checks:
             if not ok:

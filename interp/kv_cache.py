@@ -2,7 +2,8 @@
 
 Standard attention stores K and V per K/V head (``[B, K, S_max, D]``), so GQA/MQA shrink it by the group
 size; multi-head latent attention stores only the latent ``[B, S_max, C]`` and the shared rotary key
-``[B, S_max, R]``.
+``[B, S_max, R]``. A sliding-window layer (window W) keeps only the last W - 1 positions, all a later query
+can see besides itself (:class:`WindowLayerKVCache`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,26 @@ class LayerKVCache:
                 )
             buf.narrow(dim, start, n).copy_(t)
             out.append(buf.narrow(dim, 0, start + n))
+        return tuple(out)
+
+
+class WindowLayerKVCache(LayerKVCache):
+    """A sliding-window layer's buffers: the last ``capacity`` (= window - 1) positions, oldest first.
+
+    ``update(start, *new)`` returns the kept positions followed by the new ones (positions
+    ``start - kept .. start + T - 1``; the attention reads the first key's position off the count), then keeps
+    the last ``capacity`` of them. Memory is bounded by the window, however long the decoding runs.
+    """
+
+    def update(self, start: int, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = []
+        for buf, dim, t in zip(self.buffers, self.seq_dims, new):
+            capacity = buf.shape[dim]
+            held = min(start, capacity)  # positions start - held .. start - 1
+            full = torch.cat([buf.narrow(dim, 0, held), t], dim=dim) if held else t  # [.., held + T, ..]
+            keep = min(capacity, full.shape[dim])
+            buf.narrow(dim, 0, keep).copy_(full.narrow(dim, full.shape[dim] - keep, keep))
+            out.append(full)
         return tuple(out)
 
 
@@ -74,11 +95,15 @@ class KVCache:
                 shapes = [(batch_size, max_len, width * cfg.kv_latent_dim), (batch_size, max_len, width * cfg.rope_dim)]
                 seq_dims = [1, 1]
             else:
-                # A pruned model may keep a different number of K/V heads in each layer.
-                shapes = [(batch_size, cfg.layer(layer).n_kv_heads, max_len, cfg.d_head)] * 2
+                # A pruned model may keep a different number of K/V heads in each layer; a windowed layer keeps
+                # only the window's last W - 1 positions.
+                window = cfg.window(layer)
+                length = max_len if window is None else min(max_len, window - 1)
+                shapes = [(batch_size, cfg.layer(layer).n_kv_heads, length, cfg.d_head)] * 2
                 seq_dims = [2, 2]
             bufs = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
-            self.layers.append(LayerKVCache(bufs, seq_dims))
+            windowed = cfg.attention != "latent" and cfg.window(layer) is not None
+            self.layers.append((WindowLayerKVCache if windowed else LayerKVCache)(bufs, seq_dims))
 
     def reset(self) -> None:
         """Forget every stored position (buffers are kept and overwritten)."""
@@ -91,7 +116,8 @@ class KVCache:
 
     @property
     def nbytes_per_token(self) -> int:
-        """Bytes one position takes across all layers and the batch."""
+        """Bytes one position takes across all layers and the batch (windowed layers' fixed buffers spread over
+        ``max_len``)."""
         return self.nbytes // self.max_len
 
     @property

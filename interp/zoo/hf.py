@@ -178,7 +178,33 @@ def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
 
 
 # --- Llama-style ------------------------------------------------------------------------------------------
-_LLAMA_TYPES = ("llama", "mistral", "qwen2")
+_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | None:
+    """Each layer's sliding window from a HF config: ``layer_types`` when given (``"sliding_attention"`` /
+    ``"full_attention"``), else Qwen's ``max_window_layers`` (layers from that index on slide), else every layer
+    slides when ``sliding_window`` is set; ``None`` when no layer slides.
+
+    Raises:
+        ValueError: a layer type other than sliding or full attention (named with its layer).
+    """
+    window = hf_cfg.get("sliding_window")
+    if window is None or hf_cfg.get("use_sliding_window", True) is False:
+        return None
+    n_layers = _need(hf_cfg, "num_hidden_layers", arch)
+    types = hf_cfg.get("layer_types")
+    if types:
+        for i, kind in enumerate(types):
+            if kind not in ("sliding_attention", "full_attention"):
+                raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
+                                 "(only 'sliding_attention' and 'full_attention')")
+        windows = [window if kind == "sliding_attention" else None for kind in types]
+    elif "max_window_layers" in hf_cfg:
+        windows = [window if i >= hf_cfg["max_window_layers"] else None for i in range(n_layers)]
+    else:
+        windows = [window] * n_layers
+    return windows if any(w is not None for w in windows) else None
 
 
 _ROPE_KINDS_HF = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
@@ -239,14 +265,15 @@ def _rope_context(n_ctx: int, scaling: dict | None) -> int:
 
 
 def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
-    """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2) from its HF config dict.
+    """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2 / qwen3) from its HF config dict.
+
+    Sliding windows come per layer (:func:`sliding_windows`); Qwen3 adds per-head QK-norm.
 
     ``rotary_base`` comes from ``rope_parameters["rope_theta"]`` (transformers 5) or ``rope_theta`` (4.x), and
     RoPE scaling (``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope``) becomes ``rope_scaling``.
 
     Raises:
-        ValueError: another RoPE kind, an activation other than silu, or a missing key. A sliding window
-            shorter than ``max_position_embeddings`` caps ``n_ctx`` at the window (where both agree).
+        ValueError: another RoPE kind, an activation other than silu, an unknown layer type, or a missing key.
     """
     arch = "Llama"
     mtype = hf_cfg.get("model_type", "llama")
@@ -254,10 +281,6 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
     n_ctx = _need(hf_cfg, "max_position_embeddings", arch)
-    window = hf_cfg.get("sliding_window")
-    if window is not None and hf_cfg.get("use_sliding_window", True) and window < n_ctx:
-        # Within the window sliding-window attention is full causal attention: cap the context there.
-        n_ctx = window
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     attn_bias = bool(hf_cfg.get("attention_bias", mtype == "qwen2"))
     theta, scaling = _rope(hf_cfg, mtype)
@@ -272,6 +295,7 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         causal=True, attn_bias=attn_bias, out_bias=attn_bias and mtype != "qwen2",
         mlp_bias=bool(hf_cfg.get("mlp_bias", False)), unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        sliding_window=sliding_windows(hf_cfg, mtype), qk_norm="head" if mtype == "qwen3" else "none",
     )
 
 
@@ -295,6 +319,9 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
             out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
         out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
         out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        if cfg.qk_norm != "none":  # Qwen3 (per head), Qwen3-MoE (per head), OLMoE (all heads)
+            out[b + "attn.q_norm.weight"] = src(h + "self_attn.q_norm.weight")
+            out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")
         out.update(_mlp_weights(src, h, b + "mlp.", cfg, i))
     if not cfg.tie_embeddings:
         if "lm_head.weight" not in hf_sd:
@@ -371,7 +398,8 @@ def _moe_weights(src: _Source, h: str, b: str, cfg: ModelConfig, layer: int) -> 
 def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE decoder from its HF config dict.
 
-    Attention, norms and RoPE as :func:`llama_config`; the MLPs become mixtures of experts (softmax router,
+    Attention, norms and RoPE as :func:`llama_config` (plus QK-norm: per head for Qwen3-MoE, over all heads
+    for OLMoE; OLMoE's ``clip_qkv`` is refused); the MLPs become mixtures of experts (softmax router,
     top-k; Mixtral always renormalises the chosen weights, the others when ``norm_topk_prob``). Qwen2-MoE adds
     its sigmoid-gated shared expert and keeps dense MLPs on ``mlp_only_layers`` and off ``decoder_sparse_step``.
     Router jitter and the auxiliary load-balancing loss are training-only and ignored.
@@ -385,11 +413,13 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     mtype = hf_cfg.get("model_type")
     arch = mtype
-    if mtype in ("qwen3_moe", "olmoe"):
-        raise ValueError(f"model_type={mtype!r} needs QK-norm, which this version does not implement")
+    if hf_cfg.get("clip_qkv") is not None:
+        raise ValueError(f"{mtype} clip_qkv={hf_cfg['clip_qkv']!r} is not supported (only None)")
     base = llama_config(hf_cfg)
     L = base.n_layers
-    E = _need(hf_cfg, "num_local_experts" if mtype == "mixtral" else "num_experts", arch)
+    # config.json names it num_experts (Qwen, OLMoE) or num_local_experts (Mixtral; also some to_dict() outputs).
+    key = "num_local_experts" if hf_cfg.get("num_local_experts") is not None else "num_experts"
+    E = _need(hf_cfg, key, arch)
     fields: dict[str, Any] = dict(
         n_experts=E, n_experts_per_token=_need(hf_cfg, "num_experts_per_tok", arch),
         router_score="softmax", router_renormalize=mtype == "mixtral" or bool(hf_cfg.get("norm_topk_prob")),
@@ -400,6 +430,9 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         only = set(hf_cfg.get("mlp_only_layers") or [])
         dense = [i for i in range(L) if i in only or (i + 1) % step]
         fields["dense_mlp_layers"] = dense or None
+    if mtype in ("qwen3_moe", "olmoe"):
+        # RMSNorm of the queries and keys before RoPE: per head (Qwen3-MoE) or over all heads at once (OLMoE).
+        fields["qk_norm"] = "head" if mtype == "qwen3_moe" else "full"
     if mtype == "qwen2_moe":
         shared = hf_cfg.get("shared_expert_intermediate_size") or 0
         fields.update(d_shared_expert=shared, shared_expert_gate=bool(shared))
@@ -461,16 +494,16 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     E = _need(hf_cfg, "n_routed_experts", arch)
     d_expert = _need(hf_cfg, "moe_intermediate_size", arch)
     theta, scaling = _rope(hf_cfg, mtype)
-    softmax_scale = None
+    attn_scale = None
     if scaling is not None and scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
         # DeepSeek's YaRN also rescales the softmax by mscale(factor, mscale_all_dim)**2.
         m = _yarn_mscale(scaling["factor"], scaling["mscale_all_dim"])
-        softmax_scale = (nope + rope) ** -0.5 * m * m
+        attn_scale = (nope + rope) ** -0.5 * m * m
     return ModelConfig(
         n_layers=L, d_model=_need(hf_cfg, "hidden_size", arch), n_heads=n_heads, attention="latent",
         d_head=nope, rope_dim=rope, v_head_dim=_need(hf_cfg, "v_head_dim", arch),
         kv_latent_dim=_need(hf_cfg, "kv_lora_rank", arch), q_latent_dim=hf_cfg.get("q_lora_rank"),
-        positional="rotary", rotary_base=theta, rope_scaling=scaling, softmax_scale=softmax_scale,
+        positional="rotary", rotary_base=theta, rope_scaling=scaling, attn_scale=attn_scale,
         normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), d_mlp=_need(hf_cfg, "intermediate_size", arch),
         activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
@@ -589,6 +622,13 @@ CONVERTERS: dict[str, Converter] = {
 }
 
 
+def _register_dense_families() -> None:
+    # The other dense families live in their own module, which reads this one's helpers.
+    from .hf_families import CONVERTERS_DENSE
+
+    CONVERTERS.update(CONVERTERS_DENSE)
+
+
 def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-model") -> Transformer:
     """Build an :class:`interp.Transformer` from a HF config dict and state dict (no ``transformers`` needed).
 
@@ -605,6 +645,7 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
             missing tensors, or shape mismatches (tensor named with both shapes).
     """
     mtype = hf_cfg.get("model_type")
+    _register_dense_families()
     if mtype not in CONVERTERS:
         raise ValueError(f"model_type={mtype!r} is not supported; supported: {sorted(CONVERTERS)}")
     make_cfg, make_sd = CONVERTERS[mtype]

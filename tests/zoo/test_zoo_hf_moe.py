@@ -25,6 +25,11 @@ FAMILIES = {
     "qwen2_moe": lambda: tf.Qwen2MoeConfig(**BASE, intermediate_size=48, moe_intermediate_size=24,
                                            shared_expert_intermediate_size=40, num_key_value_heads=2, num_experts=8,
                                            num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1]),
+    "qwen3_moe": lambda: tf.Qwen3MoeConfig(**BASE, intermediate_size=48, moe_intermediate_size=24, head_dim=8,
+                                           num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+                                           norm_topk_prob=True, decoder_sparse_step=2),
+    "olmoe": lambda: tf.OlmoeConfig(**BASE, intermediate_size=24, num_key_value_heads=2, num_experts=8,
+                                    num_experts_per_tok=3, norm_topk_prob=False),
     "deepseek_v2": lambda: tf.DeepseekV2Config(**BASE, **MLA, q_lora_rank=None, n_shared_experts=2,
                                                topk_method="group_limited_greedy", n_group=4, topk_group=2,
                                                routed_scaling_factor=1.5),
@@ -181,7 +186,7 @@ def test_published_deepseek_dimensions_convert_exactly(kind, published, cut):
         p["kv_lora_rank"], p["q_lora_rank"], p["intermediate_size"], p["moe_intermediate_size"], p["vocab_size"])
     assert cfg.d_shared_expert == p["n_shared_experts"] * p["moe_intermediate_size"]
     mscale = 0.1 * p["rope_parameters"]["mscale_all_dim"] * math.log(40) + 1
-    assert cfg.softmax_scale == pytest.approx((128 + 64) ** -0.5 * mscale ** 2)
+    assert cfg.attn_scale == pytest.approx((128 + 64) ** -0.5 * mscale ** 2)
     sd = deepseek_state_dict(hf.state_dict(), cfg)
     with torch.device("meta"):
         ours = Transformer(cfg)

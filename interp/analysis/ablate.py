@@ -287,8 +287,7 @@ def random_expert_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclu
         ValueError: k < 1, n_draws < 1, a model without experts, or fewer than k experts to draw from.
 
     Example:
-        >>> random_expert_sets(moe_model, 2, 20, seed=0)[0]
-        [(1, 5), (0, 2)]
+        >>> sets = random_expert_sets(moe_model, 2, 20, seed=0)   # 20 distinct pairs of (layer, expert)
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k={k!r} must be an int >= 1")

@@ -295,3 +295,12 @@ def test_mla_effective_weights_follow_the_deepseek_layout():
     ratio = v / approx  # [T, H, Dv]: one positive number per token
     torch.testing.assert_close(ratio, ratio[:, :1, :1].expand_as(ratio), rtol=1e-3, atol=1e-4)
     assert bool((ratio > 0).all())
+
+
+def test_kv_cache_cli_table_gives_the_mla_bytes_as_stored():
+    from interp.cli import kv_cache_table
+
+    rows = {r["kind"]: r for r in kv_cache_table(layers=61, heads=128, d_head=128, latent=512, rope_dim=64,
+                                                 dtype="bf16")}
+    cfg = deepseek_config(tf.DeepseekV3Config(**V3_PUBLISHED).to_dict())
+    assert rows["mla"]["bytes_per_token"] == 61 * (512 + 64) * 2 == cfg.kv_cache_bytes_per_token(2)

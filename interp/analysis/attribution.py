@@ -32,6 +32,12 @@ def _check_model(model: Transformer) -> None:
                          "(BERT) the final residual is not a sum of the layers' outputs")
     if cfg.cross_attention:
         raise ValueError("direct logit attribution does not cover cross-attention models")
+    if cfg.sublayer_norm != "input":
+        raise ValueError(f"direct logit attribution needs each head's write to be part of the residual: "
+                         f"sublayer_norm={cfg.sublayer_norm!r} normalises the summed attention output first")
+    if cfg.final_softcap is not None:
+        raise ValueError(f"direct logit attribution needs logits linear in the final residual: "
+                         f"final_softcap={cfg.final_softcap!r} is not")
 
 
 def _answers(answer_tokens: torch.Tensor, B: int, d_vocab: int) -> torch.Tensor:

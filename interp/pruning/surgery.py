@@ -145,6 +145,9 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         raise TypeError(f"model must be an interp Transformer, got {type(model).__name__}")
     sets = heads_to_sets(model, heads)
     cfg = model.cfg
+    if cfg.qk_norm == "full":
+        raise ValueError("remove_heads: qk_norm='full' normalises the queries (and keys) of all heads together, "
+                         "so removing a head would change the others; gate it instead (set_head_gates)")
     D = cfg.d_head
     latent = cfg.attention == "latent"
     layer_heads, layer_kv, layer_map, kept_all = [], [], [], []

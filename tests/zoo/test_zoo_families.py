@@ -10,89 +10,12 @@ recompute, decoding well past the window.
 import pytest
 import torch
 
+from interp.zoo.compat import FAMILIES, NEW, PROMPT, SEQ, WINDOW, V, hf_test_model
 from interp.zoo.hf import convert, from_hf
 
 transformers = pytest.importorskip("transformers")
 
-V = 97  # vocabulary
-WINDOW = 8
-SEQ = 40  # > WINDOW, and past the original context of the scaled RoPE variants
-PROMPT, NEW = 8, 32
-
-COMMON = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
-              pad_token_id=0)
-
-# name -> (model_type, config kwargs). Every entry is one variant the compatibility table lists.
-FAMILIES = {
-    "llama3": ("llama", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                             rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
-                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                              "original_max_position_embeddings": 16})),
-    "mistral": ("mistral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
-                                sliding_window=WINDOW)),
-    "qwen2": ("qwen2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
-                            use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
-    "qwen3": ("qwen3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                            head_dim=16, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
-                            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
-                                             "original_max_position_embeddings": 16})),
-    "gemma": ("gemma", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                            head_dim=16)),
-    "gemma2": ("gemma2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                              head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=12,
-                              attn_logit_softcapping=3.0, final_logit_softcapping=4.0)),
-    "gemma3_text": ("gemma3_text", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                                        num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
-                                        query_pre_attn_scalar=12, final_logit_softcapping=4.0,
-                                        layer_types=["sliding_attention", "full_attention"],
-                                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
-                                                                            "rope_theta": 10000.0},
-                                                         "sliding_attention": {"rope_type": "default",
-                                                                               "rope_theta": 100.0}})),
-    "gpt_neox": ("gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                   "partial_rotary_factor": 0.5})),
-    "gpt_neox_sequential": ("gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                                             use_parallel_residual=False)),
-    "gpt_bigcode": ("gpt_bigcode", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64,
-                                        multi_query=True)),
-    "gpt_bigcode_mha": ("gpt_bigcode", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64,
-                                            multi_query=False)),
-    "falcon": ("falcon", dict(hidden_size=80, ffn_hidden_size=96, num_attention_heads=5, multi_query=True,
-                              parallel_attn=True, bias=False)),
-    "falcon_new_arch": ("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=9, num_kv_heads=3,
-                                       new_decoder_architecture=True, bias=True)),
-    "phi": ("phi", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                         "partial_rotary_factor": 0.5})),
-    "phi3": ("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
-                          sliding_window=WINDOW)),
-    "olmo2": ("olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1)),
-}
-
-
-def _seed_init(model):
-    """Random init with non-trivial norms and biases, larger than HF's so greedy decoding varies."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ("norm" in name.lower() or "ln" in name) and name.endswith("weight"):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif "embed_tokens" in name and model.config.model_type.startswith("gemma"):
-                p.normal_(0, 0.02)  # times sqrt(d_model): else the embedding drowns every sublayer's write
-            else:
-                p.normal_(0, 0.2)
-    return model.eval()
-
-
-def hf_model(name):
-    model_type, kw = FAMILIES[name]
-    args = {**COMMON, **kw} if model_type != "gpt_bigcode" else {**kw, "vocab_size": V, "bos_token_id": 0,
-                                                                   "eos_token_id": 0, "pad_token_id": 0}
-    cfg = transformers.AutoConfig.for_model(model_type, **args)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    return _seed_init(transformers.AutoModelForCausalLM.from_config(cfg))
+hf_model = hf_test_model
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

@@ -45,6 +45,10 @@ class AttnMask:
         padded_queries_see_all: self-attention only: a padding query ignores the padding mask (it still obeys
             the causal rule). Its output is meaningless either way; this keeps its pattern row a proper
             distribution (no NaN, nothing above the diagonal) instead of a row with no allowed key.
+        window: sliding window W: the query at position p sees only keys p - W + 1 .. p (``None``: no window).
+        key_start: absolute position of the first key (a windowed layer's cache holds only the last keys).
+
+    :meth:`for_keys` derives a layer's mask (its window, the keys its cache returned) from the pass's mask.
 
     Masked scores get ``finfo(dtype).min`` rather than ``-inf`` (as Hugging Face does), so no row turns into NaN.
     """
@@ -55,16 +59,38 @@ class AttnMask:
     causal: bool
     key_keep: torch.Tensor | None = None
     padded_queries_see_all: bool = False
+    window: int | None = None
+    key_start: int = 0
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def for_keys(self, window: int | None, n_keys: int) -> AttnMask:
+        """This pass's mask for a layer with sliding ``window`` that attends to the last ``n_keys`` keys.
+
+        Derived masks are kept (one per window and key count), so layers that share them build them once.
+        """
+        key_start = self.S - n_keys
+        if window is not None and self.start + self.T <= window:
+            window = None  # no query is far enough from position 0 for the window to exclude a key
+        if window is None and key_start == 0:
+            return self
+        key = ("for_keys", window, key_start)
+        if key not in self._cache:
+            self._cache[key] = AttnMask(T=self.T, S=self.S, start=self.start, causal=self.causal,
+                                        key_keep=self.key_keep, padded_queries_see_all=self.padded_queries_see_all,
+                                        window=window, key_start=key_start)
+        return self._cache[key]
 
     @property
     def sdpa_is_causal(self) -> bool:
-        """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset)."""
-        return self.causal and self.key_keep is None and self.start == 0 and self.T == self.S and self.T > 1
+        """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset, no window)."""
+        return (self.causal and self.key_keep is None and self.start == 0 and self.T == self.S and self.T > 1
+                and self.window is None and self.key_start == 0)
 
     @property
     def trivial(self) -> bool:
         """True when every query may see every key."""
+        if self.window is not None and self.S - self.key_start > self.window:
+            return False
         return self.key_keep is None and (not self.causal or (self.T == 1 and self.start + 1 == self.S))
 
     def additive(self, dtype: torch.dtype, device: torch.device, q_slice: slice = slice(None)) -> torch.Tensor | None:
@@ -75,13 +101,16 @@ class AttnMask:
         if key in self._cache:
             return self._cache[key]
         q_pos = torch.arange(self.start, self.start + self.T, device=device)[q_slice]  # [T']
+        k_pos = torch.arange(self.key_start, self.S, device=device)  # [S'] the keys this layer attends to
         allowed = None
         if self.causal:
-            allowed = torch.arange(self.S, device=device)[None, :] <= q_pos[:, None]  # [T', S]
-            allowed = allowed[None, None]  # [1, 1, T', S]
+            allowed = k_pos[None, :] <= q_pos[:, None]  # [T', S']
+            if self.window is not None:
+                allowed &= k_pos[None, :] > q_pos[:, None] - self.window  # [T', S']
+            allowed = allowed[None, None]  # [1, 1, T', S']
         if self.key_keep is not None:
             key_keep = self.key_keep.to(device=device, dtype=torch.bool)
-            keep = key_keep[:, None, None, :]  # [B, 1, 1, S]
+            keep = key_keep[:, None, None, self.key_start:]  # [B, 1, 1, S']
             if self.padded_queries_see_all:
                 q_keep = key_keep[:, self.start:self.start + self.T][:, q_slice]  # [B, T']
                 keep = keep | ~q_keep[:, None, :, None]  # [B, 1, T', S]
@@ -106,8 +135,9 @@ class _AttentionBase(nn.Module):
         # Per-layer head count of a pruned model; cross-attention is never pruned and keeps cfg.n_heads.
         self.shape = cfg.layer(layer) if layer is not None and not cross else None
         self.n_heads = cfg.n_heads if self.shape is None else self.shape.n_heads
-        self.d_head = cfg.d_head
-        self.W_O = nn.Linear(self.n_heads * cfg.d_head, cfg.d_model, bias=cfg.out_bias)
+        # The width of what a head writes through W_O: MLA's value width may differ from its key width.
+        self.d_head = cfg.v_head_dim if cfg.attention == "latent" else cfg.d_head
+        self.W_O = nn.Linear(self.n_heads * self.d_head, cfg.d_model, bias=cfg.out_bias)
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -119,6 +149,9 @@ class _AttentionBase(nn.Module):
         self.gate: torch.Tensor | None = None
         # Explicit path only: process this many queries at a time (None = all at once).
         self.query_chunk: int | None = None
+        # Sliding window of this layer (None: global); cross-attention never slides.
+        self.window = None if cross or layer is None else cfg.window(layer)
+        self.softcap = cfg.attn_softcap
 
     # --- per-head views of the output projection -----------------------------------------------------
     @property
@@ -142,11 +175,20 @@ class _AttentionBase(nn.Module):
 
     # --- attention ------------------------------------------------------------------------------------
     def _needs_explicit(self) -> bool:
-        return (not self.cfg.use_sdpa) or self.hook_pattern.active or self.hook_attn_scores.active
+        # SDPA has no soft-capping: a soft-capped model always computes its scores explicitly.
+        return (not self.cfg.use_sdpa or self.softcap is not None or self.hook_pattern.active
+                or self.hook_attn_scores.active)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask) -> torch.Tensor:
-        """q ``[B, H, T, Dq]``, k ``[B, K, S, Dq]``, v ``[B, K, S, Dv]`` -> z ``[B, H, T, Dv]``."""
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask,
+                scale: float | None = None) -> torch.Tensor:
+        """q ``[B, H, T, Dq]``, k ``[B, K, S, Dq]``, v ``[B, K, S, Dv]`` -> z ``[B, H, T, Dv]``.
+
+        ``mask`` is the pass's mask; the layer's window and the keys it was given (a windowed cache returns only
+        the last ones) narrow it here. ``scale`` defaults to ``cfg.attn_scale``, else ``1 / sqrt(Dq)``.
+        """
+        mask = mask.for_keys(self.window, k.shape[2])
+        if scale is None:
+            scale = self.cfg.attn_scale or 1.0 / math.sqrt(q.shape[-1])
         kv_index = getattr(self, "kv_index", None)
         if kv_index is not None:
             # Unequal K/V groups (a partially pruned group): give every query head its own K/V copy.
@@ -177,6 +219,8 @@ class _AttentionBase(nn.Module):
         qg = q.reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
         scores = (qg @ k.transpose(-1, -2)).mul_(scale)  # [B, K, G*T, S]
         scores = scores.view(B, H, T, -1)  # [B, H, T, S]
+        if self.softcap is not None:
+            scores = torch.tanh(scores.div_(self.softcap)) * self.softcap  # before the mask, as Gemma 2
         add = mask.additive(scores.dtype, scores.device, q_slice)
         if add is not None:
             scores = scores.add_(add)  # in place: scores is this pass's own buffer (add's backward needs neither)
@@ -237,7 +281,19 @@ class Attention(_AttentionBase):
         # Query head -> K/V head, only for unequal groups (None keeps the grouped, copy-free path).
         self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
                              persistent=False)
-        self.rotary = Rotary(cfg.rotary_dim, cfg.rotary_base) if cfg.positional == "rotary" and not cross else None
+        self.rotary = None
+        if cfg.positional == "rotary" and not cross:
+            local = self.window is not None and cfg.local_rotary_base is not None
+            self.rotary = (Rotary(cfg.rotary_dim, cfg.local_rotary_base) if local
+                           else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling))
+        # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
+        self.qk_norm = "none" if cross else cfg.qk_norm
+        if self.qk_norm != "none":
+            per_head = self.qk_norm == "head"
+            self.q_norm = nn.RMSNorm(D if per_head else H * D, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(D if per_head else K * D, eps=cfg.norm_eps)
+            self.hook_q_normed = HookPoint()
+            self.hook_k_normed = HookPoint()
 
     def forward(
         self,
@@ -273,6 +329,11 @@ class Attention(_AttentionBase):
         q = self.hook_q(q.view(B, T, H, D))  # [B, T, H, D]
         k = self.hook_k(k.view(B, S_new, K, D))  # [B, S, K, D]
         v = self.hook_v(v.view(B, S_new, K, D))  # [B, S, K, D]
+        if self.qk_norm == "head":
+            q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
+        elif self.qk_norm == "full":
+            q = self.hook_q_normed(self.q_norm(q.reshape(B, T, H * D)).view(B, T, H, D))  # [B, T, H, D]
+            k = self.hook_k_normed(self.k_norm(k.reshape(B, S_new, K * D)).view(B, S_new, K, D))  # [B, S, K, D]
         if self.rotary is not None:
             q = self.rotary(q, positions)
             k = self.rotary(k, positions)
@@ -283,22 +344,44 @@ class Attention(_AttentionBase):
 
 
 class LatentAttention(_AttentionBase):
-    """Multi-head latent attention (DeepSeek-V2): K and V are up-projected from a low-rank latent.
+    """Multi-head latent attention, as DeepSeek-V2/V3 define it: K and V are up-projected from a low-rank latent.
 
-    The cache stores only the latent ``c_kv`` ``[B, S, C]`` and the shared rotary key ``[B, S, R]``, which is
-    what makes MLA cheap to serve. Queries may be compressed too (``q_latent_dim``). Scores use the
-    concatenation [no-position part (D) | decoupled rotary part (R)], scaled by ``1 / sqrt(D + R)``.
+    Shapes: H heads, no-position query/key width D (``cfg.d_head``, DeepSeek's ``qk_nope_head_dim``), rotary
+    width R (``cfg.rope_dim``, ``qk_rope_head_dim``), value width Dv (``cfg.v_head_dim``), latent C
+    (``cfg.kv_latent_dim``, ``kv_lora_rank``), query latent Cq (``cfg.q_latent_dim``, ``q_lora_rank``, or direct
+    query projection when None). Weights (HF names in brackets): ``W_dq`` [q_a_proj], ``q_norm``
+    [q_a_layernorm], ``W_uq`` [q_b_proj] or ``W_q`` [q_proj] ``[H (D + R), .]``; ``W_dkv`` [kv_a_proj_with_mqa]
+    ``[C + R, M]``; ``kv_norm`` [kv_a_layernorm]; ``W_ukv`` [kv_b_proj] ``[H (D + Dv), C]``, head h's rows are
+    its key part ``W_UK[h]`` ``[D, C]`` then its value part ``W_UV[h]`` ``[Dv, C]``; ``W_O`` [o_proj].
 
-    Hooks: ``hook_q_latent`` ``[B, T, Cq]``, ``hook_kv_latent`` ``[B, S_new, C]``; ``hook_q`` ``[B, T, H, D+R]``
-    and ``hook_k`` ``[B, S, H, D+R]`` are after RoPE (the rotary part is part of the head's key), ``hook_v``
-    ``[B, S, H, D]``; with a cache, ``hook_k``/``hook_v`` see every cached position (they are recomputed
-    from the latent).
+    The cache stores only the normalised latent ``c_kv`` ``[B, S, C]`` and the shared rotated key ``[B, S, R]``.
+    Scores use [no-position part | rotary part] and ``cfg.attn_scale`` (default ``1 / sqrt(D + R)``).
+    RoPE rotates in the half-split layout; a checkpoint with interleaved rotary pairs (DeepSeek's
+    ``rope_interleave``) is converted by permuting the rotary rows of ``W_uq`` / ``W_dkv``, which leaves every
+    score unchanged.
+
+    Two paths give the same numbers:
+
+    * expanded (prefill, and any pass without a cache): ``k = [c_kv W_UK^T | k_rope]`` and ``v = c_kv W_UV^T``
+      per head, then attention;
+    * absorbed (``decode_path = "absorbed"``, the default, for single-token steps with a cache): ``W_UK`` is
+      folded into the query (``q_lat = q_nope W_UK`` ``[B, H, 1, C]``) and ``W_UV`` into the output
+      (``z = (p c_kv) W_UV^T``), so a step attends over the cached latent directly (one shared K/V head of
+      width C + R, like MQA) and never expands K or V for the cached positions.
+
+    Hooks: ``hook_q_latent`` ``[B, T, Cq]``, ``hook_kv_latent`` ``[B, S_new, C]``, ``hook_q`` ``[B, T, H, D+R]``
+    (after RoPE), and on both paths ``hook_attn_scores`` / ``hook_pattern`` / ``hook_z`` ``[B, T, H, Dv]`` /
+    ``hook_result``. ``hook_k`` ``[B, S, H, D+R]`` and ``hook_v`` ``[B, S, H, Dv]`` exist on the expanded path
+    only: attaching either makes a step take the expanded path (with a cache they see every cached position,
+    recomputed from the latent).
     """
 
     def __init__(self, cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> None:
         super().__init__(cfg, cross=cross, layer=layer)
         H, D, M, C, R = self.n_heads, cfg.d_head, cfg.d_model, cfg.kv_latent_dim, cfg.rope_dim
+        Dv = self.d_head
         self.n_kv_heads = H
+        self.d_nope = D
         self.rope_dim = R if not cross else 0
         self.kv_latent_dim = C
         if cfg.q_latent_dim is not None:
@@ -309,10 +392,11 @@ class LatentAttention(_AttentionBase):
             self.W_q = nn.Linear(M, H * (D + self.rope_dim), bias=cfg.attn_bias)
         self.W_dkv = nn.Linear(M, C + self.rope_dim, bias=False)  # fused: latent and shared rotary key
         self.kv_norm = nn.RMSNorm(C, eps=cfg.norm_eps)
-        self.W_ukv = nn.Linear(C, H * 2 * D, bias=False)  # fused: no-position keys and values
-        self.rotary = Rotary(self.rope_dim, cfg.rotary_base) if self.rope_dim else None
+        self.W_ukv = nn.Linear(C, H * (D + Dv), bias=False)  # fused: no-position keys and values
+        self.rotary = Rotary(self.rope_dim, cfg.rotary_base, cfg.rope_scaling) if self.rope_dim else None
         self.hook_q_latent = HookPoint()
         self.hook_kv_latent = HookPoint()
+        self.decode_path = "absorbed"
 
     def forward(
         self,
@@ -325,9 +409,11 @@ class LatentAttention(_AttentionBase):
     ) -> torch.Tensor:
         """Same arguments as :meth:`Attention.forward`."""
         B, T, _ = x.shape
-        H, D, R, C = self.n_heads, self.d_head, self.rope_dim, self.kv_latent_dim
+        H, D, R, C, Dv = self.n_heads, self.d_nope, self.rope_dim, self.kv_latent_dim, self.d_head
         if H == 0:
             return self._no_heads(x, None if context is not None else cache)  # no head reads K/V: nothing cached
+        if self.decode_path not in ("absorbed", "expanded"):
+            raise ValueError(f"decode_path={self.decode_path!r} must be 'absorbed' or 'expanded'")
         if hasattr(self, "W_dq"):
             c_q = self.hook_q_latent(self.W_dq(x))  # [B, T, Cq]
             q = self.W_uq(self.q_norm(c_q))
@@ -343,12 +429,36 @@ class LatentAttention(_AttentionBase):
             k_rope = self.rotary(k_rope.unsqueeze(2), positions).squeeze(2)  # [B, S_new, R]
         if cache is not None and context is None:
             c_kv, k_rope = cache.update(c_kv, k_rope)  # [B, S, C], [B, S, R]
+        q = self.hook_q(q)
+        absorbed = (self.decode_path == "absorbed" and cache is not None and context is None and T == 1
+                    and not (self.hook_k.active or self.hook_v.active))
+        if absorbed:
+            return self._project_out(self._attend_absorbed(q, c_kv, k_rope, mask))
         S = c_kv.shape[1]
-        k_nope, v = self.W_ukv(c_kv).view(B, S, H, 2 * D).split([D, D], dim=-1)  # [B, S, H, D] each
+        k_nope, v = self.W_ukv(c_kv).view(B, S, H, D + Dv).split([D, Dv], dim=-1)  # [B, S, H, D], [B, S, H, Dv]
         k = torch.cat([k_nope, k_rope.unsqueeze(2).expand(B, S, H, R)], dim=-1)  # [B, S, H, D+R]
-        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T|S, D(+R)]
+        k, v = self.hook_k(k), self.hook_v(v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T|S, D(+R)|Dv]
         return self._project_out(self._attend(q, k, v, mask))
+
+    def _attend_absorbed(self, q: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor,
+                         mask: AttnMask) -> torch.Tensor:
+        """q ``[B, T, H, D+R]``, c_kv ``[B, S, C]``, k_rope ``[B, S, R]`` -> z ``[B, H, T, Dv]``, K/V unexpanded.
+
+        ``q_nope . (W_UK c) = (q_nope W_UK) . c``: the score of a head is its absorbed query against the shared
+        latent, and ``sum_s p_s W_UV c_s = W_UV (sum_s p_s c_s)`` gives its value read-out.
+        """
+        H, D, R, C, Dv = self.n_heads, self.d_nope, self.rope_dim, self.kv_latent_dim, self.d_head
+        up = self.W_ukv.weight.view(H, D + Dv, C)  # [H, D+Dv, C]
+        w_uk, w_uv = up[:, :D], up[:, D:]  # [H, D, C], [H, Dv, C]
+        q_nope, q_rope = q.split([D, R], dim=-1)  # [B, T, H, D], [B, T, H, R]
+        q_lat = torch.einsum("bthd,hdc->bhtc", q_nope, w_uk)  # [B, H, T, C]
+        q_cat = torch.cat([q_lat, q_rope.transpose(1, 2)], dim=-1)  # [B, H, T, C+R]
+        k_cat = torch.cat([c_kv, k_rope], dim=-1).unsqueeze(1)  # [B, 1, S, C+R]: one shared key head
+        # The scale is the expanded path's: the dot products are the same, only their width changed.
+        scale = self.cfg.attn_scale or 1.0 / math.sqrt(D + R)
+        z_lat = self._attend(q_cat, k_cat, c_kv.unsqueeze(1), mask, scale)  # [B, H, T, C]
+        return torch.einsum("bhtc,hvc->bhtv", z_lat, w_uv)  # [B, H, T, Dv]
 
 
 def make_attention(cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> _AttentionBase:

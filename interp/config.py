@@ -15,12 +15,33 @@ from typing import Any, Literal
 AttentionKind = Literal["standard", "latent"]
 Positional = Literal["learned", "rotary", "none"]
 Normalization = Literal["pre", "post", "rms", "none"]
-Activation = Literal["gelu", "gelu_new", "relu", "silu", "swiglu", "geglu"]
+Activation = Literal["gelu", "gelu_new", "relu", "silu", "swiglu", "geglu", "geglu_tanh"]
+QKNorm = Literal["none", "head", "full"]
+SublayerNorm = Literal["input", "sandwich", "output"]
+ParallelBlock = Literal["none", "one_norm", "two_norms"]
+RouterScore = Literal["softmax", "sigmoid"]
+RouterGroupScore = Literal["max", "top2_sum"]
 
 _ATTENTION_KINDS = ("standard", "latent")
 _POSITIONALS = ("learned", "rotary", "none")
 _NORMALIZATIONS = ("pre", "post", "rms", "none")
-_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu")
+_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu", "geglu_tanh")
+_QK_NORMS = ("none", "head", "full")
+_SUBLAYER_NORMS = ("input", "sandwich", "output")
+_PARALLEL_BLOCKS = ("none", "one_norm", "two_norms")
+_ROUTER_SCORES = ("softmax", "sigmoid")
+_ROUTER_GROUP_SCORES = ("max", "top2_sum")
+
+#: For each RoPE scaling kind, its (required, optional) keys besides ``rope_type``.
+ROPE_SCALING_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "linear": (("factor",), ()),
+    "dynamic": (("factor", "original_max_position_embeddings"), ()),
+    "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), ()),
+    "yarn": (("factor", "original_max_position_embeddings"),
+             ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")),
+    "longrope": (("short_factor", "long_factor", "original_max_position_embeddings"),
+                 ("factor", "attention_factor")),
+}
 
 
 @dataclass(frozen=True)
@@ -70,13 +91,41 @@ class ModelConfig:
         positional: ``"learned"`` absolute embeddings, ``"rotary"`` (RoPE on queries and keys) or ``"none"``.
         rotary_base: RoPE base frequency.
         rotary_dim: how many dims of each head RoPE rotates (standard attention); defaults to ``d_head``.
+        rope_scaling: optional RoPE scaling, a dict in Hugging Face's ``rope_parameters`` vocabulary:
+            ``rope_type`` one of ``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope`` and the keys
+            :data:`interp.rotary.ROPE_SCALING_KEYS` lists for it (e.g. ``{"rope_type": "llama3", "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}``).
+        local_rotary_base: RoPE base of the sliding-window layers, when it differs from ``rotary_base`` (Gemma 3:
+            local layers rotate with plain RoPE of this base, global ones with ``rotary_base`` and
+            ``rope_scaling``).
+        sliding_window: sliding-window attention: an int (every layer) or one entry per layer, an int W (the
+            query at position p sees keys p - W + 1 .. p) or ``None`` (global attention). ``n_ctx`` is not capped
+            by it, and the KV cache keeps only the last W - 1 positions of a windowed layer.
+        attn_scale: the factor on ``q . k`` (default ``1 / sqrt(d_head)``; Gemma 2's ``query_pre_attn_scalar``
+            gives ``query_pre_attn_scalar ** -0.5``).
+        attn_softcap: attention-logit soft-capping: scores become ``cap * tanh(scores / cap)`` before the mask
+            (Gemma 2). Attention then always takes the explicit path (SDPA has no soft-cap).
+        final_softcap: final-logit soft-capping, ``cap * tanh(logits / cap)`` (Gemma 2).
+        qk_norm: RMSNorm on queries and keys before RoPE: ``"head"`` (per head, over ``d_head``: Qwen3,
+            Gemma 3), ``"full"`` (over all heads' concatenation: OLMo 2) or ``"none"``. Hooks
+            ``hook_q_normed`` / ``hook_k_normed`` read the normalised ``[B, T, heads, D]``.
+        sublayer_norm: where a pre-norm model (``normalization`` ``"pre"`` or ``"rms"``) normalises each sublayer:
+            ``"input"`` (its input, GPT-2 / Llama), ``"sandwich"`` (its input and its output, Gemma 2/3: norms
+            ``ln1_post`` / ``ln2_post``) or ``"output"`` (its output only, OLMo 2). ``hook_attn_out`` /
+            ``hook_mlp_out`` are what is added to the residual (after the output norm); the values before it are
+            ``hook_attn_out_pre_norm`` / ``hook_mlp_out_pre_norm``.
+        parallel_block: ``"none"`` (attention, then MLP), or attention and MLP reading the same residual and
+            both added to it (GPT-NeoX / Pythia, Falcon, Phi): ``"one_norm"`` (one shared input norm, ``ln1``) or
+            ``"two_norms"`` (``ln1`` and ``ln2``). A parallel block has no ``hook_resid_mid``.
+        embed_scale: multiplies the token embeddings (Gemma: ``sqrt(d_model)``); ``hook_embed`` sees the product.
         normalization: ``"pre"`` (pre-LN, GPT-2), ``"post"`` (post-LN, BERT), ``"rms"`` (pre-RMSNorm, Llama)
             or ``"none"``.
         norm_eps: epsilon of the norms.
         embed_norm: a LayerNorm right after the embeddings (BERT).
         attn_only: blocks without MLPs.
         d_mlp: MLP hidden width; defaults to ``4 * d_model``.
-        activation: MLP non-linearity; ``"swiglu"``/``"geglu"`` are gated MLPs (Llama uses ``"swiglu"``).
+        activation: MLP non-linearity; ``"swiglu"``/``"geglu"``/``"geglu_tanh"`` are gated MLPs (Llama uses
+            ``"swiglu"``, Gemma ``"geglu_tanh"``, the gate through the tanh approximation of GELU).
         d_vocab: vocabulary size.
         n_ctx: the longest sequence the model accepts (and the size of learned position tables).
         n_token_types: token-type (segment) embeddings, 0 for none (BERT uses 2).
@@ -96,6 +145,36 @@ class ModelConfig:
         layer_kv_map: optional per-layer list mapping each query head to its K/V head (entries ``None``
             mean the uniform grouping, query head h reads K/V head ``h // (H_l // K_l)``). Needed when a
             partially pruned K/V group leaves groups of unequal size.
+
+    Multi-head latent attention (DeepSeek-V2/V3), besides ``kv_latent_dim`` / ``q_latent_dim`` / ``rope_dim``
+    (DeepSeek's YaRN ``mscale**2`` softmax correction goes in ``attn_scale``):
+
+    Args:
+        v_head_dim: MLA only: width of one head's value (and of its slice of ``W_O``); defaults to ``d_head``,
+            which for MLA is the no-position part of the query/key head (DeepSeek's ``qk_nope_head_dim``).
+
+    Mixture of experts (``n_experts > 0``; see :mod:`interp.moe`):
+
+    Args:
+        n_experts: routed experts per MoE layer (E); 0 means every MLP is dense.
+        n_experts_per_token: experts each token is routed to (top-k), ``1 <= k <= n_experts``.
+        d_expert: hidden width of one routed expert; defaults to ``d_mlp``.
+        router_score: ``"softmax"`` (Mixtral, Qwen, OLMoE, DeepSeek-V2) or ``"sigmoid"`` (DeepSeek-V3) of the
+            router logits.
+        router_renormalize: divide the k chosen scores by their sum.
+        router_groups: DeepSeek's ``n_group``: experts fall in this many equal groups and a token first picks
+            ``router_topk_groups`` groups, then its top-k experts inside them.
+        router_topk_groups: groups a token may use (``topk_group``); defaults to ``router_groups``.
+        router_group_score: a group's score, ``"max"`` of its scores (DeepSeek-V2) or ``"top2_sum"``, the sum of
+            its two best (DeepSeek-V3).
+        router_choice_bias: a per-expert bias added to the scores for choosing only, never to the weights
+            (DeepSeek-V3's ``e_score_correction_bias``).
+        routed_scaling: multiplies the chosen weights (``routed_scaling_factor``).
+        d_shared_expert: hidden width of the shared expert every token passes through (0: none); DeepSeek's
+            ``n_shared_experts`` experts are one MLP of ``n_shared_experts * d_expert``.
+        shared_expert_gate: the shared expert's output is scaled by ``sigmoid(x @ w)`` (Qwen-MoE).
+        dense_mlp_layers: layers that keep a dense MLP of width ``d_mlp`` (DeepSeek's first
+            ``first_k_dense_replace`` layers, Qwen-MoE's ``mlp_only_layers``).
 
     Raises:
         ValueError: on any invalid value or combination, quoting the values.
@@ -121,6 +200,16 @@ class ModelConfig:
     positional: Positional = "learned"
     rotary_base: float = 10000.0
     rotary_dim: int | None = None
+    rope_scaling: dict[str, Any] | None = None
+    local_rotary_base: float | None = None
+    sliding_window: int | list[int | None] | None = None
+    attn_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    qk_norm: QKNorm = "none"
+    sublayer_norm: SublayerNorm = "input"
+    parallel_block: ParallelBlock = "none"
+    embed_scale: float = 1.0
     normalization: Normalization = "pre"
     norm_eps: float = 1e-5
     embed_norm: bool = False
@@ -141,6 +230,22 @@ class ModelConfig:
     layer_n_heads: list[int] | None = None
     layer_n_kv_heads: list[int] | None = None
     layer_kv_map: list[list[int] | None] | None = None
+    # --- multi-head latent attention (DeepSeek) ---
+    v_head_dim: int | None = None
+    # --- mixture of experts ---
+    n_experts: int = 0
+    n_experts_per_token: int | None = None
+    d_expert: int | None = None
+    router_score: RouterScore = "softmax"
+    router_renormalize: bool = False
+    router_groups: int = 1
+    router_topk_groups: int | None = None
+    router_group_score: RouterGroupScore = "max"
+    router_choice_bias: bool = False
+    routed_scaling: float = 1.0
+    d_shared_expert: int = 0
+    shared_expert_gate: bool = False
+    dense_mlp_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx"):
@@ -219,11 +324,199 @@ class ModelConfig:
                 )
         elif self.rotary_dim is not None and self.positional != "rotary":
             raise ValueError(f"rotary_dim={self.rotary_dim} needs positional='rotary', got {self.positional!r}")
+        self._check_rope_scaling()
+        self._check_block_features()
         if self.tie_embeddings and not self.unembed:
             raise ValueError("tie_embeddings=True needs unembed=True")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.d_vocab:
             raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.d_vocab})")
+        self._check_latent_extras()
+        self._check_experts()
         self._check_layer_heads()
+
+    def _check_latent_extras(self) -> None:
+        """Validate the DeepSeek MLA field (value width)."""
+        _int_or_none("v_head_dim", self.v_head_dim)
+        if self.attention != "latent":
+            if self.v_head_dim is not None:
+                raise ValueError(f"v_head_dim={self.v_head_dim} only applies to attention='latent'")
+            return
+        if self.v_head_dim is None:
+            self.v_head_dim = self.d_head
+        _positive_int("v_head_dim", self.v_head_dim)
+
+    def _check_experts(self) -> None:
+        """Validate the mixture-of-experts fields, quoting the values."""
+        for name in ("n_experts", "n_experts_per_token", "d_expert", "router_groups", "router_topk_groups",
+                     "d_shared_expert"):
+            _int_or_none(name, getattr(self, name))
+        for name in ("router_renormalize", "router_choice_bias", "shared_expert_gate"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.n_experts < 0:
+            raise ValueError(f"n_experts={self.n_experts} must be >= 0 (0: dense MLPs)")
+        if not self.n_experts:
+            set_fields = [f"{name}={getattr(self, name)!r}" for name, default in _MOE_DEFAULTS.items()
+                          if getattr(self, name) != default]
+            if set_fields:
+                raise ValueError(f"{', '.join(set_fields)} only apply to a mixture of experts (n_experts > 0)")
+            return
+        if self.attn_only:
+            raise ValueError(f"n_experts={self.n_experts} needs MLPs, but attn_only=True")
+        if self.activation not in ("swiglu", "geglu"):
+            raise ValueError(f"experts are gated MLPs: activation={self.activation!r} must be 'swiglu' or 'geglu'")
+        E, k = self.n_experts, self.n_experts_per_token
+        if k is None:
+            raise ValueError(f"n_experts={E} needs n_experts_per_token (the router's top-k)")
+        _positive_int("n_experts_per_token", k)
+        if k > E:
+            raise ValueError(f"router top-k n_experts_per_token={k} is larger than the number of experts "
+                             f"n_experts={E}")
+        if self.d_expert is None:
+            self.d_expert = self.d_mlp
+        _positive_int("d_expert", self.d_expert)
+        if self.router_score not in _ROUTER_SCORES:
+            raise ValueError(f"router_score={self.router_score!r} is not one of {_ROUTER_SCORES}")
+        if self.router_group_score not in _ROUTER_GROUP_SCORES:
+            raise ValueError(f"router_group_score={self.router_group_score!r} is not one of {_ROUTER_GROUP_SCORES}")
+        _positive_int("router_groups", self.router_groups)
+        if self.router_topk_groups is None:
+            self.router_topk_groups = self.router_groups
+        _positive_int("router_topk_groups", self.router_topk_groups)
+        G, Gk = self.router_groups, self.router_topk_groups
+        if E % G:
+            raise ValueError(f"n_experts={E} is not divisible by router_groups={G}")
+        if Gk > G:
+            raise ValueError(f"router_topk_groups={Gk} is larger than router_groups={G}")
+        if G > 1 and self.router_group_score == "top2_sum" and E // G < 2:
+            raise ValueError(f"router_group_score='top2_sum' needs >= 2 experts per group, got n_experts={E} "
+                             f"in router_groups={G}")
+        if k > Gk * (E // G):
+            raise ValueError(f"n_experts_per_token={k} is more than the {Gk * (E // G)} experts of the "
+                             f"router_topk_groups={Gk} groups a token may use")
+        _positive_float("routed_scaling", self.routed_scaling)
+        if self.d_shared_expert < 0:
+            raise ValueError(f"d_shared_expert={self.d_shared_expert} must be >= 0 (0: no shared expert)")
+        if self.shared_expert_gate and not self.d_shared_expert:
+            raise ValueError("shared_expert_gate=True needs a shared expert (d_shared_expert > 0)")
+        if self.dense_mlp_layers is not None:
+            dense = list(self.dense_mlp_layers)
+            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers for i in dense) \
+                    or len(set(dense)) != len(dense):
+                raise ValueError(f"dense_mlp_layers={self.dense_mlp_layers!r} must be distinct layer indices in "
+                                 f"[0, {self.n_layers})")
+            self.dense_mlp_layers = sorted(dense)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is a mixture of experts (False for dense configs and ``dense_mlp_layers``).
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu",
+            ...                   n_experts=4, n_experts_per_token=2, dense_mlp_layers=[0])
+            >>> [cfg.is_moe_layer(i) for i in range(2)]
+            [False, True]
+        """
+        return bool(self.n_experts) and layer not in (self.dense_mlp_layers or ())
+
+    def _check_rope_scaling(self) -> None:
+        """Validate ``rope_scaling``: a known kind, its required keys, no unknown key, sensible numbers."""
+        rs = self.rope_scaling
+        if rs is None:
+            return
+        if not isinstance(rs, dict):
+            raise TypeError(f"rope_scaling={rs!r} must be a dict with a 'rope_type', or None")
+        if self.positional != "rotary":
+            raise ValueError(f"rope_scaling={rs!r} needs positional='rotary', got positional={self.positional!r}")
+        kind = rs.get("rope_type")
+        if kind not in ROPE_SCALING_KEYS:
+            raise ValueError(f"rope_scaling rope_type={kind!r} is not supported; supported: "
+                             f"{sorted(ROPE_SCALING_KEYS)}")
+        required, optional = ROPE_SCALING_KEYS[kind]
+        missing = [k for k in required if rs.get(k) is None]
+        if missing:
+            raise ValueError(f"rope_scaling rope_type={kind!r} needs {missing}; got {rs!r}")
+        unknown = sorted(set(rs) - {"rope_type", *required, *optional})
+        if unknown:
+            raise ValueError(f"rope_scaling rope_type={kind!r} has unknown key(s) {unknown}; "
+                             f"known: {sorted((*required, *optional))}")
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor",
+                    "mscale", "mscale_all_dim"):
+            if rs.get(key) is not None:
+                value = rs[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise ValueError(f"rope_scaling {key}={value!r} must be a finite number")
+                if key not in ("mscale", "mscale_all_dim") and value <= 0:
+                    raise ValueError(f"rope_scaling {key}={value!r} must be > 0")
+        if kind in ("linear", "dynamic", "llama3", "yarn") and rs["factor"] < 1:
+            raise ValueError(f"rope_scaling factor={rs['factor']!r} must be >= 1 (it stretches the context)")
+        if "original_max_position_embeddings" in rs:
+            _positive_int("rope_scaling original_max_position_embeddings", rs["original_max_position_embeddings"])
+        if kind == "llama3" and not rs["low_freq_factor"] < rs["high_freq_factor"]:
+            raise ValueError(f"rope_scaling low_freq_factor={rs['low_freq_factor']} must be < "
+                             f"high_freq_factor={rs['high_freq_factor']}")
+        if kind == "longrope":
+            half = (self.rotary_dim or self.rope_dim or self.d_head) // 2
+            for key in ("short_factor", "long_factor"):
+                value = rs[key]
+                if (not isinstance(value, (list, tuple)) or len(value) != half
+                        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value)):
+                    raise ValueError(f"rope_scaling {key} must be {half} positive numbers (one per rotary "
+                                     f"frequency), got {value!r}")
+
+    def _check_block_features(self) -> None:
+        """Validate windows, soft-caps, the score scale, QK-norm, norm placement and parallel blocks."""
+        for name, value, allowed in (("qk_norm", self.qk_norm, _QK_NORMS),
+                                     ("sublayer_norm", self.sublayer_norm, _SUBLAYER_NORMS),
+                                     ("parallel_block", self.parallel_block, _PARALLEL_BLOCKS)):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not one of {allowed}")
+        for name in ("attn_scale", "attn_softcap", "final_softcap", "local_rotary_base"):
+            if getattr(self, name) is not None:
+                _positive_float(name, getattr(self, name))
+        _positive_float("embed_scale", self.embed_scale)
+        window = self.sliding_window
+        if window is not None:
+            windows = [window] * self.n_layers if isinstance(window, int) and not isinstance(window, bool) else window
+            if (not isinstance(windows, (list, tuple)) or len(windows) != self.n_layers
+                    or any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1)
+                           for w in windows)):
+                raise ValueError(f"sliding_window={window!r} must be a positive int or {self.n_layers} entries "
+                                 "(one per layer), each a positive int or None (global attention)")
+            if any(w is not None for w in windows) and not self.causal:
+                raise ValueError(f"sliding_window={window!r} needs a causal decoder (causal=False)")
+            self.sliding_window = None if all(w is None for w in windows) else list(windows)
+        if self.local_rotary_base is not None and (self.positional != "rotary" or self.sliding_window is None):
+            raise ValueError(f"local_rotary_base={self.local_rotary_base} needs positional='rotary' and "
+                             f"sliding-window layers, got positional={self.positional!r}, "
+                             f"sliding_window={self.sliding_window!r}")
+        if self.qk_norm != "none" and self.attention != "standard":
+            raise ValueError(f"qk_norm={self.qk_norm!r} applies to attention='standard', got {self.attention!r}")
+        if self.sublayer_norm != "input" and self.normalization not in ("pre", "rms"):
+            raise ValueError(f"sublayer_norm={self.sublayer_norm!r} needs a pre-norm model (normalization 'pre' "
+                             f"or 'rms'), got normalization={self.normalization!r}")
+        if self.parallel_block != "none":
+            if self.attn_only or self.cross_attention or self.sublayer_norm != "input":
+                raise ValueError(f"parallel_block={self.parallel_block!r} needs an MLP, no cross-attention and "
+                                 f"sublayer_norm='input'; got attn_only={self.attn_only}, "
+                                 f"cross_attention={self.cross_attention}, sublayer_norm={self.sublayer_norm!r}")
+            if self.normalization not in ("pre", "rms"):
+                raise ValueError(f"parallel_block={self.parallel_block!r} needs a pre-norm model, got "
+                                 f"normalization={self.normalization!r}")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (``None``: global attention).
+
+        Example:
+            >>> ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=32, sliding_window=[4, None]).window(0)
+            4
+        """
+        return None if self.sliding_window is None else self.sliding_window[layer]
+
+    def set_features(self, names: tuple[str, ...]) -> str:
+        """``"name=value, ..."`` for those of ``names`` whose value is not the field's default ("" when none):
+        how a code path that covers only the defaults says what it does not cover."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n])
 
     def _check_layer_heads(self) -> None:
         """Validate the optional per-layer head counts and query-to-K/V maps (pruned models)."""
@@ -353,6 +646,11 @@ class ModelConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+
+_MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": "softmax",
+                 "router_renormalize": False, "router_groups": 1, "router_topk_groups": None,
+                 "router_group_score": "max", "router_choice_bias": False, "routed_scaling": 1.0,
+                 "d_shared_expert": 0, "shared_expert_gate": False, "dense_mlp_layers": None}
 
 _BOOL_FIELDS = ("causal", "embed_norm", "attn_only", "attn_bias", "out_bias", "mlp_bias", "unembed",
                 "tie_embeddings", "cross_attention", "use_sdpa")

@@ -313,6 +313,12 @@ class _Untraceable(Exception):
     """Raised while tracing: the block does something a trace cannot hold."""
 
 
+# ModelConfig features the traced step is not trusted with (the hooked path covers them): the step root embeds
+# with W_E alone and unembeds without a final soft-cap, and windows read the mask's positions.
+_LEAN_UNCOVERED = ("sliding_window", "attn_scale", "attn_softcap", "final_softcap", "qk_norm", "sublayer_norm",
+                   "parallel_block", "embed_scale", "local_rotary_base")
+
+
 class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, mod: nn.Module, qualname: str) -> bool:
         # Rotary memoises its angles by comparing position values, a branch on data: it is called, not traced.
@@ -446,12 +452,15 @@ class LeanDecoder:
         if cfg is None or not hasattr(model, "blocks"):
             return "not an interp Transformer"
         checks = [
+            (cfg.attention == "standard", f"attention={cfg.attention!r}"),
             (cfg.causal and cfg.unembed, "not a causal decoder with an unembedding"),
             (not cfg.embed_norm, "embedding norm"),
             (getattr(model, "W_pos", None) is None and getattr(model, "W_tt", None) is None,
              "learned position or token-type embeddings"),
             (not cfg.cross_attention, "cross-attention"),
             (cfg.use_sdpa, "use_sdpa=False"),
+            (not cfg.n_experts, "mixture-of-experts MLPs"),
+            (not (uncovered := cfg.set_features(_LEAN_UNCOVERED)), uncovered),
         ]
         for ok, why in checks:
             if not ok:

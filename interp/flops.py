@@ -20,6 +20,7 @@ import dataclasses
 from typing import Any
 
 import pandas as pd
+import torch
 
 from .config import ModelConfig
 
@@ -163,7 +164,8 @@ def kv_variants(
     positional = "rotary" if rope else ("none" if cfg.positional == "rotary" else cfg.positional)
     # The variants are uniform what-ifs: drop the per-layer head counts of a pruned model.
     uniform = {f: None for f in ("layer_n_heads", "layer_n_kv_heads", "layer_kv_map") if hasattr(cfg, f)}
-    std: dict[str, Any] = dict(attention="standard", kv_latent_dim=None, q_latent_dim=None, rope_dim=0, **uniform,
+    std: dict[str, Any] = dict(attention="standard", kv_latent_dim=None, q_latent_dim=None, rope_dim=0, v_head_dim=None,
+                               **uniform,
                positional=cfg.positional if cfg.attention == "standard" else "rotary",
                rotary_dim=cfg.rotary_dim if cfg.attention == "standard" else None)
     out: dict[str, ModelConfig] = {"mha": dataclasses.replace(cfg, n_kv_heads=H, **std)}
@@ -274,6 +276,7 @@ def flops_per_layer(
     batch: int = 1,
     kv_len: int | None = None,
     layer: int | None = None,
+    absorbed: bool | None = None,
 ) -> pd.DataFrame:
     """Forward-pass FLOPs of one block, by operation (matrix products only, 2 FLOPs per multiply-add).
 
@@ -281,7 +284,9 @@ def flops_per_layer(
     left out (they are a few percent and not matrix products), and the causal mask does not halve the
     score FLOPs (the kernels compute the full square). ``seq_len`` new tokens attend to ``kv_len`` keys:
     a prefill has ``kv_len == seq_len`` (the default); one decoding step with a cache of ``n`` tokens is
-    ``seq_len=1, kv_len=n + 1``. MLA re-expands K/V from the cached latent for every key (``kv_up``).
+    ``seq_len=1, kv_len=n + 1``. MLA re-expands K/V from the cached latent for every key (``kv_up``, the
+    expanded path). A mixture-of-experts layer counts the router, the k experts each token runs and the shared
+    expert (``layer=None`` on an MoE config describes an MoE layer, not one of its ``dense_mlp_layers``).
 
     Args:
         cfg: the model config.
@@ -290,6 +295,9 @@ def flops_per_layer(
         kv_len: keys each query sees, S (default ``seq_len``).
         layer: which block, for a model with heads removed (per-layer head counts); any block of a
             uniform model costs the same.
+        absorbed: MLA only: count the absorbed decode path (no K/V expansion; see
+            :class:`~interp.attention.LatentAttention`) instead of the expanded one. ``None`` (default) counts
+            what the model runs: absorbed for one query against a longer cache (``seq_len == 1 < kv_len``).
 
     Returns:
         DataFrame with columns ``operation``, ``flops``, ``share`` (of the block's total), in forward order.
@@ -318,27 +326,47 @@ def flops_per_layer(
     elif getattr(cfg, "layer_n_heads", None) is not None:
         raise ValueError(f"this config has per-layer head counts {cfg.layer_n_heads}: pass layer=")
     rows: list[tuple[str, int]] = []
+    Dv = D  # a head's value width
     if cfg.attention == "latent":
-        C, R = cfg.kv_latent_dim, cfg.rope_dim
+        C, R, Dv = cfg.kv_latent_dim, cfg.rope_dim, cfg.v_head_dim
         if cfg.q_latent_dim is not None:
             rows += [("q_down", 2 * B * T * M * cfg.q_latent_dim),
                      ("q_up", 2 * B * T * cfg.q_latent_dim * H * (D + R))]
         else:
             rows.append(("q_proj", 2 * B * T * M * H * (D + R)))
-        rows += [("kv_down", 2 * B * T * M * (C + R)),
-                 ("kv_up", 2 * B * S * C * 2 * H * D),
-                 ("scores (QK^T)", 2 * B * H * T * S * (D + R))]
+        if absorbed is None:
+            absorbed = T == 1 and S > 1  # what LatentAttention does on a one-token step with a cache
+        if absorbed:
+            # W_UK folded into the query, W_UV into the output: attention runs over the C + R wide latent.
+            rows += [("kv_down", 2 * B * T * M * (C + R)),
+                     ("q_absorb (W_UK)", 2 * B * T * H * D * C),
+                     ("scores (QK^T)", 2 * B * H * T * S * (C + R)),
+                     ("mix (pattern @ latent)", 2 * B * H * T * S * C),
+                     ("out_absorb (W_UV)", 2 * B * T * H * C * Dv)]
+        else:
+            rows += [("kv_down", 2 * B * T * M * (C + R)),
+                     ("kv_up", 2 * B * S * C * H * (D + Dv)),
+                     ("scores (QK^T)", 2 * B * H * T * S * (D + R))]
     else:
         rows += [("q_proj", 2 * B * T * M * H * D),
                  ("k_proj", 2 * B * T * M * K * D),
                  ("v_proj", 2 * B * T * M * K * D),
                  ("scores (QK^T)", 2 * B * H * T * S * D)]
-    rows += [("mix (pattern @ V)", 2 * B * H * T * S * D),
-             ("out_proj", 2 * B * T * H * D * M)]
-    if not cfg.attn_only:
+    if not (cfg.attention == "latent" and absorbed):
+        rows.append(("mix (pattern @ V)", 2 * B * H * T * S * Dv))
+    rows.append(("out_proj", 2 * B * T * H * Dv * M))
+    moe = cfg.n_experts > 0 and (cfg.is_moe_layer(layer) if layer is not None else True)
+    if moe:
+        # Each token runs only its k experts (MLPs of width d_expert); the router scores all E.
+        E, k, Fe, Fs = cfg.n_experts, cfg.n_experts_per_token, cfg.d_expert, cfg.d_shared_expert
+        rows += [("router", 2 * B * T * M * E), (f"experts ({k} of {E} per token)", 3 * 2 * B * T * k * M * Fe),
+                 ("combine (weights @ expert outputs)", 2 * B * T * k * M)]
+        if Fs:
+            rows.append(("shared expert", 3 * 2 * B * T * M * Fs))
+    elif not cfg.attn_only:
         F = cfg.d_mlp
         rows.append(("mlp_in", 2 * B * T * M * F))
-        if cfg.activation in ("swiglu", "geglu"):
+        if cfg.activation in ("swiglu", "geglu", "geglu_tanh"):
             rows.append(("mlp_gate", 2 * B * T * M * F))
         rows.append(("mlp_out", 2 * B * T * F * M))
     df = pd.DataFrame(rows, columns=["operation", "flops"])
@@ -354,3 +382,37 @@ def format_flops(n: float) -> str:
         '131.1 kFLOP'
     """
     return format_bytes(n)[:-1] + "FLOP"  # same scaling as bytes; swap the trailing unit letter
+
+
+def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Parameters of the model ``cfg`` describes: all of them, and those one token actually uses.
+
+    A mixture of experts stores ``E`` experts per MoE layer but runs ``k`` of them per token: ``active``
+    counts the k routed experts (plus the router, the shared expert, attention, norms, embeddings and
+    unembedding) and ``total`` all E. For a dense model both are equal. The embedding counts once in each
+    (a token reads one row of it, but the unembedding reads all of a tied matrix).
+
+    Returns:
+        ``{"total": int, "active": int, "experts_total": int, "experts_active": int}``.
+
+    Example:
+        >>> cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=50, n_ctx=8, activation="swiglu",
+        ...                   mlp_bias=False, n_experts=8, n_experts_per_token=2, d_expert=32)
+        >>> c = parameter_counts(cfg)
+        >>> c["experts_total"] == 2 * 8 * 3 * 16 * 32, c["experts_active"] == 2 * 2 * 3 * 16 * 32
+        (True, True)
+    """
+    from .model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    total = sum(p.numel() for p in model.parameters())
+    experts_total = experts_active = 0
+    for layer, block in enumerate(model.blocks):
+        mlp = block.mlp
+        if cfg.is_moe_layer(layer):
+            per_expert = mlp.W_gate[0].numel() + mlp.W_in[0].numel() + mlp.W_out[0].numel()
+            experts_total += cfg.n_experts * per_expert
+            experts_active += cfg.n_experts_per_token * per_expert
+    return {"total": total, "active": total - experts_total + experts_active, "experts_total": experts_total,
+            "experts_active": experts_active}

@@ -5,7 +5,8 @@ it the new entries, never a position, so no caller can leave it pointing at the 
 
 Standard attention stores K and V per K/V head (``[B, K, S_max, D]``), so GQA/MQA shrink it by the group
 size; multi-head latent attention stores only the latent ``[B, S_max, C]`` and the shared rotary key
-``[B, S_max, R]``.
+``[B, S_max, R]``. A sliding-window layer (window W) keeps only the last W - 1 positions, all a later query
+can see besides itself (:class:`WindowLayerKVCache`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,47 @@ class LayerKVCache:
         self.length += n
 
 
+class WindowLayerKVCache(LayerKVCache):
+    """A sliding-window layer's buffers: the last ``capacity`` (= window - 1) positions, oldest first.
+
+    ``update(*new)`` returns the kept positions followed by the new ones (positions
+    ``length - kept .. length + T - 1``; the attention reads the first key's position off the count), keeps the
+    last ``capacity`` of them and advances ``length``. Memory is bounded by the window, however long the
+    decoding runs. The positions that slid out are gone, so a rewind to anywhere but 0 cannot be undone: the
+    next update after one raises instead of attending to the wrong keys.
+    """
+
+    def __init__(self, buffers: list[torch.Tensor], seq_dims: list[int]) -> None:
+        super().__init__(buffers, seq_dims)
+        self._written = 0  # the length the buffers' contents belong to
+
+    def update(self, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Append ``new`` and return the kept positions followed by it.
+
+        Raises:
+            RuntimeError: the cache was rewound to a length other than 0 since the last update.
+        """
+        start = self.length
+        if start not in (0, self._written):
+            raise RuntimeError(f"a sliding-window layer's KV cache was rewound from {self._written} to {start} "
+                               f"positions: the positions that slid out of its window are gone; reset() the cache "
+                               f"and run the prompt again")
+        out = []
+        for buf, dim, t in zip(self.buffers, self.seq_dims, new):
+            capacity = buf.shape[dim]
+            held = min(start, capacity)  # positions start - held .. start - 1
+            full = torch.cat([buf.narrow(dim, 0, held), t], dim=dim) if held else t  # [.., held + T, ..]
+            keep = min(capacity, full.shape[dim])
+            buf.narrow(dim, 0, keep).copy_(full.narrow(dim, full.shape[dim] - keep, keep))
+            out.append(full)
+        self.length = self._written = start + new[0].shape[self.seq_dims[0]]
+        return tuple(out)
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` more positions (a windowed layer keeps its window, not every position)."""
+        self.length = self._written = self.length + n
+
+
 class KVCache:
     """K/V (or latent) buffers for every layer; :attr:`length` is how many positions are filled.
 
@@ -91,11 +133,15 @@ class KVCache:
                 shapes = [(batch_size, max_len, width * cfg.kv_latent_dim), (batch_size, max_len, width * cfg.rope_dim)]
                 seq_dims = [1, 1]
             else:
-                # A pruned model may keep a different number of K/V heads in each layer.
-                shapes = [(batch_size, cfg.layer(layer).n_kv_heads, max_len, cfg.d_head)] * 2
+                # A pruned model may keep a different number of K/V heads in each layer; a windowed layer keeps
+                # only the window's last W - 1 positions.
+                window = cfg.window(layer)
+                length = max_len if window is None else min(max_len, window - 1)
+                shapes = [(batch_size, cfg.layer(layer).n_kv_heads, length, cfg.d_head)] * 2
                 seq_dims = [2, 2]
             bufs = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
-            self.layers.append(LayerKVCache(bufs, seq_dims))
+            windowed = cfg.attention != "latent" and cfg.window(layer) is not None
+            self.layers.append((WindowLayerKVCache if windowed else LayerKVCache)(bufs, seq_dims))
 
     @property
     def length(self) -> int:
@@ -132,7 +178,8 @@ class KVCache:
 
     @property
     def nbytes_per_token(self) -> int:
-        """Bytes one position takes across all layers and the batch."""
+        """Bytes one position takes across all layers and the batch (windowed layers' fixed buffers spread over
+        ``max_len``)."""
         return self.nbytes // self.max_len
 
     @property

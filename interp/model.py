@@ -21,6 +21,7 @@ from .attention import AttnMask, make_attention
 from .config import ModelConfig
 from .hooks import HookedModule, HookPoint, NamesFilter
 from .kv_cache import KVCache
+from .moe import MoE
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -41,6 +42,7 @@ _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "swiglu": F.silu,
     "geglu": F.gelu,
+    "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
 # In-place versions, used where nothing else holds the input (the gate's fresh output, without autograd).
 _ACT_INPLACE: dict[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] = {
@@ -50,16 +52,20 @@ _ACT_INPLACE: dict[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tenso
 
 
 class MLP(nn.Module):
-    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``)."""
+    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``).
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    ``d_hidden`` overrides ``cfg.d_mlp`` (a mixture of experts' shared expert has its own width).
+    """
+
+    def __init__(self, cfg: ModelConfig, d_hidden: int | None = None) -> None:
         super().__init__()
-        self.gated = cfg.activation in ("swiglu", "geglu")
+        F_ = cfg.d_mlp if d_hidden is None else d_hidden
+        self.gated = cfg.activation in ("swiglu", "geglu", "geglu_tanh")
         self.act = _ACT[cfg.activation]
-        self.W_in = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+        self.W_in = nn.Linear(cfg.d_model, F_, bias=cfg.mlp_bias)
         if self.gated:
-            self.W_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
-        self.W_out = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
+            self.W_gate = nn.Linear(cfg.d_model, F_, bias=cfg.mlp_bias)
+        self.W_out = nn.Linear(F_, cfg.d_model, bias=cfg.mlp_bias)
         self.hook_post = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,42 +80,78 @@ class MLP(nn.Module):
         return self.W_out(self.hook_post(h))
 
 
+def make_mlp(cfg: ModelConfig, layer: int | None) -> nn.Module:
+    """The MLP of ``layer``: a :class:`~interp.moe.MoE` on a mixture-of-experts layer, else a dense :class:`MLP`."""
+    if layer is None or not cfg.is_moe_layer(layer):
+        return MLP(cfg)
+    shared = MLP(cfg, d_hidden=cfg.d_shared_expert) if cfg.d_shared_expert else None
+    return MoE(cfg, shared, _ACT[cfg.activation])
+
+
 class Block(nn.Module):
-    """One layer: attention (+ cross-attention) + MLP, with pre-norm, post-norm (BERT) or no norm."""
+    """One layer: attention (+ cross-attention) + MLP, with pre-norm, post-norm (BERT) or no norm.
+
+    A pre-norm block may also normalise each sublayer's output (``cfg.sublayer_norm``: ``ln1_post`` /
+    ``ln2_post``, Gemma's sandwich and OLMo 2's output-only norms) or run attention and MLP in parallel on the
+    same residual (``cfg.parallel_block``: GPT-NeoX, Falcon, Phi).
+    """
 
     def __init__(self, cfg: ModelConfig, layer: int | None = None) -> None:
         super().__init__()
         self.post_norm = cfg.normalization == "post"
-        self.ln1 = make_norm(cfg)
+        self.parallel = cfg.parallel_block != "none"
+        norm_in = cfg.sublayer_norm != "output"  # OLMo 2 normalises only the sublayers' outputs
+        norm_out = cfg.sublayer_norm != "input"
+        self.ln1 = make_norm(cfg) if norm_in else nn.Identity()
         self.attn = make_attention(cfg, layer=layer)
+        if norm_out:
+            self.ln1_post = make_norm(cfg)
+            self.hook_attn_out_pre_norm = HookPoint()
         if cfg.cross_attention:
             self.ln_cross = make_norm(cfg)
             self.cross_attn = make_attention(cfg, cross=True)
             self.hook_cross_attn_out = HookPoint()
-        self.mlp = None if cfg.attn_only else MLP(cfg)
+        self.mlp = None if cfg.attn_only else make_mlp(cfg, layer)
         if self.mlp is not None:
-            self.ln2 = make_norm(cfg)
+            # A one-norm parallel block feeds the MLP ln1's output: it has no ln2.
+            if cfg.parallel_block != "one_norm":
+                self.ln2 = make_norm(cfg) if norm_in else nn.Identity()
+            if norm_out:
+                self.ln2_post = make_norm(cfg)
+                self.hook_mlp_out_pre_norm = HookPoint()
             self.hook_mlp_out = HookPoint()
-            self.hook_resid_mid = HookPoint()
+            if not self.parallel:
+                self.hook_resid_mid = HookPoint()
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def _sublayer(self, x, norm, fn, hook):
+    def _sublayer(self, x, norm, fn, hook, out_norm=None, out_hook=None):
         if self.post_norm:
             return norm(x + hook(fn(x)))
-        return x + hook(fn(norm(x)))
+        y = fn(norm(x))
+        if out_norm is not None:
+            y = out_norm(out_hook(y))
+        return x + hook(y)
 
     def forward(self, x, *, mask, positions, cache, context, context_mask) -> torch.Tensor:
         x = self.hook_resid_pre(x)
-        x = self._sublayer(x, self.ln1, lambda h: self.attn(h, mask=mask, positions=positions, cache=cache),
-                           self.hook_attn_out)
+        attend = lambda h: self.attn(h, mask=mask, positions=positions, cache=cache)  # noqa: E731
+        if self.parallel:
+            # Both sublayers read the same residual; a one-norm block normalises it once for both.
+            h = self.ln1(x)
+            attn_out = self.hook_attn_out(attend(h))
+            mlp_out = self.hook_mlp_out(self.mlp(h if not hasattr(self, "ln2") else self.ln2(x)))
+            return self.hook_resid_post(x + attn_out + mlp_out)
+        x = self._sublayer(x, self.ln1, attend, self.hook_attn_out, getattr(self, "ln1_post", None),
+                           getattr(self, "hook_attn_out_pre_norm", None))
         if context is not None:
             x = self._sublayer(x, self.ln_cross, lambda h: self.cross_attn(h, mask=context_mask, context=context),
                                self.hook_cross_attn_out)
         if self.mlp is not None:
             x = self.hook_resid_mid(x)
-            x = self._sublayer(x, self.ln2, self.mlp, self.hook_mlp_out)
+            x = self._sublayer(x, self.ln2, self.mlp, self.hook_mlp_out, getattr(self, "ln2_post", None),
+                               getattr(self, "hook_mlp_out_pre_norm", None))
         return self.hook_resid_post(x)
 
 
@@ -204,7 +246,10 @@ class Transformer(HookedModule):
             positions = torch.arange(start, S, device=tokens.device)
         else:
             positions = _check_ids("position_ids", position_ids, ((B, T), (T,)), cfg.n_ctx, "n_ctx")
-        x = self.hook_embed(self.W_E(tokens))  # [B, T, M]
+        x = self.W_E(tokens)  # [B, T, M]
+        if cfg.embed_scale != 1.0:
+            x = x * cfg.embed_scale  # Gemma's sqrt(d_model): the residual starts at the scaled embedding
+        x = self.hook_embed(x)
         if self.W_pos is not None:
             x = x + self.hook_pos_embed(self.W_pos(positions)).expand(B, T, -1)
         if self.W_tt is None and token_type_ids is not None:
@@ -243,7 +288,12 @@ class Transformer(HookedModule):
             x = x[:, -1:]  # [B, 1, M]
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return x if self.W_U is None else self.W_U(x)
+        if self.W_U is None:
+            return x
+        logits = self.W_U(x)
+        if cfg.final_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap  # Gemma 2's final soft-cap
+        return logits
 
     def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor):

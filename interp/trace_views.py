@@ -256,6 +256,9 @@ def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool 
         parts.append(trace[f"blocks.{lay}.hook_resid_pre"])
         labels.append(f"{lay}_pre")
         if incl_mid:
+            if model is not None and model.cfg.parallel_block != "none":
+                raise ValueError(f"incl_mid: a parallel block (parallel_block={model.cfg.parallel_block!r}) has "
+                                 "no resid_mid")
             parts.append(trace[f"blocks.{lay}.hook_resid_mid"])
             labels.append(f"{lay}_mid")
     stack = _pos(torch.stack(parts), pos_slice)  # [C, B, T, M]
@@ -294,6 +297,10 @@ def _norm_for(model: Transformer, layer: int | None, mlp_input: bool) -> tuple[A
     if final:
         return model.ln_final, (f"blocks.{n - 1}.hook_resid_post",)
     block = model.blocks[layer]
+    if model.cfg.sublayer_norm == "output":
+        raise ValueError(f"layer {layer} has no input norm (sublayer_norm='output'): nothing to apply")
+    if mlp_input and model.cfg.parallel_block != "none":  # the MLP reads resid_pre, through ln2 or the shared ln1
+        return getattr(block, "ln2", block.ln1), f"blocks.{layer}.hook_resid_pre"
     if mlp_input:
         return block.ln2, (f"blocks.{layer}.hook_resid_mid",)
     return block.ln1, (f"blocks.{layer}.hook_resid_pre",)

@@ -17,7 +17,8 @@ What the views are, exactly:
   up-projections, ``W_K = W_dkv^T diag(g_kv) W_uk^T`` (and likewise W_V, and W_Q with a query latent), with
   the latent RMSNorm's weight ``g`` folded in. Approximate in two ways: the RMSNorm's per-token scale
   (a positive scalar per position) is dropped, and the decoupled rotary key part (``rope_dim`` R columns,
-  shared by all heads) is appended to W_K unrotated: W_Q and W_K are ``[.., M, D + R]``.
+  shared by all heads) is appended to W_K unrotated: W_Q and W_K are ``[.., M, D + R]``, W_V ``[.., M, Dv]``
+  and W_O ``[.., Dv, M]`` (DeepSeek's value width ``v_head_dim`` may differ from its key width D).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def layer_weights(model: Transformer, layer: int) -> dict[str, torch.Tensor]:
 
 
 def _latent_qkv(attn: LatentAttention, M: int) -> dict[str, torch.Tensor]:
-    H, D, R, C = attn.n_heads, attn.d_head, attn.rope_dim, attn.kv_latent_dim
+    H, D, R, C, Dv = attn.n_heads, attn.d_nope, attn.rope_dim, attn.kv_latent_dim, attn.d_head
     if hasattr(attn, "W_dq"):
         # x -> W_dq -> RMSNorm(g_q) -> W_uq; the norm's per-token scale is dropped (see module doc).
         wq = (attn.W_uq.weight * attn.q_norm.weight[None, :]) @ attn.W_dq.weight  # [H (D+R), M]
@@ -188,13 +189,13 @@ def _latent_qkv(attn: LatentAttention, M: int) -> dict[str, torch.Tensor]:
         bq = attn.W_q.bias if attn.W_q.bias is not None else wq.new_zeros(wq.shape[0])
     wq = wq.detach().reshape(H, D + R, M).transpose(1, 2)  # [H, M, D+R]
     w_c, w_r = attn.W_dkv.weight.detach().split([C, R])  # [C, M], [R, M]
-    up = (attn.W_ukv.weight.detach() * attn.kv_norm.weight.detach()[None, :]).reshape(H, 2 * D, C)  # [H, 2D, C]
+    up = (attn.W_ukv.weight.detach() * attn.kv_norm.weight.detach()[None, :]).reshape(H, D + Dv, C)  # [H, D+Dv, C]
     wk_nope = (up[:, :D] @ w_c).transpose(1, 2)  # [H, M, D]
-    wv = (up[:, D:] @ w_c).transpose(1, 2)  # [H, M, D]
+    wv = (up[:, D:] @ w_c).transpose(1, 2)  # [H, M, Dv]
     wk = torch.cat([wk_nope, w_r.T.expand(H, M, R)], dim=-1)  # [H, M, D+R]: the rotary key is shared by all heads
     z = wq.new_zeros
     return {"W_Q": wq, "b_Q": bq.detach().reshape(H, D + R), "W_K": wk, "b_K": z(H, D + R),
-            "W_V": wv, "b_V": z(H, D)}
+            "W_V": wv, "b_V": z(H, Dv)}
 
 
 def stacked(model: Transformer, name: str, *, fold_norm: bool = False) -> torch.Tensor:

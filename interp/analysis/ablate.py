@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ..model import Transformer
 
 __all__ = ["ABLATIONS", "ablate_heads", "ablation_table", "compare_with_random", "head_z_means", "head_z_samples",
-           "in_context_gain", "random_head_sets", "repeated_text_sequences"]
+           "in_context_gain", "random_expert_sets", "random_head_sets", "repeated_text_sequences"]
 
 Heads = Iterable[tuple[int, int]]
 
@@ -127,8 +127,40 @@ def random_head_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclude
     ex = set(map(tuple, exclude))
     layers = range(len(model.blocks)) if layers is None else layers
     pool = [(layer, h) for layer in layers for h in range(model.blocks[layer].attn.n_heads) if (layer, h) not in ex]
+    return _draw_sets(pool, k, n_draws, seed, skip_sets, "heads")
+
+
+def random_expert_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclude: Iterable[tuple[int, int]] = (),
+                       layers: Sequence[int] | None = None,
+                       skip_sets: Iterable[Iterable[tuple[int, int]]] = ()) -> list[list[tuple[int, int]]]:
+    """``n_draws`` distinct random sets of ``k`` ``(layer, expert)`` pairs from the MoE layers, as
+    :func:`random_head_sets` draws heads.
+
+    Raises:
+        ValueError: k < 1, n_draws < 1, a model without experts, or fewer than k experts to draw from.
+
+    Example:
+        >>> sets = random_expert_sets(moe_model, 2, 20, seed=0)   # 20 distinct pairs of (layer, expert)
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r} must be an int >= 1")
+    if isinstance(n_draws, bool) or not isinstance(n_draws, int) or n_draws < 1:
+        raise ValueError(f"n_draws={n_draws!r} must be an int >= 1")
+    cfg = model.cfg
+    moe = [layer for layer in range(cfg.n_layers) if cfg.is_moe_layer(layer)]
+    if not moe:
+        raise ValueError(f"model has no mixture-of-experts layer (cfg.n_experts={cfg.n_experts})")
+    ex = set(map(tuple, exclude))
+    layers = moe if layers is None else [layer for layer in layers if layer in moe]
+    pool = [(layer, e) for layer in layers for e in range(cfg.n_experts) if (layer, e) not in ex]
+    return _draw_sets(pool, k, n_draws, seed, skip_sets, "experts")
+
+
+def _draw_sets(pool: list[tuple[int, int]], k: int, n_draws: int, seed: int, skip_sets: Iterable,
+               what: str) -> list[list[tuple[int, int]]]:
+    """Distinct random k-subsets of ``pool`` (heads or experts), never one of ``skip_sets``."""
     if len(pool) < k:
-        raise ValueError(f"k={k} heads requested but only {len(pool)} heads to draw from")
+        raise ValueError(f"k={k} {what} requested but only {len(pool)} {what} to draw from")
     gen = torch.Generator().manual_seed(seed)
     sets: list[list[tuple[int, int]]] = []
     skip = {frozenset(tuple(map(int, h)) for h in s) for s in skip_sets}
@@ -145,8 +177,12 @@ def random_head_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclude
 
 def compare_with_random(measure, target: Sequence[tuple[int, int]], model: Any, *, n_draws: int = 20,
                         seed: int = 0, exclude_target: bool = False,
-                        layers: Sequence[int] | None = None) -> pd.DataFrame:
+                        layers: Sequence[int] | None = None, units: str = "heads") -> pd.DataFrame:
     """The effect of ablating ``target`` beside the effects of ablating random head sets of the same size.
+
+    With ``units="experts"`` the sets are ``(layer, expert)`` pairs of a mixture-of-experts model, drawn by
+    :func:`random_expert_sets` (``measure`` then ablates experts, e.g. with
+    :func:`interp.analysis.experts.ablate_experts`).
 
     Args:
         measure: ``measure(heads) -> float``, the quantity with ``heads`` ablated (e.g. the in-context gain).
@@ -172,12 +208,17 @@ def compare_with_random(measure, target: Sequence[tuple[int, int]], model: Any, 
     k = len(target)
     if k == 0:
         raise ValueError("target is empty: name the heads the claim is about")
-    sets = random_head_sets(model, k, n_draws, seed=seed, exclude=target if exclude_target else (), layers=layers,
-                            skip_sets=[target])
+    if units not in ("heads", "experts"):
+        raise ValueError(f"units={units!r} must be 'heads' or 'experts'")
+    draw = random_head_sets if units == "heads" else random_expert_sets
+    sets = draw(model, k, n_draws, seed=seed, exclude=target if exclude_target else (), layers=layers,
+                skip_sets=[target])
+    tag = "H" if units == "heads" else "E"
     rows = [{"set": "none", "heads": "", "value": float(measure([]))},
-            {"set": "target", "heads": " ".join(f"L{a}H{b}" for a, b in target), "value": float(measure(target))}]
+            {"set": "target", "heads": " ".join(f"L{a}{tag}{b}" for a, b in target), "value": float(measure(target))}]
     for i, s in enumerate(sets):
-        rows.append({"set": f"random {i}", "heads": " ".join(f"L{a}H{b}" for a, b in s), "value": float(measure(s))})
+        rows.append({"set": f"random {i}", "heads": " ".join(f"L{a}{tag}{b}" for a, b in s),
+                     "value": float(measure(s))})
     df = pd.DataFrame(rows)
     rand = df.value[2:]
     tv = float(df.value[1])

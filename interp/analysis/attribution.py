@@ -32,6 +32,12 @@ def _check_model(model: Transformer) -> None:
                          "(BERT) the final residual is not a sum of the layers' outputs")
     if cfg.cross_attention:
         raise ValueError("direct logit attribution does not cover cross-attention models")
+    if cfg.sublayer_norm != "input":
+        raise ValueError(f"direct logit attribution needs each head's write to be part of the residual: "
+                         f"sublayer_norm={cfg.sublayer_norm!r} normalises the summed attention output first")
+    if cfg.final_softcap is not None:
+        raise ValueError(f"direct logit attribution needs logits linear in the final residual: "
+                         f"final_softcap={cfg.final_softcap!r} is not")
 
 
 def _answers(answer_tokens: torch.Tensor, B: int, d_vocab: int) -> torch.Tensor:
@@ -66,8 +72,8 @@ def logit_direction(model: Transformer, answer_tokens: torch.Tensor) -> torch.Te
 
 @torch.no_grad()
 def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_tokens: torch.Tensor, *,
-                             pos: int | torch.Tensor = -1, attention_mask: torch.Tensor | None = None
-                             ) -> pd.DataFrame:
+                             pos: int | torch.Tensor = -1, attention_mask: torch.Tensor | None = None,
+                             split_experts: bool = False) -> pd.DataFrame:
     """Each component's direct contribution to ``logit[correct] - logit[wrong]`` at one position.
 
     Args:
@@ -76,6 +82,9 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
         answer_tokens: ``[B, 2]`` (correct, wrong) ids, or one pair ``[2]`` for every sequence.
         pos: the position read (default the last); an int or ``[B]`` positions (for padded batches).
         attention_mask: ``[B, T]`` padding mask.
+        split_experts: on a mixture-of-experts layer, give each routed expert its own part (``"L1E5"``, kind
+            ``expert``, ``head`` holding the expert id: its routing-weighted output, 0 where the token did not
+            choose it) and the shared expert one (``"L1 shared"``, kind ``mlp``) instead of one ``"L1 mlp"``.
 
     Returns:
         DataFrame, one row per part, columns ``component`` (``"embed"``, ``"pos_embed"``, ``"L1H3"``,
@@ -110,6 +119,12 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
         names.append("hook_pos_embed")
     if not model.cfg.attn_only:
         names.append("blocks.*.hook_mlp_out")
+    if split_experts:
+        for layer, block in enumerate(model.blocks):
+            if block.mlp is not None and model.cfg.is_moe_layer(layer):
+                hooks = ("hook_expert_out", "hook_expert_weights", "hook_expert_ids")
+                hooks += ("hook_shared_out",) if block.mlp.shared is not None else ()
+                names += [f"blocks.{layer}.mlp.{h}" for h in hooks]
     logits, trace = model.run_with_cache(tokens, attention_mask=attention_mask, names_filter=names)
     rows = torch.arange(B, device=tokens.device)
 
@@ -134,7 +149,17 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
         if block.attn.W_O.bias is not None:
             parts.append(block.attn.W_O.bias.detach().expand(B, -1))
             meta.append((f"L{layer} b_O", "attn_bias", layer, -1))
-        if block.mlp is not None:
+        if block.mlp is not None and split_experts and model.cfg.is_moe_layer(layer):
+            pre = f"blocks.{layer}.mlp."
+            weighted = at(trace[pre + "hook_expert_out"] * trace[pre + "hook_expert_weights"][..., None])  # [B, k, M]
+            chosen = at(trace[pre + "hook_expert_ids"])  # [B, k]
+            for e in range(model.cfg.n_experts):
+                parts.append((weighted * (chosen == e)[..., None]).sum(1))  # [B, M]
+                meta.append((f"L{layer}E{e}", "expert", layer, e))
+            if block.mlp.shared is not None:
+                parts.append(at(trace[pre + "hook_shared_out"]))
+                meta.append((f"L{layer} shared", "mlp", layer, -1))
+        elif block.mlp is not None:
             parts.append(at(trace[f"blocks.{layer}.hook_mlp_out"]))
             meta.append((f"L{layer} mlp", "mlp", layer, -1))
     stack = torch.stack(parts)  # [C, B, M]

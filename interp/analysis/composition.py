@@ -35,6 +35,11 @@ _MODES = ("Q", "K", "V")
 
 
 def _circuits(model: Transformer) -> tuple[FactoredMatrix, FactoredMatrix]:
+    cfg = model.cfg
+    for name, value in (("qk_norm", cfg.qk_norm), ("sublayer_norm", cfg.sublayer_norm)):
+        if value != ("none" if name == "qk_norm" else "input"):
+            raise ValueError(f"composition scores read W_Q W_K^T and W_V W_O as the heads apply them: "
+                             f"{name}={value!r} puts a norm inside those circuits")
     W_Q, W_K = stacked(model, "W_Q", fold_norm=True), stacked(model, "W_K", fold_norm=True)  # [L, H, M, Dk]
     W_V, W_O = stacked(model, "W_V", fold_norm=True), stacked(model, "W_O")  # [L, H, M, D], [L, H, D, M]
     if model.cfg.normalization == "pre":

@@ -148,6 +148,9 @@ def _plan(model: Transformer, act: str, by: str) -> list[str]:
         names = [f"blocks.{layer}.hook_{short}" for layer in range(model.cfg.n_layers)]
         if short in ("resid_mid", "mlp_out") and model.cfg.attn_only:
             raise ValueError(f"act={act!r} does not exist in an attention-only model")
+        if short == "resid_mid" and model.cfg.parallel_block != "none":
+            raise ValueError(f"act={act!r} does not exist in a parallel block "
+                             f"(parallel_block={model.cfg.parallel_block!r}: attention and MLP read resid_pre)")
     else:
         known = _HEAD_ACTS + _LAYER_ACTS
         raise ValueError(f"act must be one of {known}, got {act!r}" +

@@ -146,6 +146,9 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         raise TypeError(f"model must be an interp Transformer, got {type(model).__name__}")
     sets = heads_to_sets(model, heads)
     cfg = model.cfg
+    if cfg.qk_norm == "full":
+        raise ValueError("remove_heads: qk_norm='full' normalises the queries (and keys) of all heads together, "
+                         "so removing a head would change the others; gate it instead (set_head_gates)")
     D = cfg.d_head
     latent = cfg.attention == "latent"
     layer_heads, layer_kv, layer_map, kept_all = [], [], [], []
@@ -182,7 +185,7 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
             for suffix in ("weight", "bias"):
                 if pre + f"{q_name}.{suffix}" in state:
                     state[pre + f"{q_name}.{suffix}"] = state[pre + f"{q_name}.{suffix}"][q_rows]
-            state[pre + "W_ukv.weight"] = state[pre + "W_ukv.weight"][_head_rows(kept, 2 * D)]
+            state[pre + "W_ukv.weight"] = state[pre + "W_ukv.weight"][_head_rows(kept, D + cfg.v_head_dim)]
         else:
             K = attn.n_kv_heads
             kv_kept, _ = _kept_kv(model, layer, kept)
@@ -192,12 +195,13 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
             for suffix in ("weight", "bias"):
                 if pre + f"W_qkv.{suffix}" in state:
                     state[pre + f"W_qkv.{suffix}"] = state[pre + f"W_qkv.{suffix}"][rows]
-        w_o = state[pre + "W_O.weight"]  # [M, H*D]
+        w_o = state[pre + "W_O.weight"]  # [M, H*Dv] (Dv = D except for MLA's own value width)
+        Dv = attn.d_head
         if attn.gate is not None:
             # Fold the gates of the kept heads into W_O's columns: z_h * g_h @ W_O[h] = z_h @ (g_h W_O[h]).
-            scale = attn.gate.detach().to(w_o.dtype).repeat_interleave(D)  # [H*D]
+            scale = attn.gate.detach().to(w_o.dtype).repeat_interleave(Dv)  # [H*Dv]
             w_o = w_o * scale[None, :]
-        state[pre + "W_O.weight"] = w_o[:, _head_rows(kept, D)]  # [M, H_kept*D]
+        state[pre + "W_O.weight"] = w_o[:, _head_rows(kept, Dv)]  # [M, H_kept*Dv]
     new.load_state_dict(state, strict=True)
     new.to(device=p.device, dtype=p.dtype)
     new.name = model.name

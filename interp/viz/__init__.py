@@ -13,6 +13,7 @@ Example:
 from .attention import attention_heatmap, head_grid, layer_heads
 from .coreference import coreference_figure
 from .cost import flops_figure, kv_cache_figure
+from .experts import expert_share_figure
 from .export import save_figure
 from .heads import (
     INDUCTION_COLUMNS,
@@ -28,7 +29,7 @@ from .patching import composition_heatmap, logit_attribution_bar, patching_heatm
 from .pruning import pruning_curves
 
 __all__ = [
-    "composition_heatmap", "logit_attribution_bar", "patching_heatmap",
+    "composition_heatmap", "expert_share_figure", "logit_attribution_bar", "patching_heatmap",
     "INDUCTION_COLUMNS", "attention_heatmap", "coreference_figure", "flops_figure", "head_grid", "head_map",
     "head_norms_figure",
     "head_write_norms", "induction_map", "kv_cache_figure", "layer_heads", "positional_map", "pruning_curves",

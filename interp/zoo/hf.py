@@ -18,6 +18,8 @@ Weight layouts, and what differs from ours:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import pickle
 import re
 from collections.abc import Callable, Mapping
@@ -177,27 +179,102 @@ def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
 
 
 # --- Llama-style ------------------------------------------------------------------------------------------
-_LLAMA_TYPES = ("llama", "mistral", "qwen2")
+_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def _rope_theta(hf_cfg: Mapping[str, Any]) -> float:
-    rope = hf_cfg.get("rope_parameters") or {}
-    scaling = hf_cfg.get("rope_scaling") or {}
-    kind = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise ValueError(f"rope_type={kind!r} (RoPE scaling) is not supported; only 'default' rotary")
-    theta = rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0))
-    return float(theta)
+def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | None:
+    """Each layer's sliding window from a HF config: ``layer_types`` when given (``"sliding_attention"`` /
+    ``"full_attention"``), else Qwen's ``max_window_layers`` (layers from that index on slide), else every layer
+    slides when ``sliding_window`` is set; ``None`` when no layer slides.
+
+    Raises:
+        ValueError: a layer type other than sliding or full attention (named with its layer).
+    """
+    window = hf_cfg.get("sliding_window")
+    if window is None or hf_cfg.get("use_sliding_window", True) is False:
+        return None
+    n_layers = _need(hf_cfg, "num_hidden_layers", arch)
+    types = hf_cfg.get("layer_types")
+    if types:
+        for i, kind in enumerate(types):
+            if kind not in ("sliding_attention", "full_attention"):
+                raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
+                                 "(only 'sliding_attention' and 'full_attention')")
+        windows = [window if kind == "sliding_attention" else None for kind in types]
+    elif "max_window_layers" in hf_cfg:
+        windows = [window if i >= hf_cfg["max_window_layers"] else None for i in range(n_layers)]
+    else:
+        windows = [window] * n_layers
+    return windows if any(w is not None for w in windows) else None
+
+
+_ROPE_KINDS_HF = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+
+
+def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None = None) -> tuple[float, dict | None]:
+    """``(rope_theta, rope_scaling)`` of a HF config: transformers 5's ``rope_parameters`` or 4.x's
+    ``rope_theta`` + ``rope_scaling``, resolved into :class:`ModelConfig`'s explicit ``rope_scaling`` dict
+    (defaults filled in as transformers fills them). ``params`` overrides the dict read (per-layer-type RoPE).
+
+    Raises:
+        ValueError: a RoPE kind interp does not implement, named with the supported ones.
+    """
+    rope = dict(params if params is not None else (hf_cfg.get("rope_parameters") or {}))
+    legacy = hf_cfg.get("rope_scaling") or {}
+    if not rope.get("rope_type") and legacy:
+        rope = {**legacy, **rope}
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    if kind not in _ROPE_KINDS_HF:
+        raise ValueError(f"{arch} rope_type={kind!r} is not supported; supported: {list(_ROPE_KINDS_HF)}")
+    theta = float(rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)))
+    if kind == "default":
+        return theta, None
+    max_pos = _need(hf_cfg, "max_position_embeddings", arch)
+    orig = rope.get("original_max_position_embeddings") or hf_cfg.get("original_max_position_embeddings")
+    scaling: dict[str, Any] = {"rope_type": kind}
+    if kind == "linear":
+        scaling["factor"] = float(_need(rope, "factor", f"{arch} rope_parameters"))
+    elif kind == "dynamic":
+        # transformers grows the base past max_position_embeddings itself (the original context of dynamic NTK).
+        scaling.update(factor=float(_need(rope, "factor", f"{arch} rope_parameters")),
+                       original_max_position_embeddings=max_pos)
+    elif kind == "llama3":
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            scaling[key] = _need(rope, key, f"{arch} rope_parameters")
+    elif kind == "yarn":
+        orig = orig or max_pos
+        factor = rope.get("factor") or max_pos / orig
+        scaling.update(factor=float(factor), original_max_position_embeddings=orig)
+        for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"):
+            if rope.get(key) is not None:
+                scaling[key] = rope[key]
+    else:  # longrope
+        orig = orig or max_pos
+        scaling.update(short_factor=list(_need(rope, "short_factor", f"{arch} rope_parameters")),
+                       long_factor=list(_need(rope, "long_factor", f"{arch} rope_parameters")),
+                       original_max_position_embeddings=orig, factor=float(rope.get("factor") or max_pos / orig))
+        if rope.get("attention_factor") is not None:
+            scaling["attention_factor"] = rope["attention_factor"]
+    return theta, scaling
+
+
+def _rope_context(n_ctx: int, scaling: dict | None) -> int:
+    """Dynamic NTK exists to run past ``max_position_embeddings``: allow ``factor`` times that."""
+    if scaling is not None and scaling["rope_type"] == "dynamic":
+        return int(n_ctx * scaling["factor"])
+    return n_ctx
 
 
 def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
-    """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2) from its HF config dict.
+    """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2 / qwen3) from its HF config dict.
 
-    ``rotary_base`` comes from ``rope_parameters["rope_theta"]`` (transformers 5) or ``rope_theta`` (4.x).
+    Sliding windows come per layer (:func:`sliding_windows`); Qwen3 adds per-head QK-norm.
+
+    ``rotary_base`` comes from ``rope_parameters["rope_theta"]`` (transformers 5) or ``rope_theta`` (4.x), and
+    RoPE scaling (``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope``) becomes ``rope_scaling``.
 
     Raises:
-        ValueError: RoPE scaling, an activation other than silu, or a missing key. A sliding window
-            shorter than ``max_position_embeddings`` caps ``n_ctx`` at the window (where both agree).
+        ValueError: another RoPE kind, an activation other than silu, an unknown layer type, or a missing key.
     """
     arch = "Llama"
     mtype = hf_cfg.get("model_type", "llama")
@@ -205,22 +282,21 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
     n_ctx = _need(hf_cfg, "max_position_embeddings", arch)
-    window = hf_cfg.get("sliding_window")
-    if window is not None and hf_cfg.get("use_sliding_window", True) and window < n_ctx:
-        # Within the window sliding-window attention is full causal attention: cap the context there.
-        n_ctx = window
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     attn_bias = bool(hf_cfg.get("attention_bias", mtype == "qwen2"))
+    theta, scaling = _rope(hf_cfg, mtype)
+    n_ctx = _rope_context(n_ctx, scaling)
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
         d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=n_ctx, normalization="rms",
-        norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=_rope_theta(hf_cfg),
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         causal=True, attn_bias=attn_bias, out_bias=attn_bias and mtype != "qwen2",
         mlp_bias=bool(hf_cfg.get("mlp_bias", False)), unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        sliding_window=sliding_windows(hf_cfg, mtype), qk_norm="head" if mtype == "qwen3" else "none",
     )
 
 
@@ -244,9 +320,10 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
             out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
         out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
         out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
-        for ours, theirs in (("W_gate", "gate_proj"), ("W_in", "up_proj"), ("W_out", "down_proj")):
-            for kind in (("weight", "bias") if cfg.mlp_bias else ("weight",)):
-                out[b + f"mlp.{ours}.{kind}"] = src(h + f"mlp.{theirs}.{kind}")
+        if cfg.qk_norm != "none":  # Qwen3 (per head), Qwen3-MoE (per head), OLMoE (all heads)
+            out[b + "attn.q_norm.weight"] = src(h + "self_attn.q_norm.weight")
+            out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")
+        out.update(_mlp_weights(src, h, b + "mlp.", cfg, i))
     if not cfg.tie_embeddings:
         if "lm_head.weight" not in hf_sd:
             raise ValueError("Llama state dict has no 'lm_head.weight' and tie_word_embeddings is False "
@@ -256,13 +333,301 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     return out
 
 
+# --- mixture of experts: Mixtral, Qwen-MoE, OLMoE (llama-style attention) ---------------------------------
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+
+
+def _mlp_weights(src: _Source, h: str, b: str, cfg: ModelConfig, layer: int) -> dict[str, torch.Tensor]:
+    """Layer ``layer``'s MLP: a dense SwiGLU MLP (``mlp.gate_proj/up_proj/down_proj``) or the experts."""
+    if cfg.is_moe_layer(layer):
+        return _moe_weights(src, h, b, cfg, layer)
+    return _dense_weights(src, h + "mlp.", b, cfg)
+
+
+def _dense_weights(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    out = {}
+    for ours, theirs in (("W_gate", "gate_proj"), ("W_in", "up_proj"), ("W_out", "down_proj")):
+        for kind in (("weight", "bias") if cfg.mlp_bias else ("weight",)):
+            out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    return out
+
+
+def _expert_count_check(arch: str, key: str, tensor: torch.Tensor, axis: int, want: int, what: str) -> None:
+    if tensor.shape[axis] != want:
+        raise ValueError(f"{arch}: the config says {what}={want}, but {key!r} has shape {tuple(tensor.shape)} "
+                         f"({tensor.shape[axis]} along axis {axis})")
+
+
+def _moe_weights(src: _Source, h: str, b: str, cfg: ModelConfig, layer: int) -> dict[str, torch.Tensor]:
+    """The router, experts and shared expert of one MoE layer.
+
+    Reads the stacked layout of transformers 5 (``mlp.experts.gate_up_proj`` ``[E, 2F, M]``, gate rows first;
+    ``mlp.experts.down_proj`` ``[E, M, F]``) or per-expert tensors as checkpoints store them
+    (``mlp.experts.{e}.gate_proj/up_proj/down_proj``; Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2``).
+    """
+    E, F_ = cfg.n_experts, cfg.d_expert
+    arch = src.arch
+    mlp = h + ("block_sparse_moe." if src.has(h + "block_sparse_moe.gate.weight") else "mlp.")
+    router = src(mlp + "gate.weight")  # [E, M]
+    _expert_count_check(arch, src.prefix + mlp + "gate.weight", router, 0, E, "n_experts")
+    out = {b + "W_router": router}
+    if src.has(mlp + "experts.gate_up_proj"):
+        gate_up, down = src(mlp + "experts.gate_up_proj"), src(mlp + "experts.down_proj")  # [E, 2F, M], [E, M, F]
+        _expert_count_check(arch, src.prefix + mlp + "experts.gate_up_proj", gate_up, 0, E, "n_experts")
+        _expert_count_check(arch, src.prefix + mlp + "experts.gate_up_proj", gate_up, 1, 2 * F_, "2 x d_expert")
+        _expert_count_check(arch, src.prefix + mlp + "experts.down_proj", down, 0, E, "n_experts")
+        out[b + "W_gate"], out[b + "W_in"] = gate_up[:, :F_], gate_up[:, F_:]  # [E, F, M] each
+        out[b + "W_out"] = down
+    else:
+        names = ("w1", "w3", "w2") if mlp.endswith("block_sparse_moe.") else ("gate_proj", "up_proj", "down_proj")
+        stored = sum(1 for e in range(E + 1) if src.has(mlp + f"experts.{e}.{names[0]}.weight"))
+        if stored != E:
+            raise ValueError(f"{arch}: the config says n_experts={E}, but layer {layer} stores {stored} experts "
+                             f"({src.prefix + mlp}experts.*.{names[0]}.weight)")
+        for ours, theirs in zip(("W_gate", "W_in", "W_out"), names):
+            out[b + ours] = torch.stack([src(mlp + f"experts.{e}.{theirs}.weight") for e in range(E)])  # [E, ., .]
+    if cfg.router_choice_bias:
+        out[b + "router_bias"] = src(mlp + "gate.e_score_correction_bias")
+    if cfg.d_shared_expert:
+        shared = mlp + ("shared_expert." if src.has(mlp + "shared_expert.up_proj.weight") else "shared_experts.")
+        out.update(_dense_weights(src, shared, b + "shared.", cfg))
+        if cfg.shared_expert_gate:
+            out[b + "shared_gate.weight"] = src(mlp + "shared_expert_gate.weight")
+    return out
+
+
+def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Mixtral, Qwen2-MoE, Qwen3-MoE or OLMoE decoder from its HF config dict.
+
+    Attention, norms and RoPE as :func:`llama_config` (plus QK-norm: per head for Qwen3-MoE, over all heads
+    for OLMoE; OLMoE's ``clip_qkv`` is refused); the MLPs become mixtures of experts (softmax router,
+    top-k; Mixtral always renormalises the chosen weights, the others when ``norm_topk_prob``). Qwen2-MoE adds
+    its sigmoid-gated shared expert and keeps dense MLPs on ``mlp_only_layers`` and off ``decoder_sparse_step``.
+    Router jitter and the auxiliary load-balancing loss are training-only and ignored.
+
+    Raises:
+        ValueError: a setting this converter does not reproduce (named), or a missing key.
+
+    Example:
+        >>> moe_config(json.load(open("config.json"))).n_experts
+        8
+    """
+    mtype = hf_cfg.get("model_type")
+    arch = mtype
+    if hf_cfg.get("clip_qkv") is not None:
+        raise ValueError(f"{mtype} clip_qkv={hf_cfg['clip_qkv']!r} is not supported (only None)")
+    base = llama_config(hf_cfg)
+    L = base.n_layers
+    # config.json names it num_experts (Qwen, OLMoE) or num_local_experts (Mixtral; also some to_dict() outputs).
+    key = "num_local_experts" if hf_cfg.get("num_local_experts") is not None else "num_experts"
+    E = _need(hf_cfg, key, arch)
+    fields: dict[str, Any] = dict(
+        n_experts=E, n_experts_per_token=_need(hf_cfg, "num_experts_per_tok", arch),
+        router_score="softmax", router_renormalize=mtype == "mixtral" or bool(hf_cfg.get("norm_topk_prob")),
+        d_expert=base.d_mlp if mtype in ("mixtral", "olmoe") else _need(hf_cfg, "moe_intermediate_size", arch),
+    )
+    if mtype in ("qwen2_moe", "qwen3_moe"):
+        step = hf_cfg.get("decoder_sparse_step", 1) or 1
+        only = set(hf_cfg.get("mlp_only_layers") or [])
+        dense = [i for i in range(L) if i in only or (i + 1) % step]
+        fields["dense_mlp_layers"] = dense or None
+    if mtype in ("qwen3_moe", "olmoe"):
+        # RMSNorm of the queries and keys before RoPE: per head (Qwen3-MoE) or over all heads at once (OLMoE).
+        fields["qk_norm"] = "head" if mtype == "qwen3_moe" else "full"
+    if mtype == "qwen2_moe":
+        shared = hf_cfg.get("shared_expert_intermediate_size") or 0
+        fields.update(d_shared_expert=shared, shared_expert_gate=bool(shared))
+        bias = bool(hf_cfg.get("qkv_bias", True))
+        fields.update(attn_bias=bias, out_bias=False)
+    return dataclasses.replace(base, **fields)
+
+
+# --- DeepSeek-V2 / V3: multi-head latent attention + experts ---------------------------------------------
+_DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3")
+
+
+def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a DeepSeek-V2 / V3 decoder (MLA attention, routed + shared experts).
+
+    MLA: ``q_lora_rank`` (None: direct query projection), ``kv_lora_rank``, ``qk_nope_head_dim`` (our
+    ``d_head``), ``qk_rope_head_dim``, ``v_head_dim``. Experts: V2 softmax scores, ``topk_method`` ``greedy`` or
+    ``group_limited_greedy`` (group score = its best expert); V3 sigmoid scores with
+    ``e_score_correction_bias`` for the choice, groups scored by their two best experts, ``norm_topk_prob``;
+    both ``routed_scaling_factor``, ``n_shared_experts`` and dense first ``first_k_dense_replace`` layers.
+    DeepSeek-V3's multi-token-prediction layers (``num_nextn_predict_layers``) are not part of the causal-LM
+    forward pass (transformers drops them too): their weights, if present, are ignored.
+
+    Raises:
+        ValueError: a setting this converter does not reproduce (named with its value), or a missing key.
+
+    Example:
+        >>> deepseek_config(json.load(open("config.json"))).kind
+        'mla'
+    """
+    mtype = hf_cfg.get("model_type")
+    arch = mtype
+    act = hf_cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu')")
+    if hf_cfg.get("attention_bias"):
+        raise ValueError(f"{mtype} attention_bias=True is not supported (DeepSeek's projections have no bias)")
+    freq = hf_cfg.get("moe_layer_freq", 1)
+    if freq != 1:
+        raise ValueError(f"{mtype} moe_layer_freq={freq} is not supported (only 1: every layer after the dense ones)")
+    v3 = mtype == "deepseek_v3"
+    scoring = hf_cfg.get("scoring_func", "sigmoid" if v3 else "softmax")
+    if scoring != ("sigmoid" if v3 else "softmax"):
+        raise ValueError(f"{mtype} scoring_func={scoring!r} is not supported (transformers' {mtype} uses "
+                         f"{'sigmoid' if v3 else 'softmax'})")
+    method = hf_cfg.get("topk_method", "noaux_tc" if v3 else "greedy")
+    allowed = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
+    if method not in allowed:
+        raise ValueError(f"{mtype} topk_method={method!r} is not supported ({allowed})")
+    if not v3 and hf_cfg.get("norm_topk_prob"):
+        raise ValueError("deepseek_v2 norm_topk_prob=True is not supported (transformers' DeepSeek-V2 router "
+                         "never renormalises)")
+    L = _need(hf_cfg, "num_hidden_layers", arch)
+    n_heads = _need(hf_cfg, "num_attention_heads", arch)
+    nope, rope = _need(hf_cfg, "qk_nope_head_dim", arch), _need(hf_cfg, "qk_rope_head_dim", arch)
+    grouped = v3 or method == "group_limited_greedy"
+    groups = (hf_cfg.get("n_group") or 1) if grouped else 1
+    first_dense = hf_cfg.get("first_k_dense_replace", 0) or 0
+    E = _need(hf_cfg, "n_routed_experts", arch)
+    d_expert = _need(hf_cfg, "moe_intermediate_size", arch)
+    theta, scaling = _rope(hf_cfg, mtype)
+    attn_scale = None
+    if scaling is not None and scaling["rope_type"] == "yarn" and scaling.get("mscale_all_dim"):
+        # DeepSeek's YaRN also rescales the softmax by mscale(factor, mscale_all_dim)**2.
+        m = _yarn_mscale(scaling["factor"], scaling["mscale_all_dim"])
+        attn_scale = (nope + rope) ** -0.5 * m * m
+    return ModelConfig(
+        n_layers=L, d_model=_need(hf_cfg, "hidden_size", arch), n_heads=n_heads, attention="latent",
+        d_head=nope, rope_dim=rope, v_head_dim=_need(hf_cfg, "v_head_dim", arch),
+        kv_latent_dim=_need(hf_cfg, "kv_lora_rank", arch), q_latent_dim=hf_cfg.get("q_lora_rank"),
+        positional="rotary", rotary_base=theta, rope_scaling=scaling, attn_scale=attn_scale,
+        normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), d_mlp=_need(hf_cfg, "intermediate_size", arch),
+        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), attn_bias=False, out_bias=False, mlp_bias=False,
+        unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+        n_experts=E, n_experts_per_token=_need(hf_cfg, "num_experts_per_tok", arch), d_expert=d_expert,
+        router_score="sigmoid" if v3 else "softmax", router_renormalize=v3 and bool(hf_cfg.get("norm_topk_prob")),
+        router_groups=groups, router_topk_groups=(hf_cfg.get("topk_group") or groups) if grouped else 1,
+        router_group_score="top2_sum" if v3 else "max", router_choice_bias=v3,
+        routed_scaling=float(hf_cfg.get("routed_scaling_factor", 1.0)),
+        d_shared_expert=(hf_cfg.get("n_shared_experts") or 0) * d_expert,
+        dense_mlp_layers=list(range(min(first_dense, L))) or None,
+    )
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's attention-temperature factor ``0.1 * mscale * ln(factor) + 1`` (1 without stretching)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _deinterleave(w: torch.Tensor, heads: int, width: int, rope: int) -> torch.Tensor:
+    """Rows ``[heads * width, .]`` whose last ``rope`` rows per head hold interleaved rotary pairs
+    ``(x0, x1), (x2, x3), ...`` -> the half-split layout ``(x0, x2, ..), (x1, x3, ..)`` our RoPE rotates.
+
+    Applied to the query and to the shared key alike, it permutes both sides of every rotary dot product the
+    same way: scores do not change, and the rotated values equal DeepSeek's (its interleaved rotation writes
+    them out half-split too).
+    """
+    perm = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)])  # [R]
+    rows = w.reshape(heads, width, *w.shape[1:])  # [heads, width, ...]
+    rows = torch.cat([rows[:, :width - rope], rows[:, width - rope:][:, perm]], dim=1)
+    return rows.reshape(w.shape)
+
+
+def _shape_check(arch: str, key: str, tensor: torch.Tensor, want: tuple[int, ...], why: str) -> None:
+    if tuple(tensor.shape) != want:
+        raise ValueError(f"{arch}: {key!r} has shape {tuple(tensor.shape)}, but the config's {why} "
+                         f"need {want}")
+
+
+def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool = True) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF DeepSeek-V2 / V3 one.
+
+    Args:
+        hf_sd: the HF state dict (``*ForCausalLM`` keys).
+        cfg: from :func:`deepseek_config`.
+        interleaved: the checkpoint's rotary dims come in interleaved pairs (DeepSeek-V2 always; V3 with
+            ``rope_interleave``): their rows are permuted to the half-split layout (see :func:`_deinterleave`).
+
+    Raises:
+        ValueError: a missing tensor, or MLA ranks / head widths / expert counts that do not match the tensors.
+    """
+    arch = "DeepSeek"
+    src = _Source(hf_sd, ("model.",), arch)
+    H, D, R, C, Dv, M = (cfg.n_heads, cfg.d_head, cfg.rope_dim, cfg.kv_latent_dim, cfg.v_head_dim, cfg.d_model)
+    Cq = cfg.q_latent_dim
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+
+    def rope_rows(w: torch.Tensor, heads: int, width: int) -> torch.Tensor:
+        return _deinterleave(w, heads, width, R) if interleaved else w
+
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        a, at = h + "self_attn.", b + "attn."
+        if Cq is None:
+            w = src(a + "q_proj.weight")
+            _shape_check(arch, src.prefix + a + "q_proj.weight", w, (H * (D + R), M),
+                         f"num_attention_heads={H} x (qk_nope_head_dim={D} + qk_rope_head_dim={R}), hidden_size={M}")
+            out[at + "W_q.weight"] = rope_rows(w, H, D + R)
+        else:
+            w_a, w_b = src(a + "q_a_proj.weight"), src(a + "q_b_proj.weight")
+            _shape_check(arch, src.prefix + a + "q_a_proj.weight", w_a, (Cq, M), f"q_lora_rank={Cq}, hidden_size={M}")
+            _shape_check(arch, src.prefix + a + "q_b_proj.weight", w_b, (H * (D + R), Cq),
+                         f"num_attention_heads={H} x (qk_nope_head_dim={D} + qk_rope_head_dim={R}), q_lora_rank={Cq}")
+            out[at + "W_dq.weight"] = w_a
+            out[at + "q_norm.weight"] = src(a + "q_a_layernorm.weight")
+            out[at + "W_uq.weight"] = rope_rows(w_b, H, D + R)
+        w_dkv = src(a + "kv_a_proj_with_mqa.weight")
+        _shape_check(arch, src.prefix + a + "kv_a_proj_with_mqa.weight", w_dkv, (C + R, M),
+                     f"kv_lora_rank={C} + qk_rope_head_dim={R}, hidden_size={M}")
+        out[at + "W_dkv.weight"] = rope_rows(w_dkv, 1, C + R)
+        out[at + "kv_norm.weight"] = src(a + "kv_a_layernorm.weight")
+        w_ukv = src(a + "kv_b_proj.weight")
+        _shape_check(arch, src.prefix + a + "kv_b_proj.weight", w_ukv, (H * (D + Dv), C),
+                     f"num_attention_heads={H} x (qk_nope_head_dim={D} + v_head_dim={Dv}), kv_lora_rank={C}")
+        out[at + "W_ukv.weight"] = w_ukv
+        w_o = src(a + "o_proj.weight")
+        _shape_check(arch, src.prefix + a + "o_proj.weight", w_o, (M, H * Dv),
+                     f"hidden_size={M}, num_attention_heads={H} x v_head_dim={Dv}")
+        out[at + "W_O.weight"] = w_o
+        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
+        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        out.update(_mlp_weights(src, h, b + "mlp.", cfg, i))
+    if not cfg.tie_embeddings:
+        if "lm_head.weight" not in hf_sd:
+            raise ValueError("DeepSeek state dict has no 'lm_head.weight' and tie_word_embeddings is False")
+        out["W_U.weight"] = hf_sd["lm_head.weight"]
+        out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
+    return out
+
+
+def _deepseek_state_dict(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict]:
+    interleaved = hf_cfg.get("model_type") == "deepseek_v2" or bool(hf_cfg.get("rope_interleave", True))
+    return lambda sd, cfg: deepseek_state_dict(sd, cfg, interleaved=interleaved)
+
+
 # --- dispatch ---------------------------------------------------------------------------------------------
 Converter = tuple[Callable[[Mapping[str, Any]], ModelConfig], Callable[[StateDict, ModelConfig], dict]]
 CONVERTERS: dict[str, Converter] = {
     "bert": (bert_config, bert_state_dict),
     "gpt2": (gpt2_config, gpt2_state_dict),
     **{t: (llama_config, llama_state_dict) for t in _LLAMA_TYPES},
+    **{t: (moe_config, llama_state_dict) for t in _MOE_TYPES},
+    **{t: (deepseek_config, deepseek_state_dict) for t in _DEEPSEEK_TYPES},
 }
+
+
+def _register_dense_families() -> None:
+    # The other dense families live in their own module, which reads this one's helpers.
+    from .hf_families import CONVERTERS_DENSE
+
+    CONVERTERS.update(CONVERTERS_DENSE)
 
 
 def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-model") -> Transformer:
@@ -281,9 +646,12 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
             missing tensors, or shape mismatches (tensor named with both shapes).
     """
     mtype = hf_cfg.get("model_type")
+    _register_dense_families()
     if mtype not in CONVERTERS:
         raise ValueError(f"model_type={mtype!r} is not supported; supported: {sorted(CONVERTERS)}")
     make_cfg, make_sd = CONVERTERS[mtype]
+    if mtype in _DEEPSEEK_TYPES:
+        make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
     cfg = make_cfg(hf_cfg)
     model = Transformer(cfg)
     dtypes = {t.dtype for t in hf_sd.values() if t.is_floating_point()}

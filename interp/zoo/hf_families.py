@@ -1,0 +1,527 @@
+"""Hugging Face converters for the dense decoder families beyond Llama: Gemma 1/2/3, GPT-NeoX (Pythia),
+GPT-BigCode (StarCoder), Falcon, Phi-1/2, Phi-3 and OLMo 2 (Llama, Mistral, Qwen2 and Qwen3 are in
+:mod:`interp.zoo.hf`). Like those, each is a pair of pure functions (HF config dict -> :class:`ModelConfig`,
+HF state dict -> ours) registered in :data:`interp.zoo.hf.CONVERTERS`; none imports ``transformers``.
+
+What each family needs of the core, and how its weights map:
+
+* Gemma: RMSNorm ``x * (1 + w)`` (the converter stores ``1 + w``, the same numbers in an ``nn.RMSNorm``),
+  embeddings times ``sqrt(d_model)`` (``embed_scale``), gated tanh-GELU MLP (``geglu_tanh``), tied unembedding.
+  Gemma 2 adds sandwich norms (``sublayer_norm="sandwich"``), ``query_pre_attn_scalar`` (``attn_scale``),
+  attention and final soft-caps and alternating sliding-window layers; Gemma 3 adds QK-norm and a separate
+  RoPE base for its local layers (``local_rotary_base``).
+* GPT-NeoX / Pythia: parallel attention and MLP with two LayerNorms, partial rotary, a fused QKV whose rows
+  are grouped per head (``[q_h, k_h, v_h]`` for each head h), reordered into our ``[q | k | v]``.
+* GPT-BigCode / StarCoder: GPT-2 with ``nn.Linear`` weights and multi-query attention (one K/V head).
+* Falcon: parallel block with one shared LayerNorm (7B: MQA) or two (``new_decoder_architecture``: grouped
+  K/V, fused QKV ordered per K/V group as ``[q_1 .. q_G, k, v]``); ALiBi is refused.
+* Phi-1/2: parallel block with one LayerNorm, partial rotary, biased unembedding.
+* Phi-3: Llama with fused ``qkv_proj`` and ``gate_up_proj``, optional sliding window and LongRoPE.
+* OLMo 2: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from .hf import StateDict, _need, _rope, _Source, sliding_windows
+
+_GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
+
+
+def _refuse(arch: str, hf_cfg: Mapping[str, Any], settings: tuple[tuple[str, Any, Any], ...]) -> None:
+    """Raise naming the first setting whose value is not the one the converter reproduces."""
+    for key, default, supported in settings:
+        value = hf_cfg.get(key)
+        value = default if value is None else value
+        if value != supported:
+            raise ValueError(f"{arch} {key}={value!r} is not supported by the converter (only {supported!r})")
+
+
+def _shaped(src: _Source, key: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """``src(key)`` after checking its shape (a fused tensor is split by the config's sizes)."""
+    t = src(key)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{src.arch} tensor {src.prefix + key!r} has shape {tuple(t.shape)}, the config "
+                         f"implies {shape}")
+    return t
+
+
+def _per_head_qkv(w: torch.Tensor, H: int, D: int) -> torch.Tensor:
+    """Rows grouped per head ``[q_h, k_h, v_h]`` (GPT-NeoX, BigCode MHA, Falcon MHA) -> ``[q | k | v]``."""
+    rest = w.shape[1:]
+    return w.reshape(H, 3, D, *rest).transpose(0, 1).reshape(3 * H * D, *rest)  # [H, 3, D, ..] -> [3HD, ..]
+
+
+def _lm_head(hf_sd: StateDict, src: _Source, cfg: ModelConfig, arch: str, key: str = "lm_head.weight",
+             bias: str | None = None) -> dict[str, torch.Tensor]:
+    """The untied unembedding (and its bias: zeros when the HF head has none)."""
+    if cfg.tie_embeddings:
+        return {}
+    if key not in hf_sd:
+        raise ValueError(f"{arch} state dict has no {key!r} and the config does not tie the embeddings "
+                         "(pass a *ForCausalLM model, not the bare *Model)")
+    out = {"W_U.weight": hf_sd[key]}
+    out["W_U.bias"] = hf_sd[bias] if bias is not None else torch.zeros(cfg.d_vocab, dtype=hf_sd[key].dtype)
+    return out
+
+
+# --- Gemma 1 / 2 / 3 --------------------------------------------------------------------------------------
+def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Gemma, Gemma 2 or Gemma 3 text decoder from its HF config dict.
+
+    Raises:
+        ValueError: an unsupported setting (activation, bidirectional attention, RoPE kind on the local layers),
+            or a missing key.
+
+    Example:
+        >>> gemma_config(json.load(open("gemma-2-2b/config.json"))).attn_softcap
+        50.0
+    """
+    mtype = hf_cfg.get("model_type", "gemma")
+    arch = mtype
+    act = hf_cfg.get("hidden_activation") or hf_cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if mtype == "gemma" and act == "gelu":
+        act = "gelu_pytorch_tanh"  # transformers reads Gemma 1's legacy "gelu" as the tanh approximation
+    acts = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu": "geglu"}
+    if act not in acts:
+        raise ValueError(f"{arch} hidden_activation={act!r} is not supported ({sorted(acts)})")
+    _refuse(arch, hf_cfg, (("use_bidirectional_attention", False, False),))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = hf_cfg.get("head_dim") or d_model // n_heads
+    rope = hf_cfg.get("rope_parameters") or {}
+    local_base = None
+    if mtype == "gemma3_text" and "full_attention" in rope:
+        theta, scaling = _rope(hf_cfg, arch, rope["full_attention"])
+        local_theta, local_scaling = _rope(hf_cfg, arch, rope.get("sliding_attention") or {"rope_type": "default"})
+        if local_scaling is not None:
+            raise ValueError(f"{arch} sliding_attention rope_type={local_scaling['rope_type']!r} is not supported "
+                             "(local layers rotate with plain RoPE)")
+        local_base = local_theta
+    else:
+        theta, scaling = _rope(hf_cfg, arch)
+    windows = sliding_windows(hf_cfg, arch) if mtype != "gemma" else None
+    if local_base is not None and windows is None:
+        local_base = None
+    later = mtype != "gemma"
+    scalar = hf_cfg.get("query_pre_attn_scalar") if later else None
+    attn_bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
+        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
+        activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
+        local_rotary_base=local_base, sliding_window=windows,
+        attn_scale=None if scalar is None else float(scalar) ** -0.5,
+        attn_softcap=hf_cfg.get("attn_logit_softcapping") if later else None,
+        final_softcap=hf_cfg.get("final_logit_softcapping") if later else None,
+        qk_norm="head" if mtype == "gemma3_text" else "none",
+        sublayer_norm="sandwich" if later else "input", embed_scale=d_model ** 0.5,
+        attn_bias=attn_bias, out_bias=attn_bias, mlp_bias=False, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def gemma_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Gemma / Gemma 2 / Gemma 3 text one; every RMSNorm weight ``w`` becomes ``1 + w``.
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.language_model.", "model."), "Gemma")
+
+    def norm(key: str) -> torch.Tensor:
+        return src(key) + 1  # Gemma's RMSNorm scales by (1 + w)
+
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": norm("norm.weight")}
+    sandwich = cfg.sublayer_norm == "sandwich"
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        out[b + "ln1.weight"] = norm(h + "input_layernorm.weight")
+        if sandwich:
+            out[b + "ln1_post.weight"] = norm(h + "post_attention_layernorm.weight")
+            out[b + "ln2.weight"] = norm(h + "pre_feedforward_layernorm.weight")
+            out[b + "ln2_post.weight"] = norm(h + "post_feedforward_layernorm.weight")
+        else:
+            out[b + "ln2.weight"] = norm(h + "post_attention_layernorm.weight")
+        if cfg.qk_norm != "none":
+            out[b + "attn.q_norm.weight"] = norm(h + "self_attn.q_norm.weight")
+            out[b + "attn.k_norm.weight"] = norm(h + "self_attn.k_norm.weight")
+        out.update(_llama_mlp(src, h, b, cfg))
+    out.update(_lm_head(hf_sd, src, cfg, "Gemma"))
+    return out
+
+
+def _llama_attention(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Separate q/k/v/o projections (``self_attn.{q,k,v,o}_proj``) stacked into our ``W_qkv`` and ``W_O``."""
+    out = {}
+    for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+        out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+            [src(h + f"self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")], dim=0)  # [(H+2K)*D(, M)]
+    out[b + "attn.W_O.weight"] = src(h + "self_attn.o_proj.weight")
+    if cfg.out_bias:
+        out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
+    return out
+
+
+def _llama_mlp(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    return {b + f"mlp.{ours}.weight": src(h + f"mlp.{theirs}.weight")
+            for ours, theirs in (("W_gate", "gate_proj"), ("W_in", "up_proj"), ("W_out", "down_proj"))}
+
+
+# --- OLMo 2 -----------------------------------------------------------------------------------------------
+def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an OLMo 2 decoder: norms after each sublayer only, QK-norm over all heads.
+
+    Raises:
+        ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
+    """
+    arch = "olmo2"
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("attention_bias", False, False)))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, qk_norm="full", sublayer_norm="output", attn_bias=False, out_bias=False,
+        mlp_bias=False, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def olmo2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF OLMo 2 one.
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "OLMo 2")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        out[b + "attn.q_norm.weight"] = src(h + "self_attn.q_norm.weight")
+        out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")
+        out[b + "ln1_post.weight"] = src(h + "post_attention_layernorm.weight")
+        out[b + "ln2_post.weight"] = src(h + "post_feedforward_layernorm.weight")
+        out.update(_llama_mlp(src, h, b, cfg))
+    out.update(_lm_head(hf_sd, src, cfg, "OLMo 2"))
+    return out
+
+
+# --- Phi-3 ------------------------------------------------------------------------------------------------
+def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Phi-3 decoder (fused projections, optional sliding window and LongRoPE).
+
+    Raises:
+        ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
+    """
+    arch = "phi3"
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = d_model // n_heads
+    theta, scaling = _rope(hf_cfg, arch)
+    rope = hf_cfg.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 1.0))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
+        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
+        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rotary_dim=int(d_head * partial), rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch),
+        attn_bias=False, out_bias=False, mlp_bias=False, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def phi3_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Phi-3 one: ``qkv_proj`` rows are already ``[q | k | v]``; ``gate_up_proj``
+    rows are ``[gate | up]``.
+
+    Raises:
+        ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
+    """
+    src = _Source(hf_sd, ("model.",), "Phi-3")
+    H, K, D, M, F = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out[b + "attn.W_qkv.weight"] = _shaped(src, h + "self_attn.qkv_proj.weight", ((H + 2 * K) * D, M))
+        out[b + "attn.W_O.weight"] = src(h + "self_attn.o_proj.weight")
+        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
+        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        gate, up = _shaped(src, h + "mlp.gate_up_proj.weight", (2 * F, M)).split([F, F], dim=0)  # [F, M] each
+        out[b + "mlp.W_gate.weight"], out[b + "mlp.W_in.weight"] = gate, up
+        out[b + "mlp.W_out.weight"] = src(h + "mlp.down_proj.weight")
+    out.update(_lm_head(hf_sd, src, cfg, "Phi-3"))
+    return out
+
+
+# --- GPT-NeoX / Pythia ------------------------------------------------------------------------------------
+def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a GPT-NeoX / Pythia decoder (parallel block, partial rotary).
+
+    Raises:
+        ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
+    """
+    arch = "gpt_neox"
+    act = hf_cfg.get("hidden_act", "gelu")
+    acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
+    if act not in acts:
+        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = d_model // n_heads
+    rope = hf_cfg.get("rope_parameters") or {}
+    pct = rope.get("partial_rotary_factor", hf_cfg.get("rotary_pct", 1.0))
+    legacy_base = hf_cfg.get("rotary_emb_base")
+    theta, scaling = _rope({**hf_cfg, "rope_theta": hf_cfg.get("rope_theta", legacy_base or 10000.0)}, arch)
+    bias = bool(hf_cfg.get("attention_bias", True))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rotary_dim=int(d_head * pct), rope_scaling=scaling,
+        parallel_block="two_norms" if hf_cfg.get("use_parallel_residual", True) else "none",
+        attn_bias=bias, out_bias=bias, mlp_bias=True, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def gpt_neox_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF GPT-NeoX one; the fused QKV's per-head row groups are reordered.
+
+    Raises:
+        ValueError: a tensor is absent or the fused QKV's shape disagrees with the config (both named).
+    """
+    src = _Source(hf_sd, ("gpt_neox.",), "GPT-NeoX")
+    H, D, M = cfg.n_heads, cfg.d_head, cfg.d_model
+    out = {"W_E.weight": src("embed_in.weight"), "ln_final.weight": src("final_layer_norm.weight"),
+           "ln_final.bias": src("final_layer_norm.bias")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out[b + "attn.W_qkv.weight"] = _per_head_qkv(
+            _shaped(src, h + "attention.query_key_value.weight", (3 * H * D, M)), H, D)
+        if cfg.attn_bias:
+            out[b + "attn.W_qkv.bias"] = _per_head_qkv(
+                _shaped(src, h + "attention.query_key_value.bias", (3 * H * D,)), H, D)
+            out[b + "attn.W_O.bias"] = src(h + "attention.dense.bias")
+        out[b + "attn.W_O.weight"] = src(h + "attention.dense.weight")
+        for ours, theirs in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"),
+                             ("mlp.W_in", "mlp.dense_h_to_4h"), ("mlp.W_out", "mlp.dense_4h_to_h")):
+            for kind in ("weight", "bias"):
+                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    key = "embed_out.weight" if "embed_out.weight" in hf_sd else "lm_head.weight"
+    out.update(_lm_head(hf_sd, src, cfg, "GPT-NeoX", key))
+    return out
+
+
+# --- GPT-BigCode / StarCoder ------------------------------------------------------------------------------
+def gpt_bigcode_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a GPT-BigCode / StarCoder decoder (learned positions, MQA).
+
+    Raises:
+        ValueError: an unsupported setting (cross-attention, activation) or a missing key.
+    """
+    arch = "gpt_bigcode"
+    _refuse(arch, hf_cfg, (("add_cross_attention", False, False),))
+    act = hf_cfg.get("activation_function", "gelu_pytorch_tanh")
+    acts = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    if act not in acts:
+        raise ValueError(f"{arch} activation_function={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "n_embd", arch), _need(hf_cfg, "n_head", arch)
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "n_layer", arch), d_model=d_model, n_heads=n_heads,
+        n_kv_heads=1 if hf_cfg.get("multi_query", True) else n_heads,
+        d_mlp=hf_cfg.get("n_inner") or 4 * d_model, activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "n_positions", arch), normalization="pre", positional="learned",
+        norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5),
+        attn_scale=None if hf_cfg.get("scale_attn_weights", True) else 1.0, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def gpt_bigcode_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF GPT-BigCode one: MQA's ``c_attn`` rows are ``[q | k | v]`` already, MHA's are
+    grouped per head and reordered.
+
+    Raises:
+        ValueError: a tensor is absent or ``c_attn``'s shape disagrees with the config (both named).
+    """
+    src = _Source(hf_sd, ("transformer.",), "GPT-BigCode")
+    H, K, D, M = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+    out = {"W_E.weight": src("wte.weight"), "W_pos.weight": src("wpe.weight"),
+           "ln_final.weight": src("ln_f.weight"), "ln_final.bias": src("ln_f.bias")}
+    for i in range(cfg.n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        w = _shaped(src, h + "attn.c_attn.weight", ((H + 2 * K) * D, M))
+        bias = _shaped(src, h + "attn.c_attn.bias", ((H + 2 * K) * D,))
+        if K == H:
+            w, bias = _per_head_qkv(w, H, D), _per_head_qkv(bias, H, D)
+        out[b + "attn.W_qkv.weight"], out[b + "attn.W_qkv.bias"] = w, bias
+        for ours, theirs in (("attn.W_O", "attn.c_proj"), ("mlp.W_in", "mlp.c_fc"), ("mlp.W_out", "mlp.c_proj"),
+                             ("ln1", "ln_1"), ("ln2", "ln_2")):
+            for kind in ("weight", "bias"):
+                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "GPT-BigCode"))
+    return out
+
+
+# --- Falcon -----------------------------------------------------------------------------------------------
+def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Falcon decoder: MQA (7B) or grouped K/V (``new_decoder_architecture``).
+
+    Raises:
+        ValueError: ALiBi, a non-parallel new decoder architecture, an activation other than gelu/relu, or a
+            missing key.
+    """
+    arch = "falcon"
+    _refuse(arch, hf_cfg, (("alibi", False, False),))
+    act = hf_cfg.get("activation", "gelu")
+    if act not in ("gelu", "relu"):
+        raise ValueError(f"{arch} activation={act!r} is not supported (gelu, relu)")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    new_arch = bool(hf_cfg.get("new_decoder_architecture", False))
+    parallel = bool(hf_cfg.get("parallel_attn", True))
+    if new_arch:
+        if not parallel:
+            raise ValueError(f"{arch} new_decoder_architecture=True with parallel_attn=False is not supported")
+        n_kv = hf_cfg.get("num_kv_heads") or n_heads
+        n_ln = hf_cfg.get("num_ln_in_parallel_attn") or 2
+        block = "two_norms" if n_ln == 2 else "one_norm"
+    else:
+        n_kv = 1 if hf_cfg.get("multi_query", True) else n_heads
+        block = "one_norm" if parallel else "none"
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
+        d_mlp=hf_cfg.get("ffn_hidden_size") or 4 * d_model, activation=act,
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=hf_cfg.get("max_position_embeddings") or 2048,
+        normalization="pre", norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5), positional="rotary",
+        rotary_base=theta, rope_scaling=scaling, parallel_block=block, attn_bias=bias, out_bias=bias,
+        mlp_bias=bias, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def falcon_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Falcon one; the fused QKV is reordered into ``[q | k | v]``.
+
+    Raises:
+        ValueError: a tensor is absent or the fused QKV's shape disagrees with the config (both named).
+    """
+    src = _Source(hf_sd, ("transformer.",), "Falcon")
+    H, K, D, M = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+    G = H // K
+    out = {"W_E.weight": src("word_embeddings.weight"), "ln_final.weight": src("ln_f.weight"),
+           "ln_final.bias": src("ln_f.bias")}
+    # Per-group rows [q_1 .. q_G, k, v] coincide with per-head [q, k, v] for G = 1 and with [q | k | v] for K = 1.
+    grouped = K not in (1, H)
+
+    def qkv(t: torch.Tensor) -> torch.Tensor:
+        rest = t.shape[1:]
+        if grouped:  # per K/V group [q_1 .. q_G, k, v]
+            g = t.reshape(K, G + 2, D, *rest)  # [K, G + 2, D, ..]
+            return torch.cat([g[:, :G].reshape(H * D, *rest), g[:, G].reshape(K * D, *rest),
+                              g[:, G + 1].reshape(K * D, *rest)])  # [(H + 2K) D, ..]
+        if K == H:
+            return _per_head_qkv(t, H, D)
+        return t  # MQA: [q | k | v] already
+
+    for i in range(cfg.n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        out[b + "attn.W_qkv.weight"] = qkv(_shaped(src, h + "self_attention.query_key_value.weight",
+                                                   ((H + 2 * K) * D, M)))
+        out[b + "attn.W_O.weight"] = src(h + "self_attention.dense.weight")
+        out[b + "mlp.W_in.weight"] = src(h + "mlp.dense_h_to_4h.weight")
+        out[b + "mlp.W_out.weight"] = src(h + "mlp.dense_4h_to_h.weight")
+        if cfg.attn_bias:
+            out[b + "attn.W_qkv.bias"] = qkv(src(h + "self_attention.query_key_value.bias"))
+            out[b + "attn.W_O.bias"] = src(h + "self_attention.dense.bias")
+            out[b + "mlp.W_in.bias"] = src(h + "mlp.dense_h_to_4h.bias")
+            out[b + "mlp.W_out.bias"] = src(h + "mlp.dense_4h_to_h.bias")
+        if cfg.parallel_block == "two_norms":
+            norms = (("ln1", "ln_attn"), ("ln2", "ln_mlp"))
+        elif cfg.parallel_block == "one_norm":
+            norms = (("ln1", "input_layernorm"),)
+        else:
+            norms = (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
+        for ours, theirs in norms:
+            for kind in ("weight", "bias"):
+                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "Falcon"))
+    return out
+
+
+# --- Phi-1 / Phi-2 ----------------------------------------------------------------------------------------
+def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Phi-1 / Phi-2 decoder (parallel block with one LayerNorm, partial rotary).
+
+    Raises:
+        ValueError: ``qk_layernorm``, an unsupported activation or a missing key.
+    """
+    arch = "phi"
+    _refuse(arch, hf_cfg, (("qk_layernorm", False, False),))
+    act = hf_cfg.get("hidden_act", "gelu_new")
+    acts = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    if act not in acts:
+        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = d_model // n_heads
+    rope = hf_cfg.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.5))
+    theta, scaling = _rope(hf_cfg, arch)
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
+        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
+        activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre",
+        norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rotary_dim=int(d_head * partial), rope_scaling=scaling, parallel_block="one_norm", unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def phi_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Phi-1 / Phi-2 one (its unembedding has a bias).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "Phi")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("final_layernorm.weight"),
+           "ln_final.bias": src("final_layernorm.bias")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        for kind in ("weight", "bias"):
+            out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+                [src(h + f"self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")], dim=0)  # [(H+2K)*D(, M)]
+            for ours, theirs in (("attn.W_O", "self_attn.dense"), ("ln1", "input_layernorm"),
+                                 ("mlp.W_in", "mlp.fc1"), ("mlp.W_out", "mlp.fc2")):
+                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "Phi", bias="lm_head.bias"))
+    return out
+
+
+CONVERTERS_DENSE = {
+    "gemma": (gemma_config, gemma_state_dict),
+    "gemma2": (gemma_config, gemma_state_dict),
+    "gemma3_text": (gemma_config, gemma_state_dict),
+    "olmo2": (olmo2_config, olmo2_state_dict),
+    "phi3": (phi3_config, phi3_state_dict),
+    "gpt_neox": (gpt_neox_config, gpt_neox_state_dict),
+    "gpt_bigcode": (gpt_bigcode_config, gpt_bigcode_state_dict),
+    "falcon": (falcon_config, falcon_state_dict),
+    "phi": (phi_config, phi_state_dict),
+}

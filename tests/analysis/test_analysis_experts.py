@@ -1,0 +1,133 @@
+"""Routing statistics and expert ablation on a random mixture-of-experts model, against naive computations."""
+
+import math
+
+import pytest
+import torch
+
+from interp import ModelConfig, Transformer
+from interp.analysis.ablate import compare_with_random, random_expert_sets
+from interp.analysis.experts import RoutingStats, ablate_experts, expert_out_means, expert_stats
+from interp.data import Batch
+from interp.trace import stream
+
+
+def moe_model(seed=0, **kw):
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=24, activation="swiglu", positional="rotary",
+                      normalization="rms", n_experts=6, n_experts_per_token=2, d_expert=16, router_renormalize=True,
+                      **kw)
+    torch.manual_seed(seed)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mlp.W_router.normal_(0, 1.0)  # a decisive router: routing varies from token to token
+    return model
+
+
+def tokens(n=6, t=12, seed=1):
+    return torch.randint(0, 50, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def test_routing_stats_match_naive_counts_and_entropy():
+    model, x = moe_model(), tokens()
+    with torch.no_grad():
+        _, trace = model.run_with_cache(x, names_filter=["*hook_expert_ids", "*hook_router_logits"])
+    stats = expert_stats(model, x, batch_size=4)
+    for i, layer in enumerate(stats.layers):
+        ids = trace[f"blocks.{layer}.mlp.hook_expert_ids"].reshape(-1)
+        naive = torch.tensor([(ids == e).sum().item() for e in range(6)], dtype=torch.float32) / ids.numel()
+        torch.testing.assert_close(stats.share[i], naive)
+        p = trace[f"blocks.{layer}.mlp.hook_router_logits"].double().softmax(-1).reshape(-1, 6)
+        h = float(-(p * p.log()).sum(-1).mean())
+        assert stats.token_entropy[i].item() == pytest.approx(h, rel=1e-5)
+        load = float(-(naive * naive.clamp_min(1e-30).log()).sum() / math.log(6))
+        assert stats.load_entropy[i].item() == pytest.approx(load, rel=1e-5)
+    assert stats.n_tokens == x.numel()
+    assert len(stats.frame()) == 2 * 6
+    assert stats.figure().data[0].z is not None
+
+
+def test_routing_stats_skip_padding_and_merge():
+    model, x = moe_model(), tokens()
+    mask = torch.ones_like(x)
+    mask[:, 9:] = 0
+    padded = RoutingStats(model)
+    stream(model, [Batch(tokens=x, mask=mask)], [padded])
+    with torch.no_grad():
+        _, trace = model.run_with_cache(x[:, :9], names_filter="*hook_expert_ids")
+    ids = trace["blocks.1.mlp.hook_expert_ids"].reshape(-1)
+    naive = torch.tensor([(ids == e).sum().item() for e in range(6)], dtype=torch.float32) / ids.numel()
+    torch.testing.assert_close(padded.result().share[1], naive)  # causal: padding at the end changes nothing before
+    a, b, whole = RoutingStats(model), RoutingStats(model), RoutingStats(model)
+    stream(model, x[:3], [a])
+    stream(model, x[3:], [b])
+    stream(model, x, [whole])
+    torch.testing.assert_close(a.merge(b).result().share, whole.result().share)
+
+
+def test_zero_ablation_equals_zeroed_expert_weights():
+    model, x = moe_model(), tokens()
+    with torch.no_grad(), ablate_experts(model, [(0, 2), (1, 4)], "zero"):
+        ablated = model(x)
+    with torch.no_grad():
+        model.blocks[0].mlp.W_out[2].zero_()
+        model.blocks[1].mlp.W_out[4].zero_()
+        reference = model(x)
+    torch.testing.assert_close(ablated, reference, rtol=0, atol=1e-6)
+
+
+def test_expert_means_match_a_naive_per_expert_pass():
+    model, ref = moe_model(), tokens(seed=5)
+    means = expert_out_means(model, ref, [1])
+    with torch.no_grad():
+        _, trace = model.run_with_cache(ref, names_filter=["blocks.1.hook_resid_mid", "blocks.1.mlp.hook_expert_ids"])
+    mlp = model.blocks[1].mlp
+    h = model.blocks[1].ln2(trace["blocks.1.hook_resid_mid"]).reshape(-1, 32)  # what the MoE reads
+    ids = trace["blocks.1.mlp.hook_expert_ids"].reshape(-1, 2)
+    for e in range(6):
+        rows = h[(ids == e).any(-1)]
+        if len(rows) == 0:
+            continue
+        with torch.no_grad():
+            out = (torch.nn.functional.silu(rows @ mlp.W_gate[e].T) * (rows @ mlp.W_in[e].T)) @ mlp.W_out[e].T
+        torch.testing.assert_close(means[1][e], out.mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_mean_ablation_changes_only_tokens_routed_to_the_expert():
+    model, x, ref = moe_model(), tokens(), tokens(seed=7)
+    with torch.no_grad():
+        clean, trace = model.run_with_cache(x, names_filter="blocks.1.mlp.hook_expert_ids")
+        with ablate_experts(model, [(1, 3)], "mean", reference=ref):
+            ablated = model(x)
+    routed = (trace["blocks.1.mlp.hook_expert_ids"] == 3).any(-1)  # [B, T]
+    assert routed.any() and (~routed).any()
+    diff = (ablated - clean).abs().amax(-1)  # [B, T]
+    assert diff[~routed].max().item() < 1e-6  # the last layer: nothing else moves
+    assert diff[routed].min().item() > 0
+
+
+def test_compare_with_random_expert_sets():
+    model, x = moe_model(), tokens()
+
+    def measure(experts):
+        with torch.no_grad(), ablate_experts(model, experts, "zero"):
+            return float(torch.nn.functional.cross_entropy(model(x)[:, :-1].reshape(-1, 50), x[:, 1:].reshape(-1)))
+
+    df = compare_with_random(measure, [(1, 0), (1, 1)], model, n_draws=5, units="experts")
+    assert list(df["set"][:2]) == ["none", "target"] and len(df) == 7
+    assert df["heads"][1] == "L1E0 L1E1"
+    sets = random_expert_sets(model, 2, 5, seed=0)
+    assert all(len(s) == 2 and all(layer in (0, 1) and 0 <= e < 6 for layer, e in s) for s in sets)
+
+
+def test_bad_expert_ablation_input_is_refused():
+    model = moe_model()
+    with pytest.raises(ValueError, match=r"expert \(1, 6\) is outside the model"):
+        with ablate_experts(model, [(1, 6)], "zero"):
+            pass
+    with pytest.raises(ValueError, match=r"method='resample' is not one of"):
+        with ablate_experts(model, [(1, 0)], "resample"):
+            pass
+    dense = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8))
+    with pytest.raises(ValueError, match=r"no mixture-of-experts layer"):
+        expert_stats(dense, torch.zeros(1, 4, dtype=torch.long))

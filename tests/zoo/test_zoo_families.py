@@ -1,0 +1,149 @@
+"""The dense decoder families against transformers, on random tiny configs chosen so every feature bites:
+odd head counts, sliding windows shorter than the sequence, soft-caps small enough to change the logits,
+partial rotary, parallel blocks, QK-norm, sandwich / output norms, MQA and grouped K/V (no download).
+
+For each family: logits (SDPA path and pattern-recording path) within 1e-4, patterns within 1e-5 of HF eager
+``output_attentions``, 32 greedy tokens equal to HF ``generate``, and cached decoding equal to a full
+recompute, decoding well past the window.
+"""
+
+import pytest
+import torch
+
+from interp.zoo.compat import FAMILIES, NEW, PROMPT, SEQ, WINDOW, V, hf_test_model
+from interp.zoo.hf import convert, from_hf
+
+transformers = pytest.importorskip("transformers")
+
+hf_model = hf_test_model
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_matches_transformers(name):
+    hf = hf_model(name)
+    model = from_hf(hf)
+    torch.manual_seed(4)
+    ids = torch.randint(1, V, (2, SEQ))
+    with torch.no_grad():
+        ref = hf(ids, output_attentions=True)
+        logits, trace = model.run_with_cache(ids, names_filter="*hook_pattern")
+        torch.testing.assert_close(logits, ref.logits, rtol=0, atol=1e-4)
+        torch.testing.assert_close(model(ids), ref.logits, rtol=0, atol=1e-4)  # SDPA path where it applies
+        for layer, pattern in enumerate(ref.attentions):
+            torch.testing.assert_close(trace.pattern(layer), pattern, rtol=0, atol=1e-5)
+    prompt = ids[:1, :PROMPT]
+    want = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, attention_mask=torch.ones_like(prompt),
+                       eos_token_id=None, pad_token_id=0)
+    got = model.generate(prompt, max_new_tokens=NEW)
+    assert torch.equal(got, want), (got, want)
+    assert len(set(got[0, PROMPT:].tolist())) > 2  # a constant continuation would prove little
+    assert torch.equal(model.generate(prompt, max_new_tokens=NEW, use_cache=False), got)
+
+
+def test_features_bite():
+    """Each feature the configs above exercise changes the logits (so matching HF shows it is implemented)."""
+    torch.manual_seed(5)
+    ids = torch.randint(1, V, (1, SEQ))
+    cases = {"gemma2": ("attn_softcap", "final_softcap", "sliding_window"), "mistral": ("sliding_window",),
+             "qwen3": ("qk_norm",), "gemma3_text": ("local_rotary_base",)}
+    for name, fields in cases.items():
+        model = from_hf(hf_model(name))
+        with torch.no_grad():
+            base = model(ids)
+        for field in fields:
+            cfg = model.cfg.to_dict()
+            cfg[field] = {"qk_norm": "none"}.get(field)
+            if field == "sliding_window":
+                cfg["local_rotary_base"] = None
+            other = type(model)(type(model.cfg).from_dict(cfg))
+            other.load_state_dict(model.state_dict(), strict=False)
+            with torch.no_grad():
+                assert (other.eval()(ids) - base).abs().max() > 1e-3, (name, field)
+
+
+def test_window_cache_keeps_only_the_window():
+    model = from_hf(hf_model("gemma2"))
+    cache = model.make_cache(1, 60)
+    windowed = [i for i in range(model.cfg.n_layers) if model.cfg.window(i) is not None]
+    assert windowed == [0]
+    assert cache.layers[0].buffers[0].shape[2] == WINDOW - 1
+    assert cache.layers[1].buffers[0].shape[2] == 60
+    # Chunked prefill across the window boundary, then steps: each equals the full pass's last logits.
+    ids = torch.randint(1, V, (1, 30))
+    with torch.no_grad():
+        full = model(ids)
+        parts = [model(ids[:, :5], kv_cache=cache), model(ids[:, 5:19], kv_cache=cache)]
+        parts += [model(ids[:, t:t + 1], kv_cache=cache) for t in range(19, 30)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-4)
+
+
+def test_published_shapes_build_and_convert():
+    """Each family's published config.json dimensions (layers cut to 2, vocabulary cut) build and convert."""
+    published = {
+        "llama": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=64, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                    "original_max_position_embeddings": 8192},
+                      max_position_embeddings=131072, tie_word_embeddings=True),  # Llama-3.2-1B
+        "gemma2": dict(hidden_size=2304, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
+                       head_dim=256, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, max_position_embeddings=8192),  # Gemma-2-2B
+        "qwen3": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
+                      head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),  # Qwen3-0.6B
+        "gpt_neox": dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                         max_position_embeddings=2048,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "partial_rotary_factor": 0.25}),  # Pythia-160M
+    }
+    for model_type, kw in published.items():
+        cfg = transformers.AutoConfig.for_model(model_type, vocab_size=64, num_hidden_layers=2, **kw)
+        torch.manual_seed(0)
+        hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        model = from_hf(hf)
+        assert (model.cfg.d_model, model.cfg.n_heads, model.cfg.d_head) == (
+            kw["hidden_size"], kw["num_attention_heads"], kw.get("head_dim", kw["hidden_size"] // kw["num_attention_heads"]))
+        ids = torch.randint(0, 64, (1, 8))
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-3)
+
+
+# --- refusals -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,change,message", [
+    ("falcon", {"alibi": True}, r"falcon alibi=True is not supported"),
+    ("phi", {"qk_layernorm": True}, r"phi qk_layernorm=True is not supported"),
+    ("gpt_neox", {"hidden_act": "swish"}, r"gpt_neox hidden_act='swish' is not supported"),
+    ("gpt_bigcode", {"activation_function": "tanh"}, r"gpt_bigcode activation_function='tanh' is not supported"),
+    ("gemma2", {"hidden_activation": "relu"}, r"gemma2 hidden_activation='relu' is not supported"),
+    ("olmo2", {"hidden_act": "gelu"}, r"olmo2 hidden_act='gelu' is not supported"),
+    ("phi3", {"hidden_act": "gelu"}, r"phi3 hidden_act='gelu' is not supported"),
+    ("mistral", {"layer_types": ["chunked_attention", "full_attention"]},
+     r"mistral layer_types\[0\]='chunked_attention' is not supported"),
+    ("qwen3", {"rope_parameters": {"rope_type": "mrope", "rope_theta": 1.0}}, r"rope_type='mrope' is not supported"),
+    ("gemma3_text", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1.0},
+                                         "sliding_attention": {"rope_type": "linear", "factor": 2.0,
+                                                               "rope_theta": 1.0}}},
+     r"sliding_attention rope_type='linear' is not supported"),
+    ("falcon_new_arch", {"parallel_attn": False}, r"new_decoder_architecture=True with parallel_attn=False"),
+])
+def test_unsupported_settings_are_refused_by_name(name, change, message):
+    hf = hf_model(name)
+    with pytest.raises(ValueError, match=message):
+        convert({**hf.config.to_dict(), **change}, hf.state_dict())
+
+
+@pytest.mark.parametrize("name,key", [
+    ("gpt_neox", "gpt_neox.layers.0.attention.query_key_value.weight"),
+    ("falcon", "transformer.h.1.self_attention.query_key_value.weight"),
+    ("gpt_bigcode", "transformer.h.0.attn.c_attn.weight"),
+    ("phi3", "model.layers.0.mlp.gate_up_proj.weight"),
+    ("gemma2", "model.layers.1.post_feedforward_layernorm.weight"),
+    ("olmo2", "model.layers.0.self_attn.k_norm.weight"),
+])
+def test_state_dict_that_disagrees_with_its_config_is_refused(name, key):
+    hf = hf_model(name)
+    sd = dict(hf.state_dict())
+    bad = tuple(s + 1 for s in sd[key].shape)
+    sd[key] = torch.zeros(bad)
+    with pytest.raises(ValueError, match=rf"{tuple(bad)}".replace("(", r"\(").replace(")", r"\)")):
+        convert(hf.config.to_dict(), sd)

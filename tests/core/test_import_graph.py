@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "interp"
 
 CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "model", "flops", "weights",
-        "distributed"}  # distributed imports nothing of interp's: trace and pruning call it
+        "distributed", "progress"}  # distributed imports nothing of interp's: trace and pruning call it
 TRACE = {"trace", "trace_views", "streaming"}
 ALLOWED = {
     "core": {"core"},

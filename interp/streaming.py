@@ -217,6 +217,8 @@ def stream(
         hooks.append(([stop], QueryChunkHook(_stop_hook)))
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
+    total = (-(-data.shape[0] // batch_size) if isinstance(data, torch.Tensor) and data.dim() == 2
+             else len(data) if isinstance(data, Sequence) else None)  # batches, for the progress bar
     batches = iter_batches(data, batch_size=batch_size, name=name)
     sharded = torch.distributed.is_available() and torch.distributed.is_initialized()
     if sharded:  # the single-process path never imports interp.distributed
@@ -231,8 +233,7 @@ def stream(
         batches = distributed.shard(batches)
         progress = progress_enabled(progress) and distributed.rank() == 0
     if progress_enabled(progress):
-        batches = progress_bar(batches, desc=desc, progress=True,
-                               total=len(batches) if hasattr(batches, "__len__") else None)
+        batches = progress_bar(batches, desc=desc, progress=True, total=len(batches) if sharded else total)
     n = 0
     # Hooks are shared state: hold the model's lock for the whole stream, so no other thread's pass sees them.
     with getattr(model, "lock", contextlib.nullcontext()), torch.no_grad(), model.hooks(hooks):

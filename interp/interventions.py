@@ -417,7 +417,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
 
 # --- patching hooks -----------------------------------------------------------------------------------------
 def patch_sites_hook(names: Sequence[str], source: Sequence[torch.Tensor], chunk: Sequence[tuple[int, int, int]],
-                     rows: int) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+                     rows: int, *, start: int = 0) -> Callable[[torch.Tensor, Any], torch.Tensor]:
     """The hook of one batched activation-patching pass: copy ``j`` of the base batch (rows ``j*rows`` to
     ``(j+1)*rows``) gets site ``chunk[j]`` overwritten with the source run's value.
 
@@ -427,6 +427,9 @@ def patch_sites_hook(names: Sequence[str], source: Sequence[torch.Tensor], chunk
         chunk: ``(layer, unit, pos)`` sites, one per copy of the batch; ``unit`` -1 is the whole layer, ``pos``
             -1 every position.
         rows: the batch size ``B`` of one copy.
+        start: the first position the patched pass computes (a pass resumed at a position, with the earlier
+            positions' keys and values cached, sees activations of positions ``start ..`` only); a site's
+            ``pos`` is absolute.
 
     Returns:
         ``hook(activation, hook) -> patched activation``.
@@ -434,10 +437,11 @@ def patch_sites_hook(names: Sequence[str], source: Sequence[torch.Tensor], chunk
     def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
         layer = names.index(hook.name)
         t = t.clone()
-        for j, site in enumerate(chunk):
-            if site[0] == layer:
-                idx = site_index(site)
-                t[j * rows:(j + 1) * rows][idx] = source[layer][idx].to(t.dtype)
+        computed = source[layer][:, start:]  # [B, T - start, ...]: the positions this pass computes
+        for j, (site_layer, unit, pos) in enumerate(chunk):
+            if site_layer == layer:
+                idx = site_index((site_layer, unit, pos - start if pos >= 0 else -1))
+                t[j * rows:(j + 1) * rows][idx] = computed[idx].to(t.dtype)
         return t
 
     return hook

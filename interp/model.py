@@ -231,7 +231,10 @@ class Transformer(HookedModule):
                                  kv_cache=kv_cache)
 
     def _forward(self, tokens, *, attention_mask, token_type_ids, position_ids, context, context_mask,
-                 kv_cache, last_only: bool = False) -> torch.Tensor:
+                 kv_cache, last_only: bool = False, resume: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+        # resume=(layer, x): enter block `layer` with the residual x [B, T, M] (recorded from another run of the
+        # same tokens); the embedding and the blocks below are skipped. Activation patching resumes patched
+        # runs at the patched layer, whose input no patch changed.
         cfg = self.cfg
         tokens = self._check_tokens(tokens)
         B, T = tokens.shape
@@ -246,6 +249,44 @@ class Transformer(HookedModule):
             positions = torch.arange(start, S, device=tokens.device)
         else:
             positions = _check_ids("position_ids", position_ids, ((B, T), (T,)), cfg.n_ctx, "n_ctx")
+        first, x = (0, None) if resume is None else resume
+        if x is None:
+            x = self._embed(tokens, positions, token_type_ids)  # [B, T, M]
+        mask = AttnMask(T=T, S=S, start=start, causal=cfg.causal, key_keep=key_keep, padded_queries_see_all=True)
+        ctx_mask = None
+        if context is not None:
+            if not cfg.cross_attention:
+                raise ValueError("context given but cfg.cross_attention is False")
+            if context.dim() != 3 or context.shape[0] != B or context.shape[2] != cfg.d_model:
+                raise ValueError(f"context has shape {tuple(context.shape)}, expected ({B}, S_ctx, {cfg.d_model})")
+            ctx_keep = _check_mask("context_mask", context_mask, (B, context.shape[1]))
+            ctx_mask = AttnMask(T=T, S=context.shape[1], start=0, causal=False, key_keep=ctx_keep)
+        elif cfg.cross_attention:
+            raise ValueError("cfg.cross_attention is True: pass context=[B, S_ctx, d_model]")
+        try:
+            for i in range(first, cfg.n_layers):
+                x = self.blocks[i](x, mask=mask, positions=positions, context=context, context_mask=ctx_mask,
+                                   cache=None if kv_cache is None else kv_cache.layers[i])
+        except BaseException:
+            if kv_cache is not None:
+                kv_cache.rewind(start)  # the layers advanced themselves: a pass that stopped leaves none ahead
+            raise
+        if last_only:
+            # generate() reads only the last position: skip the unembedding of the others (no hook sees them).
+            x = x[:, -1:]  # [B, 1, M]
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        if self.W_U is None:
+            return x
+        logits = self.W_U(x)
+        if cfg.final_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap  # Gemma 2's final soft-cap
+        return logits
+
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        """The residual stream entering block 0: ``[B, T, M]``."""
+        cfg = self.cfg
+        B, T = tokens.shape
         x = self.W_E(tokens)  # [B, T, M]
         if cfg.embed_scale != 1.0:
             x = x * cfg.embed_scale  # Gemma's sqrt(d_model): the residual starts at the scaled embedding
@@ -264,36 +305,7 @@ class Transformer(HookedModule):
             x = x + self.W_tt(token_type_ids)
         if self.embed_ln is not None:
             x = self.embed_ln(x)
-        mask = AttnMask(T=T, S=S, start=start, causal=cfg.causal, key_keep=key_keep, padded_queries_see_all=True)
-        ctx_mask = None
-        if context is not None:
-            if not cfg.cross_attention:
-                raise ValueError("context given but cfg.cross_attention is False")
-            if context.dim() != 3 or context.shape[0] != B or context.shape[2] != cfg.d_model:
-                raise ValueError(f"context has shape {tuple(context.shape)}, expected ({B}, S_ctx, {cfg.d_model})")
-            ctx_keep = _check_mask("context_mask", context_mask, (B, context.shape[1]))
-            ctx_mask = AttnMask(T=T, S=context.shape[1], start=0, causal=False, key_keep=ctx_keep)
-        elif cfg.cross_attention:
-            raise ValueError("cfg.cross_attention is True: pass context=[B, S_ctx, d_model]")
-        try:
-            for i, block in enumerate(self.blocks):
-                x = block(x, mask=mask, positions=positions, cache=None if kv_cache is None else kv_cache.layers[i],
-                          context=context, context_mask=ctx_mask)
-        except BaseException:
-            if kv_cache is not None:
-                kv_cache.rewind(start)  # the layers advanced themselves: a pass that stopped leaves none ahead
-            raise
-        if last_only:
-            # generate() reads only the last position: skip the unembedding of the others (no hook sees them).
-            x = x[:, -1:]  # [B, 1, M]
-        if self.ln_final is not None:
-            x = self.ln_final(x)
-        if self.W_U is None:
-            return x
-        logits = self.W_U(x)
-        if cfg.final_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap  # Gemma 2's final soft-cap
-        return logits
+        return x
 
     def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor):

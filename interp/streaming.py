@@ -18,6 +18,8 @@ import torch
 
 from .data.batches import Batch, check_length, iter_batches
 from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
+from .progress import bar as progress_bar
+from .progress import enabled as progress_enabled
 from .trace import Trace
 
 if TYPE_CHECKING:
@@ -176,7 +178,8 @@ def stream(
     *,
     batch_size: int = 32,
     name: str = "tokens",
-    progress: bool = False,
+    progress: bool | None = False,
+    desc: str = "batches",
 ) -> int:
     """Run ``model`` over ``data`` batch by batch, feeding ``reducers``; nothing is stored.
 
@@ -193,7 +196,8 @@ def stream(
         reducers: the reducers to feed.
         batch_size: rows per forward pass when ``data`` is one tensor.
         name: the data's name, for error messages.
-        progress: show a tqdm bar over batches.
+        progress: show a tqdm bar over batches (None: in terminals and notebooks, :mod:`interp.progress`).
+        desc: the bar's label.
 
     Returns:
         The number of sequences processed (over all ranks).
@@ -213,6 +217,8 @@ def stream(
         hooks.append(([stop], QueryChunkHook(_stop_hook)))
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
+    total = (-(-data.shape[0] // batch_size) if isinstance(data, torch.Tensor) and data.dim() == 2
+             else len(data) if isinstance(data, Sequence) else None)  # batches, for the progress bar
     batches = iter_batches(data, batch_size=batch_size, name=name)
     sharded = torch.distributed.is_available() and torch.distributed.is_initialized()
     if sharded:  # the single-process path never imports interp.distributed
@@ -225,11 +231,9 @@ def stream(
             check_length(model, b.tokens.shape[1])
         distributed.check_same(model, distributed.describe_batches(batches))
         batches = distributed.shard(batches)
-        progress = progress and distributed.rank() == 0
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(batches, desc="batches")
+        progress = progress_enabled(progress) and distributed.rank() == 0
+    if progress_enabled(progress):
+        batches = progress_bar(batches, desc=desc, progress=True, total=len(batches) if sharded else total)
     n = 0
     # Hooks are shared state: hold the model's lock for the whole stream, so no other thread's pass sees them.
     with getattr(model, "lock", contextlib.nullcontext()), torch.no_grad(), model.hooks(hooks):

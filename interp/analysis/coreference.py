@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..data import Batch, align_words
+from ..data import Batch, align_words, bucket_by_length
 from ..data.coref import (
     COREFUD_BASELINES,
     GAP_BASELINES,
@@ -79,7 +79,8 @@ def wilson_interval(hits: Any, n: Any, z: float = 1.96) -> tuple[Any, Any]:
 class CorefReducer(Reducer):
     """Folds, per head, how often the most-attended candidate is a correct antecedent.
 
-    Before each forward pass call :meth:`set_batch`; the pattern hooks then fold the batch. Query rows may
+    Each batch brings its weights in ``batch.annotations["coref"]`` (or call :meth:`set_batch` before the
+    forward pass); the pattern hooks then fold the batch. Query rows may
     arrive in chunks (``model.set_query_chunk``): a layer is judged when its last chunk has arrived.
 
     Args:
@@ -131,6 +132,13 @@ class CorefReducer(Reducer):
         self._acc = {}
         if self.keep_queries:
             self._batch_hits = torch.zeros(B, Q, *self.hits.shape[1:], dtype=torch.bool)  # [B, Q, L, H]
+
+    def begin_batch(self, batch: Batch) -> None:
+        """Take the batch's prepared weights from ``batch.annotations["coref"]`` (the arguments of
+        :meth:`set_batch`) when it carries them; a batch without that key was prepared by :meth:`set_batch`."""
+        prepared = batch.annotations.get("coref")
+        if prepared is not None:
+            self.set_batch(*prepared)
 
     def _flush_queries(self) -> None:
         if self._batch_hits is not None:
@@ -228,7 +236,7 @@ def coreference_scores(
     tie_tol: float = 1e-6,
     n_boot: int = 1000,
     seed: int = 0,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> pd.DataFrame:
     """Per head and query group: antecedent accuracy with a Wilson 95 % interval, against the best baseline.
 
@@ -246,7 +254,7 @@ def coreference_scores(
             interval). Heads and baseline are resampled together, mention by mention, since they answer the same
             mentions; this keeps one bit per mention and head.
         seed: seed of the bootstrap.
-        progress: show a tqdm progress bar.
+        progress: a per-batch progress bar on stderr (None: on in terminals and notebooks).
 
     Returns:
         DataFrame ``layer, head, group, n, accuracy, ci_low, ci_high, best_baseline, baseline_accuracy, gain,
@@ -291,63 +299,22 @@ def coreference_scores(
         baseline_names = sorted({b for w in windows for q in w.queries for b in q.baselines})
     bnames = [*baseline_names, "random"]
     red = CorefReducer(L, H, groups, tie_tol=tie_tol, keep_queries=n_boot > 0)
-    q_member: list[list[bool]] = []  # per scored query, in the order the reducer sees them
+    q_member: list[list[bool]] = []  # per scored query, in the order of the windows
     q_base: list[list[float]] = []  # per scored query: each baseline's correctness (random: its expectation)
     pad = getattr(tok, "pad_token_id", None) or 0
-    n_windows = not_scorable = 0
+    not_scorable = 0
 
     def in_group(q, backward: bool) -> list[bool]:
         return [g == "all" or g == q.group or (g == "backward" and backward) for g in groups]
 
-    def flush(batch: list[tuple[CorefWindow, list]]) -> None:
-        B = len(batch)
-        T = max(len(w.ids) for w, _ in batch)
-        Q = max(len(qs) for _, qs in batch)
-        units_per = []
-        for _w, qs in batch:
-            seen: dict[tuple[int, ...], int] = {}
-            for q, _ in qs:
-                for c in q.candidates:
-                    seen.setdefault(tuple(c), len(seen))
-            units_per.append(seen)
-        U = max(1, max(len(u) for u in units_per))
-        K = max(len(q.candidates) for _, qs in batch for q, _ in qs)
-        tokens = torch.full((B, T), pad, dtype=torch.long)
-        mask = torch.zeros(B, T, dtype=torch.long)
-        source = torch.zeros(B, Q, T)
-        units = torch.zeros(B, U, T)
-        cand = torch.full((B, Q, K), -1, dtype=torch.long)
-        gold = torch.zeros(B, Q, K, dtype=torch.bool)
-        member = torch.zeros(B, Q, len(groups), dtype=torch.bool)
-        for b, ((w, qs), seen) in enumerate(zip(batch, units_per)):
-            n = len(w.ids)
-            tokens[b, :n] = w.ids
-            mask[b, :n] = 1
-            word_tok = align_words(w.word_index, len(w.words))  # [W, n]
-            for c, u in seen.items():
-                units[b, u, :n] = word_tok[list(c)].sum(0)  # to a candidate: sum over its tokens
-            for i, (q, groups_of) in enumerate(qs):
-                frm = word_tok[list(q.source)].sum(0)  # [n]
-                source[b, i, :n] = frm / frm.sum()  # from a mention: mean over its tokens
-                for k, (c, g) in enumerate(zip(q.candidates, q.gold)):
-                    cand[b, i, k] = seen[tuple(c)]
-                    gold[b, i, k] = g
-                member[b, i] = torch.tensor(groups_of)
-        red.set_batch(source, units, cand, gold, member)
-        stream(model, [Batch(tokens, None if bool(mask.all()) else mask)], [red], name="coreference windows")
-
-    batch: list[tuple[CorefWindow, list]] = []
-    it = windows
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(it, desc="coreference windows")
-    for w in it:
+    items: list[tuple[CorefWindow, list, int]] = []  # (window, [(query, its groups)], index of its first query)
+    for w in windows:
         if not isinstance(w, CorefWindow):
             raise TypeError(f"coreference windows must be CorefWindow objects, got {type(w).__name__}")
         if len(w.ids) > cfg.n_ctx:
             raise ValueError(f"window {w.doc_id!r} has {len(w.ids)} tokens, more than the model's n_ctx={cfg.n_ctx}")
         qs = []
+        first = len(q_member)
         for q in w.queries:
             backward = all(max(c) < min(q.source) for c in q.candidates)
             if causal and not backward:
@@ -357,15 +324,17 @@ def coreference_scores(
             qs.append((q, g))
             q_member.append(g)
             q_base.append([float(q.gold[q.baselines[b]]) for b in baseline_names] + [sum(q.gold) / len(q.gold)])
-        if not qs:
-            continue
-        n_windows += 1
-        batch.append((w, qs))
-        if len(batch) == batch_size:
-            flush(batch)
-            batch = []
-    if batch:
-        flush(batch)
+        if qs:
+            items.append((w, qs, first))
+    n_windows = len(items)
+    # Windows of similar length share a batch (less padding), as the treebank's sentences do; every batch's
+    # weights are built before the pass, so the loop over forward passes does no per-window work.
+    groups_of = bucket_by_length([len(w.ids) for w, _, _ in items], batch_size, window=max(1, n_windows))
+    batches = [_coref_batch([items[i] for i in group], len(groups), pad) for group in groups_of]
+    if batches:
+        stream(model, batches, [red], name="coreference windows", progress=progress, desc="coreference_scores")
+    # The reducer saw the queries batch by batch; the tables below read them in window order.
+    seen = [items[i][2] + k for group in groups_of for i in group for k in range(len(items[i][1]))]
     res = red.result()
     if float(res["n"].sum()) == 0:
         raise ValueError(f"no coreference query to score in {source!s} (stats {stats}, {not_scorable} not scorable "
@@ -384,7 +353,10 @@ def coreference_scores(
             base_rows.append({"group": g, "baseline": bname, "n": n, "accuracy": acc, "ci_low": lo, "ci_high": hi})
             if n and (g not in best or acc > float(sel[:, best[g]].mean())):
                 best[g] = bi
-    gain_ci = _paired_bootstrap(res.get("per_query"), base, member, groups, best, n_boot, seed)  # {group: ([L, H], [L, H])}
+    per_query = res.get("per_query")
+    if per_query is not None:  # back to window order, so the bootstrap draws the same mentions as before
+        per_query = torch.empty_like(per_query).index_copy_(0, torch.tensor(seen, dtype=torch.long), per_query)
+    gain_ci = _paired_bootstrap(per_query, base, member, groups, best, n_boot, seed)  # {group: ([L, H], [L, H])}
     lo, hi = wilson_interval(res["hits"], res["n"][:, None, None])
     rows = []
     for gi, g in enumerate(groups):
@@ -406,6 +378,45 @@ def coreference_scores(
     df.attrs.update(dataset=dataset, baselines=base_rows, stats=dict(stats), n_windows=n_windows,
                     not_scorable_causal=not_scorable)
     return df
+
+
+def _coref_batch(rows: list[tuple[CorefWindow, list, int]], n_groups: int, pad: int) -> Batch:
+    """One padded batch of windows with :class:`CorefReducer`'s weights in ``annotations["coref"]``."""
+    B = len(rows)
+    T = max(len(w.ids) for w, _, _ in rows)
+    Q = max(len(qs) for _, qs, _ in rows)
+    units_per = []
+    for _w, qs, _ in rows:
+        seen: dict[tuple[int, ...], int] = {}
+        for q, _ in qs:
+            for c in q.candidates:
+                seen.setdefault(tuple(c), len(seen))
+        units_per.append(seen)
+    U = max(1, max(len(u) for u in units_per))
+    K = max(len(q.candidates) for _, qs, _ in rows for q, _ in qs)
+    tokens = torch.full((B, T), pad, dtype=torch.long)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    source = torch.zeros(B, Q, T)
+    units = torch.zeros(B, U, T)
+    cand = torch.full((B, Q, K), -1, dtype=torch.long)
+    gold = torch.zeros(B, Q, K, dtype=torch.bool)
+    member = torch.zeros(B, Q, n_groups, dtype=torch.bool)
+    for b, ((w, qs, _), seen) in enumerate(zip(rows, units_per)):
+        n = len(w.ids)
+        tokens[b, :n] = torch.as_tensor(w.ids)
+        mask[b, :n] = 1
+        word_tok = align_words(w.word_index, len(w.words))  # [W, n]
+        for c, u in seen.items():
+            units[b, u, :n] = word_tok[list(c)].sum(0)  # to a candidate: sum over its tokens
+        for i, (q, groups_of) in enumerate(qs):
+            frm = word_tok[list(q.source)].sum(0)  # [n]
+            source[b, i, :n] = frm / frm.sum()  # from a mention: mean over its tokens
+            for k, (c, g) in enumerate(zip(q.candidates, q.gold)):
+                cand[b, i, k] = seen[tuple(c)]
+                gold[b, i, k] = g
+            member[b, i] = torch.tensor(groups_of)
+    return Batch(tokens, None if bool(mask.all()) else mask,
+                 {"coref": (source, units, cand, gold, member)})
 
 
 def _paired_bootstrap(per_query: torch.Tensor | None, base: torch.Tensor, member: torch.Tensor, groups: list[str],

@@ -26,6 +26,7 @@ import torch
 
 from ..data import first_occurrence_mask, repeated_sequences
 from ..interventions import gradient_probe_hook, patch_sites_hook, patch_units_hook, site_index
+from ..progress import bar as progress_bar
 from ..trace_views import ATTN_NAMES, BLOCK_NAMES
 from . import patching_checks as checks
 
@@ -68,6 +69,7 @@ def logit_diff_metric(answer_tokens: torch.Tensor, pos: int = -1) -> Metric:
         a = answers.to(lg.device).expand(lg.shape[0], 2)  # [B, 2]
         return (lg.gather(1, a[:, :1]) - lg.gather(1, a[:, 1:])).mean()
 
+    metric.reads_last_only = pos == -1  # activation_patching then unembeds the last position only
     return metric
 
 
@@ -217,11 +219,73 @@ def _source_run(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor
     return metric, names, base, [trace[n].detach() for n in names], m_src
 
 
+def _chunks(sites: list[tuple[int, int, int]], per_run: int) -> list[list[int]]:
+    """Indices of ``sites`` run together: at most ``per_run``, one layer per run, and per-position sites in
+    order of position (each run resumes at its first site's position, so its sites should lie close)."""
+    order = sorted(range(len(sites)), key=lambda i: (sites[i][0], sites[i][2], sites[i][1]))  # layer, pos, unit
+    out: list[list[int]] = []
+    for i in order:
+        if out and len(out[-1]) < per_run and sites[out[-1][0]][0] == sites[i][0]:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _resume_at(chunk: list[tuple[int, int, int]], prefix: bool) -> int:
+    """The first position a run recomputes: 0, or with ``prefix`` (a causal model patched per position) the
+    earliest patched position of the run, before which nothing differs from the base run."""
+    return min(pos for _, _, pos in chunk) if prefix else 0
+
+
+def _patched_run(model: Transformer, chunk: list[tuple[int, int, int]], names: list[str], src: list[torch.Tensor],
+                 resid: torch.Tensor, base_cache: Any, start: int, attention_mask: torch.Tensor | None,
+                 last_only: bool) -> torch.Tensor:
+    """Logits ``[n B, T - start, V]`` (``[n B, 1, V]`` with ``last_only``) of ``n = len(chunk)`` patched
+    copies of the base run, each with one site patched, all resumed at the chunk's layer from the base run's
+    residual ``resid [B, T, M]`` (blocks below it see nothing patched) and, when ``start > 0``, at position
+    ``start`` with the base run's keys and values of the earlier positions (a causal model's positions before
+    the patch are unchanged)."""
+    n, layer = len(chunk), chunk[0][0]
+    B, T = resid.shape[:2]
+    x = resid[:, start:].repeat(n, 1, 1)  # [n B, T - start, M]
+    cache = None
+    if start:
+        cache = model.make_cache(n * B, max_len=T)
+        for mine, theirs in zip(cache.layers[layer:], base_cache.layers[layer:]):
+            for buf, old, dim in zip(mine.buffers, theirs.buffers, mine.seq_dims):
+                reps = [n] + [1] * (buf.dim() - 1)
+                buf.narrow(dim, 0, start).copy_(old.narrow(dim, 0, start).repeat(*reps))  # [n B, ..., start, ...]
+        for mine in cache.layers:  # every layer holds the prefix (the layers below the patch are skipped)
+            mine.length = start
+
+    hook = patch_sites_hook(names, src, chunk, B, start=start)
+    mask = None if attention_mask is None else attention_mask.repeat(n, 1)  # [n B, T]
+    tokens = torch.zeros(n * B, T - start, dtype=torch.long, device=resid.device)  # shape only: the run resumes
+    return _run(model, tokens, mask, [(sorted({names[s[0]] for s in chunk}), hook)], last_only, kv_cache=cache,
+                resume=(layer, x))
+
+
+def _run(model: Transformer, tokens: torch.Tensor, attention_mask: torch.Tensor | None, fwd_hooks: list,
+         last_only: bool, *, kv_cache: Any = None, resume: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """One forward pass with ``fwd_hooks`` (with ``last_only``, only the last position is unembedded)."""
+    with model.lock, model.hooks(fwd_hooks):
+        return model._forward(tokens, attention_mask=attention_mask, token_type_ids=None, position_ids=None,
+                              context=None, context_mask=None, kv_cache=kv_cache, last_only=last_only, resume=resume)
+
+
 def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, *,
                         act: str = "z", by: str = "head", metric: Metric | None = None,
                         answer_tokens: torch.Tensor | None = None, direction: str = "noising",
-                        attention_mask: torch.Tensor | None = None, batch_size: int = 256) -> pd.DataFrame:
+                        attention_mask: torch.Tensor | None = None, batch_size: int = 256,
+                        progress: bool | None = None) -> pd.DataFrame:
     """Patch one activation at a time between the clean and the corrupted run and measure the metric.
+
+    Nothing upstream of a patch is recomputed: every patched run resumes at the patched layer from the base
+    run's residual stream there, and in a causal model patched per position (``by="head_pos"`` /
+    ``"layer_pos"``) also at the patched position, with the base run's keys and values of the earlier positions
+    (their logits are the base run's). Patched copies of the batch still share forward passes, grouped by
+    layer and position.
 
     Args:
         model: an interp Transformer (any attention variant).
@@ -231,11 +295,15 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
             ``"attn_out"``, ``"mlp_out"`` (per layer).
         by: ``"head"`` / ``"head_pos"`` for per-head acts, ``"layer"`` / ``"layer_pos"`` for per-layer acts
             (``_pos``: one position at a time, else every position at once).
-        metric: ``metric(logits) -> scalar tensor``; default the logit difference of ``answer_tokens``.
+        metric: ``metric(logits) -> scalar tensor``; default the logit difference of ``answer_tokens``. A
+            metric with the attribute ``reads_last_only = True`` (as :func:`logit_diff_metric` at ``pos=-1``)
+            reads only ``logits[:, -1]``: the patched runs then unembed the last position only and pass it
+            ``[B, 1, V]`` logits.
         answer_tokens: ``[B, 2]`` (correct, wrong) ids for the default metric.
         direction: ``"noising"`` (run clean, patch in corrupted activations) or ``"denoising"`` (the reverse).
         attention_mask: ``[B, T]`` padding mask, used for both runs.
         batch_size: sequences per forward pass; patched copies of the batch are run together up to it.
+        progress: a progress bar over the patched runs on stderr (None: on in terminals and notebooks).
 
     Returns:
         DataFrame with ``layer`` (and ``head``, ``pos``), ``metric`` and ``normalized`` (1 = clean behaviour,
@@ -257,20 +325,36 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
     metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
                                                   direction, attention_mask)
     with torch.no_grad():
-        m_base = float(metric(model(base, attention_mask=attention_mask)))
+        L, (B, T) = model.cfg.n_layers, base.shape
+        # One base run records what every patched run resumes from: the residual entering each layer and, for
+        # a causal model patched per position, the keys and values of the positions before the patch.
+        # (Not past a sliding window: a windowed layer's cache keeps only the window's end, not the prefix.)
+        prefix = (by.endswith("_pos") and bool(model.cfg.causal)
+                  and all(model.cfg.window(layer) is None for layer in range(L)))
+        base_cache = model.make_cache(B, max_len=T) if prefix else None
+        resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
+        last_only = bool(getattr(metric, "reads_last_only", False))
+        resid: dict[str, torch.Tensor] = {}
+
+        def keep(t: torch.Tensor, hook: Any) -> None:
+            resid[hook.name] = t.detach()
+
+        logits_base = _run(model, base, attention_mask, [(resid_names, keep)], False, kv_cache=base_cache)
+        m_base = float(metric(logits_base))
         n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
-        sites = _sites(by, n_units, base.shape[1])
-        values = []
-        B = base.shape[0]
+        sites = _sites(by, n_units, T)
+        values = [0.0] * len(sites)
         per_run = max(1, batch_size // B)  # several patched copies of the batch share one forward pass
-        for start in range(0, len(sites), per_run):
-            chunk = sites[start:start + per_run]
-            tokens = base.repeat(len(chunk), 1)  # [n B, T]
-            mask = None if attention_mask is None else attention_mask.repeat(len(chunk), 1)
-            hook = patch_sites_hook(names, src, chunk, B)
-            logits = model.run_with_hooks(tokens, attention_mask=mask,
-                                          fwd_hooks=[(sorted({names[s[0]] for s in chunk}), hook)])
-            values += [float(metric(logits[j * B:(j + 1) * B])) for j in range(len(chunk))]
+        for chunk in progress_bar(_chunks(sites, per_run), desc="activation_patching", progress=progress,
+                                  unit="run"):
+            run = [sites[i] for i in chunk]
+            start = _resume_at(run, prefix)
+            logits = _patched_run(model, run, names, src, resid[resid_names[run[0][0]]], base_cache, start,
+                                  attention_mask, last_only)
+            if start and not last_only:  # positions before the patch are the base run's: its logits there
+                logits = torch.cat([logits_base[:, :start].repeat(len(chunk), 1, 1), logits], dim=1)  # [n B, T, V]
+            for j, i in enumerate(chunk):
+                values[i] = float(metric(logits[j * B:(j + 1) * B]))
     m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
     return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "activation"})
 

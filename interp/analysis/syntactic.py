@@ -336,7 +336,7 @@ def syntactic_scores(
 
 
 def run_treebank(model: Transformer, batches: Iterable[Batch], reducers: list[Reducer], stats: TreebankStats,
-                 conllu: Any, *, progress: bool = False) -> None:
+                 conllu: Any, *, progress: bool | None = False, desc: str = "treebank") -> None:
     """Stream treebank ``batches`` through ``reducers`` and check that something was scored.
 
     Raises:
@@ -351,4 +351,4 @@ def run_treebank(model: Transformer, batches: Iterable[Batch], reducers: list[Re
         raise ValueError(f"none of the {stats.seen} sentences could be scored ({stats.skipped} longer than the "
                          f"model's n_ctx={model.cfg.n_ctx}, {stats.untokenized} with a word that tokenizes to "
                          "nothing)")
-    stream(model, itertools.chain([first], it), reducers, name="conllu", progress=progress)
+    stream(model, itertools.chain([first], it), reducers, name="conllu", progress=progress, desc=desc)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ..data import TreebankStats, random_tokens_for, repeated_tokens_for, text_batches, treebank_batches
+from ..progress import enabled as progress_enabled
 from ..streaming import Reducer, stream
 from ._stream import head_counts
 from .coreference import coref_dataset_of, coreference_kinds, coreference_scores
@@ -126,24 +127,6 @@ def _signed(offset: Any) -> str:
     return f"{offset:+d}" if isinstance(offset, int) else str(offset)
 
 
-def _stages(progress: bool, n: int):
-    """A callable that announces each stage of classify_heads on stderr (``None`` ends); a no-op when off."""
-    if not progress:
-        return lambda name: None
-    import sys
-
-    count = [0]
-
-    def stage(name: str | None) -> None:
-        if name is None:
-            print(f"classify_heads: done ({n}/{n})", file=sys.stderr, flush=True)
-            return
-        count[0] += 1
-        print(f"classify_heads: {name} ({count[0]}/{n}) ...", file=sys.stderr, flush=True)
-
-    return stage
-
-
 def _plain(df: pd.DataFrame) -> pd.DataFrame:
     """A shallow copy of ``df`` without its ``attrs``, to read from: pandas deep-copies ``attrs`` into every frame
     and column derived from a frame (a syntactic table's attrs hold a record per relation)."""
@@ -171,6 +154,7 @@ def classify_heads(
     induction_threshold: float = 0.4,
     copying_threshold: float = 0.7,
     copying_rows: int | None = None,
+    copying_comparisons: int | None = 256,
     syntactic_margin: float = 0.1,
     syntactic_min_count: int = 100,
     coref: Any = None,
@@ -182,7 +166,7 @@ def classify_heads(
     seed: int = 0,
     batch_size: int = 32,
     extra_reducers: list[Reducer] = (),
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> HeadReport:
     """Classify every head of ``model`` (see the module docstring for the kinds and default thresholds).
 
@@ -207,8 +191,10 @@ def classify_heads(
         positional_threshold: Voita et al.'s argmax share for ``positional:*``.
         previous_token_threshold, duplicate_token_threshold, induction_threshold: attention-mass thresholds.
         copying_threshold: minimum copying score of an induction head (models with an unembedding).
-        copying_rows: score copying on at most this many random rows per induction batch (None: all; a
-            49k-token vocabulary makes every row cost ~7.6 GFLOP for SmolLM2's 270 heads).
+        copying_rows: score copying on at most this many random rows per induction batch (None: all).
+        copying_comparisons: vocabulary tokens each row's attended token is ranked against (an unbiased
+            estimate of its rank in the whole vocabulary, :class:`~interp.analysis.CopyingReducer`); None:
+            the whole vocabulary (exact; ~7.6 GFLOP a row for SmolLM2's 270 heads and 49k tokens).
         syntactic_margin: accuracy above the offset baseline needed for ``syntactic:{rel}``.
         syntactic_min_count: arcs of a relation (in that direction) needed before it is judged.
         coref: coreference data for ``coreference:{dataset}``: a GAP ``.tsv`` / CorefUD ``.conllu`` path (the
@@ -219,7 +205,7 @@ def classify_heads(
         batch_size: sequences (or sentences) per forward pass.
         extra_reducers: more reducers fed from the text pass (the treebank's when ``conllu`` is given), for
             scorers added later; read their results yourself afterwards.
-        progress: report each stage on stderr.
+        progress: a per-batch progress bar for each stage on stderr (None: on in terminals and notebooks).
 
     Returns:
         A :class:`HeadReport`.
@@ -240,29 +226,31 @@ def classify_heads(
     cfg = model.cfg
     rows: list[dict[str, Any]] = []
     details: dict[str, pd.DataFrame] = {}
-    stage = _stages(progress, 3 if coref is not None else 2)
+    show = progress_enabled(progress)
     pos_red = PositionalReducer(model, window=window)
-    ind_reds = induction_reducers(model, definition=definition, copying_rows=copying_rows)
+    ind_reds = induction_reducers(model, definition=definition, copying_rows=copying_rows,
+                                  copying_comparisons=copying_comparisons)
     syn_red = SyntacticReducer(model) if conllu is not None else None
     stats = TreebankStats()
     tree = (treebank_batches(model, conllu, batch_size=batch_size, max_sentences=max_sentences, stats=stats)
             if conllu is not None else None)
 
     # --- one pass over the text: positional (+ syntactic when the text is the treebank) ------------------
-    stage("positional statistics" if tree is None else "positional and syntactic statistics")
     text_reds: list[Reducer] = [pos_red, *extra_reducers]
+    bars = dict(progress=show, desc="classify_heads: positional")
+    tree_bars = dict(progress=show, desc="classify_heads: treebank")
     if tokens is not None or texts is not None:
         data = tokens if tokens is not None else text_batches(model, texts, batch_size=batch_size)
-        stream(model, data, text_reds, batch_size=batch_size)
+        stream(model, data, text_reds, batch_size=batch_size, **bars)
         if tree is not None:
-            run_treebank(model, tree, [syn_red], stats, conllu)
+            run_treebank(model, tree, [syn_red], stats, conllu, **tree_bars)
     elif tree is not None and getattr(model, "tokenizer", None) is not None:
-        run_treebank(model, tree, [*text_reds, syn_red], stats, conllu)
+        run_treebank(model, tree, [*text_reds, syn_red], stats, conllu, **tree_bars)
     else:
         stream(model, random_tokens_for(model, n_seqs, min(cfg.n_ctx, 64), seed=seed), text_reds,
-               batch_size=batch_size)
+               batch_size=batch_size, **bars)
         if tree is not None:
-            run_treebank(model, tree, [syn_red], stats, conllu)
+            run_treebank(model, tree, [syn_red], stats, conllu, **tree_bars)
     pos = pos_red.table()
     details["positional"] = pos
     targets = [(offset_label(o), f"at offset {offset_label(o)}") for o in range(-window, window + 1)]
@@ -277,10 +265,10 @@ def classify_heads(
                                          f"weight there {r[f'mass_{lab}']:.2f}"})
 
     # --- the induction family: its own synthetic batches ---------------------------------------------------
-    stage("induction scores")
     ind_data = induction_tokens if induction_tokens is not None else repeated_tokens_for(
         model, n_seqs, half_len, seed=seed)
-    ind = induction_table(model, ind_reds, stream(model, ind_data, ind_reds, batch_size=batch_size))
+    ind = induction_table(model, ind_reds, stream(model, ind_data, ind_reds, batch_size=batch_size,
+                                                  progress=show, desc="classify_heads: induction"))
     details["induction"] = ind
     for r in _plain(ind).itertuples():
         if r.previous_token >= previous_token_threshold:
@@ -311,15 +299,13 @@ def classify_heads(
 
     # --- coreference ----------------------------------------------------------------------------------
     if coref is not None:
-        stage("coreference")
         sources = coref if isinstance(coref, dict) else {
             coref_dataset_of(c): c for c in (coref if isinstance(coref, (list, tuple)) else [coref])}
         for name, src in sources.items():
-            cor = coreference_scores(model, src, batch_size=max(1, batch_size // 4))
+            cor = coreference_scores(model, src, batch_size=max(1, batch_size // 4), progress=show)
             details[f"coreference:{name}"] = cor
             rows += coreference_kinds(cor, name, margin=coref_margin, min_count=coref_min_count)
 
-    stage(None)
     df = pd.DataFrame(rows, columns=_COLUMNS)
     if len(df):
         df = df.astype({"layer": int, "head": int, "score": float})

@@ -219,3 +219,61 @@ def test_minilm_agrees_with_transformer_lens_detect_head():
             ref = hd.detect_head(bridge, texts, f"{col}_head", **kw).double()
             got = torch.tensor(ours[col].values, dtype=torch.float64).view(6, 12)
             assert (got - ref).abs().max() < 1e-4, (col, kw)
+
+
+def _wide_vocab_model(seed=2):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=300, n_ctx=24, causal=True, attn_only=True,
+                      normalization="pre")
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.W_qkv.weight.mul_(3.0)
+    return model
+
+
+def test_sampled_copying_compares_each_row_with_its_drawn_tokens():
+    """comparisons=K: each row's attended token against the K tokens drawn for that row, as in a naive loop."""
+    from interp import stream
+    from interp.analysis.induction import CopyingReducer
+
+    model = _wide_vocab_model()
+    toks = repeated_sequences(4, 6, 300, seed=1)
+    red = CopyingReducer(model, comparisons=40, seed=5)
+    stream(model, toks, [red], batch_size=4)  # one batch: one draw of [N, K] comparison ids
+    rows = red._rows
+    N = int(rows.sum())
+    drawn = torch.randint(300, (N, 40), generator=torch.Generator().manual_seed(6))  # the reducer's seed + 1
+    trace = _copy_trace(model, toks)
+    x_all = trace[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    ln = model.ln_final
+    got = red.result()
+    for layer in range(2):
+        for head in range(4):
+            fracs = []
+            for i, (b, q) in enumerate(rows.nonzero().tolist()):
+                x = x_all[b, q]
+                out = trace.head_out(layer)[b, q, head]
+                out = (out - out.mean()) / torch.sqrt(x.var(unbiased=False) + ln.eps) * ln.weight
+                logits = model.W_U.weight @ out  # [V]
+                attended = int(toks[b, int(trace.pattern(layer)[b, head, q].argmax())])
+                ids = drawn[i]
+                fracs.append(float(((logits[ids] < logits[attended]) & (ids != attended)).float().mean()))
+            assert float(got[layer, head]) == pytest.approx(sum(fracs) / len(fracs), abs=1e-5)
+
+
+def test_sampled_copying_estimates_the_exact_score():
+    """The sampled score is an unbiased estimate: with many rows it lies within a few standard errors of the
+    exact one (0.5 / sqrt(K * rows) bounds the error's standard deviation), and a vocabulary no larger than K
+    is scored exactly."""
+    model = _wide_vocab_model(seed=3)
+    toks = repeated_sequences(16, 10, 300, seed=2)
+    exact = induction_scores(model, toks, copying_comparisons=None)
+    sampled = induction_scores(model, toks, copying_comparisons=64)
+    rows = 16 * 10
+    assert (sampled.copying - exact.copying).abs().max() < 5 * 0.5 / (64 * rows) ** 0.5
+    assert not sampled.copying.equals(exact.copying)  # it did sample
+    whole = induction_scores(model, toks, copying_comparisons=300)
+    assert whole.copying.tolist() == exact.copying.tolist()
+    with pytest.raises(ValueError, match="comparisons=0"):
+        induction_scores(model, toks, copying_comparisons=0)

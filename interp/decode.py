@@ -171,7 +171,7 @@ def _packed_linears(model: nn.Module, *, rows: int, enabled: bool = True) -> Ite
 
 def _lean_linears(model: nn.Module) -> list[nn.Linear]:
     """Every linear layer :meth:`LeanDecoder.step` multiplies by (the unembedding, then layer by layer)."""
-    linears = [model.W_U]
+    linears = [model.unembed]
     for block in model.blocks:
         linears += [block.attn.W_qkv, block.attn.W_O]
         if block.mlp is not None:
@@ -227,8 +227,8 @@ class LeanDecoder:
         self._checked = _lean_linears(model)  # every layer whose copy a step reads
         self._inv_freq = model.blocks[0].attn.rotary.inv_freq
         self._ln_final = model.ln_final
-        self._embed = model.W_E.weight
-        self._unembed = self._product(model.W_U)
+        self._embed = model.embed.weight
+        self._unembed = self._product(model.unembed)
         for block in model.blocks:
             attn, mlp = block.attn, block.mlp
             layer = _LayerStep(attn=attn, ln1=block.ln1, H=attn.n_heads, K=attn.n_kv_heads, D=attn.d_head,

@@ -251,7 +251,7 @@ def head_norms_figure(norms: Any, *, title: str = "per-head residual-write norm"
 
 
 def _kind_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per head: its main kind (highest score), every kind it carries, and hover text."""
+    """One row per head: its kinds (highest score first), every kind as text, and hover text."""
     rows = []
     for (layer, head), g in df.groupby(["layer", "head"], sort=True):
         g = g.sort_values("score", ascending=False) if "score" in g.columns else g
@@ -265,31 +265,58 @@ def _kind_table(df: pd.DataFrame) -> pd.DataFrame:
             if "evidence" in g.columns and pd.notna(r["evidence"]) and str(r["evidence"]):
                 line += f": {html.escape(str(r['evidence']))}"
             parts.append(line)
-        rows.append({"layer": int(layer), "head": int(head), "main": real[0] if real else kinds[0],
-                     "all": ", ".join(real) if real else kinds[0], "hover": "<br>".join(parts)})
+        shown = list(dict.fromkeys(real)) or kinds[:1]
+        rows.append({"layer": int(layer), "head": int(head), "kinds": shown, "main": shown[0],
+                     "all": ", ".join(shown), "hover": "<br>".join(parts)})
     return pd.DataFrame(rows)
+
+
+#: Fixed colours for the kinds classify_heads reports (the same kind looks the same in every figure); other kinds
+#: take the next free colour of a qualitative palette.
+KIND_COLOURS = {
+    "induction": "#d62728", "previous-token": "#1f77b4", "duplicate-token": "#9467bd",
+    "positional:first": "#bcbd22", "positional:delimiter": "#8c564b", "positional:0": "#17becf",
+    "positional:-1": "#aec7e8", "positional:-2": "#98df8a", "positional:-3": "#c5b0d5",
+    "positional:+1": "#ffbb78", "positional:+2": "#f7b6d2", "positional:+3": "#c49c94",
+}
+#: At most this many kinds get a stripe of their own in a cell (hover and the legend still name every kind).
+MAX_STRIPES = 4
+
+
+def kind_colours(kinds: Sequence[str]) -> dict[str, str]:
+    """A distinct colour per kind: :data:`KIND_COLOURS` for the known ones, grey for "no kind", then a palette."""
+    palette = [c for c in plotly.colors.qualitative.Dark24 + plotly.colors.qualitative.Light24
+               if c not in KIND_COLOURS.values()]
+    out, free = {}, iter(palette * (1 + len(kinds) // max(1, len(palette))))
+    for k in kinds:
+        out[k] = _GREY if k.lower() in _NO_KIND else KIND_COLOURS.get(k) or next(free)
+    return out
 
 
 def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = None,
              title: str = "head taxonomy") -> go.Figure:
-    """The taxonomy map: each ``[layer, head]`` cell coloured by the head's main kind and labelled with it.
+    """The taxonomy map: each ``[layer, head]`` cell split into one stripe per kind the head carries.
 
     Args:
         report: a ``HeadReport`` (``.df``) or a DataFrame with ``layer``, ``head``, ``kind`` and optionally
-            ``score`` and ``evidence``. A head may appear in several rows (several kinds); its main kind is the
-            one with the highest score, and hover lists them all. Heads without a row stay blank.
+            ``score`` and ``evidence``. A head may appear in several rows (several kinds): its cell is split
+            into vertical stripes, one per kind (highest score first, at most :data:`MAX_STRIPES`), and hover
+            lists them all. Heads without a row are grey ("no kind").
         n_layers, n_heads: the grid size (default: the report's ``n_layers``/``n_heads`` attributes, else the
             largest layer and head in the table).
         title: figure title.
 
     Returns:
-        A ``go.Figure``: a categorical heatmap plus a legend entry per kind.
+        A ``go.Figure``: a heatmap of stripes plus a legend entry for every kind present on any head.
 
     Raises:
         ValueError: required columns are missing or the table is empty.
 
     Example:
-        >>> head_map(pd.DataFrame({"layer": [0, 1], "head": [0, 0], "kind": ["previous_token", "induction"]}))
+        >>> fig = head_map(pd.DataFrame({"layer": [0, 1, 1], "head": [0, 0, 0],
+        ...                              "kind": ["previous-token", "induction", "positional:first"]}))
+        >>> sorted(t.name for t in fig.data if t.type == "scatter" and t.name)
+        ['induction', 'positional:first', 'previous-token']
     """
     df = as_frame(report, "report")
     missing = [c for c in ("layer", "head", "kind") if c not in df.columns]
@@ -299,7 +326,8 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
     H = n_heads or getattr(report, "n_heads", None)
     if df.empty and not (L and H):
         raise ValueError("head table is empty and n_layers/n_heads are unknown")
-    table = _kind_table(df) if not df.empty else pd.DataFrame(columns=["layer", "head", "main", "all", "hover"])
+    table = (_kind_table(df) if not df.empty
+             else pd.DataFrame(columns=["layer", "head", "kinds", "main", "all", "hover"]))
     if not df.empty:
         L = max(int(L or 0), int(table["layer"].max()) + 1)
         H = max(int(H or 0), int(table["head"].max()) + 1)
@@ -307,37 +335,55 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
     given = getattr(report, "layer_heads", None)
     layer_heads = list(given) if given is not None and len(given) == L else [H] * L
     unclassified = sum(min(h, H) for h in layer_heads) - len(table)
-    kinds = sorted(set(table["main"]) | ({_UNCLASSIFIED} if unclassified else set()),
-                   key=lambda k: (k.lower() in _NO_KIND, k))
-    palette = plotly.colors.qualitative.Set2 + plotly.colors.qualitative.Pastel1
-    colour = {}
-    for i, k in enumerate(kinds):
-        colour[k] = _GREY if k.lower() in _NO_KIND else palette[i % len(palette)]
+    present = {k for ks in table["kinds"] for k in ks}
+    kinds = sorted(present | ({_UNCLASSIFIED} if unclassified else set()), key=lambda k: (k.lower() in _NO_KIND, k))
+    colour = kind_colours(kinds)
     code = {k: i for i, k in enumerate(kinds)}
-    # Heads without a row get the grey "no kind" code (their cell stays unlabelled).
-    z = np.full((L, H), float(code[_UNCLASSIFIED]) if unclassified else np.nan)
-    text = np.full((L, H), "", dtype=object)
+    most = max([min(len(ks), MAX_STRIPES) for ks in table["kinds"]] or [1])
+    S = int(np.lcm.reduce(np.arange(1, most + 1)))  # stripes per cell: any count up to `most` divides it evenly
+    # Heads without a row get the grey "no kind" code; removed heads stay NaN (blank).
+    z = np.full((L, H * S), float(code[_UNCLASSIFIED]) if unclassified else np.nan)  # [L, H * S]
     hover = np.full((L, H), "no kind found", dtype=object)
     for layer, n in enumerate(layer_heads):
-        z[layer, n:] = np.nan
+        z[layer, n * S:] = np.nan
         hover[layer, n:] = "removed"
+    labels = []
     for r in table.itertuples():
-        z[r.layer, r.head] = code[r.main]
-        text[r.layer, r.head] = r.all.replace("_", " ").replace(", ", "<br>")
-        hover[r.layer, r.head] = r.hover
+        drawn = r.kinds[:MAX_STRIPES]
+        width = S // len(drawn)
+        for i, k in enumerate(drawn):
+            z[r.layer, r.head * S + i * width: r.head * S + (i + 1) * width] = code[k]
+        more = len(r.kinds) - len(drawn)
+        hover[r.layer, r.head] = r.hover + (f"<br>({more} more kinds than stripes)" if more > 0 else "")
+        labels.append((r.head, r.layer, "<br>".join(k.replace("_", " ") for k in r.kinds)))
     n = max(1, len(kinds))
     # A stepwise colour scale: code i covers [i/n, (i+1)/n] of the normalised range.
     scale = [[0.0, _GREY], [1.0, _GREY]] if not kinds else []
     for i, k in enumerate(kinds):
         scale += [[i / n, colour[k]], [(i + 1) / n, colour[k]]]
+    x = (np.arange(H * S) + 0.5) / S - 0.5  # stripe centres: head h spans [h - 0.5, h + 0.5]
+    heads = np.repeat(np.arange(H), S)  # [H * S]: the head of each stripe
+    custom = np.empty((L, H * S, 2), dtype=object)
+    custom[:, :, 0] = heads[None, :]
+    custom[:, :, 1] = hover[:, heads]
     fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(H)), y=list(range(L)), colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False,
-        text=text, texttemplate="%{text}", textfont=dict(size=10), customdata=hover, xgap=2, ygap=2,
-        hovertemplate="layer %{y} head %{x}<br>%{customdata}<extra></extra>"))
-    for k in kinds:  # legend: one invisible marker per kind
+        z=z, x=x, y=list(range(L)), colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False,
+        customdata=custom, hovertemplate="layer %{y} head %{customdata[0]}<br>%{customdata[1]}<extra></extra>"))
+    big = L <= 12 and H <= 16  # room to print the kinds in each cell; otherwise hover tells
+    if big and labels:
+        fig.add_trace(go.Scatter(x=[h for h, _, _ in labels], y=[lay for _, lay, _ in labels], mode="text",
+                                 text=[t for _, _, t in labels], textfont=dict(size=10), hoverinfo="skip",
+                                 showlegend=False))
+    for k in kinds:  # legend: one invisible marker per kind present on any head
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=k.replace("_", " "),
                                  marker=dict(size=12, color=colour[k], symbol="square")))
+    # White borders between cells (the stripes of one cell touch).
+    lines = [dict(type="line", x0=h + 0.5, x1=h + 0.5, y0=-0.5, y1=L - 0.5) for h in range(H - 1)]
+    lines += [dict(type="line", x0=-0.5, x1=H - 0.5, y0=lay + 0.5, y1=lay + 0.5) for lay in range(L - 1)]
+    fig.update_layout(shapes=[dict(**ln, line=dict(color="white", width=3), layer="above") for ln in lines])
     _axes(fig, L, H)
-    fig.update_layout(title=title, height=max(260, 60 * L + 140), plot_bgcolor="white",
+    fig.update_xaxes(range=[-0.5, H - 0.5], showgrid=False, zeroline=False)
+    fig.update_yaxes(range=[L - 0.5, -0.5], autorange=None, showgrid=False, zeroline=False)
+    fig.update_layout(title=title, height=max(260, (60 if big else 26) * L + 140), plot_bgcolor="white",
                       legend=dict(title="kind"), margin=dict(l=10, r=10, t=50, b=10))
     return fig

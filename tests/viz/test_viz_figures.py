@@ -108,7 +108,11 @@ def test_head_write_norms_needs_recorded_writes(run):
         viz.head_write_norms(trace)
 
 
-def test_head_map_colours_the_main_kind_and_lists_all():
+def _legend(fig):
+    return [t.name for t in fig.data if t.type == "scatter" and t.name]
+
+
+def test_head_map_splits_cells_by_kind_and_lists_every_kind():
     df = pd.DataFrame({
         "layer": [0, 0, 1, 1, 1],
         "head": [0, 1, 0, 0, 2],
@@ -119,19 +123,40 @@ def test_head_map_colours_the_main_kind_and_lists_all():
     fig = viz.head_map(df)
     hm = fig.data[0]
     z = np.array(hm.z, dtype=float)
-    assert z.shape == (2, 3)
-    # Never classified: the grey "no kind" code, no label.
-    # Main kind of L1H0 is the higher-scoring "induction"; both kinds appear in its cell text.
-    legend = [t.name for t in fig.data[1:]]
-    # The legend lists main kinds only (copying is never a head's main kind here), "none" last.
-    kinds_in_order = ["induction", "positional_-1", "previous_token", "no kind", "none"]
-    assert legend == [k.replace("_", " ") for k in kinds_in_order]
-    assert z[1, 0] == kinds_in_order.index("induction")
-    assert hm.text[1][0] == "induction<br>copying"
-    assert "induction (score 0.800): induction 0.8" in hm.customdata[1][0]
-    assert z[0, 1] == kinds_in_order.index("none")
-    assert z[0, 2] == kinds_in_order.index("no kind") and hm.text[0][2] == ""
-    assert hm.customdata[0][2] == "no kind found"
+    assert z.shape == (2, 3 * 2)  # two stripes per cell: the most kinds any head has
+    # The legend lists every kind present on any head (copying is never a main kind here), "no kind" last.
+    kinds_in_order = ["copying", "induction", "positional_-1", "previous_token", "no kind", "none"]
+    assert _legend(fig) == [k.replace("_", " ") for k in kinds_in_order]
+    # L1H0 carries induction (higher score: first stripe) and copying (second stripe).
+    assert list(z[1, 0:2]) == [kinds_in_order.index("induction"), kinds_in_order.index("copying")]
+    assert list(z[0, 0:2]) == [kinds_in_order.index("previous_token")] * 2  # one kind fills the cell
+    text = fig.data[1]
+    assert text.mode == "text" and "induction<br>copying" in list(text.text)
+    assert "induction (score 0.800): induction 0.8" in hm.customdata[1][0][1]
+    assert hm.customdata[1][1][0] == 0 and hm.customdata[1][2][0] == 1  # each stripe hovers its head
+    assert list(z[0, 2:4]) == [kinds_in_order.index("none")] * 2
+    assert list(z[0, 4:6]) == [kinds_in_order.index("no kind")] * 2
+    assert hm.customdata[0][4][1] == "no kind found"
+    colours = [t.marker.color for t in fig.data if t.type == "scatter" and t.name]
+    assert len(set(colours[:4])) == 4  # distinct colours for distinct kinds
+
+
+def test_head_map_shows_both_kinds_of_a_smollm2_like_induction_head():
+    # SmolLM2's induction heads also put most attention on the first token: both kinds must show.
+    df = pd.DataFrame({"layer": [23, 23, 23, 5], "head": [2, 2, 7, 0],
+                       "kind": ["positional:first", "induction", "induction", "previous-token"],
+                       "score": [0.95, 0.41, 0.38, 0.9]})
+    fig = viz.head_map(df, n_layers=30, n_heads=9)
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (30, 9 * 2)
+    legend = _legend(fig)
+    assert {"induction", "positional:first", "previous-token", "no kind"} == set(legend)
+    code = {name: i for i, name in enumerate(legend)}
+    assert list(z[23, 4:6]) == [code["positional:first"], code["induction"]]
+    assert list(z[23, 14:16]) == [code["induction"]] * 2
+    colour = {t.name: t.marker.color for t in fig.data if t.type == "scatter" and t.name}
+    assert colour["induction"] != colour["positional:first"]
+    assert fig.layout.height <= 30 * 26 + 140  # 270 heads: no text, compact rows
 
 
 def test_head_map_accepts_a_report_object_and_rejects_bad_tables():
@@ -141,9 +166,9 @@ def test_head_map_accepts_a_report_object_and_rejects_bad_tables():
 
     fig = viz.head_map(Report())
     assert np.array(fig.data[0].z, dtype=float).shape == (2, 3)  # the whole model, not just classified heads
-    assert [t.name for t in fig.data[1:]] == ["induction", "no kind"]
+    assert _legend(fig) == ["induction", "no kind"]
     Report.df = Report.df.iloc[:0]
-    assert [t.name for t in viz.head_map(Report()).data[1:]] == ["no kind"]  # nothing found: all grey
+    assert _legend(viz.head_map(Report())) == ["no kind"]  # nothing found: all grey
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['kind'\]"):
         viz.head_map(pd.DataFrame({"layer": [0], "head": [0]}))
     with pytest.raises(TypeError, match="must be a pandas DataFrame or have a .df"):

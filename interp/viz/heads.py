@@ -162,6 +162,8 @@ def positional_map(
     *,
     stat: str = "mass",
     title: str | None = None,
+    layers: Sequence[int] | None = None,
+    aggregate: bool = False,
 ) -> go.Figure:
     """Where each head looks, relative to the query: heads down, targets (offsets, first token, delimiters) across.
 
@@ -172,12 +174,15 @@ def positional_map(
         stat: ``"mass"`` (mean attention weight on the target) or ``"argmax"`` (how often the target is the
             head's top key).
         title: figure title.
+        layers: only these layers' heads (a page-sized panel for a model with hundreds of heads).
+        aggregate: one row per layer holding the largest value of any of its heads (hover names the head).
 
     Returns:
-        A ``go.Figure``: one heatmap row per head (``L{layer}H{head}``), one column per target.
+        A ``go.Figure``: one heatmap row per head (``L{layer}H{head}``) or per layer, one column per target; the
+        x-axis title names the kinds of target actually drawn.
 
     Raises:
-        ValueError: no matching score column.
+        ValueError: no matching score column, or ``layers`` selects no head.
 
     Example:
         >>> positional_map(pd.DataFrame({"layer": [0, 0], "head": [0, 1], "mass_-1": [0.9, 0.1]}))
@@ -189,18 +194,45 @@ def positional_map(
     if not columns:
         raise ValueError(f"no {prefix}* score columns in {list(df.columns)}")
     df = df.sort_values(["layer", "head"])
-    z = df[list(columns)].to_numpy(dtype=float)  # [heads, targets]
-    heads = [f"L{int(a)}H{int(b)}" for a, b in zip(df["layer"], df["head"])]
+    if layers is not None:
+        df = df[df["layer"].isin(list(layers))]
+        if df.empty:
+            raise ValueError(f"layers={list(layers)} selects no head of the table")
     targets = [c[len(prefix):] if c.startswith(prefix) else c for c in columns]
+    if aggregate:
+        z, heads, best = [], [], []
+        for layer, g in df.groupby("layer", sort=True):
+            vals = g[list(columns)].to_numpy(dtype=float)  # [heads of the layer, targets]
+            filled = np.where(np.isnan(vals), -np.inf, vals)
+            arg = filled.argmax(0)  # [targets]
+            z.append(np.where(np.isnan(vals).all(0), np.nan, filled[arg, np.arange(len(columns))]))
+            best.append([f"H{int(g['head'].iloc[i])}" for i in arg])
+            heads.append(f"L{int(layer)}")
+        z, custom, row_title = np.array(z), np.array(best, dtype=object), "layer (largest head)"
+        hover = f"%{{y}} %{{customdata}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"
+    else:
+        z = df[list(columns)].to_numpy(dtype=float)  # [heads, targets]
+        heads = [f"L{int(a)}H{int(b)}" for a, b in zip(df["layer"], df["head"])]
+        custom, row_title = None, "head"
+        hover = f"%{{y}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"
     fig = go.Figure(go.Heatmap(
         z=z, x=targets, y=heads, colorscale=SCORE_SCALE, zmin=0, zmax=1, texttemplate="%{z:.2f}",
-        colorbar=dict(title=stat),
-        hovertemplate=f"%{{y}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"))
-    fig.update_xaxes(title_text="target (offset from the query, first token, delimiter)", type="category")
-    fig.update_yaxes(title_text="head", autorange="reversed", type="category")
+        colorbar=dict(title=stat), customdata=custom, hovertemplate=hover))
+    fig.update_xaxes(title_text=_target_title(targets), type="category")
+    fig.update_yaxes(title_text=row_title, autorange="reversed", type="category")
     fig.update_layout(title=title or f"positional scores ({stat})", height=max(260, 22 * len(heads) + 140),
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
+
+
+def _target_title(targets: Sequence[str]) -> str:
+    """The x-axis title naming only the kinds of target drawn (offsets, first token, delimiter)."""
+    parts = []
+    if any(t.lstrip("+-").isdigit() for t in targets):
+        parts.append("offset from the query")
+    parts += [{"first": "first token", "delimiter": "delimiter"}[t] for t in ("first", "delimiter") if t in targets]
+    others = [t for t in targets if not t.lstrip("+-").isdigit() and t not in ("first", "delimiter")]
+    return "target" + (f" ({', '.join(parts + others)})" if parts or others else "")
 
 
 def head_write_norms(trace: Any, *, attention_mask: Any = None) -> np.ndarray:
@@ -234,20 +266,41 @@ def head_write_norms(trace: Any, *, attention_mask: Any = None) -> np.ndarray:
     return (norms * w).sum(axis=(1, 2)) / w.sum(axis=(1, 2))
 
 
-def head_norms_figure(norms: Any, *, title: str = "per-head residual-write norm") -> go.Figure:
+def head_norms_figure(norms: Any, *, title: str = "per-head residual-write norm",
+                      clip_outliers: bool = True) -> go.Figure:
     """``[layer, head]`` map of how much each head writes into the residual stream.
+
+    The colour scale (Viridis: dark small, yellow large, every step a distinct colour) runs from 0 to the largest
+    norm, or, with ``clip_outliers``, to Tukey's far-out fence (third quartile + 3 x the interquartile range) when
+    some heads lie above it, so that one outlier head does not wash every other cell into one colour; those cells
+    take the top colour, the colour bar says where it was cut, and every cell prints its value.
 
     Args:
         norms: ``[L, H]`` (for example :func:`head_write_norms`).
         title: figure title.
+        clip_outliers: cut the colour scale at the far-out fence.
 
     Returns:
         A ``go.Figure``.
 
     Example:
-        >>> head_norms_figure(head_write_norms(trace))
+        >>> fig = head_norms_figure([[0.1, 40.0], [3.0, 500.0], [30.0, 20.0]])
+        >>> fig.data[0].zmax < 500
+        True
     """
-    return score_map(norms, title=title, value="mean ||z W_O||", colorscale="Magma", zmin=0)
+    z = to_numpy(norms, "norms", 2)
+    finite = z[np.isfinite(z)]
+    biggest = float(finite.max()) if finite.size else 1.0
+    top = biggest
+    if clip_outliers and finite.size >= 4:
+        q1, q3 = np.quantile(finite, [0.25, 0.75])
+        top = min(biggest, float(q3 + 3 * (q3 - q1)))
+    label = "mean ||z W_O||" + (f"<br>(colours cut at {top:.3g};<br>max {biggest:.3g})" if biggest > top * 1.001 else "")
+    fig = score_map(z, title=title, value=label, colorscale="Viridis", zmin=0, zmax=max(top, 1e-12),
+                    text_format=".1f" if biggest >= 10 else ".2f")
+    fig.update_traces(colorbar=dict(title=dict(text=label, side="right"), thickness=18, len=0.9, tickformat=".3g"),
+                      hovertemplate="layer %{y} head %{x}<br>mean ||z W_O|| %{z:.4g}<extra></extra>")
+    return fig
 
 
 def _kind_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -238,3 +238,51 @@ def test_pruning_curves_reads_pruning_curve_objects():
     # Labelled with the AUC on [0, 0.5]: trapezoids (0.9 + 0.8) / 4 and (0.9 + 0.5) / 4.
     assert [t.name for t in fig.data] == ["importance (AUC[0, 0.50] 0.425)", "random (AUC[0, 0.50] 0.350)"]
     assert list(fig.data[0].y) == [0.9, 0.8] and list(fig.data[1].error_y.array) == [0.0, 0.1]
+
+
+def test_head_grid_token_ticks_and_kv_group_lines():
+    pats = torch.softmax(torch.randn(2, 6, 5, 5), -1)  # [L, H, T, S]
+    toks = ["a", "b", "c", "d", "e"]
+    fig = viz.head_grid(pats, toks, n_kv_heads=2)
+    assert len(fig.layout.shapes) == 1  # one line between the two K/V groups of 3 heads
+    x = fig.layout.shapes[0].x0
+    assert fig.layout.xaxis3.domain[1] < x < fig.layout.xaxis4.domain[0]
+    titles = [a.text for a in fig.layout.annotations]
+    assert "H2 · kv0" in titles and "H3 · kv1" in titles
+    assert list(fig.layout.yaxis.ticktext) == toks  # left column: query tokens
+    assert list(fig.layout.xaxis12.ticktext) == toks  # bottom row (L1, H5): key tokens
+    long = viz.head_grid(torch.softmax(torch.randn(1, 2, 40, 40), -1))
+    assert not long.layout.yaxis.showticklabels  # 40 tokens do not fit a small cell
+    with pytest.raises(ValueError, match="n_kv_heads=4 must be a positive int dividing the 6 heads"):
+        viz.head_grid(pats, toks, n_kv_heads=4)
+
+
+def test_layer_heads_names_kv_groups_and_ticks_short_inputs():
+    fig = viz.layer_heads(torch.softmax(torch.randn(4, 3, 3), -1), ["x", "y", "z"], layer=1, n_kv_heads=2, cols=4)
+    assert [a.text for a in fig.layout.annotations] == ["L1H0 · kv0", "L1H1 · kv0", "L1H2 · kv1", "L1H3 · kv1"]
+    assert list(fig.layout.xaxis.ticktext) == ["x", "y", "z"]
+
+
+def test_head_norms_scale_is_clipped_and_distinct():
+    norms = np.array([[0.05, 40.0, 38.0], [1.0, 2.0, 900.0]])
+    fig = viz.head_norms_figure(norms)
+    hm = fig.data[0]
+    assert hm.colorscale[0][1] != hm.colorscale[-1][1]  # a sequential scale, not one hue
+    assert hm.zmin == 0 and hm.zmax < 900  # the outlier does not squash 0.05 and 40 into one colour
+    assert 40.0 / hm.zmax > 0.05  # 40 sits well above ~0 on the scale
+    assert "max 900" in hm.colorbar.title.text
+    np.testing.assert_allclose(np.array(hm.z, dtype=float), norms)
+
+
+def test_positional_map_one_layer_or_aggregated():
+    df = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "mass_-1": [0.2, 0.9, 0.1, 0.3],
+                       "mass_first": [0.7, 0.05, 0.6, 0.2]})
+    one = viz.positional_map(df, layers=[1])
+    assert list(one.data[0].y) == ["L1H0", "L1H1"]
+    agg = viz.positional_map(df, aggregate=True)
+    assert list(agg.data[0].y) == ["L0", "L1"]
+    np.testing.assert_allclose(np.array(agg.data[0].z, dtype=float), [[0.9, 0.7], [0.3, 0.6]])
+    assert agg.data[0].customdata[0][0] == "H1" and agg.data[0].customdata[1][1] == "H0"
+    assert agg.layout.xaxis.title.text == "target (offset from the query, first token)"
+    with pytest.raises(ValueError, match=r"layers=\[7\] selects no head"):
+        viz.positional_map(df, layers=[7])

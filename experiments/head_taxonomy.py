@@ -46,7 +46,13 @@ def main() -> None:
 
     model = load(args.model)
     model.eval()
-    words = hasattr(getattr(model, "tokenizer", None), "encode_words") and args.conllu.exists()
+    # Each condition on its own, so that the summary says which one stopped the syntactic scores.
+    why_not = []
+    if not hasattr(getattr(model, "tokenizer", None), "encode_words"):
+        why_not.append(f"{args.model} has no word tokenizer (its tokenizer cannot map tokens to treebank words)")
+    if not args.conllu.is_file():
+        why_not.append(f"no treebank file at {str(args.conllu.resolve())!r} (pass --conllu)")
+    words = not why_not
     report = classify_heads(model, conllu=args.conllu if words else None, max_sentences=args.max_sentences,
                             n_seqs=args.n_seqs, half_len=args.half_len, copying_rows=args.copying_rows,
                             progress=True)
@@ -67,7 +73,7 @@ def main() -> None:
         lines += [f"| L{r.layer}H{r.head} | {r.induction:.2f} | {r.previous_token:.2f} | {r.copying:.2f} |"
                   for r in top.itertuples()]
     if not words:
-        lines += ["", f"(no syntactic scores: {args.model} has no word tokenizer or {args.conllu} is missing)"]
+        lines += ["", f"(no syntactic scores: {'; and '.join(why_not)})"]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

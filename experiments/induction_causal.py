@@ -55,7 +55,10 @@ def datasets(model, n_seqs: int, half_len: int, seed: int, conllu: Path) -> dict
         if both.shape[1] == x.shape[1]:
             out["text"] = (both[:n_seqs], both[n_seqs:], bos)
     else:
-        print(f"no natural-text check for {model.name}: its tokenizer is not a text tokenizer or {conllu} is missing")
+        text_tok = getattr(model.tokenizer, "special_ids", None) is not None
+        reason = (f"its tokenizer ({type(model.tokenizer).__name__}) is not a text tokenizer" if not text_tok
+                  else f"no treebank file at {str(conllu)!r}")
+        print(f"no natural-text check for {model.name}: {reason}")
     return out
 
 

@@ -11,7 +11,7 @@ Commands::
     interp dashboard [--port P] [--host ADDR] [--files FOLDER] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
                     [--latent C] [--rope-dim R] [--json]
-    interp bench [forward recording long_context remove_heads concurrency smollm2 analysis distributed moe] [--quick]
+    interp bench [NAME ...] [--quick]   (interp bench --help lists the benchmarks)
 
 ``--json`` output (stable keys; new keys may be added, these will not change meaning):
 
@@ -63,7 +63,7 @@ PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
 PRUNE_METHODS = ("importance", "l0", "random")
 BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2", "analysis",
-              "distributed", "moe")
+              "distributed", "moe", "attention_view")
 
 
 class CliError(Exception):

@@ -174,8 +174,12 @@ class Transformer(HookedModule):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
+        # The weight modules keep the names W_E / W_pos / W_U (state-dict keys "W_E.weight"...); the attributes of
+        # those names are TransformerLens-style tensors (properties below), the modules are embed / pos_embed /
+        # unembed. A model without the module simply has no entry (assigning None would hit the property).
         self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model) if cfg.positional == "learned" else None
+        if cfg.positional == "learned":
+            self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model)
         self.W_tt = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
         self.embed_ln = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
         # Typed as the list of Blocks it holds (nn.ModuleList indexes to a bare Module for type checkers).
@@ -185,9 +189,7 @@ class Transformer(HookedModule):
         if cfg.unembed:
             self.W_U = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings)
             if cfg.tie_embeddings:
-                self.W_U.weight = self.W_E.weight
-        else:
-            self.W_U = None
+                self.unembed.weight = self.embed.weight
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         self.tokenizer: Any = None
@@ -276,9 +278,9 @@ class Transformer(HookedModule):
             x = x[:, -1:]  # [B, 1, M]
         if self.ln_final is not None:
             x = self.ln_final(x)
-        if self.W_U is None:
+        if self.unembed is None:
             return x
-        logits = self.W_U(x)
+        logits = self.unembed(x)
         if cfg.final_softcap is not None:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap  # Gemma 2's final soft-cap
         return logits
@@ -287,12 +289,12 @@ class Transformer(HookedModule):
         """The residual stream entering block 0: ``[B, T, M]``."""
         cfg = self.cfg
         B, T = tokens.shape
-        x = self.W_E(tokens)  # [B, T, M]
+        x = self.embed(tokens)  # [B, T, M]
         if cfg.embed_scale != 1.0:
             x = x * cfg.embed_scale  # Gemma's sqrt(d_model): the residual starts at the scaled embedding
         x = self.hook_embed(x)
-        if self.W_pos is not None:
-            x = x + self.hook_pos_embed(self.W_pos(positions)).expand(B, T, -1)
+        if self.pos_embed is not None:
+            x = x + self.hook_pos_embed(self.pos_embed(positions)).expand(B, T, -1)
         if self.W_tt is None and token_type_ids is not None:
             raise ValueError(f"token_type_ids given but model {self.name!r} has no token types "
                              f"(cfg.n_token_types={cfg.n_token_types})")
@@ -428,29 +430,156 @@ class Transformer(HookedModule):
 
         return record(self, *args, names_filter=names_filter, **kwargs)
 
+    # --- TransformerLens-style weights and tokens ----------------------------------------------------
+    # The weights are views of the modules' parameters (no copy: editing one edits the other, gradients flow).
+    @property
+    def embed(self) -> nn.Embedding:
+        """The token embedding module (its parameter is stored as ``W_E.weight``)."""
+        return self._modules["W_E"]
+
+    @property
+    def pos_embed(self) -> nn.Embedding | None:
+        """The learned position embedding module (``W_pos.weight``), or ``None`` (rotary / no positions)."""
+        return self._modules.get("W_pos")
+
+    @property
+    def unembed(self) -> nn.Linear | None:
+        """The unembedding module (``W_U.weight`` ``[d_vocab, d_model]``), or ``None`` for an encoder."""
+        return self._modules.get("W_U")
+
+    @property
+    def W_E(self) -> torch.Tensor:
+        """Token embeddings ``[d_vocab, d_model]`` (TransformerLens' ``W_E``; the embedding's own parameter).
+
+        Example:
+            >>> Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4)).W_E.shape
+            torch.Size([11, 8])
+        """
+        return self.embed.weight
+
+    @property
+    def W_pos(self) -> torch.Tensor | None:
+        """Learned position embeddings ``[n_ctx, d_model]``, or ``None`` for models without them (rotary)."""
+        return None if self.pos_embed is None else self.pos_embed.weight
+
+    @property
+    def W_U(self) -> torch.Tensor | None:
+        """The unembedding ``[d_model, d_vocab]`` (TransformerLens' ``W_U``: ``resid @ model.W_U`` gives logits
+        less ``b_U``), a transposed view of the linear's weight; ``None`` for a model without unembedding.
+
+        Example:
+            >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
+            >>> model.W_U.shape, model.W_U.data_ptr() == model.unembed.weight.data_ptr()
+            (torch.Size([8, 11]), True)
+        """
+        return None if self.unembed is None else self.unembed.weight.T
+
+    @property
+    def b_U(self) -> torch.Tensor | None:
+        """The unembedding bias ``[d_vocab]``; zeros (a new tensor) when the unembedding has none (tied
+        embeddings), as in TransformerLens; ``None`` for a model without unembedding."""
+        if self.unembed is None:
+            return None
+        if self.unembed.bias is not None:
+            return self.unembed.bias
+        w = self.unembed.weight
+        return torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
+
+    def to_single_token(self, string: str) -> int:
+        """The id of a string that is exactly one token (no special tokens added).
+
+        Args:
+            string: e.g. ``" Paris"`` (byte-level tokenizers keep the leading space in the token).
+
+        Returns:
+            The token id.
+
+        Raises:
+            ValueError: the model has no tokenizer, or ``string`` is not exactly one token (the pieces named).
+
+        Example:
+            >>> from interp.zoo.induction import TokenIdTokenizer
+            >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
+            >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
+            >>> model.to_single_token("t7")
+            7
+        """
+        if not isinstance(string, str):
+            raise TypeError(f"to_single_token takes a str, got {type(string).__name__}")
+        ids = self._need_tokenizer().to_tokens(string, prepend_bos=False, special_tokens=False)[0].tolist()
+        if len(ids) != 1:
+            pieces = self._need_tokenizer().to_str_tokens(ids)
+            raise ValueError(f"{string!r} is {len(ids)} tokens {pieces!r} for {self.name!r}, not one")
+        return ids[0]
+
+    def to_string(self, tokens: int | Sequence[int] | torch.Tensor) -> str | list[str]:
+        """Token ids back to text, special tokens kept (TransformerLens' ``to_string``).
+
+        Args:
+            tokens: one id, a sequence of ids (``[T]``), or a batch ``[B, T]``.
+
+        Returns:
+            One string, or a list of ``B`` strings for a batch.
+
+        Raises:
+            ValueError: the model has no tokenizer, or ``tokens`` has more than 2 dimensions.
+
+        Example:
+            >>> from interp.zoo.induction import TokenIdTokenizer
+            >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
+            >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
+            >>> model.to_string(torch.tensor([[0, 3, 5]]))
+            ['<bos> t3 t5']
+        """
+        tok = self._need_tokenizer()
+        ids = torch.as_tensor(tokens)
+        if ids.dim() > 2:
+            raise ValueError(f"to_string takes ids [T] or [B, T], got shape {tuple(ids.shape)}")
+        if ids.dim() == 2:
+            return [tok.decode(row.tolist(), skip_special_tokens=False) for row in ids]
+        return tok.decode(ids.reshape(-1).tolist(), skip_special_tokens=False)  # a 0-d id as [1]
+
     # --- tokenizer helpers ----------------------------------------------------------------------------
     def _need_tokenizer(self):
         if self.tokenizer is None:
             raise ValueError(f"model {self.name!r} has no tokenizer; pass token ids instead")
         return self.tokenizer
 
-    def to_tokens(self, text: str | Sequence[str], *, max_length: int | None = None) -> torch.Tensor:
+    def to_tokens(self, text: str | Sequence[str], *, max_length: int | None = None,
+                  prepend_bos: bool | None = None) -> torch.Tensor:
         """Tokenize text (with the model's special tokens) to ``[B, T]`` ids; pads a batch with pad ids.
 
         Text longer than the model's context is truncated to ``cfg.n_ctx`` tokens with a warning naming the limit.
+
+        Args:
+            text: one string or a list of strings.
+            max_length: truncate to this many ids (default: ``cfg.n_ctx``, with a warning).
+            prepend_bos: ``None`` (default): the special tokens the model's tokenizer adds (SmolLM2 adds none,
+                BERT ``[CLS] ... [SEP]``); ``True``: start every sequence with the BOS id unless it already does;
+                ``False``: drop the leading special token the tokenizer adds (trailing ones, BERT's ``[SEP]``, stay).
+
+        Example:
+            >>> from interp.zoo.induction import TokenIdTokenizer
+            >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
+            >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
+            >>> model.to_tokens("t3 t5").tolist(), model.to_tokens("t3 t5", prepend_bos=False).tolist()
+            ([[0, 3, 5]], [[3, 5]])
         """
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 1):
             raise ValueError(f"max_length={max_length!r} must be a positive int or None (the model's n_ctx)")
+        if prepend_bos is not None and not isinstance(prepend_bos, bool):
+            raise TypeError(f"prepend_bos must be True, False or None, got {prepend_bos!r}")
         tok = self._need_tokenizer()
+        bos = {} if prepend_bos is None else {"prepend_bos": prepend_bos}
         if max_length is not None:
-            return tok.to_tokens(text, max_length=max_length)
+            return tok.to_tokens(text, max_length=max_length, **bos)
         n_ctx = self.cfg.n_ctx
-        ids = tok.to_tokens(text, max_length=n_ctx + 1)  # one token over says whether anything was cut
+        ids = tok.to_tokens(text, max_length=n_ctx + 1, **bos)  # one token over says whether anything was cut
         if ids.shape[1] > n_ctx:
             warnings.warn(f"input truncated to {n_ctx} tokens, the context limit of {self.name!r} (n_ctx={n_ctx})",
                           stacklevel=2)
-            ids = tok.to_tokens(text, max_length=n_ctx)
+            ids = tok.to_tokens(text, max_length=n_ctx, **bos)
         return ids
 
     def to_str_tokens(self, tokens: str | torch.Tensor) -> list[str]:

@@ -67,8 +67,8 @@ def hand_built_coref_model(n_ctx: int = 32, *, sharpness: float = 20.0, seed: in
     model = Transformer(cfg)
     for p in model.parameters():
         p.zero_()
-    model.W_E.weight[torch.arange(V), TOK + torch.arange(V)] = 1.0
-    model.W_pos.weight[torch.arange(N), POS + torch.arange(N)] = 1.0
+    model.embed.weight[torch.arange(V), TOK + torch.arange(V)] = 1.0
+    model.pos_embed.weight[torch.arange(N), POS + torch.arange(N)] = 1.0
     c = sharpness * D ** 0.5  # scores are divided by sqrt(D)
     H = 2
     idx = {w: i for i, w in enumerate(VOCAB)}

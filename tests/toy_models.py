@@ -57,8 +57,8 @@ def hand_built_model(d_vocab: int = 32, n_ctx: int = 32, *, sharpness: float = 2
     model = Transformer(cfg)
     for p in model.parameters():
         p.zero_()
-    model.W_E.weight[torch.arange(V), TOK + torch.arange(V)] = 1.0
-    model.W_pos.weight[torch.arange(N), POS + torch.arange(N)] = 1.0
+    model.embed.weight[torch.arange(V), TOK + torch.arange(V)] = 1.0
+    model.pos_embed.weight[torch.arange(N), POS + torch.arange(N)] = 1.0
     c = sharpness * D ** 0.5  # scores are divided by sqrt(D)
     H = 2
 
@@ -88,6 +88,6 @@ def hand_built_model(d_vocab: int = 32, n_ctx: int = 32, *, sharpness: float = 2
     for kind in ("q", "k", "v"):
         a1.W_qkv.weight[rows(kind, 1)] = 0.1 * torch.randn(D, M, generator=g)
     a1.W_O.weight[:, D:2 * D] = 0.1 * torch.randn(M, D, generator=g)
-    model.W_U.weight[torch.arange(V), OUT + torch.arange(V)] = 1.0
+    model.unembed.weight[torch.arange(V), OUT + torch.arange(V)] = 1.0
     model.name = "hand-built-induction"
     return model.eval()

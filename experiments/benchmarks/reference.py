@@ -72,14 +72,14 @@ def build_pair(size: str = "minilm", seed: int = 0) -> tuple[interp.Transformer,
     ours = interp.Transformer(cfg).eval()
     ref = RefDecoder(L, d, h, d_mlp, V, n_ctx).eval()
     with torch.no_grad():
-        ref.W_E.weight.copy_(ours.W_E.weight)
-        ref.W_pos.weight.copy_(ours.W_pos.weight)
+        ref.W_E.weight.copy_(ours.embed.weight)
+        ref.W_pos.weight.copy_(ours.pos_embed.weight)
         for rb, ob in zip(ref.blocks, ours.blocks):
             for dst, src in ((rb.ln1, ob.ln1), (rb.ln2, ob.ln2), (rb.qkv, ob.attn.W_qkv), (rb.proj, ob.attn.W_O),
                              (rb.fc, ob.mlp.W_in), (rb.out, ob.mlp.W_out)):
                 dst.load_state_dict(src.state_dict())
         ref.ln_f.load_state_dict(ours.ln_final.state_dict())
-        ref.W_U.load_state_dict(ours.W_U.state_dict())
+        ref.W_U.load_state_dict(ours.unembed.state_dict())
         x = torch.randint(0, V, (2, 16))
         diff = (ours(x) - ref(x)).abs().max().item()
     if diff > 1e-4:

@@ -11,10 +11,11 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     smollm2       bench_smollm2.py       SmolLM2-135M (GGUF) vs HF LlamaForCausalLM: forward, recording, greedy decoding
     analysis      bench_analysis.py      classify_heads on UD EWT dev vs one recorded forward pass over the same batches
     distributed   bench_distributed.py   classify_heads over UD EWT dev: 1 process x 2 threads vs 2 x 1 vs 8 x 1 (torchrun)
-    moe           bench_moe.py           Mixtral / DeepSeek-V3-shaped forward vs HF; MLA absorbed vs expanded decode; routing stats
+    moe            bench_moe.py           Mixtral / DeepSeek-V3-shaped forward vs HF; MLA absorbed vs expanded decode; routing stats
+    attention_view bench_attention_view.py viz.attention_view of SmolLM2 at 2,000 tokens: build, page size, open/hover in Chromium
 
 Usage:
-    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2 analysis distributed moe] [--quick] [--out FILE.md]
+    python experiments/benchmarks/run_all.py [NAME ...] [--quick] [--out FILE.md]   (NAME: the first column above)
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ SCRIPTS = {
     "analysis": "bench_analysis.py",
     "distributed": "bench_distributed.py",
     "moe": "bench_moe.py",
+    "attention_view": "bench_attention_view.py",
 }
-TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed", "moe"}
+TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed", "moe",
+               "attention_view"}
 
 
 def run_one(name: str, quick: bool) -> str:

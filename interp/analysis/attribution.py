@@ -66,7 +66,7 @@ def logit_direction(model: Transformer, answer_tokens: torch.Tensor) -> torch.Te
     Example:
         >>> logit_direction(model, torch.tensor([[5, 7]])).shape   # [1, d_model]
     """
-    W = model.W_U.weight.detach()  # [V, M]
+    W = model.unembed.weight.detach()  # [V, M]
     return W[answer_tokens[:, 0]] - W[answer_tokens[:, 1]]  # [B, M]
 
 
@@ -176,8 +176,8 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
     extra = []
     if norm is not None and getattr(norm, "bias", None) is not None:
         extra.append(((norm.bias.detach() * direction).sum(-1), ("ln_final bias", "bias", -1, -1)))
-    if model.W_U.bias is not None:
-        b = model.W_U.bias.detach()
+    if model.unembed.bias is not None:
+        b = model.unembed.bias.detach()
         extra.append((b[answers[:, 0]] - b[answers[:, 1]], ("unembed bias", "bias", -1, -1)))
     if extra:
         attr = torch.cat([attr, torch.stack([e[0] for e in extra])])  # [C', B]

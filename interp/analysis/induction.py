@@ -244,7 +244,7 @@ class CopyingReducer(Reducer):
         if N == 0:
             return
         ln = self.model.ln_final
-        W_U = self.model.W_U.weight.float()  # [V, M]
+        W_U = self.model.unembed.weight.float()  # [V, M]
         if isinstance(ln, torch.nn.LayerNorm):
             scale = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).rsqrt()  # [N, 1]
             center, weight = True, ln.weight
@@ -386,7 +386,7 @@ def induction_reducers(model: Transformer, *, definition: str = "interp", exclud
         raise ValueError("exclude_bos / exclude_current_token apply to definition='transformer_lens' only")
     reds: list[Reducer] = [InductionReducer(model) if definition == "interp" else TLHeadDetectorReducer(
         model, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)]
-    if copying and getattr(model, "W_U", None) is not None and model.cfg.normalization != "post":
+    if copying and getattr(model, "unembed", None) is not None and model.cfg.normalization != "post":
         reds.append(CopyingReducer(model, max_rows=copying_rows, comparisons=copying_comparisons))
     return reds
 

@@ -13,6 +13,7 @@ A URL query parameter preselects the model: ``?model=random-tiny``.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import shutil
 import stat
@@ -407,14 +408,35 @@ def page_attention(key: tuple[str, str], model: interp.Transformer, ids: torch.T
             f"{toks[q]} → {toks[k]}" for q, k in list(enumerate(top))[: min(T, 12)]) + (" ..." if T > 12 else ""))
     elif view == "All heads of a layer":
         layer = st.selectbox("Layer", range(L), key="attn_layer_all")
-        st.plotly_chart(viz.layer_heads(pats[layer], toks, layer=layer, cols=min(H, 6)), width="stretch",
-                        key="fig_attn_layer")
+        st.plotly_chart(viz.layer_heads(pats[layer], toks, layer=layer, cols=min(H, 6),
+                                        n_kv_heads=_kv_heads(model)), width="stretch", key="fig_attn_layer")
     else:
         n = min(T, MAX_GRID_TOKENS)
         if n < T:
             st.warning(f"The grid shows the first {n} of {T} tokens (one small heatmap per head).")
-        st.plotly_chart(viz.head_grid(pats[:, :, :n, :n], toks[:n]), width="stretch", key="fig_attn_grid")
+        st.plotly_chart(viz.head_grid(pats[:, :, :n, :n], toks[:n], n_kv_heads=_kv_heads(model)), width="stretch",
+                        key="fig_attn_grid")
 
+
+def _kv_heads(model: interp.Transformer) -> int | None:
+    """K/V heads per layer when every layer groups its query heads alike (GQA / MQA), else None."""
+    cfg = model.cfg
+    shapes = {cfg.layer(layer) for layer in range(cfg.n_layers)}
+    if cfg.attention != "standard" or len(shapes) != 1:
+        return None
+    shape = next(iter(shapes))
+    return shape.n_kv_heads if shape.uniform_groups and shape.n_kv_heads < shape.n_heads else None
+
+
+#: Above this many heads the mass-by-target panel shows one layer, or the largest head per layer.
+MAX_POSITIONAL_ROWS = 48
+
+
+def positional_columns(pos: Any) -> list[str]:
+    """The mass columns worth drawing: offsets -2..+1 and first / delimiter, minus those no query can reach (the
+    +1 column of a causal model is all NaN)."""
+    wanted = [f"mass_{t}" for t in ("-2", "-1", "0", "+1", "first", "delimiter")]
+    return [c for c in wanted if c in pos.columns and pos[c].notna().any()]
 
 def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Tensor) -> None:
     st.markdown("Each head is classified from its attention statistics (positional offsets, previous-token, "
@@ -457,9 +479,21 @@ def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Te
     pos = report.details.get("positional") if hasattr(report, "details") else None
     with c2:
         if pos is not None:
-            cols = [c for c in pos.columns if c.startswith("mass_") and c[5:] in ("-2", "-1", "0", "+1", "first")]
-            st.plotly_chart(viz.positional_map(pos, cols or None, title="attention mass by target"),
-                            width="stretch", key="fig_positional")
+            cols = positional_columns(pos) or None
+            L, H = model.cfg.n_layers, model.cfg.n_heads
+            if L * H <= MAX_POSITIONAL_ROWS:
+                fig = viz.positional_map(pos, cols, title="attention mass by target")
+            else:
+                rows = st.selectbox("Rows", ["largest head of each layer", *(f"layer {i}" for i in range(L))],
+                                    key="positional_rows",
+                                    help=f"{L * H} heads do not fit one screen: aggregate, or pick a layer")
+                if rows.startswith("layer "):
+                    layer = int(rows.split()[1])
+                    fig = viz.positional_map(pos, cols, layers=[layer], title=f"attention mass by target, layer {layer}")
+                else:
+                    fig = viz.positional_map(pos, cols, aggregate=True,
+                                             title="attention mass by target (largest head of each layer)")
+            st.plotly_chart(fig, width="stretch", key="fig_positional")
 
 
 def page_induction(key: tuple[str, str], model: interp.Transformer) -> None:
@@ -495,6 +529,21 @@ def page_induction(key: tuple[str, str], model: interp.Transformer) -> None:
         st.dataframe(scores, width="stretch", hide_index=True)
 
 
+_METRIC_HAS_ARROW = "delta_arrow" in inspect.signature(st.metric).parameters
+#: What each pruning metric measures, in words.
+METRIC_WORDS = {"accuracy": "next-token accuracy on the repeated half", "neg_loss": "minus the next-token loss",
+                "cosine_to_unpruned": "cosine similarity of sentence embeddings to the unpruned model's"}
+
+
+def metric_delta(change: float, *, higher_is_better: bool, digits: int = 4) -> dict[str, Any]:
+    """``st.metric`` delta arguments: green when the change is better, red when worse, grey without an arrow
+    when it rounds to zero (a +0.0000 is no change)."""
+    if round(change, digits) == 0:
+        arrow = {"delta_arrow": "off"} if _METRIC_HAS_ARROW else {}  # Streamlit >= 1.50 can drop the arrow
+        return {"delta": f"±{0:.{digits}f}", "delta_color": "off", **arrow}
+    return {"delta": f"{change:+.{digits}f}", "delta_color": "normal" if higher_is_better else "inverse"}
+
+
 def _head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
@@ -516,10 +565,12 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
     except ValueError as e:
         st.error(str(e))
         return
-    what = ("next-token loss on the repeated half of repeated random sequences"
+    what = ("next-token cross-entropy on the repeated half of repeated random sequences"
             if isinstance(objective, LanguageModelObjective)
             else "1 - cosine similarity of sentence embeddings to the unpruned model's")
-    st.markdown(f"Objective: **{what}** (metric: `{objective.metric_name}`, higher is better).")
+    metric = METRIC_WORDS.get(objective.metric_name, objective.metric_name)
+    st.markdown(f"Loss (lower is better): **{what}**. Metric (higher is better): **{metric}** "
+                f"(`{objective.metric_name}`).")
 
     st.subheader("Switch heads off")
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -530,8 +581,10 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
     now = gated_scores(key, heads_off)
     c1, c2, c3 = st.columns(3)
     c1.metric("Heads off", f"{len(heads_off)} / {L * H}")
-    c2.metric("Loss", f"{now['loss']:.4f}", delta=f"{now['loss'] - base['loss']:+.4f}", delta_color="inverse")
-    c3.metric(now["metric_name"], f"{now['metric']:.4f}", delta=f"{now['metric'] - base['metric']:+.4f}")
+    c2.metric("Loss (lower is better)", f"{now['loss']:.4f}",
+              **metric_delta(now["loss"] - base["loss"], higher_is_better=False))
+    c3.metric(f"{now['metric_name']} (higher is better)", f"{now['metric']:.4f}",
+              **metric_delta(now["metric"] - base["metric"], higher_is_better=True))
 
     st.subheader("Pruning curves")
     source = st.radio("Curves", ["Run on this model", "Load a saved curve"], horizontal=True, key="curve_source")
@@ -624,9 +677,10 @@ def _config_from_inputs(prefix: str, preset: interp.ModelConfig) -> interp.Model
 def page_costs(model: interp.Transformer | None) -> None:
     st.markdown("KV-cache memory per token and FLOPs per layer, from a configuration. The other attention kinds "
                 "are derived from it: GQA with fewer KV heads, MQA with one, MLA caching a latent.")
-    presets = {"Worked example: 80 layers, 64 heads x 128 (Llama-2-70B size)": worked_example_config()}
+    presets = {}
     if model is not None and model.cfg.attention == "standard":
-        presets[f"This model ({model.name})"] = model.cfg
+        presets[f"This model ({model.name})"] = model.cfg  # first: the page starts from the selected model
+    presets["Worked example: 80 layers, 64 heads x 128 (Llama-2-70B size)"] = worked_example_config()
     name = st.selectbox("Start from", list(presets), key="cost_preset")
     prefix = "cost" + hashlib.md5(name.encode()).hexdigest()[:6]
     try:
@@ -642,7 +696,11 @@ def page_costs(model: interp.Transformer | None) -> None:
     own = cfg.n_kv_heads if cfg.kind == "gqa" else default_kv_groups(cfg.n_heads)
     groups = c[3].selectbox("GQA KV heads", options, index=options.index(own) if own in options else 0,
                             key=f"cost_groups_{cfg.n_heads}_{cfg.n_kv_heads}") if options else None
-    latent = int(c[4].number_input("MLA latent", 1, 65536, 4 * cfg.d_head, key="cost_latent"))
+    # DeepSeek-V2's proportions: a latent of 4 x d_head (512 for d_head 128) plus a d_head / 2 rotary key. Keyed by
+    # the head width so that a new starting model gets its own default, not the last one's.
+    latent = int(c[4].number_input("MLA latent", 1, 65536, 4 * cfg.d_head, key=f"cost_latent_{cfg.d_head}",
+                                   help="DeepSeek-V2 caches a 512-wide latent for d_head 128 (4 x d_head) plus a "
+                                        "64-wide rotary key (d_head / 2); the default keeps those proportions"))
     try:
         table = kv_cache_table(cfg, batch=batch, tokens=tokens, dtype=dtype, n_kv_groups=groups,
                                kv_latent_dim=latent)

@@ -85,15 +85,17 @@ def layer_heads(
     layer: int | None = None,
     cols: int = 4,
     head_labels: Sequence[str] | None = None,
+    n_kv_heads: int | None = None,
 ) -> go.Figure:
     """All heads of one layer as small heatmaps, ``cols`` per row, one shared colour scale.
 
     Args:
         patterns: ``[n_heads, query_pos, key_pos]``.
-        tokens: token strings for hover text (axes stay unlabelled: the panels are small).
+        tokens: token strings for hover text, and for tick labels when they fit (up to 24 tokens).
         layer: used in the title and subplot titles.
         cols: panels per row.
-        head_labels: subplot titles (default ``"L{layer}H{h}"``).
+        head_labels: subplot titles (default ``"L{layer}H{h}"``, with the K/V head for GQA).
+        n_kv_heads: K/V heads of the layer (GQA): each title names its head's K/V group.
 
     Returns:
         A ``go.Figure`` with one heatmap per head.
@@ -111,7 +113,9 @@ def layer_heads(
     labels = token_labels(tokens, T, "tokens")
     k_labels = labels if S == T else token_labels(None, S)
     prefix = "" if layer is None else f"L{layer}"
-    titles = list(head_labels) if head_labels is not None else [f"{prefix}H{h}" for h in range(H)]
+    group = _kv_group_size(H, n_kv_heads)
+    kv = (lambda h: f" · kv{h // group}") if group > 1 else (lambda h: "")
+    titles = list(head_labels) if head_labels is not None else [f"{prefix}H{h}{kv(h)}" for h in range(H)]
     cols = min(cols, H)
     rows = math.ceil(H / cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.02,
@@ -121,10 +125,38 @@ def layer_heads(
                       row=h // cols + 1, col=h % cols + 1)
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False, autorange="reversed")
+    if T <= MAX_TICK_TOKENS and S <= MAX_TICK_TOKENS:  # token ticks on the outer panels, where they fit
+        for h in range(H):
+            r, c = h // cols + 1, h % cols + 1
+            if c == 1:
+                _token_ticks(fig, "y", labels, row=r, col=c)
+            if h + cols >= H:  # nothing below this panel
+                _token_ticks(fig, "x", k_labels, row=r, col=c)
     fig.update_layout(coloraxis=dict(colorscale=PATTERN_SCALE, cmin=0, cmax=1, colorbar=dict(title="weight")),
                       title=None if layer is None else f"layer {layer}: all heads",
-                      height=max(260, 230 * rows), margin=dict(l=10, r=10, t=60, b=10))
+                      height=max(260, 230 * rows + (60 if T <= MAX_TICK_TOKENS else 0)),
+                      margin=dict(l=10, r=10, t=60, b=10))
     return fig
+
+
+#: Token tick labels are drawn on small panels only up to this many tokens (more would overlap).
+MAX_TICK_TOKENS = 24
+GRID_TICK_TOKENS = 12
+
+
+def _kv_group_size(H: int, n_kv_heads: int | None) -> int:
+    """Query heads per K/V head (1: no grouping to show)."""
+    if n_kv_heads is None or n_kv_heads >= H:
+        return 1
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or H % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads!r} must be a positive int dividing the {H} heads")
+    return H // n_kv_heads
+
+
+def _token_ticks(fig: go.Figure, axis: str, labels: list[str], *, row: int, col: int, size: int = 8) -> None:
+    kw = dict(showticklabels=True, tickmode="array", tickvals=list(range(len(labels))), ticktext=labels,
+              tickfont=dict(size=size), row=row, col=col)
+    (fig.update_xaxes(tickangle=-90, **kw) if axis == "x" else fig.update_yaxes(**kw))
 
 
 def head_grid(
@@ -133,8 +165,10 @@ def head_grid(
     *,
     batch: int = 0,
     layers: Sequence[int] | None = None,
+    n_kv_heads: int | None = None,
 ) -> go.Figure:
-    """A layer x head grid of small attention patterns (rows are layers, columns heads).
+    """A layer x head grid of small attention patterns (rows are layers, columns heads), with token ticks on the
+    outer panels when the sequence is short and a line between K/V groups (GQA).
 
     Args:
         patterns: ``[L, H, T, S]``, ``[L, B, H, T, S]`` (as ``Trace.patterns()``; ``batch`` picks the
@@ -142,6 +176,8 @@ def head_grid(
         tokens: token strings for hover text (default: the trace's, when it has them).
         batch: which sequence of a batched input to draw.
         layers: row labels (the layers the patterns belong to; default ``0..L-1``).
+        n_kv_heads: K/V heads per layer (GQA): heads of one group share a column title tag and sit between
+            separator lines.
 
     Returns:
         A ``go.Figure`` of ``L x H`` heatmaps sharing one colour scale.
@@ -171,17 +207,33 @@ def head_grid(
         raise ValueError(f"layers has {len(layers)} entries for {L} rows of patterns")
     labels = token_labels(tokens, T, "tokens")
     k_labels = labels if S == T else token_labels(None, S)
-    fig = make_subplots(rows=L, cols=H, horizontal_spacing=0.01, vertical_spacing=0.02,
+    group = _kv_group_size(H, n_kv_heads)
+    gap = 0.01 if group == 1 else 0.015
+    fig = make_subplots(rows=L, cols=H, horizontal_spacing=gap, vertical_spacing=min(0.02, 0.6 / max(L, 1)),
                         row_titles=[f"L{layer}" for layer in layers],
-                        column_titles=[f"H{h}" for h in range(H)])
+                        column_titles=[f"H{h}" + (f" · kv{h // group}" if group > 1 else "") for h in range(H)])
     for i in range(L):
         for h in range(H):
             fig.add_trace(_pattern_trace(z[i, h], labels, k_labels, coloraxis="coloraxis",
                                          name=f"L{layers[i]}H{h}"), row=i + 1, col=h + 1)
     fig.update_xaxes(showticklabels=False)
     fig.update_yaxes(showticklabels=False, autorange="reversed")
-    cell = 90 if H <= 8 else 70
+    ticks = T <= GRID_TICK_TOKENS and S <= GRID_TICK_TOKENS
+    if ticks:  # token ticks on the left column and the bottom row
+        for i in range(L):
+            _token_ticks(fig, "y", labels, row=i + 1, col=1, size=7)
+        for h in range(H):
+            _token_ticks(fig, "x", k_labels, row=L, col=h + 1, size=7)
+    if group > 1:  # a line between K/V groups, over the whole grid
+        for h in range(group, H, group):
+            left = fig.layout[f"xaxis{'' if h == 1 else h}"].domain[1]
+            right = fig.layout[f"xaxis{h + 1}"].domain[0]
+            fig.add_shape(type="line", xref="paper", yref="paper", x0=(left + right) / 2, x1=(left + right) / 2,
+                          y0=0, y1=1, line=dict(color="#d6604d", width=2))
+    # Square-ish cells: a row as tall as a column is wide on a ~1200 px page (SmolLM2's 9 heads: 120 px).
+    cell = int(min(130, max(70, 1100 / H)))
     fig.update_layout(coloraxis=dict(colorscale=PATTERN_SCALE, cmin=0, cmax=1, colorbar=dict(title="weight")),
-                      height=max(240, cell * L + 110), margin=dict(l=10, r=40, t=80, b=10),
-                      title="attention patterns: layers x heads")
+                      height=max(240, cell * L + 110 + (50 if ticks else 0)), margin=dict(l=10, r=40, t=80, b=10),
+                      title="attention patterns: layers x heads" + (f" (lines: K/V groups of {group} heads)"
+                                                                  if group > 1 else ""))
     return fig

@@ -164,6 +164,8 @@ def positional_map(
     *,
     stat: str = "mass",
     title: str | None = None,
+    layers: Sequence[int] | None = None,
+    aggregate: bool = False,
 ) -> go.Figure:
     """Where each head looks, relative to the query: heads down, targets (offsets, first token, delimiters) across.
 
@@ -174,12 +176,15 @@ def positional_map(
         stat: ``"mass"`` (mean attention weight on the target) or ``"argmax"`` (how often the target is the
             head's top key).
         title: figure title.
+        layers: only these layers' heads (a page-sized panel for a model with hundreds of heads).
+        aggregate: one row per layer holding the largest value of any of its heads (hover names the head).
 
     Returns:
-        A ``go.Figure``: one heatmap row per head (``L{layer}H{head}``), one column per target.
+        A ``go.Figure``: one heatmap row per head (``L{layer}H{head}``) or per layer, one column per target; the
+        x-axis title names the kinds of target actually drawn.
 
     Raises:
-        ValueError: no matching score column.
+        ValueError: no matching score column, or ``layers`` selects no head.
 
     Example:
         >>> positional_map(pd.DataFrame({"layer": [0, 0], "head": [0, 1], "mass_-1": [0.9, 0.1]}))
@@ -191,18 +196,45 @@ def positional_map(
     if not columns:
         raise ValueError(f"no {prefix}* score columns in {list(df.columns)}")
     df = df.sort_values(["layer", "head"])
-    z = df[list(columns)].to_numpy(dtype=float)  # [heads, targets]
-    heads = [f"L{int(a)}H{int(b)}" for a, b in zip(df["layer"], df["head"])]
+    if layers is not None:
+        df = df[df["layer"].isin(list(layers))]
+        if df.empty:
+            raise ValueError(f"layers={list(layers)} selects no head of the table")
     targets = [c[len(prefix):] if c.startswith(prefix) else c for c in columns]
+    if aggregate:
+        z, heads, best = [], [], []
+        for layer, g in df.groupby("layer", sort=True):
+            vals = g[list(columns)].to_numpy(dtype=float)  # [heads of the layer, targets]
+            filled = np.where(np.isnan(vals), -np.inf, vals)
+            arg = filled.argmax(0)  # [targets]
+            z.append(np.where(np.isnan(vals).all(0), np.nan, filled[arg, np.arange(len(columns))]))
+            best.append([f"H{int(g['head'].iloc[i])}" for i in arg])
+            heads.append(f"L{int(layer)}")
+        z, custom, row_title = np.array(z), np.array(best, dtype=object), "layer (largest head)"
+        hover = f"%{{y}} %{{customdata}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"
+    else:
+        z = df[list(columns)].to_numpy(dtype=float)  # [heads, targets]
+        heads = [f"L{int(a)}H{int(b)}" for a, b in zip(df["layer"], df["head"])]
+        custom, row_title = None, "head"
+        hover = f"%{{y}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"
     fig = go.Figure(go.Heatmap(
         z=z, x=targets, y=heads, colorscale=SCORE_SCALE, zmin=0, zmax=1, texttemplate="%{z:.2f}",
-        colorbar=dict(title=stat),
-        hovertemplate=f"%{{y}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"))
-    fig.update_xaxes(title_text="target (offset from the query, first token, delimiter)", type="category")
-    fig.update_yaxes(title_text="head", autorange="reversed", type="category")
+        colorbar=dict(title=stat), customdata=custom, hovertemplate=hover))
+    fig.update_xaxes(title_text=_target_title(targets), type="category")
+    fig.update_yaxes(title_text=row_title, autorange="reversed", type="category")
     fig.update_layout(title=title or f"positional scores ({stat})", height=max(260, 22 * len(heads) + 140),
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
+
+
+def _target_title(targets: Sequence[str]) -> str:
+    """The x-axis title naming only the kinds of target drawn (offsets, first token, delimiter)."""
+    parts = []
+    if any(t.lstrip("+-").isdigit() for t in targets):
+        parts.append("offset from the query")
+    parts += [{"first": "first token", "delimiter": "delimiter"}[t] for t in ("first", "delimiter") if t in targets]
+    others = [t for t in targets if not t.lstrip("+-").isdigit() and t not in ("first", "delimiter")]
+    return "target" + (f" ({', '.join(parts + others)})" if parts or others else "")
 
 
 def head_write_norms(trace: Any, *, attention_mask: Any = None) -> np.ndarray:
@@ -236,24 +268,45 @@ def head_write_norms(trace: Any, *, attention_mask: Any = None) -> np.ndarray:
     return (norms * w).sum(axis=(1, 2)) / w.sum(axis=(1, 2))
 
 
-def head_norms_figure(norms: Any, *, title: str = "per-head residual-write norm") -> go.Figure:
+def head_norms_figure(norms: Any, *, title: str = "per-head residual-write norm",
+                      clip_outliers: bool = True) -> go.Figure:
     """``[layer, head]`` map of how much each head writes into the residual stream.
+
+    The colour scale (Viridis: dark small, yellow large, every step a distinct colour) runs from 0 to the largest
+    norm, or, with ``clip_outliers``, to Tukey's far-out fence (third quartile + 3 x the interquartile range) when
+    some heads lie above it, so that one outlier head does not wash every other cell into one colour; those cells
+    take the top colour, the colour bar says where it was cut, and every cell prints its value.
 
     Args:
         norms: ``[L, H]`` (for example :func:`head_write_norms`).
         title: figure title.
+        clip_outliers: cut the colour scale at the far-out fence.
 
     Returns:
         A ``go.Figure``.
 
     Example:
-        >>> head_norms_figure(head_write_norms(trace))
+        >>> fig = head_norms_figure([[0.1, 40.0], [3.0, 500.0], [30.0, 20.0]])
+        >>> fig.data[0].zmax < 500
+        True
     """
-    return score_map(norms, title=title, value="mean ||z W_O||", colorscale="Magma", zmin=0)
+    z = to_numpy(norms, "norms", 2)
+    finite = z[np.isfinite(z)]
+    biggest = float(finite.max()) if finite.size else 1.0
+    top = biggest
+    if clip_outliers and finite.size >= 4:
+        q1, q3 = np.quantile(finite, [0.25, 0.75])
+        top = min(biggest, float(q3 + 3 * (q3 - q1)))
+    label = "mean ||z W_O||" + (f"<br>(colours cut at {top:.3g};<br>max {biggest:.3g})" if biggest > top * 1.001 else "")
+    fig = score_map(z, title=title, value=label, colorscale="Viridis", zmin=0, zmax=max(top, 1e-12),
+                    text_format=".1f" if biggest >= 10 else ".2f")
+    fig.update_traces(colorbar=dict(title=dict(text=label, side="right"), thickness=18, len=0.9, tickformat=".3g"),
+                      hovertemplate="layer %{y} head %{x}<br>mean ||z W_O|| %{z:.4g}<extra></extra>")
+    return fig
 
 
 def _kind_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per head: its main kind (highest score), every kind it carries, and hover text."""
+    """One row per head: its kinds (highest score first), every kind as text, and hover text."""
     rows = []
     for (layer, head), g in df.groupby(["layer", "head"], sort=True):
         g = g.sort_values("score", ascending=False) if "score" in g.columns else g
@@ -267,31 +320,58 @@ def _kind_table(df: pd.DataFrame) -> pd.DataFrame:
             if "evidence" in g.columns and pd.notna(r["evidence"]) and str(r["evidence"]):
                 line += f": {html.escape(str(r['evidence']))}"
             parts.append(line)
-        rows.append({"layer": int(layer), "head": int(head), "main": real[0] if real else kinds[0],
-                     "all": ", ".join(real) if real else kinds[0], "hover": "<br>".join(parts)})
+        shown = list(dict.fromkeys(real)) or kinds[:1]
+        rows.append({"layer": int(layer), "head": int(head), "kinds": shown, "main": shown[0],
+                     "all": ", ".join(shown), "hover": "<br>".join(parts)})
     return pd.DataFrame(rows)
+
+
+#: Fixed colours for the kinds classify_heads reports (the same kind looks the same in every figure); other kinds
+#: take the next free colour of a qualitative palette.
+KIND_COLOURS = {
+    "induction": "#d62728", "previous-token": "#1f77b4", "duplicate-token": "#9467bd",
+    "positional:first": "#bcbd22", "positional:delimiter": "#8c564b", "positional:0": "#17becf",
+    "positional:-1": "#aec7e8", "positional:-2": "#98df8a", "positional:-3": "#c5b0d5",
+    "positional:+1": "#ffbb78", "positional:+2": "#f7b6d2", "positional:+3": "#c49c94",
+}
+#: At most this many kinds get a stripe of their own in a cell (hover and the legend still name every kind).
+MAX_STRIPES = 4
+
+
+def kind_colours(kinds: Sequence[str]) -> dict[str, str]:
+    """A distinct colour per kind: :data:`KIND_COLOURS` for the known ones, grey for "no kind", then a palette."""
+    palette = [c for c in plotly.colors.qualitative.Dark24 + plotly.colors.qualitative.Light24
+               if c not in KIND_COLOURS.values()]
+    out, free = {}, iter(palette * (1 + len(kinds) // max(1, len(palette))))
+    for k in kinds:
+        out[k] = _GREY if k.lower() in _NO_KIND else KIND_COLOURS.get(k) or next(free)
+    return out
 
 
 def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = None,
              title: str = "head taxonomy") -> go.Figure:
-    """The taxonomy map: each ``[layer, head]`` cell coloured by the head's main kind and labelled with it.
+    """The taxonomy map: each ``[layer, head]`` cell split into one stripe per kind the head carries.
 
     Args:
         report: a ``HeadReport`` (``.df``) or a DataFrame with ``layer``, ``head``, ``kind`` and optionally
-            ``score`` and ``evidence``. A head may appear in several rows (several kinds); its main kind is the
-            one with the highest score, and hover lists them all. Heads without a row stay blank.
+            ``score`` and ``evidence``. A head may appear in several rows (several kinds): its cell is split
+            into vertical stripes, one per kind (highest score first, at most :data:`MAX_STRIPES`), and hover
+            lists them all. Heads without a row are grey ("no kind").
         n_layers, n_heads: the grid size (default: the report's ``n_layers``/``n_heads`` attributes, else the
             largest layer and head in the table).
         title: figure title.
 
     Returns:
-        A ``go.Figure``: a categorical heatmap plus a legend entry per kind.
+        A ``go.Figure``: a heatmap of stripes plus a legend entry for every kind present on any head.
 
     Raises:
         ValueError: required columns are missing or the table is empty.
 
     Example:
-        >>> head_map(pd.DataFrame({"layer": [0, 1], "head": [0, 0], "kind": ["previous_token", "induction"]}))
+        >>> fig = head_map(pd.DataFrame({"layer": [0, 1, 1], "head": [0, 0, 0],
+        ...                              "kind": ["previous-token", "induction", "positional:first"]}))
+        >>> sorted(t.name for t in fig.data if t.type == "scatter" and t.name)
+        ['induction', 'positional:first', 'previous-token']
     """
     df = as_frame(report, "report")
     missing = [c for c in ("layer", "head", "kind") if c not in df.columns]
@@ -301,7 +381,8 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
     H = n_heads or getattr(report, "n_heads", None)
     if df.empty and not (L and H):
         raise ValueError("head table is empty and n_layers/n_heads are unknown")
-    table = _kind_table(df) if not df.empty else pd.DataFrame(columns=["layer", "head", "main", "all", "hover"])
+    table = (_kind_table(df) if not df.empty
+             else pd.DataFrame(columns=["layer", "head", "kinds", "main", "all", "hover"]))
     if not df.empty:
         L = max(int(L or 0), int(table["layer"].max()) + 1)
         H = max(int(H or 0), int(table["head"].max()) + 1)
@@ -309,37 +390,55 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
     given = getattr(report, "layer_heads", None)
     layer_heads = list(given) if given is not None and len(given) == L else [H] * L
     unclassified = sum(min(h, H) for h in layer_heads) - len(table)
-    kinds = sorted(set(table["main"]) | ({_UNCLASSIFIED} if unclassified else set()),
-                   key=lambda k: (k.lower() in _NO_KIND, k))
-    palette = plotly.colors.qualitative.Set2 + plotly.colors.qualitative.Pastel1
-    colour = {}
-    for i, k in enumerate(kinds):
-        colour[k] = _GREY if k.lower() in _NO_KIND else palette[i % len(palette)]
+    present = {k for ks in table["kinds"] for k in ks}
+    kinds = sorted(present | ({_UNCLASSIFIED} if unclassified else set()), key=lambda k: (k.lower() in _NO_KIND, k))
+    colour = kind_colours(kinds)
     code = {k: i for i, k in enumerate(kinds)}
-    # Heads without a row get the grey "no kind" code (their cell stays unlabelled).
-    z = np.full((L, H), float(code[_UNCLASSIFIED]) if unclassified else np.nan)
-    text = np.full((L, H), "", dtype=object)
+    most = max([min(len(ks), MAX_STRIPES) for ks in table["kinds"]] or [1])
+    S = int(np.lcm.reduce(np.arange(1, most + 1)))  # stripes per cell: any count up to `most` divides it evenly
+    # Heads without a row get the grey "no kind" code; removed heads stay NaN (blank).
+    z = np.full((L, H * S), float(code[_UNCLASSIFIED]) if unclassified else np.nan)  # [L, H * S]
     hover = np.full((L, H), "no kind found", dtype=object)
     for layer, n in enumerate(layer_heads):
-        z[layer, n:] = np.nan
+        z[layer, n * S:] = np.nan
         hover[layer, n:] = "removed"
+    labels = []
     for r in table.itertuples():
-        z[r.layer, r.head] = code[r.main]
-        text[r.layer, r.head] = r.all.replace("_", " ").replace(", ", "<br>")
-        hover[r.layer, r.head] = r.hover
+        drawn = r.kinds[:MAX_STRIPES]
+        width = S // len(drawn)
+        for i, k in enumerate(drawn):
+            z[r.layer, r.head * S + i * width: r.head * S + (i + 1) * width] = code[k]
+        more = len(r.kinds) - len(drawn)
+        hover[r.layer, r.head] = r.hover + (f"<br>({more} more kinds than stripes)" if more > 0 else "")
+        labels.append((r.head, r.layer, "<br>".join(k.replace("_", " ") for k in r.kinds)))
     n = max(1, len(kinds))
     # A stepwise colour scale: code i covers [i/n, (i+1)/n] of the normalised range.
     scale = [[0.0, _GREY], [1.0, _GREY]] if not kinds else []
     for i, k in enumerate(kinds):
         scale += [[i / n, colour[k]], [(i + 1) / n, colour[k]]]
+    x = (np.arange(H * S) + 0.5) / S - 0.5  # stripe centres: head h spans [h - 0.5, h + 0.5]
+    heads = np.repeat(np.arange(H), S)  # [H * S]: the head of each stripe
+    custom = np.empty((L, H * S, 2), dtype=object)
+    custom[:, :, 0] = heads[None, :]
+    custom[:, :, 1] = hover[:, heads]
     fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(H)), y=list(range(L)), colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False,
-        text=text, texttemplate="%{text}", textfont=dict(size=10), customdata=hover, xgap=2, ygap=2,
-        hovertemplate="layer %{y} head %{x}<br>%{customdata}<extra></extra>"))
-    for k in kinds:  # legend: one invisible marker per kind
+        z=z, x=x, y=list(range(L)), colorscale=scale, zmin=-0.5, zmax=n - 0.5, showscale=False,
+        customdata=custom, hovertemplate="layer %{y} head %{customdata[0]}<br>%{customdata[1]}<extra></extra>"))
+    big = L <= 12 and H <= 16  # room to print the kinds in each cell; otherwise hover tells
+    if big and labels:
+        fig.add_trace(go.Scatter(x=[h for h, _, _ in labels], y=[lay for _, lay, _ in labels], mode="text",
+                                 text=[t for _, _, t in labels], textfont=dict(size=10), hoverinfo="skip",
+                                 showlegend=False))
+    for k in kinds:  # legend: one invisible marker per kind present on any head
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=k.replace("_", " "),
                                  marker=dict(size=12, color=colour[k], symbol="square")))
+    # White borders between cells (the stripes of one cell touch).
+    lines = [dict(type="line", x0=h + 0.5, x1=h + 0.5, y0=-0.5, y1=L - 0.5) for h in range(H - 1)]
+    lines += [dict(type="line", x0=-0.5, x1=H - 0.5, y0=lay + 0.5, y1=lay + 0.5) for lay in range(L - 1)]
+    fig.update_layout(shapes=[dict(**ln, line=dict(color="white", width=3), layer="above") for ln in lines])
     _axes(fig, L, H)
-    fig.update_layout(title=title, height=max(260, 60 * L + 140), plot_bgcolor="white",
+    fig.update_xaxes(range=[-0.5, H - 0.5], showgrid=False, zeroline=False)
+    fig.update_yaxes(range=[L - 0.5, -0.5], autorange=None, showgrid=False, zeroline=False)
+    fig.update_layout(title=title, height=max(260, (60 if big else 26) * L + 140), plot_bgcolor="white",
                       legend=dict(title="kind"), margin=dict(l=10, r=10, t=50, b=10))
     return fig

@@ -104,13 +104,19 @@ class TokenIdTokenizer:
             ids = ids.flatten().tolist()
         return [self.id_to_str(int(i)) for i in ids]
 
+    def decode(self, ids: Sequence[int] | torch.Tensor, skip_special_tokens: bool = True) -> str:
+        """The ``t<id>`` strings of one sequence joined by spaces (the BOS dropped if ``skip_special_tokens``)."""
+        strs = self.to_str_tokens(ids)
+        return " ".join(s for s in strs if not (skip_special_tokens and s == self.bos_token))
+
     def to_tokens(self, text: str | Sequence[str], *, max_length: int | None = None,
-                  prepend_bos: bool = True) -> torch.Tensor:
+                  prepend_bos: bool = True, special_tokens: bool = True) -> torch.Tensor:
         """Parse whitespace-separated ``t<id>`` strings (one text, or a list of equally long texts).
 
         Args:
             text: e.g. ``"t3 t9 t3"``, or a list of such strings.
             max_length: refuse longer sequences.
+            special_tokens: ``False``: no BOS whatever ``prepend_bos`` says.
             prepend_bos: start each sequence with the BOS id (when this tokenizer has one) unless it already
                 starts with ``<bos>``.
 
@@ -124,7 +130,7 @@ class TokenIdTokenizer:
         rows = []
         for t in texts:
             ids = [self.str_to_id(s) for s in t.split()]
-            if prepend_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            if special_tokens and prepend_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
                 ids.insert(0, self.bos_id)
             if max_length is not None and len(ids) > max_length:
                 raise ValueError(f"sequence of {len(ids)} tokens exceeds max_length={max_length}")

@@ -6,6 +6,7 @@ The wrapped tokenizer's own padding/truncation settings (MiniLM's ``tokenizer.js
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -105,6 +106,24 @@ class Tokenizer:
         """Id of the separator / end token (``[SEP]``, ``</s>``, ``<|endoftext|>``...), or None."""
         return self._find(_SEP_NAMES)
 
+    @functools.cached_property
+    def _prefix_ids(self) -> tuple[int, ...]:
+        """The ids the post-processor puts before the text (``[CLS]`` for BERT, ``<s>`` for Llama, none for GPT-2)."""
+        full = self._tok.encode("a", add_special_tokens=True).ids
+        plain = self._tok.encode("a", add_special_tokens=False).ids
+        starts = [i for i in range(len(full) - len(plain) + 1) if full[i:i + len(plain)] == plain]
+        return tuple(full[:starts[0]]) if starts else ()
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """The sequence-start id ``prepend_bos=True`` adds: the one the tokenizer itself puts first, else a token
+        named like one (``[CLS]``, ``<s>``...), else the end-of-text token (GPT-2 and SmolLM2 use
+        ``<|endoftext|>`` as BOS); ``None`` if the vocabulary has none of these."""
+        if self._prefix_ids:
+            return self._prefix_ids[0]
+        found = self._find(_CLS_NAMES)
+        return found if found is not None else self._find(_SEP_NAMES[3:])
+
     @property
     def vocab_size(self) -> int:
         """Number of ids, added tokens included."""
@@ -116,15 +135,38 @@ class Tokenizer:
         return {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     # --- encoding -------------------------------------------------------------------------------------
-    def _encode(self, texts: list[str], max_length: int | None, is_pretokenized: bool = False):
+    def _encode(self, texts: list[str], max_length: int | None, is_pretokenized: bool = False,
+                add_special_tokens: bool = True):
         if max_length is not None:
             if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:
                 raise ValueError(f"max_length={max_length!r} must be a positive int or None")
             self._tok.enable_truncation(max_length)
         try:
-            return self._tok.encode_batch(texts, is_pretokenized=is_pretokenized)
+            return self._tok.encode_batch(texts, is_pretokenized=is_pretokenized,
+                                          add_special_tokens=add_special_tokens)
         finally:
             self._tok.no_truncation()
+
+    def _encode_ids(self, texts: list[str], max_length: int | None, prepend_bos: bool | None,
+                    special_tokens: bool) -> list[list[int]]:
+        """Each text's ids with the leading BOS as ``prepend_bos`` asks (see :meth:`encode_batch_with_mask`)."""
+        if not special_tokens:
+            return [e.ids for e in self._encode(texts, max_length, add_special_tokens=False)]
+        prefix, bos = self._prefix_ids, self.bos_token_id
+        if prepend_bos is None or (prepend_bos and prefix[:1] == (bos,)) or (not prepend_bos and not prefix):
+            return [e.ids for e in self._encode(texts, max_length)]  # the tokenizer already does what was asked
+        if prepend_bos:
+            if bos is None:
+                raise ValueError("prepend_bos=True but this tokenizer has no BOS token (no [CLS], <s>, "
+                                 "<|endoftext|>...)")
+            # Truncate one shorter so that the BOS fits; the tokenizer's own truncation keeps its end tokens.
+            cut = None if max_length is None else max_length - 1
+            if cut == 0:
+                return [[bos] for _ in texts]
+            return [[bos, *e.ids] for e in self._encode(texts, cut)]
+        cut = None if max_length is None else max_length + len(prefix)
+        return [e.ids[len(prefix):] if tuple(e.ids[:len(prefix)]) == prefix else e.ids
+                for e in self._encode(texts, cut)]
 
     @staticmethod
     def _texts(text: str | Sequence[str]) -> list[str]:
@@ -138,13 +180,18 @@ class Tokenizer:
             return texts
         raise TypeError(f"text must be a str or a list of str, got {type(text).__name__}")
 
-    def encode_batch_with_mask(self, texts: str | Sequence[str], max_length: int | None = None
+    def encode_batch_with_mask(self, texts: str | Sequence[str], max_length: int | None = None, *,
+                               prepend_bos: bool | None = None, special_tokens: bool = True
                                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokenize (adding special tokens), pad to the longest sequence, and say which ids are real.
 
         Args:
             texts: one string or a list of strings.
             max_length: truncate each sequence to this many ids (special tokens kept).
+            prepend_bos: ``None``: the special tokens the tokenizer adds; ``True``: every sequence starts with
+                :attr:`bos_token_id` (added when the tokenizer does not add it); ``False``: without the leading
+                special token the tokenizer adds (a trailing ``[SEP]`` stays).
+            special_tokens: ``False``: no special tokens at all (``prepend_bos`` is then ignored).
 
         Returns:
             ``(ids [B, T] long, attention_mask [B, T] long)`` with 1 for real tokens, 0 for padding.
@@ -156,23 +203,27 @@ class Tokenizer:
         Example:
             >>> ids, mask = tok.encode_batch_with_mask(["hi", "hello there"])
         """
-        encodings = self._encode(self._texts(texts), max_length)
-        T = max(len(e.ids) for e in encodings)
+        rows = self._encode_ids(self._texts(texts), max_length, prepend_bos, special_tokens)
+        T = max(len(r) for r in rows)
         pad = 0 if self._pad is None else self._pad
-        ids = torch.full((len(encodings), T), pad, dtype=torch.long)  # [B, T]
-        mask = torch.zeros((len(encodings), T), dtype=torch.long)  # [B, T]
-        for row, enc in enumerate(encodings):
-            ids[row, : len(enc.ids)] = torch.tensor(enc.ids, dtype=torch.long)
-            mask[row, : len(enc.ids)] = 1
+        ids = torch.full((len(rows), T), pad, dtype=torch.long)  # [B, T]
+        mask = torch.zeros((len(rows), T), dtype=torch.long)  # [B, T]
+        for row, row_ids in enumerate(rows):
+            ids[row, : len(row_ids)] = torch.tensor(row_ids, dtype=torch.long)
+            mask[row, : len(row_ids)] = 1
         return ids, mask
 
-    def to_tokens(self, text: str | Sequence[str], max_length: int | None = None) -> torch.Tensor:
+    def to_tokens(self, text: str | Sequence[str], max_length: int | None = None, *,
+                  prepend_bos: bool | None = None, special_tokens: bool = True) -> torch.Tensor:
         """Token ids ``[B, T]`` (special tokens added, a batch right-padded with ``pad_token_id``).
+
+        ``prepend_bos`` and ``special_tokens`` as in :meth:`encode_batch_with_mask`.
 
         Example:
             >>> tok.to_tokens("Hello world")       # MiniLM: [[101, 7592, 2088, 102]]
         """
-        return self.encode_batch_with_mask(text, max_length)[0]
+        return self.encode_batch_with_mask(text, max_length, prepend_bos=prepend_bos,
+                                           special_tokens=special_tokens)[0]
 
     def encode_words(self, words: Sequence[str], max_length: int | None = None, *,
                      space_before: Sequence[bool] | None = None) -> tuple[torch.Tensor, list[int | None]]:

@@ -47,7 +47,7 @@ def test_per_sequence_positions_and_a_norm_free_head_equals_the_naive_dot_produc
     pos = torch.tensor([3, 5])
     df = direct_logit_attribution(model, toks, answers, pos=pos)
     _, tr = model.run_with_cache(toks, names_filter="*hook_result")
-    direction = (model.W_U.weight[7] - model.W_U.weight[9]).detach()
+    direction = (model.unembed.weight[7] - model.unembed.weight[9]).detach()
     naive = (tr["result", 1][torch.arange(2), pos, 2] @ direction).mean()
     assert float(df.set_index("component").loc["L1H2", "attribution"]) == pytest.approx(float(naive), abs=1e-5)
     with torch.no_grad():

@@ -108,7 +108,7 @@ def _naive_copy_fraction(model, trace, toks, layer, head, b, q, normalization):
         ln = model.ln_final
         eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
         out = out / torch.sqrt(x.pow(2).mean() + eps) * ln.weight
-    logits = model.W_U.weight @ out
+    logits = model.unembed.weight @ out
     attended = toks[b, int(trace.pattern(layer)[b, head, q].argmax())]
     return float((logits < logits[attended]).float().mean())
 

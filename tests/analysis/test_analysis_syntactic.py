@@ -53,7 +53,7 @@ def _syntax_model(n_ctx=16) -> Transformer:
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-        model.W_E.weight.copy_(torch.eye(V))
+        model.embed.weight.copy_(torch.eye(V))
         W = model.blocks[0].attn.W_qkv.weight  # rows [q | k | v], each V wide
         for verb in ("runs", "sleep"):  # "sleeps" is "sleep" + "##s": its first token carries the query
             W[0, tok.vocab[verb]] = 20.0 * V ** 0.5

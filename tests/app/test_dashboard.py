@@ -228,8 +228,8 @@ def test_switching_heads_off_changes_the_loss_as_the_gated_model(tiny_checkpoint
         model.set_head_gates(gates)
         gated = repeated_half_loss()
         model.set_head_gates(None)
-    assert float(shown["Loss"].value) == pytest.approx(gated, abs=1e-4)
-    assert float(shown["Loss"].delta) == pytest.approx(gated - base, abs=2e-4)
+    assert float(shown["Loss (lower is better)"].value) == pytest.approx(gated, abs=1e-4)
+    assert float(shown["Loss (lower is better)"].delta) == pytest.approx(gated - base, abs=2e-4)
 
 
 def test_running_pruning_curves_draws_them():
@@ -289,8 +289,15 @@ def test_induction_page_shows_losses_and_scores():
     assert arr(charts(at)["fig_induction_head"]["data"][0]["z"]).shape == (11, 11)  # bos + 2 x 5
 
 
+def _worked_example(at: AppTest) -> AppTest:
+    at.selectbox(key="cost_preset").set_value("Worked example: 80 layers, 64 heads x 128 (Llama-2-70B size)")
+    at.run()
+    assert not at.exception
+    return at
+
+
 def test_costs_page_reproduces_the_worked_example():
-    at = make_app(page="KV cache & FLOPs")
+    at = _worked_example(make_app(page="KV cache & FLOPs"))
     shown = {m.label: m.value for m in at.metric}
     assert shown["KV cache per token (MHA)"] == "2.62 MB"
     assert shown["For 32 x 4096 tokens"] == format_bytes(kv_cache_bytes(worked_example_config(), batch=32,
@@ -310,12 +317,69 @@ def test_costs_page_reproduces_the_worked_example():
 
 
 def test_costs_page_rejects_an_invalid_configuration():
-    at = make_app(page="KV cache & FLOPs")
+    at = _worked_example(make_app(page="KV cache & FLOPs"))
     kv_input = [n for n in at.number_input if n.label == "KV heads (this model)"][0]
     kv_input.set_value(7)  # 64 heads are not a multiple of 7
     at.run()
     assert not at.exception
     assert any("Not a valid configuration" in e.value and "n_kv_heads=7" in e.value for e in at.error)
+
+
+def test_costs_page_starts_from_the_selected_model():
+    at = make_app(page="KV cache & FLOPs")
+    assert at.selectbox(key="cost_preset").value == "This model (random-tiny)"
+    shown = {m.label: m.value for m in at.metric}  # 2 layers x K and V x 2 KV heads x d_head 8 x fp16
+    assert shown["KV cache per token (GQA)"] == format_bytes(2 * 2 * 2 * 8 * 2)
+    latent = [n for n in at.number_input if n.label == "MLA latent"][0]
+    assert latent.value == 4 * 8  # DeepSeek-V2's proportion for this model's d_head, not the 70B example's 512
+    _worked_example(at)
+    assert [n for n in at.number_input if n.label == "MLA latent"][0].value == 4 * 128
+
+
+def test_pruning_page_names_its_metric_and_colours_deltas_by_better_or_worse():
+    at = make_app(page="Pruning")
+    text = " ".join(m.value for m in at.markdown)
+    assert "Metric (higher is better): **next-token accuracy on the repeated half**" in text
+    assert "Loss (lower is better)" in text
+    shown = {m.label: m for m in at.metric}
+    loss, acc = shown["Loss (lower is better)"], shown["accuracy (higher is better)"]
+    # No heads off: no change, so no red or green arrow on +0.0000.
+    assert loss.delta == acc.delta == "±0.0000"
+    assert loss.proto.color == acc.proto.color  # both the neutral colour
+    at.multiselect(key="heads_off").set_value(["L0H0", "L0H1", "L1H0", "L1H1"])
+    at.run()
+    shown = {m.label: m for m in at.metric}
+    loss = shown["Loss (lower is better)"]
+    assert loss.delta != "±0.0000"
+
+
+def test_metric_delta_colours():
+    src = open(APP).read()
+    start = src.index("def metric_delta")
+    end = src.index("\ndef ", start + 1)
+    ns = {"Any": object, "_METRIC_HAS_ARROW": False}
+    exec(src[start:end], ns)  # the pure helper alone (importing the app would draw it)
+    delta = ns["metric_delta"]
+    assert delta(0.00004, higher_is_better=True) == {"delta": "±0.0000", "delta_color": "off"}
+    assert delta(-0.00004, higher_is_better=False)["delta_color"] == "off"
+    assert delta(0.01, higher_is_better=True) == {"delta": "+0.0100", "delta_color": "normal"}  # up, green
+    assert delta(0.01, higher_is_better=False) == {"delta": "+0.0100", "delta_color": "inverse"}  # up, red
+    assert delta(-0.01, higher_is_better=False)["delta_color"] == "inverse"  # down loss: green
+
+
+def test_head_map_positional_panel_has_no_empty_column_and_a_matching_title():
+    at = make_app(page="Head map")
+    fig = charts(at)["fig_positional"]
+    targets = list(fig["data"][0]["x"])
+    assert "+1" not in targets  # causal model: the +1 target is never reachable
+    z = arr(fig["data"][0]["z"]).astype(float)
+    assert not np.isnan(z).all(axis=0).any()  # no all-empty column
+    title = fig["layout"]["xaxis"]["title"]["text"]
+    assert "offset" in title and "first token" in title
+    assert ("delimiter" in title) == ("delimiter" in targets)
+    head_map = charts(at)["fig_head_map"]
+    legend = [t["name"] for t in head_map["data"] if t.get("type") == "scatter" and t.get("name")]
+    assert legend, "the head map has a legend entry per kind"
 
 
 # --- real models (slower) --------------------------------------------------------------------------------

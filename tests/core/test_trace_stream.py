@@ -141,7 +141,7 @@ def test_a_pass_feeding_only_patterns_stops_after_the_last_pattern_and_agrees_wi
     tokens = torch.randint(0, 37, (6, 20))
     _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")  # full forward, reference
     mlp_calls = _count_calls(model.blocks[-1].mlp)
-    unembed_calls = _count_calls(model.W_U)
+    unembed_calls = _count_calls(model.unembed)
     red = MeanReducer("blocks.*.attn.hook_pattern")
     model.set_query_chunk(chunk)
     try:

@@ -108,7 +108,11 @@ def test_head_write_norms_needs_recorded_writes(run):
         viz.head_write_norms(trace)
 
 
-def test_head_map_colours_the_main_kind_and_lists_all():
+def _legend(fig):
+    return [t.name for t in fig.data if t.type == "scatter" and t.name]
+
+
+def test_head_map_splits_cells_by_kind_and_lists_every_kind():
     df = pd.DataFrame({
         "layer": [0, 0, 1, 1, 1],
         "head": [0, 1, 0, 0, 2],
@@ -119,19 +123,40 @@ def test_head_map_colours_the_main_kind_and_lists_all():
     fig = viz.head_map(df)
     hm = fig.data[0]
     z = np.array(hm.z, dtype=float)
-    assert z.shape == (2, 3)
-    # Never classified: the grey "no kind" code, no label.
-    # Main kind of L1H0 is the higher-scoring "induction"; both kinds appear in its cell text.
-    legend = [t.name for t in fig.data[1:]]
-    # The legend lists main kinds only (copying is never a head's main kind here), "none" last.
-    kinds_in_order = ["induction", "positional_-1", "previous_token", "no kind", "none"]
-    assert legend == [k.replace("_", " ") for k in kinds_in_order]
-    assert z[1, 0] == kinds_in_order.index("induction")
-    assert hm.text[1][0] == "induction<br>copying"
-    assert "induction (score 0.800): induction 0.8" in hm.customdata[1][0]
-    assert z[0, 1] == kinds_in_order.index("none")
-    assert z[0, 2] == kinds_in_order.index("no kind") and hm.text[0][2] == ""
-    assert hm.customdata[0][2] == "no kind found"
+    assert z.shape == (2, 3 * 2)  # two stripes per cell: the most kinds any head has
+    # The legend lists every kind present on any head (copying is never a main kind here), "no kind" last.
+    kinds_in_order = ["copying", "induction", "positional_-1", "previous_token", "no kind", "none"]
+    assert _legend(fig) == [k.replace("_", " ") for k in kinds_in_order]
+    # L1H0 carries induction (higher score: first stripe) and copying (second stripe).
+    assert list(z[1, 0:2]) == [kinds_in_order.index("induction"), kinds_in_order.index("copying")]
+    assert list(z[0, 0:2]) == [kinds_in_order.index("previous_token")] * 2  # one kind fills the cell
+    text = fig.data[1]
+    assert text.mode == "text" and "induction<br>copying" in list(text.text)
+    assert "induction (score 0.800): induction 0.8" in hm.customdata[1][0][1]
+    assert hm.customdata[1][1][0] == 0 and hm.customdata[1][2][0] == 1  # each stripe hovers its head
+    assert list(z[0, 2:4]) == [kinds_in_order.index("none")] * 2
+    assert list(z[0, 4:6]) == [kinds_in_order.index("no kind")] * 2
+    assert hm.customdata[0][4][1] == "no kind found"
+    colours = [t.marker.color for t in fig.data if t.type == "scatter" and t.name]
+    assert len(set(colours[:4])) == 4  # distinct colours for distinct kinds
+
+
+def test_head_map_shows_both_kinds_of_a_smollm2_like_induction_head():
+    # SmolLM2's induction heads also put most attention on the first token: both kinds must show.
+    df = pd.DataFrame({"layer": [23, 23, 23, 5], "head": [2, 2, 7, 0],
+                       "kind": ["positional:first", "induction", "induction", "previous-token"],
+                       "score": [0.95, 0.41, 0.38, 0.9]})
+    fig = viz.head_map(df, n_layers=30, n_heads=9)
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (30, 9 * 2)
+    legend = _legend(fig)
+    assert {"induction", "positional:first", "previous-token", "no kind"} == set(legend)
+    code = {name: i for i, name in enumerate(legend)}
+    assert list(z[23, 4:6]) == [code["positional:first"], code["induction"]]
+    assert list(z[23, 14:16]) == [code["induction"]] * 2
+    colour = {t.name: t.marker.color for t in fig.data if t.type == "scatter" and t.name}
+    assert colour["induction"] != colour["positional:first"]
+    assert fig.layout.height <= 30 * 26 + 140  # 270 heads: no text, compact rows
 
 
 def test_head_map_accepts_a_report_object_and_rejects_bad_tables():
@@ -141,9 +166,9 @@ def test_head_map_accepts_a_report_object_and_rejects_bad_tables():
 
     fig = viz.head_map(Report())
     assert np.array(fig.data[0].z, dtype=float).shape == (2, 3)  # the whole model, not just classified heads
-    assert [t.name for t in fig.data[1:]] == ["induction", "no kind"]
+    assert _legend(fig) == ["induction", "no kind"]
     Report.df = Report.df.iloc[:0]
-    assert [t.name for t in viz.head_map(Report()).data[1:]] == ["no kind"]  # nothing found: all grey
+    assert _legend(viz.head_map(Report())) == ["no kind"]  # nothing found: all grey
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['kind'\]"):
         viz.head_map(pd.DataFrame({"layer": [0], "head": [0]}))
     with pytest.raises(TypeError, match="must be a pandas DataFrame or have a .df"):
@@ -213,3 +238,51 @@ def test_pruning_curves_reads_pruning_curve_objects():
     # Labelled with the AUC on [0, 0.5]: trapezoids (0.9 + 0.8) / 4 and (0.9 + 0.5) / 4.
     assert [t.name for t in fig.data] == ["importance (AUC[0, 0.50] 0.425)", "random (AUC[0, 0.50] 0.350)"]
     assert list(fig.data[0].y) == [0.9, 0.8] and list(fig.data[1].error_y.array) == [0.0, 0.1]
+
+
+def test_head_grid_token_ticks_and_kv_group_lines():
+    pats = torch.softmax(torch.randn(2, 6, 5, 5), -1)  # [L, H, T, S]
+    toks = ["a", "b", "c", "d", "e"]
+    fig = viz.head_grid(pats, toks, n_kv_heads=2)
+    assert len(fig.layout.shapes) == 1  # one line between the two K/V groups of 3 heads
+    x = fig.layout.shapes[0].x0
+    assert fig.layout.xaxis3.domain[1] < x < fig.layout.xaxis4.domain[0]
+    titles = [a.text for a in fig.layout.annotations]
+    assert "H2 · kv0" in titles and "H3 · kv1" in titles
+    assert list(fig.layout.yaxis.ticktext) == toks  # left column: query tokens
+    assert list(fig.layout.xaxis12.ticktext) == toks  # bottom row (L1, H5): key tokens
+    long = viz.head_grid(torch.softmax(torch.randn(1, 2, 40, 40), -1))
+    assert not long.layout.yaxis.showticklabels  # 40 tokens do not fit a small cell
+    with pytest.raises(ValueError, match="n_kv_heads=4 must be a positive int dividing the 6 heads"):
+        viz.head_grid(pats, toks, n_kv_heads=4)
+
+
+def test_layer_heads_names_kv_groups_and_ticks_short_inputs():
+    fig = viz.layer_heads(torch.softmax(torch.randn(4, 3, 3), -1), ["x", "y", "z"], layer=1, n_kv_heads=2, cols=4)
+    assert [a.text for a in fig.layout.annotations] == ["L1H0 · kv0", "L1H1 · kv0", "L1H2 · kv1", "L1H3 · kv1"]
+    assert list(fig.layout.xaxis.ticktext) == ["x", "y", "z"]
+
+
+def test_head_norms_scale_is_clipped_and_distinct():
+    norms = np.array([[0.05, 40.0, 38.0], [1.0, 2.0, 900.0]])
+    fig = viz.head_norms_figure(norms)
+    hm = fig.data[0]
+    assert hm.colorscale[0][1] != hm.colorscale[-1][1]  # a sequential scale, not one hue
+    assert hm.zmin == 0 and hm.zmax < 900  # the outlier does not squash 0.05 and 40 into one colour
+    assert 40.0 / hm.zmax > 0.05  # 40 sits well above ~0 on the scale
+    assert "max 900" in hm.colorbar.title.text
+    np.testing.assert_allclose(np.array(hm.z, dtype=float), norms)
+
+
+def test_positional_map_one_layer_or_aggregated():
+    df = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "mass_-1": [0.2, 0.9, 0.1, 0.3],
+                       "mass_first": [0.7, 0.05, 0.6, 0.2]})
+    one = viz.positional_map(df, layers=[1])
+    assert list(one.data[0].y) == ["L1H0", "L1H1"]
+    agg = viz.positional_map(df, aggregate=True)
+    assert list(agg.data[0].y) == ["L0", "L1"]
+    np.testing.assert_allclose(np.array(agg.data[0].z, dtype=float), [[0.9, 0.7], [0.3, 0.6]])
+    assert agg.data[0].customdata[0][0] == "H1" and agg.data[0].customdata[1][1] == "H0"
+    assert agg.layout.xaxis.title.text == "target (offset from the query, first token)"
+    with pytest.raises(ValueError, match=r"layers=\[7\] selects no head"):
+        viz.positional_map(df, layers=[7])

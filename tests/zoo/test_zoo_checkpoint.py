@@ -29,7 +29,7 @@ def test_round_trip_reproduces_logits(tmp_path, kw):
     assert read_checkpoint_metadata(path)["steps"] == "7"
     if model.cfg.tie_embeddings:
         loaded = load_checkpoint(path)
-        assert loaded.W_U.weight.data_ptr() == loaded.W_E.weight.data_ptr()
+        assert loaded.unembed.weight.data_ptr() == loaded.embed.weight.data_ptr()
 
 
 def test_tokenizer_travels_with_checkpoint(tmp_path):

@@ -257,6 +257,7 @@ class LeanDecoder:
              "learned position or token-type embeddings"),
             (not cfg.cross_attention, "cross-attention"),
             (cfg.use_sdpa, "use_sdpa=False"),
+            (not getattr(model, "_placement_handles", None), "layers placed on several devices"),
         ]
         for ok, why in checks:
             if not ok:

@@ -141,7 +141,10 @@ class Transformer(HookedModule):
         # Pre-norm models normalise the final residual; post-norm ones already ended on a norm.
         self.ln_final = make_norm(cfg) if cfg.normalization in ("pre", "rms") else None
         if cfg.unembed:
-            self.W_U = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings)
+            # A tied unembedding shares W_E's weight: allocate none of its own (a [d_vocab, d_model] copy would
+            # be built and initialised only to be dropped, a peak of twice the embedding's bytes).
+            self.W_U = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings,
+                                 device="meta" if cfg.tie_embeddings else None)
             if cfg.tie_embeddings:
                 self.W_U.weight = self.W_E.weight
         else:
@@ -262,9 +265,11 @@ class Transformer(HookedModule):
 
     # --- decoding -------------------------------------------------------------------------------------
     def make_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
-        """A :class:`KVCache` matching this model's dtype and device."""
+        """A :class:`KVCache` matching this model's dtype and device (each layer's with its block's device)."""
         p = next(self.parameters())
-        return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=p.device)
+        devices = [next(b.parameters()).device for b in self.blocks]
+        device = p.device if all(d == p.device for d in devices) else devices
+        return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=device)
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, *, use_cache: bool = True,
@@ -455,7 +460,7 @@ class Transformer(HookedModule):
         Args:
             names_filter: a hook name, glob pattern, list, or predicate; ``None`` records everything.
             other arguments: as :meth:`forward`, plus the recording options of :func:`interp.streaming.record`
-                (``layers``, ``dtype``, ``device``, ``reducers``).
+                (``layers``, ``dtype``, ``device``, ``reducers``, ``offload``).
 
         Returns:
             ``(output, trace)``; ``trace[name]`` is the recorded tensor.

@@ -20,12 +20,14 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
+from ..config import ModelConfig
 from ..model import Transformer
+from ..placement import build, place
 from .checkpoint import load_checkpoint, load_state_dict_strict, read_checkpoint_metadata, save_checkpoint
 from .gguf import load_gguf
 from .hf import from_hf
@@ -79,7 +81,9 @@ def _builtin_loader(name: str) -> Callable[[], Transformer]:
     return getattr(importlib.import_module(module), fn)
 
 
-def load(name_or_path: str | Path, *, device: torch.device | str | None = None) -> Transformer:
+def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str | None = None,
+         dtype: torch.dtype | None = None, devices: Sequence[torch.device | str] | str | None = None,
+         seed: int | None = None) -> Transformer:
     """Load a ready model (weights, config and, when it has one, tokenizer).
 
     Args:
@@ -87,7 +91,13 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
             ``.safetensors`` checkpoint written by :func:`save_checkpoint`, a llama-family ``.gguf`` file
             (:func:`interp.zoo.gguf.load_gguf`), or a local folder of a Hugging Face BERT / GPT-2 /
             Llama-style model (converted with :func:`interp.zoo.hf.from_hf`; hub ids go through ``from_hf``).
+            A :class:`~interp.config.ModelConfig` builds a randomly initialised model directly on ``device`` in
+            ``dtype`` (:func:`interp.placement.build`; no float32 copy on the CPU first).
         device: where to put the model.
+        dtype: a floating dtype to cast the weights to (``torch.bfloat16`` halves memory).
+        devices: split the blocks over several devices (a list, or ``"auto"`` by free GPU memory; see
+            :func:`interp.placement.place`). Logits come back on the first device.
+        seed: the initialisation seed of a model built from a config.
 
     Returns:
         An :class:`interp.Transformer` in eval mode with ``model.name`` set and ``model.tokenizer`` when the
@@ -104,8 +114,12 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
         >>> model = load("induction-2l")
         >>> model = load("runs/my_model.safetensors")
     """
+    if isinstance(name_or_path, ModelConfig):
+        model = build(name_or_path, device=device, dtype=dtype, seed=seed)
+        model.name = "random"
+        return place(model, devices) if devices is not None else model
     if not isinstance(name_or_path, (str, Path)):
-        raise TypeError(f"load takes a model name or a path, got {type(name_or_path).__name__}")
+        raise TypeError(f"load takes a model name, a path or a ModelConfig, got {type(name_or_path).__name__}")
     key = str(name_or_path)
     if key in BUILTINS:
         model = _builtin_loader(key)()
@@ -128,8 +142,14 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
                 f"unknown model {key!r}: not a built-in name, a .safetensors checkpoint, a .gguf file or a Hugging Face "
                 f"model folder. Built-in models: {sorted(BUILTINS)}. For a hub id use interp.zoo.hf.from_hf."
             )
+    if dtype is not None:
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        model.to(dtype=dtype)
     if device is not None:
         model.to(device)
+    if devices is not None:
+        place(model, devices)
     return model.eval()
 
 

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "interp"
 
-CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "model", "flops", "weights",
+CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "model", "flops", "weights", "placement",
         "distributed"}  # distributed imports nothing of interp's: trace and pruning call it
 TRACE = {"trace", "trace_views", "streaming"}
 ALLOWED = {

@@ -281,7 +281,7 @@ def source_dtype(hf_sd: StateDict) -> torch.dtype | None:
 
 
 def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-model",
-            dtype: torch.dtype | None = None) -> Transformer:
+            dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Transformer:
     """Build an :class:`interp.Transformer` from a HF config dict and state dict (no ``transformers`` needed).
 
     Args:
@@ -289,6 +289,7 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
         hf_sd: the HF state dict (from the model or a safetensors file).
         name: the model's ``name``.
         dtype: the parameters' dtype (default: the source's, see :func:`source_dtype`: bf16 stays bf16).
+        device: where to build the model (default: where the source tensors are).
 
     Returns:
         The converted model in eval mode.
@@ -304,8 +305,10 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
     cfg = make_cfg(hf_cfg)
     if dtype is None:
         dtype = source_dtype(hf_sd)
-    # Built directly in the target dtype: a bf16 checkpoint never passes through a float32 copy.
-    model = build(cfg, dtype=dtype)
+    if device is None:  # where the source weights are (a HF model on a GPU converts on that GPU)
+        device = next((t.device for t in hf_sd.values() if t.is_floating_point()), None)
+    # Built directly in the target dtype and device: a bf16 checkpoint never passes through a float32 copy.
+    model = build(cfg, dtype=dtype, device=device)
     load_state_dict_strict(model, make_sd(hf_sd, cfg), source=f"Hugging Face {mtype} weights")
     model.name = name
     return model.eval()
@@ -385,7 +388,7 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
     else:
         raise TypeError(f"from_hf takes a Hugging Face model, a local folder or a hub id, "
                         f"got {type(model_or_path).__name__}")
-    model = convert(hf_model.config.to_dict(), hf_model.state_dict(), name=name, dtype=dtype)
+    model = convert(hf_model.config.to_dict(), hf_model.state_dict(), name=name, dtype=dtype, device=device)
     model.tokenizer = _wrap_tokenizer(tokenizer)
     if device is not None:
         model.to(device)

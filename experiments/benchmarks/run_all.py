@@ -11,6 +11,7 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     smollm2       bench_smollm2.py       SmolLM2-135M (GGUF) vs HF LlamaForCausalLM: forward, recording, greedy decoding
     analysis      bench_analysis.py      classify_heads on UD EWT dev vs one recorded forward pass over the same batches
     distributed   bench_distributed.py   classify_heads over UD EWT dev: 1 process x 2 threads vs 2 x 1 vs 8 x 1 (torchrun)
+    load_memory   bench_load_memory.py   peak memory of loading a 1B-shaped random model in bf16 vs float32-then-cast
 
 Usage:
     python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2 analysis distributed] [--quick] [--out FILE.md]
@@ -34,6 +35,7 @@ SCRIPTS = {
     "smollm2": "bench_smollm2.py",
     "analysis": "bench_analysis.py",
     "distributed": "bench_distributed.py",
+    "load_memory": "bench_load_memory.py",
 }
 TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed"}
 

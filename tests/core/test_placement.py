@@ -164,32 +164,11 @@ def test_load_takes_dtype_devices_and_configs():
         interp.load("induction-2l", dtype=torch.int32)
 
 
-PEAK_SCRIPT = r"""
-import json, resource, sys, torch, interp
-from interp import ModelConfig
-cfg = ModelConfig(**json.loads(sys.argv[1]))
-mode = sys.argv[2]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-if mode == "load":
-    m = interp.load(cfg, dtype=torch.bfloat16, seed=0)
-else:  # what loading did before: float32 random weights on the CPU, then a cast
-    m = interp.Transformer(cfg).to(torch.bfloat16)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-weights = sum(p.numel() * p.element_size() for p in m.parameters())
-print(json.dumps({"ratio": (peak - before) / weights, "weights": weights}))
-"""
-
-
 @pytest.mark.slow
 def test_loading_a_1b_shaped_bf16_config_peaks_near_its_weights():
     # Real Llama-3.2-1B widths with 2 layers (the embedding alone is 263M parameters): about 0.77 GB in bf16.
-    cfg = json.dumps(dict(n_layers=2, **LLAMA_1B))
-
-    def ratio(mode):
-        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, cfg, mode], capture_output=True, text=True,
-                             cwd=ROOT, check=True)
-        return json.loads(out.stdout)["ratio"]
-
-    new, old = ratio("load"), ratio("float32-then-cast")
-    assert new <= 1.3, new
-    assert old > 2.0, old  # the check has teeth: the old route peaks at float32 + bf16 copies
+    out = subprocess.run([sys.executable, str(ROOT / "experiments" / "benchmarks" / "bench_load_memory.py"),
+                          "--layers", "2", "--json"], capture_output=True, text=True, cwd=ROOT, check=True)
+    res = json.loads(out.stdout)
+    assert res["interp.load"]["ratio"] <= 1.3, res
+    assert res["float32 then cast"]["ratio"] > 2.0, res  # the check has teeth: the old route peaks far above

@@ -461,6 +461,7 @@ class LeanDecoder:
             (cfg.use_sdpa, "use_sdpa=False"),
             (not cfg.n_experts, "mixture-of-experts MLPs"),
             (not (uncovered := cfg.set_features(_LEAN_UNCOVERED)), uncovered),
+            (not getattr(model, "_placement_handles", None), "layers placed on several devices"),
         ]
         for ok, why in checks:
             if not ok:

@@ -11,6 +11,8 @@ can see besides itself (:class:`WindowLayerKVCache`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .config import ModelConfig
@@ -100,7 +102,8 @@ class KVCache:
         cfg: the model config (decides what is stored: per-KV-head K/V, or the MLA latent).
         batch_size: sequences decoded together.
         max_len: the most positions the cache holds (defaults to ``cfg.n_ctx``).
-        dtype, device: of the buffers.
+        dtype, device: of the buffers; ``device`` may be a list with one device per layer (a model split over
+            devices keeps each layer's cache with its block).
 
     Example:
         >>> cache = model.make_cache(batch_size=2)
@@ -116,7 +119,7 @@ class KVCache:
         batch_size: int,
         max_len: int | None = None,
         dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
+        device: torch.device | str | Sequence[torch.device | str] = "cpu",
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size={batch_size} must be > 0")
@@ -127,6 +130,9 @@ class KVCache:
         self.batch_size = batch_size
         self.max_len = max_len
         self.layers: list[LayerKVCache] = []
+        devices = [device] * cfg.n_layers if isinstance(device, (str, torch.device)) else list(device)
+        if len(devices) != cfg.n_layers:
+            raise ValueError(f"device lists {len(devices)} devices for a model with {cfg.n_layers} layers")
         for layer in range(cfg.n_layers):
             if cfg.attention == "latent":
                 width = 1 if cfg.layer(layer).n_heads else 0  # a layer without heads caches nothing
@@ -139,7 +145,7 @@ class KVCache:
                 length = max_len if window is None else min(max_len, window - 1)
                 shapes = [(batch_size, cfg.layer(layer).n_kv_heads, length, cfg.d_head)] * 2
                 seq_dims = [2, 2]
-            bufs = [torch.zeros(s, dtype=dtype, device=device) for s in shapes]
+            bufs = [torch.zeros(s, dtype=dtype, device=devices[layer]) for s in shapes]
             windowed = cfg.attention != "latent" and cfg.window(layer) is not None
             self.layers.append((WindowLayerKVCache if windowed else LayerKVCache)(bufs, seq_dims))
 

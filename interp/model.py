@@ -187,7 +187,10 @@ class Transformer(HookedModule):
         # Pre-norm models normalise the final residual; post-norm ones already ended on a norm.
         self.ln_final = make_norm(cfg) if cfg.normalization in ("pre", "rms") else None
         if cfg.unembed:
-            self.W_U = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings)
+            # A tied unembedding shares W_E's weight: allocate none of its own (a [d_vocab, d_model] copy would
+            # be built and initialised only to be dropped, a peak of twice the embedding's bytes).
+            self.W_U = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings,
+                                 device="meta" if cfg.tie_embeddings else None)
             if cfg.tie_embeddings:
                 self.unembed.weight = self.embed.weight
         self.hook_embed = HookPoint()
@@ -328,9 +331,11 @@ class Transformer(HookedModule):
 
     # --- decoding -------------------------------------------------------------------------------------
     def make_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
-        """A :class:`KVCache` matching this model's dtype and device."""
+        """A :class:`KVCache` matching this model's dtype and device (each layer's with its block's device)."""
         p = next(self.parameters())
-        return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=p.device)
+        devices = [next(b.parameters()).device for b in self.blocks]
+        device = p.device if all(d == p.device for d in devices) else devices
+        return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=device)
 
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor | tuple:
         """Generate ``max_new_tokens`` after ``tokens``: :func:`interp.generate.generate` (greedy by default;
@@ -417,7 +422,7 @@ class Transformer(HookedModule):
         Args:
             names_filter: a hook name, glob pattern, list, or predicate; ``None`` records everything.
             other arguments: as :meth:`forward`, plus the recording options of :func:`interp.streaming.record`
-                (``layers``, ``dtype``, ``device``, ``reducers``).
+                (``layers``, ``dtype``, ``device``, ``reducers``, ``offload``).
 
         Returns:
             ``(output, trace)``; ``trace[name]`` is the recorded tensor.

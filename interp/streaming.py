@@ -20,6 +20,7 @@ from .data.batches import Batch, check_length, iter_batches
 from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
 from .progress import bar as progress_bar
 from .progress import enabled as progress_enabled
+from .placement import is_split
 from .trace import Trace
 
 if TYPE_CHECKING:
@@ -262,6 +263,7 @@ def record(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
     reducers: Sequence[Reducer] = (),
+    offload: str | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, Trace]:
     """Run ``model(*args, **kwargs)`` and record hook points into a :class:`Trace`.
@@ -272,9 +274,13 @@ def record(
             stores nothing (useful with reducers).
         layers: keep only hook points of these layers.
         dtype: cast stored tensors (for example ``torch.float16`` to halve memory).
-        device: move stored tensors there (for example ``"cpu"`` to offload from a GPU).
+        device: move stored tensors there (for example ``"cpu"`` to offload from a GPU). A model split over
+            devices (:func:`interp.placement.place`) gathers its trace on the first device by default.
         reducers: :class:`Reducer` objects fed with their own hook points; their results land in
             ``trace.stats`` in the same order.
+        offload: ``"cpu"`` streams every recorded tensor to CPU memory as it is produced (pinned memory and
+            non-blocking copies from a GPU, so the copies overlap the rest of the pass), for traces that do not
+            fit on the GPU. The trace is complete when ``record`` returns.
 
     Per-head writes (``*.hook_result``) are recorded as the head's z (after ``hook_z``) and a snapshot of
     its W_O (times its gate, if any) and multiplied out when read: the same numbers, without a
@@ -286,8 +292,13 @@ def record(
 
     Raises:
         TypeError: ``layers`` is not a list of int layer indices (``['0']`` is named).
-        ValueError: an explicit hook name matches nothing, or a layer is out of range.
+        ValueError: an explicit hook name matches nothing, a layer is out of range, or ``offload`` is not
+            ``"cpu"`` / None.
     """
+    if offload not in (None, "cpu"):
+        raise ValueError(f"offload={offload!r}: only 'cpu' (or None) is supported")
+    if device is None and is_split(model):
+        device = model.W_E.weight.device  # one trace on one device, whatever block each tensor came from
     names = [] if isinstance(names_filter, (list, tuple)) and not names_filter else resolve_names(
         names_filter, model.hook_names)
     if layers is not None:
@@ -313,6 +324,10 @@ def record(
             t = t.to(dtype)
         if device is not None:
             t = t.to(device)
+        if offload is not None and t.device.type != "cpu":
+            # A pinned host buffer lets the device-to-host copy run asynchronously on the current stream.
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            t = host.copy_(t, non_blocking=True)
         chunks = store.setdefault(hook.name, [])
         if q_start == 0:
             chunks.clear()  # a new forward pass (or the first query chunk) replaces what was there
@@ -331,6 +346,8 @@ def record(
             for r in reducers:
                 r.begin_batch(batch)
         out = model.run_with_hooks(*args, fwd_hooks=fwd_hooks, **kwargs)
+        if offload is not None and torch.cuda.is_available():
+            torch.cuda.synchronize()  # every non-blocking copy into the pinned buffers has landed
         for r in reducers:
             r.end_batch()
         # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
@@ -340,7 +357,7 @@ def record(
             w_o = attn.W_O_heads.detach()  # [H, D, M]
             if attn.gate is not None:
                 w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
-            w_o = w_o.to(dtype=dtype or w_o.dtype, device=device or w_o.device, copy=True)
+            w_o = w_o.to(dtype=dtype or w_o.dtype, device=device or ("cpu" if offload else w_o.device), copy=True)
             z = tensors[z_name] if z_name in requested else tensors.pop(z_name)
             head_writes[result_name] = (z, w_o)
     meta: dict[str, Any] = {"model": getattr(model, "name", type(model).__name__),

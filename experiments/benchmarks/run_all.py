@@ -13,6 +13,7 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     distributed   bench_distributed.py   classify_heads over UD EWT dev: 1 process x 2 threads vs 2 x 1 vs 8 x 1 (torchrun)
     moe            bench_moe.py           Mixtral / DeepSeek-V3-shaped forward vs HF; MLA absorbed vs expanded decode; routing stats
     attention_view bench_attention_view.py viz.attention_view of SmolLM2 at 2,000 tokens: build, page size, open/hover in Chromium
+    load_memory    bench_load_memory.py   peak memory of loading a 1B-shaped random model in bf16 vs float32-then-cast
 
 Usage:
     python experiments/benchmarks/run_all.py [NAME ...] [--quick] [--out FILE.md]   (NAME: the first column above)
@@ -38,6 +39,7 @@ SCRIPTS = {
     "distributed": "bench_distributed.py",
     "moe": "bench_moe.py",
     "attention_view": "bench_attention_view.py",
+    "load_memory": "bench_load_memory.py",
 }
 TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed", "moe",
                "attention_view"}

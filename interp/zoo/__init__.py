@@ -23,12 +23,14 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
+from ..config import ModelConfig
 from ..model import Transformer
+from ..placement import build, place
 from .checkpoint import load_checkpoint, load_state_dict_strict, read_checkpoint_metadata, save_checkpoint
 from .gguf import load_gguf
 from .hf import from_hf
@@ -89,7 +91,9 @@ def _builtin_loader(name: str) -> Callable[[], Transformer]:
     return getattr(importlib.import_module(module), fn)
 
 
-def load(name_or_path: str | Path, *, device: torch.device | str | None = None) -> Transformer:
+def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str | None = None,
+         dtype: torch.dtype | None = None, devices: Sequence[torch.device | str] | str | None = None,
+         seed: int | None = None) -> Transformer:
     """Load a ready model (weights, config and, when it has one, tokenizer): the one loader the CLI, the
     dashboard and the experiment scripts use.
 
@@ -102,7 +106,13 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
             ``"hf:ID"`` (transformers) or ``"tl:ID"`` (TransformerLens' ``TransformerBridge``), where ``ID`` is a
             hub repository id, taken strictly as one (never a folder relative to the working directory), or
             an absolute path of a local model folder.
+            A :class:`~interp.config.ModelConfig` builds a randomly initialised model directly on ``device`` in
+            ``dtype`` (:func:`interp.placement.build`; no float32 copy on the CPU first).
         device: where to put the model.
+        dtype: a floating dtype to cast the weights to (``torch.bfloat16`` halves memory).
+        devices: split the blocks over several devices (a list, or ``"auto"`` by free GPU memory; see
+            :func:`interp.placement.place`). Logits come back on the first device.
+        seed: the initialisation seed of a model built from a config.
 
     Returns:
         An :class:`interp.Transformer` in eval mode with ``model.name`` set and ``model.tokenizer`` when the
@@ -111,7 +121,7 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
         file, so it never passes for the shipped model.
 
     Raises:
-        TypeError: ``name_or_path`` is not a str or path.
+        TypeError: ``name_or_path`` is not a str, a path or a ModelConfig, or ``dtype`` is not floating-point.
         FileNotFoundError: ``name_or_path`` is a path (ends in ``.safetensors`` or has a ``/``) to nothing.
         ValueError: an unknown name (the message lists the built-in names), a hub name that is not a hub id
             or an absolute path, or a file that is not an interp checkpoint / weights that do not fit (tensor
@@ -124,8 +134,12 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
         >>> model = load("induction-2l")
         >>> model = load(save_checkpoint(model, tmp / "runs" / "my_model.safetensors"))
     """
+    if isinstance(name_or_path, ModelConfig):
+        model = build(name_or_path, device=device, dtype=dtype, seed=seed)
+        model.name = "random"
+        return place(model, devices) if devices is not None else model
     if not isinstance(name_or_path, (str, Path)):
-        raise TypeError(f"load takes a model name or a path, got {type(name_or_path).__name__}")
+        raise TypeError(f"load takes a model name, a path or a ModelConfig, got {type(name_or_path).__name__}")
     key = str(name_or_path)
     if key in BUILTINS:
         model = _builtin_loader(key)()
@@ -134,8 +148,14 @@ def load(name_or_path: str | Path, *, device: torch.device | str | None = None) 
         model = _load_hub(key[:2], key[3:])
     else:
         model = _load_path(key)
+    if dtype is not None:
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+        model.to(dtype=dtype)
     if device is not None:
         model.to(device)
+    if devices is not None:
+        place(model, devices)
     return model.eval()
 
 

@@ -30,6 +30,7 @@ import torch
 
 from ..config import ModelConfig
 from ..model import Transformer
+from ..placement import build
 from .checkpoint import load_state_dict_strict
 
 StateDict = Mapping[str, torch.Tensor]
@@ -630,16 +631,34 @@ def _register_dense_families() -> None:
     CONVERTERS.update(CONVERTERS_DENSE)
 
 
-def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-model") -> Transformer:
+def source_dtype(hf_sd: StateDict) -> torch.dtype | None:
+    """The floating dtype that holds most of a state dict's values (a bf16 checkpoint with a few float32
+    buffers is bf16), or None when it has no floating tensors.
+
+    Example:
+        >>> source_dtype({"w": torch.zeros(4, dtype=torch.bfloat16), "b": torch.zeros(1)})
+        torch.bfloat16
+    """
+    counts: dict[torch.dtype, int] = {}
+    for t in hf_sd.values():
+        if t.is_floating_point():
+            counts[t.dtype] = counts.get(t.dtype, 0) + t.numel()
+    return max(counts, key=counts.__getitem__) if counts else None
+
+
+def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-model",
+            dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Transformer:
     """Build an :class:`interp.Transformer` from a HF config dict and state dict (no ``transformers`` needed).
 
     Args:
         hf_cfg: the HF config as a dict (``config.json`` contents); ``model_type`` picks the converter.
         hf_sd: the HF state dict (from the model or a safetensors file).
         name: the model's ``name``.
+        dtype: the parameters' dtype (default: the source's, see :func:`source_dtype`: bf16 stays bf16).
+        device: where to build the model (default: where the source tensors are).
 
     Returns:
-        The converted model in eval mode, float32 parameters unless the tensors say otherwise.
+        The converted model in eval mode.
 
     Raises:
         ValueError: unsupported ``model_type`` (the supported ones are listed), unsupported settings,
@@ -653,10 +672,12 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
     if mtype in _DEEPSEEK_TYPES:
         make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
     cfg = make_cfg(hf_cfg)
-    model = Transformer(cfg)
-    dtypes = {t.dtype for t in hf_sd.values() if t.is_floating_point()}
-    if len(dtypes) == 1:
-        model.to(dtype=dtypes.pop())
+    if dtype is None:
+        dtype = source_dtype(hf_sd)
+    if device is None:  # where the source weights are (a HF model on a GPU converts on that GPU)
+        device = next((t.device for t in hf_sd.values() if t.is_floating_point()), None)
+    # Built directly in the target dtype and device: a bf16 checkpoint never passes through a float32 copy.
+    model = build(cfg, dtype=dtype, device=device)
     load_state_dict_strict(model, make_sd(hf_sd, cfg), source=f"Hugging Face {mtype} weights")
     model.name = name
     return model.eval()
@@ -686,7 +707,7 @@ def _tokenizer_for(source: str):
 
 
 def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = None,
-            device: torch.device | str | None = None) -> Transformer:
+            device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
     """Convert a Hugging Face BERT, GPT-2 or Llama-style model to an :class:`interp.Transformer`.
 
     Users with hub access can pass any hub id or local folder of these architectures (``"gpt2"``,
@@ -701,6 +722,7 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
             tokenizer to attach; default: the folder's / hub id's tokenizer, none for a model object.
         name: ``model.name`` (default: the path, or the HF ``name_or_path``).
         device: where to put the converted model.
+        dtype: the parameters' dtype (default: the weights' own; a bf16 checkpoint stays bf16).
 
     Returns:
         The converted model (eval mode). BERT models return hidden states (``cfg.unembed`` False).
@@ -721,7 +743,7 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
         hf_cfg = tf.AutoConfig.from_pretrained(source)
         auto = tf.AutoModel if hf_cfg.model_type == "bert" else tf.AutoModelForCausalLM
         try:
-            hf_model = auto.from_pretrained(source)
+            hf_model = auto.from_pretrained(source, dtype="auto")  # the checkpoint's own dtype
         except pickle.UnpicklingError as e:
             # torch refuses to unpickle arbitrary objects (weights_only): say so instead of a pickle traceback.
             raise ValueError(f"{source}: its weights are a pickle file that cannot be loaded safely; convert "
@@ -735,7 +757,7 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
     else:
         raise TypeError(f"from_hf takes a Hugging Face model, a local folder or a hub id, "
                         f"got {type(model_or_path).__name__}")
-    model = convert(hf_model.config.to_dict(), hf_model.state_dict(), name=name)
+    model = convert(hf_model.config.to_dict(), hf_model.state_dict(), name=name, dtype=dtype, device=device)
     model.tokenizer = _wrap_tokenizer(tokenizer)
     if device is not None:
         model.to(device)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "interp"
 
 CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "generate", "model", "flops", "weights",
-        "moe", "progress", "distributed",  # distributed imports nothing of interp's: trace and pruning call it
+        "moe", "progress", "placement", "distributed",  # distributed imports nothing of interp's: trace and pruning call it
         "_io"}  # atomic writes, for every layer that writes files
 TRACE = {"trace", "trace_views", "streaming", "interventions"}
 ALLOWED = {

@@ -1,0 +1,332 @@
+"""Where a model's weights live: built straight on its device and dtype, or split layer by layer over devices.
+
+Two jobs, both about placement and nothing else:
+
+- :func:`build` makes a randomly initialised :class:`~interp.model.Transformer` directly on the target device in
+  the target dtype. Every parameter is allocated once, where it will stay: no float32 copy on the CPU first, so a
+  bf16 1B-parameter model peaks near its 2 GB of weights instead of 4 + 2 GB.
+- :func:`plan_layers` and :func:`place` split a model that does not fit one device: the embeddings on the first
+  device, consecutive blocks filling each device in turn, the unembedding after the last block (with the
+  embedding when the two are tied). Activations hop between devices at block boundaries, each block's hooks see
+  tensors on that block's device, the KV cache of a layer lives with its block, and logits come back to the first
+  device, where the tokens are. The planner works on the meta device from declared capacities, so it is tested
+  without the devices it plans for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from .model import Transformer
+
+DeviceLike = torch.device | str
+
+#: Share of each device's capacity kept free by :func:`plan_layers` for activations, the KV cache and workspace.
+DEFAULT_RESERVE = 0.10
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    if dtype is None:
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def build(cfg: ModelConfig, *, device: DeviceLike | None = None, dtype: torch.dtype | None = None,
+          seed: int | None = None) -> Transformer:
+    """A randomly initialised model, allocated directly on ``device`` in ``dtype``.
+
+    Parameters are created and initialised where they stay (PyTorch's default initialisers run on the target
+    device, in the target dtype), so peak memory is about the weights' own bytes. Buffers that need precision
+    (the rotary frequencies, index tables) keep their explicit dtype.
+
+    Args:
+        cfg: the model's configuration.
+        device: where to build it (default: the current default device, usually ``"cpu"``).
+        dtype: a floating dtype for the parameters (default: float32).
+        seed: seed the initialisation (``torch.manual_seed``) for a reproducible model.
+
+    Returns:
+        A :class:`~interp.model.Transformer` in eval mode.
+
+    Raises:
+        TypeError: ``dtype`` is not a floating-point dtype.
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
+        >>> build(cfg, dtype=torch.bfloat16, seed=0).W_E.weight.dtype
+        torch.bfloat16
+    """
+    from .model import Transformer
+
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if seed is not None:
+        torch.manual_seed(seed)
+    with _default_dtype(dtype), torch.device(device if device is not None else torch.get_default_device()):
+        model = Transformer(cfg)
+    return model.eval()
+
+
+def block_bytes(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> tuple[int, list[int], int]:
+    """Bytes of the embeddings, of each block and of the final norm + unembedding, measured on the meta device.
+
+    Tied embeddings are counted once, with the embeddings.
+
+    Args:
+        cfg: the model's configuration.
+        dtype: the dtype the weights will have.
+
+    Returns:
+        ``(embedding_bytes, [bytes of block 0, ...], head_bytes)``.
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
+        >>> emb, blocks, head = block_bytes(cfg, torch.float32)
+        >>> emb, len(blocks)
+        (5120, 2)
+    """
+    model = build(cfg, device="meta", dtype=dtype)
+    size = torch.empty((), dtype=dtype).element_size()
+
+    def nbytes(modules: Sequence[nn.Module | None], seen: set[int]) -> int:
+        total = 0
+        for m in modules:
+            if m is None:
+                continue
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel() * size
+        return total
+
+    seen: set[int] = set()
+    emb = nbytes([model.W_E, model.W_pos, model.W_tt, model.embed_ln], seen)
+    blocks = [nbytes([b], seen) for b in model.blocks]
+    head = nbytes([model.ln_final, model.W_U], seen)
+    return emb, blocks, head
+
+
+def plan_layers(cfg: ModelConfig, capacities: Mapping[DeviceLike, int], *, dtype: torch.dtype = torch.float32,
+                reserve: float = DEFAULT_RESERVE) -> list[torch.device]:
+    """Which device each block goes to: consecutive blocks fill the devices in the order given.
+
+    The embeddings go on the first device, the final norm and unembedding with the last block (with the
+    embeddings when they are tied). Each device holds at most ``(1 - reserve) x capacity`` bytes of weights.
+
+    Args:
+        cfg: the model's configuration.
+        capacities: ``{device: bytes available}``, in the order the layers should flow through them.
+        dtype: the weights' dtype.
+        reserve: share of each capacity left for activations, the KV cache and workspace.
+
+    Returns:
+        One device per block.
+
+    Raises:
+        ValueError: no devices, a negative capacity, ``reserve`` outside ``[0, 1)``, or weights that do not fit
+            (the message gives the bytes needed and available).
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> cfg = ModelConfig(n_layers=4, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
+        >>> [d.type for d in plan_layers(cfg, {"cpu": 10**9})]
+        ['cpu', 'cpu', 'cpu', 'cpu']
+    """
+    if not capacities:
+        raise ValueError("plan_layers needs at least one device with its capacity")
+    if not 0.0 <= reserve < 1.0:
+        raise ValueError(f"reserve={reserve!r} must be in [0, 1)")
+    devices = [torch.device(d) for d in capacities]
+    caps = []
+    for d, c in capacities.items():
+        if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+            raise ValueError(f"capacity of {d!r} must be a non-negative number of bytes, got {c!r}")
+        caps.append(int(c * (1.0 - reserve)))
+    emb, blocks, head = block_bytes(cfg, dtype)
+    tied = bool(cfg.unembed and cfg.tie_embeddings)
+    used = [0] * len(devices)
+    used[0] = emb + (head if tied else 0)
+    plan: list[torch.device] = []
+    i = 0
+    for layer, nb in enumerate(blocks):
+        last = layer == len(blocks) - 1
+        need = nb + (0 if tied else head) * last
+        while used[i] + need > caps[i]:
+            i += 1
+            if i == len(devices):
+                total = emb + sum(blocks) + head
+                raise ValueError(
+                    f"the model's weights ({total:,} bytes in {dtype}) do not fit the devices: capacities "
+                    f"{dict(zip(map(str, devices), caps))} after reserving {reserve:.0%} (block {layer} of "
+                    f"{nb:,} bytes has no room)")
+        used[i] += need
+        plan.append(devices[i])
+    if used[0] > caps[0]:
+        raise ValueError(f"the embeddings ({used[0]:,} bytes) do not fit {devices[0]} ({caps[0]:,} bytes after "
+                         f"reserving {reserve:.0%})")
+    return plan
+
+
+def available_memory(devices: Sequence[DeviceLike] | None = None) -> dict[torch.device, int]:
+    """Free bytes on each device: every visible GPU by default, CUDA's free memory, or the host's available RAM.
+
+    Args:
+        devices: the devices to ask about (default: every CUDA device, else the CPU).
+
+    Returns:
+        ``{device: free bytes}`` in the order given.
+
+    Example:
+        >>> list(available_memory(["cpu"]))[0].type
+        'cpu'
+    """
+    if devices is None:
+        devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
+    out: dict[torch.device, int] = {}
+    for d in map(torch.device, devices):
+        if d.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(d)
+            out[d] = int(free)
+        else:
+            out[d] = _host_available()
+    return out
+
+
+def _host_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _to_device_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Move a module's tensor inputs to the device of its weights (read at call time, so ``.to()`` stays right)."""
+    device = next(module.parameters()).device
+    args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+    kwargs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def _back_to_embedding_hook(model: Transformer):
+    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.to(model.W_E.weight.device)
+    return hook
+
+
+def layer_devices(model: Transformer) -> list[torch.device]:
+    """The device of each block's weights.
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
+        >>> layer_devices(build(cfg))
+        [device(type='cpu'), device(type='cpu')]
+    """
+    return [next(b.parameters()).device for b in model.blocks]
+
+
+def is_split(model: Transformer) -> bool:
+    """True when :func:`place` spread the model over several devices (or placed it block by block)."""
+    return bool(getattr(model, "_placement_handles", None))
+
+
+def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
+          capacities: Mapping[DeviceLike, int] | None = None, reserve: float = DEFAULT_RESERVE) -> Transformer:
+    """Split ``model`` layer by layer over ``devices`` (in place) and return it.
+
+    Args:
+        model: the model to place.
+        devices: one device per block (a list as long as ``model.blocks``), a shorter list of devices to fill in
+            order by :func:`plan_layers`, or ``"auto"`` to plan over every visible GPU's free memory.
+        capacities: ``{device: bytes}`` for the planner instead of the devices' free memory.
+        reserve: the planner's headroom (see :func:`plan_layers`).
+
+    Returns:
+        ``model``, with the embeddings on the first device, each block on its device, the unembedding after the
+        last block (or with tied embeddings), and logits returned on the first device.
+
+    Raises:
+        ValueError: an empty device list, or weights that do not fit.
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
+        >>> m = place(build(cfg, seed=0), ["cpu", "cpu"])
+        >>> m(torch.tensor([[1, 2, 3]])).shape
+        torch.Size([1, 3, 40])
+    """
+    dtype = next(model.parameters()).dtype
+    n = len(model.blocks)
+    if isinstance(devices, str):
+        if devices != "auto":
+            raise ValueError(f"devices={devices!r}: give a list of devices or 'auto'")
+        caps = dict(capacities) if capacities is not None else available_memory()
+        plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
+    else:
+        devices = list(devices)
+        if not devices:
+            raise ValueError("place needs at least one device")
+        if len(devices) == n:
+            plan = [torch.device(d) for d in devices]
+        else:
+            caps = dict(capacities) if capacities is not None else available_memory(devices)
+            plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
+    unplace(model)
+    first = plan[0] if plan else torch.device(devices[0] if not isinstance(devices, str) else "cpu")
+    for m in (model.W_E, model.W_pos, model.W_tt, model.embed_ln):
+        if m is not None:
+            m.to(first)
+    handles = []
+    for block, dev in zip(model.blocks, plan):
+        block.to(dev)
+        handles.append(block.register_forward_pre_hook(_to_device_pre_hook, with_kwargs=True))
+    tied = model.W_U is not None and model.W_U.weight is model.W_E.weight
+    head_device = first if tied else (plan[-1] if plan else first)
+    head = [m for m in (model.ln_final, model.W_U) if m is not None]
+    for m in head:
+        if not tied or m is not model.W_U:
+            m.to(head_device)
+        if next(m.parameters(), None) is not None:
+            handles.append(m.register_forward_pre_hook(_to_device_pre_hook, with_kwargs=True))
+    last = head[-1] if head else (model.blocks[-1] if len(model.blocks) else None)
+    if last is not None:
+        handles.append(last.register_forward_hook(_back_to_embedding_hook(model)))
+    model._placement_handles = handles
+    return model
+
+
+def unplace(model: Transformer) -> None:
+    """Remove the device hops that :func:`place` installed (the weights stay where they are).
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
+        >>> m = place(build(cfg), ["cpu", "cpu"]); unplace(m); is_split(m)
+        False
+    """
+    for h in getattr(model, "_placement_handles", None) or ():
+        h.remove()
+    model._placement_handles = []

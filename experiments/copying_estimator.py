@@ -46,7 +46,7 @@ def main() -> None:
     induction = scores.result()["induction"]["mass"]  # [L, H]
     ref = exact.result()  # [L, H]
     out = {"model": args.model, "n_seqs": args.n_seqs, "rows": int(exact.state["rows"]),
-           "vocab": int(model.W_U.weight.shape[0]), "heads": int(ref.numel()), "pass_seconds": round(seconds, 1),
+           "vocab": int(model.unembed.weight.shape[0]), "heads": int(ref.numel()), "pass_seconds": round(seconds, 1),
            "per_k": []}
     ref_kind = (induction >= 0.4) & (ref >= 0.7)
     for k, red in sampled.items():

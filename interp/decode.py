@@ -336,13 +336,13 @@ class _StepRoot(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list) -> torch.Tensor:
         m = self.model
-        x = m.hook_embed(m.W_E(tokens))  # [B, 1, M]
+        x = m.hook_embed(m.embed(tokens))  # [B, 1, M]
         mask = _StepMask()
         for i, block in enumerate(m.blocks):
             x = block(x, mask=mask, positions=positions, cache=caches[i], context=None, context_mask=None)
         if m.ln_final is not None:
             x = m.ln_final(x)
-        return m.W_U(x)[:, -1]  # [B, 1, V] -> [B, V]
+        return m.unembed(x)[:, -1]  # [B, 1, V] -> [B, V]
 
 
 def _call(fn: Callable[..., Any], *args: Any) -> Any:

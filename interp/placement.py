@@ -69,7 +69,7 @@ def build(cfg: ModelConfig, *, device: DeviceLike | None = None, dtype: torch.dt
     Example:
         >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
-        >>> build(cfg, dtype=torch.bfloat16, seed=0).W_E.weight.dtype
+        >>> build(cfg, dtype=torch.bfloat16, seed=0).W_E.dtype
         torch.bfloat16
     """
     from .model import Transformer
@@ -117,9 +117,9 @@ def block_bytes(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> tuple[i
         return total
 
     seen: set[int] = set()
-    emb = nbytes([model.W_E, model.W_pos, model.W_tt, model.embed_ln], seen)
+    emb = nbytes([model.embed, model.pos_embed, model.W_tt, model.embed_ln], seen)
     blocks = [nbytes([b], seen) for b in model.blocks]
-    head = nbytes([model.ln_final, model.W_U], seen)
+    head = nbytes([model.ln_final, model.unembed], seen)
     return emb, blocks, head
 
 
@@ -232,7 +232,7 @@ def _to_device_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[t
 
 def _back_to_embedding_hook(model: Transformer):
     def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        return output.to(model.W_E.weight.device)
+        return output.to(model.embed.weight.device)
     return hook
 
 
@@ -296,18 +296,18 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
             plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
     unplace(model)
     first = plan[0] if plan else torch.device(devices[0] if not isinstance(devices, str) else "cpu")
-    for m in (model.W_E, model.W_pos, model.W_tt, model.embed_ln):
+    for m in (model.embed, model.pos_embed, model.W_tt, model.embed_ln):
         if m is not None:
             m.to(first)
     handles = []
     for block, dev in zip(model.blocks, plan):
         block.to(dev)
         handles.append(block.register_forward_pre_hook(_to_device_pre_hook, with_kwargs=True))
-    tied = model.W_U is not None and model.W_U.weight is model.W_E.weight
+    tied = model.unembed is not None and model.unembed.weight is model.embed.weight
     head_device = first if tied else (plan[-1] if plan else first)
-    head = [m for m in (model.ln_final, model.W_U) if m is not None]
+    head = [m for m in (model.ln_final, model.unembed) if m is not None]
     for m in head:
-        if not tied or m is not model.W_U:
+        if not tied or m is not model.unembed:
             m.to(head_device)
         if next(m.parameters(), None) is not None:
             handles.append(m.register_forward_pre_hook(_to_device_pre_hook, with_kwargs=True))

@@ -18,9 +18,9 @@ import torch
 
 from .data.batches import Batch, check_length, iter_batches
 from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
+from .placement import is_split
 from .progress import bar as progress_bar
 from .progress import enabled as progress_enabled
-from .placement import is_split
 from .trace import Trace
 
 if TYPE_CHECKING:
@@ -298,7 +298,7 @@ def record(
     if offload not in (None, "cpu"):
         raise ValueError(f"offload={offload!r}: only 'cpu' (or None) is supported")
     if device is None and is_split(model):
-        device = model.W_E.weight.device  # one trace on one device, whatever block each tensor came from
+        device = model.embed.weight.device  # one trace on one device, whatever block each tensor came from
     names = [] if isinstance(names_filter, (list, tuple)) and not names_filter else resolve_names(
         names_filter, model.hook_names)
     if layers is not None:

@@ -199,7 +199,7 @@ class CopyingReducer(Reducer):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name}={v!r} must be an int >= 1 or None")
         self.max_rows = max_rows
-        V = model.W_U.weight.shape[0]
+        V = model.unembed.weight.shape[0]
         self.comparisons = None if comparisons is None or comparisons >= V else comparisons
         self._gen = torch.Generator().manual_seed(seed)
         self._cmp_gen = torch.Generator().manual_seed(seed + 1)

@@ -28,8 +28,8 @@ import torch
 
 import interp
 from interp import viz
-from interp.app import FILES_ENV
 from interp._io import atomic_write_bytes
+from interp.app import FILES_ENV
 from interp.flops import (
     DTYPE_BYTES,
     default_kv_groups,

@@ -7,6 +7,7 @@ import torch
 from helpers import tiny_model
 from toy_models import hand_built_model
 
+from interp import ModelConfig, Transformer
 from interp.analysis import induction_scores, repeated_tokens_for
 from interp.data import repeated_sequences
 
@@ -255,7 +256,7 @@ def test_sampled_copying_compares_each_row_with_its_drawn_tokens():
                 x = x_all[b, q]
                 out = trace.head_out(layer)[b, q, head]
                 out = (out - out.mean()) / torch.sqrt(x.var(unbiased=False) + ln.eps) * ln.weight
-                logits = model.W_U.weight @ out  # [V]
+                logits = model.unembed.weight @ out  # [V]
                 attended = int(toks[b, int(trace.pattern(layer)[b, head, q].argmax())])
                 ids = drawn[i]
                 fracs.append(float(((logits[ids] < logits[attended]) & (ids != attended)).float().mean()))

@@ -168,7 +168,7 @@ def test_return_trace_records_the_activations_that_chose_each_token():
     resid = trace["blocks.1.hook_resid_post"]  # [B, T + 6, M], the steered run's
     assert resid.shape == (2, 11, model.cfg.d_model)
     with torch.no_grad():
-        chosen = model.W_U(model.ln_final(resid[:, 4:-1])).argmax(-1)  # the logits at each generating position
+        chosen = model.unembed(model.ln_final(resid[:, 4:-1])).argmax(-1)  # the logits at each generating position
     assert torch.equal(chosen, ids[:, 5:])
     only_ids = model.generate(PROMPT, 6)
     assert not torch.equal(only_ids, ids)  # the trace is of the steered generation, hooks included

@@ -165,7 +165,7 @@ def _edits():
         m.blocks[1].mlp.W_in.weight = nn.Parameter(torch.randn(w.shape, generator=torch.Generator().manual_seed(11)))
 
     def unembedding_zeroed(m):
-        m.W_U.weight.data[:, :16] = 0  # the tied embedding too: a slice of it, through .data
+        m.unembed.weight.data[:, :16] = 0  # the tied embedding too: a slice of it, through .data
 
     return {f.__name__: f for f in (data_mul, data_copy, data_rebind, no_grad_mul, new_parameter, unembedding_zeroed)}
 

@@ -159,7 +159,7 @@ def test_load_takes_dtype_devices_and_configs():
     m = interp.load("induction-2l", dtype=torch.bfloat16)
     assert {p.dtype for p in m.parameters()} == {torch.bfloat16} and m.tokenizer is not None
     r = interp.load(tiny(), dtype=torch.bfloat16, seed=0, devices=["cpu"] * 4)
-    assert is_split(r) and r.W_E.weight.dtype == torch.bfloat16
+    assert is_split(r) and r.W_E.dtype == torch.bfloat16
     with pytest.raises(TypeError, match="floating-point"):
         interp.load("induction-2l", dtype=torch.int32)
 

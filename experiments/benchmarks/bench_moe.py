@@ -7,7 +7,7 @@
 2. MLA greedy decoding tokens/s, the absorbed path (W_UK / W_UV folded, attention over the cached latent) vs
    the expanded path (K and V re-expanded from the latent every step). Reported.
 3. MoE forward with expert statistics recorded (:class:`interp.analysis.experts.RoutingStats` through
-   ``interp.trace.stream``) vs the plain forward. Target: ratio <= 1.2.
+   ``interp.streaming.stream``) vs the plain forward. Target: ratio <= 1.2.
 
 Usage:
     python experiments/benchmarks/bench_moe.py [--batch 4] [--seq 128] [--reps 7] [--quick]
@@ -91,7 +91,7 @@ def bench_mla_decode(prompt_len: int, new: int, reps: int) -> str:
 
 def bench_stats(batch: int, seq: int, reps: int) -> str:
     from interp.analysis.experts import RoutingStats
-    from interp.trace import stream
+    from interp.streaming import stream
     from interp.zoo.hf import from_hf
 
     model = from_hf(_hf("mixtral"))

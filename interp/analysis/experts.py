@@ -1,6 +1,6 @@
 """Mixture-of-experts analyses: routing statistics over a corpus, and expert ablation.
 
-* :class:`RoutingStats` is a :class:`~interp.trace.Reducer` (fed by :func:`interp.trace.stream`, mergeable
+* :class:`RoutingStats` is a :class:`~interp.streaming.Reducer` (fed by :func:`interp.streaming.stream`, mergeable
   across shards) of each MoE layer's routing: the share of token slots each expert receives, and the routing
   entropy (per token, of the router's normalised scores; and of the load over experts).
   :func:`expert_stats` runs it over a dataset.
@@ -21,8 +21,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..trace import Reducer, stream
-from .ablate import _as_token_batches
+from ..streaming import Reducer, stream
+from ..interventions import reference_batches
 
 __all__ = ["EXPERT_ABLATIONS", "ExpertStats", "RoutingStats", "ablate_experts", "expert_out_means", "expert_stats",
            "moe_layers"]
@@ -140,7 +140,7 @@ class RoutingStats(Reducer):
             ValueError: nothing was seen yet.
         """
         if f"{self.layers[0]}.tokens" not in self.state:
-            raise ValueError("RoutingStats has seen no tokens; run it through interp.trace.stream first")
+            raise ValueError("RoutingStats has seen no tokens; run it through interp.streaming.stream first")
         share, tok_h, load_h = [], [], []
         E = self.n_experts
         for layer in self.layers:
@@ -159,7 +159,7 @@ def expert_stats(model: Any, data: Any, *, batch_size: int = 32) -> ExpertStats:
 
     Args:
         model: an interp Transformer with MoE layers.
-        data: what :func:`interp.trace.stream` accepts (``[N, T]`` token ids, batches with masks, ...).
+        data: what :func:`interp.streaming.stream` accepts (``[N, T]`` token ids, batches with masks, ...).
         batch_size: rows per forward pass when ``data`` is one tensor.
 
     Returns:
@@ -244,7 +244,7 @@ def expert_out_means(model: Any, reference: Any, layers: Sequence[int] | None = 
     hooks += [(f"blocks.{layer}.mlp.hook_expert_out", grab_out(layer)) for layer in layers]
     p = next(model.parameters())
     with model.hooks(hooks):
-        for tokens, mask in _as_token_batches(reference):
+        for tokens, mask in reference_batches(reference):
             keep_now[0] = None if mask is None else mask.bool().cpu()
             model(tokens.to(p.device), **({} if mask is None else {"attention_mask": mask.to(p.device)}))
     return {layer: (sums[layer] / counts[layer].clamp_min(1)[:, None]).float() for layer in layers}

@@ -9,7 +9,7 @@ from interp import ModelConfig, Transformer
 from interp.analysis.ablate import compare_with_random, random_expert_sets
 from interp.analysis.experts import RoutingStats, ablate_experts, expert_out_means, expert_stats
 from interp.data import Batch
-from interp.trace import stream
+from interp.streaming import stream
 
 
 def moe_model(seed=0, **kw):

@@ -186,7 +186,8 @@ class _AttentionBase(nn.Module):
         ``mask`` is the pass's mask; the layer's window and the keys it was given (a windowed cache returns only
         the last ones) narrow it here. ``scale`` defaults to ``cfg.attn_scale``, else ``1 / sqrt(Dq)``.
         """
-        mask = mask.for_keys(self.window, k.shape[2])
+        if self.window is not None:  # a global layer gets every key up to the query: the pass's mask is its own
+            mask = mask.for_keys(self.window, k.shape[2])
         if scale is None:
             scale = self.cfg.attn_scale or 1.0 / math.sqrt(q.shape[-1])
         kv_index = getattr(self, "kv_index", None)
@@ -430,7 +431,9 @@ class LatentAttention(_AttentionBase):
         if cache is not None and context is None:
             c_kv, k_rope = cache.update(c_kv, k_rope)  # [B, S, C], [B, S, R]
         q = self.hook_q(q)
-        absorbed = (self.decode_path == "absorbed" and cache is not None and context is None and T == 1
+        # mask.T (a plain int, unlike x.shape under torch.fx) is the query count: the traced decode step keeps
+        # the absorbed path.
+        absorbed = (self.decode_path == "absorbed" and cache is not None and context is None and mask.T == 1
                     and not (self.hook_k.active or self.hook_v.active))
         if absorbed:
             return self._project_out(self._attend_absorbed(q, c_kv, k_rope, mask))

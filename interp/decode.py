@@ -319,6 +319,15 @@ _LEAN_UNCOVERED = ("sliding_window", "attn_scale", "attn_softcap", "final_softca
                    "parallel_block", "embed_scale", "local_rotary_base")
 
 
+def _submodule(root: nn.Module, path: str) -> nn.Module:
+    """The module at ``path`` through the registered children (a model's ``W_E`` / ``W_U`` attributes are
+    TransformerLens-style tensors; the modules of those names are reached through ``_modules``)."""
+    mod = root
+    for part in path.split("."):
+        mod = mod._modules[part]
+    return mod
+
+
 class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, mod: nn.Module, qualname: str) -> bool:
         # Rotary memoises its angles by comparing position values, a branch on data: it is called, not traced.
@@ -382,7 +391,7 @@ def _trace(model: nn.Module) -> _Traced:
             x, w = node.args[0], node.args[1]
             if not (isinstance(w, torch.fx.Node) and w.op == "get_attr" and w.target.endswith(".weight")):
                 raise _Untraceable(f"a linear product of something other than a layer's weight: {node.format_node()}")
-            mod = root.get_submodule(w.target.rsplit(".", 1)[0])
+            mod = _submodule(root, w.target.rsplit(".", 1)[0])
             bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
             own_bias = getattr(bias, "op", None) == "get_attr" and bias.target == w.target[:-len("weight")] + "bias"
             if type(mod) is not nn.Linear or (bias is not None and not own_bias):
@@ -399,7 +408,7 @@ def _trace(model: nn.Module) -> _Traced:
                 new = graph.call_function(_call, (leaf, *node.args), node.kwargs)
             node.replace_all_uses_with(new)
             graph.erase_node(node)
-            leaves.append(root.get_submodule(node.target))
+            leaves.append(_submodule(root, node.target))
     for node in list(graph.nodes):
         if node.op == "get_attr":
             if not node.users:
@@ -440,7 +449,9 @@ class LeanDecoder:
 
     def __init__(self, model: nn.Module, layout: DecodeLayout, traced: _Traced) -> None:
         self.model, self.layout, self.rows, self.traced = model, layout, layout.rows, traced
-        self._params = [functools.reduce(getattr, path.split("."), _StepRoot(model)) for path in traced.param_paths]
+        root = _StepRoot(model)
+        self._params = [getattr(_submodule(root, path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])
+                        for path in traced.param_paths]
         self._products = [layout.product(mod, layout.rows) for mod in traced.linears]
         self._leaves = [leaf.forward for leaf in traced.leaves]  # usable() made sure no torch hook is skipped
 
@@ -452,7 +463,6 @@ class LeanDecoder:
         if cfg is None or not hasattr(model, "blocks"):
             return "not an interp Transformer"
         checks = [
-            (cfg.attention == "standard", f"attention={cfg.attention!r}"),
             (cfg.causal and cfg.unembed, "not a causal decoder with an unembedding"),
             (not cfg.embed_norm, "embedding norm"),
             (getattr(model, "W_pos", None) is None and getattr(model, "W_tt", None) is None,

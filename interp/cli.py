@@ -626,8 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="--json prints a list of {\"layer\": int, \"head\": int, \"kind\": str, \"score\": float},"
                               " one per (head, kind).")
     h.add_argument("--model", required=True,
-                   help="a built-in name (induction-2l, minilm-l6, smollm2-135m), a checkpoint, a .gguf file or "
-                        "a Hugging Face folder")
+                   help="a built-in name (induction-2l, minilm-l6, smollm2-135m, random-tiny), a checkpoint, a .gguf "
+                        "file, a Hugging Face folder, or a hub name hf:ID / tl:ID")
     src = h.add_mutually_exclusive_group()
     src.add_argument("--text", action="append",
                      help="text to run on (repeat for several texts; default: random tokens)")
@@ -647,7 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
                         epilog="--json prints a list of {\"method\": str, \"fraction_pruned\": float, "
                                "\"metric\": float}, one per curve point.")
     pr.add_argument("--model", required=True,
-                    help="a built-in name (e.g. smollm2-135m), a checkpoint or a .gguf path")
+                    help="a built-in name (e.g. smollm2-135m), a checkpoint, a .gguf path or a hub name hf:ID")
     pr.add_argument("--method", required=True, choices=PRUNE_METHODS,
                     help="importance (Michel et al.), l0 (Hard-Concrete gates) or random (baseline)")
     pr.add_argument("--target", type=_fraction, nargs="+",

@@ -156,8 +156,15 @@ def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]
         pruned: ``[L, H]`` bool (True = off), or None to run with the gates as they are (and restore them).
 
     Example:
-        >>> with head_mask(model, torch.tensor([[True, False, False, False], [False] * 4])):
-        ...     loss = objective.loss(model, train[0])
+        >>> from interp import load
+        >>> model = load("random-tiny")
+        >>> pruned = torch.zeros(2, 4, dtype=torch.bool)
+        >>> pruned[1, 0] = True
+        >>> with head_mask(model, pruned):
+        ...     model.blocks[1].attn.gate.tolist()
+        [0.0, 1.0, 1.0, 1.0]
+        >>> model.blocks[1].attn.gate is None  # restored
+        True
     """
     # The model's lock is held for the whole block: gates are shared state, and another thread (a dashboard
     # session) must neither run under these gates nor change them before they are restored. Being
@@ -180,8 +187,14 @@ def gates_only(model: Transformer) -> Iterator[None]:
     gates and the ``requires_grad`` flags on exit, also when the body raises.
 
     Example:
+        >>> from interp import load
+        >>> model = load("random-tiny")
+        >>> gates = torch.ones(2, 4, requires_grad=True)
         >>> with gates_only(model):
-        ...     model.set_head_gates(torch.ones(2, 4, requires_grad=True))   # gradients flow to the gates only
+        ...     model.set_head_gates(gates)   # gradients flow to ``gates`` only
+        ...     model(torch.tensor([[0, 5, 9]])).sum().backward()
+        >>> gates.grad.shape, model.W_E.grad is None
+        (torch.Size([2, 4]), True)
     """
     # requires_grad flags and gates are shared state: no other thread may run or re-gate the model between
     # saving and restoring them.
@@ -352,8 +365,13 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             input whose length does not match a per-position / resample reference.
 
     Example:
-        >>> with ablate(model, [(1, 0), (1, 2)], "mean", reference=ref_tokens):
-        ...     logits = model(tokens)
+        >>> from interp import load
+        >>> model = load("random-tiny")
+        >>> reference = torch.randint(1, 64, (8, 6), generator=torch.Generator().manual_seed(0))
+        >>> with ablate(model, [(1, 0), (1, 2)], "mean", reference=reference):
+        ...     logits = model(torch.tensor([[0, 5, 9, 5]]))
+        >>> logits.shape
+        torch.Size([1, 4, 64])
     """
     if method not in ABLATIONS:
         raise ValueError(f"method={method!r} is not one of {ABLATIONS}")

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("streamlit")
+from helpers import tiny_model  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import interp  # noqa: E402
@@ -57,9 +58,7 @@ def tiny_checkpoint(tmp_path_factory):
     """A small random decoder saved as an interp checkpoint, and the same model in memory (the reference)."""
     from interp.zoo import save_checkpoint
 
-    torch.manual_seed(3)
-    cfg = interp.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=40, attn_only=True)
-    model = interp.Transformer(cfg).eval()
+    model = tiny_model(3, d_vocab=40, n_ctx=40, attn_only=True)
     model.name = "tiny-ckpt"
     path = tmp_path_factory.mktemp("ckpt") / "tiny.safetensors"
     save_checkpoint(model, path)

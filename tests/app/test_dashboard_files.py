@@ -6,9 +6,9 @@ import os
 import stat
 
 import pytest
-import torch
 
 pytest.importorskip("streamlit")
+from helpers import tiny_model  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 import interp  # noqa: E402
@@ -39,8 +39,7 @@ def served(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def ckpt_bytes(tmp_path_factory):
-    torch.manual_seed(0)
-    model = interp.Transformer(interp.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=16))
+    model = tiny_model(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=16)
     model.name = "uploaded-tiny"
     return interp.zoo.save_checkpoint(model, tmp_path_factory.mktemp("c") / "m.safetensors").read_bytes()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_cli
+from helpers import run_cli, tiny_model
 
 import interp
 from interp import cli
@@ -177,9 +177,7 @@ def test_heads_on_induction_2l_reports_an_induction_head(capsys):
 def tiny_decoder_path(tmp_path):
     from interp.zoo.checkpoint import save_checkpoint
 
-    torch.manual_seed(0)
-    cfg = interp.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=20, n_ctx=32, attn_only=True)
-    return save_checkpoint(interp.Transformer(cfg).eval(), tmp_path / "tiny.safetensors")
+    return save_checkpoint(tiny_model(attn_only=True), tmp_path / "tiny.safetensors")
 
 
 def test_prune_json_keys_and_curve_points(capsys, tiny_decoder_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_cli
+from helpers import run_cli, tiny_model
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -42,8 +42,7 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture
 def tiny_ckpt(tmp_path):
-    torch.manual_seed(0)
-    model = interp.Transformer(interp.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=16))
+    model = tiny_model(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=16)
     return interp.zoo.save_checkpoint(model, tmp_path / "tiny.safetensors")
 
 

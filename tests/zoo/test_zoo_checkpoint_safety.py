@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from helpers import tiny_model
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -16,8 +17,7 @@ CFG = dict(n_layers=2, d_model=16, n_heads=4, d_vocab=30, n_ctx=16, attn_only=Tr
 
 @pytest.fixture
 def tiny(tmp_path):
-    torch.manual_seed(0)
-    model = interp.Transformer(interp.ModelConfig(**CFG)).eval()
+    model = tiny_model(**CFG)
     return model, save_checkpoint(model, tmp_path / "tiny.safetensors")
 
 

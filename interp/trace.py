@@ -80,7 +80,7 @@ class Trace:
     Example:
         >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
         >>> trace.pattern(0).shape      # [batch, n_heads, query_pos, key_pos]
-        >>> trace.save("run.safetensors"); Trace.load("run.safetensors")
+        >>> trace.save(tmp / "run.safetensors"); Trace.load(tmp / "run.safetensors")
     """
 
     def __init__(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any] | None = None,
@@ -207,7 +207,7 @@ class Trace:
             ValueError: a recorded tensor uses the reserved name ``__tokens__``, or ``meta`` is not JSON.
 
         Example:
-            >>> trace.save("run.safetensors"); Trace.load("run.safetensors")
+            >>> trace.save(tmp / "run.safetensors"); Trace.load(tmp / "run.safetensors")
         """
         path = Path(path)
         if not path.parent.is_dir():
@@ -263,7 +263,7 @@ class Trace:
                 activations); the message names the file.
 
         Example:
-            >>> trace = Trace.load("run.safetensors")
+            >>> trace = Trace.load(trace.save(tmp / "run.safetensors"))
         """
         path = Path(path)
         if not path.is_file():

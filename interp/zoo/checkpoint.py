@@ -149,7 +149,7 @@ def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[s
         ValueError: ``metadata`` uses a reserved key.
 
     Example:
-        >>> save_checkpoint(model, "ckpt/induction.safetensors", metadata={"steps": "2000"})
+        >>> save_checkpoint(model, tmp / "ckpt" / "induction.safetensors", metadata={"steps": "2000"})
     """
     if not isinstance(model, Transformer):
         raise TypeError(f"save_checkpoint takes an interp.Transformer, got {type(model).__name__}")
@@ -230,7 +230,7 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             record written with them (``model.checkpoint_verified`` says whether there was a record).
 
     Example:
-        >>> model = load_checkpoint("ckpt/induction.safetensors")
+        >>> model = load_checkpoint(save_checkpoint(model, tmp / "induction.safetensors"))
     """
     header = read_checkpoint_metadata(path)
     where = str(path)

@@ -434,7 +434,8 @@ class LeanDecoder:
 
     def __init__(self, model: nn.Module, layout: DecodeLayout, traced: _Traced) -> None:
         self.model, self.layout, self.rows, self.traced = model, layout, layout.rows, traced
-        self._params = [functools.reduce(getattr, path.split("."), _StepRoot(model)) for path in traced.param_paths]
+        root = _StepRoot(model)
+        self._params = [functools.reduce(getattr, path.split("."), root) for path in traced.param_paths]
         self._products = [layout.product(mod, layout.rows) for mod in traced.linears]
         self._leaves = [leaf.forward for leaf in traced.leaves]  # usable() made sure no torch hook is skipped
 

@@ -342,7 +342,9 @@ class Transformer(HookedModule):
         sampling, stop tokens, hooks during generation and the trace of the result are documented there).
 
         Example:
-            >>> model.generate(tokens.repeat(4, 1), 16).shape  # [8, T + 16]
+            >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
+            >>> model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0.8, seed=0).shape
+            torch.Size([1, 7])
         """
         from .generate import generate
 
@@ -353,8 +355,9 @@ class Transformer(HookedModule):
         block: :func:`interp.decode.decoding`.
 
         Example:
+            >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
             >>> with model.decoding(batch_size=1):
-            ...     outs = [model.generate(t[None], 8) for t in tokens]
+            ...     outs = [model.generate(torch.tensor([p]), 4) for p in ([1, 2], [3, 4])]
         """
         from .decode import decoding
 

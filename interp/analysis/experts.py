@@ -21,8 +21,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from ..streaming import Reducer, stream
 from ..interventions import reference_batches
+from ..streaming import Reducer, stream
 
 __all__ = ["EXPERT_ABLATIONS", "ExpertStats", "RoutingStats", "ablate_experts", "expert_out_means", "expert_stats",
            "moe_layers"]

@@ -11,9 +11,10 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     smollm2       bench_smollm2.py       SmolLM2-135M (GGUF) vs HF LlamaForCausalLM: forward, recording, greedy decoding
     analysis      bench_analysis.py      classify_heads on UD EWT dev vs one recorded forward pass over the same batches
     distributed   bench_distributed.py   classify_heads over UD EWT dev: 1 process x 2 threads vs 2 x 1 vs 8 x 1 (torchrun)
+    families      bench_families.py      Llama 3, Qwen3, Gemma 2, Pythia (~100M random) vs transformers: forward, recording
 
 Usage:
-    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2 analysis distributed] [--quick] [--out FILE.md]
+    python experiments/benchmarks/run_all.py [forward recording long_context remove_heads concurrency smollm2 analysis distributed families] [--quick] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ SCRIPTS = {
     "smollm2": "bench_smollm2.py",
     "analysis": "bench_analysis.py",
     "distributed": "bench_distributed.py",
+    "families": "bench_families.py",
 }
-TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed"}
+TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed",
+               "families"}
 
 
 def run_one(name: str, quick: bool) -> str:

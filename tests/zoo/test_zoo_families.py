@@ -40,6 +40,32 @@ def test_family_matches_transformers(name):
     assert torch.equal(model.generate(prompt, max_new_tokens=NEW, use_cache=False), got)
 
 
+def test_phi3_longrope_past_the_original_context():
+    """LongRoPE switches to the long factors once a pass reaches past the original context; transformers then
+    recomputes the whole cache once, which is interp's full recompute."""
+    short, long = [1.0 + 0.05 * i for i in range(8)], [1.5 + 0.5 * i for i in range(8)]
+    cfg = transformers.Phi3Config(vocab_size=V, hidden_size=80, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=5, max_position_embeddings=64,
+                                  original_max_position_embeddings=16, bos_token_id=0, eos_token_id=0,
+                                  pad_token_id=0, rope_parameters={"rope_type": "longrope", "short_factor": short,
+                                                                   "long_factor": long})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    from interp.zoo.compat import _seed_init
+
+    hf = _seed_init(transformers.Phi3ForCausalLM(cfg))
+    model = from_hf(hf)
+    assert model.cfg.rope_scaling["rope_type"] == "longrope"
+    ids = torch.randint(1, V, (2, SEQ))
+    with torch.no_grad():
+        for n in (12, SEQ):  # inside the original context (short factors), then past it (long)
+            torch.testing.assert_close(model(ids[:, :n]), hf(ids[:, :n]).logits, rtol=0, atol=1e-4)
+    prompt = ids[:1, :PROMPT]
+    want = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, attention_mask=torch.ones_like(prompt),
+                       eos_token_id=None, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, max_new_tokens=NEW, use_cache=False), want)
+
+
 def test_features_bite():
     """Each feature the configs above exercise changes the logits (so matching HF shows it is implemented)."""
     torch.manual_seed(5)

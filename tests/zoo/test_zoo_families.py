@@ -40,6 +40,32 @@ def test_family_matches_transformers(name):
     assert torch.equal(model.generate(prompt, max_new_tokens=NEW, use_cache=False), got)
 
 
+def test_phi3_longrope_past_the_original_context():
+    """LongRoPE switches to the long factors once a pass reaches past the original context; transformers then
+    recomputes the whole cache once, which is interp's full recompute."""
+    short, long = [1.0 + 0.05 * i for i in range(8)], [1.5 + 0.5 * i for i in range(8)]
+    cfg = transformers.Phi3Config(vocab_size=V, hidden_size=80, intermediate_size=96, num_hidden_layers=2,
+                                  num_attention_heads=5, max_position_embeddings=64,
+                                  original_max_position_embeddings=16, bos_token_id=0, eos_token_id=0,
+                                  pad_token_id=0, rope_parameters={"rope_type": "longrope", "short_factor": short,
+                                                                   "long_factor": long})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    from interp.zoo.compat import _seed_init
+
+    hf = _seed_init(transformers.Phi3ForCausalLM(cfg))
+    model = from_hf(hf)
+    assert model.cfg.rope_scaling["rope_type"] == "longrope"
+    ids = torch.randint(1, V, (2, SEQ))
+    with torch.no_grad():
+        for n in (12, SEQ):  # inside the original context (short factors), then past it (long)
+            torch.testing.assert_close(model(ids[:, :n]), hf(ids[:, :n]).logits, rtol=0, atol=1e-4)
+    prompt = ids[:1, :PROMPT]
+    want = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, attention_mask=torch.ones_like(prompt),
+                       eos_token_id=None, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, max_new_tokens=NEW, use_cache=False), want)
+
+
 def test_features_bite():
     """Each feature the configs above exercise changes the logits (so matching HF shows it is implemented)."""
     torch.manual_seed(5)
@@ -77,35 +103,54 @@ def test_window_cache_keeps_only_the_window():
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-4)
 
 
-def test_published_shapes_build_and_convert():
-    """Each family's published config.json dimensions (layers cut to 2, vocabulary cut) build and convert."""
-    published = {
-        "llama": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=64, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+PUBLISHED = {  # label: (model_type, the published config.json's dimensions, layers cut to 2 below)
+    "Llama-3.2-1B": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                                   num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                                   tie_word_embeddings=True,
+                                   rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
                                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                    "original_max_position_embeddings": 8192},
-                      max_position_embeddings=131072, tie_word_embeddings=True),  # Llama-3.2-1B
-        "gemma2": dict(hidden_size=2304, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
-                       head_dim=256, sliding_window=4096, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
-                       final_logit_softcapping=30.0, max_position_embeddings=8192),  # Gemma-2-2B
-        "qwen3": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
-                      head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True,
-                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),  # Qwen3-0.6B
-        "gpt_neox": dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
-                         max_position_embeddings=2048,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                          "partial_rotary_factor": 0.25}),  # Pythia-160M
-    }
-    for model_type, kw in published.items():
-        cfg = transformers.AutoConfig.for_model(model_type, vocab_size=64, num_hidden_layers=2, **kw)
-        torch.manual_seed(0)
-        hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-        model = from_hf(hf)
-        assert (model.cfg.d_model, model.cfg.n_heads, model.cfg.d_head) == (
-            kw["hidden_size"], kw["num_attention_heads"], kw.get("head_dim", kw["hidden_size"] // kw["num_attention_heads"]))
-        ids = torch.randint(0, 64, (1, 8))
-        with torch.no_grad():
-            torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-3)
+                                                    "original_max_position_embeddings": 8192})),
+    "Gemma-2-2B": ("gemma2", dict(hidden_size=2304, intermediate_size=9216, num_attention_heads=8,
+                                  num_key_value_heads=4, head_dim=256, sliding_window=4096, query_pre_attn_scalar=256,
+                                  attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                  max_position_embeddings=8192)),
+    "Gemma-3-1B": ("gemma3_text", dict(hidden_size=1152, intermediate_size=6912, num_attention_heads=4,
+                                       num_key_value_heads=1, head_dim=256, sliding_window=512,
+                                       query_pre_attn_scalar=256, max_position_embeddings=32768,
+                                       rope_theta=1000000.0, rope_local_base_freq=10000.0)),
+    "Qwen3-0.6B": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                                 tie_word_embeddings=True,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "Pythia-160M": ("gpt_neox", dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                                     max_position_embeddings=2048,
+                                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.25})),
+    "StarCoderBase-1B": ("gpt_bigcode", dict(n_embd=2048, n_head=16, n_inner=8192, n_positions=8192,
+                                             multi_query=True, n_layer=2)),
+    "OLMo-2-0425-1B": ("olmo2", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=16,
+                                     num_key_value_heads=16, max_position_embeddings=4096, rope_theta=500000.0)),
+    "phi-1_5": ("phi", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                            max_position_embeddings=2048, partial_rotary_factor=0.5)),
+}
+
+
+@pytest.mark.parametrize("label", sorted(PUBLISHED))
+def test_published_shapes_build_and_convert(label):
+    """Each family's published config.json dimensions (layers cut to 2, vocabulary cut) build and convert."""
+    model_type, kw = PUBLISHED[label]
+    kw = {"num_hidden_layers": 2, **kw} if model_type != "gpt_bigcode" else kw
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=64, **kw)
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model = from_hf(hf)
+    d_model = kw.get("hidden_size", kw.get("n_embd"))
+    n_heads = kw.get("num_attention_heads", kw.get("n_head"))
+    assert (model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads) == (2, d_model, n_heads)
+    assert model.cfg.d_head == kw.get("head_dim", d_model // n_heads)
+    ids = torch.randint(0, 64, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-3)
 
 
 # --- refusals -------------------------------------------------------------------------------------------

@@ -304,3 +304,14 @@ def test_kv_cache_cli_table_gives_the_mla_bytes_as_stored():
                                                  dtype="bf16")}
     cfg = deepseek_config(tf.DeepseekV3Config(**V3_PUBLISHED).to_dict())
     assert rows["mla"]["bytes_per_token"] == 61 * (512 + 64) * 2 == cfg.kv_cache_bytes_per_token(2)
+
+
+def test_moe_mla_checkpoint_round_trip(tmp_path):
+    from interp.zoo.checkpoint import load_checkpoint, save_checkpoint
+
+    model = from_hf(hf_model("deepseek_v3"))  # router bias buffer, YaRN, grouped routing, dense first layer
+    again = load_checkpoint(save_checkpoint(model, tmp_path / "ds.safetensors"))
+    tokens = torch.randint(0, V, (1, 9), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert torch.equal(again(tokens), model(tokens))
+    assert again.cfg == model.cfg

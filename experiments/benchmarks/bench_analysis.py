@@ -7,6 +7,9 @@ records every attention pattern. Target: ratio <= 1.3. For reference, the scorer
 syntactic and induction each over their own data: two passes over the treebank, as before the one-pass
 design).
 
+Then the SmolLM2-135M section of ``bench_analysis_smollm2.py`` (every analysis against the forward passes it
+needs; ``--no-smollm2`` skips it).
+
 Usage:
     python experiments/benchmarks/bench_analysis.py [--conllu PATH] [--max-sentences N] [--reps 5] [--quick]
 """
@@ -31,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="300 sentences, 2 repetitions")
     p.add_argument("--no-reference", action="store_true", help="skip the scorers-one-by-one variant")
+    p.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2 section (bench_analysis_smollm2.py)")
     a = p.parse_args(argv)
     if a.quick:
         a.max_sentences, a.reps = a.max_sentences or 300, 2
@@ -73,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"minilm-l6 on {stats.batched} sentences of {os.path.basename(a.conllu)} ({stats.skipped} longer than "
           f"n_ctx skipped), batches of 32 bucketed by length; {threads} torch threads; median of {a.reps} "
           "interleaved repetitions after one untimed run of each\n")
-    print(ratio_table(med, "one recorded forward pass", targets={"classify_heads": "<= 1.3"}))
+    print(ratio_table(med, "one recorded forward pass", targets={"classify_heads": "<= 1.3"}) + "\n")
+    if not a.no_smollm2:  # every analysis on SmolLM2 against the forward passes it needs
+        from bench_analysis_smollm2 import main as smollm2_main
+
+        quick = ["--reps", "2", "--gap-rows", "100", "--max-sentences", "100", "--only", "texts,induction,patch14"]
+        return smollm2_main(quick if a.quick else [])
     return 0
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..progress import enabled as progress_enabled
 from .curve import CurvePoint, PruningCurve
 from .gates import uniform_heads
 from .importance import make_point, masked_metric, prune_counts
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 def random_curve(model: Transformer, batches: Sequence[Batch], objective: Objective, *, seeds: Sequence[int] = (0, 1, 2),
                  step: float | int = 0.1, resume: Sequence[PruningCurve] = (),
-                 on_seed: Callable[[PruningCurve], None] | None = None, progress: bool = False) -> PruningCurve:
+                 on_seed: Callable[[PruningCurve], None] | None = None, progress: bool | None = None) -> PruningCurve:
     """The metric when heads are pruned in a random order, mean and std over ``seeds``.
 
     Args:
@@ -31,7 +32,7 @@ def random_curve(model: Transformer, batches: Sequence[Batch], objective: Object
         step: heads pruned per step (fraction of all heads or a count), as :func:`importance_curve`.
         resume: per-seed curves already computed (``config["seed"]`` says which); those seeds are skipped.
         on_seed: called with each finished per-seed curve (to save partial results).
-        progress: show a tqdm bar.
+        progress: show a tqdm bar (None: in terminals and notebooks).
 
     Returns:
         A :class:`PruningCurve` ``method="random"`` whose points hold the mean metric, its std over seeds, and the
@@ -51,7 +52,7 @@ def random_curve(model: Transformer, batches: Sequence[Batch], objective: Object
     counts = prune_counts(L * H, step)
     done = {int(c.config["seed"]): c for c in resume}
     per_seed = []
-    bar = tqdm(total=len(seeds) * len(counts), desc="random pruning", disable=not progress)
+    bar = tqdm(total=len(seeds) * len(counts), desc="random pruning", disable=not progress_enabled(progress))
     for seed in seeds:
         if seed in done:
             per_seed.append(done[seed])

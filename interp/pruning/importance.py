@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from .. import distributed
 from ..interventions import ablate, gates_only, head_mask
+from ..progress import enabled as progress_enabled
 from .curve import CurvePoint, PruningCurve
 from .gates import uniform_heads
 from .objectives import Batch, Objective, check_batches
@@ -82,7 +83,7 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
     total = torch.zeros(units.shape[0], units.shape[2], dtype=torch.float64)
     n = 0
     with gates_only(model):  # only the gates need gradients
-        for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress, leave=False):
+        for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress_enabled(progress), leave=False):
             if per_example:
                 model.set_head_gates(None)
                 B = batch.tokens.shape[0]
@@ -112,7 +113,7 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
 
 def head_importance(model: Transformer, batches: Sequence[Batch], objective: Objective, *, normalize_layers: bool = True,
                     pruned: torch.Tensor | None = None, per_example: bool = True, level: str = "head",
-                    progress: bool = False) -> torch.Tensor:
+                    progress: bool | None = None) -> torch.Tensor:
     """Michel et al.'s head importance I_h = E_x |d L(x) / d xi_h|, with every gate xi at 1 (or at the mask).
 
     Michel et al. (2019, eq. 2) take the absolute value per example x, so gradients of opposite sign on two
@@ -133,7 +134,7 @@ def head_importance(model: Transformer, batches: Sequence[Batch], objective: Obj
         per_example: Michel's E_x |dL(x)/d xi| (default) or the per-batch |d mean loss / d xi|.
         level: ``"head"`` (``[L, H]``) or ``"group"``: one gate per K/V group shared by its query heads
             (``[L, K]``; in a GQA model a K/V head's cache is freed only when its whole group goes).
-        progress: show a tqdm bar.
+        progress: show a tqdm bar (None: in terminals and notebooks).
 
     Returns:
         ``[L, H]`` (or ``[L, K]``) float tensor (pruned heads get 0 gradient and so 0 importance).
@@ -214,7 +215,7 @@ def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Ob
                      threshold: float | None = None, normalize_layers: bool = True, recompute: bool = True,
                      per_example: bool = True, level: str = "head",
                      resume: PruningCurve | None = None, on_point: Callable[[PruningCurve], None] | None = None,
-                     progress: bool = False) -> PruningCurve:
+                     progress: bool | None = None) -> PruningCurve:
     """Iterative pruning by head importance (bertology ``mask_heads``): a curve from 0 heads pruned upward.
 
     Args:
@@ -233,7 +234,7 @@ def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Ob
         level: ``"head"`` or ``"group"`` (whole K/V groups; every point then frees K/V cache).
         resume: a partial curve from an interrupted run; pruning continues from its last mask.
         on_point: called with the curve after each new point (to save partial results).
-        progress: show tqdm bars.
+        progress: show tqdm bars (None: in terminals and notebooks).
 
     Returns:
         A :class:`PruningCurve` with ``method="importance"`` (``"importance-group"`` for groups); each point
@@ -283,7 +284,7 @@ def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Ob
 
     imp = None if recompute else scores_now()
     todo = [c for c in counts if c > int(unit_pruned.sum())]
-    for n_target in tqdm(todo, desc="importance pruning", disable=not progress):
+    for n_target in tqdm(todo, desc="importance pruning", disable=not progress_enabled(progress)):
         if threshold is not None and curve.points[-1].metric < threshold * base:
             break
         if recompute or imp is None:

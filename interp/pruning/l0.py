@@ -23,6 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..interventions import gates_only, head_mask
+from ..progress import enabled as progress_enabled
 from .curve import PruningCurve
 from .gates import LOUIZOS_TEMPERATURE, TEST_GATES, HardConcreteGate, uniform_heads
 from .importance import make_point, masked_metric, unit_matrix
@@ -79,7 +80,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
                    warmup: float = 0.5, temperature: float = LOUIZOS_TEMPERATURE,
                    limits: tuple[float, float] = (-0.1, 1.1), init_log_alpha: float = 2.0, init_lambda2: float = 10.0,
                    deterministic: str = "expected", level: str = "head", seed: int = 0,
-                   average: bool = False, progress: bool = False) -> L0Result:
+                   average: bool = False, progress: bool | None = None) -> L0Result:
     """Train one Hard-Concrete gate per head with the rest of the model frozen.
 
     Args:
@@ -110,7 +111,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
             steps, 17). Use it for long runs that cycle; in a short run the iterates right after the warmup still
             lag the ramp and drag the average below the target (induction-2l, 30 steps: 2 heads for a target of
             4), so it is off by default. Fixed-``lam`` runs are never averaged.
-        progress: show a tqdm bar.
+        progress: show a tqdm bar (None: in terminals and notebooks).
 
     Returns:
         :class:`L0Result`.
@@ -153,7 +154,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
     avg_log_alpha, n_avg = torch.zeros_like(gate.log_alpha.detach()), 0
     with gates_only(model):  # the model is frozen (and locked) for the whole training
         bar = tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
-                   disable=not progress, leave=False)
+                   disable=not progress_enabled(progress), leave=False)
         for step in bar:
             batch = batches[step % len(batches)]
             model.set_head_gates(to_heads(gate.sample(gen)))
@@ -202,7 +203,7 @@ def gated_metric(model, batches: Sequence[Batch], objective: Objective, gates: t
 def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: Sequence[float] | None = None,
              lams: Sequence[float] | None = None, eval_batches: Sequence[Batch] | None = None,
              resume: Sequence[PruningCurve] = (), on_point: Callable[[PruningCurve], None] | None = None,
-             progress: bool = False, **train_kwargs) -> PruningCurve:
+             progress: bool | None = None, **train_kwargs) -> PruningCurve:
     """A sweep of L0 runs (one per target sparsity, or per lambda), each evaluated with its deterministic gates.
 
     Args:
@@ -242,7 +243,7 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
     base = PruningCurve(method, objective.metric_name, L * H, model_name=name, config={key: None})
     base.points.append(make_point(model, zero, masked_metric(model, eval_batches, objective, zero)))
     parts.append(base)
-    for v in tqdm(values, desc=f"L0 sweep ({key})", disable=not progress):
+    for v in tqdm(values, desc=f"L0 sweep ({key})", disable=not progress_enabled(progress)):
         if float(v) in done:
             parts.append(done[float(v)])
             continue

@@ -141,7 +141,7 @@ def layer_heads(
 
 #: Token tick labels are drawn on small panels only up to this many tokens (more would overlap).
 MAX_TICK_TOKENS = 24
-GRID_TICK_TOKENS = 12
+GRID_TICK_TOKENS = 16
 
 
 def _kv_group_size(H: int, n_kv_heads: int | None) -> int:
@@ -209,7 +209,8 @@ def head_grid(
     k_labels = labels if S == T else token_labels(None, S)
     group = _kv_group_size(H, n_kv_heads)
     gap = 0.01 if group == 1 else 0.015
-    fig = make_subplots(rows=L, cols=H, horizontal_spacing=gap, vertical_spacing=min(0.02, 0.6 / max(L, 1)),
+    v_gap = min(0.02, 0.12 / max(L - 1, 1))  # the gaps take at most 12% of the height, whatever L
+    fig = make_subplots(rows=L, cols=H, horizontal_spacing=gap, vertical_spacing=v_gap,
                         row_titles=[f"L{layer}" for layer in layers],
                         column_titles=[f"H{h}" + (f" · kv{h // group}" if group > 1 else "") for h in range(H)])
     for i in range(L):

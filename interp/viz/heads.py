@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -334,14 +333,18 @@ KIND_COLOURS = {
     "positional:-1": "#aec7e8", "positional:-2": "#98df8a", "positional:-3": "#c5b0d5",
     "positional:+1": "#ffbb78", "positional:+2": "#f7b6d2", "positional:+3": "#c49c94",
 }
+# Colours for the other kinds (syntactic:*, coreference:*...): no reds or blues, which mean induction and
+# previous-token, and far enough apart to tell neighbouring stripes apart.
+_OTHER_COLOURS = ("#ff7f0e", "#2ca02c", "#e377c2", "#393b79", "#8c6d31", "#7b4173", "#e7ba52",
+                  "#636363", "#fd8d3c", "#756bb1", "#637939", "#de9ed6", "#bd9e39", "#a1d99b", "#6b6ecf",
+                  "#fdd0a2", "#843c39", "#bcbddc", "#cedb9c")
 #: At most this many kinds get a stripe of their own in a cell (hover and the legend still name every kind).
 MAX_STRIPES = 4
 
 
 def kind_colours(kinds: Sequence[str]) -> dict[str, str]:
     """A distinct colour per kind: :data:`KIND_COLOURS` for the known ones, grey for "no kind", then a palette."""
-    palette = [c for c in plotly.colors.qualitative.Dark24 + plotly.colors.qualitative.Light24
-               if c not in KIND_COLOURS.values()]
+    palette = [c for c in _OTHER_COLOURS if c not in KIND_COLOURS.values()]
     out, free = {}, iter(palette * (1 + len(kinds) // max(1, len(palette))))
     for k in kinds:
         out[k] = _GREY if k.lower() in _NO_KIND else KIND_COLOURS.get(k) or next(free)

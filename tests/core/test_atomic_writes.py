@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from interp import Trace
-from interp._io import atomic_path, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,14 +54,18 @@ def _read(kind, path):
 def test_sigkill_mid_save_leaves_the_old_file_whole(kind, tmp_path):
     path = tmp_path / "out.safetensors"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    for delay in (0.0, 0.01):
+    for fraction in (0.3, 0.6, 0.9):  # kill at these fractions of one save's measured duration
         child = subprocess.Popen([sys.executable, "-c", WRITER, kind, str(path)], stdout=subprocess.PIPE, text=True,
                                  env=env, cwd=tmp_path)
         try:
-            for line in child.stdout:  # kill as a save begins (the file exists from the one before)
-                if line.startswith("saving") and int(line.split()[1]) >= 2:
+            began = {}
+            for line in child.stdout:
+                word, i = line.split()
+                began.setdefault((word, int(i)), time.perf_counter())
+                if word == "saving" and int(i) == 2:
                     break
-            time.sleep(delay)  # a little later into the write on the second round
+            duration = began[("saved", 1)] - began[("saving", 1)]
+            time.sleep(fraction * duration)  # inside the third save, which overwrites an existing file
             child.send_signal(signal.SIGKILL)
         finally:
             child.wait(timeout=60)
@@ -73,6 +76,8 @@ def test_sigkill_mid_save_leaves_the_old_file_whole(kind, tmp_path):
 
 
 def test_atomic_path_keeps_the_old_file_when_the_writer_raises(tmp_path):
+    from interp._io import atomic_path, atomic_write_text
+
     target = atomic_write_text(tmp_path / "r.json", "old")
     with pytest.raises(RuntimeError), atomic_path(target) as tmp:
         tmp.write_text("half")

@@ -95,6 +95,13 @@ def _doctest_names(request, doctest_namespace):
             train=train, held_out=held_out, objective=objective, batches=train)
         if re.search(r"\btrace\b", source):
             doctest_namespace["trace"] = model.run_with_cache(tokens)[1]
+    if re.search(r"\bmoe_(model|tokens)\b", source):
+        torch.manual_seed(0)  # a tiny mixture-of-experts decoder: 2 layers of 4 experts, top-2
+        doctest_namespace.update(
+            moe_model=interp.Transformer(interp.ModelConfig(
+                n_layers=2, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, activation="swiglu", positional="rotary",
+                normalization="rms", causal=True, n_experts=4, n_experts_per_token=2)).eval(),
+            moe_tokens=torch.randint(0, 20, (4, 8)))
     if re.search(r"\btok\b", source):
         from interp.zoo.minilm import minilm_path
         from interp.zoo.tokenizer import Tokenizer

@@ -112,8 +112,8 @@ def tensor_sha256(t: torch.Tensor) -> str:
     """sha256 of a tensor's raw bytes (any dtype, bfloat16 included).
 
     Example:
-        >>> tensor_sha256(torch.zeros(2))[:12]
-        '374708fff771'
+        >>> tensor_sha256(torch.zeros(2))[:12]   # the 8 zero bytes of two float32 zeros
+        'af5570f5a181'
     """
     flat = t.detach().contiguous().cpu().reshape(-1)  # [numel]
     return hashlib.sha256(flat.view(torch.uint8).numpy() if flat.numel() else b"").hexdigest()

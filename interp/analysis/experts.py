@@ -95,8 +95,8 @@ class RoutingStats(Reducer):
         model: an interp Transformer with MoE layers.
 
     Example:
-        >>> r = RoutingStats(model)
-        >>> stream(model, tokens, [r])
+        >>> r = RoutingStats(moe_model)
+        >>> stream(moe_model, moe_tokens, [r])
         >>> r.result().share.shape   # [MoE layers, E]
     """
 
@@ -212,7 +212,7 @@ def expert_out_means(model: Any, reference: Any, layers: Sequence[int] | None = 
         ``{layer: [E, M]}`` float32 means (zeros for an expert no reference token reached).
 
     Example:
-        >>> means = expert_out_means(model, ref_tokens)   # {layer: [E, M]}
+        >>> means = expert_out_means(moe_model, moe_tokens)   # {layer: [E, M]}
     """
     layers = moe_layers(model) if layers is None else list(layers)
     E, M = model.cfg.n_experts, model.cfg.d_model
@@ -269,8 +269,8 @@ def ablate_experts(model: Any, experts: Experts, method: str = "mean", *, refere
         ValueError: unknown method, an expert out of range, or a missing reference.
 
     Example:
-        >>> with ablate_experts(model, [(1, 3)], "zero"):
-        ...     logits = model(tokens)
+        >>> with ablate_experts(moe_model, [(1, 3)], "zero"):
+        ...     logits = moe_model(moe_tokens)
     """
     if method not in EXPERT_ABLATIONS:
         raise ValueError(f"method={method!r} is not one of {EXPERT_ABLATIONS}")

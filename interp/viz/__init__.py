@@ -8,7 +8,7 @@ Example:
     >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
     >>> viz.attention_heatmap(trace.pattern(0)[0, 1], model.to_str_tokens(tokens[0]))
     >>> viz.head_grid(trace)
-    >>> viz.attention_view(model, "The cat sat on the mat.")   # interactive: hover a token
+    >>> viz.attention_view(model, tokens[:1])   # interactive: hover a token
 """
 
 from .attention import attention_heatmap, head_grid, layer_heads

@@ -410,7 +410,8 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: a setting this converter does not reproduce (named), or a missing key.
 
     Example:
-        >>> moe_config(json.load(open("config.json"))).n_experts
+        >>> from transformers import MixtralConfig
+        >>> moe_config(MixtralConfig(num_local_experts=8).to_dict()).n_experts
         8
     """
     mtype = hf_cfg.get("model_type")
@@ -462,7 +463,8 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: a setting this converter does not reproduce (named with its value), or a missing key.
 
     Example:
-        >>> deepseek_config(json.load(open("config.json"))).kind
+        >>> from transformers import DeepseekV3Config
+        >>> deepseek_config(DeepseekV3Config().to_dict()).kind
         'mla'
     """
     mtype = hf_cfg.get("model_type")

@@ -89,7 +89,7 @@ def test_remove_heads_keeps_what_gating_computes_with_mqa_and_gqa(models):
 def test_what_cannot_apply_is_refused_by_name(models):
     ids = torch.randint(1, V, (1, 10))
     with pytest.raises(ValueError, match="act='resid_mid' does not exist in a parallel block"):
-        activation_patching(models["falcon"], ids, ids, act="resid_mid", by="layer",
+        activation_patching(models["falcon"], ids, ids.flip(1), act="resid_mid", by="layer",
                             answer_tokens=torch.tensor([[1, 2]]))
     with pytest.raises(ValueError, match="sublayer_norm='sandwich'"):
         direct_logit_attribution(models["gemma2"], ids, torch.tensor([1, 2]))

@@ -49,10 +49,11 @@ def test_display(report):
     assert "positional:first" in text and "induction" in text
     page = report._repr_html_()
     assert "<table" in page and "previous-token" in page
-    fig = report.figure()  # viz.head_map: each cell lists the head's kinds, one per line
-    text = fig.data[0].text
-    assert len(text) == 2 and len(text[0]) == 2
-    assert [[len(cell.split("<br>")) if cell else 0 for cell in row] for row in text] == [[2, 1], [1, 0]]
+    fig = report.figure()  # viz.head_map: a stripe per kind in each cell, and the kinds written in it
+    assert len(fig.data[0].z) == 2 and len(fig.data[0].z[0]) == 2 * 2  # 2 layers x (2 heads x 2 stripes)
+    labels = fig.data[1]
+    kinds = {(x, y): len(t.split("<br>")) for x, y, t in zip(labels.x, labels.y, labels.text)}
+    assert [[kinds.get((h, layer), 0) for h in range(2)] for layer in range(2)] == [[2, 1], [1, 0]]
 
 
 def test_bad_input():

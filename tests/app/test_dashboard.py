@@ -404,7 +404,7 @@ def test_minilm_attention_and_head_map():
     at.run()
     assert not at.exception
     shown = {m.label: m.value for m in at.metric}
-    assert shown["Heads off"] == "0 / 72" and shown["cosine_to_unpruned"] == "1.0000"
+    assert shown["Heads off"] == "0 / 72" and shown["cosine_to_unpruned (higher is better)"] == "1.0000"
     # The calculator started from this model: 6 layers x 2 x 12 heads x 32 x 2 bytes per token.
     at.sidebar.radio(key="page").set_value("KV cache & FLOPs")
     at.run()

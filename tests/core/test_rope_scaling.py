@@ -154,9 +154,19 @@ def test_converter_refuses_other_rope_kinds_by_name():
         convert({**hf_cfg, "rope_parameters": {"rope_type": "proportional", "rope_theta": 1.0, "factor": 2.0}}, {})
 
 
-def test_lean_decoder_names_what_it_does_not_cover():
+@pytest.mark.parametrize("name", ["yarn", "llama3"])
+def test_the_hook_free_decode_step_rotates_scaled_rope_exactly(name, monkeypatch):
+    # The decode step is traced from the blocks with Rotary as a leaf module, so a scaled RoPE (YaRN's attention
+    # factor included) runs its own code at every step: the lean tokens equal the hooked pass's, past ORIG.
     from interp.decode import LeanDecoder
 
-    yarn = from_hf(_llama(SCALINGS["yarn"], 4 * ORIG))
-    assert "rope_scaling" in LeanDecoder.unsupported(yarn)
-    assert LeanDecoder.unsupported(from_hf(_llama(SCALINGS["llama3"], 4 * ORIG))) is None
+    model = from_hf(_llama(SCALINGS[name], 4 * ORIG))
+    assert LeanDecoder.unsupported(model) is None
+    prompt = torch.randint(0, 97, (2, ORIG - 4), generator=torch.Generator().manual_seed(3))
+    with model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: None)]):  # a hook: every step is hooked
+        hooked = model.generate(prompt, 12)
+    steps = []
+    real = LeanDecoder.step
+    monkeypatch.setattr(LeanDecoder, "step", lambda self, *a: steps.append(1) or real(self, *a))
+    assert torch.equal(model.generate(prompt, 12), hooked)
+    assert len(steps) == 11  # every step past the prompt ran the hook-free step

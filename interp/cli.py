@@ -161,14 +161,9 @@ def _weight_bytes(model: str) -> int:
 
 
 def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    from .placement import host_available  # the planner's reading of free host memory
+
+    return host_available()
 
 
 def check_nproc(nproc: int, model: str, *, cores: int | None = None, available: int | None = None) -> None:

@@ -205,11 +205,13 @@ def available_memory(devices: Sequence[DeviceLike] | None = None) -> dict[torch.
             free, _ = torch.cuda.mem_get_info(d)
             out[d] = int(free)
         else:
-            out[d] = _host_available()
+            out[d] = host_available() or 0
     return out
 
 
-def _host_available() -> int:
+def host_available() -> int | None:
+    """Available host memory in bytes (``MemAvailable`` of ``/proc/meminfo``, else free pages), or None when the
+    system tells neither."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -219,7 +221,10 @@ def _host_available() -> int:
         pass
     import os
 
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
 
 
 def _to_device_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

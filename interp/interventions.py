@@ -14,8 +14,12 @@ Units are named by a component and an index set: ``ablate(model, [(1, 0), (1, 2)
 A component (:class:`Component`, registered in :data:`COMPONENTS`) says which hook point of each layer
 carries the units' activations and along which axis; ``"heads"`` is ``blocks.{layer}.attn.hook_z`` (the
 head's output before ``W_O``, ``[B, T, H, D]``), so ablating head h replaces its residual write
-``z_h W_O[h]`` by the write of the replacement z. Another kind of unit (experts of a mixture-of-experts
-layer) is one more :class:`Component` with its own hook point and count.
+``z_h W_O[h]`` by the write of the replacement z. ``"experts"`` are the routed experts of a mixture-of-experts
+layer: ``blocks.{layer}.mlp.hook_expert_out`` (``[B, T, k, M]``, each chosen expert's output before its routing
+weight) with ``blocks.{layer}.mlp.hook_expert_ids`` saying which expert each of the k slots holds. A routed unit
+is replaced wherever a token was routed to it (its router weight stays), and its mean is over the reference
+tokens routed to it; resample-ablation is not defined for it (an expert has no output on a reference token that
+was not routed to it).
 
 Ablation methods:
 
@@ -74,25 +78,47 @@ class Component:
         unit_axis: the axis of the units in that activation (heads: 2 of ``[B, T, H, D]``; the first two axes are
             always batch and position).
         counts: ``counts(model) -> [units in layer 0, units in layer 1, ...]``.
+        ids_hook: for routed units (experts), the hook point of layer ``{layer}`` that says which unit each
+            position of the unit axis holds (``[B, T, k]`` unit ids; the unit axis is then 2 and holds the k
+            slots a token was routed to, not the units themselves); None when the unit axis indexes the units.
     """
 
     name: str
     hook: str
     unit_axis: int
     counts: Callable[[Any], list[int]]
+    ids_hook: str | None = None
 
     def hook_name(self, layer: int) -> str:
         """The hook point of ``layer``."""
         return self.hook.format(layer=layer)
+
+    def ids_hook_name(self, layer: int) -> str:
+        """The unit-ids hook point of ``layer`` (routed units only)."""
+        assert self.ids_hook is not None
+        return self.ids_hook.format(layer=layer)
+
+    def default_layers(self, model: Any) -> list[int]:
+        """The layers recorded when none are named: every layer (a layer whose heads were all removed still
+        records an empty z), but for routed units only the layers that have them (a dense MLP has no experts)."""
+        counts = self.counts(model)
+        return [layer for layer, n in enumerate(counts) if n or self.ids_hook is None]
 
 
 def _head_counts(model: Any) -> list[int]:
     return [block.attn.n_heads for block in model.blocks]
 
 
+def _expert_counts(model: Any) -> list[int]:
+    cfg = model.cfg
+    return [cfg.n_experts if cfg.is_moe_layer(layer) else 0 for layer in range(cfg.n_layers)]
+
+
 #: The components interventions know, by name (add one with :func:`register_component`).
 COMPONENTS: dict[str, Component] = {
     "heads": Component("heads", "blocks.{layer}.attn.hook_z", 2, _head_counts),
+    "experts": Component("experts", "blocks.{layer}.mlp.hook_expert_out", 2, _expert_counts,
+                         ids_hook="blocks.{layer}.mlp.hook_expert_ids"),
 }
 
 
@@ -109,6 +135,9 @@ def register_component(component: Component) -> None:
         raise ValueError(f"component {component.name!r} is already registered")
     if component.unit_axis < 2:
         raise ValueError(f"unit_axis={component.unit_axis}: axes 0 and 1 are batch and position")
+    if component.ids_hook is not None and component.unit_axis != 2:
+        raise ValueError(f"unit_axis={component.unit_axis}: a routed component's slots are axis 2 (its ids hook "
+                         f"{component.ids_hook!r} is [B, T, k])")
     COMPONENTS[component.name] = component
 
 
@@ -238,23 +267,53 @@ def reference_batches(reference: Any) -> list[tuple[torch.Tensor, torch.Tensor |
 
 @torch.no_grad()
 def _record(model: Any, reference: Any, comp: Component, layers: Sequence[int]
-            ) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
-    """Clean forward passes over the reference: per batch ``({layer: activation [B, T, ...]}, real mask [B, T])``."""
+            ) -> list[tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor]]:
+    """Clean forward passes over the reference: per batch ``({layer: activation [B, T, ...]}, {layer: unit ids
+    [B, T, k]} (routed units; else empty), real mask [B, T])``, all on the model's device."""
     p = next(model.parameters())
     out = []
     for tokens, mask in reference_batches(reference):
         acts: dict[int, torch.Tensor] = {}
+        ids: dict[int, torch.Tensor] = {}
 
-        def grab(layer: int):
+        def grab(store: dict[int, torch.Tensor], layer: int):
             def fn(t: torch.Tensor, hook) -> None:
-                acts[layer] = t.detach()  # noqa: B023 - called inside this iteration's forward pass
+                store[layer] = t.detach()
             return fn
 
-        with model.hooks([(comp.hook_name(layer), grab(layer)) for layer in layers]):
+        hooks = [(comp.hook_name(layer), grab(acts, layer)) for layer in layers]
+        if comp.ids_hook is not None:
+            hooks += [(comp.ids_hook_name(layer), grab(ids, layer)) for layer in layers]
+        with model.hooks(hooks):
             model(tokens.to(p.device), attention_mask=None if mask is None else mask.to(p.device))
-        real = torch.ones(tokens.shape, dtype=torch.bool) if mask is None else mask.bool().cpu()
-        out.append((acts, real))
+        real = (torch.ones(tokens.shape, dtype=torch.bool, device=p.device) if mask is None
+                else mask.to(p.device).bool())  # [B, T]
+        out.append((acts, ids, real))
     return out
+
+
+def _routed_means(recs: list, layer: int, n_units: int) -> torch.Tensor:
+    """Each routed unit's mean activation over the real reference tokens routed to it ``[U, ...]`` (zeros
+    for a unit no reference token reached); summed on the activations' device, no host sync per batch."""
+    total, count = None, None
+    for acts, ids, real in recs:
+        a = acts[layer].double()  # [B, T, k, ...]
+        slot_ids = ids[layer].reshape(-1)  # [B*T*k]
+        w = real[:, :, None].expand(ids[layer].shape).reshape(-1).double()  # [B*T*k]: 0 on padding
+        rows = a.reshape(len(slot_ids), -1) * w[:, None]  # [B*T*k, prod(...)]
+        if total is None:
+            total = torch.zeros(n_units, rows.shape[1], dtype=torch.float64, device=a.device)
+            count = torch.zeros(n_units, dtype=torch.float64, device=a.device)
+        total.index_add_(0, slot_ids, rows)
+        count.index_add_(0, slot_ids, w)
+    dtype, shape = recs[0][0][layer].dtype, recs[0][0][layer].shape[3:]
+    return (total / count.clamp(min=1)[:, None]).to(dtype).view(n_units, *shape)  # [U, prod(...)] -> [U, ...]
+
+
+def _no_routed(comp: Component, what: str) -> None:
+    if comp.ids_hook is not None:
+        raise ValueError(f"{what} is not defined for {comp.name}: a routed unit has no activation on a reference "
+                         f"token that was not routed to it (use method='zero' or 'mean')")
 
 
 def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, *, per_position: bool = False,
@@ -264,29 +323,44 @@ def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, 
     Args:
         model: an interp Transformer.
         reference: see :func:`reference_batches`; padding (mask 0) is left out of the mean.
-        layers: the layers to record (default all).
+        layers: the layers to record (default all; for routed units, the layers that have them).
         per_position: one mean per position (all batches must have the same length) instead of one over all
             positions.
-        component: the kind of unit (:data:`COMPONENTS`).
+        component: the kind of unit (:data:`COMPONENTS`). A routed unit's (an expert's) mean is over the
+            reference tokens routed to it.
 
     Returns:
         ``{layer: activation without the batch and position axes}`` (heads: ``[H, D]``; per position
-        ``[T, H, D]``), on the model's device.
+        ``[T, H, D]``; experts: ``[E, M]``, zeros for an expert no reference token reached), on the model's
+        device.
 
     Raises:
-        ValueError: empty reference, or batches of different lengths with ``per_position``.
+        ValueError: empty reference, batches of different lengths with ``per_position``, or ``per_position``
+            for routed units.
         TypeError: a reference batch that is not token ids.
+
+    Example:
+        >>> from interp import load
+        >>> unit_means(load("random-tiny"), torch.randint(1, 64, (4, 6)))[1].shape   # [H, D]
+        torch.Size([4, 8])
+        >>> unit_means(moe_model, moe_tokens, component="experts")[1].shape   # [E, M]
+        torch.Size([4, 16])
     """
     comp = _component(component)
-    layers = list(range(len(model.blocks))) if layers is None else list(layers)
+    if per_position:
+        _no_routed(comp, "per_position means")
+    layers = comp.default_layers(model) if layers is None else list(layers)
     recs = _record(model, reference, comp, layers)
-    if per_position and len({real.shape[1] for _, real in recs}) > 1:
+    if per_position and len({real.shape[1] for *_, real in recs}) > 1:
         raise ValueError(f"per_position means need reference batches of one length, got lengths "
-                         f"{sorted({real.shape[1] for _, real in recs})}")
+                         f"{sorted({real.shape[1] for *_, real in recs})}")
+    if comp.ids_hook is not None:
+        counts = comp.counts(model)
+        return {layer: _routed_means(recs, layer, counts[layer]) for layer in layers}
     means = {}
     for layer in layers:
         total, count = None, None
-        for acts, real in recs:
+        for acts, _, real in recs:
             a = acts[layer].double()  # [B, T, ...]
             w = real.to(a.device).double().view(*real.shape, *[1] * (a.dim() - 2))  # [B, T, 1, ...]
             s, c = ((a * w).sum(0), w.sum(0)) if per_position else ((a * w).sum((0, 1)), w.sum((0, 1)))
@@ -301,15 +375,16 @@ def unit_samples(model: Any, reference: Any, layers: Sequence[int] | None = None
     """Each unit's activation on every reference input ``{layer: [R, T, ...]}`` (what resample-ablation draws).
 
     Raises:
-        ValueError: empty reference, or reference batches of different lengths.
+        ValueError: empty reference, reference batches of different lengths, or routed units (experts).
     """
     comp = _component(component)
-    layers = list(range(len(model.blocks))) if layers is None else list(layers)
+    _no_routed(comp, "resample ablation")
+    layers = comp.default_layers(model) if layers is None else list(layers)
     recs = _record(model, reference, comp, layers)
-    if len({real.shape[1] for _, real in recs}) > 1:
+    if len({real.shape[1] for *_, real in recs}) > 1:
         raise ValueError("resample ablation needs reference batches of one length, got lengths "
-                         f"{sorted({real.shape[1] for _, real in recs})}")
-    return {layer: torch.cat([acts[layer] for acts, _ in recs]) for layer in layers}
+                         f"{sorted({real.shape[1] for *_, real in recs})}")
+    return {layer: torch.cat([acts[layer] for acts, _, _ in recs]) for layer in layers}
 
 
 # --- ablation -----------------------------------------------------------------------------------------------
@@ -347,9 +422,11 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
 
     Args:
         model: an interp Transformer.
-        units: ``(layer, index)`` pairs of the component (heads: ``(layer, head)``).
-        method: ``"zero"``, ``"mean"`` or ``"resample"`` (see the module docstring).
-        component: the kind of unit (:data:`COMPONENTS`; default ``"heads"``).
+        units: ``(layer, index)`` pairs of the component (heads: ``(layer, head)``; experts:
+            ``(layer, expert)``).
+        method: ``"zero"``, ``"mean"`` or ``"resample"`` (see the module docstring; experts: zero or mean).
+        component: the kind of unit (:data:`COMPONENTS`; default ``"heads"``; ``"experts"`` for the routed
+            experts of a mixture-of-experts model).
         reference: the reference distribution for mean / resample (see :func:`reference_batches`). It should
             come from the same distribution as the inputs, not be the inputs themselves.
         per_position: mean-ablate with a per-position mean (the inputs must have the reference's length).
@@ -361,8 +438,9 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             (saves the reference passes when the same units are ablated many times).
 
     Raises:
-        ValueError: unknown method or component, a unit out of range, a missing reference, bad positions, or an
-            input whose length does not match a per-position / resample reference.
+        ValueError: unknown method or component, a unit out of range, a missing reference, bad positions, an
+            input whose length does not match a per-position / resample reference, or resample / per-position
+            means for routed units.
 
     Example:
         >>> from interp import load
@@ -378,6 +456,10 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
     comp = _component(component)
     by_layer = check_units(model, units, component)
     layers = list(by_layer)
+    if method == "resample":
+        _no_routed(comp, "resample ablation")
+    if per_position and method == "mean":
+        _no_routed(comp, "per_position means")
     if method != "zero" and values is None:
         if reference is None:
             raise ValueError(f"method={method!r} needs reference inputs (reference=...) or precomputed values")
@@ -422,12 +504,47 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
 
         return fn
 
+    ids_now: dict[int, torch.Tensor] = {}  # routed units: this forward's unit id of every slot, per layer
+
+    def grab_ids(layer: int):
+        def fn(ids: torch.Tensor, hook) -> None:
+            ids_now[layer] = ids
+        return fn
+
+    def routed_hook_for(layer: int):
+        targets = torch.tensor(by_layer[layer])
+        if method == "mean":
+            v = values[layer]
+            if v.dim() < 2 or v.shape[0] != comp.counts(model)[layer]:
+                raise ValueError(f"mean values of {comp.name} in layer {layer} have shape {tuple(v.shape)}; "
+                                 f"expected [{comp.counts(model)[layer]}, ...] (one mean per unit, from unit_means)")
+
+        def fn(t: torch.Tensor, hook) -> torch.Tensor:
+            B, T = t.shape[:2]
+            ids = ids_now[layer]  # [B, T, k]
+            hit = torch.isin(ids, targets.to(ids.device))  # [B, T, k]: slots holding an ablated unit
+            mask = position_mask(positions, B, T, t.device)
+            if mask is not None:
+                hit = hit & mask[:, :, None]
+            hit = hit.view(*hit.shape, *[1] * (t.dim() - 3))  # [B, T, k, 1, ...]
+            if method == "zero":
+                return t.masked_fill(hit, 0.0)
+            rep = values[layer].to(device=t.device, dtype=t.dtype)[ids]  # [U, ...] -> [B, T, k, ...]
+            return torch.where(hit, rep, t)
+
+        return fn
+
     def new_forward(_module, _inputs) -> None:
         draws.clear()  # a fresh draw per forward pass, shared by every ablated layer of that pass
 
+    if comp.ids_hook is None:
+        hooks = [(comp.hook_name(layer), hook_for(layer)) for layer in layers]
+    else:
+        hooks = [(comp.ids_hook_name(layer), grab_ids(layer)) for layer in layers]
+        hooks += [(comp.hook_name(layer), routed_hook_for(layer)) for layer in layers]
     handle = model.register_forward_pre_hook(new_forward)
     try:
-        with model.hooks([(comp.hook_name(layer), hook_for(layer)) for layer in layers]):
+        with model.hooks(hooks):
             yield
     finally:
         handle.remove()

@@ -4,24 +4,25 @@
   across shards) of each MoE layer's routing: the share of token slots each expert receives, and the routing
   entropy (per token, of the router's normalised scores; and of the load over experts).
   :func:`expert_stats` runs it over a dataset.
-* :func:`ablate_experts` is :func:`~interp.analysis.ablate.ablate_heads` for experts: ``"zero"`` replaces a
-  chosen expert's output by 0, ``"mean"`` by that expert's mean output over the tokens routed to it in a
-  reference corpus (the router's weight stays, so the rest of the layer is untouched). Compare against random
-  expert sets with ``compare_with_random(..., units="experts")``.
+* :func:`ablate_experts` is :func:`~interp.analysis.ablate.ablate_heads` for experts, the same
+  :func:`interp.interventions.ablate` with ``component="experts"``: ``"zero"`` replaces a chosen expert's output
+  by 0, ``"mean"`` by that expert's mean output over the tokens routed to it in a reference corpus (the router's
+  weight stays, so the rest of the layer is untouched). Compare against random expert sets with
+  ``compare_with_random(..., units="experts")``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 
-from ..interventions import reference_batches
+from ..interventions import ablate, unit_means
 from ..streaming import Reducer, stream
 
 __all__ = ["EXPERT_ABLATIONS", "ExpertStats", "RoutingStats", "ablate_experts", "expert_out_means", "expert_stats",
@@ -89,7 +90,9 @@ class RoutingStats(Reducer):
     """Token share per expert and routing entropy of every MoE layer, summed batch by batch.
 
     Reads ``hook_expert_ids`` and ``hook_router_logits`` of each MoE layer; padding (the batch's mask) is
-    excluded. State: per layer the expert counts, the token count and the summed per-token entropy (float64).
+    excluded. State: per layer the expert counts, the token count and the summed per-token entropy (float64),
+    kept on the model's device (padding is weighted out, not indexed out, so no batch waits on the host);
+    :meth:`result` moves them to the CPU once.
 
     Args:
         model: an interp Transformer with MoE layers.
@@ -107,51 +110,58 @@ class RoutingStats(Reducer):
         self.sigmoid = model.cfg.router_score == "sigmoid"
         self.names = [f"blocks.{layer}.mlp.{h}" for layer in self.layers
                       for h in ("hook_router_logits", "hook_expert_ids")]
-        self._keep: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
 
     def begin_batch(self, batch: Any) -> None:
-        self._keep = None if batch.mask is None else batch.mask.bool().reshape(-1)  # [B*T]
+        self._mask = None if batch.mask is None else batch.mask.reshape(-1)  # [B*T]
 
-    def _kept(self, t: torch.Tensor) -> torch.Tensor:
-        flat = t.reshape(-1, t.shape[-1])  # [B*T, k|E]
-        return flat if self._keep is None else flat[self._keep.to(flat.device)]
+    def _real(self, n: int, device: torch.device) -> torch.Tensor:
+        """float64 ``[B*T]``: 1 for a real token, 0 for padding."""
+        if self._mask is None:
+            return torch.ones(n, dtype=torch.float64, device=device)
+        return self._mask.to(device=device, dtype=torch.float64)
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = _layer_of(name)
-        t = self._kept(tensor.detach())
+        t = tensor.detach()
+        flat = t.reshape(-1, t.shape[-1])  # [B*T, k|E]
+        real = self._real(flat.shape[0], flat.device)  # [B*T]
         if name.endswith("hook_expert_ids"):
-            counts = torch.bincount(t.reshape(-1).cpu(), minlength=self.n_experts).to(torch.float64)  # [E]
+            k = flat.shape[1]
+            slot_w = real[:, None].expand(-1, k).reshape(-1)  # [B*T*k]
+            counts = torch.bincount(flat.reshape(-1), weights=slot_w, minlength=self.n_experts)  # [E] float64
             self._add(f"{layer}.counts", counts)
-            self._add(f"{layer}.tokens", torch.tensor(float(t.shape[0]), dtype=torch.float64))
+            self._add(f"{layer}.tokens", real.sum())
         else:
-            logits = t.double()
+            logits = flat.double()
             if self.sigmoid:
                 s = logits.sigmoid()
                 p = s / s.sum(-1, keepdim=True)
             else:
                 p = logits.softmax(-1)
-            entropy = -(p * p.clamp_min(1e-300).log()).sum(-1)  # [N]
-            self._add(f"{layer}.entropy", entropy.sum().cpu())
+            entropy = -(p * p.clamp_min(1e-300).log()).sum(-1)  # [B*T]
+            self._add(f"{layer}.entropy", (entropy * real).sum())
 
     def result(self) -> ExpertStats:
-        """The :class:`ExpertStats` of everything seen.
+        """The :class:`ExpertStats` of everything seen (on the CPU).
 
         Raises:
             ValueError: nothing was seen yet.
         """
         if f"{self.layers[0]}.tokens" not in self.state:
             raise ValueError("RoutingStats has seen no tokens; run it through interp.streaming.stream first")
+        state = {k: v.cpu() for k, v in self.state.items()}  # the one move to the host
         share, tok_h, load_h = [], [], []
         E = self.n_experts
         for layer in self.layers:
-            counts, n = self.state[f"{layer}.counts"], self.state[f"{layer}.tokens"]
+            counts, n = state[f"{layer}.counts"], state[f"{layer}.tokens"]
             s = counts / counts.sum()
             share.append(s)
-            tok_h.append(self.state[f"{layer}.entropy"] / n)
+            tok_h.append(state[f"{layer}.entropy"] / n)
             load_h.append(-(s * s.clamp_min(1e-300).log()).sum() / math.log(E))
         return ExpertStats(layers=list(self.layers), share=torch.stack(share).float(),
                            token_entropy=torch.stack(tok_h).float(), load_entropy=torch.stack(load_h).float(),
-                           n_tokens=int(self.state[f"{self.layers[0]}.tokens"]), top_k=self.top_k)
+                           n_tokens=int(state[f"{self.layers[0]}.tokens"]), top_k=self.top_k)
 
 
 def expert_stats(model: Any, data: Any, *, batch_size: int = 32) -> ExpertStats:
@@ -182,78 +192,34 @@ def expert_stats(model: Any, data: Any, *, batch_size: int = 32) -> ExpertStats:
 
 
 # --- expert ablation ------------------------------------------------------------------------------------------
-def _check_experts(model: Any, experts: Experts) -> dict[int, list[int]]:
-    """``(layer, expert)`` pairs -> ``{layer: sorted experts}``, validated against the model."""
-    valid = set(moe_layers(model))
-    E = model.cfg.n_experts
-    by_layer: dict[int, set[int]] = {}
-    for pair in experts:
-        try:
-            layer, expert = (int(x) for x in pair)
-        except (TypeError, ValueError):
-            raise TypeError(f"experts must be (layer, expert) pairs, got {pair!r}") from None
-        if layer not in valid or not 0 <= expert < E:
-            raise ValueError(f"expert ({layer}, {expert}) is outside the model (MoE layers {sorted(valid)}, "
-                             f"{E} experts each)")
-        by_layer.setdefault(layer, set()).add(expert)
-    return {layer: sorted(es) for layer, es in sorted(by_layer.items())}
-
-
-@torch.no_grad()
 def expert_out_means(model: Any, reference: Any, layers: Sequence[int] | None = None) -> dict[int, torch.Tensor]:
-    """Each expert's mean output (before its routing weight) over the reference tokens routed to it.
+    """Each expert's mean output (before its routing weight) over the reference tokens routed to it:
+    :func:`interp.interventions.unit_means` of the ``"experts"`` component.
 
     Args:
         model: an interp Transformer with MoE layers.
-        reference: ``[R, T]`` token ids, a batch dict or a list of them.
+        reference: ``[R, T]`` token ids, a batch dict or a list of them; padding is left out.
         layers: MoE layers to measure (default all).
 
     Returns:
-        ``{layer: [E, M]}`` float32 means (zeros for an expert no reference token reached).
+        ``{layer: [E, M]}`` means in the activations' dtype, on the model's device (zeros for an expert no
+        reference token reached).
+
+    Raises:
+        ValueError: the model has no MoE layer, or the reference is empty.
 
     Example:
         >>> means = expert_out_means(moe_model, moe_tokens)   # {layer: [E, M]}
     """
     layers = moe_layers(model) if layers is None else list(layers)
-    E, M = model.cfg.n_experts, model.cfg.d_model
-    sums = {layer: torch.zeros(E, M, dtype=torch.float64) for layer in layers}
-    counts = {layer: torch.zeros(E, dtype=torch.float64) for layer in layers}
-    ids_now: dict[int, torch.Tensor] = {}
-    keep_now: list[torch.Tensor | None] = [None]
-
-    def grab_ids(layer: int):
-        def fn(ids: torch.Tensor, hook) -> None:
-            ids_now[layer] = ids
-        return fn
-
-    def grab_out(layer: int):
-        def fn(out: torch.Tensor, hook) -> None:
-            ids = ids_now[layer].reshape(-1)  # [B*T*k]
-            vals = out.reshape(-1, M).double().cpu()  # [B*T*k, M]
-            ids = ids.cpu()
-            keep = keep_now[0]
-            if keep is not None:
-                k = model.cfg.n_experts_per_token
-                sel = keep.reshape(-1).repeat_interleave(k)  # [B*T*k]
-                ids, vals = ids[sel], vals[sel]
-            sums[layer].index_add_(0, ids, vals)
-            counts[layer].index_add_(0, ids, torch.ones(len(ids), dtype=torch.float64))
-        return fn
-
-    hooks = [(f"blocks.{layer}.mlp.hook_expert_ids", grab_ids(layer)) for layer in layers]
-    hooks += [(f"blocks.{layer}.mlp.hook_expert_out", grab_out(layer)) for layer in layers]
-    p = next(model.parameters())
-    with model.hooks(hooks):
-        for tokens, mask in reference_batches(reference):
-            keep_now[0] = None if mask is None else mask.bool().cpu()
-            model(tokens.to(p.device), **({} if mask is None else {"attention_mask": mask.to(p.device)}))
-    return {layer: (sums[layer] / counts[layer].clamp_min(1)[:, None]).float() for layer in layers}
+    return unit_means(model, reference, layers, component="experts")
 
 
-@contextlib.contextmanager
 def ablate_experts(model: Any, experts: Experts, method: str = "mean", *, reference: Any = None,
-                   values: dict[int, torch.Tensor] | None = None) -> Iterator[None]:
-    """Run ``model`` with ``experts`` ablated inside the ``with`` block (hooks on ``hook_expert_out``).
+                   positions: Any = None,
+                   values: dict[int, torch.Tensor] | None = None) -> contextlib.AbstractContextManager[None]:
+    """Run ``model`` with ``experts`` ablated inside the ``with`` block: :func:`interp.interventions.ablate`
+    with ``component="experts"`` (hooks on ``hook_expert_out``, removed on exit).
 
     The router still chooses them and keeps their weights; only what they compute is replaced, wherever a
     token is routed to them.
@@ -263,10 +229,11 @@ def ablate_experts(model: Any, experts: Experts, method: str = "mean", *, refere
         experts: ``(layer, expert)`` pairs.
         method: ``"zero"`` or ``"mean"`` (the expert's mean output over the reference tokens routed to it).
         reference: the reference inputs for ``"mean"`` (as :func:`expert_out_means`).
-        values: precomputed ``{layer: [E, M]}`` means (saves the reference passes).
+        positions: ablate only at these positions (as :func:`interp.interventions.ablate`); None = everywhere.
+        values: precomputed ``{layer: [E, M]}`` means from :func:`expert_out_means` (saves the reference passes).
 
     Raises:
-        ValueError: unknown method, an expert out of range, or a missing reference.
+        ValueError: unknown method, a model without MoE layers, an expert out of range, or a missing reference.
 
     Example:
         >>> with ablate_experts(moe_model, [(1, 3)], "zero"):
@@ -274,31 +241,6 @@ def ablate_experts(model: Any, experts: Experts, method: str = "mean", *, refere
     """
     if method not in EXPERT_ABLATIONS:
         raise ValueError(f"method={method!r} is not one of {EXPERT_ABLATIONS}")
-    by_layer = _check_experts(model, experts)
-    if method == "mean" and values is None:
-        if reference is None:
-            raise ValueError("method='mean' needs reference inputs (reference=...) or precomputed values")
-        values = expert_out_means(model, reference, list(by_layer))
-    ids_now: dict[int, torch.Tensor] = {}
-
-    def grab_ids(layer: int):
-        def fn(ids: torch.Tensor, hook) -> None:
-            ids_now[layer] = ids
-        return fn
-
-    def replace(layer: int):
-        targets = torch.tensor(by_layer[layer])
-
-        def fn(out: torch.Tensor, hook) -> torch.Tensor:
-            ids = ids_now[layer]  # [B, T, k]
-            hit = torch.isin(ids, targets.to(ids.device))[..., None]  # [B, T, k, 1]
-            if method == "zero":
-                return out.masked_fill(hit, 0.0)
-            rep = values[layer].to(device=out.device, dtype=out.dtype)[ids]  # [B, T, k, M]
-            return torch.where(hit, rep, out)
-        return fn
-
-    hooks = [(f"blocks.{layer}.mlp.hook_expert_ids", grab_ids(layer)) for layer in by_layer]
-    hooks += [(f"blocks.{layer}.mlp.hook_expert_out", replace(layer)) for layer in by_layer]
-    with model.hooks(hooks):
-        yield
+    moe_layers(model)  # a dense model is refused by name
+    return ablate(model, experts, method, component="experts", reference=reference, positions=positions,
+                  values=values)

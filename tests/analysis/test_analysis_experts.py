@@ -9,6 +9,7 @@ from interp import ModelConfig, Transformer
 from interp.analysis.ablate import compare_with_random, random_expert_sets
 from interp.analysis.experts import RoutingStats, ablate_experts, expert_out_means, expert_stats
 from interp.data import Batch
+from interp.interventions import ablate, unit_means
 from interp.streaming import stream
 
 
@@ -76,6 +77,82 @@ def test_zero_ablation_equals_zeroed_expert_weights():
     torch.testing.assert_close(ablated, reference, rtol=0, atol=1e-6)
 
 
+def naive_expert(mlp, e, x):
+    """Expert e of an MoE layer on rows x ``[N, M]``, from its weights."""
+    return (torch.nn.functional.silu(x @ mlp.W_gate[e].T) * (x @ mlp.W_in[e].T)) @ mlp.W_out[e].T
+
+
+def test_ablate_zero_on_experts_equals_zeroed_down_projections():
+    """The head ablation API with component="experts" against the expert's down-projection zeroed."""
+    model, x = moe_model(), tokens()
+    experts = [(0, 2), (1, 4), (1, 5)]
+    with torch.no_grad(), ablate(model, experts, "zero", component="experts"):
+        ablated = model(x)
+    with torch.no_grad():
+        for layer, e in experts:
+            model.blocks[layer].mlp.W_out[e].zero_()
+        reference = model(x)
+    torch.testing.assert_close(ablated, reference, rtol=0, atol=1e-6)
+
+
+def hand_mean_ablation_hooks(model, layer, expert, mean):
+    """Hooks that mean-ablate ``expert`` of ``layer`` by hand: the routed output plus w * (mean - expert(x)) on
+    every token routed to it, with expert(x) recomputed from the weights."""
+    mlp, seen = model.blocks[layer].mlp, {}
+
+    def keep(name):
+        def fn(t, hook):
+            seen[name] = t
+        return fn
+
+    def fix(routed, hook):
+        x = model.blocks[layer].ln2(seen["resid_mid"]).reshape(-1, routed.shape[-1])  # [N, M]: what the MoE reads
+        ids, w = seen["ids"].reshape(len(x), -1), seen["w"].reshape(len(x), -1)  # [N, k]
+        weight = (w * (ids == expert)).sum(-1, keepdim=True)  # [N, 1]: 0 where not routed to the expert
+        return routed + (weight * (mean - naive_expert(mlp, expert, x))).view(routed.shape)
+
+    return [(f"blocks.{layer}.hook_resid_mid", keep("resid_mid")), (f"blocks.{layer}.mlp.hook_expert_ids", keep("ids")),
+            (f"blocks.{layer}.mlp.hook_expert_weights", keep("w")), (f"blocks.{layer}.mlp.hook_routed_out", fix)]
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_ablate_mean_on_experts_equals_a_hand_written_hook(layer):
+    model, x, ref = moe_model(), tokens(), tokens(seed=7)
+    means = unit_means(model, ref, component="experts")
+    assert sorted(means) == [0, 1] and means[layer].shape == (6, 32)
+    with torch.no_grad():
+        clean = model(x)
+        with ablate(model, [(layer, 3)], "mean", component="experts", reference=ref):
+            ablated = model(x)
+    assert (ablated - clean).abs().max().item() > 1e-3  # the expert's tokens really change
+    with torch.no_grad(), model.hooks(hand_mean_ablation_hooks(model, layer, 3, means[layer][3])):
+        by_hand = model(x)
+    torch.testing.assert_close(ablated, by_hand, rtol=0, atol=1e-5)
+    with torch.no_grad(), ablate_experts(model, [(layer, 3)], "mean", values=means):
+        torch.testing.assert_close(model(x), ablated, rtol=0, atol=0)  # the thin wrapper: the same hooks
+
+
+def test_expert_ablation_at_chosen_positions_only():
+    model, x = moe_model(), tokens()
+    with torch.no_grad():
+        clean = model(x)
+        with ablate(model, [(0, 1), (0, 2)], "zero", component="experts", positions=[5, 9]):
+            ablated = model(x)
+    diff = (ablated - clean).abs().amax(-1).amax(0)  # [T]
+    assert diff[:5].max().item() == 0.0  # causal: nothing before the first ablated position moves
+    assert diff[5].item() > 0
+
+
+def test_expert_means_skip_padding():
+    model, ref = moe_model(), tokens(seed=5)
+    mask = torch.ones_like(ref)
+    mask[:, 8:] = 0
+    padded = unit_means(model, Batch(tokens=ref, mask=mask), component="experts")
+    cut = unit_means(model, ref[:, :8], component="experts")  # causal: the first 8 positions are the same
+    for layer in (0, 1):
+        torch.testing.assert_close(padded[layer], cut[layer], rtol=1e-5, atol=1e-6)
+
+
 def test_expert_means_match_a_naive_per_expert_pass():
     model, ref = moe_model(), tokens(seed=5)
     means = expert_out_means(model, ref, [1])
@@ -89,7 +166,7 @@ def test_expert_means_match_a_naive_per_expert_pass():
         if len(rows) == 0:
             continue
         with torch.no_grad():
-            out = (torch.nn.functional.silu(rows @ mlp.W_gate[e].T) * (rows @ mlp.W_in[e].T)) @ mlp.W_out[e].T
+            out = naive_expert(mlp, e, rows)
         torch.testing.assert_close(means[1][e], out.mean(0), rtol=1e-4, atol=1e-5)
 
 
@@ -106,16 +183,21 @@ def test_mean_ablation_changes_only_tokens_routed_to_the_expert():
     assert diff[routed].min().item() > 0
 
 
-def test_compare_with_random_expert_sets():
-    model, x = moe_model(), tokens()
+@pytest.mark.parametrize("method", ["zero", "mean"])
+def test_compare_with_random_expert_sets(method):
+    model, x, ref = moe_model(), tokens(), tokens(seed=7)
+    values = unit_means(model, ref, component="experts")
 
     def measure(experts):
-        with torch.no_grad(), ablate_experts(model, experts, "zero"):
+        with torch.no_grad(), ablate(model, experts, method, component="experts", values=values):
             return float(torch.nn.functional.cross_entropy(model(x)[:, :-1].reshape(-1, 50), x[:, 1:].reshape(-1)))
 
     df = compare_with_random(measure, [(1, 0), (1, 1)], model, n_draws=5, units="experts")
     assert list(df["set"][:2]) == ["none", "target"] and len(df) == 7
     assert df["heads"][1] == "L1E0 L1E1"
+    assert df.attrs["n_random"] == 5 and 0 <= df.attrs["rank"] <= 5
+    assert df["value"][1] == pytest.approx(measure([(1, 0), (1, 1)]))
+    assert len(set(df["value"][2:])) > 1  # different random sets really change the model differently
     sets = random_expert_sets(model, 2, 5, seed=0)
     assert all(len(s) == 2 and all(layer in (0, 1) and 0 <= e < 6 for layer, e in s) for s in sets)
 
@@ -128,6 +210,23 @@ def test_bad_expert_ablation_input_is_refused():
     with pytest.raises(ValueError, match=r"method='resample' is not one of"):
         with ablate_experts(model, [(1, 0)], "resample"):
             pass
+    with pytest.raises(ValueError, match=r"expert \(1, 6\) is outside the model \(experts per layer \[6, 6\]\)"):
+        with ablate(model, [(1, 6)], "zero", component="experts"):
+            pass
+    with pytest.raises(ValueError, match=r"resample ablation is not defined for experts"):
+        with ablate(model, [(1, 0)], "resample", component="experts", reference=tokens()):
+            pass
+    with pytest.raises(ValueError, match=r"per_position means is not defined for experts"):
+        with ablate(model, [(1, 0)], "mean", component="experts", reference=tokens(), per_position=True):
+            pass
+    with pytest.raises(ValueError, match=r"mean values of experts in layer 1 have shape \(32,\); expected \[6, ...\]"):
+        with ablate(model, [(1, 0)], "mean", component="experts", values={1: torch.zeros(32)}):
+            pass
     dense = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8))
     with pytest.raises(ValueError, match=r"no mixture-of-experts layer"):
         expert_stats(dense, torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"no mixture-of-experts layer"):
+        ablate_experts(dense, [(0, 0)], "zero")
+    with pytest.raises(ValueError, match=r"expert \(0, 0\) is outside the model \(experts per layer \[0\]\)"):
+        with ablate(dense, [(0, 0)], "zero", component="experts"):
+            pass

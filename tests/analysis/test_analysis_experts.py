@@ -12,6 +12,8 @@ from interp.data import Batch
 from interp.interventions import ablate, unit_means
 from interp.streaming import stream
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # many tiny ops: one thread is faster on two shared cores
+
 
 def moe_model(seed=0, **kw):
     cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=24, activation="swiglu", positional="rotary",

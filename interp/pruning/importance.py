@@ -80,7 +80,8 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
     if per_example and not hasattr(objective, "example_losses"):
         raise ValueError(f"per_example=True needs an objective with example_losses(model, batch); "
                          f"{type(objective).__name__} has none (pass per_example=False)")
-    total = torch.zeros(units.shape[0], units.shape[2], dtype=torch.float64)
+    # Summed on the model's device (no host sync per batch); moved to the CPU once, at the end.
+    total = torch.zeros(units.shape[0], units.shape[2], dtype=torch.float64, device=p.device)
     n = 0
     with gates_only(model):  # only the gates need gradients
         for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress_enabled(progress), leave=False):
@@ -98,17 +99,17 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
                     losses = objective.example_losses(model, batch)  # [B]
                 (grad,) = torch.autograd.grad(losses.sum(), gates)  # [B, L, H]
                 unit_grad = torch.einsum("blh,lhu->blu", grad, units)  # [B, L, U]
-                total += unit_grad.detach().abs().sum(0).double().cpu()
+                total += unit_grad.detach().abs().sum(0).double()
                 n += B
             else:
                 gates = base.clone().requires_grad_(True)
                 model.set_head_gates(gates)
                 (grad,) = torch.autograd.grad(objective.loss(model, batch), gates)  # [L, H]
-                total += torch.einsum("lh,lhu->lu", grad, units).detach().abs().double().cpu()
+                total += torch.einsum("lh,lhu->lu", grad, units).detach().abs().double()
                 n += 1
-    count = torch.tensor(float(n), dtype=torch.float64)
+    count = torch.tensor(float(n), dtype=torch.float64, device=p.device)
     distributed.all_reduce_(total, count)  # under torchrun: sums over the ranks' shards (no-op otherwise)
-    return (total / count).float()
+    return (total / count).float().cpu()
 
 
 def head_importance(model: Transformer, batches: Sequence[Batch], objective: Objective, *, normalize_layers: bool = True,

@@ -151,6 +151,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
     lag_opt = torch.optim.Adam([lambdas], lr=lagrangian_lr, maximize=True)  # ascent on the multipliers
     gen = torch.Generator().manual_seed(seed)
     history: list[dict] = []
+    logged: list[tuple[int, torch.Tensor]] = []
     avg_log_alpha, n_avg = torch.zeros_like(gate.log_alpha.detach()), 0
     with gates_only(model):  # the model is frozen (and locked) for the whole training
         bar = tqdm(range(steps), desc=f"L0 gates ({'t=' + str(target) if target is not None else 'lam=' + str(lam)})",
@@ -175,11 +176,18 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
                     n_avg += 1
                     avg_log_alpha += (gate.log_alpha.detach() - avg_log_alpha) / n_avg
             if step % max(1, steps // 20) == 0 or step == steps - 1:
-                history.append({"step": step, "loss": float(loss.detach()), "expected_sparsity": float(s.detach()),
-                                "lambda1": float(lambdas[0].detach()), "lambda2": float(lambdas[1].detach())})
-                # the sparsity and multipliers on the bar: a run that will miss its target shows it early
-                bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", s=f"{history[-1]['expected_sparsity']:.3f}",
-                                l1=f"{history[-1]['lambda1']:.2f}", refresh=False)
+                # Kept on the device ([loss, sparsity, lambda1, lambda2]) and read once after the loop: no
+                # host sync per step, except to show them on a progress bar the user asked for.
+                logged.append((step, torch.stack([loss.detach().float(), s.detach().float(),
+                                                  *lambdas.detach().float()])))
+                if not bar.disable:
+                    # the sparsity and multipliers on the bar: a run that will miss its target shows it early
+                    now = logged[-1][1].tolist()
+                    bar.set_postfix(loss=f"{now[0]:.3f}", s=f"{now[1]:.3f}", l1=f"{now[2]:.2f}", refresh=False)
+    if logged:
+        values = torch.stack([v for _, v in logged]).cpu().tolist()  # [n logged, 4], one move to the host
+        history = [{"step": step, "loss": v[0], "expected_sparsity": v[1], "lambda1": v[2], "lambda2": v[3]}
+                   for (step, _), v in zip(logged, values)]
     last_sparsity = float(gate.expected_sparsity().detach())
     if n_avg:
         with torch.no_grad():

@@ -132,15 +132,17 @@ class LanguageModelObjective:
 
     @torch.no_grad()
     def metric(self, model: Transformer, batches: Sequence[Batch]) -> float:
-        total, n = 0.0, 0
+        # Summed on the logits' device in float64, read once at the end (no host sync per batch).
+        total: torch.Tensor | float = 0.0
+        n = 0
         for batch in check_batches(batches):
             logits, targets = self._logits_targets(model, batch)
             if self.metric_name == "accuracy":
-                total += float((logits.argmax(-1) == targets).sum())
+                total = total + (logits.argmax(-1) == targets).sum(dtype=torch.float64)
             else:
-                total -= float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+                total = total - F.cross_entropy(logits.float(), targets, reduction="sum").double()
             n += len(targets)
-        return total / n
+        return float(total) / n
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

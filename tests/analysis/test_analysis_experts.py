@@ -232,3 +232,31 @@ def test_bad_expert_ablation_input_is_refused():
     with pytest.raises(ValueError, match=r"expert \(0, 0\) is outside the model \(experts per layer \[0\]\)"):
         with ablate(dense, [(0, 0)], "zero", component="experts"):
             pass
+
+
+def test_routing_stats_update_never_waits_on_the_host(monkeypatch):
+    """The per-batch update keeps everything on the tensors' device: no .cpu(), .item(), .tolist(), .numpy() or
+    Python scalar conversion (each a host sync on a GPU); the one move to the host is in result()."""
+    model, x = moe_model(), tokens()
+    mask = torch.ones_like(x)
+    mask[:, 10:] = 0
+    names = ["*hook_expert_ids", "*hook_router_logits"]
+    with torch.no_grad():
+        _, trace = model.run_with_cache(x, names_filter=names, attention_mask=mask)
+    want = RoutingStats(model)
+    stream(model, [Batch(tokens=x, mask=mask)], [want])
+    r = RoutingStats(model)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a host sync inside RoutingStats.update")
+
+    with monkeypatch.context() as m:
+        for attr in ("cpu", "item", "tolist", "numpy", "__float__", "__int__", "__bool__"):
+            m.setattr(torch.Tensor, attr, refuse)
+        r.begin_batch(Batch(tokens=x, mask=mask))
+        for name in r.names:
+            r.update(name, trace[name], q_start=0)
+    got, ref = r.result(), want.result()
+    torch.testing.assert_close(got.share, ref.share)
+    torch.testing.assert_close(got.token_entropy, ref.token_entropy)
+    assert got.n_tokens == ref.n_tokens == 6 * 10

@@ -423,6 +423,10 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     # config.json names it num_experts (Qwen, OLMoE) or num_local_experts (Mixtral; also some to_dict() outputs).
     key = "num_local_experts" if hf_cfg.get("num_local_experts") is not None else "num_experts"
     E = _need(hf_cfg, key, arch)
+    other = hf_cfg.get("num_experts" if key == "num_local_experts" else "num_local_experts")
+    if other is not None and other != E:
+        raise ValueError(f"{arch} config gives two expert counts that disagree: num_local_experts="
+                         f"{hf_cfg.get('num_local_experts')!r} and num_experts={hf_cfg.get('num_experts')!r}")
     fields: dict[str, Any] = dict(
         n_experts=E, n_experts_per_token=_need(hf_cfg, "num_experts_per_tok", arch),
         router_score="softmax", router_renormalize=mtype == "mixtral" or bool(hf_cfg.get("norm_topk_prob")),

@@ -181,7 +181,8 @@ def compare_with_random(measure, target: Sequence[tuple[int, int]], model: Any, 
     """The effect of ablating ``target`` beside the effects of ablating random head sets of the same size.
 
     With ``units="experts"`` the sets are ``(layer, expert)`` pairs of a mixture-of-experts model, drawn by
-    :func:`random_expert_sets` (``measure`` then ablates experts, e.g. with
+    :func:`random_expert_sets` (``measure`` then ablates experts with the same
+    :func:`interp.interventions.ablate`, ``component="experts"``, or its wrapper
     :func:`interp.analysis.experts.ablate_experts`).
 
     Args:

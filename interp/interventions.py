@@ -335,8 +335,8 @@ def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, 
         device.
 
     Raises:
-        ValueError: empty reference, batches of different lengths with ``per_position``, or ``per_position``
-            for routed units.
+        ValueError: empty reference, batches of different lengths with ``per_position``, ``per_position``
+            for routed units, or a layer without the routed units.
         TypeError: a reference batch that is not token ids.
 
     Example:
@@ -350,12 +350,16 @@ def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, 
     if per_position:
         _no_routed(comp, "per_position means")
     layers = comp.default_layers(model) if layers is None else list(layers)
+    if comp.ids_hook is not None:
+        counts = comp.counts(model)
+        bad = [layer for layer in layers if not (0 <= layer < len(counts) and counts[layer])]
+        if bad:
+            raise ValueError(f"layers {bad} have no {comp.name} ({comp.name} per layer {counts})")
     recs = _record(model, reference, comp, layers)
     if per_position and len({real.shape[1] for *_, real in recs}) > 1:
         raise ValueError(f"per_position means need reference batches of one length, got lengths "
                          f"{sorted({real.shape[1] for *_, real in recs})}")
     if comp.ids_hook is not None:
-        counts = comp.counts(model)
         return {layer: _routed_means(recs, layer, counts[layer]) for layer in layers}
     means = {}
     for layer in layers:

@@ -23,7 +23,8 @@ def moe_model(seed=0, **kw):
     model = Transformer(cfg).eval()
     with torch.no_grad():
         for block in model.blocks:
-            block.mlp.W_router.normal_(0, 1.0)  # a decisive router: routing varies from token to token
+            if hasattr(block.mlp, "W_router"):  # dense_mlp_layers have none
+                block.mlp.W_router.normal_(0, 1.0)  # a decisive router: routing varies from token to token
     return model
 
 
@@ -224,6 +225,9 @@ def test_bad_expert_ablation_input_is_refused():
     with pytest.raises(ValueError, match=r"mean values of experts in layer 1 have shape \(32,\); expected \[6, ...\]"):
         with ablate(model, [(1, 0)], "mean", component="experts", values={1: torch.zeros(32)}):
             pass
+    half_dense = moe_model(dense_mlp_layers=[0])
+    with pytest.raises(ValueError, match=r"layers \[0\] have no experts \(experts per layer \[0, 6\]\)"):
+        expert_out_means(half_dense, tokens(), [0])
     dense = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8))
     with pytest.raises(ValueError, match=r"no mixture-of-experts layer"):
         expert_stats(dense, torch.zeros(1, 4, dtype=torch.long))

@@ -266,10 +266,12 @@ def reference_batches(reference: Any) -> list[tuple[torch.Tensor, torch.Tensor |
 
 
 @torch.no_grad()
-def _record(model: Any, reference: Any, comp: Component, layers: Sequence[int]
+def _record(model: Any, reference: Any, comp: Component, layers: Sequence[int],
+            fold: Callable[[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor], None] | None = None
             ) -> list[tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor]]:
     """Clean forward passes over the reference: per batch ``({layer: activation [B, T, ...]}, {layer: unit ids
-    [B, T, k]} (routed units; else empty), real mask [B, T])``, all on the model's device."""
+    [B, T, k]} (routed units; else empty), real mask [B, T])``, all on the model's device. With ``fold``, each
+    batch's record goes to ``fold(acts, ids, real)`` and is not kept (means need running sums only)."""
     p = next(model.parameters())
     out = []
     for tokens, mask in reference_batches(reference):
@@ -288,26 +290,23 @@ def _record(model: Any, reference: Any, comp: Component, layers: Sequence[int]
             model(tokens.to(p.device), attention_mask=None if mask is None else mask.to(p.device))
         real = (torch.ones(tokens.shape, dtype=torch.bool, device=p.device) if mask is None
                 else mask.to(p.device).bool())  # [B, T]
-        out.append((acts, ids, real))
+        if fold is None:
+            out.append((acts, ids, real))
+        else:
+            fold(acts, ids, real)
     return out
 
 
-def _routed_means(recs: list, layer: int, n_units: int) -> torch.Tensor:
-    """Each routed unit's mean activation over the real reference tokens routed to it ``[U, ...]`` (zeros
-    for a unit no reference token reached); summed on the activations' device, no host sync per batch."""
-    total, count = None, None
-    for acts, ids, real in recs:
-        a = acts[layer].double()  # [B, T, k, ...]
-        slot_ids = ids[layer].reshape(-1)  # [B*T*k]
-        w = real[:, :, None].expand(ids[layer].shape).reshape(-1).double()  # [B*T*k]: 0 on padding
-        rows = a.reshape(len(slot_ids), -1) * w[:, None]  # [B*T*k, prod(...)]
-        if total is None:
-            total = torch.zeros(n_units, rows.shape[1], dtype=torch.float64, device=a.device)
-            count = torch.zeros(n_units, dtype=torch.float64, device=a.device)
-        total.index_add_(0, slot_ids, rows)
-        count.index_add_(0, slot_ids, w)
-    dtype, shape = recs[0][0][layer].dtype, recs[0][0][layer].shape[3:]
-    return (total / count.clamp(min=1)[:, None]).to(dtype).view(n_units, *shape)  # [U, prod(...)] -> [U, ...]
+def _routed_sums(a: torch.Tensor, ids: torch.Tensor, real: torch.Tensor, n_units: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch's per-unit sums ``[U, prod(...)]`` and token counts ``[U]`` of a routed activation ``a``
+    ``[B, T, k, ...]`` whose slots hold units ``ids`` ``[B, T, k]``; padding weighted out, no host sync."""
+    slot_ids = ids.reshape(-1)  # [B*T*k]
+    w = real[:, :, None].expand(ids.shape).reshape(-1).double()  # [B*T*k]: 0 on padding
+    rows = a.double().reshape(len(slot_ids), -1) * w[:, None]  # [B*T*k, prod(...)]
+    total = torch.zeros(n_units, rows.shape[1], dtype=torch.float64, device=a.device).index_add_(0, slot_ids, rows)
+    count = torch.zeros(n_units, dtype=torch.float64, device=a.device).index_add_(0, slot_ids, w)
+    return total, count
 
 
 def _no_routed(comp: Component, what: str) -> None:
@@ -320,6 +319,8 @@ def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, 
                component: str = "heads") -> dict[int, torch.Tensor]:
     """Each unit's mean activation over a reference distribution (what mean-ablation puts in its place).
 
+    The sums run batch by batch on the model's device (float64); no batch's activations are kept.
+
     Args:
         model: an interp Transformer.
         reference: see :func:`reference_batches`; padding (mask 0) is left out of the mean.
@@ -331,8 +332,8 @@ def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, 
 
     Returns:
         ``{layer: activation without the batch and position axes}`` (heads: ``[H, D]``; per position
-        ``[T, H, D]``; experts: ``[E, M]``, zeros for an expert no reference token reached), on the model's
-        device.
+        ``[T, H, D]``; experts: ``[E, M]``, zeros for an expert no reference token reached), in the
+        activations' dtype, on the model's device.
 
     Raises:
         ValueError: empty reference, batches of different lengths with ``per_position``, ``per_position``
@@ -350,27 +351,40 @@ def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, 
     if per_position:
         _no_routed(comp, "per_position means")
     layers = comp.default_layers(model) if layers is None else list(layers)
+    counts = comp.counts(model)
     if comp.ids_hook is not None:
-        counts = comp.counts(model)
         bad = [layer for layer in layers if not (0 <= layer < len(counts) and counts[layer])]
         if bad:
             raise ValueError(f"layers {bad} have no {comp.name} ({comp.name} per layer {counts})")
-    recs = _record(model, reference, comp, layers)
-    if per_position and len({real.shape[1] for *_, real in recs}) > 1:
-        raise ValueError(f"per_position means need reference batches of one length, got lengths "
-                         f"{sorted({real.shape[1] for *_, real in recs})}")
-    if comp.ids_hook is not None:
-        return {layer: _routed_means(recs, layer, counts[layer]) for layer in layers}
+    if per_position:
+        lengths = sorted({tokens.shape[1] for tokens, _ in reference_batches(reference)})
+        if len(lengths) > 1:
+            raise ValueError(f"per_position means need reference batches of one length, got lengths {lengths}")
+    totals: dict[int, torch.Tensor] = {}
+    weights: dict[int, torch.Tensor] = {}
+    like: dict[int, torch.Tensor] = {}  # one activation per layer: its dtype and unit shape
+
+    def fold(acts: dict[int, torch.Tensor], ids: dict[int, torch.Tensor], real: torch.Tensor) -> None:
+        for layer in layers:
+            a = acts[layer]  # [B, T, ...]
+            like[layer] = a[:1, :1]
+            if comp.ids_hook is not None:
+                s, c = _routed_sums(a, ids[layer], real, counts[layer])
+            else:
+                w = real.to(a.device).double().view(*real.shape, *[1] * (a.dim() - 2))  # [B, T, 1, ...]
+                a = a.double()
+                s, c = ((a * w).sum(0), w.sum(0)) if per_position else ((a * w).sum((0, 1)), w.sum((0, 1)))
+            totals[layer] = s if layer not in totals else totals[layer] + s
+            weights[layer] = c if layer not in weights else weights[layer] + c
+
+    _record(model, reference, comp, layers, fold)
     means = {}
     for layer in layers:
-        total, count = None, None
-        for acts, _, real in recs:
-            a = acts[layer].double()  # [B, T, ...]
-            w = real.to(a.device).double().view(*real.shape, *[1] * (a.dim() - 2))  # [B, T, 1, ...]
-            s, c = ((a * w).sum(0), w.sum(0)) if per_position else ((a * w).sum((0, 1)), w.sum((0, 1)))
-            total = s if total is None else total + s
-            count = c if count is None else count + c
-        means[layer] = (total / count.clamp(min=1)).to(recs[0][0][layer].dtype)  # [(T,) ...]
+        if comp.ids_hook is not None:  # [U, prod(...)] -> [U, ...]
+            mean = (totals[layer] / weights[layer].clamp(min=1)[:, None]).view(counts[layer], *like[layer].shape[3:])
+        else:  # [(T,) ...]
+            mean = totals[layer] / weights[layer].clamp(min=1)
+        means[layer] = mean.to(like[layer].dtype)
     return means
 
 

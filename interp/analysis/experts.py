@@ -127,9 +127,11 @@ class RoutingStats(Reducer):
         flat = t.reshape(-1, t.shape[-1])  # [B*T, k|E]
         real = self._real(flat.shape[0], flat.device)  # [B*T]
         if name.endswith("hook_expert_ids"):
-            k = flat.shape[1]
-            slot_w = real[:, None].expand(-1, k).reshape(-1)  # [B*T*k]
-            counts = torch.bincount(flat.reshape(-1), weights=slot_w, minlength=self.n_experts)  # [E] float64
+            E = self.n_experts
+            # Padding slots go to an extra bin E that is dropped: integer counts with no weights (a weighted
+            # bincount has no deterministic CUDA kernel) and no boolean indexing (a host sync).
+            slots = torch.where(real[:, None] > 0, flat, E).reshape(-1)  # [B*T*k]
+            counts = torch.bincount(slots, minlength=E + 1)[:E].to(torch.float64)  # [E]
             self._add(f"{layer}.counts", counts)
             self._add(f"{layer}.tokens", real.sum())
         else:

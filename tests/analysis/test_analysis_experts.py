@@ -264,3 +264,17 @@ def test_routing_stats_update_never_waits_on_the_host(monkeypatch):
     torch.testing.assert_close(got.share, ref.share)
     torch.testing.assert_close(got.token_entropy, ref.token_entropy)
     assert got.n_tokens == ref.n_tokens == 6 * 10
+
+
+def test_expert_ablation_holds_in_cached_generation():
+    """The ablation hooks fire on every decode step: cached generation under them equals a recompute, and the
+    greedy tokens are the argmax of one ablated forward pass over the result."""
+    model, x = moe_model(), tokens()[:1, :5]
+    experts = [(layer, e) for layer in (0, 1) for e in range(3)]
+    with torch.no_grad(), ablate(model, experts, "zero", component="experts"):
+        cached = model.generate(x, 12)
+        assert torch.equal(model.generate(x, 12, use_cache=False), cached)
+        greedy = model(cached[:, :-1]).argmax(-1)[:, 4:]  # [1, 12]: the prediction after each prefix
+    assert torch.equal(greedy, cached[:, 5:])
+    with torch.no_grad():
+        assert not torch.equal(model.generate(x, 12), cached)  # the ablation changes what is generated

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import first_occurrence_mask, repeated_sequences
-from ..interventions import ABLATIONS, ablate, unit_means, unit_samples
+from ..interventions import ABLATIONS, COMPONENTS, ablate, unit_means, unit_samples
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -146,13 +146,13 @@ def random_expert_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclu
         raise ValueError(f"k={k!r} must be an int >= 1")
     if isinstance(n_draws, bool) or not isinstance(n_draws, int) or n_draws < 1:
         raise ValueError(f"n_draws={n_draws!r} must be an int >= 1")
-    cfg = model.cfg
-    moe = [layer for layer in range(cfg.n_layers) if cfg.is_moe_layer(layer)]
+    counts = COMPONENTS["experts"].counts(model)  # experts per layer, 0 for a dense MLP: what ablate(...) accepts
+    moe = [layer for layer, n in enumerate(counts) if n]
     if not moe:
-        raise ValueError(f"model has no mixture-of-experts layer (cfg.n_experts={cfg.n_experts})")
+        raise ValueError(f"model has no mixture-of-experts layer (cfg.n_experts={model.cfg.n_experts})")
     ex = set(map(tuple, exclude))
     layers = moe if layers is None else [layer for layer in layers if layer in moe]
-    pool = [(layer, e) for layer in layers for e in range(cfg.n_experts) if (layer, e) not in ex]
+    pool = [(layer, e) for layer in layers for e in range(counts[layer]) if (layer, e) not in ex]
     return _draw_sets(pool, k, n_draws, seed, skip_sets, "experts")
 
 

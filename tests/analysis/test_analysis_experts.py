@@ -278,3 +278,13 @@ def test_expert_ablation_holds_in_cached_generation():
     assert torch.equal(greedy, cached[:, 5:])
     with torch.no_grad():
         assert not torch.equal(model.generate(x, 12), cached)  # the ablation changes what is generated
+
+
+def test_random_expert_sets_draw_only_from_moe_layers():
+    model = moe_model(dense_mlp_layers=[0])
+    sets = random_expert_sets(model, 3, 10, seed=1)
+    assert len(sets) == 10 and all(layer == 1 and 0 <= e < 6 for s in sets for layer, e in s)
+    with torch.no_grad(), ablate(model, sets[0], "zero", component="experts"):  # every drawn set is ablatable
+        model(tokens())
+    with pytest.raises(ValueError, match=r"k=7 experts requested but only 6 experts to draw from"):
+        random_expert_sets(model, 7, 1)

@@ -215,3 +215,16 @@ def test_assigned_weights_generate_as_hf_and_stay_tied(files, name):
     want = hf.generate(prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt),
                        eos_token_id=None, pad_token_id=0)
     assert torch.equal(model.generate(prompt, max_new_tokens=12), want)
+
+
+def test_sentencepiece_space_prefix_follows_the_file():
+    """Gemma's files say add_space_prefix = False: no "▁" is prepended (Llama 2's files prepend one)."""
+    tokens = ["<unk>", "<s>", "</s>", "▁", "H", "i", "Hi", "▁Hi"]
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": [0.0, 0.0, 0.0, -1.0, -2.0, -2.0, -0.5, -0.1],
+            "tokenizer.ggml.token_type": [2, 3, 3, 1, 1, 1, 1, 1], "tokenizer.ggml.unknown_token_id": 0,
+            "tokenizer.ggml.add_bos_token": False}
+    llama = zgguf.tokenizer_from_gguf(meta)
+    gemma = zgguf.tokenizer_from_gguf({**meta, "tokenizer.ggml.add_space_prefix": False})
+    assert llama.to_tokens("Hi")[0].tolist() == [tokens.index("▁Hi")]
+    assert gemma.to_tokens("Hi")[0].tolist() == [tokens.index("Hi")]

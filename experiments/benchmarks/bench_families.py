@@ -10,6 +10,10 @@ converted with ``from_hf`` (same weights), on a 4 x 256-token batch:
    interp ``run_with_cache`` / HF eager ``output_attentions=True`` (patterns only, which favours HF).
    Target <= 1.0.
 
+Each family's four variants run interleaved, in a new seeded shuffled order every repetition; the tables give
+the median and the range of each variant and, for each ratio, the range of the per-repetition ratios (interp
+and HF timed in the same repetition), so a loaded machine's noise is visible beside the median.
+
 Usage:
     python experiments/benchmarks/bench_families.py [--families llama3 qwen3 gemma2 pythia] [--batch 4] [--seq 256]
         [--reps 5] [--quick]

@@ -10,6 +10,10 @@ converted with ``from_hf`` (same weights), on a 4 x 256-token batch:
    interp ``run_with_cache`` / HF eager ``output_attentions=True`` (patterns only, which favours HF).
    Target <= 1.0.
 
+Each family's four variants run interleaved, in a new seeded shuffled order every repetition; the tables give
+the median and the range of each variant and, for each ratio, the range of the per-repetition ratios (interp
+and HF timed in the same repetition), so a loaded machine's noise is visible beside the median.
+
 Usage:
     python experiments/benchmarks/bench_families.py [--families llama3 qwen3 gemma2 pythia] [--batch 4] [--seq 256]
         [--reps 5] [--quick]
@@ -18,11 +22,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import sys
+import time
 import warnings
 
 import torch
-from benchutil import fix_threads, machine_info, time_interleaved
+from benchutil import fix_threads, machine_info
 
 RECORD = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_result"]
 _GATED = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=12,
@@ -41,6 +48,29 @@ CONFIGS = {
 }
 
 
+def time_reps(fns: dict, *, reps: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of every repetition of each function, interleaved in a new seeded shuffled order per repetition
+    (as ``benchutil.time_interleaved``, but keeping every repetition so that ratios pair within one)."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    rng = random.Random(0)
+    for _ in range(reps):
+        for n in rng.sample(names, len(names)):  # [names], shuffled
+            t0 = time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t0)
+    return times
+
+
+def ratio_summary(ours: list[float], theirs: list[float]) -> tuple[float, float, float]:
+    """(median ratio of the medians, min and max of the per-repetition ratios)."""
+    paired = [a / b for a, b in zip(ours, theirs)]
+    return statistics.median(ours) / statistics.median(theirs), min(paired), max(paired)
+
+
 def build(name: str, attn: str):
     import transformers
 
@@ -51,7 +81,7 @@ def build(name: str, attn: str):
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def bench(name: str, batch: int, seq: int, reps: int) -> tuple[str, float, float]:
+def bench(name: str, batch: int, seq: int, reps: int) -> tuple[str, float, float, tuple[str, str]]:
     from interp.zoo.hf import from_hf
 
     eager = build(name, "eager")
@@ -66,21 +96,27 @@ def bench(name: str, batch: int, seq: int, reps: int) -> tuple[str, float, float
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         diff = float((ours(ids) - fast(ids).logits).abs().max())
-        med = time_interleaved({
-            "interp forward": lambda: ours(ids),
-            f"HF {fast_kind} forward": lambda: fast(ids),
-            "interp run_with_cache (patterns + per-head writes)": lambda: ours.run_with_cache(ids, names_filter=RECORD),
-            "HF eager output_attentions (patterns only)": lambda: eager(ids, output_attentions=True),
+        fwd_name, hf_name = "interp forward", f"HF {fast_kind} forward"
+        rec_name, hf_rec_name = ("interp run_with_cache (patterns + per-head writes)",
+                                 "HF eager output_attentions (patterns only)")
+        times = time_reps({
+            fwd_name: lambda: ours(ids),
+            hf_name: lambda: fast(ids),
+            rec_name: lambda: ours.run_with_cache(ids, names_filter=RECORD),
+            hf_rec_name: lambda: eager(ids, output_attentions=True),
         }, reps=reps, warmup=1)
-    fwd = med["interp forward"] / med[f"HF {fast_kind} forward"]
-    rec = med["interp run_with_cache (patterns + per-head writes)"] / med["HF eager output_attentions (patterns only)"]
-    rows = "\n".join(f"| {k} | {v * 1e3:.0f} |" for k, v in med.items())
+    fwd, fwd_lo, fwd_hi = ratio_summary(times[fwd_name], times[hf_name])
+    rec, rec_lo, rec_hi = ratio_summary(times[rec_name], times[hf_rec_name])
+    rows = "\n".join(f"| {k} | {statistics.median(v) * 1e3:.0f} | {min(v) * 1e3:.0f}-{max(v) * 1e3:.0f} |"
+                     for k, v in times.items())
     text = (f"#### {name} ({CONFIGS[name][0]}, {n_params:.0f}M parameters, {ours.cfg.n_layers} layers, "
             f"{ours.cfg.n_heads} heads / {ours.cfg.n_kv_heads} K/V; batch {batch} x {seq}; max |logit diff| vs HF "
-            f"{diff:.1e})\n\n| variant | median ms |\n|---|---:|\n{rows}\n\n"
-            f"forward / HF {fast_kind.split()[0]} = **{fwd:.3f}** (target <= 1.0); recording / HF eager "
-            f"output_attentions = **{rec:.3f}** (target <= 1.0)\n")
-    return text, fwd, rec
+            f"{diff:.1e})\n\n| variant | median ms | range ms |\n|---|---:|---:|\n{rows}\n\n"
+            f"forward / HF {fast_kind.split()[0]} = **{fwd:.3f}** (per-repetition {fwd_lo:.3f}-{fwd_hi:.3f}; "
+            f"target <= 1.0); recording / HF eager output_attentions = **{rec:.3f}** (per-repetition "
+            f"{rec_lo:.3f}-{rec_hi:.3f}; target <= 1.0)\n")
+    spreads = f"{fwd_lo:.3f}-{fwd_hi:.3f}", f"{rec_lo:.3f}-{rec_hi:.3f}"
+    return text, fwd, rec, spreads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     threads = fix_threads()
     print(f"## families: interp vs transformers on ~100M random configs\n\n{machine_info()} | torch threads "
           f"{threads}\n")
-    summary = ["| family | forward / HF sdpa | recording / HF eager output_attentions |", "|---|---:|---:|"]
+    summary = ["| family | forward / HF sdpa | per-repetition | recording / HF eager output_attentions | "
+               "per-repetition |", "|---|---:|---:|---:|---:|"]
     for name in a.families:
-        text, fwd, rec = bench(name, a.batch, a.seq, a.reps)
+        text, fwd, rec, (fwd_spread, rec_spread) = bench(name, a.batch, a.seq, a.reps)
         print(text)
-        summary.append(f"| {name} | {fwd:.3f} | {rec:.3f} |")
+        summary.append(f"| {name} | {fwd:.3f} | {fwd_spread} | {rec:.3f} | {rec_spread} |")
         sys.stdout.flush()
     print("\n".join(summary))
     return 0

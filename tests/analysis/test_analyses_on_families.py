@@ -1,6 +1,6 @@
 """The analyses on converted families: a parallel-block MQA model (Falcon), a windowed GQA model (Mistral), a
-windowed sandwich-norm soft-capped one (Gemma 2) and an OLMo 2 (norms on outputs, QK-norm over all heads).
-What cannot apply is refused by name."""
+windowed sandwich-norm soft-capped one (Gemma 2) and an OLMo 2 (norms on outputs, QK-norm over all heads), then
+every analysis on every family test config of :mod:`interp.zoo.compat`. What cannot apply is refused by name."""
 
 import pytest
 import torch
@@ -98,3 +98,72 @@ def test_what_cannot_apply_is_refused_by_name(models):
     with pytest.raises(ValueError, match="remove_heads: qk_norm='full'"):
         remove_heads(models["olmo2"], {0: [0]})
     assert composition_scores(models["falcon"]).shape[0] == 2  # parallel blocks still compose across layers
+
+
+def _family_names():
+    from interp.zoo.compat import FAMILIES
+
+    return sorted(FAMILIES)
+
+
+@pytest.mark.parametrize("name", _family_names())
+def test_every_analysis_runs_or_is_refused_by_name_on_every_family(name):
+    """Each family's test config: what applies gives a checked answer, what cannot apply names the setting."""
+    from interp.pruning import train_l0_gates
+
+    model = from_hf(hf_model(name))
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    torch.manual_seed(0)
+    clean, corrupted = torch.randint(1, V, (2, 12)), torch.randint(1, V, (2, 12))
+    answers = torch.tensor([[3, 5], [7, 9]])
+    _, trace = model.run_with_cache(clean, names_filter=["*hook_pattern", "*hook_result"])
+    assert trace.pattern(0).shape == (2, H, 12, 12)
+    assert classify_heads(model, tokens=clean, progress=False).n_heads == H
+    df = activation_patching(model, clean, corrupted, act="z", by="head", answer_tokens=answers)
+    assert len(df) == L * H
+    with torch.no_grad():
+        base = model(clean)
+        with ablate_heads(model, [(0, 0)], method="zero"):
+            assert (model(clean) - base).abs().max() > 0
+    scores = head_importance(model, [clean], LanguageModelObjective())
+    assert scores.shape == (L, H) and bool(torch.isfinite(scores).all())
+    for level, units in (("head", H), ("group", cfg.n_kv_heads)):
+        res = train_l0_gates(model, [clean], LanguageModelObjective(), target=0.5, steps=2, level=level)
+        assert res.gates.shape == (L, H) and res.pruned_units.shape == (L, units)
+    grouped = res.gates.view(L, cfg.n_kv_heads, cfg.group_size)  # [L, K, G]: one gate per K/V group
+    assert torch.equal(grouped, grouped[..., :1].expand_as(grouped))
+
+    if cfg.parallel_block != "none":
+        with pytest.raises(ValueError, match=f"in a parallel block \\(parallel_block='{cfg.parallel_block}'"):
+            activation_patching(model, clean, corrupted, act="resid_mid", by="layer", answer_tokens=answers)
+    else:
+        assert len(activation_patching(model, clean, corrupted, act="resid_mid", by="layer",
+                                       answer_tokens=answers)) == L
+    if cfg.sublayer_norm != "input":
+        with pytest.raises(ValueError, match=f"sublayer_norm='{cfg.sublayer_norm}'"):
+            direct_logit_attribution(model, clean, torch.tensor([4, 6]))
+    else:  # the parts sum to the logit difference (parallel blocks included)
+        dla = direct_logit_attribution(model, clean, torch.tensor([4, 6]))
+        assert abs(dla["attribution"].sum() - dla.attrs["logit_diff"]) < 1e-3
+    inside = [f"{k}={v!r}" for k, v in (("sublayer_norm", cfg.sublayer_norm), ("qk_norm", cfg.qk_norm))
+              if v not in ("input", "none")]
+    if inside:
+        with pytest.raises(ValueError, match="puts a norm inside those circuits") as refused:
+            composition_scores(model)
+        assert any(setting in str(refused.value) for setting in inside)
+    else:
+        assert composition_scores(model).shape[0] == 2  # across layers, parallel blocks included
+    heads = {0: [0], 1: list(range(cfg.group_size))}  # one head, and the whole first K/V group of layer 1
+    if cfg.qk_norm == "full":
+        with pytest.raises(ValueError, match="remove_heads: qk_norm='full'"):
+            remove_heads(model, heads)
+        return
+    gates = torch.ones(L, H)
+    for layer, hs in heads.items():
+        gates[layer, hs] = 0
+    with torch.no_grad():
+        model.set_head_gates(gates)
+        want = model(clean)
+        model.set_head_gates(None)
+        torch.testing.assert_close(remove_heads(model, heads)(clean), want, rtol=0, atol=1e-4)

@@ -10,8 +10,10 @@ What it accepts: ``general.architecture == "llama"``, which llama.cpp writes for
 SmolLM2, TinyLlama, Mistral 7B and other dense Llama-style decoders (RMSNorm, SwiGLU, rotary attention with
 grouped K/V heads, tied or untied unembedding), with plain rotary (no RoPE scaling), no experts and rotary
 over the whole head. Every quantisation the ``gguf`` package can dequantise is read (F32, F16, BF16, Q4_0,
-Q4_1, Q5_x, Q8_0, the K-quants, ...). Anything else (``qwen2``, ``gemma``, ``phi3``, ``mixtral``-style
-experts, ``rope_freqs`` scaling, ...) is refused with a ValueError naming it.
+Q4_1, Q5_x, Q8_0, the K-quants, ...). Mixtures of experts (``llama`` with ``expert_count``: Mixtral; and
+``deepseek2``: DeepSeek-V2/V3 with MLA) are mapped by :mod:`interp.zoo.gguf_experts` onto the same HF
+conversion. Anything else (``qwen2``, ``gemma``, ``phi3``, ``rope_freqs`` scaling, ...) is refused with a
+ValueError naming it.
 
 Tokenizers: byte-level BPE (``tokenizer.ggml.model == "gpt2"``: SmolLM, Llama 3, ...) and sentencepiece BPE
 (``"llama"``: Llama 1/2, Mistral, TinyLlama) are rebuilt with the ``tokenizers`` library, with the file's
@@ -33,13 +35,14 @@ import numpy as np
 import torch
 
 from ..model import Transformer
+from . import gguf_experts
 from .checkpoint import check_fits
 from .gguf_file import GGUFError, GGUFFile, read_gguf
 from .hf import CONVERTERS, convert
 from .tokenizer import Tokenizer
 
 _GGUF_EXTRA = "pip install interp[gguf]"
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", *gguf_experts.ARCHITECTURES)
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -87,9 +90,8 @@ def _check_architecture(meta: Mapping[str, Any], tensor_names: set[str], source:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
                          f"{list(SUPPORTED_ARCHITECTURES)} (Llama, SmolLM, Mistral-style dense decoders)")
-    if meta.get(f"{arch}.expert_count", 0):
-        raise GGUFError(f"{source}: {meta[f'{arch}.expert_count']} experts per layer (mixture of experts) "
-                         f"is not supported; only dense llama decoders")
+    if arch in gguf_experts.ARCHITECTURES:  # their own settings, RoPE scaling included, are read there
+        return arch
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", None) or "rope_freqs.weight" in tensor_names:
         kind = scaling if scaling not in ("none", None) else "rope_freqs (llama3)"
@@ -117,6 +119,8 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
         3
     """
     arch = _check_architecture(meta, tensor_names, source)
+    if arch in gguf_experts.ARCHITECTURES:
+        return gguf_experts.hf_config(meta, None, tensor_names, source=source)
 
     def count(key: str, default: Any = None, *, low: int = 1) -> int:
         """A whole-number hyper-parameter, refused by name when absent, not an integer or below ``low``."""
@@ -165,7 +169,7 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
             raise GGUFError(f"{source}: metadata {key!r} = {value!r} is outside the vocabulary of {vocab} tokens")
         ids[which] = value
-    return {
+    llama = {
         "model_type": "llama", "hidden_act": "silu", "hidden_size": d_model, "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv, "head_dim": head_dim, "num_hidden_layers": count("block_count"),
         "intermediate_size": count("feed_forward_length"), "vocab_size": vocab,
@@ -175,6 +179,9 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
         "pad_token_id": ids["padding"], "bos_token_id": ids["bos"], "eos_token_id": ids["eos"],
     }
+    if gguf_experts.is_expert_file(meta):  # Mixtral: llama attention, experts in place of the MLPs
+        return gguf_experts.hf_config(meta, llama, tensor_names, source=source)
+    return llama
 
 
 # --- weights ----------------------------------------------------------------------------------------------
@@ -214,6 +221,18 @@ def _hf_name(name: str) -> str | None:
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _HF_BLOCK:
         return f"model.layers.{parts[1]}.{_HF_BLOCK[parts[2]]}.{parts[3]}"
     return None
+
+
+def _hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], source: str) -> dict[str, torch.Tensor]:
+    """The HF tensors one GGUF tensor becomes: one renamed tensor, or (expert files) merged experts split."""
+    if hf_cfg["model_type"] != "llama":
+        pieces = gguf_experts.hf_tensors(name, w, hf_cfg, source=source)
+        if pieces is not None:
+            return pieces
+    hf = _hf_name(name)
+    if hf is None:
+        raise GGUFError(f"{source}: tensor {name!r} has no place in a {hf_cfg['model_type']} decoder")
+    return {hf: _unpermuted(w, name, hf_cfg, source)}
 
 
 def _gguf_rows_cols(t) -> tuple[int, ...]:
@@ -275,13 +294,15 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         missing = sorted(set(range(n_layers)) - set(blocks))
         raise GGUFError(f"{source}: the metadata declares block_count = {n_layers}, but the file holds tensors "
                         f"for {len(blocks)} layer(s); no tensors for layer(s) {missing[:8]}")
-    hf_shapes = _Recording()
+    hf_shapes, hf_of = _Recording(), {}
     for t in reader.tensors:
-        hf = _hf_name(t.name)
-        if hf is None:
-            raise GGUFError(f"{source}: tensor {t.name!r} has no place in a llama decoder")
-        w = torch.empty(_gguf_rows_cols(t), device="meta")
-        hf_shapes[hf] = _unpermuted(w, t.name, hf_cfg, source)
+        pieces = _hf_tensors(t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg, source)
+        hf_of[t.name] = set(pieces)
+        hf_shapes.update(pieces)
+    try:
+        joined = gguf_experts.join_split_tensors(hf_shapes)
+    except GGUFError as e:
+        raise GGUFError(f"{source}: {e}") from e
     make_cfg, make_sd = CONVERTERS[hf_cfg["model_type"]]
     try:
         cfg = make_cfg(hf_cfg)
@@ -290,7 +311,7 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         ours = make_sd(hf_shapes, cfg)
     except (ValueError, RuntimeError) as e:  # a missing tensor, or a torch.cat of mismatched shapes
         raise GGUFError(f"{source}: the tensors do not fit the declared model: {e}") from e
-    unused = [t.name for t in reader.tensors if _hf_name(t.name) not in hf_shapes.read]
+    unused = [name for name, hfs in hf_of.items() if not {joined.get(h, h) for h in hfs} & hf_shapes.read]
     if unused:
         raise GGUFError(f"{source}: tensors the declared model has no place for: {unused[:8]}")
     try:
@@ -340,9 +361,6 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
 
         tensors = tqdm(tensors, desc="dequantising GGUF tensors", unit="tensor")
     for t in tensors:
-        hf = _hf_name(t.name)
-        if hf is None:
-            raise GGUFError(f"{source}: tensor {t.name!r} has no place in a llama decoder")
         try:
             arr = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
@@ -354,7 +372,8 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
             bad = int((~torch.isfinite(w)).sum())
             raise GGUFError(f"{source}: tensor {t.name!r} ({t.tensor_type.name}) holds {bad} NaN or infinite "
                             f"value(s) after dequantisation; the file is corrupt")
-        out[hf] = _unpermuted(w, t.name, hf_cfg, source).to(dtype)
+        out.update({k: v.to(dtype) for k, v in _hf_tensors(t.name, w, hf_cfg, source).items()})
+    gguf_experts.join_split_tensors(out)
     return out
 
 

@@ -1,0 +1,240 @@
+"""Mixture-of-experts GGUF files (Mixtral as ``llama`` with experts, DeepSeek-V2/V3 as ``deepseek2``) against
+transformers.
+
+A random tiny HF model (routing that varies: 8 experts, top-2/3, DeepSeek with expert groups) is written to GGUF
+here the way llama.cpp's ``convert_hf_to_gguf.py`` writes it: experts merged into 3-D tensors, llama's Q/K
+rotary permutation for Mixtral, DeepSeek's ``kv_b`` split into ``k_b`` (transposed) and ``v_b`` by newer
+converters, the metadata keys it writes. The reference is the HF model itself; transformers' own GGUF loading
+reads neither ``deepseek2`` nor ``llama`` with experts, so it cannot serve here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+tf = pytest.importorskip("transformers")
+
+import test_zoo_hf_moe as hf_moe  # noqa: E402  (tests/zoo is on sys.path)
+from test_zoo_gguf import llama_cpp_permute  # noqa: E402
+
+from interp.zoo import gguf as zgguf  # noqa: E402
+from interp.zoo import gguf_experts  # noqa: E402
+
+V = hf_moe.V
+# DeepSeek's published YaRN has mscale == mscale_all_dim, the case GGUF can express (it keeps only the latter).
+YARN = {**hf_moe.YARN, "mscale": 0.707, "mscale_all_dim": 0.707}
+GGUF_FAMILIES = {
+    "mixtral": hf_moe.FAMILIES["mixtral"],
+    "deepseek_v3": lambda: tf.DeepseekV3Config(**hf_moe.BASE, **hf_moe.MLA, q_lora_rank=12, n_shared_experts=1,
+                                               n_group=4, topk_group=2, rope_parameters=YARN),
+    "deepseek_v2": hf_moe.FAMILIES["deepseek_v2"],  # q_lora_rank None, group-limited, routed_scaling_factor 1.5
+}
+
+
+@pytest.fixture
+def make_hf(monkeypatch):
+    def make(family: str):
+        monkeypatch.setitem(hf_moe.FAMILIES, f"gguf_{family}", GGUF_FAMILIES[family])
+        return hf_moe.hf_model(f"gguf_{family}")
+    return make
+
+
+def _tokenizer(w) -> None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list([f"<t{i}>" for i in range(V)])
+    w.add_token_types([1] * V)
+
+
+def _experts(hf_sd, h: str) -> dict[str, np.ndarray]:
+    """A layer's experts as llama.cpp merges them: ``[E, F, M]`` gate and up, ``[E, M, F]`` down."""
+    gate_up, down = hf_sd[h + "mlp.experts.gate_up_proj"], hf_sd[h + "mlp.experts.down_proj"]
+    F = gate_up.shape[1] // 2
+    return {"ffn_gate_exps": gate_up[:, :F], "ffn_up_exps": gate_up[:, F:], "ffn_down_exps": down}
+
+
+def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, drop: tuple = (),
+               reshape: dict | None = None) -> None:
+    """``hf`` written as llama.cpp's converter writes it; ``set_`` / ``drop`` change metadata keys (arch prefix
+    omitted), ``reshape`` maps a tensor name to a function of its array (to corrupt it)."""
+    c = hf.config
+    deepseek = c.model_type.startswith("deepseek")
+    arch = "deepseek2" if deepseek else "llama"
+    sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
+    meta: dict[str, object] = {
+        "block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings,
+        "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
+        "attention.head_count": c.num_attention_heads, "attention.layer_norm_rms_epsilon": c.rms_norm_eps,
+        "rope.freq_base": c.rope_parameters["rope_theta"], "vocab_size": V, "expert_used_count": c.num_experts_per_tok,
+    }
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"],
+               "output.weight": sd["lm_head.weight"]}
+    if not deepseek:
+        H, K = c.num_attention_heads, c.num_key_value_heads
+        meta.update({"attention.head_count_kv": K, "expert_count": c.num_local_experts,
+                     "rope.dimension_count": c.hidden_size // H})
+        for i in range(c.num_hidden_layers):
+            h, b = f"model.layers.{i}.", f"blk.{i}."
+            tensors.update({b + "attn_norm.weight": sd[h + "input_layernorm.weight"],
+                            b + "ffn_norm.weight": sd[h + "post_attention_layernorm.weight"],
+                            b + "attn_q.weight": llama_cpp_permute(sd[h + "self_attn.q_proj.weight"], H),
+                            b + "attn_k.weight": llama_cpp_permute(sd[h + "self_attn.k_proj.weight"], K),
+                            b + "attn_v.weight": sd[h + "self_attn.v_proj.weight"],
+                            b + "attn_output.weight": sd[h + "self_attn.o_proj.weight"],
+                            b + "ffn_gate_inp.weight": sd[h + "mlp.gate.weight"]})
+            tensors.update({b + f"{n}.weight": a for n, a in _experts(sd, h).items()})
+    else:
+        H, C, R = c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim
+        D, Dv = c.qk_nope_head_dim, c.v_head_dim
+        meta.update({"attention.head_count_kv": 1, "leading_dense_block_count": c.first_k_dense_replace,
+                     "attention.kv_lora_rank": C, "attention.key_length": C + R, "attention.value_length": C,
+                     "attention.key_length_mla": D + R, "attention.value_length_mla": Dv,
+                     "expert_feed_forward_length": c.moe_intermediate_size, "expert_count": c.n_routed_experts,
+                     "expert_shared_count": c.n_shared_experts, "expert_weights_scale": c.routed_scaling_factor,
+                     "rope.dimension_count": R,
+                     "expert_gating_func": 2 if c.model_type == "deepseek_v3" else 1})
+        if c.model_type == "deepseek_v3" or c.topk_method == "group_limited_greedy":
+            meta.update({"expert_group_count": c.n_group, "expert_group_used_count": c.topk_group})
+        if c.q_lora_rank is not None:
+            meta["attention.q_lora_rank"] = c.q_lora_rank
+        if getattr(c, "norm_topk_prob", False) and c.model_type == "deepseek_v3":
+            meta["expert_weights_norm"] = True
+        rope = c.rope_parameters
+        if rope.get("rope_type") == "yarn":
+            meta.update({"rope.scaling.type": "yarn", "rope.scaling.factor": rope["factor"],
+                         "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+                         "rope.scaling.yarn_beta_fast": float(rope["beta_fast"]),
+                         "rope.scaling.yarn_beta_slow": float(rope["beta_slow"]),
+                         "rope.scaling.yarn_log_multiplier": 0.1 * rope["mscale_all_dim"]})
+        names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                 "self_attn.q_proj": "attn_q", "self_attn.q_a_proj": "attn_q_a",
+                 "self_attn.q_a_layernorm": "attn_q_a_norm", "self_attn.q_b_proj": "attn_q_b",
+                 "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+                 "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
+                 "mlp.shared_experts.down_proj": "ffn_down_shexp"}
+        for key, a in sd.items():
+            if not key.startswith("model.layers."):
+                continue
+            parts = key.split(".")
+            b, rest, suffix = f"blk.{parts[2]}.", ".".join(parts[3:-1]), parts[-1]
+            if key.endswith("mlp.gate.e_score_correction_bias"):  # "...e_score_correction" + ".bias"
+                tensors[b + "exp_probs_b.bias"] = a
+            elif rest in names:
+                tensors[b + f"{names[rest]}.{suffix}"] = a
+            elif rest == "self_attn.kv_b_proj":
+                if not split_kv:  # older converters keep kv_b whole
+                    tensors[b + "attn_kv_b.weight"] = a
+                    continue
+                kv_b = a.reshape(H, D + Dv, C)  # per head: key rows, then value rows
+                tensors[b + "attn_k_b.weight"] = np.ascontiguousarray(kv_b[:, :D].transpose(0, 2, 1))  # [H, C, D]
+                tensors[b + "attn_v_b.weight"] = np.ascontiguousarray(kv_b[:, D:])  # [H, Dv, C]
+        for i in range(c.first_k_dense_replace, c.num_hidden_layers):
+            tensors.update({f"blk.{i}.{n}.weight": a for n, a in _experts(sd, f"model.layers.{i}.").items()})
+    meta.update(set_ or {})
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in meta.items():
+        if key in drop:
+            continue
+        full = f"{arch}.{key}"
+        if isinstance(value, bool):
+            w.add_bool(full, value)
+        elif isinstance(value, int):
+            w.add_uint32(full, value)
+        elif isinstance(value, str):
+            w.add_string(full, value)
+        else:
+            w.add_float32(full, float(value))
+    _tokenizer(w)
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        w.add_tensor(name, (reshape or {}).get(name, lambda x: x)(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("family,split_kv", [("mixtral", True), ("deepseek_v3", True), ("deepseek_v2", False)])
+def test_moe_gguf_matches_transformers(tmp_path, make_hf, family, split_kv):
+    hf = make_hf(family)
+    path = tmp_path / f"{family}.gguf"
+    write_gguf(hf, path, split_kv=split_kv)
+    model = zgguf.load_gguf(path, tokenizer=False)
+    assert model.cfg.n_experts == 8
+    tokens = torch.randint(0, V, (2, 48), generator=torch.Generator().manual_seed(1))
+    ref, hf_ids = hf_moe.hf_router_ids(hf, tokens)
+    with torch.no_grad():
+        logits, trace = model.run_with_cache(tokens, names_filter="*hook_expert_ids")
+    diff = (logits - ref).abs().max().item()
+    print(f"{family}: max |logit diff| vs transformers = {diff:.2e}")
+    assert diff <= 1e-4
+    moe_layers = [i for i in range(model.cfg.n_layers) if model.cfg.is_moe_layer(i)]
+    assert sorted(hf_ids) == moe_layers and moe_layers
+    for layer in moe_layers:
+        ours = trace[f"blocks.{layer}.mlp.hook_expert_ids"].reshape(-1, model.cfg.n_experts_per_token)
+        assert torch.equal(ours.sort(-1).values, hf_ids[layer])  # the same experts on every token
+        assert len({tuple(r) for r in ours.sort(-1).values.tolist()}) > 4  # routing really varies
+    prompt = tokens[:1, :8]
+    with torch.no_grad():
+        hf_out = hf.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert torch.equal(model.generate(prompt, 8), hf_out)
+
+
+def test_deepseek_config_from_gguf_metadata(tmp_path, make_hf):
+    hf = make_hf("deepseek_v3")
+    write_gguf(hf, tmp_path / "v3.gguf")
+    f = zgguf.read_gguf(tmp_path / "v3.gguf")
+    cfg = zgguf.hf_config_from_gguf(f.metadata, {t.name for t in f.tensors})
+    assert cfg["model_type"] == "deepseek_v3" and cfg["q_lora_rank"] == 12 and cfg["kv_lora_rank"] == 16
+    assert (cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]) == (8, 4, 6)
+    assert (cfg["n_group"], cfg["topk_group"], cfg["norm_topk_prob"], cfg["first_k_dense_replace"]) == (4, 2, True, 1)
+    assert cfg["rope_parameters"]["mscale_all_dim"] == pytest.approx(0.707, rel=1e-6)
+    model = zgguf.load_gguf(tmp_path / "v3.gguf", tokenizer=False)
+    assert model.cfg.router_choice_bias and model.cfg.router_score == "sigmoid" and model.cfg.q_latent_dim == 12
+
+
+# --- refusals: each named with its value, before any weight is dequantised ---------------------------------------
+REFUSALS = [
+    ("mixtral", dict(set_={"expert_count": 6}),
+     r"'blk\.0\.ffn_gate_inp\.weight' has shape \[8, 32\].*expert_count = 6.*need \[6, 32\]"),
+    ("mixtral", dict(set_={"expert_used_count": 9}), r"'llama\.expert_used_count' = 9.*larger than.*= 8"),
+    ("mixtral", dict(set_={"expert_gating_func": 2}), r"'llama\.expert_gating_func' = 2 is not supported"),
+    ("deepseek_v3", dict(reshape={"blk.1.ffn_up_exps.weight": lambda a: a[:6]}),
+     r"'blk\.1\.ffn_up_exps\.weight' has shape \[6, 24, 32\].*expert_count = 8"),
+    ("deepseek_v3", dict(set_={"attention.kv_lora_rank": 12, "attention.key_length": 16, "attention.value_length": 12}),
+     r"'blk\.0\.attn_kv_a_mqa\.weight' has shape \[20, 32\].*kv_lora_rank 12.*need \[16, 32\]"),
+    ("deepseek_v3", dict(set_={"attention.kv_lora_rank": 12}), r"'deepseek2\.attention\.key_length' = 20.*needs 16"),
+    ("deepseek_v3", dict(set_={"attention.q_lora_rank": 10}),
+     r"'blk\.0\.attn_q_a\.weight' has shape \[12, 32\].*q_lora_rank 10"),
+    ("deepseek_v2", dict(set_={"attention.q_lora_rank": 10}), r"q_lora_rank' = 10, but the file has a direct query"),
+    ("deepseek_v3", dict(set_={"expert_gating_func": 3}), r"'deepseek2\.expert_gating_func' = 3 is not supported"),
+    ("deepseek_v3", dict(set_={"expert_gating_func": 1}), r"correction biases .*exp_probs_b.* with softmax gating"),
+    ("deepseek_v2", dict(set_={"expert_gating_func": 2}), r"sigmoid, DeepSeek-V3\) needs the router correction bias"),
+    ("deepseek_v2", dict(set_={"expert_weights_norm": True}), r"expert_weights_norm' = True with softmax gating"),
+    ("deepseek_v3", dict(set_={"rope.scaling.yarn_ext_factor": 0.5}), r"yarn_ext_factor' = 0\.5 is not supported"),
+    ("deepseek_v3", dict(set_={"nextn_predict_layers": 1}), r"nextn_predict_layers' = 1: multi-token-prediction"),
+    ("deepseek_v3", dict(set_={"expert_group_count": 3}), r"expert_group_count' = 3 .* do not split .* = 8 experts"),
+]
+
+
+@pytest.mark.parametrize("family,change,match", REFUSALS)
+def test_moe_gguf_refusals_name_the_value(tmp_path, make_hf, monkeypatch, family, change, match):
+    path = tmp_path / "bad.gguf"
+    write_gguf(make_hf(family), path, **change)
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights were dequantised before the file was checked")
+
+    monkeypatch.setattr(zgguf, "hf_state_dict_from_gguf", no_weights)
+    with pytest.raises(ValueError, match=match):
+        zgguf.load_gguf(path, tokenizer=False)
+
+
+def test_split_kv_needs_both_halves():
+    with pytest.raises(ValueError, match="has no 'model.layers.0.self_attn.v_b_proj.weight'"):
+        gguf_experts.join_split_tensors({"model.layers.0.self_attn.k_b_proj.weight": torch.zeros(2, 5, 3)})

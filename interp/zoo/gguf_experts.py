@@ -49,7 +49,9 @@ import torch
 
 from .gguf_file import GGUFError
 
-ARCHITECTURES = ("deepseek2",)  # whole architectures handled here (Mixtral is ``llama`` with experts)
+# Whole architectures handled here (Mixtral is ``llama`` with experts), with the HF model_type each came from.
+MODEL_TYPES = {"deepseek2": None, "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
+ARCHITECTURES = tuple(MODEL_TYPES)
 GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE values
 _EXPERT_PARTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _SHARED_PARTS = {"ffn_gate_shexp": "gate_proj", "ffn_up_shexp": "up_proj", "ffn_down_shexp": "down_proj"}
@@ -58,7 +60,9 @@ _MLA_NAMES = {
     "attn_kv_a_mqa": "kv_a_proj_with_mqa", "attn_kv_a_norm": "kv_a_layernorm", "attn_kv_b": "kv_b_proj",
     "attn_k_b": "k_b_proj", "attn_v_b": "v_b_proj", "attn_output": "o_proj",
 }
-_DEEPSEEK_DENSE = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+_ATTENTION = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
+              "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}  # Qwen-MoE / OLMoE: llama attention, unpermuted
+_COMMON = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
@@ -298,6 +302,77 @@ def deepseek2_config(meta: Mapping[str, Any], tensor_names: set[str], *, source:
     }
 
 
+def qwen_olmoe_config(meta: Mapping[str, Any], tensor_names: set[str], *, source: str = "GGUF") -> dict[str, Any]:
+    """The HF config dict of a ``qwen2moe``, ``qwen3moe`` or ``olmoe`` GGUF file.
+
+    Layers without a router (``blk.N.ffn_gate_inp``) are Qwen-MoE's dense ``mlp_only_layers``. The chosen
+    weights are renormalised as llama.cpp does per architecture unless ``expert_weights_norm`` says otherwise
+    (Qwen2-MoE and OLMoE: no; Qwen3-MoE: yes).
+
+    Raises:
+        GGUFError: a missing or malformed key, RoPE scaling, sigmoid gating, an OLMoE expert width other than
+            its feed-forward width, or dense layers in OLMoE (each named with its value).
+
+    Example:
+        >>> meta = {"general.architecture": "olmoe", "olmoe.block_count": 1, "olmoe.context_length": 64,
+        ...         "olmoe.embedding_length": 32, "olmoe.feed_forward_length": 24, "olmoe.attention.head_count": 4,
+        ...         "olmoe.vocab_size": 50, "olmoe.expert_count": 8, "olmoe.expert_used_count": 2}
+        >>> cfg = qwen_olmoe_config(meta, {"blk.0.ffn_gate_inp.weight"})
+        >>> cfg["model_type"], cfg["num_experts"], cfg["norm_topk_prob"]
+        ('olmoe', 8, False)
+    """
+    arch = meta.get("general.architecture")
+    mtype = MODEL_TYPES[arch]
+    m = _Meta(meta, arch, source)
+    L, d_model, H = m.count("block_count"), m.count("embedding_length"), m.count("attention.head_count")
+    K = m.count("attention.head_count_kv", H)
+    if H % K:
+        raise GGUFError(f"{source}: metadata {m.key('attention.head_count')!r} = {H} is not a multiple of "
+                        f"{m.key('attention.head_count_kv')!r} = {K}")
+    if not m.has("attention.key_length") and d_model % H:
+        raise GGUFError(f"{source}: {m.key('embedding_length')} = {d_model} is not a multiple of "
+                        f"{m.key('attention.head_count')} = {H} (and no attention.key_length says the head dim)")
+    head_dim = m.count("attention.key_length", d_model // H)
+    for key in ("attention.value_length", "rope.dimension_count"):
+        if m.has(key) and meta[m.key(key)] != head_dim:
+            raise GGUFError(f"{source}: metadata {m.key(key)!r} = {meta[m.key(key)]!r} differs from the head dim "
+                            f"{head_dim}: only full rotary with equal key and value widths is supported")
+    scaling = meta.get(m.key("rope.scaling.type"), "none")
+    if scaling not in ("none", None) or "rope_freqs.weight" in tensor_names:
+        raise GGUFError(f"{source}: RoPE scaling {scaling!r} is not supported for {arch!r}; only plain rotary")
+    if m.gating() not in (None, "softmax"):
+        raise GGUFError(f"{source}: metadata {m.key('expert_gating_func')!r} = {meta[m.key('expert_gating_func')]!r} "
+                        f"is not supported for {arch!r} (only softmax)")
+    E, k = m.routing()
+    d_ff = m.count("feed_forward_length")
+    d_expert = m.count("expert_feed_forward_length", d_ff)
+    dense = [i for i in range(L) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]
+    if mtype == "olmoe" and (d_expert != d_ff or dense):
+        raise GGUFError(f"{source}: OLMoE's experts have the feed-forward width in every layer; this file has "
+                        f"expert_feed_forward_length = {d_expert}, feed_forward_length = {d_ff}, dense layers {dense[:8]}")
+    vocab = meta.get(m.key("vocab_size")) or len(meta.get("tokenizer.ggml.tokens") or [])
+    if not vocab:
+        raise GGUFError(f"{source}: metadata has neither {m.key('vocab_size')} nor tokenizer.ggml.tokens")
+    bias = "blk.0.attn_q.bias" in tensor_names
+    cfg = {
+        "model_type": mtype, "hidden_act": "silu", "hidden_size": d_model, "num_hidden_layers": L,
+        "num_attention_heads": H, "num_key_value_heads": K, "head_dim": head_dim, "intermediate_size": d_ff,
+        "vocab_size": m.count("vocab_size", vocab), "max_position_embeddings": m.count("context_length"),
+        "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": m.number("rope.freq_base", 10000.0), "tie_word_embeddings": "output.weight" not in tensor_names,
+        "num_experts": E, "num_experts_per_tok": k, "moe_intermediate_size": d_expert,
+        "norm_topk_prob": m.flag("expert_weights_norm", mtype == "qwen3_moe"),
+        "attention_bias": bias, "qkv_bias": bias, "clip_qkv": None,
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+    }
+    if mtype != "olmoe":
+        cfg.update(mlp_only_layers=dense, decoder_sparse_step=1)
+    if mtype == "qwen2_moe":
+        cfg["shared_expert_intermediate_size"] = m.count("expert_shared_feed_forward_length", 0, low=0)
+    return cfg
+
+
 # --- tensors ----------------------------------------------------------------------------------------------
 def _want(w: torch.Tensor, name: str, shape: tuple[int, ...], why: str, source: str) -> None:
     if tuple(w.shape) != shape:
@@ -333,11 +408,12 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
         return None
     layer, kind, suffix = parts[1], parts[2], parts[3]
     h = f"model.layers.{layer}."
-    deepseek = hf_cfg["model_type"].startswith("deepseek")
-    E = hf_cfg["n_routed_experts"] if deepseek else hf_cfg["num_local_experts"]
+    mtype = hf_cfg["model_type"]
+    deepseek = mtype.startswith("deepseek")
+    E = hf_cfg.get("n_routed_experts") or hf_cfg.get("num_local_experts") or hf_cfg["num_experts"]
     M = hf_cfg["hidden_size"]
-    F = hf_cfg["moe_intermediate_size"] if deepseek else hf_cfg["intermediate_size"]
-    count_key = "expert_count" if deepseek else "llama.expert_count"
+    F = hf_cfg["intermediate_size"] if mtype in ("mixtral", "olmoe") else hf_cfg["moe_intermediate_size"]
+    count_key = "llama.expert_count" if mtype == "mixtral" else "expert_count"
     if kind == "ffn_gate_inp" and suffix == "weight":
         _want(w, name, (E, M), f"metadata {count_key} = {E} and embedding_length = {M}", source)
         return {h + "mlp.gate.weight": w}
@@ -349,8 +425,10 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
         _want(w, name, shape, f"metadata {count_key} = {E}, embedding_length = {M} and expert width {F}", source)
         part = _EXPERT_PARTS[kind]
         return {h + f"mlp.experts.{e}.{part}.weight": w[e] for e in range(E)}  # [rows, cols] views
+    if mtype == "mixtral":
+        return None  # attention and norms: the llama mapping (Q/K unpermuted there)
     if not deepseek:
-        return None
+        return _qwen_olmoe_tensor(h, kind, suffix, w, name, hf_cfg, source)
     if kind == "exp_probs_b" and suffix == "bias":
         _want(w, name, (E,), f"metadata expert_count = {E}", source)
         return {h + "mlp.gate.e_score_correction_bias": w}
@@ -362,8 +440,29 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
     if kind in _MLA_NAMES:
         _check_mla(name, kind, w, hf_cfg, source)
         return {h + f"self_attn.{_MLA_NAMES[kind]}.{suffix}": w}
-    if kind in _DEEPSEEK_DENSE:
-        return {h + f"{_DEEPSEEK_DENSE[kind]}.{suffix}": w}
+    if kind in _COMMON:
+        return {h + f"{_COMMON[kind]}.{suffix}": w}
+    return None
+
+
+def _qwen_olmoe_tensor(h: str, kind: str, suffix: str, w: torch.Tensor, name: str, hf_cfg: Mapping[str, Any],
+                       source: str) -> dict[str, torch.Tensor] | None:
+    if kind in _ATTENTION:  # rotate-half RoPE in llama.cpp too (NEOX): nothing to unpermute
+        return {h + f"self_attn.{_ATTENTION[kind]}.{suffix}": w}
+    if kind in _COMMON:
+        return {h + f"{_COMMON[kind]}.{suffix}": w}
+    Fs = hf_cfg.get("shared_expert_intermediate_size") or 0
+    if kind in _SHARED_PARTS and suffix == "weight" and Fs:
+        M = hf_cfg["hidden_size"]
+        _want(w, name, (M, Fs) if kind == "ffn_down_shexp" else (Fs, M),
+              f"metadata expert_shared_feed_forward_length = {Fs}", source)
+        return {h + f"mlp.shared_expert.{_SHARED_PARTS[kind]}.weight": w}
+    if kind == "ffn_gate_inp_shexp" and suffix == "weight" and Fs:
+        M = hf_cfg["hidden_size"]
+        if w.numel() != M:
+            raise GGUFError(f"{source}: tensor {name!r} has shape {list(w.shape)}; the shared expert's gate needs "
+                            f"{M} values (embedding_length)")
+        return {h + "mlp.shared_expert_gate.weight": w.reshape(1, M)}  # stored [M] or [1, M]
     return None
 
 
@@ -435,11 +534,14 @@ def hf_config(meta: Mapping[str, Any], base: Mapping[str, Any] | None, tensor_na
         ...           {"num_hidden_layers": 1}, set())["model_type"]
         'mixtral'
     """
-    if meta.get("general.architecture") == "deepseek2":
+    arch = meta.get("general.architecture")
+    if arch == "deepseek2":
         return deepseek2_config(meta, tensor_names, source=source)
+    if arch in MODEL_TYPES:
+        return qwen_olmoe_config(meta, tensor_names, source=source)
     assert base is not None
     return llama_experts_config(base, meta, tensor_names, source=source)
 
 
-__all__ = ["ARCHITECTURES", "deepseek2_config", "hf_config", "hf_tensors", "is_expert_file", "join_split_tensors",
-           "llama_experts_config"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "deepseek2_config", "hf_config", "hf_tensors", "is_expert_file",
+           "join_split_tensors", "llama_experts_config", "qwen_olmoe_config"]

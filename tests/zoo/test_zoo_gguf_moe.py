@@ -27,7 +27,7 @@ V = hf_moe.V
 # DeepSeek's published YaRN has mscale == mscale_all_dim, the case GGUF can express (it keeps only the latter).
 YARN = {**hf_moe.YARN, "mscale": 0.707, "mscale_all_dim": 0.707}
 GGUF_FAMILIES = {
-    "mixtral": hf_moe.FAMILIES["mixtral"],
+    **{f: hf_moe.FAMILIES[f] for f in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")},
     "deepseek_v3": lambda: tf.DeepseekV3Config(**hf_moe.BASE, **hf_moe.MLA, q_lora_rank=12, n_shared_experts=1,
                                                n_group=4, topk_group=2, rope_parameters=YARN),
     "deepseek_v2": hf_moe.FAMILIES["deepseek_v2"],  # q_lora_rank None, group-limited, routed_scaling_factor 1.5
@@ -56,38 +56,52 @@ def _experts(hf_sd, h: str) -> dict[str, np.ndarray]:
     return {"ffn_gate_exps": gate_up[:, :F], "ffn_up_exps": gate_up[:, F:], "ffn_down_exps": down}
 
 
+# HF per-layer names -> llama.cpp's (gguf-py's tensor_mapping.py), for every family here
+BLOCK_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm", "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+ARCH = {"mixtral": "llama", "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "qwen2_moe": "qwen2moe",
+        "qwen3_moe": "qwen3moe", "olmoe": "olmoe"}
+
+
 def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, drop: tuple = (),
                reshape: dict | None = None) -> None:
     """``hf`` written as llama.cpp's converter writes it; ``set_`` / ``drop`` change metadata keys (arch prefix
     omitted), ``reshape`` maps a tensor name to a function of its array (to corrupt it)."""
     c = hf.config
-    deepseek = c.model_type.startswith("deepseek")
-    arch = "deepseek2" if deepseek else "llama"
+    arch = ARCH[c.model_type]
     sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
+    H, L = c.num_attention_heads, c.num_hidden_layers
     meta: dict[str, object] = {
-        "block_count": c.num_hidden_layers, "context_length": c.max_position_embeddings,
+        "block_count": L, "context_length": c.max_position_embeddings,
         "embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
-        "attention.head_count": c.num_attention_heads, "attention.layer_norm_rms_epsilon": c.rms_norm_eps,
+        "attention.head_count": H, "attention.layer_norm_rms_epsilon": c.rms_norm_eps,
         "rope.freq_base": c.rope_parameters["rope_theta"], "vocab_size": V, "expert_used_count": c.num_experts_per_tok,
+        "attention.head_count_kv": c.num_key_value_heads,
     }
     tensors = {"token_embd.weight": sd["model.embed_tokens.weight"], "output_norm.weight": sd["model.norm.weight"],
                "output.weight": sd["lm_head.weight"]}
-    if not deepseek:
-        H, K = c.num_attention_heads, c.num_key_value_heads
-        meta.update({"attention.head_count_kv": K, "expert_count": c.num_local_experts,
-                     "rope.dimension_count": c.hidden_size // H})
-        for i in range(c.num_hidden_layers):
-            h, b = f"model.layers.{i}.", f"blk.{i}."
-            tensors.update({b + "attn_norm.weight": sd[h + "input_layernorm.weight"],
-                            b + "ffn_norm.weight": sd[h + "post_attention_layernorm.weight"],
-                            b + "attn_q.weight": llama_cpp_permute(sd[h + "self_attn.q_proj.weight"], H),
-                            b + "attn_k.weight": llama_cpp_permute(sd[h + "self_attn.k_proj.weight"], K),
-                            b + "attn_v.weight": sd[h + "self_attn.v_proj.weight"],
-                            b + "attn_output.weight": sd[h + "self_attn.o_proj.weight"],
-                            b + "ffn_gate_inp.weight": sd[h + "mlp.gate.weight"]})
-            tensors.update({b + f"{n}.weight": a for n, a in _experts(sd, h).items()})
+    if arch == "llama":
+        meta.update({"expert_count": c.num_local_experts, "rope.dimension_count": c.hidden_size // H})
+    elif arch != "deepseek2":
+        meta["expert_count"] = c.num_experts
+        if arch != "olmoe":
+            meta["expert_feed_forward_length"] = c.moe_intermediate_size
+        if arch == "qwen2moe":
+            meta["expert_shared_feed_forward_length"] = c.shared_expert_intermediate_size
+        if arch == "qwen3moe":
+            meta.update({"attention.key_length": c.head_dim, "attention.value_length": c.head_dim})
     else:
-        H, C, R = c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim
+        C, R = c.kv_lora_rank, c.qk_rope_head_dim
         D, Dv = c.qk_nope_head_dim, c.v_head_dim
         meta.update({"attention.head_count_kv": 1, "leading_dense_block_count": c.first_k_dense_replace,
                      "attention.kv_lora_rank": C, "attention.key_length": C + R, "attention.value_length": C,
@@ -109,32 +123,30 @@ def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, dro
                          "rope.scaling.yarn_beta_fast": float(rope["beta_fast"]),
                          "rope.scaling.yarn_beta_slow": float(rope["beta_slow"]),
                          "rope.scaling.yarn_log_multiplier": 0.1 * rope["mscale_all_dim"]})
-        names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-                 "self_attn.q_proj": "attn_q", "self_attn.q_a_proj": "attn_q_a",
-                 "self_attn.q_a_layernorm": "attn_q_a_norm", "self_attn.q_b_proj": "attn_q_b",
-                 "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
-                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
-                 "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
-                 "mlp.shared_experts.down_proj": "ffn_down_shexp"}
-        for key, a in sd.items():
-            if not key.startswith("model.layers."):
+    for key, a in sd.items():
+        if not key.startswith("model.layers."):
+            continue
+        parts = key.split(".")
+        i, rest, suffix = int(parts[2]), ".".join(parts[3:-1]), parts[-1]
+        b = f"blk.{i}."
+        if key.endswith("mlp.experts.gate_up_proj"):  # merged per layer, as the converter stacks the experts
+            tensors.update({b + f"{n}.weight": e for n, e in _experts(sd, f"model.layers.{i}.").items()})
+        elif key.endswith("mlp.experts.down_proj"):
+            continue
+        elif key.endswith("mlp.gate.e_score_correction_bias"):  # "...e_score_correction" + ".bias"
+            tensors[b + "exp_probs_b.bias"] = a
+        elif rest == "self_attn.kv_b_proj":
+            if not split_kv:  # older converters keep kv_b whole
+                tensors[b + "attn_kv_b.weight"] = a
                 continue
-            parts = key.split(".")
-            b, rest, suffix = f"blk.{parts[2]}.", ".".join(parts[3:-1]), parts[-1]
-            if key.endswith("mlp.gate.e_score_correction_bias"):  # "...e_score_correction" + ".bias"
-                tensors[b + "exp_probs_b.bias"] = a
-            elif rest in names:
-                tensors[b + f"{names[rest]}.{suffix}"] = a
-            elif rest == "self_attn.kv_b_proj":
-                if not split_kv:  # older converters keep kv_b whole
-                    tensors[b + "attn_kv_b.weight"] = a
-                    continue
-                kv_b = a.reshape(H, D + Dv, C)  # per head: key rows, then value rows
-                tensors[b + "attn_k_b.weight"] = np.ascontiguousarray(kv_b[:, :D].transpose(0, 2, 1))  # [H, C, D]
-                tensors[b + "attn_v_b.weight"] = np.ascontiguousarray(kv_b[:, D:])  # [H, Dv, C]
-        for i in range(c.first_k_dense_replace, c.num_hidden_layers):
-            tensors.update({f"blk.{i}.{n}.weight": a for n, a in _experts(sd, f"model.layers.{i}.").items()})
+            kv_b = a.reshape(H, D + Dv, C)  # per head: key rows, then value rows
+            tensors[b + "attn_k_b.weight"] = np.ascontiguousarray(kv_b[:, :D].transpose(0, 2, 1))  # [H, C, D]
+            tensors[b + "attn_v_b.weight"] = np.ascontiguousarray(kv_b[:, D:])  # [H, Dv, C]
+        else:
+            name = b + f"{BLOCK_NAMES[rest]}.{suffix}"
+            if arch == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):  # llama's rotary permutation
+                a = llama_cpp_permute(a, H if rest == "self_attn.q_proj" else c.num_key_value_heads)
+            tensors[name] = a
     meta.update(set_ or {})
     w = gguf.GGUFWriter(str(path), arch)
     for key, value in meta.items():
@@ -159,7 +171,8 @@ def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, dro
     w.close()
 
 
-@pytest.mark.parametrize("family,split_kv", [("mixtral", True), ("deepseek_v3", True), ("deepseek_v2", False)])
+@pytest.mark.parametrize("family,split_kv", [("mixtral", True), ("deepseek_v3", True), ("deepseek_v2", False),
+                                             ("qwen2_moe", True), ("qwen3_moe", True), ("olmoe", True)])
 def test_moe_gguf_matches_transformers(tmp_path, make_hf, family, split_kv):
     hf = make_hf(family)
     path = tmp_path / f"{family}.gguf"

@@ -74,9 +74,10 @@ ARCH = {"mixtral": "llama", "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek
 
 
 def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, drop: tuple = (),
-               reshape: dict | None = None) -> None:
+               reshape: dict | None = None, q8: tuple = ()) -> None:
     """``hf`` written as llama.cpp's converter writes it; ``set_`` / ``drop`` change metadata keys (arch prefix
-    omitted), ``reshape`` maps a tensor name to a function of its array (to corrupt it)."""
+    omitted), ``reshape`` maps a tensor name to a function of its array (to corrupt it), ``q8`` names the
+    tensors stored as Q8_0."""
     c = hf.config
     arch = ARCH[c.model_type]
     sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
@@ -164,7 +165,12 @@ def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, dro
     _tokenizer(w)
     for name, a in tensors.items():
         a = np.ascontiguousarray(a, dtype=np.float32)
-        w.add_tensor(name, (reshape or {}).get(name, lambda x: x)(a))
+        a = (reshape or {}).get(name, lambda x: x)(a)
+        if name in q8:
+            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -192,10 +198,47 @@ def test_moe_gguf_matches_transformers(tmp_path, make_hf, family, split_kv):
         ours = trace[f"blocks.{layer}.mlp.hook_expert_ids"].reshape(-1, model.cfg.n_experts_per_token)
         assert torch.equal(ours.sort(-1).values, hf_ids[layer])  # the same experts on every token
         assert len({tuple(r) for r in ours.sort(-1).values.tolist()}) > 4  # routing really varies
-    prompt = tokens[:1, :8]
+    if family == "deepseek_v3":  # cached decoding through the latent cache, YaRN included (the others: test_zoo_hf_moe)
+        prompt = tokens[:1, :8]
+        with torch.no_grad():
+            hf_out = hf.generate(prompt, max_new_tokens=8, do_sample=False)
+        assert torch.equal(model.generate(prompt, 8), hf_out)
+
+
+def test_quantised_merged_experts_split_in_order(tmp_path, make_hf):
+    """Q8_0 3-D expert tensors dequantise to ``[E, F, M]`` and expert e of the file is our expert e."""
+    hf = make_hf("mixtral")
+    path = tmp_path / "q8.gguf"
+    write_gguf(hf, path, q8=("blk.1.ffn_up_exps.weight",))
+    model = zgguf.load_gguf(path, tokenizer=False)
+    stored = next(t for t in zgguf.read_gguf(path).tensors if t.name == "blk.1.ffn_up_exps.weight")
+    assert stored.tensor_type.name == "Q8_0"
+    want = torch.from_numpy(gguf.quants.dequantize(stored.data, stored.tensor_type))  # [E, F, M]
+    assert torch.equal(model.blocks[1].mlp.W_in.detach(), want)
+    F = hf.config.intermediate_size
+    exact = hf.model.layers[1].mlp.experts.gate_up_proj.detach()[:, F:]  # [E, F, M]
+    assert (want - exact).abs().max() < 0.01 and (want - exact).abs().max() > 0  # quantised, expert by expert
+
+
+def test_qwen3_moe_matches_transformers_gguf_loading(tmp_path, monkeypatch):
+    """transformers reads qwen3moe GGUF files itself (not deepseek2, nor llama with experts): both loaders agree.
+    Its reader ignores expert_feed_forward_length, so the experts have Qwen3MoeConfig's default width (768)."""
+    import warnings
+
+    monkeypatch.setitem(hf_moe.FAMILIES, "gguf_qwen3_wide", lambda: tf.Qwen3MoeConfig(
+        **hf_moe.BASE, intermediate_size=48, moe_intermediate_size=768, head_dim=8, num_key_value_heads=2,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True))
+    hf = hf_moe.hf_model("gguf_qwen3_wide")
+    write_gguf(hf, tmp_path / "q3.gguf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="q3.gguf").eval()
+    ours = zgguf.load_gguf(tmp_path / "q3.gguf", tokenizer=False)
+    tokens = torch.randint(0, V, (2, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        hf_out = hf.generate(prompt, max_new_tokens=8, do_sample=False)
-    assert torch.equal(model.generate(prompt, 8), hf_out)
+        diff = (ours(tokens) - ref(tokens).logits).abs().max().item()
+    print(f"qwen3_moe: max |logit diff| vs transformers' GGUF loading = {diff:.2e}")
+    assert diff <= 1e-4
 
 
 def test_deepseek_config_from_gguf_metadata(tmp_path, make_hf):
@@ -232,6 +275,10 @@ REFUSALS = [
     ("deepseek_v3", dict(set_={"rope.scaling.yarn_ext_factor": 0.5}), r"yarn_ext_factor' = 0\.5 is not supported"),
     ("deepseek_v3", dict(set_={"nextn_predict_layers": 1}), r"nextn_predict_layers' = 1: multi-token-prediction"),
     ("deepseek_v3", dict(set_={"expert_group_count": 3}), r"expert_group_count' = 3 .* do not split .* = 8 experts"),
+    ("qwen2_moe", dict(set_={"expert_shared_feed_forward_length": 36}),
+     r"'blk\.0\.ffn_gate_shexp\.weight' has shape \[40, 32\].*expert_shared_feed_forward_length = 36"),
+    ("qwen3_moe", dict(set_={"rope.scaling.type": "linear"}), r"RoPE scaling 'linear' is not supported for 'qwen3moe'"),
+    ("olmoe", dict(set_={"expert_feed_forward_length": 12}), r"expert_feed_forward_length = 12, feed_forward_length = 24"),
 ]
 
 

@@ -1,48 +1,47 @@
-"""Llama-family GGUF files (llama.cpp's format) to :class:`interp.Transformer`, tokenizer included.
+"""GGUF files (llama.cpp's format) to :class:`interp.Transformer`, tokenizer included.
 
 A GGUF file holds metadata (the architecture's hyper-parameters and the tokenizer's vocabulary, merges and
-special ids) and tensors, usually quantised. :func:`load_gguf` reads both with the ``gguf`` package (pure
-Python + numpy), dequantises every tensor to float32 (or bfloat16 on request), renames the tensors to
-Hugging Face's Llama names and hands them to the Llama converter of :mod:`interp.zoo.hf`, so the two
-paths share one weight mapping.
+special ids) and tensors, usually quantised. :func:`load_gguf` reads both with a bounded reader
+(:mod:`interp.zoo.gguf_file`) and the ``gguf`` package's dequantisers, turns them into the config dict and
+state dict of the Hugging Face model llama.cpp converted from (:mod:`interp.zoo.gguf_archs`: metadata keys,
+tensor names and the transforms llama.cpp applied, per architecture) and hands them to the Hugging Face
+converters of :mod:`interp.zoo.hf`, so the two paths share one weight mapping per family.
 
-What it accepts: ``general.architecture == "llama"``, which llama.cpp writes for Llama 1/2/3, SmolLM /
-SmolLM2, TinyLlama, Mistral 7B and other dense Llama-style decoders (RMSNorm, SwiGLU, rotary attention with
-grouped K/V heads, tied or untied unembedding), with plain rotary (no RoPE scaling), no experts and rotary
-over the whole head. Every quantisation the ``gguf`` package can dequantise is read (F32, F16, BF16, Q4_0,
-Q4_1, Q5_x, Q8_0, the K-quants, ...). Mixtures of experts (``llama`` with ``expert_count``: Mixtral; and
-``deepseek2``: DeepSeek-V2/V3 with MLA) are mapped by :mod:`interp.zoo.gguf_experts` onto the same HF
-conversion. Anything else (``qwen2``, ``gemma``, ``phi3``, ``rope_freqs`` scaling, ...) is refused with a
-ValueError naming it.
+What it accepts: ``general.architecture`` ``llama`` (Llama 1/2/3, SmolLM / SmolLM2, TinyLlama, Mistral 7B),
+``qwen2``, ``qwen3``, ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``starcoder`` and ``falcon``, dense, with
+plain or linear RoPE. Every quantisation the ``gguf`` package can dequantise is read (F32, F16, BF16, Q4_0,
+Q4_1, Q5_x, Q8_0, the K-quants, ...), each tensor straight into the requested dtype on the requested device.
+Mixtures of experts (``llama`` with ``expert_count``: Mixtral; ``deepseek2``: DeepSeek-V2/V3 with MLA;
+``qwen2moe``, ``qwen3moe``, ``olmoe``) are mapped by :mod:`interp.zoo.gguf_experts` onto the same HF
+conversion. Anything else (another architecture, experts elsewhere, ``rope_freqs`` / YaRN / LongRoPE scaling, a sliding window the
+architecture has no rule for, ...) is refused with a ValueError naming it and its value.
 
 Tokenizers: byte-level BPE (``tokenizer.ggml.model == "gpt2"``: SmolLM, Llama 3, ...) and sentencepiece BPE
 (``"llama"``: Llama 1/2, Mistral, TinyLlama) are rebuilt with the ``tokenizers`` library, with the file's
 control tokens as special tokens and BOS/EOS added as the file says (``tokenizer.ggml.add_bos_token``).
 
-Two llama.cpp conventions are undone: GGUF dimensions are listed fastest-first (a ``[576, 49152]`` tensor is
-our ``[49152, 576]``), and llama.cpp's converter permutes the rows of ``attn_q`` / ``attn_k`` so that each
-head's rotary pairs are interleaved (``x0, x1`` rotate together) instead of split in halves (``x_i`` with
-``x_{i + D/2}``, the rotate-half convention of :mod:`interp.rotary` and Hugging Face).
+GGUF dimensions are listed fastest-first (a ``[576, 49152]`` tensor is our ``[49152, 576]``).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..model import Transformer
 from . import gguf_experts
 from .checkpoint import check_fits
+from .gguf_archs import ARCHITECTURES, Architecture, Meta, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, read_gguf
-from .hf import CONVERTERS, convert
+from .hf import CONVERTERS, _register_dense_families, convert
 from .tokenizer import Tokenizer
 
 _GGUF_EXTRA = "pip install interp[gguf]"
-SUPPORTED_ARCHITECTURES = ("llama", *gguf_experts.ARCHITECTURES)
+SUPPORTED_ARCHITECTURES = (*ARCHITECTURES, *gguf_experts.ARCHITECTURES)
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -87,154 +86,52 @@ def _metadata(reader: GGUFFile) -> dict[str, Any]:
 # --- config -----------------------------------------------------------------------------------------------
 def _check_architecture(meta: Mapping[str, Any], tensor_names: set[str], source: str) -> str:
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
-                         f"{list(SUPPORTED_ARCHITECTURES)} (Llama, SmolLM, Mistral-style dense decoders)")
-    if arch in gguf_experts.ARCHITECTURES:  # their own settings, RoPE scaling included, are read there
+    if arch in gguf_experts.ARCHITECTURES:
         return arch
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None) or "rope_freqs.weight" in tensor_names:
-        kind = scaling if scaling not in ("none", None) else "rope_freqs (llama3)"
-        raise GGUFError(f"{source}: RoPE scaling {kind!r} is not supported; only plain rotary")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
+                        f"{list(SUPPORTED_ARCHITECTURES)}")
+    if meta.get(f"{arch}.expert_count", 0) and arch not in gguf_experts.EXPERT_HOSTS:
+        raise GGUFError(f"{source}: {meta[f'{arch}.expert_count']} experts per layer (mixture of experts) "
+                        f"is not supported; only dense decoders")
     return arch
 
 
 def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, source: str = "GGUF") -> dict[str, Any]:
-    """The Hugging Face ``LlamaConfig`` dict that a llama GGUF file's metadata describes.
+    """The Hugging Face ``config.json`` dict that a GGUF file's metadata describes.
+
+    Each architecture's metadata keys map onto the config of the HF model llama.cpp converted from
+    (:data:`interp.zoo.gguf_archs.ARCHITECTURES`): ``llama`` -> ``model_type="llama"``, ``gemma3`` ->
+    ``"gemma3_text"``, ``starcoder`` -> ``"gpt_bigcode"``, ...
 
     Args:
         meta: :func:`read_metadata` output.
-        tensor_names: the file's tensor names (an ``output.weight`` means an untied unembedding).
+        tensor_names: the file's tensor names (an ``output.weight`` means an untied unembedding; bias and
+            norm tensors say what the metadata does not).
         source: named in errors.
 
     Returns:
-        A ``config.json``-style dict (``model_type="llama"``) for :func:`interp.zoo.hf.llama_config`.
+        A ``config.json``-style dict for :func:`interp.zoo.hf.convert`.
 
     Raises:
-        ValueError: another architecture, experts, RoPE scaling, partial rotary, or a missing key.
+        ValueError: another architecture, experts, RoPE scaling or a sliding-window setting this loader does
+            not reproduce, partial rotary, or a missing key (each named with its value).
 
     Example:
         >>> cfg = hf_config_from_gguf(read_metadata(interp.zoo.smollm2.fetch_gguf()), {"token_embd.weight"})
-        >>> cfg["num_key_value_heads"]
-        3
+        >>> cfg["model_type"], cfg["num_key_value_heads"]
+        ('llama', 3)
     """
     arch = _check_architecture(meta, tensor_names, source)
     if arch in gguf_experts.ARCHITECTURES:
         return gguf_experts.hf_config(meta, None, tensor_names, source=source)
-
-    def count(key: str, default: Any = None, *, low: int = 1) -> int:
-        """A whole-number hyper-parameter, refused by name when absent, not an integer or below ``low``."""
-        full = f"{arch}.{key}"
-        value = meta.get(full, default)
-        if value is None:
-            raise GGUFError(f"{source}: metadata has no {full!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise GGUFError(f"{source}: metadata {full!r} = {value!r} must be an integer >= {low}")
-        return int(value)
-
-    d_model, n_heads = count("embedding_length"), count("attention.head_count")
-    if f"{arch}.attention.key_length" not in meta and d_model % n_heads:
-        raise GGUFError(f"{source}: {arch}.embedding_length = {d_model} is not a multiple of "
-                        f"{arch}.attention.head_count = {n_heads} (and no attention.key_length says the head dim)")
-    head_dim = count("attention.key_length", d_model // n_heads)
-    if count("attention.value_length", head_dim) != head_dim:
-        raise GGUFError(f"{source}: key_length {head_dim} != value_length {meta[f'{arch}.attention.value_length']}")
-    rot = count("rope.dimension_count", head_dim)
-    if rot != head_dim:
-        raise GGUFError(f"{source}: {arch}.rope.dimension_count = {rot} differs from the head dim {head_dim} "
-                        f"(embedding_length {d_model} / head_count {n_heads}): partial rotary is not "
-                        f"supported, or one of these keys is wrong")
-    n_kv = meta.get(f"{arch}.attention.head_count_kv", n_heads)
-    if isinstance(n_kv, list):  # llama.cpp allows a per-layer list; dense llama files keep one value
-        if len(set(n_kv)) != 1:
-            raise GGUFError(f"{source}: per-layer {arch}.attention.head_count_kv {n_kv[:8]} is not supported")
-        n_kv = n_kv[0]
-    n_kv = count("attention.head_count_kv", n_kv)
-    if n_heads % n_kv:
-        raise GGUFError(f"{source}: {arch}.attention.head_count = {n_heads} is not a multiple of "
-                        f"{arch}.attention.head_count_kv = {n_kv}")
-    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
-    if not vocab:
-        raise GGUFError(f"{source}: metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    vocab = count("vocab_size", vocab)
-    eps = meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    theta = meta.get(f"{arch}.rope.freq_base", 10000.0)
-    for key, value in (("attention.layer_norm_rms_epsilon", eps), ("rope.freq_base", theta)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
-            raise GGUFError(f"{source}: metadata {arch}.{key!r} = {value!r} must be a positive finite number")
-    ids = {}
-    for which in ("padding", "bos", "eos"):
-        key = f"tokenizer.ggml.{which}_token_id"
-        value = meta.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
-            raise GGUFError(f"{source}: metadata {key!r} = {value!r} is outside the vocabulary of {vocab} tokens")
-        ids[which] = value
-    llama = {
-        "model_type": "llama", "hidden_act": "silu", "hidden_size": d_model, "num_attention_heads": n_heads,
-        "num_key_value_heads": n_kv, "head_dim": head_dim, "num_hidden_layers": count("block_count"),
-        "intermediate_size": count("feed_forward_length"), "vocab_size": vocab,
-        "max_position_embeddings": count("context_length"),
-        "rms_norm_eps": float(eps), "rope_theta": float(theta),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
-        "pad_token_id": ids["padding"], "bos_token_id": ids["bos"], "eos_token_id": ids["eos"],
-    }
+    cfg = ARCHITECTURES[arch].config(Meta(meta, arch, source), set(tensor_names))
     if gguf_experts.is_expert_file(meta):  # Mixtral: llama attention, experts in place of the MLPs
-        return gguf_experts.hf_config(meta, llama, tensor_names, source=source)
-    return llama
+        return gguf_experts.hf_config(meta, cfg, tensor_names, source=source)
+    return cfg
 
 
 # --- weights ----------------------------------------------------------------------------------------------
-def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's row permutation of ``attn_q`` / ``attn_k`` (weights ``[n*D, M]`` or biases ``[n*D]``).
-
-    llama.cpp stores each head's rows as interleaved pairs ``(0, D/2), (1, D/2+1), ...``; Hugging Face and
-    interp keep the first half of the rotary dims, then the second half.
-
-    Example:
-        >>> unpermute_rotary(torch.arange(8.0), 1)    # one head, D = 8
-        tensor([0., 2., 4., 6., 1., 3., 5., 7.])
-    """
-    rows = w.shape[0]
-    if rows % (2 * n_heads):
-        raise ValueError(f"cannot split {rows} rows into {n_heads} heads of rotary pairs")
-    return (w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])  # [n, D/2, 2, (M)]
-            .transpose(1, 2).reshape(w.shape))  # [n, 2, D/2, (M)] -> [n*D, (M)]
-
-
-_HF_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_HF_BLOCK = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-
-def _hf_name(name: str) -> str | None:
-    if name in _HF_NAMES:
-        return _HF_NAMES[name]
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _HF_BLOCK:
-        return f"model.layers.{parts[1]}.{_HF_BLOCK[parts[2]]}.{parts[3]}"
-    return None
-
-
-def _hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], source: str) -> dict[str, torch.Tensor]:
-    """The HF tensors one GGUF tensor becomes: one renamed tensor, or (expert files) merged experts split."""
-    if hf_cfg["model_type"] != "llama":
-        pieces = gguf_experts.hf_tensors(name, w, hf_cfg, source=source)
-        if pieces is not None:
-            return pieces
-    hf = _hf_name(name)
-    if hf is None:
-        raise GGUFError(f"{source}: tensor {name!r} has no place in a {hf_cfg['model_type']} decoder")
-    return {hf: _unpermuted(w, name, hf_cfg, source)}
-
-
 def _gguf_rows_cols(t) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims fastest first
 
@@ -258,13 +155,63 @@ class _Recording(dict):
         return super().__getitem__(key)
 
 
+def _architecture(reader: GGUFFile, source: str) -> Architecture | None:
+    """The architecture's table entry; None for those :mod:`interp.zoo.gguf_experts` names on its own."""
+    arch = reader.metadata.get("general.architecture")
+    if arch in gguf_experts.ARCHITECTURES:
+        return None
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
+                        f"{list(SUPPORTED_ARCHITECTURES)}")
+    return ARCHITECTURES[arch]
+
+
+def _hf_name(spec: Architecture, name: str, hf_cfg: Mapping[str, Any], source: str) -> tuple[str, str]:
+    found = spec.hf_name(name, hf_cfg)
+    if found is None:
+        arch = next(a for a, s in ARCHITECTURES.items() if s is spec)
+        raise GGUFError(f"{source}: tensor {name!r} has no place in a {arch!r} decoder")
+    return found
+
+
+def _hf_tensors(spec: Architecture | None, name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any],
+               source: str) -> dict[str, torch.Tensor]:
+    """The HF tensors one GGUF tensor becomes: one renamed tensor (its transform undone), or for a mixture of
+    experts the pieces :func:`interp.zoo.gguf_experts.hf_tensors` makes (merged experts split per expert)."""
+    if gguf_experts.is_expert_config(hf_cfg):
+        pieces = gguf_experts.hf_tensors(name, w, hf_cfg, source=source)
+        if pieces is not None:
+            return pieces
+    if spec is None:
+        raise GGUFError(f"{source}: tensor {name!r} has no place in a {hf_cfg['model_type']!r} decoder")
+    stem, hf = _hf_name(spec, name, hf_cfg, source)
+    return {hf: _to_hf(spec, stem, hf, w, hf_cfg, name, source)}
+
+
+def _to_hf(spec: Architecture, stem: str, hf: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], name: str,
+           source: str) -> torch.Tensor:
+    """Undo the converter's change to one tensor (the architecture's transform), naming the tensor on failure."""
+    if spec.transform is None:
+        return w
+    try:
+        return spec.transform(stem, hf, w, hf_cfg)
+    except (ValueError, RuntimeError) as e:
+        raise GGUFError(f"{source}: tensor {name!r} of shape {tuple(w.shape)}: {e}") from e
+
+
+def _converter(hf_cfg: Mapping[str, Any]):
+    _register_dense_families()
+    return CONVERTERS[hf_cfg["model_type"]]
+
+
 def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: str = "GGUF") -> None:
     """Check a GGUF file's tensor table against the model its metadata declares, allocating nothing.
 
     The declared sizes come from a header anyone can edit: ``block_count = 10**6`` or ``vocab_size = 10**9``
     in a file of a few kilobytes must be refused before a model of that size is built. The layer count is
-    compared with the ``blk.N`` tensors first (cheap, and it bounds the rest), then the converter runs on
-    meta-device tensors of the table's own shapes and the result is fitted to a meta-device model.
+    compared with the ``blk.N`` tensors first (cheap, and it bounds the rest), then the architecture's
+    renaming and transforms and the Hugging Face converter run on meta-device tensors of the table's own
+    shapes and the result is fitted to a meta-device model.
 
     Args:
         reader: the parsed file (:func:`interp.zoo.gguf_file.read_gguf`).
@@ -279,7 +226,13 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         >>> f = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
         >>> check_tensor_table(f, hf_config_from_gguf(f.metadata, {t.name for t in f.tensors}))  # doctest: +SKIP
     """
-    n_layers = int(hf_cfg["num_hidden_layers"])
+    spec = _architecture(reader, source)
+    make_cfg, make_sd = _converter(hf_cfg)
+    try:
+        cfg = make_cfg(hf_cfg)
+    except ValueError as e:
+        raise GGUFError(f"{source}: the metadata does not describe a model interp builds: {e}") from e
+    n_layers = cfg.n_layers
     blocks = {}
     for t in reader.tensors:
         i = _block_index(t.name)
@@ -294,18 +247,17 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         missing = sorted(set(range(n_layers)) - set(blocks))
         raise GGUFError(f"{source}: the metadata declares block_count = {n_layers}, but the file holds tensors "
                         f"for {len(blocks)} layer(s); no tensors for layer(s) {missing[:8]}")
-    hf_shapes, hf_of = _Recording(), {}
+    hf_shapes = _Recording()
+    hf_of = {}  # GGUF name -> the HF names it became
     for t in reader.tensors:
-        pieces = _hf_tensors(t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg, source)
+        pieces = _hf_tensors(spec, t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg, source)
         hf_of[t.name] = set(pieces)
         hf_shapes.update(pieces)
     try:
         joined = gguf_experts.join_split_tensors(hf_shapes)
     except GGUFError as e:
         raise GGUFError(f"{source}: {e}") from e
-    make_cfg, make_sd = CONVERTERS[hf_cfg["model_type"]]
     try:
-        cfg = make_cfg(hf_cfg)
         with torch.device("meta"):
             skeleton = Transformer(cfg)
         ours = make_sd(hf_shapes, cfg)
@@ -335,25 +287,53 @@ def _check_widths(meta: Mapping[str, Any], reader: GGUFFile, source: str) -> Non
                             f"has shape {[rows, width]} ({key} {found})")
 
 
-def _unpermuted(w: torch.Tensor, name: str, hf_cfg: Mapping[str, Any], source: str) -> torch.Tensor:
-    heads = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}.get(name.split(".")[-2])
-    if heads is None:
-        return w
-    try:
-        return unpermute_rotary(w, hf_cfg[heads])
-    except (ValueError, RuntimeError) as e:
-        raise GGUFError(f"{source}: tensor {name!r} of shape {tuple(w.shape)}: {e}") from e
+# Float tensors are read from the memory map as they are stored, with no float32 copy on the way.
+_STORED = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _dequantise(t, dtype: torch.dtype, device: torch.device | str | None, source: str) -> torch.Tensor:
+    """One tensor as a fresh ``[rows, cols]`` tensor in ``dtype`` on ``device``: float types straight from the
+    file's bytes, quantised ones through a float32 copy of that tensor only (the ``gguf`` package's
+    dequantiser is numpy)."""
+    kind = t.tensor_type.name
+    if kind in _STORED:
+        with warnings.catch_warnings():  # the memory map is read-only; the copy below never writes to it
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            stored = torch.frombuffer(t.data, dtype=_STORED[kind], count=t.n_elements)
+    else:
+        try:
+            stored = torch.from_numpy(_gguf().quants.dequantize(t.data, t.tensor_type).reshape(-1))
+        except NotImplementedError as e:
+            raise GGUFError(f"{source}: tensor {t.name!r} is {kind}, which gguf cannot dequantise") from e
+    # copy=True: the result never aliases the read-only map, even when the stored dtype is the one asked for.
+    return stored.reshape(_gguf_rows_cols(t)).to(device=device, dtype=dtype, copy=True)  # [rows, cols]
 
 
 def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.dtype = torch.float32,
-                            progress: bool = False, source: str = "GGUF") -> dict[str, torch.Tensor]:
-    """Dequantise a llama GGUF file's tensors into a Hugging Face ``LlamaForCausalLM`` state dict.
+                            device: torch.device | str | None = None, progress: bool = False,
+                            source: str = "GGUF") -> dict[str, torch.Tensor]:
+    """Dequantise a GGUF file's tensors into the Hugging Face state dict of the model it was converted from.
+
+    Each tensor goes straight to ``dtype`` on ``device``, one at a time: a bf16 file read as bf16 never
+    passes through float32, and nothing of the model is held on the CPU when ``device`` is a GPU.
+
+    Args:
+        reader: the parsed file.
+        hf_cfg: :func:`hf_config_from_gguf` output.
+        dtype: the tensors' dtype.
+        device: where they are put (default: the CPU).
+        progress: show a progress bar.
+        source: named in errors.
+
+    Returns:
+        ``{HF name: tensor}``, the architecture's transforms undone (see :mod:`interp.zoo.gguf_archs` and, for
+        mixtures of experts, :mod:`interp.zoo.gguf_experts`).
 
     Raises:
         GGUFError: (a ValueError) a tensor this loader does not know, a quantisation ``gguf`` cannot decode,
             or a tensor with NaN or infinite values after dequantisation (each named).
     """
-    gguf = _gguf()
+    spec = _architecture(reader, source)
     out: dict[str, torch.Tensor] = {}
     tensors = reader.tensors
     if progress:
@@ -361,19 +341,13 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
 
         tensors = tqdm(tensors, desc="dequantising GGUF tensors", unit="tensor")
     for t in tensors:
-        try:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError as e:
-            raise GGUFError(f"{source}: tensor {t.name!r} is {t.tensor_type.name}, which gguf cannot "
-                            f"dequantise") from e
-        # A copy: F32 tensors come back as read-only views of the memory-mapped file.
-        w = torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(_gguf_rows_cols(t))  # [rows, cols]
+        w = _dequantise(t, dtype, device, source)
         if not bool(torch.isfinite(w).all()):
             bad = int((~torch.isfinite(w)).sum())
             raise GGUFError(f"{source}: tensor {t.name!r} ({t.tensor_type.name}) holds {bad} NaN or infinite "
-                            f"value(s) after dequantisation; the file is corrupt")
-        out.update({k: v.to(dtype) for k, v in _hf_tensors(t.name, w, hf_cfg, source).items()})
-    gguf_experts.join_split_tensors(out)
+                            f"value(s) after dequantisation to {dtype}; the file is corrupt")
+        out.update(_hf_tensors(spec, t.name, w, hf_cfg, source))
+    gguf_experts.join_split_tensors(out)  # DeepSeek's split kv_b (a no-op for every other file)
     return out
 
 
@@ -549,15 +523,17 @@ def _merges_from_scores(tokens: list[str], scores: list[float], vocab: dict[str,
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer: bool = True,
               name: str | None = None, progress: bool = False,
               device: torch.device | str | None = None) -> Transformer:
-    """Load a llama-family GGUF file as an :class:`interp.Transformer` with its tokenizer.
+    """Load a GGUF file (llama, qwen2/3, gemma/2/3, phi3, starcoder, falcon) as an :class:`interp.Transformer`
+    with its tokenizer.
 
     Args:
         path: the ``.gguf`` file.
-        dtype: parameter dtype after dequantisation (``torch.float32`` default, ``torch.bfloat16``...).
+        dtype: parameter dtype (``torch.float32`` default, ``torch.bfloat16``...); each tensor is dequantised
+            straight into it.
         tokenizer: rebuild the file's tokenizer (False: weights only, ``model.tokenizer`` is None).
         name: ``model.name`` (default: the file's ``general.name``, else its file name).
         progress: show a progress bar while dequantising.
-        device: where to put the model.
+        device: where to build the model; each tensor is dequantised onto it, one at a time.
 
     Returns:
         The model in eval mode; ``model.gguf_metadata`` keeps the scalar metadata (licence, name, ...).
@@ -586,12 +562,11 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
     # before a single weight is dequantised or a parameter allocated.
     check_tensor_table(reader, hf_cfg, source=source)
     tok = tokenizer_from_gguf(meta, source=source) if tokenizer else None
-    sd = hf_state_dict_from_gguf(reader, hf_cfg, dtype=dtype, progress=progress, source=source)
-    model = convert(hf_cfg, sd, name=name or meta.get("general.name") or Path(path).stem)
+    sd = hf_state_dict_from_gguf(reader, hf_cfg, dtype=dtype, device=device, progress=progress, source=source)
+    model = convert(hf_cfg, sd, name=name or meta.get("general.name") or Path(path).stem, dtype=dtype,
+                    device=device if device is not None else "cpu")
     model.tokenizer = tok
     model.gguf_metadata = {k: v for k, v in meta.items() if not isinstance(v, list)}
-    if device is not None:
-        model.to(device)
     return model.eval()
 
 

@@ -47,11 +47,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from .gguf_archs import Meta
 from .gguf_file import GGUFError
 
 # Whole architectures handled here (Mixtral is ``llama`` with experts), with the HF model_type each came from.
 MODEL_TYPES = {"deepseek2": None, "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
 ARCHITECTURES = tuple(MODEL_TYPES)
+EXPERT_HOSTS = ("llama",)  # table architectures of interp.zoo.gguf_archs whose files may carry experts
+HF_TYPES = ("mixtral", "deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "olmoe")
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
 GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE values
 _EXPERT_PARTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _SHARED_PARTS = {"ffn_gate_shexp": "gate_proj", "ffn_up_shexp": "up_proj", "ffn_down_shexp": "down_proj"}
@@ -79,36 +84,26 @@ def is_expert_file(meta: Mapping[str, Any]) -> bool:
     return arch in ARCHITECTURES or bool(meta.get(f"{arch}.expert_count", 0))
 
 
+def is_expert_config(hf_cfg: Mapping[str, Any]) -> bool:
+    """Whether an HF config dict (from :func:`hf_config`) is one whose tensors :func:`hf_tensors` names.
+
+    Example:
+        >>> is_expert_config({"model_type": "deepseek_v3"}), is_expert_config({"model_type": "llama"})
+        (True, False)
+    """
+    return hf_cfg.get("model_type") in HF_TYPES
+
+
 # --- metadata ---------------------------------------------------------------------------------------------
-class _Meta:
-    """Typed reads of ``{arch}.*`` metadata keys, each refused by name when absent or of the wrong kind."""
+class _Meta(Meta):
+    """:class:`interp.zoo.gguf_archs.Meta` plus the routing keys (each refused by name when malformed)."""
 
-    def __init__(self, meta: Mapping[str, Any], arch: str, source: str) -> None:
-        self.meta, self.arch, self.source = meta, arch, source
-
-    def key(self, key: str) -> str:
-        return f"{self.arch}.{key}"
-
-    def has(self, key: str) -> bool:
-        return self.meta.get(self.key(key)) is not None
-
-    def count(self, key: str, default: Any = None, *, low: int = 1) -> int:
-        value = self.meta.get(self.key(key), default)
+    def need(self, key: str, default: float | None = None) -> float:
+        """A positive finite number that must be there (or have a default)."""
+        value = self.number(key, default)
         if value is None:
-            raise GGUFError(f"{self.source}: metadata has no {self.key(key)!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise GGUFError(f"{self.source}: metadata {self.key(key)!r} = {value!r} must be an integer >= {low}")
-        return int(value)
-
-    def number(self, key: str, default: float | None = None, *, positive: bool = True) -> float:
-        value = self.meta.get(self.key(key), default)
-        if value is None:
-            raise GGUFError(f"{self.source}: metadata has no {self.key(key)!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
-                or (positive and value <= 0) or value < 0:
-            raise GGUFError(f"{self.source}: metadata {self.key(key)!r} = {value!r} must be a "
-                            f"{'positive' if positive else 'non-negative'} finite number")
-        return float(value)
+            raise self.fail(f"metadata has no {self.key(key)!r}")
+        return value
 
     def flag(self, key: str, default: bool = False) -> bool:
         value = self.meta.get(self.key(key), default)
@@ -270,8 +265,12 @@ def deepseek2_config(meta: Mapping[str, Any], tensor_names: set[str], *, source:
             if m.has(key):
                 raise GGUFError(f"{source}: metadata {m.key(key)!r} = {meta[m.key(key)]!r} is not supported "
                                 f"(transformers' DeepSeek YaRN has no such setting)")
-        mscale = m.number("rope.scaling.yarn_log_multiplier", 0.0, positive=False) / 0.1
-        rope.update(rope_type="yarn", factor=m.number("rope.scaling.factor"),
+        log_mul = meta.get(m.key("rope.scaling.yarn_log_multiplier"), 0.0)
+        if isinstance(log_mul, bool) or not isinstance(log_mul, (int, float)) or not 0 <= log_mul < 10:
+            raise GGUFError(f"{source}: metadata {m.key('rope.scaling.yarn_log_multiplier')!r} = {log_mul!r} must be "
+                            f"a number in [0, 10)")
+        mscale = log_mul / 0.1
+        rope.update(rope_type="yarn", factor=m.need("rope.scaling.factor"),
                     original_max_position_embeddings=m.count("rope.scaling.original_context_length"),
                     beta_fast=m.number("rope.scaling.yarn_beta_fast", 32.0),
                     beta_slow=m.number("rope.scaling.yarn_beta_slow", 1.0),
@@ -404,7 +403,9 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
         'model.layers.0.mlp.experts.0.up_proj.weight'
     """
     parts = name.split(".")
-    if len(parts) != 4 or parts[0] != "blk":
+    if hf_cfg["model_type"] != "mixtral" and name in _GLOBAL:  # Mixtral: the llama table names these
+        return {_GLOBAL[name]: w}
+    if len(parts) != 4 or parts[0] != "blk" or not parts[1].isdigit():
         return None
     layer, kind, suffix = parts[1], parts[2], parts[3]
     h = f"model.layers.{layer}."
@@ -543,5 +544,5 @@ def hf_config(meta: Mapping[str, Any], base: Mapping[str, Any] | None, tensor_na
     return llama_experts_config(base, meta, tensor_names, source=source)
 
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "deepseek2_config", "hf_config", "hf_tensors", "is_expert_file",
-           "join_split_tensors", "llama_experts_config", "qwen_olmoe_config"]
+__all__ = ["ARCHITECTURES", "EXPERT_HOSTS", "HF_TYPES", "MODEL_TYPES", "deepseek2_config", "hf_config", "hf_tensors",
+           "is_expert_config", "is_expert_file", "join_split_tensors", "llama_experts_config", "qwen_olmoe_config"]

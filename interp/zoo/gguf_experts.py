@@ -1,4 +1,5 @@
-"""Mixture-of-experts GGUF files: Mixtral (llama.cpp's ``llama`` with experts) and DeepSeek-V2/V3 (``deepseek2``).
+"""Mixture-of-experts GGUF files: Mixtral (llama.cpp's ``llama`` with experts), DeepSeek-V2/V3 (``deepseek2``),
+Qwen2-MoE / Qwen3-MoE (``qwen2moe`` / ``qwen3moe``) and OLMoE (``olmoe``).
 
 :mod:`interp.zoo.gguf` reads the container and the dense tensors; this module maps what is particular to
 expert files onto a Hugging Face config and state dict, which the MoE and MLA converters of
@@ -25,6 +26,12 @@ What llama.cpp's converter (``convert_hf_to_gguf.py``) does, and how it is undon
   Newer files write ``attention.key_length`` / ``value_length`` for the MQA view of the latent
   (``kv_lora_rank + rope``, ``kv_lora_rank``) and the per-head sizes as ``key_length_mla`` /
   ``value_length_mla``; older files write the per-head sizes in ``key_length`` / ``value_length``. Both are read.
+* Qwen-MoE and OLMoE: llama-style attention that llama.cpp rotates rotate-half like HF (nothing to unpermute);
+  Qwen2-MoE's shared expert ``ffn_*_shexp`` and its gate ``ffn_gate_inp_shexp``; layers without a router
+  tensor are Qwen-MoE's dense ``mlp_only_layers``. llama.cpp renormalises the chosen weights for Qwen3-MoE
+  only (``expert_weights_norm`` overrides).
+* Files written before llama.cpp knew expert groups have no ``expert_group_count``: they route without groups,
+  as llama.cpp did for them.
 * YaRN: llama.cpp keeps ``factor``, ``original_context_length``, ``beta_fast`` / ``beta_slow`` and
   ``yarn_log_multiplier = 0.1 * mscale_all_dim``; DeepSeek's separate ``mscale`` is not written. llama.cpp's
   ``deepseek2`` then leaves the rotary magnitude at 1 and multiplies the softmax scale by

@@ -104,9 +104,12 @@ def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, dro
     else:
         C, R = c.kv_lora_rank, c.qk_rope_head_dim
         D, Dv = c.qk_nope_head_dim, c.v_head_dim
-        meta.update({"attention.head_count_kv": 1, "leading_dense_block_count": c.first_k_dense_replace,
-                     "attention.kv_lora_rank": C, "attention.key_length": C + R, "attention.value_length": C,
-                     "attention.key_length_mla": D + R, "attention.value_length_mla": Dv,
+        if split_kv:  # newer converters: key/value_length describe the latent as one MQA head
+            meta.update({"attention.head_count_kv": 1, "attention.key_length": C + R, "attention.value_length": C,
+                         "attention.key_length_mla": D + R, "attention.value_length_mla": Dv})
+        else:  # older ones: the per-head widths, all heads
+            meta.update({"attention.key_length": D + R, "attention.value_length": Dv})
+        meta.update({"leading_dense_block_count": c.first_k_dense_replace, "attention.kv_lora_rank": C,
                      "expert_feed_forward_length": c.moe_intermediate_size, "expert_count": c.n_routed_experts,
                      "expert_shared_count": c.n_shared_experts, "expert_weights_scale": c.routed_scaling_factor,
                      "rope.dimension_count": R,
@@ -250,8 +253,12 @@ def test_deepseek_config_from_gguf_metadata(tmp_path, make_hf):
     assert (cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]) == (8, 4, 6)
     assert (cfg["n_group"], cfg["topk_group"], cfg["norm_topk_prob"], cfg["first_k_dense_replace"]) == (4, 2, True, 1)
     assert cfg["rope_parameters"]["mscale_all_dim"] == pytest.approx(0.707, rel=1e-6)
-    model = zgguf.load_gguf(tmp_path / "v3.gguf", tokenizer=False)
+    model = zgguf.load_gguf(tmp_path / "v3.gguf", tokenizer=False, dtype=torch.bfloat16)
     assert model.cfg.router_choice_bias and model.cfg.router_score == "sigmoid" and model.cfg.q_latent_dim == 12
+    assert model.blocks[1].mlp.W_gate.dtype == torch.bfloat16
+    F = hf.config.moe_intermediate_size
+    gate = hf.model.layers[1].mlp.experts.gate_up_proj.detach()[:, :F]  # [E, F, M]
+    assert torch.equal(model.blocks[1].mlp.W_gate.float(), gate.bfloat16().float())
 
 
 # --- refusals: each named with its value, before any weight is dequantised ---------------------------------------

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .gguf_archs import Meta
+from .gguf_archs import Meta, _llama_like
 from .gguf_file import GGUFError
 
 # Whole architectures handled here (Mixtral is ``llama`` with experts), with the HF model_type each came from.
@@ -75,7 +75,7 @@ _MLA_NAMES = {
 _ATTENTION = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_output": "o_proj",
               "attn_q_norm": "q_norm", "attn_k_norm": "k_norm"}  # Qwen-MoE / OLMoE: llama attention, unpermuted
 _COMMON = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                   "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
 def is_expert_file(meta: Mapping[str, Any]) -> bool:
@@ -115,7 +115,7 @@ class _Meta(Meta):
     def flag(self, key: str, default: bool = False) -> bool:
         value = self.meta.get(self.key(key), default)
         if not isinstance(value, (bool, np.bool_)):
-            raise GGUFError(f"{self.source}: metadata {self.key(key)!r} = {value!r} must be a boolean")
+            raise self.fail(f"metadata {self.key(key)!r} = {value!r} must be a boolean")
         return bool(value)
 
     def gating(self) -> str | None:
@@ -123,8 +123,8 @@ class _Meta(Meta):
         if value is None:
             return None
         if value not in GATING:
-            raise GGUFError(f"{self.source}: metadata {self.key('expert_gating_func')!r} = {value!r} is not "
-                            f"supported; supported: {GATING}")
+            raise self.fail(f"metadata {self.key('expert_gating_func')!r} = {value!r} is not supported; "
+                            f"supported: {GATING}")
         return GATING[value]
 
     def routing(self) -> tuple[int, int]:
@@ -132,8 +132,8 @@ class _Meta(Meta):
         E = self.count("expert_count", low=2)
         k = self.count("expert_used_count")
         if k > E:
-            raise GGUFError(f"{self.source}: metadata {self.key('expert_used_count')!r} = {k} (the router's "
-                            f"top-k) is larger than {self.key('expert_count')!r} = {E}")
+            raise self.fail(f"metadata {self.key('expert_used_count')!r} = {k} (the router's top-k) is larger "
+                            f"than {self.key('expert_count')!r} = {E}")
         return E, k
 
 
@@ -288,11 +288,17 @@ def deepseek2_config(meta: Mapping[str, Any], tensor_names: set[str], *, source:
     vocab = meta.get(m.key("vocab_size")) or len(meta.get("tokenizer.ggml.tokens") or [])
     if not vocab:
         raise GGUFError(f"{source}: metadata has neither {m.key('vocab_size')} nor tokenizer.ggml.tokens")
+    vocab = m.count("vocab_size", vocab)
+    for which in ("padding", "bos", "eos"):
+        key = f"tokenizer.ggml.{which}_token_id"
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
+            raise m.fail(f"metadata {key!r} = {value!r} is outside the vocabulary of {vocab} tokens")
     return {
         "model_type": "deepseek_v3" if v3 else "deepseek_v2", "hidden_act": "silu",
         "hidden_size": m.count("embedding_length"), "num_hidden_layers": L, "num_attention_heads": H,
         "num_key_value_heads": H, "intermediate_size": m.count("feed_forward_length"),
-        "vocab_size": m.count("vocab_size", vocab), "max_position_embeddings": m.count("context_length"),
+        "vocab_size": vocab, "max_position_embeddings": m.count("context_length"),
         "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-6), "rope_parameters": rope,
         "rope_interleave": True, "q_lora_rank": q_rank, "kv_lora_rank": C, "qk_rope_head_dim": R,
         "qk_nope_head_dim": qk - R, "v_head_dim": v, "n_routed_experts": E, "num_experts_per_tok": k,
@@ -316,8 +322,9 @@ def qwen_olmoe_config(meta: Mapping[str, Any], tensor_names: set[str], *, source
     (Qwen2-MoE and OLMoE: no; Qwen3-MoE: yes).
 
     Raises:
-        GGUFError: a missing or malformed key, RoPE scaling, sigmoid gating, an OLMoE expert width other than
-            its feed-forward width, or dense layers in OLMoE (each named with its value).
+        GGUFError: a missing or malformed key, what the dense table refuses (RoPE scaling other than linear, a
+            sliding window, partial rotary), sigmoid gating, an OLMoE expert width other than its feed-forward
+            width, or dense layers in OLMoE (each named with its value).
 
     Example:
         >>> meta = {"general.architecture": "olmoe", "olmoe.block_count": 1, "olmoe.context_length": 64,
@@ -330,48 +337,22 @@ def qwen_olmoe_config(meta: Mapping[str, Any], tensor_names: set[str], *, source
     arch = meta.get("general.architecture")
     mtype = MODEL_TYPES[arch]
     m = _Meta(meta, arch, source)
-    L, d_model, H = m.count("block_count"), m.count("embedding_length"), m.count("attention.head_count")
-    K = m.count("attention.head_count_kv", H)
-    if H % K:
-        raise GGUFError(f"{source}: metadata {m.key('attention.head_count')!r} = {H} is not a multiple of "
-                        f"{m.key('attention.head_count_kv')!r} = {K}")
-    if not m.has("attention.key_length") and d_model % H:
-        raise GGUFError(f"{source}: {m.key('embedding_length')} = {d_model} is not a multiple of "
-                        f"{m.key('attention.head_count')} = {H} (and no attention.key_length says the head dim)")
-    head_dim = m.count("attention.key_length", d_model // H)
-    for key in ("attention.value_length", "rope.dimension_count"):
-        if m.has(key) and meta[m.key(key)] != head_dim:
-            raise GGUFError(f"{source}: metadata {m.key(key)!r} = {meta[m.key(key)]!r} differs from the head dim "
-                            f"{head_dim}: only full rotary with equal key and value widths is supported")
-    scaling = meta.get(m.key("rope.scaling.type"), "none")
-    if scaling not in ("none", None) or "rope_freqs.weight" in tensor_names:
-        raise GGUFError(f"{source}: RoPE scaling {scaling!r} is not supported for {arch!r}; only plain rotary")
+    # Attention, norms and RoPE as the dense Qwen / Llama files of the architectures table.
+    base = _llama_like(mtype)(m, set(tensor_names))
     if m.gating() not in (None, "softmax"):
-        raise GGUFError(f"{source}: metadata {m.key('expert_gating_func')!r} = {meta[m.key('expert_gating_func')]!r} "
-                        f"is not supported for {arch!r} (only softmax)")
+        raise m.fail(f"metadata {m.key('expert_gating_func')!r} = {meta[m.key('expert_gating_func')]!r} is not "
+                     f"supported for {arch!r} (only softmax)")
     E, k = m.routing()
-    d_ff = m.count("feed_forward_length")
+    d_ff = base["intermediate_size"]
     d_expert = m.count("expert_feed_forward_length", d_ff)
+    L = base["num_hidden_layers"]
     dense = [i for i in range(L) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names]
     if mtype == "olmoe" and (d_expert != d_ff or dense):
-        raise GGUFError(f"{source}: OLMoE's experts have the feed-forward width in every layer; this file has "
-                        f"expert_feed_forward_length = {d_expert}, feed_forward_length = {d_ff}, dense layers {dense[:8]}")
-    vocab = meta.get(m.key("vocab_size")) or len(meta.get("tokenizer.ggml.tokens") or [])
-    if not vocab:
-        raise GGUFError(f"{source}: metadata has neither {m.key('vocab_size')} nor tokenizer.ggml.tokens")
-    bias = "blk.0.attn_q.bias" in tensor_names
-    cfg = {
-        "model_type": mtype, "hidden_act": "silu", "hidden_size": d_model, "num_hidden_layers": L,
-        "num_attention_heads": H, "num_key_value_heads": K, "head_dim": head_dim, "intermediate_size": d_ff,
-        "vocab_size": m.count("vocab_size", vocab), "max_position_embeddings": m.count("context_length"),
-        "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": m.number("rope.freq_base", 10000.0), "tie_word_embeddings": "output.weight" not in tensor_names,
-        "num_experts": E, "num_experts_per_tok": k, "moe_intermediate_size": d_expert,
-        "norm_topk_prob": m.flag("expert_weights_norm", mtype == "qwen3_moe"),
-        "attention_bias": bias, "qkv_bias": bias, "clip_qkv": None,
-        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"), "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-    }
+        raise m.fail(f"OLMoE's experts have the feed-forward width in every layer; this file has "
+                     f"expert_feed_forward_length = {d_expert}, feed_forward_length = {d_ff}, dense layers {dense[:8]}")
+    cfg = {**base, "num_experts": E, "num_experts_per_tok": k, "moe_intermediate_size": d_expert,
+           "norm_topk_prob": m.flag("expert_weights_norm", mtype == "qwen3_moe"),
+           "qkv_bias": base["attention_bias"], "clip_qkv": None}
     if mtype != "olmoe":
         cfg.update(mlp_only_layers=dense, decoder_sparse_step=1)
     if mtype == "qwen2_moe":

@@ -284,7 +284,7 @@ REFUSALS = [
     ("deepseek_v3", dict(set_={"expert_group_count": 3}), r"expert_group_count' = 3 .* do not split .* = 8 experts"),
     ("qwen2_moe", dict(set_={"expert_shared_feed_forward_length": 36}),
      r"'blk\.0\.ffn_gate_shexp\.weight' has shape \[40, 32\].*expert_shared_feed_forward_length = 36"),
-    ("qwen3_moe", dict(set_={"rope.scaling.type": "linear"}), r"RoPE scaling 'linear' is not supported for 'qwen3moe'"),
+    ("qwen3_moe", dict(set_={"rope.scaling.type": "yarn"}), r"RoPE scaling 'yarn' \(qwen3moe\.rope\.scaling\.type\)"),
     ("olmoe", dict(set_={"expert_feed_forward_length": 12}), r"expert_feed_forward_length = 12, feed_forward_length = 24"),
 ]
 

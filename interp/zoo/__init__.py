@@ -147,7 +147,7 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
     elif isinstance(name_or_path, str) and key.startswith(HUB_PREFIXES):
         model = _load_hub(key[:2], key[3:])
     else:
-        model = _load_path(key)
+        model = _load_path(key, dtype=dtype, device=device)
     if dtype is not None:
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
@@ -159,8 +159,9 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
     return model.eval()
 
 
-def _load_path(key: str) -> Transformer:
-    """The model in the local file or folder ``key`` (a checkpoint, a GGUF file, a Hugging Face folder)."""
+def _load_path(key: str, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Transformer:
+    """The model in the local file or folder ``key`` (a checkpoint, a GGUF file, a Hugging Face folder); a GGUF
+    file is dequantised straight into ``dtype`` on ``device``."""
     path = Path(key)
     if path.is_file() and path.suffix == ".safetensors":
         model = load_checkpoint(path)
@@ -168,7 +169,7 @@ def _load_path(key: str) -> Transformer:
             model.name = path.stem  # a retrained copy of a built-in keeps a name of its own
         return model
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(path)
+        return load_gguf(path, dtype=dtype if dtype is not None else torch.float32, device=device)
     if path.is_dir() and (path / "config.json").is_file():
         return from_hf(path)
     if path.suffix == ".safetensors" or (any(sep in key for sep in "/\\") and not path.exists()):

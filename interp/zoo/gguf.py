@@ -356,8 +356,12 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
 # use GPT-2's own pattern (ByteLevel's built-in regex), which SmolLM's "smollm" uses.
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2 / Qwen3 (and Qwen2.5): Llama 3's pattern with single digits; their tokenizer also NFC-normalises.
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _PRE_SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
-               "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT}
+               "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "qwen2": _QWEN2_SPLIT}
+_NFC_PRES = ("qwen2",)
 _GPT2_PRES = ("default", "gpt2", "gpt-2", "smollm", "starcoder", "refact", None)
 
 
@@ -446,7 +450,7 @@ def _unique_vocab(spelled: list[str], source: str) -> dict[str, int]:
 
 
 def _build_tokenizer(meta, kind, tokens, types, unk, source) -> Tokenizer:
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import Tokenizer as HFTokenizer
 
     if kind == "gpt2":
@@ -467,6 +471,8 @@ def _build_tokenizer(meta, kind, tokens, types, unk, source) -> Tokenizer:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         else:
             tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if pre in _NFC_PRES:
+            tok.normalizer = normalizers.NFC()
         tok.decoder = decoders.ByteLevel()
         # Control tokens written outside the byte alphabet are llama.cpp mislabels; keep them out.
         special_ok: Callable[[str], bool] = lambda t: set(t) <= alphabet
@@ -479,7 +485,9 @@ def _build_tokenizer(meta, kind, tokens, types, unk, source) -> Tokenizer:
                                      unk_token=None if unk is None else tokens[unk]))
         # Spaces become "▁" and one is prepended unless the text already starts with one (as transformers'
         # LlamaTokenizer; sentencepiece itself would prepend one more before a leading space).
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+        # Gemma's files say add_space_prefix = False: no "▁" is prepended at all.
+        prepend = "first" if meta.get("tokenizer.ggml.add_space_prefix", True) else "never"
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=prepend, split=False)
         tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                          decoders.Strip(content=" ", left=1, right=0)])
         special_ok = lambda t: True

@@ -21,7 +21,8 @@ What llama.cpp changes, per ``general.architecture`` (the HF ``model_type`` it c
 * ``starcoder`` (gpt_bigcode): MQA only (``head_count_kv`` 1), learned positions.
 * ``falcon``: the fused QKV was reordered from HF's per-K/V-group ``[q_1 .. q_G, k, v]`` into
   ``[q | k | v]`` (``tensor_data_layout = "jploski"``); regrouped here. A second norm per block
-  (``attn_norm_2``) means the new decoder architecture with two norms (Falcon 40B / 180B).
+  (``attn_norm_2``, HF's ``ln_attn``; ``attn_norm`` is then ``ln_mlp``) means the new decoder architecture
+  with two norms (Falcon 40B / 180B).
 
 Refused by name, with the value: any other architecture; RoPE scaling other than ``linear`` (and
 ``rope_freqs`` / LongRoPE factor tensors); a sliding window on an architecture that has none in llama.cpp;
@@ -320,7 +321,9 @@ _SANDWICH_BLOCK = {**_LLAMA_ATTN_MLP, "attn_norm": "input_layernorm", "post_atte
 
 def _falcon_block(hf_cfg: Mapping[str, Any]) -> dict[str, str]:
     two = hf_cfg.get("new_decoder_architecture") and hf_cfg.get("num_ln_in_parallel_attn") == 2
-    return {"attn_norm": "ln_attn" if two else "input_layernorm", "attn_norm_2": "ln_mlp",
+    # Two norms (gguf's tensor map, as llama.cpp's falcon graph reads them): attn_norm_2 feeds the attention,
+    # attn_norm the MLP.
+    return {"attn_norm": "ln_mlp" if two else "input_layernorm", "attn_norm_2": "ln_attn",
             "attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
             "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
 

@@ -64,10 +64,11 @@ def tiny(tmp_path_factory) -> Path:
     return path
 
 
-def rewrite(src: Path, dst: Path, *, drop=(), set_=None, extra_tensors=None) -> Path:
-    """A copy of ``src`` with metadata keys dropped or set (typed as the writer types them)."""
+def rewrite(src: Path, dst: Path, *, drop=(), set_=None, extra_tensors=None, arch: str = "llama") -> Path:
+    """A copy of ``src`` (of architecture ``arch``) with metadata keys dropped or set (typed as the writer
+    types them)."""
     r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), "llama")
+    w = gguf.GGUFWriter(str(dst), arch)
     skip = {"general.architecture", *drop, *(set_ or {})}
     for key, field in r.fields.items():
         if key.startswith("GGUF.") or key in skip:

@@ -1,0 +1,249 @@
+"""Tiny GGUF files written from random transformers models the way llama.cpp's ``convert_hf_to_gguf.py`` writes
+them, for the GGUF loader's tests (no download, nothing of interp's loader used).
+
+Per architecture, as the converter does: the metadata keys its ``set_gguf_parameters`` writes (Falcon's fixed
+2048 context and ``tensor_data_layout = "jploski"``, StarCoder's ``4 * n_embd`` MLP and single K/V head, Phi-3's
+``sliding_window = 0`` for none, Gemma 2's soft-caps, ...), tensor names from the ``gguf`` package's own tensor
+map (the table the converter uses), and the converter's tensor changes: Llama's Q/K row permutation, Gemma's
+norm weights stored as ``1 + w``, Falcon's fused QKV reordered from per-K/V-group ``[q_1 .. q_G, k, v]`` to
+``[q | k | v]``; tied unembeddings are not written.
+
+Weights are stored as F32, F16 and Q8_0 in turn (or all in one type), and the HF model's own parameters are
+replaced by what the file dequantises to, so the HF model is an exact reference for the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+import transformers
+
+from interp.zoo.compat import _seed_init
+
+V = 97  # vocabulary
+WINDOW = 8  # sliding windows, shorter than the test sequences
+SEQ = 40
+
+# name: (GGUF general.architecture, HF model_type, HF config keywords)
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("llama", "llama", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                     num_key_value_heads=1,
+                                     rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0})),
+    "qwen2": ("qwen2", "qwen2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                     num_key_value_heads=3)),
+    "qwen3": ("qwen3", "qwen3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                     num_key_value_heads=1, head_dim=24)),
+    "gemma": ("gemma", "gemma", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                     num_key_value_heads=1, head_dim=16)),
+    "gemma2": ("gemma2", "gemma2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+                                        sliding_window=WINDOW, attn_logit_softcapping=3.0,
+                                        final_logit_softcapping=4.0)),
+    "gemma3": ("gemma3", "gemma3_text", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                             num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+                                             num_hidden_layers=6, sliding_window=WINDOW, final_logit_softcapping=4.0,
+                                             rope_parameters={
+                                                 "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                    "rope_theta": 1000.0},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    "phi3": ("phi3", "phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                  sliding_window=WINDOW)),
+    "starcoder": ("starcoder", "gpt_bigcode", dict(n_embd=80, n_head=5, n_layer=2, n_positions=64, multi_query=True)),
+    "falcon": ("falcon", "falcon", dict(hidden_size=80, num_attention_heads=5, multi_query=True, parallel_attn=True,
+                                        bias=False)),
+    "falcon_new_arch": ("falcon", "falcon", dict(hidden_size=72, num_attention_heads=9, num_kv_heads=3,
+                                                 new_decoder_architecture=True, bias=False)),
+}
+_COMMON = dict(num_hidden_layers=2, max_position_embeddings=64, vocab_size=V, bos_token_id=0, eos_token_id=0,
+               pad_token_id=0, tie_word_embeddings=False)
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon")
+
+
+def hf_model(name: str, **overrides: Any):
+    """The random tiny HF model of :data:`FAMILIES` ``[name]`` (seeded, float32, eager attention)."""
+    _, model_type, kw = FAMILIES[name]
+    common = dict(_COMMON)
+    if model_type in _TIED_BY_DEFAULT:
+        common.pop("tie_word_embeddings")
+    if model_type == "gpt_bigcode":
+        common = {k: v for k, v in common.items() if k not in ("num_hidden_layers", "max_position_embeddings")}
+    cfg = transformers.AutoConfig.for_model(model_type, **{**common, **kw, **overrides})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return _seed_init(transformers.AutoModelForCausalLM.from_config(cfg))
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute (rotary pairs interleaved per head)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _jploski(w: np.ndarray, n_head: int, n_kv: int, head_dim: int) -> np.ndarray:
+    """llama.cpp's Falcon QKV reorder: per-K/V-group [q_1 .. q_G, k, v] rows to [q | k | v]."""
+    qkv = w.reshape(n_kv, n_head // n_kv + 2, head_dim, w.shape[-1])
+    q = qkv[:, :-2].reshape(n_head * head_dim, -1)
+    k = qkv[:, [-2]].reshape(n_kv * head_dim, -1)
+    v = qkv[:, [-1]].reshape(n_kv * head_dim, -1)
+    return np.concatenate([q, k, v]).reshape(w.shape)
+
+
+def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
+    """The keys the converter's set_gguf_parameters writes for ``arch`` (``c``: the HF config)."""
+    def rope_params(layer_type: str | None = None) -> dict:
+        rope = dict(getattr(c, "rope_parameters", None) or {})
+        return rope.get(layer_type, rope) if layer_type else rope
+
+    if arch == "starcoder":
+        w.add_context_length(c.n_positions)
+        w.add_embedding_length(c.n_embd)
+        w.add_feed_forward_length(4 * c.n_embd)
+        w.add_block_count(c.n_layer)
+        w.add_head_count(c.n_head)
+        w.add_head_count_kv(1)
+        w.add_layer_norm_eps(c.layer_norm_epsilon)
+        return
+    if arch == "falcon":
+        w.add_context_length(2048)  # not in config.json
+        w.add_tensor_data_layout("jploski")
+        w.add_embedding_length(c.hidden_size)
+        w.add_feed_forward_length(4 * c.hidden_size)
+        w.add_block_count(c.num_hidden_layers)
+        w.add_head_count(c.num_attention_heads)
+        w.add_head_count_kv(_falcon_kv(c))
+        w.add_layer_norm_eps(c.layer_norm_epsilon)
+        return
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    rope = rope_params("full_attention" if arch == "gemma3" else None)
+    if rope.get("rope_theta") is not None:
+        w.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    if getattr(c, "head_dim", None) is not None and arch != "phi3":
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+    if arch == "llama":
+        w.add_vocab_size(c.vocab_size)
+        w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+        w.add_sliding_window(c.sliding_window)
+    if arch == "gemma3":
+        if c.final_logit_softcapping:
+            w.add_final_logit_softcapping(c.final_logit_softcapping)
+        w.add_sliding_window(c.sliding_window)
+    if arch == "phi3":
+        w.add_rope_scaling_orig_ctx_len(getattr(c, "original_max_position_embeddings", None) or
+                                        c.max_position_embeddings)
+        partial = rope.get("partial_rotary_factor", 1.0)
+        w.add_rope_dimension_count(int(partial * c.hidden_size) // c.num_attention_heads)
+        w.add_sliding_window(c.sliding_window or 0)
+
+
+def _falcon_kv(c: Any) -> int:
+    # config.json's own value: the converter reads num_kv_heads / n_head_kv, which old MQA files leave out (1)
+    if c.new_decoder_architecture:
+        return c.num_kv_heads
+    return 1 if c.multi_query else c.num_attention_heads
+
+
+def _tokenizer(w: gguf.GGUFWriter, arch: str, vocab: int) -> None:
+    alphabet = list(_bytes_to_unicode().values())
+    tokens = ["<|endoftext|>", *alphabet[:vocab - 1]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3] + [1] * (vocab - 1))
+    w.add_token_merges([])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(False)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    from interp.zoo.gguf import _bytes_to_unicode as table
+
+    return table()
+
+
+_TYPES = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+          "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+
+
+def _store(a: np.ndarray, kind: str) -> tuple[np.ndarray, Any]:
+    """``(bytes or array to write, raw dtype)`` of ``a`` in GGUF type ``kind``."""
+    if kind == "f32":
+        return a, None
+    if kind == "f16":
+        return a.astype(np.float16), None
+    return gguf.quants.quantize(a, _TYPES[kind]), _TYPES[kind]
+
+
+def _round_trip(a: np.ndarray, kind: str) -> np.ndarray:
+    stored, raw = _store(a, kind)
+    return np.asarray(stored, dtype=np.float32) if raw is None else gguf.quants.dequantize(stored, raw)
+
+
+def write_gguf(hf, path: str | Path, arch: str, *, types: str = "mixed") -> Path:
+    """Write ``hf`` (a transformers causal LM) to ``path`` as llama.cpp's converter would for ``arch``.
+
+    ``types``: ``"mixed"`` (2-D weights as F32, F16 and Q8_0 in turn; 1-D in F32, as the converter keeps
+    them) or one of ``f32`` / ``f16`` / ``bf16`` / ``q8_0`` for every 2-D weight. The HF model's parameters are
+    set to the values the file holds, so it stays an exact reference.
+    """
+    path = Path(path)
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    _metadata(w, arch, c)
+    _tokenizer(w, arch, c.vocab_size)
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
+                                     getattr(c, "num_hidden_layers", None) or c.n_layer)
+    tied = bool(getattr(c, "tie_word_embeddings", False))
+    cycle = ["f32", "f16", "q8_0"]
+    n_2d = 0
+    params = dict(hf.named_parameters())
+    for hf_name, t in hf.state_dict().items():
+        if hf_name == "lm_head.weight" and (tied or arch.startswith("gemma")):
+            continue  # the converter skips tied (and Gemma's) lm_head
+        stem, suffix = hf_name.rsplit(".", 1)
+        gguf_name = names.get_name(stem)
+        assert gguf_name is not None, f"gguf's tensor map has no name for {hf_name!r} ({arch})"
+        a = t.detach().numpy().astype(np.float32)
+        if a.ndim == 2:
+            kind = cycle[n_2d % 3] if types == "mixed" else types
+            if kind == "q8_0" and a.shape[1] % 32:
+                kind = "f16"
+            n_2d += 1
+            a = _round_trip(a, kind)  # the file's values become the HF model's own
+            with torch.no_grad():
+                params[hf_name].copy_(torch.from_numpy(a))
+        else:
+            kind = "f32"
+        if arch == "llama" and stem.endswith("q_proj"):
+            a = permute(a, c.num_attention_heads)
+        elif arch == "llama" and stem.endswith("k_proj"):
+            a = permute(a, c.num_key_value_heads)
+        elif arch.startswith("gemma") and hf_name.endswith("norm.weight"):
+            a = a + 1  # llama.cpp's RMSNorm has no (1 + w)
+        elif arch == "falcon" and "query_key_value" in stem:
+            a = _jploski(a, c.num_attention_heads, _falcon_kv(c), c.hidden_size // c.num_attention_heads)
+        stored, raw = _store(np.ascontiguousarray(a), kind)
+        w.add_tensor(f"{gguf_name}.{suffix}", stored, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -27,9 +27,9 @@ What llama.cpp's converter (``convert_hf_to_gguf.py``) does, and how it is undon
   (``kv_lora_rank + rope``, ``kv_lora_rank``) and the per-head sizes as ``key_length_mla`` /
   ``value_length_mla``; older files write the per-head sizes in ``key_length`` / ``value_length``. Both are read.
 * Qwen-MoE and OLMoE: llama-style attention that llama.cpp rotates rotate-half like HF (nothing to unpermute);
-  Qwen2-MoE's shared expert ``ffn_*_shexp`` and its gate ``ffn_gate_inp_shexp``; layers without a router
-  tensor are Qwen-MoE's dense ``mlp_only_layers``. llama.cpp renormalises the chosen weights for Qwen3-MoE
-  only (``expert_weights_norm`` overrides).
+  Qwen2-MoE's shared expert ``ffn_*_shexp`` and its gate ``ffn_gate_inp_shexp``. A layer without a router
+  tensor would be one of Qwen-MoE's dense ``mlp_only_layers`` (llama.cpp itself writes experts in every
+  layer). llama.cpp renormalises the chosen weights for Qwen3-MoE only (``expert_weights_norm`` overrides).
 * Files written before llama.cpp knew expert groups have no ``expert_group_count``: they route without groups,
   as llama.cpp did for them.
 * YaRN: llama.cpp keeps ``factor``, ``original_context_length``, ``beta_fast`` / ``beta_slow`` and

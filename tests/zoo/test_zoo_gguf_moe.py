@@ -1,11 +1,12 @@
-"""Mixture-of-experts GGUF files (Mixtral as ``llama`` with experts, DeepSeek-V2/V3 as ``deepseek2``) against
-transformers.
+"""Mixture-of-experts GGUF files against transformers: Mixtral (``llama`` with experts), DeepSeek-V2/V3
+(``deepseek2``), Qwen2-MoE, Qwen3-MoE and OLMoE.
 
 A random tiny HF model (routing that varies: 8 experts, top-2/3, DeepSeek with expert groups) is written to GGUF
-here the way llama.cpp's ``convert_hf_to_gguf.py`` writes it: experts merged into 3-D tensors, llama's Q/K
-rotary permutation for Mixtral, DeepSeek's ``kv_b`` split into ``k_b`` (transposed) and ``v_b`` by newer
-converters, the metadata keys it writes. The reference is the HF model itself; transformers' own GGUF loading
-reads neither ``deepseek2`` nor ``llama`` with experts, so it cannot serve here.
+here the way llama.cpp's ``convert_hf_to_gguf.py`` writes it: the metadata keys it writes, tensor names from the
+``gguf`` package's own tensor map, experts merged into 3-D tensors, llama's Q/K rotary permutation for Mixtral,
+DeepSeek's ``kv_b`` split into ``k_b`` (transposed) and ``v_b`` by newer converters (whole, with per-head key
+lengths, by older ones). The reference is the HF model itself, and for Qwen3-MoE also transformers' own GGUF
+loading (which reads neither ``deepseek2`` nor ``llama`` with experts).
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ from interp.zoo import gguf_experts  # noqa: E402
 V = hf_moe.V
 # DeepSeek's published YaRN has mscale == mscale_all_dim, the case GGUF can express (it keeps only the latter).
 YARN = {**hf_moe.YARN, "mscale": 0.707, "mscale_all_dim": 0.707}
+# llama.cpp's qwen2moe / qwen3moe have experts in every layer (its tensor map has no dense MLP for them).
 GGUF_FAMILIES = {
-    **{f: hf_moe.FAMILIES[f] for f in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")},
+    **{f: hf_moe.FAMILIES[f] for f in ("mixtral", "olmoe")},
+    "qwen2_moe": lambda: tf.Qwen2MoeConfig(**hf_moe.BASE, intermediate_size=48, moe_intermediate_size=24,
+                                           shared_expert_intermediate_size=40, num_key_value_heads=2, num_experts=8,
+                                           num_experts_per_tok=2, norm_topk_prob=False),
+    "qwen3_moe": lambda: tf.Qwen3MoeConfig(**hf_moe.BASE, intermediate_size=48, moe_intermediate_size=24, head_dim=8,
+                                           num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+                                           norm_topk_prob=True),
     "deepseek_v3": lambda: tf.DeepseekV3Config(**hf_moe.BASE, **hf_moe.MLA, q_lora_rank=12, n_shared_experts=1,
                                                n_group=4, topk_group=2, rope_parameters=YARN),
     "deepseek_v2": hf_moe.FAMILIES["deepseek_v2"],  # q_lora_rank None, group-limited, routed_scaling_factor 1.5
@@ -56,19 +64,6 @@ def _experts(hf_sd, h: str) -> dict[str, np.ndarray]:
     return {"ffn_gate_exps": gate_up[:, :F], "ffn_up_exps": gate_up[:, F:], "ffn_down_exps": down}
 
 
-# HF per-layer names -> llama.cpp's (gguf-py's tensor_mapping.py), for every family here
-BLOCK_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm", "self_attn.q_b_proj": "attn_q_b",
-    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
-    "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
-    "mlp.shared_experts.down_proj": "ffn_down_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
-    "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
-    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
-}
 ARCH = {"mixtral": "llama", "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "qwen2_moe": "qwen2moe",
         "qwen3_moe": "qwen3moe", "olmoe": "olmoe"}
 
@@ -127,11 +122,12 @@ def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, dro
                          "rope.scaling.yarn_beta_fast": float(rope["beta_fast"]),
                          "rope.scaling.yarn_beta_slow": float(rope["beta_slow"]),
                          "rope.scaling.yarn_log_multiplier": 0.1 * rope["mscale_all_dim"]})
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), L)
     for key, a in sd.items():
         if not key.startswith("model.layers."):
             continue
         parts = key.split(".")
-        i, rest, suffix = int(parts[2]), ".".join(parts[3:-1]), parts[-1]
+        i, rest = int(parts[2]), ".".join(parts[3:-1])
         b = f"blk.{i}."
         if key.endswith("mlp.experts.gate_up_proj"):  # merged per layer, as the converter stacks the experts
             tensors.update({b + f"{n}.weight": e for n, e in _experts(sd, f"model.layers.{i}.").items()})
@@ -146,8 +142,8 @@ def write_gguf(hf, path, *, split_kv: bool = True, set_: dict | None = None, dro
             kv_b = a.reshape(H, D + Dv, C)  # per head: key rows, then value rows
             tensors[b + "attn_k_b.weight"] = np.ascontiguousarray(kv_b[:, :D].transpose(0, 2, 1))  # [H, C, D]
             tensors[b + "attn_v_b.weight"] = np.ascontiguousarray(kv_b[:, D:])  # [H, Dv, C]
-        else:
-            name = b + f"{BLOCK_NAMES[rest]}.{suffix}"
+        else:  # names from gguf's own tensor map, the table the converter uses
+            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
             if arch == "llama" and rest in ("self_attn.q_proj", "self_attn.k_proj"):  # llama's rotary permutation
                 a = llama_cpp_permute(a, H if rest == "self_attn.q_proj" else c.num_key_value_heads)
             tensors[name] = a

@@ -197,6 +197,13 @@ def test_moe_gguf_matches_transformers(tmp_path, make_hf, family, split_kv):
         ours = trace[f"blocks.{layer}.mlp.hook_expert_ids"].reshape(-1, model.cfg.n_experts_per_token)
         assert torch.equal(ours.sort(-1).values, hf_ids[layer])  # the same experts on every token
         assert len({tuple(r) for r in ours.sort(-1).values.tolist()}) > 4  # routing really varies
+    if family == "mixtral":  # interp.load dispatches an expert file like any GGUF file, tokenizer included
+        import interp
+
+        loaded = interp.load(path)
+        assert loaded.cfg.n_experts == 8 and loaded.tokenizer is not None
+        with torch.no_grad():
+            assert torch.equal(loaded(tokens), logits)
     if family == "deepseek_v3":  # cached decoding through the latent cache, YaRN included (the others: test_zoo_hf_moe)
         prompt = tokens[:1, :8]
         with torch.no_grad():

@@ -201,3 +201,17 @@ def test_longrope_and_llama3_factor_tensors_are_refused():
         zgguf.hf_config_from_gguf(_meta("phi3"), {"rope_factors_long.weight"})
     with pytest.raises(ValueError, match="rope_freqs"):
         zgguf.hf_config_from_gguf(_meta("llama"), {"rope_freqs.weight"})
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen3"])
+def test_assigned_weights_generate_as_hf_and_stay_tied(files, name):
+    """The loader assigns the dequantised tensors as the parameters (no second copy): tied embeddings stay one
+    tensor, and cached greedy decoding equals HF's."""
+    path, hf = files[name]
+    model = zgguf.load_gguf(path, tokenizer=False)
+    if hf.config.tie_word_embeddings:
+        assert model.unembed.weight is model.embed.weight
+    prompt = _ids(6)[:1]
+    want = hf.generate(prompt, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(prompt),
+                       eos_token_id=None, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, max_new_tokens=12), want)

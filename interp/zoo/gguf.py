@@ -230,12 +230,7 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         >>> check_tensor_table(f, hf_config_from_gguf(f.metadata, {t.name for t in f.tensors}))  # doctest: +SKIP
     """
     spec = _architecture(reader, source)
-    make_cfg, make_sd = _converter(hf_cfg)
-    try:
-        cfg = make_cfg(hf_cfg)
-    except ValueError as e:
-        raise GGUFError(f"{source}: the metadata does not describe a model interp builds: {e}") from e
-    n_layers = cfg.n_layers
+    n_layers = int(hf_cfg["num_hidden_layers"] if "num_hidden_layers" in hf_cfg else hf_cfg["n_layer"])
     blocks = {}
     for t in reader.tensors:
         i = _block_index(t.name)
@@ -250,6 +245,11 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         missing = sorted(set(range(n_layers)) - set(blocks))
         raise GGUFError(f"{source}: the metadata declares block_count = {n_layers}, but the file holds tensors "
                         f"for {len(blocks)} layer(s); no tensors for layer(s) {missing[:8]}")
+    make_cfg, make_sd = _converter(hf_cfg)
+    try:
+        cfg = make_cfg(hf_cfg)
+    except ValueError as e:
+        raise GGUFError(f"{source}: the metadata does not describe a model interp builds: {e}") from e
     hf_shapes = _Recording()
     hf_of = {}  # GGUF name -> the HF names it became
     for t in reader.tensors:

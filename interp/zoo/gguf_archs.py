@@ -45,7 +45,13 @@ HFConfig = dict[str, Any]
 
 
 class Meta:
-    """Typed reads of one file's ``{arch}.*`` metadata; each bad value is refused naming the key and value."""
+    """Typed reads of one file's ``{arch}.*`` metadata; each bad value is refused naming the key and value.
+
+    Example:
+        >>> m = Meta({"llama.block_count": 2, "llama.rope.freq_base": 1e4}, "llama", "f.gguf")
+        >>> m.count("block_count"), m.number("rope.freq_base", None), m.number("rope.scaling.factor", 1.0)
+        (2, 10000.0, 1.0)
+    """
 
     def __init__(self, meta: Mapping[str, Any], arch: str, source: str) -> None:
         self.meta, self.arch, self.source = meta, arch, source
@@ -348,7 +354,14 @@ class Architecture:
         return self.block(hf_cfg) if callable(self.block) else self.block
 
     def hf_name(self, name: str, hf_cfg: Mapping[str, Any]) -> tuple[str, str] | None:
-        """``(stem, HF name)`` of a GGUF tensor name, or None when this architecture has no such tensor."""
+        """``(stem, HF name)`` of a GGUF tensor name, or None when this architecture has no such tensor.
+
+        Example:
+            >>> ARCHITECTURES["gemma2"].hf_name("blk.3.post_ffw_norm.weight", {})
+            ('post_ffw_norm', 'model.layers.3.post_feedforward_layernorm.weight')
+            >>> ARCHITECTURES["llama"].hf_name("blk.0.attn_qkv.weight", {}) is None
+            True
+        """
         parts = name.split(".")
         if len(parts) == 2 and parts[0] in self.global_names and parts[1] in ("weight", "bias"):
             return parts[0], f"{self.global_names[parts[0]]}.{parts[1]}"

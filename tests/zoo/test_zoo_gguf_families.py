@@ -64,7 +64,7 @@ TRANSFORMERS_GGUF = {
     "qwen3": {"head_dim": 128},  # ignores attention.key_length (Qwen3Config's head_dim is 128)
     "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
                "final_logit_softcapping": 30.0},  # ignores the soft-caps
-    "gemma3": {"head_dim": 256, "query_pre_attn_scalar": 256, "final_logit_softcapping": None,
+    "gemma3": {"head_dim": 256, "query_pre_attn_scalar": 256, "final_logit_softcapping": None, "num_hidden_layers": 2,
                "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
                                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "phi3": {"sliding_window": None},  # ignores attention.sliding_window
@@ -166,7 +166,7 @@ def test_declared_sizes_are_checked_before_allocating_for_every_architecture(fil
     from test_zoo_gguf_reliability import BOMB_SCRIPT, U32, rewrite
 
     paths, wants = [], []
-    for name in HOSTILE:
+    for name in ("gemma3", "starcoder", "falcon_new_arch"):  # rotary + sandwich, learned positions, fused QKV
         arch = FAMILIES[name][0]
         for key, value, want in (("block_count", 10**6, "block_count = 1000000"),
                                  ("feed_forward_length", 10**9, "mlp")):

@@ -11,7 +11,9 @@ What it accepts: ``general.architecture`` ``llama`` (Llama 1/2/3, SmolLM / SmolL
 ``qwen2``, ``qwen3``, ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``starcoder`` and ``falcon``, dense, with
 plain or linear RoPE. Every quantisation the ``gguf`` package can dequantise is read (F32, F16, BF16, Q4_0,
 Q4_1, Q5_x, Q8_0, the K-quants, ...), each tensor straight into the requested dtype on the requested device.
-Anything else (another architecture, experts, ``rope_freqs`` / YaRN / LongRoPE scaling, a sliding window the
+Mixtures of experts (``llama`` with ``expert_count``: Mixtral; ``deepseek2``: DeepSeek-V2/V3 with MLA;
+``qwen2moe``, ``qwen3moe``, ``olmoe``) are mapped by :mod:`interp.zoo.gguf_experts` onto the same HF
+conversion. Anything else (another architecture, experts elsewhere, ``rope_freqs`` / YaRN / LongRoPE scaling, a sliding window the
 architecture has no rule for, ...) is refused with a ValueError naming it and its value.
 
 Tokenizers: byte-level BPE (``tokenizer.ggml.model == "gpt2"``: SmolLM, Llama 3, ...) and sentencepiece BPE
@@ -34,6 +36,7 @@ from torch import nn
 
 from ..model import Transformer
 from ..placement import build
+from . import gguf_experts
 from .checkpoint import check_fits
 from .gguf_archs import ARCHITECTURES, Architecture, Meta, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, read_gguf
@@ -41,7 +44,7 @@ from .hf import CONVERTERS, _register_dense_families
 from .tokenizer import Tokenizer
 
 _GGUF_EXTRA = "pip install interp[gguf]"
-SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+SUPPORTED_ARCHITECTURES = (*ARCHITECTURES, *gguf_experts.ARCHITECTURES)
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -86,10 +89,12 @@ def _metadata(reader: GGUFFile) -> dict[str, Any]:
 # --- config -----------------------------------------------------------------------------------------------
 def _check_architecture(meta: Mapping[str, Any], tensor_names: set[str], source: str) -> str:
     arch = meta.get("general.architecture")
+    if arch in gguf_experts.ARCHITECTURES:
+        return arch
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
-                        f"{list(SUPPORTED_ARCHITECTURES)} (dense decoders)")
-    if meta.get(f"{arch}.expert_count", 0):
+                        f"{list(SUPPORTED_ARCHITECTURES)}")
+    if meta.get(f"{arch}.expert_count", 0) and arch not in gguf_experts.EXPERT_HOSTS:
         raise GGUFError(f"{source}: {meta[f'{arch}.expert_count']} experts per layer (mixture of experts) "
                         f"is not supported; only dense decoders")
     return arch
@@ -121,7 +126,12 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
         ('llama', 3)
     """
     arch = _check_architecture(meta, tensor_names, source)
-    return ARCHITECTURES[arch].config(Meta(meta, arch, source), set(tensor_names))
+    if arch in gguf_experts.ARCHITECTURES:
+        return gguf_experts.hf_config(meta, None, tensor_names, source=source)
+    cfg = ARCHITECTURES[arch].config(Meta(meta, arch, source), set(tensor_names))
+    if gguf_experts.is_expert_file(meta):  # Mixtral: llama attention, experts in place of the MLPs
+        return gguf_experts.hf_config(meta, cfg, tensor_names, source=source)
+    return cfg
 
 
 # --- weights ----------------------------------------------------------------------------------------------
@@ -148,8 +158,11 @@ class _Recording(dict):
         return super().__getitem__(key)
 
 
-def _architecture(reader: GGUFFile, source: str) -> Architecture:
+def _architecture(reader: GGUFFile, source: str) -> Architecture | None:
+    """The architecture's table entry; None for those :mod:`interp.zoo.gguf_experts` names on its own."""
     arch = reader.metadata.get("general.architecture")
+    if arch in gguf_experts.ARCHITECTURES:
+        return None
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
                         f"{list(SUPPORTED_ARCHITECTURES)}")
@@ -162,6 +175,20 @@ def _hf_name(spec: Architecture, name: str, hf_cfg: Mapping[str, Any], source: s
         arch = next(a for a, s in ARCHITECTURES.items() if s is spec)
         raise GGUFError(f"{source}: tensor {name!r} has no place in a {arch!r} decoder")
     return found
+
+
+def _hf_tensors(spec: Architecture | None, name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any],
+               source: str) -> dict[str, torch.Tensor]:
+    """The HF tensors one GGUF tensor becomes: one renamed tensor (its transform undone), or for a mixture of
+    experts the pieces :func:`interp.zoo.gguf_experts.hf_tensors` makes (merged experts split per expert)."""
+    if gguf_experts.is_expert_config(hf_cfg):
+        pieces = gguf_experts.hf_tensors(name, w, hf_cfg, source=source)
+        if pieces is not None:
+            return pieces
+    if spec is None:
+        raise GGUFError(f"{source}: tensor {name!r} has no place in a {hf_cfg['model_type']!r} decoder")
+    stem, hf = _hf_name(spec, name, hf_cfg, source)
+    return {hf: _to_hf(spec, stem, hf, w, hf_cfg, name, source)}
 
 
 def _to_hf(spec: Architecture, stem: str, hf: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], name: str,
@@ -224,19 +251,22 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
     except ValueError as e:
         raise GGUFError(f"{source}: the metadata does not describe a model interp builds: {e}") from e
     hf_shapes = _Recording()
-    hf_of = {}
+    hf_of = {}  # GGUF name -> the HF names it became
     for t in reader.tensors:
-        stem, hf = _hf_name(spec, t.name, hf_cfg, source)
-        hf_of[t.name] = hf
-        w = torch.empty(_gguf_rows_cols(t), device="meta")
-        hf_shapes[hf] = _to_hf(spec, stem, hf, w, hf_cfg, t.name, source)
+        pieces = _hf_tensors(spec, t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg, source)
+        hf_of[t.name] = set(pieces)
+        hf_shapes.update(pieces)
+    try:
+        joined = gguf_experts.join_split_tensors(hf_shapes)
+    except GGUFError as e:
+        raise GGUFError(f"{source}: {e}") from e
     try:
         with torch.device("meta"):
             skeleton = Transformer(cfg)
         ours = make_sd(hf_shapes, cfg)
     except (ValueError, RuntimeError) as e:  # a missing tensor, or a torch.cat of mismatched shapes
         raise GGUFError(f"{source}: the tensors do not fit the declared model: {e}") from e
-    unused = [t.name for t in reader.tensors if hf_of[t.name] not in hf_shapes.read]
+    unused = [name for name, hfs in hf_of.items() if not {joined.get(h, h) for h in hfs} & hf_shapes.read]
     if unused:
         raise GGUFError(f"{source}: tensors the declared model has no place for: {unused[:8]}")
     try:
@@ -299,7 +329,8 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
         source: named in errors.
 
     Returns:
-        ``{HF name: tensor}``, the architecture's transforms undone (see :mod:`interp.zoo.gguf_archs`).
+        ``{HF name: tensor}``, the architecture's transforms undone (see :mod:`interp.zoo.gguf_archs` and, for
+        mixtures of experts, :mod:`interp.zoo.gguf_experts`).
 
     Raises:
         GGUFError: (a ValueError) a tensor this loader does not know, a quantisation ``gguf`` cannot decode,
@@ -313,13 +344,13 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
 
         tensors = tqdm(tensors, desc="dequantising GGUF tensors", unit="tensor")
     for t in tensors:
-        stem, hf = _hf_name(spec, t.name, hf_cfg, source)
         w = _dequantise(t, dtype, device, source)
         if not bool(torch.isfinite(w).all()):
             bad = int((~torch.isfinite(w)).sum())
             raise GGUFError(f"{source}: tensor {t.name!r} ({t.tensor_type.name}) holds {bad} NaN or infinite "
                             f"value(s) after dequantisation to {dtype}; the file is corrupt")
-        out[hf] = _to_hf(spec, stem, hf, w, hf_cfg, t.name, source)
+        out.update(_hf_tensors(spec, t.name, w, hf_cfg, source))
+    gguf_experts.join_split_tensors(out)  # DeepSeek's split kv_b (a no-op for every other file)
     return out
 
 

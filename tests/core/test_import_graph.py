@@ -160,3 +160,9 @@ def test_analysis_and_pruning_load_no_plotly():
     mods = _loaded("import interp.analysis, interp.pruning")
     assert "interp.analysis.taxonomy" in mods and "interp.pruning.curve" in mods
     assert not {m for m in mods if m.split(".")[0] == "plotly"}
+
+
+def test_gguf_expert_loader_loads_only_core_and_zoo():
+    mods = _loaded("import interp.zoo.gguf")
+    assert "interp.zoo.gguf_experts" in mods
+    assert not {m for m in mods if m.startswith(("interp.analysis", "interp.pruning", "interp.viz", "interp.training"))}

@@ -7,7 +7,14 @@ Pages (sidebar): attention patterns, head map (taxonomy), induction analysis, pr
 calculator. The sidebar picks the model (built-ins, a random toy model, a local checkpoint, a Hugging Face
 name) and the text. All math lives in the library; this file only calls it and lays out the results.
 
-A URL query parameter preselects the model: ``?model=random-tiny``.
+URL query parameters preselect the model and the page: ``?model=random-tiny&page=Head+map``.
+
+Results are cached on disk per (model weights hash, data, options) (:mod:`interp.app.results_cache`; the folder is
+``$INTERP_DASHBOARD_CACHE``, default ``~/.cache/interp/dashboard``), so a second visit, also after a restart, reads
+them instead of computing. Computations show a progress bar fed by the library's own bars
+(:func:`interp.progress.listen`) and draw partial results as they come; pruning runs in a background thread
+(:mod:`interp.app.jobs`) while the page stays usable. A large model (SmolLM2-135M) starts from smaller data
+(:func:`default_sizes`), said on each page with what the first view cost.
 """
 
 from __future__ import annotations
@@ -333,16 +340,19 @@ def default_sizes(model: interp.Transformer) -> dict[str, int]:
     ``head_texts``: example sentences of the head map's positional pass; ``head_seqs`` / ``head_half``: its
     repeated random sequences (induction, copying); ``ind_seqs`` / ``ind_half``: the Induction page's;
     ``prune_seqs`` / ``prune_half``: the pruning objective's repeated sequences (train and held out);
+    ``prune_points``: about this many pruning steps per curve; ``prune_seeds``: random-pruning seeds;
     ``batch``: sequences per forward pass of the analyses.
     """
     n_params = sum(p.numel() for p in model.parameters())
     half = min(16, (model.cfg.n_ctx - 2) // 2)
     if n_params <= LARGE_MODEL_PARAMS:
         return {"head_texts": len(EXAMPLE_SENTENCES) + len(PRUNING_SENTENCES), "head_seqs": 16, "head_half": 0,
-                "ind_seqs": 16, "ind_half": 10, "prune_seqs": 16, "prune_half": half, "batch": 32}
+                "ind_seqs": 16, "ind_half": 10, "prune_seqs": 16, "prune_half": half, "prune_points": 8,
+                "prune_seeds": 3, "batch": 32}
     # Batches of 4: the progress bar and the partial maps move often (a batch's overhead is small here).
     return {"head_texts": len(EXAMPLE_SENTENCES), "head_seqs": 8, "head_half": 16,
-            "ind_seqs": 8, "ind_half": 10, "prune_seqs": 8, "prune_half": min(half, 12), "batch": 4}
+            "ind_seqs": 8, "ind_half": 10, "prune_seqs": 8, "prune_half": min(half, 12), "prune_points": 4,
+            "prune_seeds": 1, "batch": 4}
 
 
 # --- results on disk (keyed by the model's weights hash, the data and the options) ----------------------
@@ -532,7 +542,7 @@ def pruning_key(key: tuple[str, str], method: str, step: int) -> str:
     """The results-cache key of one pruning curve of the model ``key`` names."""
     sizes = default_sizes(load_model(*key))
     return results_cache.key_of("pruning", model_hash(key), {
-        "method": method, "step": step, "seeds": [0, 1, 2], "n_seqs": sizes["prune_seqs"],
+        "method": method, "step": step, "seeds": list(range(sizes["prune_seeds"])), "n_seqs": sizes["prune_seqs"],
         "half_len": sizes["prune_half"]})
 
 
@@ -544,6 +554,7 @@ def run_pruning(model: interp.Transformer, plan: list[tuple[str, str]], step: in
 
     objective, batches = pruning_setup(model)
     n_points = model.cfg.n_layers * model.cfg.n_heads // step + 1
+    seeds = tuple(range(default_sizes(model)["prune_seeds"]))
     out = {}
     for m_i, (method, ckey) in enumerate(plan):
         hit, curve = results_cache.load("pruning", ckey)
@@ -560,10 +571,10 @@ def run_pruning(model: interp.Transformer, plan: list[tuple[str, str]], step: in
             else:
                 def seed_tick(curve: Any, m_i: int = m_i, t0: float = t0, seeds_done: list[int] = [0]) -> None:  # noqa: B006 - a counter per method
                     seeds_done[0] += 1  # one call per finished seed
-                    report((m_i + seeds_done[0] / 3) / len(plan),
-                           f"random: seed {seeds_done[0]} of 3 ({time.monotonic() - t0:.0f} s)")
+                    report((m_i + seeds_done[0] / len(seeds)) / len(plan),
+                           f"random: seed {seeds_done[0]} of {len(seeds)} ({time.monotonic() - t0:.0f} s)")
 
-                curve = random_curve(model, batches, objective, step=step, seeds=(0, 1, 2), on_seed=seed_tick,
+                curve = random_curve(model, batches, objective, step=step, seeds=seeds, on_seed=seed_tick,
                                      progress=False)
             results_cache.store("pruning", ckey, curve)
         out[method] = curve
@@ -848,7 +859,8 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
         methods = c1.multiselect("Methods", ["importance", "random"], default=["importance", "random"],
                                  key="curve_methods")
         n_heads = L * H
-        default_step = max(1, n_heads // 8)  # about 8 points per curve
+        sizes = default_sizes(model)
+        default_step = max(1, n_heads // sizes["prune_points"])  # about that many points per curve
         steps = sorted({s for s in (1, 2, 4, 8, 16, max(1, n_heads // 4), default_step) if s <= n_heads})
         step = c2.select_slider("Heads pruned per step", options=steps, value=default_step,
                                 key="curve_step") if len(steps) > 1 else 1
@@ -868,14 +880,16 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
         curves = [curve for m, (hit, curve) in stored.items() if hit]
         if job is not None and job.done and job.result:
             curves = [job.result[m] for m in methods if m in job.result]
-        sizes = default_sizes(model)
         what_data = (f"{sizes['prune_seqs']} repeated random sequences of 2 x {sizes['prune_half']} tokens"
                      if isinstance(objective, LanguageModelObjective) else f"{len(PRUNING_SENTENCES)} sentences")
         n_points = n_heads // step + 1
         if not curves and not running:
             st.info(f"Press **Run** to prune this model step by step in the background: {n_points} points per curve "
-                    f"on {what_data} (importance recomputed at each point, random over 3 seeds). The curves are "
+                    f"on {what_data} (importance recomputed at each point, random over {sizes['prune_seeds']} "
+                    f"seed{'s' if sizes['prune_seeds'] > 1 else ''}). The curves are "
                     "kept on disk for the next visit.")
+        elif curves:
+            st.caption(f"{n_points} points per curve on {what_data}; kept in the disk cache")
     if curves:
         st.plotly_chart(viz.pruning_curves(curves, baseline=curves[0].points[0].metric if curves[0].points else None,
                                            y_title=curves[0].metric_name,
@@ -968,6 +982,9 @@ def page_costs(model: interp.Transformer | None) -> None:
 # --- main -------------------------------------------------------------------------------------------------
 def main() -> None:
     st.sidebar.title("interp")
+    wanted = st.query_params.get("page")
+    if "page" not in st.session_state and wanted in PAGES:
+        st.session_state["page"] = wanted  # a link straight to a page: ?page=Head+map
     page = st.sidebar.radio("Page", PAGES, key="page")
     key = choose_model()
     model = get_model(key) if key is not None else None

@@ -120,7 +120,7 @@ def start_session(browser, server: Server, model: str) -> tuple[object, float]:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     query = urllib.parse.urlencode({"model": model, "page": "KV cache & FLOPs"})
     t0 = time.perf_counter()
-    page.goto(f"{server.url}/?{query}", wait_until="domcontentloaded")
+    page.goto(f"{server.url}/?{query}", wait_until="domcontentloaded", timeout=600_000)
     page.get_by_test_id("stSidebar").wait_for(timeout=600_000)
     _settled(page, 2, 600)
     return page, time.perf_counter() - t0
@@ -210,7 +210,14 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 startup, first, notes = views(browser, server, a.model)
                 _, second, _ = views(browser, server, a.model)
-                prune = None if a.no_pruning else pruning_run(browser, server, a.model, a.pruning_timeout)
+                print(f"(first views {first}, second views {second})", file=sys.stderr, flush=True)
+                prune = None
+                if not a.no_pruning:
+                    try:
+                        prune = pruning_run(browser, server, a.model, a.pruning_timeout)
+                    except Exception as e:  # noqa: BLE001 - reported in the table, the other figures still print
+                        prune = {"seconds": float("nan"), "done": False, "progress": [f"failed: {e}"[:300]],
+                                 "attention_meanwhile_s": None}
             finally:
                 server.stop()
             restart = None

@@ -8,6 +8,7 @@ reads :attr:`Job.progress` and draws it.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 import traceback
@@ -16,6 +17,12 @@ from typing import Any
 
 #: Finished jobs kept for the pages to read their result or error (the oldest are dropped first).
 KEEP_FINISHED = 32
+#: At exit, seconds to wait for running jobs to stop at their next progress report.
+EXIT_WAIT_S = 30.0
+
+
+class Cancelled(Exception):
+    """Raised by :meth:`Job.report` once the job is cancelled: the run stops at its next step."""
 
 _lock = threading.Lock()
 _jobs: dict[str, Job] = {}
@@ -33,11 +40,22 @@ class Job:
         self.started = time.monotonic()
         self.finished: float | None = None
         self.thread: threading.Thread | None = None
+        self._cancel = threading.Event()
 
     def report(self, fraction: float, text: str) -> None:
-        """Set the progress (``fraction`` in [0, 1]) and its caption; called from the job's thread."""
+        """Set the progress (``fraction`` in [0, 1]) and its caption; called from the job's thread.
+
+        Raises:
+            Cancelled: the job was cancelled (:meth:`cancel`); the run stops here.
+        """
+        if self._cancel.is_set():
+            raise Cancelled(f"{self.label} was cancelled")
         with self._lock:
             self._fraction, self._text = min(1.0, max(0.0, float(fraction))), text
+
+    def cancel(self) -> None:
+        """Ask the job to stop at its next progress report."""
+        self._cancel.set()
 
     @property
     def progress(self) -> tuple[float, str]:
@@ -52,6 +70,8 @@ class Job:
     def _run(self, fn: Callable[[Callable[[float, str], None]], Any]) -> None:
         try:
             result, error = fn(self.report), None
+        except Cancelled as e:
+            result, error = None, str(e)
         except Exception as e:  # noqa: BLE001 - the page shows the error; the server keeps running
             result, error = None, f"{type(e).__name__}: {e}"
             traceback.print_exc()
@@ -94,3 +114,16 @@ def start(key: str, label: str, fn: Callable[[Callable[[float, str], None]], Any
         job.thread = threading.Thread(target=job._run, args=(fn,), name=f"interp-job-{label}", daemon=True)
         job.thread.start()
     return job
+
+
+@atexit.register
+def _stop_running_jobs() -> None:
+    # A daemon thread still inside torch when the interpreter finalises aborts the process ("terminate called
+    # without an active exception"): ask every running job to stop at its next step, and wait a little.
+    with _lock:
+        running = [j for j in _jobs.values() if not j.done]
+    for job in running:
+        job.cancel()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for job in running:
+        job.wait(max(0.0, deadline - time.monotonic()))

@@ -21,6 +21,7 @@ from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
 from .placement import is_split
 from .progress import bar as progress_bar
 from .progress import enabled as progress_enabled
+from .progress import listening as progress_listening
 from .trace import Trace
 
 if TYPE_CHECKING:
@@ -167,6 +168,22 @@ def _stop_point(names: Sequence[str]) -> str | None:
     return None if last < 0 else f"blocks.{last}.attn.hook_pattern"
 
 
+def _layer_ticks(names: Sequence[str], order: Sequence[str], within: Any) -> list[tuple[list[str], QueryChunkHook]]:
+    """Hooks that report ``within(fraction of the pass done)`` after the last hook the reducers read in each
+    block (``order``: the model's hook names in forward order). Added only while someone listens."""
+    rank = {n: i for i, n in enumerate(order)}
+    last: dict[int, str] = {}
+    for n in names:
+        m = re.match(r"blocks\.(\d+)\.", n)
+        if m is not None and rank.get(n, -1) >= rank.get(last.get(int(m.group(1)), ""), -1):
+            last[int(m.group(1))] = n
+    if not last:
+        return []
+    n_blocks = max(last) + 1  # the pass stops after the last block any reducer reads, or runs them all
+    return [([n], QueryChunkHook(lambda t, hook, q0, f=(layer + 1) / n_blocks: within(f)))
+            for layer, n in sorted(last.items())]
+
+
 def _stop_hook(t: torch.Tensor, hook: Any, q0: int) -> None:
     if q0 + t.shape[-2] >= t.shape[-1]:  # the last query chunk (without a cache, queries = keys)
         raise _StopForward
@@ -214,13 +231,19 @@ def stream(
     """
     hooks = _reducer_hooks(model, reducers)
     stop = _stop_point([n for names, _ in hooks for n in names])
-    if stop is not None:  # after the reducers' own hooks on that point, so they see its tensor first
-        hooks.append(([stop], QueryChunkHook(_stop_hook)))
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     total = (-(-data.shape[0] // batch_size) if isinstance(data, torch.Tensor) and data.dim() == 2
              else len(data) if isinstance(data, Sequence) else None)  # batches, for the progress bar
     batches = iter_batches(data, batch_size=batch_size, name=name)
+    reported = None
+    single = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    if progress_listening() and progress_enabled(progress) and single:
+        # Someone draws this pass (interp.progress.listen): report it layer by layer, with the reducers.
+        batches = reported = progress_bar(batches, desc=desc, progress=True, total=total, state=reducers)
+        hooks += _layer_ticks([n for names, _ in hooks for n in names], model.hook_names, reported.within)
+    if stop is not None:  # after the reducers' own hooks on that point, so they see its tensor first
+        hooks.append(([stop], QueryChunkHook(_stop_hook)))
     sharded = torch.distributed.is_available() and torch.distributed.is_initialized()
     if sharded:  # the single-process path never imports interp.distributed
         from . import distributed
@@ -233,7 +256,7 @@ def stream(
         distributed.check_same(model, distributed.describe_batches(batches))
         batches = distributed.shard(batches)
         progress = progress_enabled(progress) and distributed.rank() == 0
-    if progress_enabled(progress):
+    if progress_enabled(progress) and reported is None:
         batches = progress_bar(batches, desc=desc, progress=True, total=len(batches) if sharded else total)
     n = 0
     # Hooks are shared state: hold the model's lock for the whole stream, so no other thread's pass sees them.

@@ -42,6 +42,7 @@ SCRIPTS = {
     "attention_view": "bench_attention_view.py",
     "load_memory": "bench_load_memory.py",
     "families": "bench_families.py",
+    "dashboard": "bench_dashboard.py",
 }
 TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed", "moe",
                "attention_view", "families"}

@@ -7,7 +7,14 @@ Pages (sidebar): attention patterns, head map (taxonomy), induction analysis, pr
 calculator. The sidebar picks the model (built-ins, a random toy model, a local checkpoint, a Hugging Face
 name) and the text. All math lives in the library; this file only calls it and lays out the results.
 
-A URL query parameter preselects the model: ``?model=random-tiny``.
+URL query parameters preselect the model and the page: ``?model=random-tiny&page=Head+map``.
+
+Results are cached on disk per (model weights hash, data, options) (:mod:`interp.app.results_cache`; the folder is
+``$INTERP_DASHBOARD_CACHE``, default ``~/.cache/interp/dashboard``), so a second visit, also after a restart, reads
+them instead of computing. Computations show a progress bar fed by the library's own bars
+(:func:`interp.progress.listen`) and draw partial results as they come; pruning runs in a background thread
+(:mod:`interp.app.jobs`) while the page stays usable. A large model (SmolLM2-135M) starts from smaller data
+(:func:`default_sizes`), said on each page with what the first view cost.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +36,9 @@ import streamlit as st
 import torch
 
 import interp
-from interp import viz
+from interp import progress, viz
 from interp._io import atomic_write_bytes
-from interp.app import FILES_ENV
+from interp.app import FILES_ENV, jobs, results_cache
 from interp.flops import (
     DTYPE_BYTES,
     default_kv_groups,
@@ -320,9 +329,105 @@ def tokenize(model: interp.Transformer, text: str) -> tuple[torch.Tensor, str | 
     return ids, None
 
 
-# --- cached results (keyed by model and inputs; the model itself comes from the resource cache) ----------
-@st.cache_data(show_spinner="Running the model ...", max_entries=32)
-def pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
+# --- data sizes: each page's first view of a ~100M-parameter model takes seconds ----------------------------
+#: Above this many parameters a model gets the smaller defaults (SmolLM2-135M does; the toy models do not).
+LARGE_MODEL_PARAMS = 20_000_000
+
+
+def default_sizes(model: interp.Transformer) -> dict[str, int]:
+    """The data sizes every page starts from: smaller for a large model, so a first view takes seconds.
+
+    ``head_texts``: example sentences of the head map's positional pass; ``head_seqs`` / ``head_half``: its
+    repeated random sequences (induction, copying); ``ind_seqs`` / ``ind_half``: the Induction page's;
+    ``prune_seqs`` / ``prune_half``: the pruning objective's repeated sequences (train and held out);
+    ``prune_points``: about this many pruning steps per curve; ``prune_seeds``: random-pruning seeds;
+    ``batch``: sequences per forward pass of the analyses.
+    """
+    n_params = sum(p.numel() for p in model.parameters())
+    half = min(16, (model.cfg.n_ctx - 2) // 2)
+    if n_params <= LARGE_MODEL_PARAMS:
+        return {"head_texts": len(EXAMPLE_SENTENCES) + len(PRUNING_SENTENCES), "head_seqs": 16, "head_half": 0,
+                "ind_seqs": 16, "ind_half": 10, "prune_seqs": 16, "prune_half": half, "prune_points": 8,
+                "prune_seeds": 3, "batch": 32}
+    # Batches of 4: the progress bar and the partial maps move often (a batch's overhead is small here).
+    return {"head_texts": len(EXAMPLE_SENTENCES), "head_seqs": 8, "head_half": 16,
+            "ind_seqs": 8, "ind_half": 10, "prune_seqs": 8, "prune_half": min(half, 12), "prune_points": 4,
+            "prune_seeds": 1, "batch": 4}
+
+
+# --- results on disk (keyed by the model's weights hash, the data and the options) ----------------------
+def model_hash(key: tuple[str, str]) -> str:
+    """The weights hash of the model ``key`` names (computed once per loaded model)."""
+    return results_cache.weights_hash(load_model(*key))
+
+
+def _partial_none(event: progress.Event) -> None:
+    return None
+
+
+def run_with_progress(label: str, compute: Callable[[], Any],
+                      partial: Callable[[progress.Event], Any] = _partial_none) -> Any:
+    """``compute()`` under a progress bar that every library bar inside it moves (interp.progress.listen), with
+    ``partial(event)`` drawing partial results as they come; both are removed when it returns."""
+    bar = st.progress(0.0, text=f"{label} ...")
+    t0 = time.monotonic()
+    last = [0.0]
+
+    def on_event(event: progress.Event) -> None:
+        now = time.monotonic()
+        if now - last[0] < 0.25 and event.fraction not in (0.0, 1.0):
+            return  # at most four redraws a second: the page, not the computation, would be the bottleneck
+        last[0] = now
+        done = event.fraction
+        bar.progress(done if done is not None else 0.0,
+                     text=f"{label}: {event.desc} {event.done:.1f}/{event.total or '?'} ({now - t0:.0f} s)")
+        if now - t0 > 1.0:  # a quick computation is not slowed down by drawing what it is about to show anyway
+            partial(event)
+
+    try:
+        with progress.listen(on_event):
+            return compute()
+    finally:
+        bar.empty()
+
+
+def disk_cached(kind: str, label: str, options: Callable[..., dict[str, Any]] | None = None) -> Callable:
+    """Cache a ``fn(key, *args)`` of the dashboard on disk under (weights hash of ``key``'s model, ``options``).
+
+    ``options(*args)`` gives the JSON options of the key (default: the arguments as they are); a miss runs ``fn``
+    under :func:`run_with_progress`. The wrapper returns ``{"value", "seconds", "cached"}``; ``.clear()`` drops
+    every stored result of the kind.
+    """
+    def decorate(fn: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
+        def wrapper(key: tuple[str, str], *args: Any,
+                    partial: Callable[[progress.Event], Any] = _partial_none) -> dict[str, Any]:
+            opts = options(*args) if options is not None else {"args": [list(a) if isinstance(a, tuple) else a
+                                                                        for a in args]}
+            ckey = results_cache.key_of(kind, model_hash(key), opts)
+
+            def compute() -> dict[str, Any]:
+                t0 = time.perf_counter()
+                value = run_with_progress(label, lambda: fn(key, *args), partial)
+                return {"value": value, "seconds": time.perf_counter() - t0}
+
+            out, hit = results_cache.cached(kind, ckey, compute)
+            return {**out, "cached": hit}
+
+        wrapper.clear = lambda: results_cache.clear(kind)  # type: ignore[attr-defined]
+        wrapper.__name__ = fn.__name__
+        wrapper.__doc__ = fn.__doc__
+        return wrapper
+
+    return decorate
+
+
+def cost_caption(result: dict[str, Any], what: str) -> str:
+    """One line under a figure: the data it used and what it cost (or that it came from the disk cache)."""
+    took = f"computed in {result['seconds']:.1f} s"
+    return f"{what}; {took} on its first view" + (", now read from the disk cache" if result["cached"] else "")
+
+
+def _pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
     model = load_model(*key)
     tokens = torch.tensor([ids], dtype=torch.long)
     with torch.no_grad():
@@ -333,14 +438,33 @@ def pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
             "str_tokens": model.to_str_tokens(tokens) if model.tokenizer is not None else [f"t{i}" for i in ids]}
 
 
-@st.cache_data(show_spinner="Classifying heads (positional, induction, copying scores) ...", max_entries=8)
-def head_report(key: tuple[str, str], treebank: str | None, max_sentences: int, coref: str | None = None) -> Any:
+_pattern_cached = disk_cached("patterns", "Running the model")(_pattern_data)
+
+
+def pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
+    """Attention patterns ``[L, H, T, S]``, per-head write norms and token labels of ``ids`` (disk-cached)."""
+    return _pattern_cached(key, ids)["value"]
+
+
+pattern_data.clear = _pattern_cached.clear  # type: ignore[attr-defined]
+
+
+def _file_option(path: str | None) -> dict[str, Any] | None:
+    return None if not path else {"path": str(path), "sha256": results_cache.file_digest(path)}
+
+
+@disk_cached("head_report", "Classifying heads (positional, induction, copying scores)",
+             options=lambda treebank, max_sentences, coref, n_texts, n_seqs, half_len, batch: {
+                 "treebank": _file_option(treebank), "max_sentences": max_sentences, "coref": _file_option(coref),
+                 "n_texts": n_texts, "n_seqs": n_seqs, "half_len": half_len, "batch": batch})
+def head_report(key: tuple[str, str], treebank: str | None, max_sentences: int, coref: str | None,
+                n_texts: int, n_seqs: int, half_len: int, batch: int) -> Any:
     from interp.analysis import classify_heads
 
     model = load_model(*key)
-    kwargs: dict[str, Any] = {"n_seqs": 16}
+    kwargs: dict[str, Any] = {"n_seqs": n_seqs, "half_len": half_len or None, "batch_size": batch}
     if model.tokenizer is not None and not _is_token_id_model(model):
-        kwargs["texts"] = list(EXAMPLE_SENTENCES.values()) + PRUNING_SENTENCES
+        kwargs["texts"] = (list(EXAMPLE_SENTENCES.values()) + PRUNING_SENTENCES)[:n_texts]
     if treebank:
         kwargs.update(conllu=treebank, max_sentences=max_sentences)
     if coref:
@@ -348,13 +472,14 @@ def head_report(key: tuple[str, str], treebank: str | None, max_sentences: int, 
     return classify_heads(model, **kwargs)
 
 
-@st.cache_data(show_spinner="Scoring heads on repeated sequences ...", max_entries=16)
-def induction_data(key: tuple[str, str], n_seqs: int, half_len: int) -> dict[str, Any]:
+@disk_cached("induction", "Scoring heads on repeated sequences")
+def induction_data(key: tuple[str, str], n_seqs: int, half_len: int, batch: int = 32) -> dict[str, Any]:
     from interp.analysis import induction_scores, repeated_tokens_for
 
     model = load_model(*key)
     tokens = repeated_tokens_for(model, n_seqs, half_len, seed=0)
-    out: dict[str, Any] = {"scores": induction_scores(model, tokens), "example": tokens[0].tolist()}
+    out: dict[str, Any] = {"scores": induction_scores(model, tokens, batch_size=batch),
+                           "example": tokens[0].tolist()}
     cfg = model.cfg
     if cfg.causal and cfg.unembed:
         from interp.analysis import in_context_gain
@@ -364,17 +489,40 @@ def induction_data(key: tuple[str, str], n_seqs: int, half_len: int) -> dict[str
     return out
 
 
+def partial_induction_map(model: interp.Transformer, slot: Any) -> Callable[[progress.Event], None]:
+    """A progress listener that draws the induction scores folded so far into ``slot`` (an ``st.empty``), layer
+    by layer as the pass goes: the layers not reached yet are blank."""
+    from interp.analysis.induction import induction_table
+
+    L = model.cfg.n_layers
+
+    def draw(event: progress.Event) -> None:
+        if "induction" not in event.desc or not event.state or not event.total:
+            return
+        reached = L if event.done >= 1 else max(1, round(event.done * L))
+        where = f"layers 0-{reached - 1}" if event.done < 1 else f"{event.done:.1f} of {event.total} batches"
+        try:
+            fig = viz.induction_map(induction_table(model, list(event.state), 0),
+                                    title=f"partial results, so far: {where}")
+        except Exception:  # noqa: BLE001 - nothing folded yet (all NaN): nothing to draw yet
+            return
+        slot.plotly_chart(fig, width="stretch", key=f"fig_partial_{time.monotonic_ns()}")
+
+    return draw
+
+
 def pruning_setup(model: interp.Transformer) -> tuple[Any, list[Any]]:
     """The objective and evaluation batches used for pruning this model: the library's task (``build_task``
     picks repeated sequences for a decoder, the sentences below for an encoder), smaller for the browser."""
     from interp.pruning import build_task
 
-    task = build_task(model, data={"n_seqs": 16, "half_len": min(16, (model.cfg.n_ctx - 2) // 2), "eval_seed": 123,
+    sizes = default_sizes(model)
+    task = build_task(model, data={"n_seqs": sizes["prune_seqs"], "half_len": sizes["prune_half"], "eval_seed": 123,
                                    "texts": PRUNING_SENTENCES, "batch_size": 8})
     return task.objective, task.held_out
 
 
-@st.cache_data(show_spinner=False, max_entries=256)
+@st.cache_data(show_spinner="Evaluating the model with these heads off ...", max_entries=256)
 def gated_scores(key: tuple[str, str], heads_off: tuple[tuple[int, int], ...]) -> dict[str, float]:
     """Loss and metric of the model with ``heads_off`` gated to zero."""
     from interp.pruning import head_mask
@@ -390,9 +538,67 @@ def gated_scores(key: tuple[str, str], heads_off: tuple[tuple[int, int], ...]) -
     return {"loss": loss, "metric": metric, "metric_name": objective.metric_name}
 
 
+def pruning_key(key: tuple[str, str], method: str, step: int) -> str:
+    """The results-cache key of one pruning curve of the model ``key`` names."""
+    sizes = default_sizes(load_model(*key))
+    return results_cache.key_of("pruning", model_hash(key), {
+        "method": method, "step": step, "seeds": list(range(sizes["prune_seeds"])), "n_seqs": sizes["prune_seqs"],
+        "half_len": sizes["prune_half"]})
+
+
+def run_pruning(model: interp.Transformer, plan: list[tuple[str, str]], step: int,
+                report: Callable[[float, str], None]) -> dict[str, Any]:
+    """Prune ``model`` with each ``(method, cache key)`` of ``plan``, in a background job (so it touches no
+    Streamlit state); every curve lands in the disk cache as soon as it is done. Returns ``{method: curve}``."""
+    from interp.pruning import importance_curve, random_curve
+
+    objective, batches = pruning_setup(model)
+    n_points = model.cfg.n_layers * model.cfg.n_heads // step + 1
+    seeds = tuple(range(default_sizes(model)["prune_seeds"]))
+    out = {}
+    for m_i, (method, ckey) in enumerate(plan):
+        hit, curve = results_cache.load("pruning", ckey)
+        if not hit:
+            t0 = time.monotonic()
+            report(m_i / len(plan), f"{method}: starting")
+            if method == "importance":
+                def tick(curve: Any, m_i: int = m_i, t0: float = t0) -> None:
+                    done = min(1.0, len(curve.points) / n_points)  # the growing curve, one point per step
+                    report((m_i + done) / len(plan), f"importance: {len(curve.points)} of {n_points} points "
+                                                     f"({time.monotonic() - t0:.0f} s)")
+
+                curve = importance_curve(model, batches, objective, step=step, on_point=tick, progress=False)
+            else:
+                def seed_tick(curve: Any, m_i: int = m_i, t0: float = t0, seeds_done: list[int] = [0]) -> None:  # noqa: B006 - a counter per method
+                    seeds_done[0] += 1  # one call per finished seed
+                    report((m_i + seeds_done[0] / len(seeds)) / len(plan),
+                           f"random: seed {seeds_done[0]} of {len(seeds)} ({time.monotonic() - t0:.0f} s)")
+
+                curve = random_curve(model, batches, objective, step=step, seeds=seeds, on_seed=seed_tick,
+                                     progress=False)
+            results_cache.store("pruning", ckey, curve)
+        out[method] = curve
+    return out
+
+
+def show_job(job: jobs.Job) -> None:
+    """The progress of a background job, redrawn every half second (only this part of the page reruns, so
+    the rest stays usable); the whole page reruns when the job ends, to draw its results."""
+    @st.fragment(run_every=0.5)
+    def poll() -> None:
+        fraction, text = job.progress
+        st.progress(fraction, text=f"{job.label}: {text} (runs in the background; the other pages stay usable)")
+        if job.done:
+            st.rerun()
+
+    poll()
+
+
 # --- pages ------------------------------------------------------------------------------------------------
 def page_attention(key: tuple[str, str], model: interp.Transformer, ids: torch.Tensor) -> None:
-    data = pattern_data(key, tuple(ids[0].tolist()))
+    result = _pattern_cached(key, tuple(ids[0].tolist()))
+    data = result["value"]
+    st.caption(cost_caption(result, f"one forward pass over the {ids.shape[1]} tokens of the input"))
     pats, toks = data["patterns"], data["str_tokens"]
     L, H, T, _ = pats.shape
     view = st.radio("View", ["One head", "All heads of a layer", "All layers x heads"], horizontal=True,
@@ -458,11 +664,30 @@ def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Te
             st.warning(f"No file at {gap!r}: coreference heads skipped.")
         elif gap:
             coref = gap
+    sizes = default_sizes(model)
+    with st.expander("Data sizes", expanded=False):
+        c1, c2 = st.columns(2)
+        n_texts = sizes["head_texts"]
+        if "texts" in _head_data_kinds(model):
+            n_texts = c1.slider("Example sentences (positional pass)", 1,
+                                len(EXAMPLE_SENTENCES) + len(PRUNING_SENTENCES), sizes["head_texts"], key="head_texts")
+        n_seqs = c2.slider("Repeated random sequences (induction, copying)", 4, 64, sizes["head_seqs"], step=4,
+                           key="head_seqs")
+    slot = st.empty()
     try:
-        report = head_report(key, treebank, 200, coref)
+        result = head_report(key, treebank, 200, coref, n_texts, n_seqs, sizes["head_half"], sizes["batch"],
+                             partial=partial_induction_map(model, slot))
     except Exception as e:  # noqa: BLE001 - shown to the user
+        slot.empty()
         st.error(f"Could not classify the heads: {e}")
         return
+    slot.empty()
+    report = result["value"]
+    data_words = (f"{n_texts} example sentences" if "texts" in _head_data_kinds(model) else "random tokens")
+    half = sizes["head_half"] or "default"
+    st.caption(cost_caption(result, f"data: {data_words} and {n_seqs} repeated random sequences (half length "
+                                    f"{half}){', the treebank' if treebank else ''}"
+                                    f"{', the coreference data' if coref else ''}"))
     st.plotly_chart(viz.head_map(report, title=f"head taxonomy of {model.name}"), width="stretch",
                     key="fig_head_map")
     with st.expander("All kinds found (table)", expanded=False):
@@ -496,18 +721,30 @@ def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Te
             st.plotly_chart(fig, width="stretch", key="fig_positional")
 
 
+def _head_data_kinds(model: interp.Transformer) -> set[str]:
+    """What the head map's positional pass reads: example sentences (a text tokenizer) or random tokens."""
+    return {"texts"} if model.tokenizer is not None and not _is_token_id_model(model) else {"random"}
+
+
 def page_induction(key: tuple[str, str], model: interp.Transformer) -> None:
     st.markdown("Random token sequences repeated once: an **induction head** attends from the second copy of a "
                 "token to the token after its first copy, and a **previous-token** head feeds it.")
     c1, c2 = st.columns(2)
     max_half = max(2, min(25, (model.cfg.n_ctx - 2) // 2))
-    half_len = c1.slider("Length of the repeated half", 2, max_half, min(10, max_half), key="ind_half")
-    n_seqs = c2.slider("Sequences", 4, 64, 16, step=4, key="ind_n")
+    sizes = default_sizes(model)
+    half_len = c1.slider("Length of the repeated half", 2, max_half, min(sizes["ind_half"], max_half), key="ind_half")
+    n_seqs = c2.slider("Sequences", 4, 64, sizes["ind_seqs"], step=4, key="ind_n")
+    slot = st.empty()
     try:
-        data = induction_data(key, n_seqs, half_len)
+        result = induction_data(key, n_seqs, half_len, sizes["batch"], partial=partial_induction_map(model, slot))
     except Exception as e:  # noqa: BLE001 - shown to the user
+        slot.empty()
         st.error(f"Could not score the heads: {e}")
         return
+    slot.empty()
+    data = result["value"]
+    st.caption(cost_caption(result, f"data: {n_seqs} random sequences of {half_len} tokens, each repeated once "
+                                    f"(default {sizes['ind_seqs']} for this model)"))
     scores = data["scores"]
     if "losses" in data:
         loss = data["losses"]
@@ -558,7 +795,7 @@ def saved_curve_files() -> list[str]:
 
 
 def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
-    from interp.pruning import LanguageModelObjective, PruningCurve, auc_table, importance_curve, random_curve
+    from interp.pruning import LanguageModelObjective, PruningCurve, auc_table
 
     try:
         objective, batches = pruning_setup(model)
@@ -622,28 +859,37 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
         methods = c1.multiselect("Methods", ["importance", "random"], default=["importance", "random"],
                                  key="curve_methods")
         n_heads = L * H
-        default_step = max(1, n_heads // 8)  # about 8 points per curve
+        sizes = default_sizes(model)
+        default_step = max(1, n_heads // sizes["prune_points"])  # about that many points per curve
         steps = sorted({s for s in (1, 2, 4, 8, 16, max(1, n_heads // 4), default_step) if s <= n_heads})
         step = c2.select_slider("Heads pruned per step", options=steps, value=default_step,
                                 key="curve_step") if len(steps) > 1 else 1
-        store = st.session_state.setdefault("curves", {})
-        if st.button("Run", key="curve_run", type="primary"):
-            bar = st.progress(0.0, text="pruning ...")
-            n_points = L * H // step + 1
-            for m_i, method in enumerate(methods):
-                def tick(curve, m_i=m_i, method=method):
-                    done = (m_i + min(1.0, len(curve.points) / n_points)) / max(1, len(methods))
-                    bar.progress(done, text=f"{method}: {len(curve.points)} points")
-                if method == "importance":
-                    store[(key, method, step)] = importance_curve(model, batches, objective, step=step,
-                                                                  on_point=tick)
-                else:
-                    store[(key, method, step)] = random_curve(model, batches, objective, step=step,
-                                                              seeds=(0, 1, 2), on_seed=tick)
-            bar.progress(1.0, text="done")
-        curves = [store[(key, m, step)] for m in methods if (key, m, step) in store]
-        if not curves:
-            st.info("Press **Run** to prune this model step by step (results are kept while the app runs).")
+        plan = [(m, pruning_key(key, m, step)) for m in methods]
+        stored = {m: results_cache.load("pruning", k) for m, k in plan}
+        job_key = "|".join(k for _, k in plan)
+        job = jobs.get(job_key) if plan else None
+        running = job is not None and not job.done
+        if st.button("Run", key="curve_run", type="primary", disabled=running or not plan):
+            job = jobs.start(job_key, f"pruning {model.name}",
+                             lambda report, model=model, plan=plan, step=step: run_pruning(model, plan, step, report))
+            running = not job.done
+        if running and job is not None:
+            show_job(job)
+        elif job is not None and job.error:
+            st.error(f"The pruning run failed: {job.error}")
+        curves = [curve for m, (hit, curve) in stored.items() if hit]
+        if job is not None and job.done and job.result:
+            curves = [job.result[m] for m in methods if m in job.result]
+        what_data = (f"{sizes['prune_seqs']} repeated random sequences of 2 x {sizes['prune_half']} tokens"
+                     if isinstance(objective, LanguageModelObjective) else f"{len(PRUNING_SENTENCES)} sentences")
+        n_points = n_heads // step + 1
+        if not curves and not running:
+            st.info(f"Press **Run** to prune this model step by step in the background: {n_points} points per curve "
+                    f"on {what_data} (importance recomputed at each point, random over {sizes['prune_seeds']} "
+                    f"seed{'s' if sizes['prune_seeds'] > 1 else ''}). The curves are "
+                    "kept on disk for the next visit.")
+        elif curves:
+            st.caption(f"{n_points} points per curve on {what_data}; kept in the disk cache")
     if curves:
         st.plotly_chart(viz.pruning_curves(curves, baseline=curves[0].points[0].metric if curves[0].points else None,
                                            y_title=curves[0].metric_name,
@@ -736,6 +982,9 @@ def page_costs(model: interp.Transformer | None) -> None:
 # --- main -------------------------------------------------------------------------------------------------
 def main() -> None:
     st.sidebar.title("interp")
+    wanted = st.query_params.get("page")
+    if "page" not in st.session_state and wanted in PAGES:
+        st.session_state["page"] = wanted  # a link straight to a page: ?page=Head+map
     page = st.sidebar.radio("Page", PAGES, key="page")
     key = choose_model()
     model = get_model(key) if key is not None else None

@@ -231,13 +231,27 @@ def test_switching_heads_off_changes_the_loss_as_the_gated_model(tiny_checkpoint
     assert float(shown["Loss (lower is better)"].delta) == pytest.approx(gated - base, abs=2e-4)
 
 
+def wait_for_chart(at: AppTest, key: str, timeout: float = 120.0) -> dict:
+    """Rerun the page until the background job behind ``key`` has finished (no progress bar) and drawn it
+    (pruning runs in a thread; the curves done so far are drawn meanwhile)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while key not in charts(at) or at.get("progress"):
+        assert time.monotonic() < deadline, f"{key} not drawn within {timeout:.0f} s"
+        time.sleep(0.2)
+        at.run()
+        assert not at.exception, at.exception
+    return charts(at)[key]
+
+
 def test_running_pruning_curves_draws_them():
     at = make_app(page="Pruning")
     assert at.multiselect(key="curve_methods").value == ["importance", "random"]
     at.button(key="curve_run").click()
     at.run()
     assert not at.exception
-    fig = charts(at)["fig_pruning"]
+    fig = wait_for_chart(at, "fig_pruning")
     names = [t["name"] for t in fig["data"] if t["type"] == "scatter"]
     # viz.pruning_curves labels PruningCurves with their AUC on the range every curve reaches.
     assert [n.split(" (AUC[0, 1.00] ")[0] for n in names] == ["importance", "random"]

@@ -142,7 +142,7 @@ class TargetReducer(Reducer):
         Whole-sequence targets are kept for the next layers; chunks are rebuilt (keeping them would hold a
         ``[T, S]`` mask again)."""
         whole = q0 == 0 and Tc == self._real.shape[1]
-        if whole and self._whole is not None:
+        if whole and self._whole is not None and self._whole[1].device == device:  # a split model: per device
             return self._whole
         targets = self.targets(self._batch, slice(q0, q0 + Tc))
         missing = [c for c in self.categories if c not in targets]

@@ -7,6 +7,8 @@ Each analysis is timed interleaved with its reference (see benchutil), and the t
 - ``classify_heads(conllu=UD EWT dev, max_sentences=500)`` vs one recorded pass over the same treebank batches,
   target <= 1.3;
 - ``induction_scores(n_seqs=32)`` vs its forward pass, target <= 1.5;
+
+  these three pairs are timed together, interleaved in one run (ratios within each repetition, with their range);
 - ``coreference_scores(GAP dev)`` vs one recorded pass over the same (length-bucketed) windows, target <= 1.3;
 - ``activation_patching(by="head")`` on a 14-token and a 64-token prompt pair vs the implementation before
   patched runs resumed at the patched layer (kept below as ``_patching_before``), target >= 2x faster, with the
@@ -20,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
+import statistics
 import sys
+import time
 from typing import Any
 
 import torch
@@ -86,12 +91,74 @@ def _prompt_pair(model, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return clean, corrupted, torch.tensor([[int(mary), int(john)]])
 
 
+def _side_by_side(model, interp, induction_scores, treebank_batches, ind_tokens, parts, a, threads) -> None:
+    """classify_heads on a short text, classify_heads on the treebank and induction_scores, each with the
+    forward passes it needs, all six timed in one interleaved run: every repetition runs each once, in a fresh
+    seeded shuffle, so load drift hits them alike. A pair's ratio is taken within each repetition; the table
+    gives its median and range over the repetitions."""
+    pairs: dict[str, tuple[str, Any, str, Any, str]] = {}
+    if "texts" in parts:
+        text_tokens = model.to_tokens(SHORT)
+
+        def forwards() -> None:
+            model(text_tokens)
+            model(ind_tokens)
+
+        pairs["classify_heads(texts=[a short text])"] = (
+            "its forward passes (the text + 32 repeated sequences)", forwards, "classify_heads(texts=...)",
+            lambda: interp.classify_heads(model, texts=[SHORT], progress=False), "<= 2")
+    if "treebank" in parts and os.path.isfile(UD_DEV):
+        batches = list(treebank_batches(model, UD_DEV, batch_size=32, max_sentences=a.max_sentences))
+
+        def recorded() -> None:
+            for b in batches:
+                model.run_with_cache(b.tokens, attention_mask=b.mask, names_filter="*hook_pattern")
+
+        pairs[f"classify_heads(conllu=UD EWT dev, max_sentences={a.max_sentences})"] = (
+            f"one recorded pass over the {len(batches)} treebank batches", recorded, "classify_heads(conllu=...)",
+            lambda: interp.classify_heads(model, conllu=UD_DEV, max_sentences=a.max_sentences, progress=False),
+            "<= 1.3")
+    if "induction" in parts:
+        pairs["induction_scores(n_seqs=32)"] = (
+            "its forward pass (32 repeated sequences)", lambda: model(ind_tokens), "induction_scores",
+            lambda: induction_scores(model, n_seqs=32, progress=False), "<= 1.5")
+    fns = {}
+    for title, (ref, ref_fn, call, call_fn, _) in pairs.items():
+        fns[(title, "ref")], fns[(title, "call")] = ref_fn, call_fn
+    times: dict[Any, list[float]] = {k: [] for k in fns}
+    rng = random.Random(0)
+    with torch.inference_mode():
+        for k, fn in fns.items():  # one untimed run each (lazy imports, caches), the treebank only if asked
+            if a.warmup_treebank or not k[0].startswith("classify_heads(conllu"):
+                fn()
+        for rep in range(a.reps):
+            for k in rng.sample(list(fns), len(fns)):
+                t0 = time.perf_counter()
+                fns[k]()
+                times[k].append(time.perf_counter() - t0)
+            print(f"repetition {rep + 1}: " + "; ".join(
+                f"{k[0]} {k[1]} {times[k][-1]:.1f} s" for k in fns), flush=True)
+    print(f"\n### The three analyses side by side ({a.reps} interleaved repetitions in one run, each pair's ratio taken "
+          f"within a repetition; {threads} torch threads)\n")
+    print(f"{machine_info()}\n")
+    print("| call | reference | reference median s | call median s | ratio median | ratio range | target |")
+    print("|---|---|---:|---:|---:|---|---|")
+    for title, (ref, _, call, _, target) in pairs.items():
+        r, c = times[(title, "ref")], times[(title, "call")]
+        ratios = [ci / ri for ci, ri in zip(c, r)]
+        print(f"| {title} | {ref} | {statistics.median(r):.2f} | {statistics.median(c):.2f} | "
+              f"{statistics.median(ratios):.3f} | {min(ratios):.3f}-{max(ratios):.3f} | {target} |")
+    print(flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--gap-rows", type=int, default=None, help="only the first GAP dev rows (default: all 2000)")
     p.add_argument("--max-sentences", type=int, default=500)
     p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
+    p.add_argument("--warmup-treebank", action="store_true",
+                   help="also give the treebank pair an untimed run first (the others always get one)")
     a = p.parse_args(argv)
     parts = a.only.split(",")
     threads = fix_threads()
@@ -113,34 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         return med
 
     ind_tokens = repeated_tokens_for(model, 32)
-    if "texts" in parts:
-        text_tokens = model.to_tokens(SHORT)
-
-        def forwards() -> None:
-            model(text_tokens)
-            model(ind_tokens)
-
-        show("classify_heads(texts=[a short text])", {
-            "its forward passes (text + 32 repeated sequences)": forwards,
-            "classify_heads": lambda: interp.classify_heads(model, texts=[SHORT], progress=False)},
-            "its forward passes (text + 32 repeated sequences)", {"classify_heads": "<= 2"}, a.reps)
-    if "treebank" in parts and os.path.isfile(UD_DEV):
-        batches = list(treebank_batches(model, UD_DEV, batch_size=32, max_sentences=a.max_sentences))
-
-        def recorded() -> None:
-            for b in batches:
-                model.run_with_cache(b.tokens, attention_mask=b.mask, names_filter="*hook_pattern")
-
-        show(f"classify_heads(conllu=UD EWT dev, max_sentences={a.max_sentences})", {
-            "one recorded pass": recorded,
-            "classify_heads": lambda: interp.classify_heads(model, conllu=UD_DEV, max_sentences=a.max_sentences,
-                                                            progress=False)},
-            "one recorded pass", {"classify_heads": "<= 1.3"}, max(1, a.reps - 1))
-    if "induction" in parts:
-        show("induction_scores(n_seqs=32)", {
-            "its forward pass": lambda: model(ind_tokens),
-            "induction_scores": lambda: induction_scores(model, n_seqs=32, progress=False)},
-            "its forward pass", {"induction_scores": "<= 1.5"}, a.reps)
+    if any(part in parts for part in ("texts", "treebank", "induction")):
+        _side_by_side(model, interp, induction_scores, treebank_batches, ind_tokens, parts, a, threads)
     if "coref" in parts and os.path.isfile(GAP_DEV):
         seen: list = []
         real_stream = coref_mod.stream

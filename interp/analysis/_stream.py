@@ -22,6 +22,18 @@ if TYPE_CHECKING:
 PATTERN_HOOKS = "blocks.*.attn.hook_pattern"
 
 
+def state_device(model: Transformer) -> torch.device:
+    """Where a reducer of ``model`` keeps its state: the device of the model's first parameter (the embedding's
+    on a model split over devices), so that folding a batch never waits on a copy to the host."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def zeros64(*shape: int, device: torch.device) -> torch.Tensor:
+    """A float64 accumulator on ``device``; float32 on devices without float64 (Apple MPS)."""
+    return torch.zeros(shape, dtype=torch.float32 if device.type == "mps" else torch.float64, device=device)
+
+
 def layer_of(name: str) -> int:
     """``"blocks.3.attn.hook_pattern"`` -> 3."""
     return int(name.split(".")[1])
@@ -86,6 +98,10 @@ class TargetReducer(Reducer):
 
     It also folds the confidence (mean max weight over real rows, Voita et al. 2019). States are
     ``[C, L, H_max]`` with ``H_max`` the widest layer; heads a pruned layer lacks stay zero.
+
+    Precision and place: a pattern is read in float32 whatever its dtype (a bf16 pattern is upcast before any
+    sum or comparison), and the sums are kept in float64 on the model's device (:func:`state_device`); nothing
+    moves to the host until :meth:`result` is read.
     """
 
     names = PATTERN_HOOKS
@@ -100,10 +116,10 @@ class TargetReducer(Reducer):
         self._bit_values = 2.0 ** torch.arange(_CODE_BITS, dtype=torch.float32)  # [_CODE_BITS]
         self._bits = {len(g): ((torch.arange(1 << len(g))[:, None] >> torch.arange(len(g))) & 1).double()
                       for g in _code_groups(C)}  # G -> [2^G, G]: the bits of every pattern of G categories
-        f64 = torch.float64
-        self.state = {"mass": torch.zeros(C, L, H, dtype=f64), "hits": torch.zeros(C, L, H, dtype=f64),
-                      "rows": torch.zeros(C, L, dtype=f64), "max_sum": torch.zeros(L, H, dtype=f64),
-                      "max_rows": torch.zeros(L, dtype=f64)}
+        dev = state_device(model)
+        self.state = {"mass": zeros64(C, L, H, device=dev), "hits": zeros64(C, L, H, device=dev),
+                      "rows": zeros64(C, L, device=dev), "max_sum": zeros64(L, H, device=dev),
+                      "max_rows": zeros64(L, device=dev)}
         self._batch: Batch | None = None
         self._whole: dict[str, torch.Tensor] | None = None
 
@@ -126,7 +142,7 @@ class TargetReducer(Reducer):
         Whole-sequence targets are kept for the next layers; chunks are rebuilt (keeping them would hold a
         ``[T, S]`` mask again)."""
         whole = q0 == 0 and Tc == self._real.shape[1]
-        if whole and self._whole is not None:
+        if whole and self._whole is not None and self._whole[1].device == device:  # a split model: per device
             return self._whole
         targets = self.targets(self._batch, slice(q0, q0 + Tc))
         missing = [c for c in self.categories if c not in targets]
@@ -141,7 +157,8 @@ class TargetReducer(Reducer):
         # the argmax's categories are then one gather.
         codes = [(w[:, g.start:g.stop] * self._bit_values[: len(g), None].to(device)).sum(1).long().view(B, Tc, S)
                  for g in _code_groups(C)]  # [B, Tc, S] each
-        out = (codes, w, valid.sum((0, 2)).double(), real.sum().double())
+        acc = self.state["rows"]
+        out = (codes, w, valid.sum((0, 2)).to(acc), real.sum().to(acc))  # counts on the state's device
         if whole:
             self._whole = out
         return out
@@ -162,28 +179,28 @@ class TargetReducer(Reducer):
         # and ~4x cheaper than topk(2).
         others = p.clone().scatter_(-1, best.unsqueeze(-1), float("-inf"))  # [B, H, Tc, S]
         unique = others.amax(-1) < top - self.tie_tol  # [B, H, Tc]
-        st["max_sum"][layer, :H] += (top * real[:, None]).sum((0, 2)).double().cpu()
+        st["max_sum"][layer, :H] += (top * real[:, None]).sum((0, 2)).to(st["max_sum"])
         st["max_rows"][layer] += n_real
         # Mass on the targets of every category over the valid rows, as one batched matmul over (query, key):
         # sum_{t,s} p[b,h,t,s] * tgt[b,c,t,s] * valid[b,c,t]; no [B, C, H, Tc, S] product is formed.
         mass = p.reshape(B, H, Tc * S) @ w.transpose(1, 2)  # [B, H, C]
-        st["mass"][:, layer, :H] += mass.double().sum(0).T.cpu()
+        st["mass"][:, layer, :H] += mass.to(st["mass"]).sum(0).T
         # Is the (unique) argmax key a target? Read the categories' bits at each row's argmax and count every
         # (head, bit pattern) with one bincount; a pattern's count goes to each category whose bit it holds.
         best = best.transpose(1, 2)  # [B, Tc, H]: gathered along the keys of each row
         for g, code in zip(_code_groups(len(self.categories)), codes):
-            n_codes, bits = 1 << len(g), self._bits[len(g)].to(p.device)  # bits: [2^G, G], pattern -> its bits
+            n_codes, bits = 1 << len(g), self._bits[len(g)].to(st["hits"])  # bits: [2^G, G], pattern -> its bits
             at_best = code.gather(-1, best).transpose(1, 2)  # [B, H, Tc]
             head = torch.arange(0, H * n_codes, n_codes, device=p.device)[:, None]  # [H, 1]: each head's first bin
             # A tied row counts in bin 0 (head 0, no bits): it hits nothing.
             count = torch.bincount(torch.where(unique, at_best + head, 0).flatten(), minlength=H * n_codes)
-            st["hits"][g.start:g.stop, layer, :H] += (count.view(H, n_codes).double() @ bits).T.cpu()
+            st["hits"][g.start:g.stop, layer, :H] += (count.view(H, n_codes).to(bits) @ bits).T
         st["rows"][:, layer] += rows
 
     def result(self) -> dict[str, Any]:
         """Per category: ``mass``, ``argmax`` (``[L, H_max]`` means over valid rows, NaN without rows), ``rows``;
-        and ``confidence`` ``[L, H_max]``."""
-        st = self.state
+        and ``confidence`` ``[L, H_max]``; on the CPU (the state is copied there once)."""
+        st = {k: v.cpu() for k, v in self.state.items()}
         out: dict[str, Any] = {}
         for c, cat in enumerate(self.categories):
             rows = st["rows"][c][:, None]  # [L, 1]

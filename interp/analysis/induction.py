@@ -28,7 +28,7 @@ import torch
 
 from ..data import Batch, repeated_tokens_for
 from ..streaming import Reducer, stream
-from ._stream import PATTERN_HOOKS, TargetReducer, head_counts, heads_of, key_allowed, layer_of, offset_targets
+from ._stream import PATTERN_HOOKS, TargetReducer, head_counts, heads_of, key_allowed, layer_of, offset_targets, state_device, zeros64
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -116,8 +116,9 @@ class TLHeadDetectorReducer(Reducer):
         self.exclude_current = exclude_current_token
         L, H = model.cfg.n_layers, max(head_counts(model), default=0)
         self._shape = (L, H)
-        self.state = {f"sum_{k}": torch.zeros(L, H, dtype=torch.float64) for k in _KINDS}
-        self.state["n_sequences"] = torch.zeros((), dtype=torch.float64)
+        self._dev = state_device(model)
+        self.state = {f"sum_{k}": zeros64(L, H, device=self._dev) for k in _KINDS}
+        self.state["n_sequences"] = zeros64(device=self._dev)
 
     def begin_batch(self, batch: Batch) -> None:
         tokens = batch.tokens
@@ -128,11 +129,11 @@ class TLHeadDetectorReducer(Reducer):
             idx = real[b].nonzero().flatten()  # positions of the real tokens (right or left padding)
             for k, d in tl_detection_patterns(tokens[b, idx]).items():
                 dets[k][b][idx[:, None], idx[None, :]] = d
-        self._dets = dets
-        self._real = real
+        self._dets = {k: d.to(self._dev) for k, d in dets.items()}  # [B, T, T] each, moved once a batch
+        self._real = real.to(self._dev)
         L, H = self._shape
-        self._num = {k: torch.zeros(B, L, H, dtype=torch.float64) for k in _KINDS}
-        self._den = torch.zeros(B, L, H, dtype=torch.float64)
+        self._num = {k: zeros64(B, L, H, device=self._dev) for k in _KINDS}
+        self._den = zeros64(B, L, H, device=self._dev)
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
@@ -145,10 +146,10 @@ class TLHeadDetectorReducer(Reducer):
         if self.exclude_current:
             rows = torch.arange(Tc)
             p[:, :, rows, rows + q0] = 0
-        self._den[:, layer, :H] += p.sum((2, 3)).double().cpu()
+        self._den[:, layer, :H] += p.sum((2, 3)).to(self._den)
         for k in _KINDS:
             det = self._dets[k][:, q0:q0 + Tc].to(p)  # [B, Tc, S]
-            self._num[k][:, layer, :H] += (p * det[:, None]).sum((2, 3)).double().cpu()
+            self._num[k][:, layer, :H] += (p * det[:, None]).sum((2, 3)).to(self._den)
 
     def end_batch(self) -> None:
         for k in _KINDS:
@@ -158,28 +159,37 @@ class TLHeadDetectorReducer(Reducer):
 
     def result(self) -> dict[str, torch.Tensor]:
         n = max(float(self.state["n_sequences"]), 1.0)
-        return {k: self.state[f"sum_{k}"] / n for k in _KINDS}
+        return {k: self.state[f"sum_{k}"].cpu() / n for k in _KINDS}
 
 
 class CopyingReducer(Reducer):
     """Copying score: does a head's direct effect on the logits raise the token it attends to?
 
-    For every row with an induction target, take the head's residual write (``hook_result``), pass it through
-    the final norm with the scale frozen at the full residual's value (direct logit attribution) and the
-    unembedding, and find the rank of the attended token (the token at the row's argmax key) among the
-    vocabulary. The score is the mean fraction of the vocabulary whose direct logit is strictly below the
-    attended token's: 1 = always the top logit, ~0.5 = chance, 0 for a head that writes nothing the
-    unembedding reads. State: ``sum`` ``[L, H_max]`` and ``rows``.
+    For every row with an induction target, take the head's residual write (``z_h W_O[h]``, what
+    ``hook_result`` holds), pass it through the final norm with the scale frozen at the full residual's value
+    (direct logit attribution) and the unembedding, and find the rank of the attended token (the token at the
+    row's argmax key) among the vocabulary. The score is the mean fraction of the vocabulary whose direct logit
+    is strictly below the attended token's: 1 = always the top logit, ~0.5 = chance, 0 for a head that writes
+    nothing the unembedding reads. State: ``sum`` ``[L, H_max]`` and ``rows``.
+
+    The frozen norm scale is one positive number per row, the same for every token, so it cannot change which
+    logits lie below the attended one: it is left out, and the pass needs nothing after the last layer's
+    ``hook_z`` (:func:`~interp.streaming.stream` stops there). The norm's weight (and a LayerNorm's centring,
+    ``(r - mean r) . u = r . (u - mean u)``) is applied to the unembedding columns instead of to every write.
 
     The exact fraction costs ``heads x vocabulary x d_model`` multiply-adds a row (SmolLM2: 270 x 49,152 x
     576, ~7.6 GFLOP), far more than the forward pass. With ``comparisons=K`` (default 256) each row is instead
     compared with ``K`` tokens drawn uniformly from the vocabulary (with replacement, fresh for every row,
-    seeded): the attended token's logit is one gathered column of ``W_U``, the comparison logits one batched
-    ``[H, d_model] x [d_model, K]`` product per row. The per-row fraction is then an unbiased estimate of the
-    exact one (a draw of the attended token itself never counts as below, as in the exact score), with
-    standard error ``sqrt(p (1 - p) / K)`` per row; the draws being independent across rows, a head's score
-    over ``N`` rows has standard error at most ``0.5 / sqrt(K N)`` (SmolLM2's 800 default rows, K = 256:
-    <= 0.0011). A vocabulary of at most ``K`` tokens (or ``comparisons=None``) is scored exactly.
+    seeded): the attended token's logit is one gathered column of ``W_U``, the comparison logits one
+    ``[all heads, d_model] x [d_model, K]`` product per row (every layer's heads at once, ~80 MFLOP a row on
+    SmolLM2). The per-row fraction is then an unbiased estimate of the exact one (a draw of the attended token
+    itself never counts as below, as in the exact score), with standard error ``sqrt(p (1 - p) / K)`` per row;
+    the draws being independent across rows, a head's score over ``N`` rows has standard error at most
+    ``0.5 / sqrt(K N)`` (SmolLM2's 800 default rows, K = 256: <= 0.0011). A vocabulary of at most ``K`` tokens
+    (or ``comparisons=None``) is scored exactly.
+
+    Precision and place: z and the weights are read in float32 (a bf16 model's z is upcast), the sums are
+    float64 on the model's device, and only :meth:`result` copies them to the host.
 
     Args:
         model: the model whose heads are scored.
@@ -203,20 +213,18 @@ class CopyingReducer(Reducer):
         self.comparisons = None if comparisons is None or comparisons >= V else comparisons
         self._gen = torch.Generator().manual_seed(seed)
         self._cmp_gen = torch.Generator().manual_seed(seed + 1)
-        cfg = model.cfg
-        L = cfg.n_layers
+        L = model.cfg.n_layers
         self.model = model
-        self.names = [PATTERN_HOOKS, "blocks.*.attn.hook_result", f"blocks.{L - 1}.hook_resid_post"]
+        self.names = [PATTERN_HOOKS, "blocks.*.attn.hook_z"]
         self._H = max(head_counts(model), default=0)
-        self.state = {"sum": torch.zeros(L, self._H, dtype=torch.float64),
-                      "rows": torch.zeros((), dtype=torch.float64)}
-        self._last = f"blocks.{L - 1}.hook_resid_post"
+        self._dev = state_device(model)
+        self.state = {"sum": zeros64(L, self._H, device=self._dev), "rows": zeros64(device=self._dev)}
 
     def begin_batch(self, batch: Batch) -> None:
         tokens = batch.tokens
-        self._tokens = tokens
         T = tokens.shape[1]
         # The query rows scored: real rows with an induction target, built in row chunks (no [T, S] at once).
+        # All of this is on the host, from the batch's tokens: no device sync.
         chunks = [induction_targets(tokens, batch.mask, self.model.cfg.causal, slice(i, min(i + 1024, T)))
                   ["induction"].any(-1) for i in range(0, T, 1024)]
         self._rows = torch.cat(chunks, dim=1) & batch.real  # [B, T]
@@ -224,91 +232,98 @@ class CopyingReducer(Reducer):
             where = self._rows.flatten().nonzero().flatten()  # [N] flat indices of the candidate rows
             keep = where[torch.randperm(len(where), generator=self._gen)[:self.max_rows]]  # [max_rows]
             self._rows = torch.zeros_like(self._rows).flatten().index_fill_(0, keep, True).view_as(self._rows)
-        B = tokens.shape[0]
-        self._argmax = torch.zeros(self.model.cfg.n_layers, B, self._H, T, dtype=torch.long)
-        self._res: dict[int, torch.Tensor] = {}
+        self._b, self._q = self._rows.nonzero(as_tuple=True)  # [N] each, row-major (host)
+        N = len(self._b)
+        dev = self._dev
+        self._tokens = tokens.to(dev)
+        self._at = {k: v.to(dev) for k, v in (("b", self._b), ("q", self._q))}
+        self._chunk_rows: dict[tuple[int, int], torch.Tensor] = {}  # (q0, Tc) -> rows of that query chunk
+        self._attended: dict[int, torch.Tensor] = {}  # layer -> [N, H] the token at each row's argmax key
+        self._z: dict[int, torch.Tensor] = {}  # layer -> [N, H, D] float32
+        # The same comparison tokens serve every layer of a row (drawn once a batch, on the host generator).
+        self._compare = (None if self.comparisons is None or N == 0 else torch.randint(
+            self.model.unembed.weight.shape[0], (N, self.comparisons), generator=self._cmp_gen).to(dev))  # [N, K]
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
-        if name.endswith("hook_pattern"):
-            H = tensor.shape[1]
-            self._argmax[layer_of(name), :, :H, q_start:q_start + tensor.shape[2]] = tensor.detach().argmax(-1).cpu()
-        elif name.endswith("hook_result"):
-            self._res[layer_of(name)] = tensor.detach()[self._rows.to(tensor.device)].float()  # [N, H, M]
-        if name == self._last:
-            self._finish(tensor.detach().float())
-
-    def _finish(self, resid: torch.Tensor) -> None:
-        rows = self._rows.to(resid.device)
-        x = resid[rows]  # [N, M]
-        N = x.shape[0]
-        if N == 0:
+        if not len(self._b):
             return
-        ln = self.model.ln_final
-        W_U = self.model.unembed.weight.float()  # [V, M]
-        if isinstance(ln, torch.nn.LayerNorm):
-            scale = (x.var(-1, unbiased=False, keepdim=True) + ln.eps).rsqrt()  # [N, 1]
-            center, weight = True, ln.weight
-        elif isinstance(ln, torch.nn.RMSNorm):
-            eps = ln.eps if ln.eps is not None else torch.finfo(x.dtype).eps
-            scale = (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()  # [N, 1]
-            center, weight = False, ln.weight
-        else:
-            scale, center, weight = torch.ones(N, 1, device=x.device), False, None
-        b_idx, q_idx = rows.nonzero(as_tuple=True)  # [N]
-        # The same comparison tokens serve every layer of a row (drawn once a batch, on the CPU generator).
-        compare = (None if self.comparisons is None else torch.randint(
-            W_U.shape[0], (N, self.comparisons), generator=self._cmp_gen).to(x.device))  # [N, K]
-        for layer, r in self._res.items():
-            H = r.shape[1]
+        layer = layer_of(name)
+        if name.endswith("hook_pattern"):
+            B, H, Tc, S = tensor.shape
             if not H:
+                return
+            key = (q_start, Tc)
+            if key not in self._chunk_rows:  # the rows whose query lies in this chunk, found on the host
+                self._chunk_rows[key] = ((self._q >= q_start) & (self._q < q_start + Tc)).nonzero().flatten().to(
+                    self._dev)
+            sel = self._chunk_rows[key]  # [n]
+            b, q = self._at["b"][sel].to(tensor.device), self._at["q"][sel].to(tensor.device)
+            best = tensor.detach()[b, :, q - q_start].argmax(-1).to(self._dev)  # [n, H]: each row's argmax key
+            attended = self._tokens[self._at["b"][sel][:, None], best]  # [n, H]
+            if layer not in self._attended:
+                self._attended[layer] = torch.zeros(len(self._b), H, dtype=torch.long, device=self._dev)
+            self._attended[layer][sel] = attended
+        else:  # hook_z [B, T, H, D]: keep the scored rows only
+            b, q = self._at["b"].to(tensor.device), self._at["q"].to(tensor.device)
+            self._z[layer] = tensor.detach()[b, q].to(self._dev, torch.float32)  # [N, H, D]
+
+    def _readout(self, cols: torch.Tensor) -> torch.Tensor:
+        """Unembedding columns ``[..., M]`` as a head's write meets them through the final norm (its weight,
+        and a LayerNorm's centring moved onto the columns; the positive per-row scale dropped)."""
+        ln = self.model.ln_final
+        if isinstance(ln, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+            if ln.weight is not None:
+                cols = cols * ln.weight.to(cols)
+            if isinstance(ln, torch.nn.LayerNorm):
+                cols = cols - cols.mean(-1, keepdim=True)
+        return cols
+
+    def end_batch(self) -> None:
+        N = len(self._b)
+        layers = [layer for layer in sorted(self._z) if self._z[layer].shape[1] and layer in self._attended]
+        if N == 0 or not layers:
+            self._z, self._attended = {}, {}
+            return
+        dev, f32 = self._dev, torch.float32
+        w_o, flat = [], []
+        for layer in layers:
+            attn = self.model.blocks[layer].attn
+            w = attn.W_O_heads.detach().to(dev, f32)  # [H, D, M]
+            if attn.gate is not None:
+                w = w * attn.gate.detach().to(dev, f32)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+            w_o.append(w)
+            flat.append(layer * self._H + torch.arange(w.shape[0], device=dev))
+        w_o = torch.cat(w_o)  # [A, D, M]: every scored head of every layer (A heads)
+        z = torch.cat([self._z[layer] for layer in layers], dim=1)  # [N, A, D]
+        attended = torch.cat([self._attended[layer] for layer in layers], dim=1)  # [N, A]
+        W_U = self.model.unembed.weight.detach().to(dev, f32)  # [V, M]
+        A, (V, M) = w_o.shape[0], W_U.shape
+        K = V if self._compare is None else self._compare.shape[1]
+        step = max(1, 2 ** 24 // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes and [n, A, K] logits
+        U = self._readout(W_U)  # [V, M], once a batch: cheaper than on every gathered column
+        below = []
+        for i in range(0, N, step):
+            r = torch.einsum("nad,adm->nam", z[i:i + step], w_o)  # [n, A, M]: each head's residual write
+            att = attended[i:i + step]  # [n, A]
+            if self._compare is None:
+                logits = r @ U.T  # [n, A, V]
+                own = logits.gather(-1, att[..., None])  # [n, A, 1]
+                below.append((logits < own).to(f32).mean(-1))  # [n, A]
                 continue
-            if center:
-                r = r - r.mean(-1, keepdim=True)
-            r = r * scale[:, None]  # [N, H, M]
-            if weight is not None:
-                r = r * weight.float()
-            key = self._argmax[layer][b_idx.cpu(), :H, q_idx.cpu()]  # [N, H]
-            attended = self._tokens[b_idx.cpu()[:, None], key].to(r.device)  # [N, H]
-            if compare is None:
-                below = self._below_exact(r, attended, W_U)
-            else:
-                below = self._below_sampled(r, attended, W_U, compare)
-            self.state["sum"][layer, :H] += below.sum(0).double().cpu()
+            cmp = self._compare[i:i + step]  # [n, K]
+            own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
+            logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
+            hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]
+            below.append(hit.to(f32).mean(-1))  # [n, A]
+        total = torch.cat(below).sum(0)  # [A]
+        self.state["sum"].view(-1).index_add_(0, torch.cat(flat), total.to(self.state["sum"]))
         self.state["rows"] += N
-
-    @staticmethod
-    def _below_exact(r: torch.Tensor, attended: torch.Tensor, W_U: torch.Tensor) -> torch.Tensor:
-        """``[N, H]``: share of the whole vocabulary whose direct logit is strictly below the attended token's."""
-        N, H = attended.shape
-        V = W_U.shape[0]
-        step = max(1, 2 ** 24 // (H * V))  # rows per chunk: bounds the [n, H, V] logits tensor
-        out = []
-        for i in range(0, N, step):
-            logits = r[i:i + step] @ W_U.T  # [n, H, V]
-            own = logits.gather(-1, attended[i:i + step, :, None])  # [n, H, 1]
-            out.append((logits < own).float().mean(-1))  # [n, H]
-        return torch.cat(out)
-
-    @staticmethod
-    def _below_sampled(r: torch.Tensor, attended: torch.Tensor, W_U: torch.Tensor,
-                       compare: torch.Tensor) -> torch.Tensor:
-        """``[N, H]``: share of each row's comparison tokens ``compare [N, K]`` strictly below the attended
-        token's direct logit (a draw of the attended token itself never counts, as in the exact score)."""
-        N, H = attended.shape
-        K, M = compare.shape[1], W_U.shape[1]
-        own = (r * W_U[attended]).sum(-1, keepdim=True)  # [N, H, 1]: the attended token's gathered column
-        step = max(1, 2 ** 24 // (K * max(H, M)))  # rows per chunk: bounds the [n, K, M] gather and logits
-        out = []
-        for i in range(0, N, step):
-            cols = W_U[compare[i:i + step]]  # [n, K, M]
-            logits = torch.bmm(r[i:i + step], cols.transpose(1, 2))  # [n, H, K]
-            below = (logits < own[i:i + step]) & (compare[i:i + step, None, :] != attended[i:i + step, :, None])
-            out.append(below.float().mean(-1))  # [n, H]
-        return torch.cat(out)
+        self._z, self._attended = {}, {}
 
     def result(self) -> torch.Tensor:
-        rows = float(self.state["rows"])
-        return self.state["sum"] / rows if rows else torch.full_like(self.state["sum"], torch.nan)
+        """``[L, H_max]`` mean copying score per head (on the host; NaN before any row was scored)."""
+        total, rows = self.state["sum"].cpu(), float(self.state["rows"])
+        return total / rows if rows else torch.full_like(total, torch.nan)
 
 
 # --- public ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 
 from ..data import Batch
 from ..streaming import stream
-from ._stream import TargetReducer, heads_of, key_allowed, offset_targets
+from ._stream import TargetReducer, heads_of, key_allowed, offset_targets, zeros64
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -71,7 +71,7 @@ class PositionalReducer(TargetReducer):
         self.offsets = list(range(-window, window + 1))
         super().__init__(model, [offset_label(o) for o in self.offsets] + ["first", "delimiter"], tie_tol=tie_tol)
         self.delims = default_delimiter_ids(model) if delimiter_ids is None else [int(i) for i in delimiter_ids]
-        self.state["n_sequences"] = torch.zeros((), dtype=torch.float64)
+        self.state["n_sequences"] = zeros64(device=self.state["rows"].device)
 
     def begin_batch(self, batch: Batch) -> None:
         super().begin_batch(batch)

@@ -42,7 +42,7 @@ import torch
 
 from ..data import Batch, Sentence, TreebankStats, treebank_batches
 from ..streaming import Reducer, stream
-from ._stream import PATTERN_HOOKS, head_counts, heads_of, layer_of
+from ._stream import PATTERN_HOOKS, head_counts, heads_of, layer_of, state_device, zeros64
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -84,6 +84,9 @@ class SyntacticReducer(Reducer):
     (arcs a causal model can get right at all) and ``offset|{key}`` ``[len(offsets)]`` (hits of each baseline
     offset).
 
+    Precision and place: patterns are read in float32 (a bf16 pattern is upcast before the word maps are
+    summed), and the counts are float64 on the model's device; only :meth:`result` copies them to the host.
+
     Args:
         model: the model whose patterns are folded.
         strip_subtypes: pool ``obl:tmod`` into ``obl`` in :meth:`table` (the baseline is the per-subtype mixture).
@@ -105,7 +108,8 @@ class SyntacticReducer(Reducer):
         self.directions, self.offsets = _check_options(directions, offsets)
         self.causal = bool(model.cfg.causal)
         self._L, self._H = model.cfg.n_layers, max(head_counts(model), default=0)
-        self.state["n_sentences"] = torch.zeros((), dtype=torch.float64)
+        self._dev = state_device(model)
+        self.state["n_sentences"] = zeros64(device=self._dev)
         self._member: torch.Tensor | None = None
 
     def begin_batch(self, batch: Batch) -> None:
@@ -137,7 +141,9 @@ class SyntacticReducer(Reducer):
         self._arc_b, self._arc_d, self._arc_h = arc_b[keep], arc_d[keep], arc_h[keep]  # [N]
         self._arc_r = torch.tensor([rel_index[r] for r in rels], dtype=torch.long)  # [N]
         R = len(self._rel_names)
-        self._correct = {d: torch.zeros(R, self._L, self._H, dtype=torch.float64) for d in self.directions}
+        self._correct = {d: zeros64(R, self._L, self._H, device=self._dev) for d in self.directions}
+        self._arcs_on = {k: v.to(self._dev) for k, v in (("b", self._arc_b), ("r", self._arc_r))}  # once a batch
+        self._src_dst_on = {d: tuple(t.to(self._dev) for t in self._src_dst(d)) for d in self.directions}
         self._n_words = n_words
         self._chunks: dict[int, torch.Tensor] = {}  # layer -> word map summed over the query chunks so far
 
@@ -174,11 +180,13 @@ class SyntacticReducer(Reducer):
         pred["head->dep"] = pred["dep->head"]
         if "head<-dep" in self.directions:  # by column: the word that attends most to word j
             pred["head<-dep"] = _argmax_or_none(words, dim=-2)  # [B, H, W]
-        arc_b, arc_r = self._arc_b.to(words.device), self._arc_r.to(words.device)
+        dev = words.device
+        arc_b, arc_r = self._arcs_on["b"].to(dev), self._arcs_on["r"]
         for direction in self.directions:
-            src, dst = (t.to(words.device) for t in self._src_dst(direction))
+            src, dst = (t.to(dev) for t in self._src_dst_on[direction])
             hit = pred[direction][arc_b, :, src] == dst[:, None]  # [N, H]
-            self._correct[direction][:, layer, :H].index_add_(0, arc_r.cpu(), hit.double().cpu())
+            acc = self._correct[direction]
+            acc[:, layer, :H].index_add_(0, arc_r, hit.to(acc))  # on the state's device: no host sync
 
     def end_batch(self) -> None:
         if self._member is None:
@@ -198,19 +206,20 @@ class SyntacticReducer(Reducer):
             # Clark: max(0, min(i + o + 1, n)) 1-based, 0 = ROOT -> 0-based [-1, n-1]
             guess = torch.maximum(torch.minimum(src[:, None] + offs[None], n[:, None] - 1),
                                   torch.full_like(src[:, None], -1))  # [N, O]
-            sums[direction] = (
-                self._correct[direction],
+            counts = (  # on the host (from the batch's annotations), moved to the state's device once a batch
                 torch.bincount(arc_r, minlength=R).double(),
                 torch.zeros(R, dtype=torch.float64).index_add_(0, arc_r, ok.double()),
                 torch.zeros(R, n_offsets, dtype=torch.float64).index_add_(0, arc_r, (guess == dst[:, None]).double()))
+            acc = self._correct[direction]
+            sums[direction] = (acc, *(c.to(acc) for c in counts))
         for i, r in enumerate(self._rel_names):  # state keys appear in the order the arcs first show them
             for direction in self.directions:
                 key = f"{r}|{direction}"
                 if f"count|{key}" not in st:
-                    st[f"correct|{key}"] = torch.zeros(self._L, self._H, dtype=torch.float64)
-                    st[f"count|{key}"] = torch.zeros((), dtype=torch.float64)
-                    st[f"scorable|{key}"] = torch.zeros((), dtype=torch.float64)
-                    st[f"offset|{key}"] = torch.zeros(n_offsets, dtype=torch.float64)
+                    st[f"correct|{key}"] = zeros64(self._L, self._H, device=self._dev)
+                    st[f"count|{key}"] = zeros64(device=self._dev)
+                    st[f"scorable|{key}"] = zeros64(device=self._dev)
+                    st[f"offset|{key}"] = zeros64(n_offsets, device=self._dev)
                 correct, count, scorable, offset_hits = sums[direction]
                 st[f"correct|{key}"] += correct[i]
                 st[f"count|{key}"] += count[i]
@@ -220,16 +229,17 @@ class SyntacticReducer(Reducer):
         self._member = None
 
     def result(self) -> dict[tuple[str, str], dict[str, Any]]:
-        """``{(full relation, direction): {"correct": [L, H_max], "n", "n_scorable", "offset_hits": [O]}}``."""
+        """``{(full relation, direction): {"correct": [L, H_max], "n", "n_scorable", "offset_hits": [O]}}``, on the
+        host (the state is copied there once)."""
         out = {}
-        for k in self.state:
+        st = {k: v.cpu() for k, v in self.state.items()}
+        for k in st:
             if k.startswith("count|"):
                 key = k[len("count|"):]
                 rel, direction = key.rsplit("|", 1)
-                out[(rel, direction)] = {"correct": self.state[f"correct|{key}"],
-                                         "n": int(self.state[f"count|{key}"]),
-                                         "n_scorable": int(self.state[f"scorable|{key}"]),
-                                         "offset_hits": self.state[f"offset|{key}"]}
+                out[(rel, direction)] = {"correct": st[f"correct|{key}"], "n": int(st[f"count|{key}"]),
+                                         "n_scorable": int(st[f"scorable|{key}"]),
+                                         "offset_hits": st[f"offset|{key}"]}
         return out
 
     def table(self, *, n_skipped: int = 0, n_untokenized: int = 0) -> pd.DataFrame:

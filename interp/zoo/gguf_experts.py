@@ -334,11 +334,11 @@ def qwen_olmoe_config(meta: Mapping[str, Any], tensor_names: set[str], *, source
         >>> cfg["model_type"], cfg["num_experts"], cfg["norm_topk_prob"]
         ('olmoe', 8, False)
     """
-    arch = meta.get("general.architecture")
+    arch = str(meta.get("general.architecture"))
     mtype = MODEL_TYPES[arch]
     m = _Meta(meta, arch, source)
     # Attention, norms and RoPE as the dense Qwen / Llama files of the architectures table.
-    base = _llama_like(mtype)(m, set(tensor_names))
+    base = _llama_like(str(mtype))(m, set(tensor_names))
     if m.gating() not in (None, "softmax"):
         raise m.fail(f"metadata {m.key('expert_gating_func')!r} = {meta[m.key('expert_gating_func')]!r} is not "
                      f"supported for {arch!r} (only softmax)")
@@ -423,8 +423,8 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
         return {h + "mlp.gate.e_score_correction_bias": w}
     if kind in _SHARED_PARTS and suffix == "weight":
         Fs = hf_cfg["n_shared_experts"] * F
-        shape = (M, Fs) if kind == "ffn_down_shexp" else (Fs, M)
-        _want(w, name, shape, f"metadata expert_shared_count x expert_feed_forward_length = {Fs}", source)
+        shared_shape = (M, Fs) if kind == "ffn_down_shexp" else (Fs, M)
+        _want(w, name, shared_shape, f"metadata expert_shared_count x expert_feed_forward_length = {Fs}", source)
         return {h + f"mlp.shared_experts.{_SHARED_PARTS[kind]}.weight": w}
     if kind in _MLA_NAMES:
         _check_mla(name, kind, w, hf_cfg, source)

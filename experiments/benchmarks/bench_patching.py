@@ -145,8 +145,10 @@ def nnsight_loop(hf, heads, clean, corrupted, answers, H: int, D: int) -> Callab
 
     nn = NNsight(hf)
     layers = sorted({layer for layer, _ in heads})
-    with torch.no_grad(), nn.trace(corrupted):
-        saved = {layer: nn.model.layers[layer].self_attn.o_proj.input.save() for layer in layers}
+    saved: dict = {}
+    with torch.no_grad(), nn.trace(corrupted):  # nnsight runs the block's code itself: a plain loop, no comprehension
+        for layer in layers:
+            saved[layer] = nn.model.layers[layer].self_attn.o_proj.input.save()
     src = {layer: t.detach().clone() for layer, t in saved.items()}  # [B, T, H*D] each
 
     def run() -> list[float]:

@@ -63,7 +63,8 @@ PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
 PRUNE_METHODS = ("importance", "l0", "random")
 BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2", "analysis",
-              "distributed", "moe", "attention_view", "load_memory", "families", "dashboard")
+              "distributed", "moe", "attention_view", "load_memory", "families", "dashboard",
+              "patching")
 
 
 class CliError(Exception):

@@ -297,6 +297,17 @@ def in_context_gain(model: Transformer, tokens: torch.Tensor, half_len: int, *, 
     Raises:
         ValueError: a head out of range, tokens of the wrong length, an unknown method or a missing reference.
     """
+    f, r = (float(x) for x in _gain_losses(model, tokens, half_len, bos=bos, ablate=ablate, method=method,
+                                            reference=reference, values=values, per_position=per_position,
+                                            seed=seed).cpu())
+    return {"first": f, "repeated": r, "gain": f - r}
+
+
+def _gain_losses(model: Transformer, tokens: torch.Tensor, half_len: int, *, bos: bool,
+                 ablate: Iterable[tuple[int, int]], method: str, reference: Any,
+                 values: dict[int, torch.Tensor] | None, per_position: bool, seed: int) -> torch.Tensor:
+    """:func:`in_context_gain`'s mean losses on the first and the repeated half, ``[2]`` on the model's device
+    (loops over many ablations bring them back to the CPU once, not once per run)."""
     T = (1 if bos else 0) + 2 * half_len
     if tokens.dim() != 2 or tokens.shape[1] != T:
         raise ValueError(f"tokens has shape {tuple(tokens.shape)}, expected [B, {T}] for half_len={half_len}")
@@ -310,10 +321,10 @@ def in_context_gain(model: Transformer, tokens: torch.Tensor, half_len: int, *, 
             _check_method(method)
         logits = model(tokens.to(p.device)).float()  # [B, T, V]
     loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten().to(p.device), reduction="none")
-    loss = loss.view(tokens.shape[0], T - 1).cpu()  # [B, T-1]: loss of predicting token t+1 at position t
-    first, rep = first_occurrence_mask(tokens.shape[0], half_len, bos=bos)
-    f, r = float(loss[first].mean()), float(loss[rep].mean())
-    return {"first": f, "repeated": r, "gain": f - r}
+    loss = loss.view(tokens.shape[0], T - 1)  # [B, T-1]: loss of predicting token t+1 at position t
+    first, rep = first_occurrence_mask(tokens.shape[0], half_len, bos=bos)  # [B, T-1] each
+    w = torch.stack([first, rep]).to(loss)  # [2, B, T-1]: the two halves as weights (no boolean index: no sync)
+    return (w * loss).sum((1, 2)) / w.sum((1, 2))  # [2]
 
 
 def _check_method(method: str) -> None:
@@ -353,10 +364,11 @@ def ablation_table(model: Transformer, induction_heads: Iterable[tuple[int, int]
     for layer in range(model.cfg.n_layers):
         for head in range(model.cfg.n_heads):  # every head alone, the reported induction heads included
             runs.append((f"L{layer}H{head}", [(layer, head)]))
+    losses = torch.stack([_gain_losses(model, toks, half_len, bos=bos, ablate=heads, method=method, reference=ref,
+                                       values=None, per_position=False, seed=0) for _, heads in runs]).cpu()  # [R, 2]
     rows = []
     base = None
-    for name, heads in runs:
-        g = in_context_gain(model, toks, half_len, bos=bos, ablate=heads, method=method, reference=ref)
-        base = g["gain"] if base is None else base
-        rows.append({"ablated": name, **g, "gain_kept": g["gain"] / base})
+    for (name, _), (f, r) in zip(runs, losses.tolist()):
+        base = f - r if base is None else base
+        rows.append({"ablated": name, "first": f, "repeated": r, "gain": f - r, "gain_kept": (f - r) / base})
     return pd.DataFrame(rows)

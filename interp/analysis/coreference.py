@@ -16,7 +16,11 @@ rows).
 The folding is a streaming reducer (:class:`CorefReducer`): the batch's annotations prepare the source and
 candidate weights (:meth:`CorefReducer.set_batch`), and the pattern hook of one forward pass folds them into
 per-head hit counts, layer by layer and query chunk by query chunk, so it can share a forward pass with other
-reducers.
+reducers. The counts stay on the model's device until :meth:`CorefReducer.result`.
+
+Cost: one forward pass per batch of windows, stopped after the last layer's attention pattern. Windows are
+batched by length; in a causal model each window is cut after its last scored mention, since no later token
+changes the attention rows of the mentions (for GAP, the text after the pronoun is never run).
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ class CorefReducer(Reducer):
         super().__init__()
         self.groups = list(groups)
         self.keep_queries = keep_queries
-        self._per_query: list[torch.Tensor] = []
+        self._per_query: list[tuple[torch.Tensor, torch.Tensor]] = []  # per batch: (hits [B, Q, L, H], real [B, Q])
         self._batch_hits: torch.Tensor | None = None
         self.tie_tol = tie_tol
         # sums and counts in the mergeable state (:meth:`Reducer.merge`); per-query hits are kept outside it
@@ -128,10 +132,12 @@ class CorefReducer(Reducer):
                              f"{tuple(member.shape)} ({len(self.groups)} groups)")
         self._flush_queries()  # the previous batch's per-query hits, under its own query mask
         self.source, self.units, self.cand, self.gold, self.member = source, units, cand, gold, member
-        self.state["n"] += member.sum((0, 1)).double()
+        self._on_device = False  # moved to the patterns' device at the batch's first update
+        self.state["n"] += member.sum((0, 1)).double().to(self.state["n"].device)
         self._acc = {}
         if self.keep_queries:
-            self._batch_hits = torch.zeros(B, Q, *self.hits.shape[1:], dtype=torch.bool)  # [B, Q, L, H]
+            self._batch_hits = torch.zeros(B, Q, *self.hits.shape[1:], dtype=torch.bool,
+                                           device=self.hits.device)  # [B, Q, L, H]
 
     def begin_batch(self, batch: Batch) -> None:
         """Take the batch's prepared weights from ``batch.annotations["coref"]`` (the arguments of
@@ -142,9 +148,20 @@ class CorefReducer(Reducer):
 
     def _flush_queries(self) -> None:
         if self._batch_hits is not None:
-            real = self.member.any(-1)  # [B, Q]: padding queries are in no group
-            self._per_query.append(self._batch_hits[real])  # [n, L, H]
+            # Indexed by the real queries only in result(): a boolean index here would sync a GPU every batch.
+            self._per_query.append((self._batch_hits, self.member.any(-1)))  # [B, Q, L, H], [B, Q]
             self._batch_hits = None
+
+    def _to(self, device: torch.device) -> None:
+        """Move the state and the current batch's weights to ``device`` (once per batch, not per layer)."""
+        if self.state["hits"].device != device:
+            self.state = {k: v.to(device) for k, v in self.state.items()}
+            if self._batch_hits is not None:
+                self._batch_hits = self._batch_hits.to(device)
+        self.source, self.units, self.cand, self.gold, self.member = (
+            t.to(device) for t in (self.source, self.units, self.cand, self.gold, self.member))
+        self._member_f = self.member.double()  # [B, Q, G]
+        self._on_device = True
 
     @property
     def hits(self) -> torch.Tensor:
@@ -160,9 +177,12 @@ class CorefReducer(Reducer):
         layer = layer_of(name)
         q0 = q_start
         p = tensor.detach().float()  # [B, H, Tc, S]
+        if not self._on_device or self.source.device != p.device:
+            self._to(p.device)
         Tc = p.shape[2]
-        src = self.source[:, :, q0:q0 + Tc].to(p)  # [B, Q, Tc]
-        part = torch.einsum("bqt,bhts,bus->bhqu", src, p, self.units.to(p)).cpu()  # [B, H, Q, U]
+        src = self.source[:, :, q0:q0 + Tc]  # [B, Q, Tc]
+        # Source rows first (Q is a few mentions, Tc the whole window), then the candidates' keys.
+        part = torch.einsum("bqt,bhts->bhqs", src, p) @ self.units.transpose(1, 2)[:, None]  # [B, H, Q, U]
         self._acc[layer] = part if layer not in self._acc else self._acc[layer] + part
         if q0 + Tc == self.source.shape[2]:
             self._judge(layer, self._acc.pop(layer))
@@ -180,17 +200,18 @@ class CorefReducer(Reducer):
         else:
             unique = torch.ones_like(pred, dtype=torch.bool)
         hit = self.gold[:, None].expand(B, H, Q, -1).gather(-1, pred[..., None]).squeeze(-1) & unique  # [B, H, Q]
-        self.hits[:, layer] += torch.einsum("bhq,bqg->gh", hit.double(), self.member.double())
+        self.hits[:, layer] += torch.einsum("bhq,bqg->gh", hit.double(), self._member_f)
         if self._batch_hits is not None:
             self._batch_hits[:, :, layer] = hit.transpose(1, 2)  # [B, Q, H]
 
     def result(self) -> dict[str, torch.Tensor]:
         """``hits [G, L, H]``, ``n [G]`` (queries per group) and, with ``keep_queries``, ``per_query [N, L, H]``."""
-        out = {"hits": self.hits.clone(), "n": self.n.clone()}
+        out = {"hits": self.hits.cpu().clone(), "n": self.n.cpu().clone()}
         if self.keep_queries:
             self._flush_queries()
             L, H = self.hits.shape[1:]
-            out["per_query"] = torch.cat(self._per_query) if self._per_query else torch.zeros(0, L, H, dtype=torch.bool)
+            out["per_query"] = (torch.cat([hits[real.to(hits.device)].cpu() for hits, real in self._per_query])
+                                if self._per_query else torch.zeros(0, L, H, dtype=torch.bool))  # [N, L, H]
         return out
 
 
@@ -307,7 +328,9 @@ def coreference_scores(
     def in_group(q, backward: bool) -> list[bool]:
         return [g == "all" or g == q.group or (g == "backward" and backward) for g in groups]
 
-    items: list[tuple[CorefWindow, list, int]] = []  # (window, [(query, its groups)], index of its first query)
+    # (window, [(query, its groups)], index of its first query, tokens run: the window, or in a causal model up
+    # to its last scored mention, since later tokens change no attention row of a scored mention)
+    items: list[tuple[CorefWindow, list, int, int]] = []
     for w in windows:
         if not isinstance(w, CorefWindow):
             raise TypeError(f"coreference windows must be CorefWindow objects, got {type(w).__name__}")
@@ -325,11 +348,11 @@ def coreference_scores(
             q_member.append(g)
             q_base.append([float(q.gold[q.baselines[b]]) for b in baseline_names] + [sum(q.gold) / len(q.gold)])
         if qs:
-            items.append((w, qs, first))
+            items.append((w, qs, first, _run_length(w, qs) if causal else len(w.ids)))
     n_windows = len(items)
     # Windows of similar length share a batch (less padding), as the treebank's sentences do; every batch's
     # weights are built before the pass, so the loop over forward passes does no per-window work.
-    groups_of = bucket_by_length([len(w.ids) for w, _, _ in items], batch_size, window=max(1, n_windows))
+    groups_of = bucket_by_length([n for *_, n in items], batch_size, window=max(1, n_windows))
     batches = [_coref_batch([items[i] for i in group], len(groups), pad) for group in groups_of]
     if batches:
         stream(model, batches, [red], name="coreference windows", progress=progress, desc="coreference_scores")
@@ -380,20 +403,28 @@ def coreference_scores(
     return df
 
 
-def _coref_batch(rows: list[tuple[CorefWindow, list, int]], n_groups: int, pad: int) -> Batch:
-    """One padded batch of windows with :class:`CorefReducer`'s weights in ``annotations["coref"]``."""
+def _run_length(w: CorefWindow, qs: list) -> int:
+    """Tokens of ``w`` up to the last token of its queries' mentions (in a causal model nothing after them
+    changes their attention rows; the candidates of a scored query precede it)."""
+    words = {i for q, _ in qs for i in q.source}
+    return 1 + max(t for t, word in enumerate(w.word_index) if word in words)
+
+
+def _coref_batch(rows: list[tuple[CorefWindow, list, int, int]], n_groups: int, pad: int) -> Batch:
+    """One padded batch of windows (each cut to its run length) with :class:`CorefReducer`'s weights in
+    ``annotations["coref"]``."""
     B = len(rows)
-    T = max(len(w.ids) for w, _, _ in rows)
-    Q = max(len(qs) for _, qs, _ in rows)
+    T = max(n for *_, n in rows)
+    Q = max(len(qs) for _, qs, _, _ in rows)
     units_per = []
-    for _w, qs, _ in rows:
+    for _w, qs, _, _ in rows:
         seen: dict[tuple[int, ...], int] = {}
         for q, _ in qs:
             for c in q.candidates:
                 seen.setdefault(tuple(c), len(seen))
         units_per.append(seen)
     U = max(1, max(len(u) for u in units_per))
-    K = max(len(q.candidates) for _, qs, _ in rows for q, _ in qs)
+    K = max(len(q.candidates) for _, qs, _, _ in rows for q, _ in qs)
     tokens = torch.full((B, T), pad, dtype=torch.long)
     mask = torch.zeros(B, T, dtype=torch.long)
     source = torch.zeros(B, Q, T)
@@ -401,11 +432,10 @@ def _coref_batch(rows: list[tuple[CorefWindow, list, int]], n_groups: int, pad: 
     cand = torch.full((B, Q, K), -1, dtype=torch.long)
     gold = torch.zeros(B, Q, K, dtype=torch.bool)
     member = torch.zeros(B, Q, n_groups, dtype=torch.bool)
-    for b, ((w, qs, _), seen) in enumerate(zip(rows, units_per)):
-        n = len(w.ids)
-        tokens[b, :n] = torch.as_tensor(w.ids)
+    for b, ((w, qs, _, n), seen) in enumerate(zip(rows, units_per)):
+        tokens[b, :n] = torch.as_tensor(w.ids[:n])
         mask[b, :n] = 1
-        word_tok = align_words(w.word_index, len(w.words))  # [W, n]
+        word_tok = align_words(w.word_index, len(w.words))[:, :n]  # [W, n]: the run tokens of each word
         for c, u in seen.items():
             units[b, u, :n] = word_tok[list(c)].sum(0)  # to a candidate: sum over its tokens
         for i, (q, groups_of) in enumerate(qs):

@@ -274,6 +274,20 @@ def _run(model: Transformer, tokens: torch.Tensor, attention_mask: torch.Tensor 
                               context=None, context_mask=None, kv_cache=kv_cache, last_only=last_only, resume=resume)
 
 
+def _values(found: list[Any]) -> list[float]:
+    """The patched runs' metrics as floats, moved off the device in one copy.
+
+    Raises:
+        ValueError: a metric that is not finite (as :func:`~interp.analysis.patching_checks.checked_metric`).
+    """
+    values = torch.stack([v.to(torch.float64) for v in found]).cpu() if found else torch.zeros(0)  # [sites]
+    bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"metric returned {values[bad[0]].item()} on {len(bad)} patched run(s); patching scores "
+                         "would be NaN (check the metric, the answer ids, or the logits)")
+    return values.tolist()
+
+
 def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, *,
                         act: str = "z", by: str = "head", metric: Metric | None = None,
                         answer_tokens: torch.Tensor | None = None, direction: str = "noising",
@@ -321,9 +335,13 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
     batch_size = checks.check_batch_size(batch_size)
     checks.check_clean_corrupted(clean, corrupted)
     checks.check_answer_tokens(answer_tokens, clean, model.cfg.d_vocab)
+    user_metric = metric
     metric = checks.checked_metric(metric)
     metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
                                                   direction, attention_mask)
+    # The checked metric turns its value into a Python float (a device sync): the source and base runs use it,
+    # the patched runs the plain one, their values checked together at the end.
+    plain = _metric_of(user_metric, answer_tokens)
     with torch.no_grad():
         L, (B, T) = model.cfg.n_layers, base.shape
         # One base run records what every patched run resumes from: the residual entering each layer and, for
@@ -333,7 +351,7 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
                   and all(model.cfg.window(layer) is None for layer in range(L)))
         base_cache = model.make_cache(B, max_len=T) if prefix else None
         resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
-        last_only = bool(getattr(metric, "reads_last_only", False))
+        last_only = bool(getattr(plain, "reads_last_only", False))
         resid: dict[str, torch.Tensor] = {}
 
         def keep(t: torch.Tensor, hook: Any) -> None:
@@ -343,7 +361,7 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
         m_base = float(metric(logits_base))
         n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
         sites = _sites(by, n_units, T)
-        values = [0.0] * len(sites)
+        found: list[Any] = [None] * len(sites)  # each site's metric (a 0-d tensor), left on the device
         per_run = max(1, batch_size // B)  # several patched copies of the batch share one forward pass
         for chunk in progress_bar(_chunks(sites, per_run), desc="activation_patching", progress=progress,
                                   unit="run"):
@@ -354,7 +372,8 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
             if start and not last_only:  # positions before the patch are the base run's: its logits there
                 logits = torch.cat([logits_base[:, :start].repeat(len(chunk), 1, 1), logits], dim=1)  # [n B, T, V]
             for j, i in enumerate(chunk):
-                values[i] = float(metric(logits[j * B:(j + 1) * B]))
+                found[i] = torch.as_tensor(plain(logits[j * B:(j + 1) * B])).detach().reshape(())
+        values = _values(found)
     m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
     return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "activation"})
 
@@ -362,7 +381,7 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
 def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, *,
                          act: str = "z", by: str = "head", metric: Metric | None = None,
                          answer_tokens: torch.Tensor | None = None, direction: str = "noising",
-                         attention_mask: torch.Tensor | None = None) -> pd.DataFrame:
+                         attention_mask: torch.Tensor | None = None, progress: bool | None = None) -> pd.DataFrame:
     """The gradient approximation of :func:`activation_patching`: same arguments, same table.
 
     ``metric`` of a patched site is estimated as ``metric_base + sum((a_source - a_base) * grad)`` over the
@@ -370,6 +389,9 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     forwards and one backward for every site) and a good ranking where the metric is close to linear in
     the activation; it can be badly off where the patched run leaves the linear regime (large attention
     pattern changes, saturated softmax outputs).
+
+    ``progress``: a bar over the three steps (the source run, the base run's forward and backward pass, the
+    sites' estimates; None: on in terminals and notebooks).
 
     Returns:
         DataFrame as :func:`activation_patching`, with ``attrs["method"] = "attribution"``.
@@ -380,8 +402,10 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     checks.check_clean_corrupted(clean, corrupted)
     checks.check_answer_tokens(answer_tokens, clean, model.cfg.d_vocab)
     metric = checks.checked_metric(metric)
+    steps = progress_bar(desc="attribution_patching", progress=progress, total=3, unit="step")
     metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
                                                   direction, attention_mask)
+    steps.update()
     acts: dict[str, torch.Tensor] = {}
     probes: dict[str, torch.Tensor] = {}
     hook = gradient_probe_hook(acts, probes)
@@ -390,11 +414,16 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
         logits = model.run_with_hooks(base, attention_mask=attention_mask, fwd_hooks=[(names, hook)])
         m = metric(logits)
         grads = torch.autograd.grad(m, [probes[n] for n in names])
+    steps.update()
     m_base = float(m.detach())
     per = [((s - acts[n]) * g).detach() for s, n, g in zip(src, names, grads)]  # [B, T, (H,) ...] each
     n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
     sites = _sites(by, n_units, base.shape[1])
-    values = [m_base + float(per[site[0]][site_index(site)].sum()) for site in sites]
+    # Every site's sum stays on the device; one copy brings them all back.
+    sums = torch.stack([per[site[0]][site_index(site)].sum().double() for site in sites]).cpu()  # [sites]
+    values = (m_base + sums).tolist()
+    steps.update()
+    steps.close()
     m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
     return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "attribution"})
 

@@ -281,7 +281,7 @@ def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Ob
 
     def scores_now() -> torch.Tensor:
         return head_importance(model, batches, objective, normalize_layers=normalize_layers, pruned=pruned,
-                               per_example=per_example, level=level)
+                               per_example=per_example, level=level, progress=progress)
 
     imp = None if recompute else scores_now()
     todo = [c for c in counts if c > int(unit_pruned.sum())]

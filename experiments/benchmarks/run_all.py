@@ -15,6 +15,7 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     attention_view bench_attention_view.py viz.attention_view of SmolLM2 at 2,000 tokens: build, page size, open/hover in Chromium
     load_memory    bench_load_memory.py   peak memory of loading a 1B-shaped random model in bf16 vs float32-then-cast
     families       bench_families.py      Llama 3, Qwen3, Gemma 2, Pythia (~100M random) vs transformers: forward, recording
+    dashboard      bench_dashboard.py     SmolLM2 in the dashboard, driven by Chromium: first and second views, a pruning run
     patching       bench_patching.py      SmolLM2: coreference_scores vs a recorded pass; activation_patching vs the old code, nnsight, TL
 
 Usage:

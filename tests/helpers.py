@@ -49,3 +49,15 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
         code = e.code if isinstance(e.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def word_tokenizer(vocab_size: int):
+    """A Hugging Face fast tokenizer that needs no download: words ``w0 .. w{vocab_size-1}`` split on spaces, with
+    ``w0`` as unknown, padding, BOS and EOS token (ids equal the word's number)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="w0", bos_token="w0",
+                                                eos_token="w0")

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import word_tokenizer
 
 pytest.importorskip("streamlit")
 transformers = pytest.importorskip("transformers")
@@ -22,15 +23,6 @@ from interp.zoo.hf import from_hf  # noqa: E402
 TEXT = "w1 w2 w3 w4 w1 w2 w3 w4"
 
 
-def _word_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="w0", bos_token="w0",
-                                                eos_token="w0")
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("served")
@@ -38,7 +30,7 @@ def served(tmp_path_factory):
     for name in ("gemma2", "gpt_neox"):  # MQA + windows + soft-caps; a parallel block with partial rotary
         hf = hf_test_model(name)
         hf.save_pretrained(folder / name)
-        _word_tokenizer().save_pretrained(folder / name)
+        word_tokenizer(V).save_pretrained(folder / name)
         models[name] = hf
     return folder, models
 
@@ -74,7 +66,7 @@ def test_a_served_family_folder_loads_and_draws_its_patterns(served, monkeypatch
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     # Reference: the in-memory HF model converted here, on the ids the folder's tokenizer gives the text.
-    model = from_hf(models[name], tokenizer=_word_tokenizer())
+    model = from_hf(models[name], tokenizer=word_tokenizer(V))
     caption = at.sidebar.caption[0].value
     assert name in caption and f"{model.cfg.kind.upper()}, 2 layers x 5 heads" in caption
     fig = _charts(at)["fig_attn_head"]

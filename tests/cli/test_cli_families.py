@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from helpers import run_cli
+from helpers import run_cli, word_tokenizer
 
 from interp import cli
 
@@ -27,15 +27,6 @@ FOLDER_FAMILIES = ["gemma2", "qwen3", "gpt_neox", "gpt_bigcode", "falcon", "phi3
 TEXT = "w1 w2 w3 w4 w5 w6 w7 w8 w1 w2 w3 w4 w5 w6 w7 w8"
 
 
-def _word_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="w0", bos_token="w0",
-                                                eos_token="w0")
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """family -> (saved folder, the HF model it holds)."""
@@ -44,7 +35,7 @@ def folders(tmp_path_factory):
     for name in FOLDER_FAMILIES:
         hf = hf_test_model(name)
         hf.save_pretrained(root / name)
-        _word_tokenizer().save_pretrained(root / name)
+        word_tokenizer(V).save_pretrained(root / name)
         out[name] = (root / name, hf)
     return out
 
@@ -61,7 +52,7 @@ def test_heads_on_a_family_folder_loads_it_exactly_and_prints_what_the_library_f
         torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-4)
     code, out, err = run_cli(capsys, "heads", "--model", str(folder), "--text", TEXT, "--json", "--no-progress")
     assert code == 0, err
-    report = classify_heads(from_hf(hf, tokenizer=_word_tokenizer()), texts=[TEXT], progress=False)
+    report = classify_heads(from_hf(hf, tokenizer=word_tokenizer(V)), texts=[TEXT], progress=False)
     assert json.loads(out) == cli.heads_records(report.df)
 
 

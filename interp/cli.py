@@ -745,7 +745,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = True
         return status
     except BaseException as e:
-        return _report(e, where)
+        status = _report(e, where)
+        if where:
+            from . import distributed
+
+            if isinstance(e, distributed.DistributedError):  # a peer is gone: its broken connections can abort
+                distributed.exit_after_failure(status)      # gloo's teardown, so leave with this status now
+        return status
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

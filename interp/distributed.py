@@ -30,8 +30,9 @@ import datetime
 import gc
 import hashlib
 import os
+import sys
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from .streaming import Reducer
 
 __all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_same", "describe_batches",
-           "init_from_env", "rank", "rank_device", "shard", "shutdown", "world_size"]
+           "exit_after_failure", "init_from_env", "rank", "rank_device", "shard", "shutdown", "world_size"]
 
 #: Seconds a collective may wait for the other ranks before the job stops (``INTERP_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 600.0
@@ -157,6 +158,29 @@ def shutdown(*, wait: bool = True) -> None:
             pass
     del store
     gc.collect()
+
+
+def exit_after_failure(status: int) -> NoReturn:
+    """End this rank at once, with ``status``, after a collective failed because a peer died or hung.
+
+    Once a peer is gone, tearing down gloo's connections (in :func:`shutdown` or at interpreter exit) can abort
+    the process with SIGABRT ("terminate called without an active exception"): its pairs to the dead peer are
+    broken, and whether their threads are still joinable when their objects die is a race. The error has
+    already been reported and nothing is left to collect, so this rank flushes its output and leaves without
+    that teardown; ``torchrun`` then sees this rank's own status, not a signal.
+
+    Args:
+        status: the process exit status.
+
+    Example:
+        >>> exit_after_failure(1)   # doctest: +SKIP
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or redirected away: nothing more to save
+            pass
+    os._exit(status)
 
 
 def _device() -> torch.device:

@@ -39,3 +39,27 @@ def test_heads_on_two_processes_prints_the_single_process_json(capsys):
     two = json.loads(res.stdout)  # one JSON document: only rank 0 wrote to stdout
     assert [(r["layer"], r["head"], r["kind"]) for r in two] == [(r["layer"], r["head"], r["kind"]) for r in one]
     assert max(abs(a["score"] - b["score"]) for a, b in zip(one, two)) <= 1e-6
+
+
+def test_a_rank_whose_peer_died_reports_and_exits_without_the_group_teardown(monkeypatch, capsys):
+    # Under torchrun, a DistributedError (a peer gone) is reported in one line, then the rank leaves through
+    # exit_after_failure with the report's status instead of tearing down gloo's broken connections.
+    from interp import cli, distributed
+
+    left = []
+
+    def heads_fails(args):
+        raise distributed.DistributedError("rank 0 of 2: the all-reduce failed; another rank died")
+
+    def exit_now(status):
+        left.append(status)
+        raise SystemExit(status)
+
+    monkeypatch.setattr(cli, "_start_distributed", lambda args: "rank 0 of 2: ")
+    monkeypatch.setattr(cli, "_heads", heads_fails)
+    monkeypatch.setattr(distributed, "exit_after_failure", exit_now)
+    monkeypatch.setattr(distributed, "shutdown", lambda wait=True: left.append(("shutdown", wait)))
+    with pytest.raises(SystemExit):
+        cli.main(["heads", "--model", "induction-2l"])
+    assert left[0] == 1  # the error's status, before any teardown
+    assert "another rank died" in capsys.readouterr().err

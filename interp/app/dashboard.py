@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 import torch
+from streamlit import config as st_config
 
 import interp
 from interp import progress, viz
@@ -80,6 +81,11 @@ MAX_GRID_TOKENS = 96  # the layer x head grid draws L*H heatmaps: keep each smal
 REPO_RESULTS = Path(interp.__file__).resolve().parents[1] / "experiments" / "results"
 
 st.set_page_config(page_title="interp dashboard", page_icon="🔍", layout="wide")
+# Streamlit runs a full garbage collection (gc.collect(2)) after every script run, fragment reruns included. With a
+# 100M-parameter model and its autograd graph in memory, each one holds the GIL for a large part of a second, and a
+# background job's progress fragment reruns every POLL_S: a pruning step inside the server took ~700 s for ~40 s
+# outside it. Python's own generational collector is enough here.
+st_config.set_option("runner.postScriptGC", False, where_defined="interp dashboard")
 
 
 # --- models -----------------------------------------------------------------------------------------------
@@ -581,10 +587,14 @@ def run_pruning(model: interp.Transformer, plan: list[tuple[str, str]], step: in
     return out
 
 
+#: Seconds between two redraws of a background job's progress (each is a script run of its own).
+POLL_S = 1.0
+
+
 def show_job(job: jobs.Job) -> None:
-    """The progress of a background job, redrawn every half second (only this part of the page reruns, so
-    the rest stays usable); the whole page reruns when the job ends, to draw its results."""
-    @st.fragment(run_every=0.5)
+    """The progress of a background job, redrawn every :data:`POLL_S` seconds (only this part of the page reruns,
+    so the rest stays usable); the whole page reruns when the job ends, to draw its results."""
+    @st.fragment(run_every=POLL_S)
     def poll() -> None:
         fraction, text = job.progress
         st.progress(fraction, text=f"{job.label}: {text} (runs in the background; the other pages stay usable)")

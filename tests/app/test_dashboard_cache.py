@@ -222,3 +222,21 @@ def test_pruning_runs_in_the_background_and_the_other_pages_stay_usable(cache, m
     again.multiselect(key="curve_methods").set_value(["random"])
     again.run()
     assert "fig_pruning" in _charts(again) and not again.get("progress")
+
+
+def test_script_runs_do_not_force_a_full_garbage_collection(cache):
+    # Streamlit's server collects all generations after every script run by default (runner.postScriptGC),
+    # fragment reruns included: with a real model in memory each collection holds the GIL for a large part of a
+    # second, and a background job's progress poll is a script run every POLL_S, so the job's Python code waited
+    # for the collector most of the time (a pruning step took ~700 s inside the server, ~40 s outside it).
+    # AppTest's runner never collects, so the test reads the option the server's runner reads.
+    from streamlit import config
+
+    before = config.get_option("runner.postScriptGC")
+    config.set_option("runner.postScriptGC", True)  # Streamlit's default
+    try:
+        at = _app("Pruning")
+        assert not at.exception, at.exception
+        assert config.get_option("runner.postScriptGC") is False
+    finally:
+        config.set_option("runner.postScriptGC", before)

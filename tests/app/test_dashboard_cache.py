@@ -240,3 +240,21 @@ def test_script_runs_do_not_force_a_full_garbage_collection(cache):
         assert config.get_option("runner.postScriptGC") is False
     finally:
         config.set_option("runner.postScriptGC", before)
+
+
+def test_a_second_session_loads_hashes_and_computes_nothing(cache, monkeypatch):
+    import interp.analysis
+
+    first = _app("Induction")
+    assert "disk cache" not in first.caption[0].value
+    calls = []
+    load, state_dict, scores = interp.load, interp.Transformer.state_dict, interp.analysis.induction_scores
+    monkeypatch.setattr(interp, "load", lambda *a, **k: (calls.append("load"), load(*a, **k))[1])
+    # weights_hash reads the state dict only when it hashes the bytes
+    monkeypatch.setattr(interp.Transformer, "state_dict",
+                        lambda self, *a, **k: (calls.append("hash"), state_dict(self, *a, **k))[1])
+    monkeypatch.setattr(interp.analysis, "induction_scores",
+                        lambda *a, **k: (calls.append("compute"), scores(*a, **k))[1])
+    second = _app("Induction")  # a new browser tab
+    assert "now read from the disk cache" in second.caption[0].value
+    assert calls == []

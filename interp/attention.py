@@ -13,6 +13,10 @@ softmax(QK^T / sqrt(d) + mask) so that ``hook_attn_scores`` and ``hook_pattern``
 can process queries in chunks (``query_chunk``) so that a 16k-token pattern is never held at once.
 Head gates and ``hook_z`` / ``hook_result`` act on z and work on both paths.
 
+Precision: in a bf16 / fp16 model the explicit path computes scores, mask, soft-cap and softmax in float32 (the
+fused SDPA kernels keep them in float32 too), so ``hook_attn_scores`` and ``hook_pattern`` carry float32; only
+the product with v uses the pattern rounded to the model's dtype. float32 and float64 models run it uncast.
+
 A layer of a pruned model (:func:`interp.pruning.remove_heads`) may have its own head counts
 (``cfg.layer_n_heads``) and, after a K/V group lost some but not all of its query heads, an index map from
 query head to K/V head (``kv_index``); both paths then gather K/V per query head. With whole groups the

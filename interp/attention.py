@@ -13,6 +13,10 @@ softmax(QK^T / sqrt(d) + mask) so that ``hook_attn_scores`` and ``hook_pattern``
 can process queries in chunks (``query_chunk``) so that a 16k-token pattern is never held at once.
 Head gates and ``hook_z`` / ``hook_result`` act on z and work on both paths.
 
+Precision: in a bf16 / fp16 model the explicit path computes scores, mask, soft-cap and softmax in float32 (the
+fused SDPA kernels keep them in float32 too), so ``hook_attn_scores`` and ``hook_pattern`` carry float32; only
+the product with v uses the pattern rounded to the model's dtype. float32 and float64 models run it uncast.
+
 A layer of a pruned model (:func:`interp.pruning.remove_heads`) may have its own head counts
 (``cfg.layer_n_heads``) and, after a K/V group lost some but not all of its query heads, an index map from
 query head to K/V head (``kv_index``); both paths then gather K/V per query head. With whole groups the
@@ -31,7 +35,11 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookPoint
 from .kv_cache import LayerKVCache
+from .norms import RMSNorm
 from .rotary import Rotary
+
+# Dtypes whose attention scores and softmax run in float32 on the explicit path (see _attend_explicit).
+_HALF = (torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -216,6 +224,14 @@ class _AttentionBase(nn.Module):
         B, H, T, Dq = q.shape
         K = k.shape[1]
         G = H // K
+        # Half precision (bf16 / fp16): scores, mask, soft-cap and softmax in float32, as the fused kernels keep
+        # them (flash and memory-efficient SDPA accumulate q.k in float32 and never round the scores). Rounding
+        # a score of 10 to bf16 moves it by up to 0.03, its softmax weight by 3 %. Only the pattern is rounded
+        # to the model's dtype, for the product with v (as HF eager and flash do). float32 and float64 models
+        # take the same lines with no cast at all.
+        half = q.dtype in _HALF
+        if half:
+            q, k = q.float(), k.float()
         # Group query heads under their K/V head instead of repeating K/V: no copy of the cache.
         qg = q.reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
         scores = (qg @ k.transpose(-1, -2)).mul_(scale)  # [B, K, G*T, S]
@@ -228,6 +244,8 @@ class _AttentionBase(nn.Module):
         scores = self.hook_attn_scores(scores, q_slice.start)
         pattern = torch.softmax(scores, dim=-1)
         pattern = self.hook_pattern(pattern, q_slice.start)
+        if half:
+            pattern = pattern.to(v.dtype)
         z = pattern.reshape(B, K, G * T, -1) @ v  # [B, K, G*T, Dv]
         return z.view(B, H, T, -1)  # [B, H, T, Dv]
 
@@ -291,8 +309,9 @@ class Attention(_AttentionBase):
         self.qk_norm = "none" if cross else cfg.qk_norm
         if self.qk_norm != "none":
             per_head = self.qk_norm == "head"
-            self.q_norm = nn.RMSNorm(D if per_head else H * D, eps=cfg.norm_eps)
-            self.k_norm = nn.RMSNorm(D if per_head else K * D, eps=cfg.norm_eps)
+            f32 = cfg.norm_weight_float32
+            self.q_norm = RMSNorm(D if per_head else H * D, eps=cfg.norm_eps, weight_float32=f32)
+            self.k_norm = RMSNorm(D if per_head else K * D, eps=cfg.norm_eps, weight_float32=f32)
             self.hook_q_normed = HookPoint()
             self.hook_k_normed = HookPoint()
 
@@ -387,12 +406,12 @@ class LatentAttention(_AttentionBase):
         self.kv_latent_dim = C
         if cfg.q_latent_dim is not None:
             self.W_dq = nn.Linear(M, cfg.q_latent_dim, bias=False)
-            self.q_norm = nn.RMSNorm(cfg.q_latent_dim, eps=cfg.norm_eps)
+            self.q_norm = RMSNorm(cfg.q_latent_dim, eps=cfg.norm_eps, weight_float32=cfg.norm_weight_float32)
             self.W_uq = nn.Linear(cfg.q_latent_dim, H * (D + self.rope_dim), bias=False)
         else:
             self.W_q = nn.Linear(M, H * (D + self.rope_dim), bias=cfg.attn_bias)
         self.W_dkv = nn.Linear(M, C + self.rope_dim, bias=False)  # fused: latent and shared rotary key
-        self.kv_norm = nn.RMSNorm(C, eps=cfg.norm_eps)
+        self.kv_norm = RMSNorm(C, eps=cfg.norm_eps, weight_float32=cfg.norm_weight_float32)
         self.W_ukv = nn.Linear(C, H * (D + Dv), bias=False)  # fused: no-position keys and values
         self.rotary = Rotary(self.rope_dim, cfg.rotary_base, cfg.rope_scaling) if self.rope_dim else None
         self.hook_q_latent = HookPoint()

@@ -37,6 +37,7 @@ from torch import nn
 
 from .attention import AttnMask
 from .kv_cache import KVCache
+from .norms import RMSNorm
 from .rotary import Rotary
 
 # generate() multiplies each decode step's B rows by MKL-packed weights from this many rows (measured on a
@@ -331,7 +332,8 @@ def _submodule(root: nn.Module, path: str) -> nn.Module:
 class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, mod: nn.Module, qualname: str) -> bool:
         # Rotary memoises its angles by comparing position values, a branch on data: it is called, not traced.
-        return isinstance(mod, Rotary) or type(mod).__module__ == Rotary.__module__
+        # RMSNorm picks its rounding order by dtype, a branch a trace cannot hold: called, not traced.
+        return isinstance(mod, (Rotary, RMSNorm)) or type(mod).__module__ == Rotary.__module__
 
 
 class _StepRoot(nn.Module):

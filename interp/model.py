@@ -22,6 +22,7 @@ from .config import ModelConfig
 from .hooks import HookedModule, HookPoint, NamesFilter
 from .kv_cache import KVCache
 from .moe import MoE
+from .norms import RMSNorm
 
 if TYPE_CHECKING:
     from .trace import Trace
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.normalization == "rms":
-        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        return RMSNorm(cfg.d_model, eps=cfg.norm_eps, weight_float32=cfg.norm_weight_float32)
     if cfg.normalization in ("pre", "post"):
         return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
     return nn.Identity()

@@ -5,7 +5,8 @@ HF state dict -> ours) registered in :data:`interp.zoo.hf.CONVERTERS`; none impo
 
 What each family needs of the core, and how its weights map:
 
-* Gemma: RMSNorm ``x * (1 + w)`` (the converter stores ``1 + w``, the same numbers in an ``nn.RMSNorm``),
+* Gemma: RMSNorm ``x * (1 + w)`` (the converter stores ``1 + w``, the same numbers in an ``nn.RMSNorm``; in
+  bf16 the weight multiplies in float32 before one rounding, ``norm_weight_float32``, as Gemma's own norm does),
   embeddings times ``sqrt(d_model)`` (``embed_scale``), gated tanh-GELU MLP (``geglu_tanh``), tied unembedding.
   Gemma 2 adds sandwich norms (``sublayer_norm="sandwich"``), ``query_pre_attn_scalar`` (``attn_scale``),
   attention and final soft-caps and alternating sliding-window layers; Gemma 3 adds QK-norm and a separate
@@ -17,7 +18,8 @@ What each family needs of the core, and how its weights map:
   K/V, fused QKV ordered per K/V group as ``[q_1 .. q_G, k, v]``); ALiBi is refused.
 * Phi-1/2: parallel block with one LayerNorm, partial rotary, biased unembedding.
 * Phi-3: Llama with fused ``qkv_proj`` and ``gate_up_proj``, optional sliding window and LongRoPE.
-* OLMo 2: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads.
+* OLMo 2: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
+  its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``).
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         attn_softcap=hf_cfg.get("attn_logit_softcapping") if later else None,
         final_softcap=hf_cfg.get("final_logit_softcapping") if later else None,
         qk_norm="head" if mtype == "gemma3_text" else "none",
-        sublayer_norm="sandwich" if later else "input", embed_scale=d_model ** 0.5,
+        sublayer_norm="sandwich" if later else "input", embed_scale=d_model ** 0.5, norm_weight_float32=True,
         attn_bias=attn_bias, out_bias=attn_bias, mlp_bias=False, unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
@@ -197,7 +199,7 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta,
-        rope_scaling=scaling, qk_norm="full", sublayer_norm="output", attn_bias=False, out_bias=False,
+        rope_scaling=scaling, qk_norm="full", sublayer_norm="output", norm_weight_float32=True, attn_bias=False, out_bias=False,
         mlp_bias=False, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
         pad_token_id=hf_cfg.get("pad_token_id"),
     )

@@ -81,8 +81,9 @@ def test_copying_of_a_gated_head_is_that_of_its_gated_write():
 
 
 def test_bf16_patterns_are_folded_in_float32_with_float64_sums():
-    """A bf16 model's patterns are upcast before any sum: the scores equal float64 sums of the recorded bf16
-    patterns within float32 rounding (a bf16 accumulator would be off by ~1e-3), and the state is float64."""
+    """A bf16 model's patterns reach the reducers as softmax computed them, in float32, and are summed in
+    float64: the scores equal float64 sums of the recorded patterns within float32 rounding (a bf16 accumulator
+    would be off by ~1e-3), and the state is float64. ``dtype=torch.bfloat16`` records them rounded."""
     model = _model().to(torch.bfloat16)
     toks = repeated_sequences(8, 8, 40, seed=4)
     red = InductionReducer(model)
@@ -92,7 +93,10 @@ def test_bf16_patterns_are_folded_in_float32_with_float64_sums():
     T = toks.shape[1]
     got = red.result()["previous_token"]["mass"]  # [L, H]
     for layer in range(model.cfg.n_layers):
-        p = trace.pattern(layer).double()  # [B, H, T, S] bf16 values, summed in float64
-        assert trace.pattern(layer).dtype == torch.bfloat16
+        p = trace.pattern(layer).double()  # [B, H, T, S] float32 values, summed in float64
+        assert trace.pattern(layer).dtype == torch.float32
         want = p[:, :, torch.arange(1, T), torch.arange(0, T - 1)].mean((0, 2))  # [H]: mass on q - 1
         torch.testing.assert_close(got[layer].double(), want, atol=1e-6, rtol=0)
+    _, rounded = model.run_with_cache(toks, names_filter="*hook_pattern", dtype=torch.bfloat16)
+    assert rounded.pattern(0).dtype == torch.bfloat16
+    torch.testing.assert_close(rounded.pattern(0), trace.pattern(0).bfloat16(), atol=0, rtol=0)

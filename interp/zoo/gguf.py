@@ -40,7 +40,7 @@ from . import gguf_experts
 from .checkpoint import check_fits
 from .gguf_archs import ARCHITECTURES, Architecture, Meta, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, read_gguf
-from .hf import CONVERTERS, _register_dense_families
+from .hf import converter
 from .tokenizer import Tokenizer
 
 _GGUF_EXTRA = "pip install interp[gguf]"
@@ -202,11 +202,6 @@ def _to_hf(spec: Architecture, stem: str, hf: str, w: torch.Tensor, hf_cfg: Mapp
         raise GGUFError(f"{source}: tensor {name!r} of shape {tuple(w.shape)}: {e}") from e
 
 
-def _converter(hf_cfg: Mapping[str, Any]):
-    _register_dense_families()
-    return CONVERTERS[hf_cfg["model_type"]]
-
-
 def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: str = "GGUF") -> None:
     """Check a GGUF file's tensor table against the model its metadata declares, allocating nothing.
 
@@ -245,7 +240,7 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         missing = sorted(set(range(n_layers)) - set(blocks))
         raise GGUFError(f"{source}: the metadata declares block_count = {n_layers}, but the file holds tensors "
                         f"for {len(blocks)} layer(s); no tensors for layer(s) {missing[:8]}")
-    make_cfg, make_sd = _converter(hf_cfg)
+    make_cfg, make_sd = converter(hf_cfg)
     try:
         cfg = make_cfg(hf_cfg)
     except ValueError as e:
@@ -554,7 +549,7 @@ def _assemble(hf_cfg: Mapping[str, Any], hf_sd: dict[str, torch.Tensor], *, dtyp
     """The model from a HF config and state dict, its parameters *being* the converted tensors (assigned, not
     copied into a second set of weights): peak memory is the weights plus the fused tensors the converter
     concatenates (QKV), not twice the weights. ``hf_sd`` is emptied on the way."""
-    make_cfg, make_sd = _converter(hf_cfg)
+    make_cfg, make_sd = converter(hf_cfg)
     cfg = make_cfg(hf_cfg)
     ours = make_sd(hf_sd, cfg)
     hf_sd.clear()  # what the converter kept lives on in `ours`; the parts of concatenated tensors are freed

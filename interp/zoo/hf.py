@@ -19,6 +19,7 @@ Weight layouts, and what differs from ours:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pickle
 import re
@@ -277,8 +278,8 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     Raises:
         ValueError: another RoPE kind, an activation other than silu, an unknown layer type, or a missing key.
     """
-    arch = "Llama"
     mtype = hf_cfg.get("model_type", "llama")
+    arch = mtype  # mistral, qwen2 and the MoE families come through here too: errors name the real one
     act = hf_cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
@@ -301,13 +302,19 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF Llama-style one (``LlamaForCausalLM`` or ``LlamaModel`` keys).
+def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama") -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Llama-style one (``LlamaForCausalLM`` or ``LlamaModel`` keys), with or
+    without experts.
+
+    Args:
+        hf_sd: the HF state dict.
+        cfg: from :func:`llama_config` or :func:`moe_config`.
+        arch: the HF ``model_type`` the weights come from, which the errors name (``"qwen2_moe"``, ...).
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    src = _Source(hf_sd, ("model.",), "Llama")
+    src = _Source(hf_sd, ("model.",), arch)
     out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."
@@ -327,7 +334,7 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
         out.update(_mlp_weights(src, h, b + "mlp.", cfg, i))
     if not cfg.tie_embeddings:
         if "lm_head.weight" not in hf_sd:
-            raise ValueError("Llama state dict has no 'lm_head.weight' and tie_word_embeddings is False "
+            raise ValueError(f"{arch} state dict has no 'lm_head.weight' and tie_word_embeddings is False "
                              "(pass a *ForCausalLM model, not the bare *Model)")
         out["W_U.weight"] = hf_sd["lm_head.weight"]
         out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
@@ -553,7 +560,8 @@ def _shape_check(arch: str, key: str, tensor: torch.Tensor, want: tuple[int, ...
                          f"need {want}")
 
 
-def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool = True) -> dict[str, torch.Tensor]:
+def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool = True,
+                        arch: str = "deepseek_v3") -> dict[str, torch.Tensor]:
     """Our state dict from a HF DeepSeek-V2 / V3 one.
 
     Args:
@@ -561,11 +569,11 @@ def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool
         cfg: from :func:`deepseek_config`.
         interleaved: the checkpoint's rotary dims come in interleaved pairs (DeepSeek-V2 always; V3 with
             ``rope_interleave``): their rows are permuted to the half-split layout (see :func:`_deinterleave`).
+        arch: the HF ``model_type`` the weights come from, which the errors name.
 
     Raises:
         ValueError: a missing tensor, or MLA ranks / head widths / expert counts that do not match the tensors.
     """
-    arch = "DeepSeek"
     src = _Source(hf_sd, ("model.",), arch)
     H, D, R, C, Dv, M = (cfg.n_heads, cfg.d_head, cfg.rope_dim, cfg.kv_latent_dim, cfg.v_head_dim, cfg.d_model)
     Cq = cfg.q_latent_dim
@@ -608,15 +616,16 @@ def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool
         out.update(_mlp_weights(src, h, b + "mlp.", cfg, i))
     if not cfg.tie_embeddings:
         if "lm_head.weight" not in hf_sd:
-            raise ValueError("DeepSeek state dict has no 'lm_head.weight' and tie_word_embeddings is False")
+            raise ValueError(f"{arch} state dict has no 'lm_head.weight' and tie_word_embeddings is False")
         out["W_U.weight"] = hf_sd["lm_head.weight"]
         out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
     return out
 
 
 def _deepseek_state_dict(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict]:
-    interleaved = hf_cfg.get("model_type") == "deepseek_v2" or bool(hf_cfg.get("rope_interleave", True))
-    return lambda sd, cfg: deepseek_state_dict(sd, cfg, interleaved=interleaved)
+    mtype = str(hf_cfg.get("model_type"))
+    interleaved = mtype == "deepseek_v2" or bool(hf_cfg.get("rope_interleave", True))
+    return lambda sd, cfg: deepseek_state_dict(sd, cfg, interleaved=interleaved, arch=mtype)
 
 
 # --- dispatch ---------------------------------------------------------------------------------------------
@@ -624,8 +633,8 @@ Converter = tuple[Callable[[Mapping[str, Any]], ModelConfig], Callable[[StateDic
 CONVERTERS: dict[str, Converter] = {
     "bert": (bert_config, bert_state_dict),
     "gpt2": (gpt2_config, gpt2_state_dict),
-    **{t: (llama_config, llama_state_dict) for t in _LLAMA_TYPES},
-    **{t: (moe_config, llama_state_dict) for t in _MOE_TYPES},
+    **{t: (llama_config, functools.partial(llama_state_dict, arch=t)) for t in _LLAMA_TYPES},
+    **{t: (moe_config, functools.partial(llama_state_dict, arch=t)) for t in _MOE_TYPES},
     **{t: (deepseek_config, deepseek_state_dict) for t in _DEEPSEEK_TYPES},
 }
 
@@ -635,6 +644,27 @@ def _register_dense_families() -> None:
     from .hf_families import CONVERTERS_DENSE
 
     CONVERTERS.update(CONVERTERS_DENSE)
+
+
+def converter(hf_cfg: Mapping[str, Any]) -> Converter:
+    """The config and state-dict functions for a HF config's ``model_type``.
+
+    Raises:
+        ValueError: an unsupported ``model_type`` (the supported ones are listed).
+
+    Example:
+        >>> make_cfg, make_sd = converter({"model_type": "qwen2_moe"})
+        >>> make_cfg.__name__, make_sd.keywords
+        ('moe_config', {'arch': 'qwen2_moe'})
+    """
+    mtype = hf_cfg.get("model_type")
+    _register_dense_families()
+    if mtype not in CONVERTERS:
+        raise ValueError(f"model_type={mtype!r} is not supported; supported: {sorted(CONVERTERS)}")
+    make_cfg, make_sd = CONVERTERS[mtype]
+    if mtype in _DEEPSEEK_TYPES:
+        make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
+    return make_cfg, make_sd
 
 
 def source_dtype(hf_sd: StateDict) -> torch.dtype | None:
@@ -671,12 +701,7 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
             missing tensors, or shape mismatches (tensor named with both shapes).
     """
     mtype = hf_cfg.get("model_type")
-    _register_dense_families()
-    if mtype not in CONVERTERS:
-        raise ValueError(f"model_type={mtype!r} is not supported; supported: {sorted(CONVERTERS)}")
-    make_cfg, make_sd = CONVERTERS[mtype]
-    if mtype in _DEEPSEEK_TYPES:
-        make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
+    make_cfg, make_sd = converter(hf_cfg)
     cfg = make_cfg(hf_cfg)
     if dtype is None:
         dtype = source_dtype(hf_sd)

@@ -76,7 +76,8 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         GGUFError: (a ValueError) the file is not GGUF, or its header is corrupt (file and key named).
 
     Example:
-        >>> read_metadata(interp.zoo.smollm2.fetch_gguf())["llama.attention.head_count_kv"]
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> read_metadata(fetch_gguf())["llama.attention.head_count_kv"]
         3
     """
     return _metadata(_reader(path))
@@ -121,7 +122,8 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
             not reproduce, partial rotary, or a missing key (each named with its value).
 
     Example:
-        >>> cfg = hf_config_from_gguf(read_metadata(interp.zoo.smollm2.fetch_gguf()), {"token_embd.weight"})
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> cfg = hf_config_from_gguf(read_metadata(fetch_gguf()), {"token_embd.weight"})
         >>> cfg["model_type"], cfg["num_key_value_heads"]
         ('llama', 3)
     """
@@ -392,7 +394,8 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
             or a byte-level pre-tokenizer this loader does not know (both named).
 
     Example:
-        >>> tok = tokenizer_from_gguf(read_metadata(interp.zoo.smollm2.fetch_gguf()))
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> tok = tokenizer_from_gguf(read_metadata(fetch_gguf()))
         >>> tok.to_str_tokens(tok.to_tokens("Hello world")[0].tolist())
         ['Hello', ' world']
     """
@@ -603,7 +606,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
         ImportError: the ``gguf`` package is missing (``pip install interp[gguf]``).
 
     Example:
-        >>> model = load_gguf(interp.zoo.smollm2.fetch_gguf())  # ~1 min (dequantises every tensor)  # doctest: +SKIP
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> model = load_gguf(fetch_gguf())  # ~1 min (dequantises every tensor)  # doctest: +SKIP
         >>> model.generate(model.to_tokens("The capital of France is"), 5)  # doctest: +SKIP
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

@@ -1,4 +1,5 @@
-"""Hugging Face converters: BERT, GPT-2 and Llama-style models to :class:`interp.Transformer`.
+"""Hugging Face converters: BERT, GPT-2, Llama-style and mixture-of-experts models to :class:`interp.Transformer`
+(the other dense families are in :mod:`interp.zoo.hf_families`).
 
 Each architecture has two pure functions, one from the HF config dict to a :class:`ModelConfig` and one
 from the HF state dict to ours; neither imports ``transformers`` (MiniLM uses them on a bare safetensors
@@ -11,7 +12,7 @@ Weight layouts, and what differs from ours:
   returns the last hidden state (``unembed=False``).
 * GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``): ``Conv1D`` stores weights as ``[in, out]``, the transpose of
   ``nn.Linear``; ``gelu_new`` is the tanh approximation; the unembedding is tied to ``wte``.
-* Llama-style (``LlamaForCausalLM``, also ``mistral`` and ``qwen2``): pre-RMSNorm, rotary embeddings in the
+* Llama-style (``LlamaForCausalLM``, also ``mistral``, ``qwen2`` and ``qwen3``): pre-RMSNorm, rotary embeddings in the
   rotate-half convention (as :mod:`interp.rotary`) with base ``rope_theta``, SwiGLU MLP
   (``down(silu(gate(x)) * up(x))``), grouped-query attention with ``num_key_value_heads``.
 """
@@ -639,6 +640,11 @@ CONVERTERS: dict[str, Converter] = {
 }
 
 
+#: The families the converters take, in short, for help texts (:func:`converter` lists every ``model_type``
+#: when it refuses one).
+FAMILIES = "BERT, GPT-2, Llama, Qwen, Gemma, Phi, Mixtral, DeepSeek and other families"
+
+
 def _register_dense_families() -> None:
     # The other dense families live in their own module, which reads this one's helpers.
     from .hf_families import CONVERTERS_DENSE
@@ -739,7 +745,8 @@ def _tokenizer_for(source: str):
 
 def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = None,
             device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
-    """Convert a Hugging Face BERT, GPT-2 or Llama-style model to an :class:`interp.Transformer`.
+    """Convert a Hugging Face model of a supported family (:data:`FAMILIES`; :func:`converter` lists every
+    ``model_type`` when it refuses one) to an :class:`interp.Transformer`.
 
     Users with hub access can pass any hub id or local folder of these architectures (``"gpt2"``,
     ``"bert-base-uncased"``, ``"TinyLlama/TinyLlama-1.1B-Chat-v1.0"``, ``"./my-llama"``); the weights and the

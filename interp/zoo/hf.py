@@ -319,14 +319,7 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
     out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."
-        kinds = ("weight", "bias") if cfg.attn_bias else ("weight",)
-        for kind in kinds:
-            # q_proj [H*D, M], k_proj / v_proj [K*D, M]; K/V head j serves query heads j*G..(j+1)*G-1, as ours.
-            out[b + f"attn.W_qkv.{kind}"] = torch.cat(
-                [src(h + f"self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")], dim=0)  # [(H+2K)*D(, M)]
-        out[b + "attn.W_O.weight"] = src(h + "self_attn.o_proj.weight")
-        if cfg.out_bias:
-            out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
+        out.update(_llama_attention(src, h, b, cfg))
         out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
         out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
         if cfg.qk_norm != "none":  # Qwen3 (per head), Qwen3-MoE (per head), OLMoE (all heads)
@@ -342,6 +335,19 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
     return out
 
 
+def _llama_attention(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Separate q/k/v/o projections (``self_attn.{q,k,v,o}_proj``) stacked into our ``W_qkv`` and ``W_O``."""
+    out = {}
+    for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+        # q_proj [H*D, M], k_proj / v_proj [K*D, M]; K/V head j serves query heads j*G..(j+1)*G-1, as ours.
+        out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+            [src(h + f"self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")], dim=0)  # [(H+2K)*D(, M)]
+    out[b + "attn.W_O.weight"] = src(h + "self_attn.o_proj.weight")
+    if cfg.out_bias:
+        out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
+    return out
+
+
 # --- mixture of experts: Mixtral, Qwen-MoE, OLMoE (llama-style attention) ---------------------------------
 _MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
@@ -354,6 +360,7 @@ def _mlp_weights(src: _Source, h: str, b: str, cfg: ModelConfig, layer: int) -> 
 
 
 def _dense_weights(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A SwiGLU MLP's ``{h}gate_proj/up_proj/down_proj`` (with biases when ``cfg.mlp_bias``) as ``{b}W_gate/W_in/W_out``."""
     out = {}
     for ours, theirs in (("W_gate", "gate_proj"), ("W_in", "up_proj"), ("W_out", "down_proj")):
         for kind in (("weight", "bias") if cfg.mlp_bias else ("weight",)):

@@ -607,8 +607,16 @@ class Transformer(HookedModule):
     def extra_repr(self) -> str:
         c = self.cfg
         heads = c.n_heads if c.layer_n_heads is None else c.layer_n_heads
-        return (f"name={self.name!r}, kind={c.kind}, layers={c.n_layers}, heads={heads}, "
+        text = (f"name={self.name!r}, kind={c.kind}, layers={c.n_layers}, heads={heads}, "
                 f"kv_heads={c.n_kv_heads}, d_model={c.d_model}, causal={c.causal}")
+        if c.n_experts:
+            # A mixture of experts stores all E experts but runs k per token: both counts describe its size.
+            from .flops import parameter_counts
+
+            n = parameter_counts(c)
+            text += (f", experts={c.n_experts} (top-{c.n_experts_per_token}), "
+                     f"params={n['total']:,} total / {n['active']:,} active per token")
+        return text
 
 
 def _check_mask(name: str, mask: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor | None:

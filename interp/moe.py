@@ -12,7 +12,8 @@ block of :class:`~interp.config.ModelConfig`). For a token with normalised resid
 
 Experts run on the tokens routed to them only: token slots are sorted by expert, each expert multiplies its
 contiguous run, and the outputs are put back in slot order (cost ``k / E`` of running every expert on every
-token). Load-balancing (auxiliary) losses and router jitter are training-only and are left out.
+token). Without gradients the runs go through one grouped GEMM per projection (``F.grouped_mm``, no host sync);
+otherwise the experts run one by one. Load-balancing (auxiliary) losses and router jitter are training-only and are left out.
 
 Hooks: ``hook_router_logits`` ``[B, T, E]``, ``hook_expert_weights`` and ``hook_expert_ids`` ``[B, T, k]``
 (ids in order of decreasing choice score), ``hook_expert_out`` ``[B, T, k, M]`` (each chosen expert's output
@@ -22,6 +23,7 @@ before its weight: ablating an expert replaces it here), ``hook_routed_out`` and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -74,6 +76,47 @@ def route(logits: torch.Tensor, cfg: ModelConfig,
     if cfg.routed_scaling != 1.0:
         weights = weights * cfg.routed_scaling
     return weights, ids
+
+
+def _register_grouped_mm_flops() -> None:
+    """Teach torch's ``FlopCounterMode`` the grouped GEMM (torch 2.13 has no formula for it and counts 0), so
+    that the FLOPs it counts for an MoE forward stay those of the experts' matmuls."""
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+    op = getattr(torch.ops.aten, "_grouped_mm", None)
+    if op is None or op in flop_registry:
+        return
+
+    @register_flop_formula(op)
+    def grouped_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+        # [S, K] @ [G, K, N] by runs of rows, or [G, M, K] @ [G, K, N]: 2 K per output; [M, K] @ [K, N] with K
+        # split into G runs (a weight gradient): out [G, M, N], each output sums its run only.
+        if len(a_shape) == 2 and len(b_shape) == 2:
+            return 2 * out_shape[-2] * out_shape[-1] * a_shape[-1]
+        return 2 * math.prod(out_shape) * a_shape[-1]
+
+
+_register_grouped_mm_flops()
+
+
+def _grouped_mm_fits(tokens: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``F.grouped_mm`` can run the experts here: torch >= 2.10; no gradient needed (its CPU backward
+    fails in torch 2.13); CPU in float32 / bfloat16 / float16, or CUDA (compute capability 8.0+) in bfloat16,
+    the one dtype its CUDA kernels take; rows and weights on 16-byte strides (widths ``d_model`` and
+    ``d_expert`` a multiple of 16 bytes) at 16-byte-aligned addresses, as its kernels require.
+    Untested on CUDA in this project so far (no GPU run yet): ``tests/gpu/test_cuda.py`` covers it.
+    """
+    if not hasattr(F, "grouped_mm") or tokens.dtype != weight.dtype:
+        return False
+    if torch.is_grad_enabled() and (tokens.requires_grad or weight.requires_grad):
+        return False
+    size = weight.element_size()
+    if weight.data_ptr() % 16 or tokens.data_ptr() % 16 or any(d * size % 16 for d in weight.shape[1:]):
+        return False
+    if tokens.device.type == "cpu":
+        return tokens.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return (tokens.device.type == "cuda" and tokens.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(tokens.device) >= (8, 0))
 
 
 class MoE(nn.Module):
@@ -141,21 +184,40 @@ class MoE(nn.Module):
         Slots are sorted by expert so that each expert multiplies one contiguous block of the tokens routed
         to it; the results go back to slot order.
         """
-        order = torch.argsort(ids, stable=True)  # [N*k]: slots grouped by expert
-        counts = torch.bincount(ids, minlength=self.n_experts).tolist()
+        sorted_ids, order = torch.sort(ids, stable=True)  # [N*k] each: slots grouped by expert
+        # Where each expert's run ends, found on the device (bincount would sync on CUDA to size its output).
+        ends = torch.searchsorted(sorted_ids, torch.arange(self.n_experts, device=ids.device), right=True)  # [E]
         tokens = x.index_select(0, order // self.top_k)  # [N*k, M], sorted by expert
-        outs, start = [], 0
-        for e, n in enumerate(counts):
-            if n:
-                run = tokens[start:start + n]  # [n, M]
-                h = self.act(F.linear(run, self.W_gate[e])) * F.linear(run, self.W_in[e])  # [n, F]
-                outs.append(F.linear(h, self.W_out[e]))  # [n, M]
-            start += n
-        sorted_out = torch.cat(outs)  # [N*k, M]
+        if _grouped_mm_fits(tokens, self.W_gate):
+            # One grouped GEMM per projection; the runs' ends stay on the device, so nothing waits for the host.
+            ends = ends.to(torch.int32)
+
+            def grouped(inp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+                return F.grouped_mm(inp, w.transpose(1, 2), offs=ends)  # [N*k, in] @ [E, in, out] by run
+
+            h = self.act(grouped(tokens, self.W_gate)) * grouped(tokens, self.W_in)  # [N*k, F]
+            sorted_out = grouped(h, self.W_out)  # [N*k, M]
+        else:
+            sorted_out = self._expert_loop(tokens, ends)
         # Back to slot order by a gather through the inverse permutation (a row gather is several times faster
         # on CPU than scattering the rows with index_copy_).
         inverse = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=order.device))  # [N*k]
         return sorted_out.index_select(0, inverse)  # [N*k, M]
+
+    def _expert_loop(self, tokens: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """The experts one by one on their runs of ``tokens`` ``[N*k, M]`` (sorted by expert; expert e's run ends
+        at ``ends[e]``) -> ``[N*k, M]``."""
+        # Slicing runs of data-dependent length needs their lengths on the host: one sync per layer. This path
+        # serves only where grouped_mm cannot (see _grouped_mm_fits): gradients, float64, older torch, CUDA
+        # float32.
+        outs, start = [], 0
+        for e, end in enumerate(ends.tolist()):
+            if end > start:
+                run = tokens[start:end]  # [n, M]
+                h = self.act(F.linear(run, self.W_gate[e])) * F.linear(run, self.W_in[e])  # [n, F]
+                outs.append(F.linear(h, self.W_out[e]))  # [n, M]
+            start = end
+        return torch.cat(outs)  # [N*k, M]
 
     def extra_repr(self) -> str:
         return (f"experts={self.n_experts}, top_k={self.top_k}, d_expert={self.cfg.d_expert}, "

@@ -8,9 +8,12 @@
    the expanded path (K and V re-expanded from the latent every step). Reported.
 3. MoE forward with expert statistics recorded (:class:`interp.analysis.experts.RoutingStats` through
    ``interp.streaming.stream``) vs the plain forward. Target: ratio <= 1.2.
+4. The experts without gradients: one grouped GEMM per projection (``F.grouped_mm``, no host sync) vs one
+   expert at a time (the path with gradients, which reads the expert counts on the host), Mixtral-shaped
+   forward at batch x seq tokens and at 1 token. Target on CPU: ratio <= 1.0 (not slower).
 
 Usage:
-    python experiments/benchmarks/bench_moe.py [--batch 4] [--seq 128] [--reps 7] [--quick]
+    python experiments/benchmarks/bench_moe.py [--batch 4] [--seq 128] [--reps 7] [--quick] [--parts 0,1,2,3,4]
 """
 
 from __future__ import annotations
@@ -110,7 +113,42 @@ def bench_stats(batch: int, seq: int, reps: int) -> str:
             + ratio_table(med, "forward", targets={"forward + RoutingStats": "<= 1.2"}))
 
 
-def run(quick: bool = False, batch: int = 4, seq: int = 128, reps: int | None = None) -> str:
+def bench_grouped(batch: int, seq: int, reps: int) -> str:
+    import interp.moe
+    from interp.zoo.hf import from_hf
+
+    model = from_hf(_hf("mixtral"))
+    fits = interp.moe._grouped_mm_fits
+    if not fits(torch.zeros(1, 512), torch.zeros(8, 1024, 512)):
+        return "### 4. Experts: grouped GEMM vs one by one\n\nskipped: grouped_mm does not run here (torch < 2.10?)"
+
+    def forward(tokens: torch.Tensor, grouped: bool):
+        def go():
+            interp.moe._grouped_mm_fits = fits if grouped else (lambda *a: False)
+            try:
+                return model(tokens)
+            finally:
+                interp.moe._grouped_mm_fits = fits
+        return go
+
+    gen = torch.Generator().manual_seed(4)
+    parts = []
+    for b, t in ((batch, seq), (1, 1)):
+        tokens = torch.randint(0, VOCAB, (b, t), generator=gen)
+        with torch.inference_mode():
+            diff = (forward(tokens, True)() - forward(tokens, False)()).abs().max().item()
+            med = time_interleaved({"one by one": forward(tokens, False), "grouped GEMM": forward(tokens, True)},
+                                   reps=reps if t > 1 else 10 * reps)
+        parts.append(f"batch {b} x {t} tokens; max |logit diff| = {diff:.2e}\n\n"
+                     + ratio_table(med, "one by one", targets={"grouped GEMM": "<= 1.0"}))
+    return "### 4. Experts without gradients: grouped GEMM vs one by one (Mixtral-shaped model)\n\n" + "\n\n".join(parts)
+
+
+PARTS = (0, 1, 2, 3, 4)
+
+
+def run(quick: bool = False, batch: int = 4, seq: int = 128, reps: int | None = None,
+        parts_wanted: tuple[int, ...] = PARTS) -> str:
     reps = reps or (3 if quick else 7)
     threads = fix_threads()
     parts = [f"## bench_moe (torch threads {threads})\n\n{machine_info()}"]
@@ -118,9 +156,10 @@ def run(quick: bool = False, batch: int = 4, seq: int = 128, reps: int | None = 
         import transformers  # noqa: F401
     except ImportError as e:
         return parts[0] + f"\n\nskipped: {e}"
-    parts += [bench_vs_hf("mixtral", batch, seq, reps), bench_vs_hf("deepseek_v3", batch, seq, reps),
-              bench_mla_decode(64 if quick else 256, 16 if quick else 32, max(2, reps // 2)),
-              bench_stats(batch, seq, reps)]
+    benches = {0: lambda: bench_vs_hf("mixtral", batch, seq, reps), 1: lambda: bench_vs_hf("deepseek_v3", batch, seq, reps),
+               2: lambda: bench_mla_decode(64 if quick else 256, 16 if quick else 32, max(2, reps // 2)),
+               3: lambda: bench_stats(batch, seq, reps), 4: lambda: bench_grouped(batch, seq, reps)}
+    parts += [benches[i]() for i in parts_wanted]
     return "\n\n".join(parts)
 
 
@@ -130,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--reps", type=int)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--parts", default=",".join(map(str, PARTS)), help="which sections to run, e.g. 0,4")
     a = p.parse_args(argv)
-    print(run(a.quick, a.batch, a.seq, a.reps))
+    print(run(a.quick, a.batch, a.seq, a.reps, tuple(int(i) for i in a.parts.split(","))))
     return 0
 
 

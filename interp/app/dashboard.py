@@ -50,6 +50,7 @@ from interp.flops import (
     kv_cache_table,
     worked_example_config,
 )
+from interp.zoo.hf import FAMILIES
 
 PAGES = ("Attention patterns", "Head map", "Induction", "Pruning", "KV cache & FLOPs")
 BUILTIN_MODELS = ("induction-2l", "minilm-l6", "smollm2-135m")
@@ -223,8 +224,8 @@ def choose_model() -> tuple[str, str] | None:
     choice = st.sidebar.selectbox("Model", MODEL_CHOICES, key="model",
                                   help="Built-in models, a tiny random model, a local interp checkpoint "
                                        "(.safetensors written by interp.zoo.save_checkpoint), or a Hugging Face "
-                                       "or TransformerLens BERT / GPT-2 / Llama-style model (name or local "
-                                       "folder; names need internet access).")
+                                       f"or TransformerLens model ({FAMILIES}; name or local folder; names need "
+                                       "internet access).")
     if choice in BUILTIN_MODELS:
         return "builtin", choice
     if choice == RANDOM_TINY:
@@ -249,8 +250,8 @@ def choose_model() -> tuple[str, str] | None:
         name = st.sidebar.text_input("Model name or local folder for TransformerBridge.boot_transformers",
                                      key="tl_name", placeholder="gpt2")
         if not name.strip():
-            st.info("Type a model name that TransformerLens can boot (BERT, GPT-2 or Llama-style architectures "
-                    "convert to interp) in the sidebar.")
+            st.info(f"Type a model name that TransformerLens can boot ({FAMILIES} convert to interp) in the "
+                    "sidebar.")
             return None
         try:
             return "tl", served_model_ref(name, "tl:")
@@ -260,7 +261,7 @@ def choose_model() -> tuple[str, str] | None:
     name = st.sidebar.text_input("Hugging Face model name or local folder", key="hf_name",
                                  placeholder="gpt2, bert-base-uncased, ./my-llama")
     if not name.strip():
-        st.info("Type a Hugging Face model name (BERT, GPT-2 or Llama-style) or a local folder in the sidebar.")
+        st.info(f"Type a Hugging Face model name ({FAMILIES}) or a local folder in the sidebar.")
         return None
     try:
         return "hf", served_model_ref(name)

@@ -10,8 +10,9 @@ Built-in names (see :data:`BUILTINS`):
 * ``"random-tiny"``: a randomly initialised 2-layer GQA decoder with a token-id tokenizer (instant; for trying
   the tools and for tests).
 
-Any llama-family ``.gguf`` file loads with ``load(path)`` (:mod:`interp.zoo.gguf`); ``"hf:ID"`` and ``"tl:ID"``
-convert a Hugging Face hub model with :func:`interp.zoo.hf.from_hf` or through TransformerLens.
+A ``.gguf`` file of the architectures :mod:`interp.zoo.gguf` reads (Llama, Qwen, Gemma, Phi-3, StarCoder, Falcon
+and the mixtures of experts) loads with ``load(path)``; ``"hf:ID"`` and ``"tl:ID"`` convert a Hugging Face hub
+model (:data:`interp.zoo.hf.FAMILIES`) with :func:`interp.zoo.hf.from_hf` or through TransformerLens.
 
 Example:
     >>> from interp.zoo import load
@@ -101,8 +102,9 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         name_or_path: a built-in name (``"minilm-l6"``, ``"induction-2l"``, ``"smollm2-135m"``,
             ``"random-tiny"``); a ``.safetensors`` checkpoint written by :func:`save_checkpoint` or
             :func:`interp.zoo.induction.save_induction_model` (it gets the tokenizer its header records); a
-            llama-family ``.gguf`` file (:func:`interp.zoo.gguf.load_gguf`); a local folder of a Hugging Face
-            BERT / GPT-2 / Llama-style model (converted with :func:`interp.zoo.hf.from_hf`); or a hub name,
+            ``.gguf`` file (:func:`interp.zoo.gguf.load_gguf`); a local folder of a Hugging Face model of a
+            supported family (:data:`interp.zoo.hf.FAMILIES`, converted with :func:`interp.zoo.hf.from_hf`);
+            or a hub name,
             ``"hf:ID"`` (transformers) or ``"tl:ID"`` (TransformerLens' ``TransformerBridge``), where ``ID`` is a
             hub repository id, taken strictly as one (never a folder relative to the working directory), or
             an absolute path of a local model folder.

@@ -40,7 +40,7 @@ from . import gguf_experts
 from .checkpoint import check_fits
 from .gguf_archs import ARCHITECTURES, Architecture, Meta, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, read_gguf
-from .hf import CONVERTERS, _register_dense_families
+from .hf import converter
 from .tokenizer import Tokenizer
 
 _GGUF_EXTRA = "pip install interp[gguf]"
@@ -76,7 +76,8 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         GGUFError: (a ValueError) the file is not GGUF, or its header is corrupt (file and key named).
 
     Example:
-        >>> read_metadata(interp.zoo.smollm2.fetch_gguf())["llama.attention.head_count_kv"]
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> read_metadata(fetch_gguf())["llama.attention.head_count_kv"]
         3
     """
     return _metadata(_reader(path))
@@ -121,7 +122,8 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
             not reproduce, partial rotary, or a missing key (each named with its value).
 
     Example:
-        >>> cfg = hf_config_from_gguf(read_metadata(interp.zoo.smollm2.fetch_gguf()), {"token_embd.weight"})
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> cfg = hf_config_from_gguf(read_metadata(fetch_gguf()), {"token_embd.weight"})
         >>> cfg["model_type"], cfg["num_key_value_heads"]
         ('llama', 3)
     """
@@ -202,11 +204,6 @@ def _to_hf(spec: Architecture, stem: str, hf: str, w: torch.Tensor, hf_cfg: Mapp
         raise GGUFError(f"{source}: tensor {name!r} of shape {tuple(w.shape)}: {e}") from e
 
 
-def _converter(hf_cfg: Mapping[str, Any]):
-    _register_dense_families()
-    return CONVERTERS[hf_cfg["model_type"]]
-
-
 def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: str = "GGUF") -> None:
     """Check a GGUF file's tensor table against the model its metadata declares, allocating nothing.
 
@@ -245,7 +242,7 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         missing = sorted(set(range(n_layers)) - set(blocks))
         raise GGUFError(f"{source}: the metadata declares block_count = {n_layers}, but the file holds tensors "
                         f"for {len(blocks)} layer(s); no tensors for layer(s) {missing[:8]}")
-    make_cfg, make_sd = _converter(hf_cfg)
+    make_cfg, make_sd = converter(hf_cfg)
     try:
         cfg = make_cfg(hf_cfg)
     except ValueError as e:
@@ -397,7 +394,8 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
             or a byte-level pre-tokenizer this loader does not know (both named).
 
     Example:
-        >>> tok = tokenizer_from_gguf(read_metadata(interp.zoo.smollm2.fetch_gguf()))
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> tok = tokenizer_from_gguf(read_metadata(fetch_gguf()))
         >>> tok.to_str_tokens(tok.to_tokens("Hello world")[0].tolist())
         ['Hello', ' world']
     """
@@ -554,7 +552,7 @@ def _assemble(hf_cfg: Mapping[str, Any], hf_sd: dict[str, torch.Tensor], *, dtyp
     """The model from a HF config and state dict, its parameters *being* the converted tensors (assigned, not
     copied into a second set of weights): peak memory is the weights plus the fused tensors the converter
     concatenates (QKV), not twice the weights. ``hf_sd`` is emptied on the way."""
-    make_cfg, make_sd = _converter(hf_cfg)
+    make_cfg, make_sd = converter(hf_cfg)
     cfg = make_cfg(hf_cfg)
     ours = make_sd(hf_sd, cfg)
     hf_sd.clear()  # what the converter kept lives on in `ours`; the parts of concatenated tensors are freed
@@ -608,7 +606,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
         ImportError: the ``gguf`` package is missing (``pip install interp[gguf]``).
 
     Example:
-        >>> model = load_gguf(interp.zoo.smollm2.fetch_gguf())  # ~1 min (dequantises every tensor)  # doctest: +SKIP
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> model = load_gguf(fetch_gguf())  # ~1 min (dequantises every tensor)  # doctest: +SKIP
         >>> model.generate(model.to_tokens("The capital of France is"), 5)  # doctest: +SKIP
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

@@ -1,4 +1,5 @@
-"""Hugging Face converters: BERT, GPT-2 and Llama-style models to :class:`interp.Transformer`.
+"""Hugging Face converters: BERT, GPT-2, Llama-style and mixture-of-experts models to :class:`interp.Transformer`
+(the other dense families are in :mod:`interp.zoo.hf_families`).
 
 Each architecture has two pure functions, one from the HF config dict to a :class:`ModelConfig` and one
 from the HF state dict to ours; neither imports ``transformers`` (MiniLM uses them on a bare safetensors
@@ -11,7 +12,7 @@ Weight layouts, and what differs from ours:
   returns the last hidden state (``unembed=False``).
 * GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``): ``Conv1D`` stores weights as ``[in, out]``, the transpose of
   ``nn.Linear``; ``gelu_new`` is the tanh approximation; the unembedding is tied to ``wte``.
-* Llama-style (``LlamaForCausalLM``, also ``mistral`` and ``qwen2``): pre-RMSNorm, rotary embeddings in the
+* Llama-style (``LlamaForCausalLM``, also ``mistral``, ``qwen2`` and ``qwen3``): pre-RMSNorm, rotary embeddings in the
   rotate-half convention (as :mod:`interp.rotary`) with base ``rope_theta``, SwiGLU MLP
   (``down(silu(gate(x)) * up(x))``), grouped-query attention with ``num_key_value_heads``.
 """
@@ -19,6 +20,7 @@ Weight layouts, and what differs from ours:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pickle
 import re
@@ -277,8 +279,8 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     Raises:
         ValueError: another RoPE kind, an activation other than silu, an unknown layer type, or a missing key.
     """
-    arch = "Llama"
     mtype = hf_cfg.get("model_type", "llama")
+    arch = mtype  # mistral, qwen2 and the MoE families come through here too: errors name the real one
     act = hf_cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
@@ -301,24 +303,23 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF Llama-style one (``LlamaForCausalLM`` or ``LlamaModel`` keys).
+def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama") -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Llama-style one (``LlamaForCausalLM`` or ``LlamaModel`` keys), with or
+    without experts.
+
+    Args:
+        hf_sd: the HF state dict.
+        cfg: from :func:`llama_config` or :func:`moe_config`.
+        arch: the HF ``model_type`` the weights come from, which the errors name (``"qwen2_moe"``, ...).
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    src = _Source(hf_sd, ("model.",), "Llama")
+    src = _Source(hf_sd, ("model.",), arch)
     out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."
-        kinds = ("weight", "bias") if cfg.attn_bias else ("weight",)
-        for kind in kinds:
-            # q_proj [H*D, M], k_proj / v_proj [K*D, M]; K/V head j serves query heads j*G..(j+1)*G-1, as ours.
-            out[b + f"attn.W_qkv.{kind}"] = torch.cat(
-                [src(h + f"self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")], dim=0)  # [(H+2K)*D(, M)]
-        out[b + "attn.W_O.weight"] = src(h + "self_attn.o_proj.weight")
-        if cfg.out_bias:
-            out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
+        out.update(_llama_attention(src, h, b, cfg))
         out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
         out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
         if cfg.qk_norm != "none":  # Qwen3 (per head), Qwen3-MoE (per head), OLMoE (all heads)
@@ -327,10 +328,23 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
         out.update(_mlp_weights(src, h, b + "mlp.", cfg, i))
     if not cfg.tie_embeddings:
         if "lm_head.weight" not in hf_sd:
-            raise ValueError("Llama state dict has no 'lm_head.weight' and tie_word_embeddings is False "
+            raise ValueError(f"{arch} state dict has no 'lm_head.weight' and tie_word_embeddings is False "
                              "(pass a *ForCausalLM model, not the bare *Model)")
         out["W_U.weight"] = hf_sd["lm_head.weight"]
         out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
+    return out
+
+
+def _llama_attention(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Separate q/k/v/o projections (``self_attn.{q,k,v,o}_proj``) stacked into our ``W_qkv`` and ``W_O``."""
+    out = {}
+    for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+        # q_proj [H*D, M], k_proj / v_proj [K*D, M]; K/V head j serves query heads j*G..(j+1)*G-1, as ours.
+        out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+            [src(h + f"self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")], dim=0)  # [(H+2K)*D(, M)]
+    out[b + "attn.W_O.weight"] = src(h + "self_attn.o_proj.weight")
+    if cfg.out_bias:
+        out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
     return out
 
 
@@ -346,6 +360,7 @@ def _mlp_weights(src: _Source, h: str, b: str, cfg: ModelConfig, layer: int) -> 
 
 
 def _dense_weights(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A SwiGLU MLP's ``{h}gate_proj/up_proj/down_proj`` (with biases when ``cfg.mlp_bias``) as ``{b}W_gate/W_in/W_out``."""
     out = {}
     for ours, theirs in (("W_gate", "gate_proj"), ("W_in", "up_proj"), ("W_out", "down_proj")):
         for kind in (("weight", "bias") if cfg.mlp_bias else ("weight",)):
@@ -553,7 +568,8 @@ def _shape_check(arch: str, key: str, tensor: torch.Tensor, want: tuple[int, ...
                          f"need {want}")
 
 
-def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool = True) -> dict[str, torch.Tensor]:
+def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool = True,
+                        arch: str = "deepseek_v3") -> dict[str, torch.Tensor]:
     """Our state dict from a HF DeepSeek-V2 / V3 one.
 
     Args:
@@ -561,11 +577,11 @@ def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool
         cfg: from :func:`deepseek_config`.
         interleaved: the checkpoint's rotary dims come in interleaved pairs (DeepSeek-V2 always; V3 with
             ``rope_interleave``): their rows are permuted to the half-split layout (see :func:`_deinterleave`).
+        arch: the HF ``model_type`` the weights come from, which the errors name.
 
     Raises:
         ValueError: a missing tensor, or MLA ranks / head widths / expert counts that do not match the tensors.
     """
-    arch = "DeepSeek"
     src = _Source(hf_sd, ("model.",), arch)
     H, D, R, C, Dv, M = (cfg.n_heads, cfg.d_head, cfg.rope_dim, cfg.kv_latent_dim, cfg.v_head_dim, cfg.d_model)
     Cq = cfg.q_latent_dim
@@ -608,15 +624,16 @@ def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool
         out.update(_mlp_weights(src, h, b + "mlp.", cfg, i))
     if not cfg.tie_embeddings:
         if "lm_head.weight" not in hf_sd:
-            raise ValueError("DeepSeek state dict has no 'lm_head.weight' and tie_word_embeddings is False")
+            raise ValueError(f"{arch} state dict has no 'lm_head.weight' and tie_word_embeddings is False")
         out["W_U.weight"] = hf_sd["lm_head.weight"]
         out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
     return out
 
 
 def _deepseek_state_dict(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict]:
-    interleaved = hf_cfg.get("model_type") == "deepseek_v2" or bool(hf_cfg.get("rope_interleave", True))
-    return lambda sd, cfg: deepseek_state_dict(sd, cfg, interleaved=interleaved)
+    mtype = str(hf_cfg.get("model_type"))
+    interleaved = mtype == "deepseek_v2" or bool(hf_cfg.get("rope_interleave", True))
+    return lambda sd, cfg: deepseek_state_dict(sd, cfg, interleaved=interleaved, arch=mtype)
 
 
 # --- dispatch ---------------------------------------------------------------------------------------------
@@ -624,10 +641,15 @@ Converter = tuple[Callable[[Mapping[str, Any]], ModelConfig], Callable[[StateDic
 CONVERTERS: dict[str, Converter] = {
     "bert": (bert_config, bert_state_dict),
     "gpt2": (gpt2_config, gpt2_state_dict),
-    **{t: (llama_config, llama_state_dict) for t in _LLAMA_TYPES},
-    **{t: (moe_config, llama_state_dict) for t in _MOE_TYPES},
+    **{t: (llama_config, functools.partial(llama_state_dict, arch=t)) for t in _LLAMA_TYPES},
+    **{t: (moe_config, functools.partial(llama_state_dict, arch=t)) for t in _MOE_TYPES},
     **{t: (deepseek_config, deepseek_state_dict) for t in _DEEPSEEK_TYPES},
 }
+
+
+#: The families the converters take, in short, for help texts (:func:`converter` lists every ``model_type``
+#: when it refuses one).
+FAMILIES = "BERT, GPT-2, Llama, Qwen, Gemma, Phi, Mixtral, DeepSeek and other families"
 
 
 def _register_dense_families() -> None:
@@ -635,6 +657,27 @@ def _register_dense_families() -> None:
     from .hf_families import CONVERTERS_DENSE
 
     CONVERTERS.update(CONVERTERS_DENSE)
+
+
+def converter(hf_cfg: Mapping[str, Any]) -> Converter:
+    """The config and state-dict functions for a HF config's ``model_type``.
+
+    Raises:
+        ValueError: an unsupported ``model_type`` (the supported ones are listed).
+
+    Example:
+        >>> make_cfg, make_sd = converter({"model_type": "qwen2_moe"})
+        >>> make_cfg.__name__, make_sd.keywords
+        ('moe_config', {'arch': 'qwen2_moe'})
+    """
+    mtype = hf_cfg.get("model_type")
+    _register_dense_families()
+    if mtype not in CONVERTERS:
+        raise ValueError(f"model_type={mtype!r} is not supported; supported: {sorted(CONVERTERS)}")
+    make_cfg, make_sd = CONVERTERS[mtype]
+    if mtype in _DEEPSEEK_TYPES:
+        make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
+    return make_cfg, make_sd
 
 
 def source_dtype(hf_sd: StateDict) -> torch.dtype | None:
@@ -671,12 +714,7 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
             missing tensors, or shape mismatches (tensor named with both shapes).
     """
     mtype = hf_cfg.get("model_type")
-    _register_dense_families()
-    if mtype not in CONVERTERS:
-        raise ValueError(f"model_type={mtype!r} is not supported; supported: {sorted(CONVERTERS)}")
-    make_cfg, make_sd = CONVERTERS[mtype]
-    if mtype in _DEEPSEEK_TYPES:
-        make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
+    make_cfg, make_sd = converter(hf_cfg)
     cfg = make_cfg(hf_cfg)
     if dtype is None:
         dtype = source_dtype(hf_sd)
@@ -714,7 +752,8 @@ def _tokenizer_for(source: str):
 
 def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = None,
             device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
-    """Convert a Hugging Face BERT, GPT-2 or Llama-style model to an :class:`interp.Transformer`.
+    """Convert a Hugging Face model of a supported family (:data:`FAMILIES`; :func:`converter` lists every
+    ``model_type`` when it refuses one) to an :class:`interp.Transformer`.
 
     Users with hub access can pass any hub id or local folder of these architectures (``"gpt2"``,
     ``"bert-base-uncased"``, ``"TinyLlama/TinyLlama-1.1B-Chat-v1.0"``, ``"./my-llama"``); the weights and the

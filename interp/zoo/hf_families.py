@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .hf import StateDict, _need, _rope, _Source, sliding_windows
+from .hf import StateDict, _dense_weights, _llama_attention, _need, _rope, _Source, sliding_windows
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 
@@ -160,26 +160,9 @@ def gemma_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
         if cfg.qk_norm != "none":
             out[b + "attn.q_norm.weight"] = norm(h + "self_attn.q_norm.weight")
             out[b + "attn.k_norm.weight"] = norm(h + "self_attn.k_norm.weight")
-        out.update(_llama_mlp(src, h, b, cfg))
+        out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
     out.update(_lm_head(hf_sd, src, cfg, "Gemma"))
     return out
-
-
-def _llama_attention(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Separate q/k/v/o projections (``self_attn.{q,k,v,o}_proj``) stacked into our ``W_qkv`` and ``W_O``."""
-    out = {}
-    for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
-        out[b + f"attn.W_qkv.{kind}"] = torch.cat(
-            [src(h + f"self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")], dim=0)  # [(H+2K)*D(, M)]
-    out[b + "attn.W_O.weight"] = src(h + "self_attn.o_proj.weight")
-    if cfg.out_bias:
-        out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
-    return out
-
-
-def _llama_mlp(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    return {b + f"mlp.{ours}.weight": src(h + f"mlp.{theirs}.weight")
-            for ours, theirs in (("W_gate", "gate_proj"), ("W_in", "up_proj"), ("W_out", "down_proj"))}
 
 
 # --- OLMo 2 -----------------------------------------------------------------------------------------------
@@ -220,7 +203,7 @@ def olmo2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
         out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")
         out[b + "ln1_post.weight"] = src(h + "post_attention_layernorm.weight")
         out[b + "ln2_post.weight"] = src(h + "post_feedforward_layernorm.weight")
-        out.update(_llama_mlp(src, h, b, cfg))
+        out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
     out.update(_lm_head(hf_sd, src, cfg, "OLMo 2"))
     return out
 

@@ -148,9 +148,9 @@ def head_writes_from_z(z: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
 def from_transformer_lens(bridge: Any) -> Transformer:
     """The reverse direction: an interp :class:`~interp.Transformer` with the weights of a bridge's HF model.
 
-    Works when the bridge wraps a BERT, GPT-2 or Llama-style model (it converts ``bridge.original_model``
-    with :func:`interp.zoo.hf.from_hf`); then the analyzers that need a runnable model (head gates,
-    pruning) work on it too. The bridge's tokenizer comes along.
+    Works when the bridge wraps a model of a family interp converts (:data:`interp.zoo.hf.FAMILIES`; it converts
+    ``bridge.original_model`` with :func:`interp.zoo.hf.from_hf`); then the analyzers that need a runnable model
+    (head gates, pruning) work on it too. The bridge's tokenizer comes along.
 
     Args:
         bridge: a ``TransformerBridge`` booted without weight processing (the default of ``boot_transformers``).

@@ -185,7 +185,8 @@ def test_a_file_that_is_not_a_checkpoint_gives_a_message(tmp_path, monkeypatch):
 @pytest.mark.parametrize("choice,field", [("Hugging Face name", "hf_name"), ("TransformerLens name", "tl_name")])
 def test_an_unknown_hub_name_gives_a_message(tmp_path, choice, field):
     at = make_app(model=choice)
-    assert at.info  # asks for a name first
+    assert at.info  # asks for a name first, saying which families convert
+    assert "Gemma, Phi, Mixtral, DeepSeek" in at.info[0].value
     at.sidebar.text_input(key=field).set_value(str(tmp_path / "no-such-model"))
     at.run()
     assert not at.exception

@@ -73,6 +73,60 @@ def test_experts_run_only_on_the_tokens_routed_to_them():
     assert len(seen) <= 8
 
 
+needs_grouped_mm = pytest.mark.skipif(not hasattr(F, "grouped_mm"), reason="torch.nn.functional.grouped_mm "
+                                                                           "needs torch >= 2.10")
+
+
+@needs_grouped_mm
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_tokens", [1, 2, 40])  # 1 and 2 tokens leave most experts without a token
+def test_grouped_gemm_and_one_expert_at_a_time_give_the_same_outputs(dtype, n_tokens, monkeypatch):
+    from interp.moe import MoE
+
+    torch.manual_seed(0)
+    moe = Transformer(moe_cfg(d_expert=16)).blocks[0].mlp.to(dtype)  # 16 bf16 = 32 bytes: grouped_mm's strides
+    x = torch.randn(1, n_tokens, 16, dtype=dtype)
+    calls = []
+    loop = MoE._expert_loop
+    monkeypatch.setattr(MoE, "_expert_loop", lambda self, *a: (calls.append(1), loop(self, *a))[1])
+    one_by_one = moe(x)  # parameters need gradients here: the experts run one by one
+    assert calls == [1] and one_by_one.requires_grad
+    with torch.inference_mode():
+        grouped = moe(x)
+    assert calls == [1]  # no second loop: the grouped path ran
+    # The same products; a kernel may sum them in another order (a slice at an odd offset): an ulp or so.
+    torch.testing.assert_close(grouped, one_by_one.detach())
+
+
+@needs_grouped_mm
+def test_experts_without_gradients_make_no_host_sync(monkeypatch):
+    # The one-by-one path is where the expert counts go to the host (.tolist()); without gradients, in a
+    # supported dtype, it must not run (on a GPU that sync would stall every MoE layer of every batch).
+    from interp.moe import MoE
+
+    def refuse(self, *a):
+        raise AssertionError("the experts ran one by one (a host sync)")
+
+    model = Transformer(moe_cfg(n_layers=2, d_expert=16)).eval()
+    monkeypatch.setattr(MoE, "_expert_loop", refuse)
+    with torch.inference_mode():
+        model(torch.randint(0, 30, (3, 9)))
+    with torch.no_grad():
+        model.to(torch.bfloat16)(torch.randint(0, 30, (3, 9)))
+
+
+@pytest.mark.parametrize("dtype, d_expert", [(torch.float64, 16), (torch.bfloat16, 12)])
+def test_experts_grouped_mm_cannot_take_run_one_by_one(dtype, d_expert):
+    # float64 (no grouped_mm kernel) and 12 bf16 = 24-byte rows (not on 16-byte strides) take the loop.
+    torch.manual_seed(0)
+    moe = Transformer(moe_cfg(d_expert=d_expert)).blocks[0].mlp
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        want = moe(x)
+        got = moe.to(dtype)(x.to(dtype))
+    torch.testing.assert_close(got.float(), want, rtol=0, atol=1e-5 if dtype == torch.float64 else 0.05)
+
+
 def test_route_hooks_have_the_documented_shapes():
     model = Transformer(moe_cfg(n_layers=2, dense_mlp_layers=[0]))
     _, trace = model.run_with_cache(torch.randint(0, 30, (2, 5)), names_filter="blocks.1.mlp.*")

@@ -133,3 +133,26 @@ def test_layer_split_across_gpu_and_cpu_equals_one_device():
     assert torch.equal(split.generate(prompt, 12), one.generate(prompt, 12))
     cache = split.make_cache(batch_size=2)
     assert [layer.buffers[0].device.type for layer in cache.layers] == ["cuda", "cuda", "cpu"]
+
+
+@pytest.mark.skipif(not hasattr(torch.nn.functional, "grouped_mm"), reason="grouped_mm needs torch >= 2.10")
+def test_moe_experts_in_bf16_make_no_host_sync_and_equal_the_one_by_one_path():
+    from interp.moe import MoE
+
+    torch.manual_seed(0)
+    cfg = interp.ModelConfig(n_layers=1, d_model=64, n_heads=4, d_vocab=50, n_ctx=32, activation="swiglu",
+                             normalization="rms", positional="rotary", n_experts=8, n_experts_per_token=2,
+                             d_expert=32)
+    moe = interp.Transformer(cfg).blocks[0].mlp.to("cuda", torch.bfloat16)
+    assert isinstance(moe, MoE)
+    x = torch.randn(3, 17, 64, device="cuda", dtype=torch.bfloat16)
+    one_by_one = moe(x).detach()  # parameters need gradients: the experts run one by one
+    with torch.inference_mode():
+        moe(x)  # warm-up (kernel selection may query the device once)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            grouped = moe(x)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(grouped, one_by_one, atol=2e-2, rtol=2e-2)

@@ -171,3 +171,16 @@ def test_conversion_errors():
         convert({**cfg, "scale_attn_by_inverse_layer_idx": True}, gpt2.state_dict())
     with pytest.raises(TypeError, match="Hugging Face model"):
         from_hf(42)
+
+
+def test_the_families_named_in_help_texts_are_the_ones_converted():
+    from interp.zoo.hf import CONVERTERS, FAMILIES, converter
+
+    converter({"model_type": "llama"})  # registers the dense families of hf_families too
+    names = FAMILIES.removesuffix(" and other families").split(", ")
+    assert len(names) >= 6
+    for name in names:  # "GPT-2" -> gpt2, "Qwen" -> qwen2 / qwen3 / qwen2_moe, ...
+        key = name.lower().replace("-", "")
+        assert any(t.startswith(key) for t in CONVERTERS), f"{name} is named but no model_type {key}* converts"
+    with pytest.raises(ValueError, match=r"model_type='t5' is not supported; supported: \[.*'mixtral'.*\]"):
+        converter({"model_type": "t5"})

@@ -93,3 +93,22 @@ def test_active_expert_parameters_are_those_one_token_reaches(make):
     reached = sum(int(p.grad.ne(0).sum()) for p in expert_params)
     assert reached == counts["experts_active"] < counts["experts_total"]
     assert counts["active"] == counts["total"] - counts["experts_total"] + reached
+
+
+def test_a_moe_models_description_gives_its_total_and_active_parameters():
+    cfg = tf.MixtralConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           max_position_embeddings=64, intermediate_size=48, num_key_value_heads=2,
+                           num_local_experts=6, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    hf = tf.MixtralForCausalLM(cfg)
+    model = from_hf(hf)
+    # Every stored parameter: HF's count plus the zero bias interp's untied unembedding carries.
+    total = hf.num_parameters() + 61
+    assert total == sum(p.numel() for p in model.parameters()) == 65949
+    # Per token 2 of the 6 experts run in each of the 2 layers; an expert is w1, w3 [48, 32] and w2 [32, 48].
+    active = total - 2 * (6 - 2) * 3 * 48 * 32
+    assert active == 29085
+    line = repr(model).splitlines()[1]
+    assert line.endswith(f"experts=6 (top-2), params={total:,} total / {active:,} active per token")
+    assert "experts=" not in repr(from_hf(tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=61, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48))))

@@ -84,3 +84,37 @@ def test_native_moe_config_with_top_k_beyond_the_experts_is_refused():
     with pytest.raises(ValueError, match=r"n_experts_per_token=5 is larger than the number of experts n_experts=4"):
         ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu", n_experts=4,
                     n_experts_per_token=5)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_refusals_name_the_model_type_the_setting_and_the_value(hf_models, family):
+    # The MoE families reuse the Llama converter (and DeepSeek's covers two types): each message must still
+    # start with the model_type it was given, not "Llama" or "DeepSeek".
+    cfg, sd = hf_models[family]
+    with pytest.raises(ValueError, match=rf"^{family} hidden_act='gelu' is not supported"):
+        convert({**cfg, "hidden_act": "gelu"}, sd)
+    with pytest.raises(ValueError, match=rf"^{family} config has no 'hidden_size'"):
+        convert({**cfg, "hidden_size": None}, sd)
+    with pytest.raises(ValueError, match=rf"^{family} state dict has no tensor "
+                                         r"'model\.layers\.1\.self_attn\.o_proj\.weight'"):
+        convert(cfg, {k: v for k, v in sd.items() if not k.startswith("model.layers.1.self_attn.o_proj")})
+    with pytest.raises(ValueError, match=rf"^{family} state dict has no 'lm_head\.weight' and "
+                                         r"tie_word_embeddings is False"):
+        convert({**cfg, "tie_word_embeddings": False}, {k: v for k, v in sd.items() if k != "lm_head.weight"})
+    with pytest.raises(ValueError, match=rf"^{family}: the config says n_experts=4"):
+        convert({**cfg, EXPERT_KEY[family]: 4, **({"n_group": 1, "topk_group": 1} if "deepseek" in family else {})},
+                sd)
+
+
+@pytest.mark.parametrize("family, make", [
+    ("mistral", lambda: tf.MistralConfig(**BASE, intermediate_size=32, num_key_value_heads=2)),
+    ("qwen2", lambda: tf.Qwen2Config(**BASE, intermediate_size=32, num_key_value_heads=2)),
+])
+def test_dense_llama_style_refusals_name_their_model_type(family, make):
+    torch.manual_seed(0)
+    hf = tf.AutoModelForCausalLM.from_config(make())
+    cfg, sd = hf.config.to_dict(), hf.state_dict()
+    with pytest.raises(ValueError, match=rf"^{family} config has no 'intermediate_size'"):
+        convert({**cfg, "intermediate_size": None}, sd)
+    with pytest.raises(ValueError, match=rf"^{family} state dict has no tensor 'model\.layers\.0\.input_layernorm"):
+        convert(cfg, {k: v for k, v in sd.items() if k != "model.layers.0.input_layernorm.weight"})

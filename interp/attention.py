@@ -35,11 +35,8 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookPoint
 from .kv_cache import LayerKVCache
-from .norms import RMSNorm
+from .norms import HALF_DTYPES, RMSNorm
 from .rotary import Rotary
-
-# Dtypes whose attention scores and softmax run in float32 on the explicit path (see _attend_explicit).
-_HALF = (torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -229,7 +226,7 @@ class _AttentionBase(nn.Module):
         # a score of 10 to bf16 moves it by up to 0.03, its softmax weight by 3 %. Only the pattern is rounded
         # to the model's dtype, for the product with v (as HF eager and flash do). float32 and float64 models
         # take the same lines with no cast at all.
-        half = q.dtype in _HALF
+        half = q.dtype in HALF_DTYPES
         if half:
             q, k = q.float(), k.float()
         # Group query heads under their K/V head instead of repeating K/V: no copy of the cache.

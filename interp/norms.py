@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_HALF = (torch.bfloat16, torch.float16)
+#: Half-precision dtypes: their norms follow the family's rounding order, and attention scores and softmax run
+#: in float32 (interp.attention).
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class RMSNorm(nn.RMSNorm):
@@ -45,7 +47,7 @@ class RMSNorm(nn.RMSNorm):
         self.weight_float32 = weight_float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight_float32 or self.weight is None or x.dtype not in _HALF:
+        if self.weight_float32 or self.weight is None or x.dtype not in HALF_DTYPES:
             return super().forward(x)  # float32: PyTorch's kernel, no cast
         # Llama's order: float32 statistics, rounded to the input's dtype, then the weight in that dtype.
         return F.rms_norm(x.float(), self.normalized_shape, eps=self.eps).to(x.dtype) * self.weight

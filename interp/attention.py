@@ -85,6 +85,21 @@ class AttnMask:
                                         window=window, key_start=key_start)
         return self._cache[key]
 
+    def repeated(self, k: int) -> AttnMask:
+        """This mask for ``k`` copies of the batch stacked along it (rows ``j B .. (j + 1) B`` are copy ``j``).
+
+        Example:
+            >>> m = AttnMask(T=2, S=2, start=0, causal=True, key_keep=torch.tensor([[True, False]]))
+            >>> m.repeated(3).key_keep.shape
+            torch.Size([3, 2])
+        """
+        if self.key_keep is None or k == 1:
+            return self  # nothing in it depends on the batch
+        return AttnMask(T=self.T, S=self.S, start=self.start, causal=self.causal,
+                        key_keep=self.key_keep.repeat(k, 1),  # [k B, S]
+                        padded_queries_see_all=self.padded_queries_see_all, window=self.window,
+                        key_start=self.key_start)
+
     @property
     def sdpa_is_causal(self) -> bool:
         """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset, no window)."""

@@ -237,10 +237,13 @@ class Transformer(HookedModule):
                                  kv_cache=kv_cache)
 
     def _forward(self, tokens, *, attention_mask, token_type_ids, position_ids, context, context_mask,
-                 kv_cache, last_only: bool = False, resume: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
-        # resume=(layer, x): enter block `layer` with the residual x [B, T, M] (recorded from another run of the
-        # same tokens); the embedding and the blocks below are skipped. Activation patching resumes patched
-        # runs at the patched layer, whose input no patch changed.
+                 kv_cache, last_only: bool = False, first_layer: int = 0,
+                 enter: Callable[[int, torch.Tensor | None], torch.Tensor] | None = None) -> torch.Tensor:
+        # enter(i, x) -> x: called before every block i >= first_layer with the residual about to enter it (None
+        # before the first: with enter, the embedding and the blocks below first_layer are skipped), returns the
+        # one that enters. Activation patching starts a pass at the lowest patched layer and grows its batch there:
+        # each layer adds copies of the base run's residual, k B rows that share the tokens' mask and positions.
+        # A cache then holds, in each layer, as many rows as enter gives that layer.
         cfg = self.cfg
         tokens = self._check_tokens(tokens)
         B, T = tokens.shape
@@ -248,16 +251,16 @@ class Transformer(HookedModule):
         S = start + T
         if S > cfg.n_ctx:
             raise ValueError(f"sequence length {S} (cached {start} + new {T}) exceeds the model's n_ctx={cfg.n_ctx}")
-        if kv_cache is not None and kv_cache.batch_size != B:
+        if kv_cache is not None and enter is None and kv_cache.batch_size != B:
             raise ValueError(f"kv_cache holds batch_size={kv_cache.batch_size}, tokens have batch {B}")
         key_keep = _check_mask("attention_mask", attention_mask, (B, S))
         if position_ids is None:
             positions = torch.arange(start, S, device=tokens.device)
         else:
             positions = _check_ids("position_ids", position_ids, ((B, T), (T,)), cfg.n_ctx, "n_ctx")
-        first, x = (0, None) if resume is None else resume
-        if x is None:
-            x = self._embed(tokens, positions, token_type_ids)  # [B, T, M]
+        if first_layer and enter is None:
+            raise ValueError(f"first_layer={first_layer} skips the embedding: pass enter(i, x) to give the residual")
+        x = None if enter is not None else self._embed(tokens, positions, token_type_ids)  # [B, T, M]
         mask = AttnMask(T=T, S=S, start=start, causal=cfg.causal, key_keep=key_keep, padded_queries_see_all=True)
         ctx_mask = None
         if context is not None:
@@ -270,9 +273,14 @@ class Transformer(HookedModule):
         elif cfg.cross_attention:
             raise ValueError("cfg.cross_attention is True: pass context=[B, S_ctx, d_model]")
         try:
-            for i in range(first, cfg.n_layers):
-                x = self.blocks[i](x, mask=mask, positions=positions, context=context, context_mask=ctx_mask,
-                                   cache=None if kv_cache is None else kv_cache.layers[i])
+            masks = {B: mask}  # by the rows of the residual (a growing pass repeats the mask of B rows)
+            for i in range(first_layer, cfg.n_layers):
+                if enter is not None:
+                    x = enter(i, x)  # [k B, T, M]
+                    if x.shape[0] not in masks:
+                        masks[x.shape[0]] = mask.repeated(x.shape[0] // B)
+                x = self.blocks[i](x, mask=masks[x.shape[0]], positions=positions, context=context,
+                                   context_mask=ctx_mask, cache=None if kv_cache is None else kv_cache.layers[i])
         except BaseException:
             if kv_cache is not None:
                 kv_cache.rewind(start)  # the layers advanced themselves: a pass that stopped leaves none ahead

@@ -40,6 +40,7 @@ Metric = Callable[[torch.Tensor], torch.Tensor]
 _HEAD_ACTS = ("z", "result", "q")
 _LAYER_ACTS = BLOCK_NAMES
 _DIRECTIONS = ("noising", "denoising")
+_LOGITS_BYTES = 1 << 30  # the most logits one patched pass returns when the metric reads every position
 
 
 def logit_diff_metric(answer_tokens: torch.Tensor, pos: int = -1) -> Metric:
@@ -219,59 +220,75 @@ def _source_run(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor
     return metric, names, base, [trace[n].detach() for n in names], m_src
 
 
-def _chunks(sites: list[tuple[int, int, int]], per_run: int) -> list[list[int]]:
-    """Indices of ``sites`` run together: at most ``per_run``, one layer per run, and per-position sites in
-    order of position (each run resumes at its first site's position, so its sites should lie close)."""
-    order = sorted(range(len(sites)), key=lambda i: (sites[i][0], sites[i][2], sites[i][1]))  # layer, pos, unit
-    out: list[list[int]] = []
-    for i in order:
-        if out and len(out[-1]) < per_run and sites[out[-1][0]][0] == sites[i][0]:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
+def _groups(sites: list[tuple[int, int, int]], per_run: int, prefix: bool) -> list[list[int]]:
+    """Indices of ``sites`` run in one growing pass, at most ``per_run`` each, every group in order of layer.
+
+    Sites are taken in order of layer (then position, unit); with ``prefix`` (a causal model patched per
+    position) in order of position first, since a pass starts at its earliest site's position and its sites
+    should share it.
+    """
+    def key(i: int) -> tuple[int, int, int]:
+        layer, unit, pos = sites[i]
+        return (pos, layer, unit) if prefix else (layer, pos, unit)
+
+    order = sorted(range(len(sites)), key=key)
+    groups = [order[k:k + per_run] for k in range(0, len(order), per_run)]
+    return [sorted(g, key=lambda i: sites[i][0]) for g in groups]  # stable: keeps the order within a layer
 
 
-def _resume_at(chunk: list[tuple[int, int, int]], prefix: bool) -> int:
-    """The first position a run recomputes: 0, or with ``prefix`` (a causal model patched per position) the
-    earliest patched position of the run, before which nothing differs from the base run."""
-    return min(pos for _, _, pos in chunk) if prefix else 0
-
-
-def _patched_run(model: Transformer, chunk: list[tuple[int, int, int]], names: list[str], src: list[torch.Tensor],
-                 resid: torch.Tensor, base_cache: Any, start: int, attention_mask: torch.Tensor | None,
+def _patched_run(model: Transformer, run: list[tuple[int, int, int]], names: list[str], src: list[torch.Tensor],
+                 resid: list[torch.Tensor], base_cache: Any, start: int, attention_mask: torch.Tensor | None,
                  last_only: bool) -> torch.Tensor:
-    """Logits ``[n B, T - start, V]`` (``[n B, 1, V]`` with ``last_only``) of ``n = len(chunk)`` patched
-    copies of the base run, each with one site patched, all resumed at the chunk's layer from the base run's
-    residual ``resid [B, T, M]`` (blocks below it see nothing patched) and, when ``start > 0``, at position
-    ``start`` with the base run's keys and values of the earlier positions (a causal model's positions before
-    the patch are unchanged)."""
-    n, layer = len(chunk), chunk[0][0]
-    B, T = resid.shape[:2]
-    x = resid[:, start:].repeat(n, 1, 1)  # [n B, T - start, M]
+    """Logits ``[n B, T - start, V]`` (``[n B, 1, V]`` with ``last_only``) of ``n = len(run)`` patched copies
+    of the base run, copy ``j`` with site ``run[j]`` patched (``run`` in order of layer).
+
+    One pass that grows: it starts at the lowest patched layer, and at each layer the copies patched there join
+    the batch as the base run's residual entering it (``resid[layer]``, ``[B, T, M]``; nothing below a patch
+    differs from the base run). When ``start > 0`` the pass computes positions ``start ..`` only, each layer's
+    cache holding the base run's keys and values of the earlier positions for the copies present there (a
+    causal model's positions before the patch are unchanged).
+    """
+    B, T = resid[run[0][0]].shape[:2]
+    L = model.cfg.n_layers
+    joining = [0] * L  # copies that join the pass at each layer
+    for layer, _, _ in run:
+        joining[layer] += 1
+    first = run[0][0]
+    present = [sum(joining[:layer + 1]) for layer in range(L)]  # copies in the pass at each layer
+
+    def enter(layer: int, x: torch.Tensor | None) -> torch.Tensor:
+        if not joining[layer]:
+            assert x is not None
+            return x
+        new = resid[layer][:, start:].repeat(joining[layer], 1, 1)  # [k B, T - start, M]
+        return new if x is None else torch.cat([x, new.to(x.device)])  # [present B, T - start, M]
+
     cache = None
     if start:
-        cache = model.make_cache(n * B, max_len=T)
-        for mine, theirs in zip(cache.layers[layer:], base_cache.layers[layer:]):
+        cache = model.make_cache(len(run) * B, max_len=T)
+        for layer in range(first, L):
+            mine, theirs, n = cache.layers[layer], base_cache.layers[layer], present[layer]
+            mine.buffers = [buf[:n * B] for buf in mine.buffers]  # the copies in the pass at this layer
             for buf, old, dim in zip(mine.buffers, theirs.buffers, mine.seq_dims):
                 reps = [n] + [1] * (buf.dim() - 1)
                 buf.narrow(dim, 0, start).copy_(old.narrow(dim, 0, start).repeat(*reps))  # [n B, ..., start, ...]
         for mine in cache.layers:  # every layer holds the prefix (the layers below the patch are skipped)
             mine.length = start
 
-    hook = patch_sites_hook(names, src, chunk, B, start=start)
-    mask = None if attention_mask is None else attention_mask.repeat(n, 1)  # [n B, T]
-    tokens = torch.zeros(n * B, T - start, dtype=torch.long, device=resid.device)  # shape only: the run resumes
-    return _run(model, tokens, mask, [(sorted({names[s[0]] for s in chunk}), hook)], last_only, kv_cache=cache,
-                resume=(layer, x))
+    hook = patch_sites_hook(names, src, run, B, start=start)
+    tokens = torch.zeros(B, T - start, dtype=torch.long, device=resid[first].device)  # shape only: no embedding
+    return _run(model, tokens, attention_mask, [(sorted({names[s[0]] for s in run}), hook)], last_only,
+                kv_cache=cache, first_layer=first, enter=enter)
 
 
 def _run(model: Transformer, tokens: torch.Tensor, attention_mask: torch.Tensor | None, fwd_hooks: list,
-         last_only: bool, *, kv_cache: Any = None, resume: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+         last_only: bool, *, kv_cache: Any = None, first_layer: int = 0,
+         enter: Callable[[int, torch.Tensor | None], torch.Tensor] | None = None) -> torch.Tensor:
     """One forward pass with ``fwd_hooks`` (with ``last_only``, only the last position is unembedded)."""
     with model.lock, model.hooks(fwd_hooks):
         return model._forward(tokens, attention_mask=attention_mask, token_type_ids=None, position_ids=None,
-                              context=None, context_mask=None, kv_cache=kv_cache, last_only=last_only, resume=resume)
+                              context=None, context_mask=None, kv_cache=kv_cache, last_only=last_only,
+                              first_layer=first_layer, enter=enter)
 
 
 def _values(found: list[Any]) -> list[float]:
@@ -295,11 +312,12 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
                         progress: bool | None = None) -> pd.DataFrame:
     """Patch one activation at a time between the clean and the corrupted run and measure the metric.
 
-    Nothing upstream of a patch is recomputed: every patched run resumes at the patched layer from the base
-    run's residual stream there, and in a causal model patched per position (``by="head_pos"`` /
-    ``"layer_pos"``) also at the patched position, with the base run's keys and values of the earlier positions
-    (their logits are the base run's). Patched copies of the batch still share forward passes, grouped by
-    layer and position.
+    Nothing upstream of a patch is recomputed. Patched copies of the batch share forward passes that grow:
+    a pass starts at its lowest patched layer, and each copy joins it at its own patched layer from the base
+    run's residual stream there. In a causal model patched per position (``by="head_pos"`` / ``"layer_pos"``)
+    a pass also starts at its earliest patched position, with the base run's keys and values of the earlier
+    positions (their logits are the base run's). When the metric reads every position, a pass's copies are
+    capped so that its logits stay under 1 GiB.
 
     Args:
         model: an interp Transformer (any attention variant).
@@ -363,15 +381,18 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
         sites = _sites(by, n_units, T)
         found: list[Any] = [None] * len(sites)  # each site's metric (a 0-d tensor), left on the device
         per_run = max(1, batch_size // B)  # several patched copies of the batch share one forward pass
-        for chunk in progress_bar(_chunks(sites, per_run), desc="activation_patching", progress=progress,
-                                  unit="run"):
-            run = [sites[i] for i in chunk]
-            start = _resume_at(run, prefix)
-            logits = _patched_run(model, run, names, src, resid[resid_names[run[0][0]]], base_cache, start,
-                                  attention_mask, last_only)
+        if not last_only:  # every position's logits come back: keep one pass's under _LOGITS_BYTES
+            row = B * T * model.cfg.d_vocab * logits_base.element_size()
+            per_run = max(1, min(per_run, _LOGITS_BYTES // row))
+        resid_in = [resid[n] for n in resid_names]
+        for group in progress_bar(_groups(sites, per_run, prefix), desc="activation_patching",
+                                  progress=progress, unit="run"):
+            run = [sites[i] for i in group]
+            start = min(pos for _, _, pos in run) if prefix else 0  # before it, nothing differs from the base
+            logits = _patched_run(model, run, names, src, resid_in, base_cache, start, attention_mask, last_only)
             if start and not last_only:  # positions before the patch are the base run's: its logits there
-                logits = torch.cat([logits_base[:, :start].repeat(len(chunk), 1, 1), logits], dim=1)  # [n B, T, V]
-            for j, i in enumerate(chunk):
+                logits = torch.cat([logits_base[:, :start].repeat(len(group), 1, 1), logits], dim=1)  # [n B, T, V]
+            for j, i in enumerate(group):
                 found[i] = torch.as_tensor(plain(logits[j * B:(j + 1) * B])).detach().reshape(())
         values = _values(found)
     m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)

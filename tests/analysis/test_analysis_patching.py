@@ -168,8 +168,9 @@ def _naive_loop(model, base, trace, name, per_head, by, metric, mask, out):
 
 @pytest.mark.parametrize("kind, causal", [("gqa", True), ("mla", True), ("mha", False)])
 def test_resumed_patched_runs_equal_full_runs(kind, causal):
-    """Patched runs resume at the patched layer (and, causal and per position, at the patched position with the
-    base run's keys and values before it): every site's metric equals a full patched forward pass."""
+    """Patched copies join a growing pass at their patched layer (and, causal and per position, the pass starts
+    at its earliest patched position with the base run's keys and values before it): every site's metric
+    equals a full patched forward pass."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=30, n_ctx=16, causal=causal,
                                     **KINDS[kind])).eval()
@@ -183,9 +184,11 @@ def test_resumed_patched_runs_equal_full_runs(kind, causal):
         return (logits * weights).sum() / logits.shape[0]
 
     # Each (act, by) once, directions and masks alternating; batch_size 7 makes runs of 2 copies, cut inside a
-    # layer, so runs resume at different positions.
+    # layer, so runs start at different positions; batch_size 15 makes runs of 5 that span both layers (the
+    # batch grows at layer 1, padded rows and cached prefixes included).
     cases = [("z", "head", "noising", None, 256), ("z", "head_pos", "denoising", mask, 7),
-             ("q", "head_pos", "noising", mask, 7),
+             ("q", "head_pos", "noising", mask, 7), ("z", "head_pos", "noising", mask, 15),
+             ("result", "head", "denoising", mask, 15),
              ("resid_pre", "layer_pos", "denoising", None, 7), ("mlp_out", "layer", "noising", mask, 7)]
     for act, by, direction, m, bs in cases:
         base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)

@@ -315,8 +315,8 @@ class Attention(_AttentionBase):
         self.rotary = None
         if cfg.positional == "rotary" and not cross:
             local = self.window is not None and cfg.local_rotary_base is not None
-            self.rotary = (Rotary(cfg.rotary_dim, cfg.local_rotary_base) if local
-                           else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling))
+            self.rotary = (Rotary(cfg.rotary_dim, cfg.local_rotary_base, float32=cfg.rotary_float32) if local
+                           else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling, float32=cfg.rotary_float32))
         # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
         self.qk_norm = "none" if cross else cfg.qk_norm
         if self.qk_norm != "none":

@@ -124,6 +124,9 @@ class ModelConfig:
         norm_weight_float32: in bf16 / fp16, an RMSNorm multiplies by its weight in float32 and rounds once
             (Gemma, OLMo 2) instead of rounding the normalised input to the model's dtype and multiplying by
             the weight in it (Llama, Mistral, Qwen, Phi-3; the default). No effect in float32.
+        rotary_float32: in bf16 / fp16, rotary embeddings rotate queries and keys in float32 with float32
+            angles and round once (OLMo 2) instead of in the model's dtype with rounded angles (Llama, the
+            default). No effect in float32.
         embed_norm: a LayerNorm right after the embeddings (BERT).
         attn_only: blocks without MLPs.
         d_mlp: MLP hidden width; defaults to ``4 * d_model``.
@@ -216,6 +219,7 @@ class ModelConfig:
     normalization: Normalization = "pre"
     norm_eps: float = 1e-5
     norm_weight_float32: bool = False
+    rotary_float32: bool = False
     embed_norm: bool = False
     attn_only: bool = False
     d_mlp: int = None  # type: ignore[assignment]
@@ -657,7 +661,7 @@ _MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": 
                  "d_shared_expert": 0, "shared_expert_gate": False, "dense_mlp_layers": None}
 
 _BOOL_FIELDS = ("causal", "embed_norm", "attn_only", "attn_bias", "out_bias", "mlp_bias", "unembed",
-                "tie_embeddings", "cross_attention", "use_sdpa", "norm_weight_float32")
+                "tie_embeddings", "cross_attention", "use_sdpa", "norm_weight_float32", "rotary_float32")
 
 
 def _int_or_none(name: str, value: Any) -> None:

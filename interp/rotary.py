@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .config import ROPE_SCALING_KEYS
+from .norms import HALF_DTYPES
 
 # The last (positions, cos, sin) computed, shared by every Rotary: all layers of a forward pass (and q and k)
 # rotate by the same positions, so their angles are computed once per pass, not twice per layer. A copy of the
@@ -264,6 +265,8 @@ class Rotary(nn.Module):
         dim: rotated features per head (even); the rest pass through unchanged (partial rotary).
         base: the frequency base (10000 in most models).
         scaling: an optional RoPE scaling (see :func:`rope_frequencies`).
+        float32: in bf16 / fp16, rotate in float32 with float32 angles and round once (OLMo 2's order) instead
+            of in the input's dtype with rounded angles (Llama's). Ignored in float32.
 
     Attributes:
         inv_freq: the frequencies of a pass within the original context (``[dim / 2]``).
@@ -277,9 +280,11 @@ class Rotary(nn.Module):
         torch.Size([1, 5, 2, 8])
     """
 
-    def __init__(self, dim: int, base: float = 10000.0, scaling: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, dim: int, base: float = 10000.0, scaling: Mapping[str, Any] | None = None, *,
+                 float32: bool = False) -> None:
         super().__init__()
         self.dim = dim
+        self.float32 = float32
         self.base = base
         self.scaling = None if scaling is None else dict(scaling)
         inv_freq, self.attention_factor = rope_frequencies(dim, base, self.scaling)
@@ -305,6 +310,9 @@ class Rotary(nn.Module):
         B, T = x.shape[:2]
         if positions is None:
             positions = torch.arange(T, device=x.device)
+        if self.float32 and x.dtype in HALF_DTYPES:
+            cos, sin = self._cos_sin(positions, torch.float32)  # [B|1, T, 1, dim] each
+            return apply_rotary(x.float(), cos, sin).to(x.dtype)
         cos, sin = self._cos_sin(positions, x.dtype)  # [B|1, T, 1, dim] each
         return apply_rotary(x, cos, sin)
 

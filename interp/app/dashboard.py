@@ -591,12 +591,13 @@ def run_pruning(model: interp.Transformer, plan: list[tuple[str, str]], step: in
 
                 curve = importance_curve(model, batches, objective, step=step, on_point=tick, progress=False)
             else:
-                def seed_tick(curve: Any, m_i: int = m_i, t0: float = t0, seeds_done: list[int] = [0]) -> None:  # noqa: B006 - a counter per method
-                    seeds_done[0] += 1  # one call per finished seed
-                    report((m_i + seeds_done[0] / len(seeds)) / len(plan),
-                           f"random: seed {seeds_done[0]} of {len(seeds)} ({time.monotonic() - t0:.0f} s)")
+                def point_tick(curve: Any, m_i: int = m_i, t0: float = t0) -> None:
+                    k = seeds.index(int(curve.config["seed"]))  # seeds run in order: k of them are finished
+                    done = (k + min(1.0, len(curve.points) / n_points)) / len(seeds)
+                    report((m_i + done) / len(plan), f"random: seed {k + 1} of {len(seeds)}, {len(curve.points)} of "
+                                                     f"{n_points} points ({time.monotonic() - t0:.0f} s)")
 
-                curve = random_curve(model, batches, objective, step=step, seeds=seeds, on_seed=seed_tick,
+                curve = random_curve(model, batches, objective, step=step, seeds=seeds, on_point=point_tick,
                                      progress=False)
             results_cache.store("pruning", ckey, curve)
         out[method] = curve

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 def random_curve(model: Transformer, batches: Sequence[Batch], objective: Objective, *, seeds: Sequence[int] = (0, 1, 2),
                  step: float | int = 0.1, resume: Sequence[PruningCurve] = (),
-                 on_seed: Callable[[PruningCurve], None] | None = None, progress: bool | None = None) -> PruningCurve:
+                 on_seed: Callable[[PruningCurve], None] | None = None,
+                 on_point: Callable[[PruningCurve], None] | None = None, progress: bool | None = None) -> PruningCurve:
     """The metric when heads are pruned in a random order, mean and std over ``seeds``.
 
     Args:
@@ -32,6 +33,8 @@ def random_curve(model: Transformer, batches: Sequence[Batch], objective: Object
         step: heads pruned per step (fraction of all heads or a count), as :func:`importance_curve`.
         resume: per-seed curves already computed (``config["seed"]`` says which); those seeds are skipped.
         on_seed: called with each finished per-seed curve (to save partial results).
+        on_point: called after every point with the growing per-seed curve (``config["seed"]`` says which), for
+            progress finer than one seed.
         progress: show a tqdm bar (None: in terminals and notebooks).
 
     Returns:
@@ -67,6 +70,8 @@ def random_curve(model: Transformer, batches: Sequence[Batch], objective: Object
             pruned = flat.view(L, H)  # [L*H] -> [L, H]
             curve.points.append(make_point(model, pruned, masked_metric(model, batches, objective, pruned), seed=seed))
             bar.update(1)
+            if on_point:
+                on_point(curve)
         per_seed.append(curve)
         if on_seed:
             on_seed(curve)

@@ -19,7 +19,8 @@ What each family needs of the core, and how its weights map:
 * Phi-1/2: parallel block with one LayerNorm, partial rotary, biased unembedding.
 * Phi-3: Llama with fused ``qkv_proj`` and ``gate_up_proj``, optional sliding window and LongRoPE.
 * OLMo 2: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
-  its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``).
+  its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
+  its rotary embedding rotates in float32 and rounds once (``rotary_float32``).
 """
 
 from __future__ import annotations
@@ -182,8 +183,8 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta,
-        rope_scaling=scaling, qk_norm="full", sublayer_norm="output", norm_weight_float32=True, attn_bias=False, out_bias=False,
-        mlp_bias=False, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
+        rope_scaling=scaling, qk_norm="full", sublayer_norm="output", norm_weight_float32=True, rotary_float32=True,
+        attn_bias=False, out_bias=False, mlp_bias=False, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 

@@ -110,8 +110,13 @@ def test_importance_threshold_stops_and_resumes():
 
 def test_random_curve_statistics_and_seeds():
     model, data, obj = tiny(), batches(), LanguageModelObjective("neg_loss")
-    curve = random_curve(model, data, obj, seeds=[0, 1, 2], step=0.25)
+    seen, finished = [], []
+    curve = random_curve(model, data, obj, seeds=[0, 1, 2], step=0.25,
+                         on_point=lambda c: seen.append((c.config["seed"], len(c.points))),
+                         on_seed=lambda c: finished.append(c.config["seed"]))
     assert [p.n_pruned for p in curve.points] == [0, 2, 4, 6, 8]
+    assert seen == [(s, n) for s in range(3) for n in range(1, 6)]  # every point of every seed, in order
+    assert finished == [0, 1, 2]
     per_seed = torch.tensor([p.extra["per_seed"] for p in curve.points])  # [points, seeds]
     torch.testing.assert_close(torch.tensor(curve.metrics, dtype=torch.float32), per_seed.mean(1), atol=1e-6, rtol=0)
     assert curve.points[0].metric_std == pytest.approx(0.0, abs=1e-9)  # nothing pruned: every seed agrees

@@ -293,10 +293,11 @@ def step_mla(rep: Report, device: torch.device, quick: bool) -> None:
     with torch.device(device):
         hf = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**dims)).eval()
     ours = from_hf(hf)
-    decode = getattr(ours, "set_mla_decode", None)
-    if decode is None:
-        rep.add("MLA absorbed vs expanded", "skipped: this build has no switch between the two decode paths")
-        return
+
+    def decode(path: str) -> None:
+        for block in ours.blocks:  # the MLA attention's switch between its two single-token decode paths
+            block.attn.decode_path = path
+
     prompt = torch.randint(0, dims["vocab_size"], (1, 16), device=device)
     new = 8 if quick else 64
     out = {}

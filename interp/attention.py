@@ -425,7 +425,8 @@ class LatentAttention(_AttentionBase):
         self.W_dkv = nn.Linear(M, C + self.rope_dim, bias=False)  # fused: latent and shared rotary key
         self.kv_norm = RMSNorm(C, eps=cfg.norm_eps, weight_float32=cfg.norm_weight_float32)
         self.W_ukv = nn.Linear(C, H * (D + Dv), bias=False)  # fused: no-position keys and values
-        self.rotary = Rotary(self.rope_dim, cfg.rotary_base, cfg.rope_scaling) if self.rope_dim else None
+        self.rotary = (Rotary(self.rope_dim, cfg.rotary_base, cfg.rope_scaling, float32=cfg.rotary_float32)
+                       if self.rope_dim else None)
         self.hook_q_latent = HookPoint()
         self.hook_kv_latent = HookPoint()
         self.decode_path = "absorbed"

@@ -126,7 +126,8 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         local_rotary_base=local_base, sliding_window=windows,
         attn_scale=None if scalar is None else float(scalar) ** -0.5,
-        attn_softcap=hf_cfg.get("attn_logit_softcapping") if later else None,
+        # Gemma 3's config class carries attn_logit_softcapping, but its attention never applies it.
+        attn_softcap=hf_cfg.get("attn_logit_softcapping") if mtype == "gemma2" else None,
         final_softcap=hf_cfg.get("final_logit_softcapping") if later else None,
         qk_norm="head" if mtype == "gemma3_text" else "none",
         sublayer_norm="sandwich" if later else "input", embed_scale=d_model ** 0.5, norm_weight_float32=True,
@@ -219,17 +220,25 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "phi3"
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
-    d_head = d_model // n_heads
+    # transformers' Phi-3 attention and rotary read head_dim when the config has one (else hidden / heads).
+    d_head = hf_cfg.get("head_dim") or d_model // n_heads
     theta, scaling = _rope(hf_cfg, arch)
     rope = hf_cfg.get("rope_parameters") or {}
     partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(d_head * partial)
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if len(scaling[key]) != rotary_dim // 2:
+                raise ValueError(f"{arch} rope_parameters[{key!r}] has {len(scaling[key])} factors, but head_dim="
+                                 f"{d_head} x partial_rotary_factor={partial} rotates {rotary_dim} dims, which need "
+                                 f"{rotary_dim // 2}")
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
         activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rotary_dim=int(d_head * partial), rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch),
+        rotary_dim=rotary_dim, rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch),
         attn_bias=False, out_bias=False, mlp_bias=False, unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
@@ -480,7 +489,9 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre",
         norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rotary_dim=int(d_head * partial), rope_scaling=scaling, parallel_block="one_norm", unembed=True,
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        # Phi's lm_head has a bias, which tied embeddings keep (only the weight is W_E's): interp's tied W_U has
+        # no bias, so the unembedding is always a separate W_U holding the tied weight and the bias.
+        tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
 
@@ -501,6 +512,11 @@ def phi_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor
             for ours, theirs in (("attn.W_O", "self_attn.dense"), ("ln1", "input_layernorm"),
                                  ("mlp.W_in", "mlp.fc1"), ("mlp.W_out", "mlp.fc2")):
                 out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    if "lm_head.weight" not in hf_sd and "lm_head.bias" in hf_sd:
+        # A tied checkpoint stores the head's bias but not its weight, which is the embedding.
+        hf_sd = {**hf_sd, "lm_head.weight": out["W_E.weight"]}
+    if "lm_head.bias" not in hf_sd:
+        raise ValueError("Phi state dict has no 'lm_head.bias' (pass a PhiForCausalLM model, not the bare PhiModel)")
     out.update(_lm_head(hf_sd, src, cfg, "Phi", bias="lm_head.bias"))
     return out
 

@@ -46,6 +46,25 @@ def _need(hf_cfg: Mapping[str, Any], key: str, arch: str) -> Any:
     return hf_cfg[key]
 
 
+def _decoder_checks(hf_cfg: Mapping[str, Any], arch: str, *, rotary_head_dim: int | None = None) -> None:
+    """Settings every decoder's transformers mask and RoPE code reads that interp does not reproduce.
+
+    ``is_causal: false`` turns transformers' causal mask bidirectional (``masking_utils``); a family whose
+    attention splits heads as ``hidden_size / num_attention_heads`` but whose RoPE reads ``head_dim``
+    (``rotary_head_dim`` given: the width the attention uses) would rotate a different width.
+
+    Raises:
+        ValueError: naming the key and its value.
+    """
+    if hf_cfg.get("is_causal", True) is False:
+        raise ValueError(f"{arch} is_causal=False (bidirectional attention) is not supported; interp's {arch} is "
+                         "causal")
+    head_dim = hf_cfg.get("head_dim")
+    if rotary_head_dim is not None and head_dim is not None and head_dim != rotary_head_dim:
+        raise ValueError(f"{arch} head_dim={head_dim!r} is not supported: transformers' {arch} attention uses "
+                         f"{rotary_head_dim} per head while its RoPE would read head_dim")
+
+
 class _Source:
     """Reads HF tensors by name, stripping a model prefix, and names the missing one in its error."""
 
@@ -82,6 +101,9 @@ def bert_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         'post'
     """
     arch = "BERT"
+    for key in ("is_decoder", "add_cross_attention"):  # a decoder BERT is causal; cross-attention needs an encoder
+        if hf_cfg.get(key):
+            raise ValueError(f"BERT {key}={hf_cfg[key]!r} is not supported (only False: an encoder)")
     pos = hf_cfg.get("position_embedding_type", "absolute")
     if pos != "absolute":
         raise ValueError(f"BERT position_embedding_type={pos!r} is not supported (only 'absolute')")
@@ -137,6 +159,7 @@ def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             cross-attention, an unknown activation) or a missing key.
     """
     arch = "GPT-2"
+    _decoder_checks(hf_cfg, "gpt2")
     for key, bad in (("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
                      ("add_cross_attention", True)):
         if hf_cfg.get(key, not bad) == bad:
@@ -216,13 +239,16 @@ def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | 
         ([None, 4, 4], [4, 4, 4], None)
     """
     rule = WINDOW_RULES.get(arch)
-    window = hf_cfg.get("sliding_window")
-    if rule is None or not window:  # Qwen2-MoE's config stores 0 for "no window"
+    if rule is None:
         return None
-    if arch in _USE_SLIDING_WINDOW and not hf_cfg.get("use_sliding_window", False):
+    # Every key the family's rule reads is read, whatever the branch (the config-key audit records reads).
+    window = hf_cfg.get("sliding_window")
+    use = hf_cfg.get("use_sliding_window", False) if arch in _USE_SLIDING_WINDOW else True
+    max_layers = hf_cfg.get("max_window_layers", 28) if "max_window_layers" in rule else None
+    types = hf_cfg.get("layer_types")
+    if not window or not use:  # Qwen2-MoE's config stores 0 for "no window"
         return None
     n_layers = _need(hf_cfg, "num_hidden_layers", arch)
-    types = hf_cfg.get("layer_types")
     if types:
         if len(types) != n_layers:
             raise ValueError(f"{arch} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
@@ -240,9 +266,9 @@ def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | 
     elif rule == "every":
         slides = [True] * n_layers
     elif rule == "above_max_window_layers":
-        slides = [i >= hf_cfg.get("max_window_layers", 28) for i in range(n_layers)]
+        slides = [i >= max_layers for i in range(n_layers)]
     elif rule == "even_below_max_window_layers":
-        slides = [i % 2 == 0 and i < hf_cfg.get("max_window_layers", 28) for i in range(n_layers)]
+        slides = [i % 2 == 0 and i < max_layers for i in range(n_layers)]
     elif rule == "alternate":
         slides = [i % 2 == 0 for i in range(n_layers)]
     else:  # pattern
@@ -301,10 +327,12 @@ def _positive(value: Any, what: str, arch: str, hf_cfg: Mapping[str, Any], *, in
     return float(value)
 
 
-def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None = None) -> tuple[float, dict | None]:
+def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None = None, *,
+          default_theta: float = 10000.0) -> tuple[float, dict | None]:
     """``(rope_theta, rope_scaling)`` of a HF config: transformers 5's ``rope_parameters`` or 4.x's
     ``rope_theta`` + ``rope_scaling``, resolved into :class:`ModelConfig`'s explicit ``rope_scaling`` dict
-    (defaults filled in as transformers fills them). ``params`` overrides the dict read (per-layer-type RoPE).
+    (defaults filled in as transformers fills them). ``params`` overrides the dict read (per-layer-type RoPE);
+    ``default_theta`` is the base when the config gives none (GPT-NeoX's legacy ``rotary_emb_base``).
 
     Raises:
         ValueError: a RoPE kind interp does not implement, named with the supported ones; a ``rope_theta``, a
@@ -341,7 +369,7 @@ def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None
         return None if rope.get(key) is None else need(key, integer=integer)
 
     theta_key = f"{field}['rope_theta']" if rope.get("rope_theta") is not None else "rope_theta"
-    theta = _positive(rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)), theta_key, arch, hf_cfg)
+    theta = _positive(rope.get("rope_theta", hf_cfg.get("rope_theta", default_theta)), theta_key, arch, hf_cfg)
     if kind == "default":
         return theta, None
     max_pos = _need(hf_cfg, "max_position_embeddings", arch)
@@ -410,6 +438,7 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     mtype = hf_cfg.get("model_type", "llama")
     arch = mtype  # mistral, qwen2 and the MoE families come through here too: errors name the real one
+    _decoder_checks(hf_cfg, mtype)
     act = hf_cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
@@ -615,6 +644,7 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     mtype = hf_cfg.get("model_type")
     arch = mtype
+    _decoder_checks(hf_cfg, mtype)
     act = hf_cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu')")
@@ -638,6 +668,12 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     L = _need(hf_cfg, "num_hidden_layers", arch)
     n_heads = _need(hf_cfg, "num_attention_heads", arch)
     nope, rope = _need(hf_cfg, "qk_nope_head_dim", arch), _need(hf_cfg, "qk_rope_head_dim", arch)
+    # transformers' RoPE for MLA rotates head_dim dims (its config sets it to qk_rope_head_dim), and its eager
+    # attention repeats num_key_value_heads up to the query heads: anything else is not the MLA interp builds.
+    for key, want in (("head_dim", rope), ("num_key_value_heads", n_heads)):
+        if hf_cfg.get(key) is not None and hf_cfg[key] != want:
+            raise ValueError(f"{mtype} {key}={hf_cfg[key]!r} is not supported (MLA needs {want}: "
+                             f"{'qk_rope_head_dim' if key == 'head_dim' else 'num_attention_heads'})")
     grouped = v3 or method == "group_limited_greedy"
     groups = (hf_cfg.get("n_group") or 1) if grouped else 1
     first_dense = hf_cfg.get("first_k_dense_replace", 0) or 0

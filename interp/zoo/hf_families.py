@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .hf import StateDict, _dense_weights, _llama_attention, _need, _rope, _Source, sliding_windows
+from .hf import StateDict, _decoder_checks, _dense_weights, _llama_attention, _need, _rope, _Source, sliding_windows
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 
@@ -92,6 +92,7 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     mtype = hf_cfg.get("model_type", "gemma")
     arch = mtype
+    _decoder_checks(hf_cfg, arch)
     act = hf_cfg.get("hidden_activation") or hf_cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if mtype == "gemma" and act == "gelu":
         act = "gelu_pytorch_tanh"  # transformers reads Gemma 1's legacy "gelu" as the tanh approximation
@@ -175,6 +176,7 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
     """
     arch = "olmo2"
+    _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("attention_bias", False, False)))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
@@ -218,6 +220,7 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
     """
     arch = "phi3"
+    _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     # transformers' Phi-3 attention and rotary read head_dim when the config has one (else hidden / heads).
@@ -226,6 +229,12 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     rope = hf_cfg.get("rope_parameters") or {}
     partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 1.0))
     rotary_dim = int(d_head * partial)
+    # transformers' Phi-3 drops its generation cache at the top-level original_max_position_embeddings while its
+    # RoPE switches factors at rope_parameters': interp does both at one boundary, so the two must agree.
+    top = hf_cfg.get("original_max_position_embeddings")
+    if scaling is not None and top is not None and top != scaling["original_max_position_embeddings"]:
+        raise ValueError(f"{arch} original_max_position_embeddings={top!r} differs from rope_parameters' "
+                         f"{scaling['original_max_position_embeddings']!r}: not supported")
     if scaling is not None and scaling["rope_type"] == "longrope":
         for key in ("short_factor", "long_factor"):
             if len(scaling[key]) != rotary_dim // 2:
@@ -281,10 +290,11 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
     rope = hf_cfg.get("rope_parameters") or {}
     pct = rope.get("partial_rotary_factor", hf_cfg.get("rotary_pct", 1.0))
     legacy_base = hf_cfg.get("rotary_emb_base")
-    theta, scaling = _rope({**hf_cfg, "rope_theta": hf_cfg.get("rope_theta", legacy_base or 10000.0)}, arch)
+    theta, scaling = _rope(hf_cfg, arch, default_theta=legacy_base or 10000.0)
     bias = bool(hf_cfg.get("attention_bias", True))
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
@@ -334,6 +344,7 @@ def gpt_bigcode_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported setting (cross-attention, activation) or a missing key.
     """
     arch = "gpt_bigcode"
+    _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("add_cross_attention", False, False),))
     act = hf_cfg.get("activation_function", "gelu_pytorch_tanh")
     acts = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
@@ -391,8 +402,10 @@ def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if act not in ("gelu", "relu"):
         raise ValueError(f"{arch} activation={act!r} is not supported (gelu, relu)")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_model // n_heads)
     new_arch = bool(hf_cfg.get("new_decoder_architecture", False))
     parallel = bool(hf_cfg.get("parallel_attn", True))
+    multi_query = bool(hf_cfg.get("multi_query", True))  # read by the old architecture only
     if new_arch:
         if not parallel:
             raise ValueError(f"{arch} new_decoder_architecture=True with parallel_attn=False is not supported")
@@ -400,7 +413,7 @@ def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_ln = hf_cfg.get("num_ln_in_parallel_attn") or 2
         block = "two_norms" if n_ln == 2 else "one_norm"
     else:
-        n_kv = 1 if hf_cfg.get("multi_query", True) else n_heads
+        n_kv = 1 if multi_query else n_heads
         block = "one_norm" if parallel else "none"
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("bias", False))
@@ -479,6 +492,7 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
     rope = hf_cfg.get("rope_parameters") or {}
     partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.5))
     theta, scaling = _rope(hf_cfg, arch)

@@ -197,3 +197,38 @@ def test_rope_error_names_the_config_file_when_known():
 
     with pytest.raises(ValueError, match=r"in /models/my-llama/config.json"):
         llama_config({**_LLAMA, "_name_or_path": "/models/my-llama", "rope_theta": -1.0})
+
+
+_DS = dict(model_type="deepseek_v3", vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+           max_position_embeddings=64, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+           moe_intermediate_size=24, intermediate_size=48, n_routed_experts=4, num_experts_per_tok=2)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({**_LLAMA, "is_causal": False}, r"llama is_causal=False \(bidirectional attention\) is not supported"),
+    ({**_LLAMA, "model_type": "mistral", "sliding_window": 4, "layer_types": ["full_attention"]},
+     r"mistral layer_types=\['full_attention'\] with full-attention layers is not supported"),
+    ({**_LLAMA, "model_type": "gpt_neox", "head_dim": 4}, r"gpt_neox head_dim=4 is not supported"),
+    ({**_LLAMA, "model_type": "phi3", "original_max_position_embeddings": 32,
+      "rope_parameters": {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                          "original_max_position_embeddings": 16}},
+     r"phi3 original_max_position_embeddings=32 differs from rope_parameters' 16"),
+    ({**_DS, "head_dim": 8}, r"deepseek_v3 head_dim=8 is not supported \(MLA needs 4: qk_rope_head_dim\)"),
+    ({**_DS, "num_key_value_heads": 1}, r"deepseek_v3 num_key_value_heads=1 is not supported"),
+    ({"model_type": "bert", "is_decoder": True, "hidden_size": 32, "num_attention_heads": 4},
+     r"BERT is_decoder=True is not supported"),
+])
+def test_settings_transformers_reads_but_interp_does_not_reproduce_are_refused_by_name(raw, message):
+    from interp.zoo.hf import converter
+
+    make_cfg, _ = converter(raw)
+    with pytest.raises(ValueError, match=message):
+        make_cfg(raw)
+
+
+def test_mistral_and_mixtral_never_read_attention_bias():
+    """transformers' Mistral and Mixtral hard-code bias-free projections: a stray ``attention_bias`` is not read."""
+    hf = _hf(tf.MistralConfig(**TINY, num_key_value_heads=5, attention_bias=True, sliding_window=6))
+    assert hf.model.layers[0].self_attn.q_proj.bias is None
+    model = _assert_exact(hf)
+    assert not model.cfg.attn_bias

@@ -23,8 +23,8 @@ import textwrap
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["IGNORED", "IGNORED_BY_FAMILY", "SHARED_READS", "audit", "audit_table", "converter_reads",
-           "transformers_reads"]
+__all__ = ["FAMILY_CONFIGS", "IGNORED", "IGNORED_BY_FAMILY", "SHARED_READS", "audit", "audit_model", "audit_table",
+           "converter_reads", "reasons_table", "transformers_reads"]
 
 #: One test config per converted ``model_type``: an entry of :data:`interp.zoo.compat.TABLE` (BERT and GPT-2,
 #: which compat does not cover, are built here).
@@ -63,6 +63,10 @@ IGNORED_BY_FAMILY: dict[str, dict[str, str]] = {
                                               "(test_gemma3_ignores_attn_logit_softcapping_as_transformers_does)"},
     "olmoe": {"sliding_window": "handed to the attention kernel, but OLMoE's mask is never windowed and its eager "
                                 "and SDPA paths ignore it"},
+    "deepseek_v2": {"head_dim": "set to qk_rope_head_dim by the config class whatever config.json says; interp "
+                                "reads qk_rope_head_dim"},
+    "deepseek_v3": {"head_dim": "set to qk_rope_head_dim by the config class whatever config.json says; interp "
+                                "reads qk_rope_head_dim"},
     "phi": {"tie_word_embeddings": "the tied weight is the embedding, which the state dict's lm_head.weight holds "
                                    "either way; interp's W_U is always separate, to keep lm_head's bias"},
     "gpt_bigcode": {
@@ -121,7 +125,7 @@ _CONFIG_METHODS = frozenset({
 })
 
 
-def test_model(name: str) -> Any:
+def audit_model(name: str) -> Any:
     """The random tiny transformers model the audit reads family ``name``'s classes from."""
     import transformers
 
@@ -203,9 +207,10 @@ def converter_reads(hf_cfg: Mapping[str, Any]) -> set[str]:
     """The keys interp's converter reads from ``hf_cfg`` while converting it (config and state-dict choice).
 
     Example:
-        >>> sorted(converter_reads({"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 4,
-        ...                         "vocab_size": 11, "n_positions": 16}))[:4]
-        ['activation_function', 'add_cross_attention', 'layer_norm_epsilon', 'model_type']
+        >>> reads = converter_reads({"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 4,
+        ...                          "vocab_size": 11, "n_positions": 16, "summary_type": "cls_index"})
+        >>> "scale_attn_weights" in reads, "is_causal" in reads, "summary_type" in reads
+        (True, True, False)
     """
     from .hf import converter
 
@@ -232,7 +237,7 @@ def audit(name: str) -> dict[str, Any]:
         reads), ``ignored`` ({key: reason} of the keys in neither that cannot change the forward) and
         ``unaccounted`` (keys transformers reads that interp neither reads nor lists: must be empty).
     """
-    model = test_model(FAMILY_CONFIGS[name])
+    model = audit_model(FAMILY_CONFIGS[name])
     hf_cfg = model.config.to_dict()
     theirs = transformers_reads(model)
     ours = converter_reads(hf_cfg)

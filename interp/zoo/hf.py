@@ -59,8 +59,10 @@ def _decoder_checks(hf_cfg: Mapping[str, Any], arch: str, *, rotary_head_dim: in
     if hf_cfg.get("is_causal", True) is False:
         raise ValueError(f"{arch} is_causal=False (bidirectional attention) is not supported; interp's {arch} is "
                          "causal")
+    if rotary_head_dim is None:
+        return
     head_dim = hf_cfg.get("head_dim")
-    if rotary_head_dim is not None and head_dim is not None and head_dim != rotary_head_dim:
+    if head_dim is not None and head_dim != rotary_head_dim:
         raise ValueError(f"{arch} head_dim={head_dim!r} is not supported: transformers' {arch} attention uses "
                          f"{rotary_head_dim} per head while its RoPE would read head_dim")
 
@@ -668,12 +670,12 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     L = _need(hf_cfg, "num_hidden_layers", arch)
     n_heads = _need(hf_cfg, "num_attention_heads", arch)
     nope, rope = _need(hf_cfg, "qk_nope_head_dim", arch), _need(hf_cfg, "qk_rope_head_dim", arch)
-    # transformers' RoPE for MLA rotates head_dim dims (its config sets it to qk_rope_head_dim), and its eager
-    # attention repeats num_key_value_heads up to the query heads: anything else is not the MLA interp builds.
-    for key, want in (("head_dim", rope), ("num_key_value_heads", n_heads)):
-        if hf_cfg.get(key) is not None and hf_cfg[key] != want:
-            raise ValueError(f"{mtype} {key}={hf_cfg[key]!r} is not supported (MLA needs {want}: "
-                             f"{'qk_rope_head_dim' if key == 'head_dim' else 'num_attention_heads'})")
+    # transformers' eager MLA repeats the keys num_attention_heads / num_key_value_heads times: only equal counts
+    # run there. (Its head_dim is always set to qk_rope_head_dim by the config class, whatever config.json says.)
+    kv_heads = hf_cfg.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads != n_heads:
+        raise ValueError(f"{mtype} num_key_value_heads={kv_heads!r} is not supported (MLA needs "
+                         f"num_attention_heads={n_heads})")
     grouped = v3 or method == "group_limited_greedy"
     groups = (hf_cfg.get("n_group") or 1) if grouped else 1
     first_dense = hf_cfg.get("first_k_dense_replace", 0) or 0

@@ -17,6 +17,7 @@ import torch
 from .decode import LeanDecoder, layout_for_generate
 from .hooks import NamesFilter
 from .kv_cache import KVCache
+from .rotary import cache_needs_recompute
 
 if TYPE_CHECKING:
     from .model import Transformer
@@ -219,6 +220,9 @@ def generate(
                                             last_only=True)[:, -1]
                 elif n == T:
                     logits = prefill(model, out[:, :T], cache)  # [B, V]
+                elif cache_needs_recompute(cfg.rope_scaling, n - 1, n):  # LongRoPE past its original context
+                    cache.reset()
+                    logits = prefill(model, out[:, :n], cache)  # [B, V]
                 else:
                     logits = decode_one_token(model, out[:, n - 1], cache, decoder)  # [B, V]
                 nxt = sample(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)

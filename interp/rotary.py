@@ -258,6 +258,33 @@ def rope_frequencies(dim: int, base: float, scaling: Mapping[str, Any] | None = 
     raise ValueError(f"rope_type={kind!r} is not a RoPE scaling interp implements; known: {sorted(ROPE_SCALING_KEYS)}")
 
 
+def cache_needs_recompute(scaling: Mapping[str, Any] | None, cached: int, total: int) -> bool:
+    """Whether a KV cache of ``cached`` positions must be recomputed before a pass that extends the sequence to
+    ``total`` positions.
+
+    LongRoPE rotates with its short factors while a pass stays within ``original_max_position_embeddings`` and
+    with its long ones past it, so keys cached by passes inside the original context are rotated with factors
+    the longer pass no longer uses. transformers' Phi-3 drops its cache then (the first time a generation
+    reaches past the original context) and recomputes every key with the long factors; interp's cached
+    ``generate`` does the same, so its tokens equal transformers' past the boundary. (Dynamic NTK also changes
+    its frequencies with the length, but transformers keeps its cache there: so does interp.)
+
+    Args:
+        scaling: a :class:`~interp.config.ModelConfig`'s ``rope_scaling`` (None: plain RoPE).
+        cached: positions the cache holds.
+        total: positions after the pass.
+
+    Example:
+        >>> s = {"rope_type": "longrope", "original_max_position_embeddings": 16}
+        >>> cache_needs_recompute(s, 16, 17), cache_needs_recompute(s, 15, 16), cache_needs_recompute(s, 17, 18)
+        (True, False, False)
+    """
+    if scaling is None or scaling["rope_type"] != "longrope" or cached == 0:
+        return False
+    original = scaling["original_max_position_embeddings"]
+    return cached <= original < total
+
+
 class Rotary(nn.Module):
     """Rotate the first ``dim`` features of each head by position-dependent angles.
 

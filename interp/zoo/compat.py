@@ -2,14 +2,18 @@
 
 ``python -m interp.zoo.compat`` builds each family's random tiny HF model (the configs of the converter tests,
 chosen so that every feature changes the logits: odd head counts, sliding windows shorter than the sequence,
-small soft-caps, RoPE scaling read past the original context), converts it, and prints a Markdown table:
+small soft-caps, RoPE scaling read past the original context, LongRoPE crossing its original context while
+generating, routing that varies), converts it, and prints the README's Markdown table:
 
-* family (HF ``model_type``) and the variants it exercises;
-* max |logit diff| against transformers (float32, eager attention, a 2 x 40-token batch);
-* whether 32 greedy tokens equal HF ``generate`` (and our cached decoding equals a full recompute);
-* KV-cache bytes per token (2-byte elements, layers with global attention; a windowed layer holds a fixed
-  ``window - 1`` positions);
-* forward time / HF with SDPA (the same batch, interleaved repetitions; tiny models, so mostly overhead).
+* family (HF ``model_type``) and the variants its config exercises (read off the converted config, so a row
+  claims only what its config has);
+* whether the logits are within 1e-4 of transformers' (float32, eager attention, a 2 x 40-token batch; SDPA
+  and pattern-recording paths);
+* whether 32 greedy tokens equal HF ``generate`` (and our cached decoding equals a full recompute).
+
+``--full`` prints the measured table of ``docs/models.md`` instead: the max |logit diff|, KV-cache bytes per
+token (2-byte elements, layers with global attention; a windowed layer holds a fixed ``window - 1``
+positions) and forward time / HF with SDPA (interleaved repetitions; tiny models, so mostly overhead).
 
 Needs ``transformers`` (``pip install interp[hf]``); nothing is downloaded.
 """
@@ -22,7 +26,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["FAMILIES", "compat_rows", "compat_table", "hf_test_model", "variants"]
+__all__ = ["FAMILIES", "TABLE", "TABLE_ONLY", "compat_rows", "compat_table", "hf_test_model", "readme_line",
+           "readme_table", "variants"]
 
 V = 97  # vocabulary of the test configs
 WINDOW = 8
@@ -83,6 +88,39 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "olmo2": ("olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1)),
 }
 
+_LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
+_MLA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=4, v_head_dim=6, intermediate_size=48, moe_intermediate_size=24, n_routed_experts=8,
+            num_experts_per_tok=3, first_k_dense_replace=1)
+
+#: The table's other rows: LongRoPE crossing its original context (16) during the 8 + 32-token generation, and
+#: the mixture-of-experts and MLA families (tested in depth by ``tests/zoo/test_zoo_hf_moe.py``).
+TABLE_ONLY: dict[str, tuple[str, dict[str, Any]]] = {
+    "phi3_longrope": ("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                   original_max_position_embeddings=16,
+                                   rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **_LONG})),
+    "mixtral": ("mixtral", dict(hidden_size=72, intermediate_size=48, num_attention_heads=9, num_key_value_heads=3,
+                                num_local_experts=8, num_experts_per_tok=2, sliding_window=WINDOW)),
+    "qwen2_moe": ("qwen2_moe", dict(hidden_size=72, intermediate_size=48, moe_intermediate_size=24,
+                                    shared_expert_intermediate_size=40, num_attention_heads=9, num_key_value_heads=3,
+                                    num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1])),
+    "qwen3_moe": ("qwen3_moe", dict(hidden_size=80, intermediate_size=48, moe_intermediate_size=24, head_dim=16,
+                                    num_attention_heads=5, num_key_value_heads=1, num_experts=8, num_experts_per_tok=2,
+                                    norm_topk_prob=True, use_sliding_window=True, sliding_window=WINDOW)),
+    "olmoe": ("olmoe", dict(hidden_size=80, intermediate_size=24, num_attention_heads=5, num_key_value_heads=5,
+                            num_experts=8, num_experts_per_tok=3, norm_topk_prob=False)),
+    "deepseek_v2": ("deepseek_v2", dict(**_MLA, q_lora_rank=None, n_shared_experts=2,
+                                        topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                                        routed_scaling_factor=1.5)),
+    "deepseek_v3": ("deepseek_v3", dict(**_MLA, q_lora_rank=12, n_shared_experts=1, n_group=4, topk_group=2,
+                                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                         "original_max_position_embeddings": 16, "mscale": 0.8,
+                                                         "mscale_all_dim": 0.707})),
+}
+
+#: Every row of the table: :data:`FAMILIES` then :data:`TABLE_ONLY`.
+TABLE: dict[str, tuple[str, dict[str, Any]]] = {**FAMILIES, **TABLE_ONLY}
+
 
 def _seed_init(model: torch.nn.Module) -> torch.nn.Module:
     """Random init with non-trivial norms and biases, larger than HF's so greedy decoding varies."""
@@ -95,20 +133,23 @@ def _seed_init(model: torch.nn.Module) -> torch.nn.Module:
                 p.normal_(0, 0.02)  # times sqrt(d_model): else the embedding drowns every sublayer's write
             else:
                 p.normal_(0, 0.2)
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name:  # DeepSeek-V3's router choice bias: a weight kept as a buffer
+                b.copy_(0.05 * torch.randn_like(b))
     return model.eval()
 
 
 def hf_test_model(name: str, attn_implementation: str = "eager") -> Any:
-    """The random tiny transformers model of :data:`FAMILIES` ``[name]`` (seeded, float32, eval mode).
+    """The random tiny transformers model of :data:`TABLE` ``[name]`` (seeded, float32, eval mode).
 
     Raises:
         KeyError: an unknown family name (the known ones are listed).
     """
     import transformers
 
-    if name not in FAMILIES:
-        raise KeyError(f"unknown test family {name!r}; known: {sorted(FAMILIES)}")
-    model_type, kw = FAMILIES[name]
+    if name not in TABLE:
+        raise KeyError(f"unknown test family {name!r}; known: {sorted(TABLE)}")
+    model_type, kw = TABLE[name]
     extra = {"vocab_size": V, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
     args = {**_COMMON, **kw} if model_type != "gpt_bigcode" else {**kw, **extra}
     cfg = transformers.AutoConfig.for_model(model_type, **args)
@@ -134,12 +175,23 @@ def variants(cfg: Any) -> str:
         parts.append(f"parallel block ({cfg.parallel_block.replace('_', ' ')})")
     if cfg.positional == "rotary":
         kind = cfg.rope_scaling["rope_type"] if cfg.rope_scaling else "RoPE"
-        partial = f" {cfg.rotary_dim}/{cfg.d_head}" if cfg.rotary_dim != cfg.d_head else ""
+        if cfg.attention == "latent":  # MLA rotates a separate rope part of each query and the shared key
+            partial = f" on a {cfg.rope_dim}-dim rope key"
+        else:
+            partial = f" {cfg.rotary_dim}/{cfg.d_head}" if cfg.rotary_dim != cfg.d_head else ""
         parts.append(f"{kind}{partial}" + (" + local base" if cfg.local_rotary_base else ""))
     else:
         parts.append(f"{cfg.positional} positions")
     if cfg.embed_scale != 1.0:
         parts.append("embed scale")
+    if cfg.n_experts:
+        moe = f"top-{cfg.n_experts_per_token} of {cfg.n_experts} experts ({cfg.router_score}"
+        moe += f", {cfg.router_topk_groups} of {cfg.router_groups} groups)" if cfg.router_groups > 1 else ")"
+        if cfg.d_shared_expert:
+            moe += " + gated shared expert" if cfg.shared_expert_gate else " + shared expert"
+        if cfg.dense_mlp_layers:
+            moe += f", dense MLP on layer {', '.join(map(str, cfg.dense_mlp_layers))}"
+        parts.append(moe)
     return ", ".join(parts)
 
 
@@ -159,22 +211,26 @@ def _time_ratio(ours, theirs, ids: torch.Tensor, reps: int) -> float:
     return ratios[len(ratios) // 2]
 
 
-def compat_rows(names: list[str] | None = None, *, reps: int = 5) -> list[dict[str, Any]]:
-    """One row per family variant: what :func:`compat_table` prints.
+def compat_rows(names: list[str] | None = None, *, reps: int = 5, timing: bool = True) -> list[dict[str, Any]]:
+    """One row per family variant: what :func:`compat_table` and :func:`readme_table` print.
 
     Args:
-        names: the :data:`FAMILIES` entries to run (default all).
+        names: the :data:`TABLE` entries to run (default all).
         reps: timing repetitions.
+        timing: time the forward pass against HF SDPA (False: ``forward_vs_hf_sdpa`` and ``hf_attention`` are None).
 
     Returns:
         dicts with ``family``, ``model_type``, ``variants``, ``max_logit_diff``, ``greedy_equal``,
         ``kv_bytes_per_token``, ``forward_vs_hf_sdpa`` and ``hf_attention`` (``"sdpa"``, or ``"eager"`` where
         transformers has no SDPA path for the family).
+
+    Raises:
+        KeyError: an unknown family name.
     """
     from .hf import from_hf
 
     rows = []
-    for name in names or list(FAMILIES):
+    for name in names or list(TABLE):
         hf = hf_test_model(name)
         model = from_hf(hf)
         torch.manual_seed(4)
@@ -188,14 +244,17 @@ def compat_rows(names: list[str] | None = None, *, reps: int = 5) -> list[dict[s
                            eos_token_id=None, pad_token_id=0)
         got = model.generate(prompt, max_new_tokens=NEW)
         greedy = bool(torch.equal(got, want)) and bool(torch.equal(model.generate(prompt, NEW, use_cache=False), got))
-        try:
-            fast, against = hf_test_model(name, attn_implementation="sdpa"), "sdpa"
-        except ValueError:  # transformers has no SDPA path for this family (Gemma 2's soft-cap): its eager one
-            fast, against = hf, "eager"
-        rows.append(dict(family=name, model_type=FAMILIES[name][0], variants=variants(model.cfg),
+        ratio, against = None, None
+        if timing:
+            try:
+                fast, against = hf_test_model(name, attn_implementation="sdpa"), "sdpa"
+            except ValueError:  # transformers has no SDPA path for this family (Gemma 2's soft-cap): its eager one
+                fast, against = hf, "eager"
+            ratio = _time_ratio(model, fast, ids, reps)
+        rows.append(dict(family=name, model_type=TABLE[name][0], variants=variants(model.cfg),
                          max_logit_diff=diff, greedy_equal=greedy,
                          kv_bytes_per_token=_global_kv_bytes(model.cfg),
-                         forward_vs_hf_sdpa=_time_ratio(model, fast, ids, reps), hf_attention=against))
+                         forward_vs_hf_sdpa=ratio, hf_attention=against))
     return rows
 
 
@@ -205,24 +264,59 @@ def _global_kv_bytes(cfg: Any, bytes_per_element: int = 2) -> int:
                if cfg.window(i) is None)
 
 
+#: The tolerance :func:`readme_table` reports against: max |logit diff| to transformers in float32.
+TOLERANCE = 1e-4
+
+README_HEADER = ("| family | model_type | variants the test config exercises | logits within 1e-4 of transformers "
+                 "| greedy 32 = HF (cached and uncached) |\n|---|---|---|---|---|")
+
+
+def readme_line(row: dict[str, Any]) -> str:
+    """One row of :func:`readme_table`: only what does not vary between machines (no figure, no timing)."""
+    within = "yes" if row["max_logit_diff"] <= TOLERANCE else f"NO ({row['max_logit_diff']:.1e})"
+    return (f"| {row['family']} | `{row['model_type']}` | {row['variants']} | {within} "
+            f"| {'yes' if row['greedy_equal'] else 'NO'} |")
+
+
+def readme_table(rows: list[dict[str, Any]] | None = None) -> str:
+    """The README's family table, which ``python -m interp.zoo.compat`` prints (a test compares the two).
+
+    Example:
+        >>> print(readme_table([dict(family="f", model_type="llama", variants="MHA, RoPE", max_logit_diff=3e-6,
+        ...                          greedy_equal=True)]).splitlines()[-1])
+        | f | `llama` | MHA, RoPE | yes | yes |
+    """
+    rows = compat_rows(timing=False) if rows is None else rows
+    return "\n".join([README_HEADER, *(readme_line(r) for r in rows)])
+
+
 def compat_table(rows: list[dict[str, Any]] | None = None) -> str:
-    """The Markdown compatibility table (runs :func:`compat_rows` when ``rows`` is not given)."""
+    """The full Markdown compatibility table of ``docs/models.md``, with the measured figures (runs
+    :func:`compat_rows` when ``rows`` is not given)."""
     rows = compat_rows() if rows is None else rows
     lines = ["| family | model_type | variants exercised | max \\|logit diff\\| vs transformers | greedy 32 equal "
              "| KV bytes/token | forward / HF sdpa |", "|---|---|---|---|---|---|---|"]
     for r in rows:
+        timing = "-" if r["forward_vs_hf_sdpa"] is None else (
+            f"{r['forward_vs_hf_sdpa']:.2f}{'' if r['hf_attention'] == 'sdpa' else ' (HF eager)'}")
         lines.append(f"| {r['family']} | `{r['model_type']}` | {r['variants']} | {r['max_logit_diff']:.1e} "
-                     f"| {'yes' if r['greedy_equal'] else 'NO'} | {r['kv_bytes_per_token']} "
-                     f"| {r['forward_vs_hf_sdpa']:.2f}{'' if r['hf_attention'] == 'sdpa' else ' (HF eager)'} |")
+                     f"| {'yes' if r['greedy_equal'] else 'NO'} | {r['kv_bytes_per_token']} | {timing} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m interp.zoo.compat", description=__doc__.splitlines()[0])
-    parser.add_argument("families", nargs="*", help=f"entries of FAMILIES (default all: {', '.join(FAMILIES)})")
-    parser.add_argument("--reps", type=int, default=5, help="timing repetitions (default 5)")
+    parser.add_argument("families", nargs="*", help=f"entries of TABLE (default all: {', '.join(TABLE)})")
+    parser.add_argument("--full", action="store_true",
+                        help="the measured table of docs/models.md (logit diffs, KV bytes, timings) instead of "
+                             "the README's")
+    parser.add_argument("--reps", type=int, default=5, help="timing repetitions of --full (default 5)")
     args = parser.parse_args(argv)
-    print(compat_table(compat_rows(args.families or None, reps=args.reps)))
+    names = args.families or None
+    if args.full:
+        print(compat_table(compat_rows(names, reps=args.reps)))
+    else:
+        print(readme_table(compat_rows(names, timing=False)))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,27 @@ def _need(hf_cfg: Mapping[str, Any], key: str, arch: str) -> Any:
     return hf_cfg[key]
 
 
+def _decoder_checks(hf_cfg: Mapping[str, Any], arch: str, *, rotary_head_dim: int | None = None) -> None:
+    """Settings every decoder's transformers mask and RoPE code reads that interp does not reproduce.
+
+    ``is_causal: false`` turns transformers' causal mask bidirectional (``masking_utils``); a family whose
+    attention splits heads as ``hidden_size / num_attention_heads`` but whose RoPE reads ``head_dim``
+    (``rotary_head_dim`` given: the width the attention uses) would rotate a different width.
+
+    Raises:
+        ValueError: naming the key and its value.
+    """
+    if hf_cfg.get("is_causal", True) is False:
+        raise ValueError(f"{arch} is_causal=False (bidirectional attention) is not supported; interp's {arch} is "
+                         "causal")
+    if rotary_head_dim is None:
+        return
+    head_dim = hf_cfg.get("head_dim")
+    if head_dim is not None and head_dim != rotary_head_dim:
+        raise ValueError(f"{arch} head_dim={head_dim!r} is not supported: transformers' {arch} attention uses "
+                         f"{rotary_head_dim} per head while its RoPE would read head_dim")
+
+
 class _Source:
     """Reads HF tensors by name, stripping a model prefix, and names the missing one in its error."""
 
@@ -82,6 +103,9 @@ def bert_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         'post'
     """
     arch = "BERT"
+    for key in ("is_decoder", "add_cross_attention"):  # a decoder BERT is causal; cross-attention needs an encoder
+        if hf_cfg.get(key):
+            raise ValueError(f"BERT {key}={hf_cfg[key]!r} is not supported (only False: an encoder)")
     pos = hf_cfg.get("position_embedding_type", "absolute")
     if pos != "absolute":
         raise ValueError(f"BERT position_embedding_type={pos!r} is not supported (only 'absolute')")
@@ -137,6 +161,7 @@ def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             cross-attention, an unknown activation) or a missing key.
     """
     arch = "GPT-2"
+    _decoder_checks(hf_cfg, "gpt2")
     for key, bad in (("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
                      ("add_cross_attention", True)):
         if hf_cfg.get(key, not bad) == bad:
@@ -185,79 +210,213 @@ def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
 _LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+#: How each family's transformers classes decide which layers slide, read from their config and modelling code:
+#: ``"every"`` (one window for all layers: Mistral, Mixtral, Phi-3; Qwen3-MoE when ``use_sliding_window``),
+#: ``"above_max_window_layers"`` (Qwen2 / Qwen3: ``layer_types``, else layers from ``max_window_layers`` on, when
+#: ``use_sliding_window``), ``"even_below_max_window_layers"`` (Qwen2-MoE: ``layer_types``, else the even layers
+#: below ``max_window_layers``), ``"alternate"`` (Gemma 2: ``layer_types``, else the even layers) and
+#: ``"pattern"`` (Gemma 3: ``layer_types``, else all but every ``sliding_window_pattern``-th). Any other family's
+#: attention never slides in transformers' eager / SDPA paths (Llama, OLMoE, DeepSeek), whatever its config says.
+WINDOW_RULES: dict[str, str] = {
+    "mistral": "every", "mixtral": "every", "phi3": "every", "qwen3_moe": "every",
+    "qwen2": "above_max_window_layers", "qwen3": "above_max_window_layers",
+    "qwen2_moe": "even_below_max_window_layers", "gemma2": "alternate", "gemma3_text": "pattern",
+}
+
+#: The families whose config class keeps ``sliding_window`` only when ``use_sliding_window`` (default False).
+_USE_SLIDING_WINDOW = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+
+
 def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | None:
-    """Each layer's sliding window from a HF config: ``layer_types`` when given (``"sliding_attention"`` /
-    ``"full_attention"``), else Qwen's ``max_window_layers`` (layers from that index on slide), else every layer
-    slides when ``sliding_window`` is set; ``None`` when no layer slides.
+    """Each layer's sliding window from a HF config, by the rule of family ``arch`` (:data:`WINDOW_RULES`);
+    ``None`` when no layer slides.
 
     Raises:
-        ValueError: a layer type other than sliding or full attention (named with its layer).
+        ValueError: a layer type other than sliding or full attention (named with its layer), or a
+            ``layer_types`` whose length is not ``num_hidden_layers``.
+
+    Example:
+        >>> cfg = {"num_hidden_layers": 3, "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}
+        >>> sliding_windows(cfg, "qwen2"), sliding_windows(cfg, "qwen3_moe"), sliding_windows(cfg, "llama")
+        ([None, 4, 4], [4, 4, 4], None)
     """
+    rule = WINDOW_RULES.get(arch)
+    if rule is None:
+        return None
+    # Every key the family's rule reads is read, whatever the branch (the config-key audit records reads).
     window = hf_cfg.get("sliding_window")
-    if window is None or hf_cfg.get("use_sliding_window", True) is False:
+    use = hf_cfg.get("use_sliding_window", False) if arch in _USE_SLIDING_WINDOW else True
+    max_layers = hf_cfg.get("max_window_layers", 28) if "max_window_layers" in rule else None
+    types = hf_cfg.get("layer_types")
+    if not window or not use:  # Qwen2-MoE's config stores 0 for "no window"
         return None
     n_layers = _need(hf_cfg, "num_hidden_layers", arch)
-    types = hf_cfg.get("layer_types")
     if types:
+        if len(types) != n_layers:
+            raise ValueError(f"{arch} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
         for i, kind in enumerate(types):
             if kind not in ("sliding_attention", "full_attention"):
                 raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
                                  "(only 'sliding_attention' and 'full_attention')")
-        windows = [window if kind == "sliding_attention" else None for kind in types]
-    elif "max_window_layers" in hf_cfg:
-        windows = [window if i >= hf_cfg["max_window_layers"] else None for i in range(n_layers)]
-    else:
-        windows = [window] * n_layers
+        if rule == "every" and "full_attention" in types:
+            # transformers' class ignores layer_types and slides every layer: such a checkpoint was made for
+            # another class (Ministral), so neither reading is safe.
+            raise ValueError(f"{arch} layer_types={types!r} with full-attention layers is not supported: "
+                             f"transformers' {arch} ignores layer_types and slides every layer")
+    if types and rule != "every":
+        slides = [kind == "sliding_attention" for kind in types]
+    elif rule == "every":
+        slides = [True] * n_layers
+    elif rule == "above_max_window_layers":
+        slides = [i >= max_layers for i in range(n_layers)]
+    elif rule == "even_below_max_window_layers":
+        slides = [i % 2 == 0 and i < max_layers for i in range(n_layers)]
+    elif rule == "alternate":
+        slides = [i % 2 == 0 for i in range(n_layers)]
+    else:  # pattern
+        pattern = hf_cfg.get("sliding_window_pattern") or 6
+        slides = [(i + 1) % pattern != 0 for i in range(n_layers)]
+    windows = [window if s else None for s in slides]
     return windows if any(w is not None for w in windows) else None
+
+
+#: Which q/k/v and output-projection biases each family's transformers attention has: a config key it reads, or
+#: a constant it hard-codes (Qwen2: q/k/v always biased, whatever ``attention_bias`` says; Mistral, Mixtral: never).
+ATTENTION_BIASES: dict[str, tuple[str | bool, str | bool]] = {
+    "llama": ("attention_bias", "attention_bias"), "qwen3": ("attention_bias", "attention_bias"),
+    "qwen3_moe": ("attention_bias", "attention_bias"), "olmoe": ("attention_bias", "attention_bias"),
+    "qwen2": (True, False), "qwen2_moe": ("qkv_bias", False), "mistral": (False, False), "mixtral": (False, False),
+}
+
+#: The families whose dense MLP reads ``mlp_bias`` (the others hard-code no bias).
+_MLP_BIAS_KEY = ("llama", "deepseek_v2")
+
+#: transformers' defaults for keys it reads with a default (``qkv_bias`` of Qwen2-MoE is True).
+_BIAS_DEFAULTS = {"qkv_bias": True}
+
+
+def _biases(hf_cfg: Mapping[str, Any], arch: str) -> tuple[bool, bool]:
+    """``(attn_bias, out_bias)`` of family ``arch`` (:data:`ATTENTION_BIASES`)."""
+    rules = ATTENTION_BIASES[arch]
+    return tuple(rule if isinstance(rule, bool) else bool(hf_cfg.get(rule, _BIAS_DEFAULTS.get(rule, False)))
+                 for rule in rules)  # type: ignore[return-value]
 
 
 _ROPE_KINDS_HF = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
-def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None = None) -> tuple[float, dict | None]:
-    """``(rope_theta, rope_scaling)`` of a HF config: transformers 5's ``rope_parameters`` or 4.x's
-    ``rope_theta`` + ``rope_scaling``, resolved into :class:`ModelConfig`'s explicit ``rope_scaling`` dict
-    (defaults filled in as transformers fills them). ``params`` overrides the dict read (per-layer-type RoPE).
+def _where(hf_cfg: Mapping[str, Any]) -> str:
+    """`` (in <folder>/config.json)`` when the config knows the folder or hub id it came from, else ``""``."""
+    origin = hf_cfg.get("_name_or_path") or hf_cfg.get("name_or_path")
+    return f" (in {origin}/config.json)" if origin else ""
+
+
+def _positive(value: Any, what: str, arch: str, hf_cfg: Mapping[str, Any], *, integer: bool = False,
+              zero: bool = False) -> float:
+    """``value`` as a float after checking it is a finite number > 0 (an int > 0 when ``integer``; >= 0 when
+    ``zero``).
 
     Raises:
-        ValueError: a RoPE kind interp does not implement, named with the supported ones.
+        ValueError: naming ``what`` (the key), the value, the ``model_type`` and the file when known.
+    """
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value >= 0 if zero else value > 0))
+    if ok and integer and value != int(value):
+        ok = False
+    if not ok:
+        need = "an integer >= 1" if integer else f"a finite number {'>=' if zero else '>'} 0"
+        raise ValueError(f"model_type={arch!r}: {what}={value!r} must be {need}{_where(hf_cfg)}")
+    return float(value)
+
+
+def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None = None, *,
+          default_theta: float = 10000.0) -> tuple[float, dict | None]:
+    """``(rope_theta, rope_scaling)`` of a HF config: transformers 5's ``rope_parameters`` or 4.x's
+    ``rope_theta`` + ``rope_scaling``, resolved into :class:`ModelConfig`'s explicit ``rope_scaling`` dict
+    (defaults filled in as transformers fills them). ``params`` overrides the dict read (per-layer-type RoPE);
+    ``default_theta`` is the base when the config gives none (GPT-NeoX's legacy ``rotary_emb_base``).
+
+    Raises:
+        ValueError: a RoPE kind interp does not implement, named with the supported ones; a ``rope_theta``, a
+            factor or an original context that is missing, zero, negative or not finite; llama3's
+            ``high_freq_factor`` not above its ``low_freq_factor``. Each message names the key, its value, the
+            ``model_type`` and the config file when known.
+
+    Example:
+        >>> _rope({"rope_scaling": {"rope_type": "linear", "factor": 2}, "max_position_embeddings": 64}, "llama")
+        (10000.0, {'rope_type': 'linear', 'factor': 2.0})
+        >>> _rope({"rope_scaling": {"rope_type": "linear", "factor": 0}, "max_position_embeddings": 64}, "llama")
+        Traceback (most recent call last):
+        ...
+        ValueError: model_type='llama': rope_scaling['factor']=0 must be a finite number > 0
     """
     rope = dict(params if params is not None else (hf_cfg.get("rope_parameters") or {}))
+    field = "rope_parameters"
     legacy = hf_cfg.get("rope_scaling") or {}
     if not rope.get("rope_type") and legacy:
         rope = {**legacy, **rope}
+        field = "rope_scaling"
     kind = rope.get("rope_type") or rope.get("type") or "default"
     if kind not in _ROPE_KINDS_HF:
-        raise ValueError(f"{arch} rope_type={kind!r} is not supported; supported: {list(_ROPE_KINDS_HF)}")
-    theta = float(rope.get("rope_theta", hf_cfg.get("rope_theta", 10000.0)))
+        raise ValueError(f"{arch} rope_type={kind!r} is not supported; supported: {list(_ROPE_KINDS_HF)}"
+                         f"{_where(hf_cfg)}")
+
+    def need(key: str, *, integer: bool = False, zero: bool = False) -> float:
+        if rope.get(key) is None:
+            raise ValueError(f"model_type={arch!r}: {field} of rope_type {kind!r} has no {key!r} (got keys "
+                             f"{sorted(rope)}){_where(hf_cfg)}")
+        return _positive(rope[key], f"{field}[{key!r}]", arch, hf_cfg, integer=integer, zero=zero)
+
+    def optional(key: str, *, integer: bool = False) -> float | None:
+        return None if rope.get(key) is None else need(key, integer=integer)
+
+    theta_key = f"{field}['rope_theta']" if rope.get("rope_theta") is not None else "rope_theta"
+    theta = _positive(rope.get("rope_theta", hf_cfg.get("rope_theta", default_theta)), theta_key, arch, hf_cfg)
     if kind == "default":
         return theta, None
     max_pos = _need(hf_cfg, "max_position_embeddings", arch)
-    orig = rope.get("original_max_position_embeddings") or hf_cfg.get("original_max_position_embeddings")
+    orig_key = "original_max_position_embeddings"
+    if rope.get(orig_key) is not None:
+        orig: float | None = need(orig_key, integer=True)
+    elif hf_cfg.get(orig_key) is not None:
+        orig = _positive(hf_cfg[orig_key], orig_key, arch, hf_cfg, integer=True)
+    else:
+        orig = None
     scaling: dict[str, Any] = {"rope_type": kind}
     if kind == "linear":
-        scaling["factor"] = float(_need(rope, "factor", f"{arch} rope_parameters"))
+        scaling["factor"] = need("factor")
     elif kind == "dynamic":
         # transformers grows the base past max_position_embeddings itself (the original context of dynamic NTK).
-        scaling.update(factor=float(_need(rope, "factor", f"{arch} rope_parameters")),
-                       original_max_position_embeddings=max_pos)
+        scaling.update(factor=need("factor"), original_max_position_embeddings=max_pos)
     elif kind == "llama3":
-        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-            scaling[key] = _need(rope, key, f"{arch} rope_parameters")
+        low, high = need("low_freq_factor"), need("high_freq_factor")
+        if high <= low:
+            raise ValueError(f"model_type={arch!r}: {field} high_freq_factor={rope['high_freq_factor']!r} must be "
+                             f"above low_freq_factor={rope['low_freq_factor']!r}{_where(hf_cfg)}")
+        scaling.update(factor=need("factor"), low_freq_factor=low, high_freq_factor=high,
+                       original_max_position_embeddings=int(need(orig_key, integer=True)))
     elif kind == "yarn":
         orig = orig or max_pos
-        factor = rope.get("factor") or max_pos / orig
-        scaling.update(factor=float(factor), original_max_position_embeddings=orig)
-        for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"):
+        factor = optional("factor") or max_pos / orig
+        scaling.update(factor=float(factor), original_max_position_embeddings=int(orig))
+        for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"):
             if rope.get(key) is not None:
-                scaling[key] = rope[key]
+                scaling[key] = need(key, zero=key.startswith("mscale"))  # mscale_all_dim 0: no extra scaling
+        if rope.get("truncate") is not None:
+            scaling["truncate"] = rope["truncate"]
     else:  # longrope
         orig = orig or max_pos
-        scaling.update(short_factor=list(_need(rope, "short_factor", f"{arch} rope_parameters")),
-                       long_factor=list(_need(rope, "long_factor", f"{arch} rope_parameters")),
-                       original_max_position_embeddings=orig, factor=float(rope.get("factor") or max_pos / orig))
+        for key in ("short_factor", "long_factor"):
+            values = rope.get(key)
+            if not isinstance(values, (list, tuple)) or not values:
+                raise ValueError(f"model_type={arch!r}: {field}[{key!r}]={values!r} must be a non-empty list of "
+                                 f"numbers{_where(hf_cfg)}")
+            for i, v in enumerate(values):
+                _positive(v, f"{field}[{key!r}][{i}]", arch, hf_cfg)
+            scaling[key] = [float(v) for v in values]
+        scaling.update(original_max_position_embeddings=int(orig), factor=float(optional("factor") or max_pos / orig))
         if rope.get("attention_factor") is not None:
-            scaling["attention_factor"] = rope["attention_factor"]
+            scaling["attention_factor"] = need("attention_factor")
     return theta, scaling
 
 
@@ -281,12 +440,13 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     mtype = hf_cfg.get("model_type", "llama")
     arch = mtype  # mistral, qwen2 and the MoE families come through here too: errors name the real one
+    _decoder_checks(hf_cfg, mtype)
     act = hf_cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
     n_ctx = _need(hf_cfg, "max_position_embeddings", arch)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
-    attn_bias = bool(hf_cfg.get("attention_bias", mtype == "qwen2"))
+    attn_bias, out_bias = _biases(hf_cfg, mtype)
     theta, scaling = _rope(hf_cfg, mtype)
     n_ctx = _rope_context(n_ctx, scaling)
     return ModelConfig(
@@ -296,8 +456,8 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=n_ctx, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
-        causal=True, attn_bias=attn_bias, out_bias=attn_bias and mtype != "qwen2",
-        mlp_bias=bool(hf_cfg.get("mlp_bias", False)), unembed=True,
+        causal=True, attn_bias=attn_bias, out_bias=out_bias,
+        mlp_bias=mtype in _MLP_BIAS_KEY and bool(hf_cfg.get("mlp_bias", False)), unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
         sliding_window=sliding_windows(hf_cfg, mtype), qk_norm="head" if mtype == "qwen3" else "none",
     )
@@ -458,8 +618,6 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if mtype == "qwen2_moe":
         shared = hf_cfg.get("shared_expert_intermediate_size") or 0
         fields.update(d_shared_expert=shared, shared_expert_gate=bool(shared))
-        bias = bool(hf_cfg.get("qkv_bias", True))
-        fields.update(attn_bias=bias, out_bias=False)
     return dataclasses.replace(base, **fields)
 
 
@@ -488,6 +646,7 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     mtype = hf_cfg.get("model_type")
     arch = mtype
+    _decoder_checks(hf_cfg, mtype)
     act = hf_cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu')")
@@ -511,6 +670,12 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     L = _need(hf_cfg, "num_hidden_layers", arch)
     n_heads = _need(hf_cfg, "num_attention_heads", arch)
     nope, rope = _need(hf_cfg, "qk_nope_head_dim", arch), _need(hf_cfg, "qk_rope_head_dim", arch)
+    # transformers' eager MLA repeats the keys num_attention_heads / num_key_value_heads times: only equal counts
+    # run there. (Its head_dim is always set to qk_rope_head_dim by the config class, whatever config.json says.)
+    kv_heads = hf_cfg.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads != n_heads:
+        raise ValueError(f"{mtype} num_key_value_heads={kv_heads!r} is not supported (MLA needs "
+                         f"num_attention_heads={n_heads})")
     grouped = v3 or method == "group_limited_greedy"
     groups = (hf_cfg.get("n_group") or 1) if grouped else 1
     first_dense = hf_cfg.get("first_k_dense_replace", 0) or 0
@@ -530,7 +695,9 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), d_mlp=_need(hf_cfg, "intermediate_size", arch),
         activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
-        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), attn_bias=False, out_bias=False, mlp_bias=False,
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), attn_bias=False, out_bias=False,
+        # DeepSeek-V2's dense and shared-expert MLPs read mlp_bias; V3's hard-code none (the routed experts never).
+        mlp_bias=mtype in _MLP_BIAS_KEY and bool(hf_cfg.get("mlp_bias", False)),
         unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
         pad_token_id=hf_cfg.get("pad_token_id"),
         n_experts=E, n_experts_per_token=_need(hf_cfg, "num_experts_per_tok", arch), d_expert=d_expert,

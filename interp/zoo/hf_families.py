@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .hf import StateDict, _dense_weights, _llama_attention, _need, _rope, _Source, sliding_windows
+from .hf import StateDict, _decoder_checks, _dense_weights, _llama_attention, _need, _rope, _Source, sliding_windows
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 
@@ -92,6 +92,7 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     mtype = hf_cfg.get("model_type", "gemma")
     arch = mtype
+    _decoder_checks(hf_cfg, arch)
     act = hf_cfg.get("hidden_activation") or hf_cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if mtype == "gemma" and act == "gelu":
         act = "gelu_pytorch_tanh"  # transformers reads Gemma 1's legacy "gelu" as the tanh approximation
@@ -126,7 +127,8 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         local_rotary_base=local_base, sliding_window=windows,
         attn_scale=None if scalar is None else float(scalar) ** -0.5,
-        attn_softcap=hf_cfg.get("attn_logit_softcapping") if later else None,
+        # Gemma 3's config class carries attn_logit_softcapping, but its attention never applies it.
+        attn_softcap=hf_cfg.get("attn_logit_softcapping") if mtype == "gemma2" else None,
         final_softcap=hf_cfg.get("final_logit_softcapping") if later else None,
         qk_norm="head" if mtype == "gemma3_text" else "none",
         sublayer_norm="sandwich" if later else "input", embed_scale=d_model ** 0.5, norm_weight_float32=True,
@@ -174,6 +176,7 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
     """
     arch = "olmo2"
+    _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("attention_bias", False, False)))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
@@ -217,19 +220,34 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
     """
     arch = "phi3"
+    _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
-    d_head = d_model // n_heads
+    # transformers' Phi-3 attention and rotary read head_dim when the config has one (else hidden / heads).
+    d_head = hf_cfg.get("head_dim") or d_model // n_heads
     theta, scaling = _rope(hf_cfg, arch)
     rope = hf_cfg.get("rope_parameters") or {}
     partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(d_head * partial)
+    # transformers' Phi-3 drops its generation cache at the top-level original_max_position_embeddings while its
+    # RoPE switches factors at rope_parameters': interp does both at one boundary, so the two must agree.
+    top = hf_cfg.get("original_max_position_embeddings")
+    if scaling is not None and top is not None and top != scaling["original_max_position_embeddings"]:
+        raise ValueError(f"{arch} original_max_position_embeddings={top!r} differs from rope_parameters' "
+                         f"{scaling['original_max_position_embeddings']!r}: not supported")
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if len(scaling[key]) != rotary_dim // 2:
+                raise ValueError(f"{arch} rope_parameters[{key!r}] has {len(scaling[key])} factors, but head_dim="
+                                 f"{d_head} x partial_rotary_factor={partial} rotates {rotary_dim} dims, which need "
+                                 f"{rotary_dim // 2}")
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
         activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rotary_dim=int(d_head * partial), rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch),
+        rotary_dim=rotary_dim, rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch),
         attn_bias=False, out_bias=False, mlp_bias=False, unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
@@ -272,10 +290,11 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
     rope = hf_cfg.get("rope_parameters") or {}
     pct = rope.get("partial_rotary_factor", hf_cfg.get("rotary_pct", 1.0))
     legacy_base = hf_cfg.get("rotary_emb_base")
-    theta, scaling = _rope({**hf_cfg, "rope_theta": hf_cfg.get("rope_theta", legacy_base or 10000.0)}, arch)
+    theta, scaling = _rope(hf_cfg, arch, default_theta=legacy_base or 10000.0)
     bias = bool(hf_cfg.get("attention_bias", True))
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
@@ -325,6 +344,7 @@ def gpt_bigcode_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported setting (cross-attention, activation) or a missing key.
     """
     arch = "gpt_bigcode"
+    _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("add_cross_attention", False, False),))
     act = hf_cfg.get("activation_function", "gelu_pytorch_tanh")
     acts = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
@@ -382,8 +402,10 @@ def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if act not in ("gelu", "relu"):
         raise ValueError(f"{arch} activation={act!r} is not supported (gelu, relu)")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_model // n_heads)
     new_arch = bool(hf_cfg.get("new_decoder_architecture", False))
     parallel = bool(hf_cfg.get("parallel_attn", True))
+    multi_query = bool(hf_cfg.get("multi_query", True))  # read by the old architecture only
     if new_arch:
         if not parallel:
             raise ValueError(f"{arch} new_decoder_architecture=True with parallel_attn=False is not supported")
@@ -391,7 +413,7 @@ def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_ln = hf_cfg.get("num_ln_in_parallel_attn") or 2
         block = "two_norms" if n_ln == 2 else "one_norm"
     else:
-        n_kv = 1 if hf_cfg.get("multi_query", True) else n_heads
+        n_kv = 1 if multi_query else n_heads
         block = "one_norm" if parallel else "none"
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("bias", False))
@@ -470,6 +492,7 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
     rope = hf_cfg.get("rope_parameters") or {}
     partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.5))
     theta, scaling = _rope(hf_cfg, arch)
@@ -480,7 +503,9 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre",
         norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rotary_dim=int(d_head * partial), rope_scaling=scaling, parallel_block="one_norm", unembed=True,
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        # Phi's lm_head has a bias, which tied embeddings keep (only the weight is W_E's): interp's tied W_U has
+        # no bias, so the unembedding is always a separate W_U holding the tied weight and the bias.
+        tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
 
@@ -501,6 +526,11 @@ def phi_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor
             for ours, theirs in (("attn.W_O", "self_attn.dense"), ("ln1", "input_layernorm"),
                                  ("mlp.W_in", "mlp.fc1"), ("mlp.W_out", "mlp.fc2")):
                 out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    if "lm_head.weight" not in hf_sd and "lm_head.bias" in hf_sd:
+        # A tied checkpoint stores the head's bias but not its weight, which is the embedding.
+        hf_sd = {**hf_sd, "lm_head.weight": out["W_E.weight"]}
+    if "lm_head.bias" not in hf_sd:
+        raise ValueError("Phi state dict has no 'lm_head.bias' (pass a PhiForCausalLM model, not the bare PhiModel)")
     out.update(_lm_head(hf_sd, src, cfg, "Phi", bias="lm_head.bias"))
     return out
 

@@ -151,7 +151,8 @@ class Trace:
         return self[f"blocks.{layer}.attn.hook_z"]
 
     def head_out(self, layer: int) -> torch.Tensor:
-        """Per-head residual writes z_h W_O[h] of ``layer``: ``[B, pos, H, d_model]``."""
+        """Per-head writes z_h W_O[h] of ``layer``: ``[B, pos, H, d_model]`` (with a norm after attention,
+        ``sublayer_norm`` sandwich / output, each head's share of the sum that norm reads)."""
         return self[f"blocks.{layer}.attn.hook_result"]
 
     def head_outs(self, layers: Sequence[int] | None = None) -> torch.Tensor:

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from . import trace_views
-from ._io import atomic_path, check_tensor_record, tensor_record
+from ._io import atomic_path, check_tensor_record, tensor_record, write_safetensors
 
 if TYPE_CHECKING:
     from .model import Transformer
@@ -243,7 +242,7 @@ class Trace:
         if aliases:
             header["aliases"] = json.dumps(aliases)
         with atomic_path(path) as tmp:  # a killed save leaves the previous file, never half of one
-            save_file(tensors, str(tmp), metadata=header)
+            write_safetensors(tensors, tmp, metadata=header)  # no second temporary
         return path
 
     @classmethod

@@ -40,6 +40,31 @@ def _json_object(path: Path, header: dict[str, str], key: str) -> dict[str, Any]
                          f"got {type(value).__name__}")
     return value
 
+def _check_fewer_layers(where: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any], layers: set[int],
+                        n_layers: int) -> None:
+    """A trace holding fewer layers than its meta's ``n_layers`` must be a recording of some layers.
+
+    :func:`interp.streaming.record` says so in meta ``layers_recorded`` (the layers its filter selected); the
+    stored layers must then be among them. A file without that statement whose layers ``0..k`` each hold the same
+    hooks (what an unfiltered or pattern-filtered recording of a ``k + 1``-layer model holds) contradicts an
+    ``n_layers`` above ``k + 1``: it is refused, naming both numbers.
+    """
+    stated = meta.get("layers_recorded")
+    if stated is not None:
+        if not isinstance(stated, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in stated) \
+                or any(not 0 <= x < n_layers for x in stated) or not layers <= set(stated):
+            raise ValueError(f"{where}: meta layers_recorded = {str(stated)[:80]} does not list the layers the file "
+                             f"holds ({sorted(layers)[:3]}..{max(layers)}) within n_layers = {n_layers}")
+        return
+    k = max(layers)
+    per_layer = {layer: {n.split(".", 2)[2] for n in tensors if n.startswith(f"blocks.{layer}.")} for layer in layers}
+    if k >= 1 and layers == set(range(k + 1)) and len({frozenset(h) for h in per_layer.values()}) == 1:
+        raise ValueError(f"{where}: meta n_layers = {n_layers}, but the file holds the same hooks in each of layers "
+                         f"0..{k} ({k + 1} layers) and none in layers {k + 1}..{n_layers - 1}: its n_layers "
+                         f"disagrees with its tensors (a recording of some layers lists them in meta "
+                         f"'layers_recorded')")
+
+
 def _check_consistent(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
                       tokens: torch.Tensor | None) -> None:
     """What a trace file says about itself must agree: dtypes, the layer count, the token strings."""
@@ -58,6 +83,8 @@ def _check_consistent(path: Path, tensors: dict[str, torch.Tensor], meta: dict[s
                 any(layer >= n_layers for layer in layers):
             raise ValueError(f"{where}: meta n_layers = {n_layers!r}, but the file holds tensors for layer(s) "
                              f"{sorted(layers)[-3:]}")
+        if layers and max(layers) + 1 < n_layers:
+            _check_fewer_layers(where, tensors, meta, layers, n_layers)
     str_tokens = meta.get("str_tokens")
     if str_tokens is not None:
         if not isinstance(str_tokens, list) or not all(isinstance(r, list) for r in str_tokens):

@@ -397,5 +397,8 @@ def record(
             head_writes[result_name] = (z, w_o)
     meta: dict[str, Any] = {"model": getattr(model, "name", type(model).__name__),
                             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads}
+    recorded = sorted({int(m.group(1)) for n in names if (m := re.match(r"blocks\.(\d+)\.", n))})
+    if recorded and recorded != list(range(model.cfg.n_layers)):
+        meta["layers_recorded"] = recorded  # a filter that chose some layers: Trace.load then knows it is partial
     return out, Trace(tensors, meta, tokens, [r.result() for r in reducers], head_writes=head_writes,
                       tokenizer=getattr(model, "tokenizer", None))

@@ -16,10 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from . import trace_views
-from ._io import atomic_path, check_tensor_record, tensor_record
+from ._io import atomic_path, check_tensor_record, tensor_record, write_safetensors
 
 if TYPE_CHECKING:
     from .model import Transformer
@@ -41,6 +40,31 @@ def _json_object(path: Path, header: dict[str, str], key: str) -> dict[str, Any]
                          f"got {type(value).__name__}")
     return value
 
+def _check_fewer_layers(where: str, tensors: dict[str, torch.Tensor], meta: dict[str, Any], layers: set[int],
+                        n_layers: int) -> None:
+    """A trace holding fewer layers than its meta's ``n_layers`` must be a recording of some layers.
+
+    :func:`interp.streaming.record` says so in meta ``layers_recorded`` (the layers its filter selected); the
+    stored layers must then be among them. A file without that statement whose layers ``0..k`` each hold the same
+    hooks (what an unfiltered or pattern-filtered recording of a ``k + 1``-layer model holds) contradicts an
+    ``n_layers`` above ``k + 1``: it is refused, naming both numbers.
+    """
+    stated = meta.get("layers_recorded")
+    if stated is not None:
+        if not isinstance(stated, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in stated) \
+                or any(not 0 <= x < n_layers for x in stated) or not layers <= set(stated):
+            raise ValueError(f"{where}: meta layers_recorded = {str(stated)[:80]} does not list the layers the file "
+                             f"holds ({sorted(layers)[:3]}..{max(layers)}) within n_layers = {n_layers}")
+        return
+    k = max(layers)
+    per_layer = {layer: {n.split(".", 2)[2] for n in tensors if n.startswith(f"blocks.{layer}.")} for layer in layers}
+    if k >= 1 and layers == set(range(k + 1)) and len({frozenset(h) for h in per_layer.values()}) == 1:
+        raise ValueError(f"{where}: meta n_layers = {n_layers}, but the file holds the same hooks in each of layers "
+                         f"0..{k} ({k + 1} layers) and none in layers {k + 1}..{n_layers - 1}: its n_layers "
+                         f"disagrees with its tensors (a recording of some layers lists them in meta "
+                         f"'layers_recorded')")
+
+
 def _check_consistent(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
                       tokens: torch.Tensor | None) -> None:
     """What a trace file says about itself must agree: dtypes, the layer count, the token strings."""
@@ -59,6 +83,8 @@ def _check_consistent(path: Path, tensors: dict[str, torch.Tensor], meta: dict[s
                 any(layer >= n_layers for layer in layers):
             raise ValueError(f"{where}: meta n_layers = {n_layers!r}, but the file holds tensors for layer(s) "
                              f"{sorted(layers)[-3:]}")
+        if layers and max(layers) + 1 < n_layers:
+            _check_fewer_layers(where, tensors, meta, layers, n_layers)
     str_tokens = meta.get("str_tokens")
     if str_tokens is not None:
         if not isinstance(str_tokens, list) or not all(isinstance(r, list) for r in str_tokens):
@@ -151,7 +177,8 @@ class Trace:
         return self[f"blocks.{layer}.attn.hook_z"]
 
     def head_out(self, layer: int) -> torch.Tensor:
-        """Per-head residual writes z_h W_O[h] of ``layer``: ``[B, pos, H, d_model]``."""
+        """Per-head writes z_h W_O[h] of ``layer``: ``[B, pos, H, d_model]`` (with a norm after attention,
+        ``sublayer_norm`` sandwich / output, each head's share of the sum that norm reads)."""
         return self[f"blocks.{layer}.attn.hook_result"]
 
     def head_outs(self, layers: Sequence[int] | None = None) -> torch.Tensor:
@@ -242,7 +269,7 @@ class Trace:
         if aliases:
             header["aliases"] = json.dumps(aliases)
         with atomic_path(path) as tmp:  # a killed save leaves the previous file, never half of one
-            save_file(tensors, str(tmp), metadata=header)
+            write_safetensors(tensors, tmp, metadata=header)  # no second temporary
         return path
 
     @classmethod

@@ -141,7 +141,10 @@ def _finish(trace, stack, labels, *, apply_ln, model, layer, mlp_input, pos_slic
 def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: Any = None,
                        apply_ln: bool = False, model: Transformer | None = None,
                        return_labels: bool = False) -> Any:
-    """Every head's residual write, stacked: ``[n_heads_total, B, T, M]`` (TL's ``stack_head_results``).
+    """Every head's write ``z_h W_O[h]``, stacked: ``[n_heads_total, B, T, M]`` (TL's ``stack_head_results``).
+
+    With a norm after attention (``sublayer_norm`` ``"sandwich"`` / ``"output"``) these are the heads' shares of
+    the sum that norm reads (``hook_attn_out_pre_norm``), not of the residual.
 
     Args:
         trace: recorded with ``*hook_result`` (or ``*hook_z`` plus ``hook_result``) for the layers wanted.

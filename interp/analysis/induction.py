@@ -165,17 +165,22 @@ class TLHeadDetectorReducer(Reducer):
 class CopyingReducer(Reducer):
     """Copying score: does a head's direct effect on the logits raise the token it attends to?
 
-    For every row with an induction target, take the head's residual write (``z_h W_O[h]``, what
-    ``hook_result`` holds), pass it through the final norm with the scale frozen at the full residual's value
-    (direct logit attribution) and the unembedding, and find the rank of the attended token (the token at the
-    row's argmax key) among the vocabulary. The score is the mean fraction of the vocabulary whose direct logit
+    For every row with an induction target, take the head's residual write, pass it through the final norm
+    with the scale frozen at the full residual's value (direct logit attribution) and the unembedding, and find
+    the rank of the attended token (the token at the row's argmax key) among the vocabulary. The residual write
+    is ``z_h W_O[h]`` (what ``hook_result`` holds) on a block whose attention output enters the residual as it
+    is; where a norm follows attention (``sublayer_norm`` ``"sandwich"``, Gemma 2/3, or ``"output"``, OLMo 2)
+    it is that share passed through the norm with the summed output's scale: ``w_post * z_h W_O[h] / rms(sum)``
+    (a LayerNorm also centres it). The score is the mean fraction of the vocabulary whose direct logit
     is strictly below the attended token's: 1 = always the top logit, ~0.5 = chance, 0 for a head that writes
     nothing the unembedding reads. State: ``sum`` ``[L, H_max]`` and ``rows``.
 
-    The frozen norm scale is one positive number per row, the same for every token, so it cannot change which
-    logits lie below the attended one: it is left out, and the pass needs nothing after the last layer's
-    ``hook_z`` (:func:`~interp.streaming.stream` stops there). The norm's weight (and a LayerNorm's centring,
-    ``(r - mean r) . u = r . (u - mean u)``) is applied to the unembedding columns instead of to every write.
+    The frozen norm scales (the final norm's, and the output norm's ``rms(sum)`` of the same pass) are positive
+    numbers per row, the same for every token, so they cannot change which logits lie below the attended one:
+    they are left out, and the pass needs nothing after the last layer's ``hook_z``
+    (:func:`~interp.streaming.stream` stops there). The final norm's weight (and a LayerNorm's centring,
+    ``(r - mean r) . u = r . (u - mean u)``) is applied to the unembedding columns instead of to every write;
+    an output norm's weight (and centring) is folded into the layer's ``W_O``.
 
     The exact fraction costs ``heads x vocabulary x d_model`` multiply-adds a row (SmolLM2: 270 x 49,152 x
     576, ~7.6 GFLOP), far more than the forward pass. With ``comparisons=K`` (default 256) each row is instead
@@ -267,16 +272,21 @@ class CopyingReducer(Reducer):
             b, q = self._at["b"].to(tensor.device), self._at["q"].to(tensor.device)
             self._z[layer] = tensor.detach()[b, q].to(self._dev, torch.float32)  # [N, H, D]
 
+    @staticmethod
+    def _through(norm: torch.nn.Module | None, rows: torch.Tensor) -> torch.Tensor:
+        """Vectors ``[..., M]`` through ``norm`` with its positive per-row scale left out: times its weight and,
+        for a LayerNorm, centred (linear, so it may act on a head's share of the normalised sum or on the
+        unembedding columns the normalised residual meets)."""
+        if isinstance(norm, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
+            if norm.weight is not None:
+                rows = rows * norm.weight.detach().to(rows)
+            if isinstance(norm, torch.nn.LayerNorm):
+                rows = rows - rows.mean(-1, keepdim=True)
+        return rows
+
     def _readout(self, cols: torch.Tensor) -> torch.Tensor:
-        """Unembedding columns ``[..., M]`` as a head's write meets them through the final norm (its weight,
-        and a LayerNorm's centring moved onto the columns; the positive per-row scale dropped)."""
-        ln = self.model.ln_final
-        if isinstance(ln, (torch.nn.LayerNorm, torch.nn.RMSNorm)):
-            if ln.weight is not None:
-                cols = cols * ln.weight.to(cols)
-            if isinstance(ln, torch.nn.LayerNorm):
-                cols = cols - cols.mean(-1, keepdim=True)
-        return cols
+        """Unembedding columns ``[..., M]`` as a head's write meets them through the final norm."""
+        return self._through(self.model.ln_final, cols)
 
     def end_batch(self) -> None:
         N = len(self._b)
@@ -291,6 +301,9 @@ class CopyingReducer(Reducer):
             w = attn.W_O_heads.detach().to(dev, f32)  # [H, D, M]
             if attn.gate is not None:
                 w = w * attn.gate.detach().to(dev, f32)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+            # A norm after attention (sandwich / output) reaches the residual: its weight (and centring) acts on
+            # each head's share of the sum; its scale rms(sum) is one positive number a row, as the final one.
+            w = self._through(getattr(self.model.blocks[layer], "ln1_post", None), w)  # [H, D, M]
             w_o.append(w)
             flat.append(layer * self._H + torch.arange(w.shape[0], device=dev))
         w_o = torch.cat(w_o)  # [A, D, M]: every scored head of every layer (A heads)

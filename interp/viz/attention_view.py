@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._io import atomic_write_text
 from ._common import token_labels
 
 
@@ -111,7 +112,7 @@ class AttentionView:
             The path written.
         """
         path = Path(path)
-        path.write_text(self.to_html(full_page=True), encoding="utf-8")
+        atomic_write_text(path, self.to_html(full_page=True))  # a killed save leaves the previous page whole
         return path
 
     @property

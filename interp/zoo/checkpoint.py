@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
-from .._io import atomic_path, check_tensor_record, tensor_record
+from .._io import atomic_path, check_tensor_record, tensor_record, write_safetensors
 from ..config import ModelConfig
 from ..model import Transformer
 
@@ -168,7 +167,7 @@ def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[s
     header[INTEGRITY_KEY] = tensor_record(tensors)
     path = Path(path)
     with atomic_path(path) as tmp:  # a killed save leaves the previous checkpoint, never half of one
-        save_file(tensors, str(tmp), metadata=header)
+        write_safetensors(tensors, tmp, metadata=header)  # no second temporary
     return path
 
 

@@ -38,7 +38,7 @@ from ..model import Transformer
 from ..placement import build
 from . import gguf_experts
 from .checkpoint import check_fits
-from .gguf_archs import ARCHITECTURES, Architecture, Meta, unpermute_rotary
+from .gguf_archs import ARCHITECTURES, Architecture, Meta, shown, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, read_gguf
 from .hf import converter
 from .tokenizer import Tokenizer
@@ -414,7 +414,7 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
         value = meta.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or not 0 <= value < len(tokens)):
-            raise GGUFError(f"{source}: metadata {key!r} = {value!r} is not an id of the {len(tokens)} tokens "
+            raise GGUFError(f"{source}: metadata {key!r} = {shown(value)} is not an id of the {len(tokens)} tokens "
                             f"in 'tokenizer.ggml.tokens'")
     unk = meta.get("tokenizer.ggml.unknown_token_id")
     try:

@@ -44,6 +44,23 @@ from .gguf_file import GGUFError
 HFConfig = dict[str, Any]
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, with the entry count of a long array: an error message
+    never echoes a 10^6-entry metadata array.
+
+    Example:
+        >>> shown(list(range(10**6)))
+        '[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, ... (1000000 entries)'
+    """
+    if isinstance(value, (list, tuple, np.ndarray)):
+        head = repr(list(value[:limit // 2]))  # a bounded slice: never the repr of the whole array
+        if len(head) <= limit and len(value) <= limit // 2:
+            return head
+        return head[:limit].rsplit(",", 1)[0] + f", ... ({len(value)} entries)"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 class Meta:
     """Typed reads of one file's ``{arch}.*`` metadata; each bad value is refused naming the key and value.
 
@@ -70,12 +87,37 @@ class Meta:
 
     def count(self, key: str, default: Any = None, *, low: int = 1) -> int:
         """A whole-number hyper-parameter, refused by name when absent, not an integer or below ``low``."""
-        value = self.get(key, default)
+        return self._count(key, self.get(key, default), low)
+
+    def _count(self, key: str, value: Any, low: int = 1) -> int:
         if value is None:
             raise self.fail(f"metadata has no {self.key(key)!r}")
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise self.fail(f"metadata {self.key(key)!r} = {value!r} must be an integer >= {low}")
+            raise self.fail(f"metadata {self.key(key)!r} = {shown(value)} must be an integer >= {low}")
         return int(value)
+
+    def layer_count(self, key: str, default: Any, n_layers: int) -> int:
+        """A whole-number hyper-parameter that llama.cpp may write per layer (an array, one entry a layer):
+        a per-layer array with one value throughout is that value; different values, or an array that is not
+        one entry per layer, are refused by name (with a shortened copy of the array).
+
+        Example:
+            >>> m = Meta({"llama.attention.head_count_kv": [1, 1]}, "llama", "f.gguf")
+            >>> m.layer_count("attention.head_count_kv", 4, n_layers=2)
+            1
+        """
+        value = self.get(key, default)
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            return self._count(key, value)
+        values = list(value)
+        if len(values) != n_layers:
+            raise self.fail(f"per-layer metadata {self.key(key)!r} has {len(values)} entries for "
+                            f"{self.key('block_count')} = {n_layers} layers: {shown(values)}")
+        counts = [self._count(key, v) for v in values]
+        if len(set(counts)) != 1:
+            raise self.fail(f"per-layer metadata {self.key(key)!r} = {shown(values)} differs between layers, "
+                            f"which is not supported (one value for every layer is)")
+        return counts[0]
 
     def number(self, key: str, default: float | None) -> float | None:
         """A positive finite number (epsilon, RoPE base, soft-cap), or ``default`` when absent."""
@@ -83,7 +125,7 @@ class Meta:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
-            raise self.fail(f"metadata {self.key(key)!r} = {value!r} must be a positive finite number")
+            raise self.fail(f"metadata {self.key(key)!r} = {shown(value)} must be a positive finite number")
         return float(value)
 
 
@@ -97,12 +139,8 @@ def _shape(m: Meta, names: set[str]) -> HFConfig:
     head_dim = m.count("attention.key_length", d_model // n_heads)
     if m.count("attention.value_length", head_dim) != head_dim:
         raise m.fail(f"key_length {head_dim} != value_length {m.get('attention.value_length')}")
-    n_kv = m.get("attention.head_count_kv", n_heads)
-    if isinstance(n_kv, list):  # llama.cpp allows a per-layer list; dense files keep one value
-        if len(set(n_kv)) != 1:
-            raise m.fail(f"per-layer {m.key('attention.head_count_kv')} {n_kv[:8]} is not supported")
-        n_kv = n_kv[0]
-    n_kv = m.count("attention.head_count_kv", n_kv)
+    # llama.cpp may write a per-layer array (one value each, [1, 1] for a 2-layer MQA model).
+    n_kv = m.layer_count("attention.head_count_kv", n_heads, m.count("block_count"))
     if n_heads % n_kv:
         raise m.fail(f"{m.key('attention.head_count')} = {n_heads} is not a multiple of "
                      f"{m.key('attention.head_count_kv')} = {n_kv}")
@@ -115,7 +153,7 @@ def _shape(m: Meta, names: set[str]) -> HFConfig:
         key = f"tokenizer.ggml.{which}_token_id"
         value = m.meta.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
-            raise m.fail(f"metadata {key!r} = {value!r} is outside the vocabulary of {vocab} tokens")
+            raise m.fail(f"metadata {key!r} = {shown(value)} is outside the vocabulary of {vocab} tokens")
         ids[which] = value
     return {
         "hidden_size": d_model, "num_attention_heads": n_heads, "num_key_value_heads": n_kv, "head_dim": head_dim,

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .gguf_archs import Meta, _llama_like
+from .gguf_archs import Meta, _llama_like, shown
 from .gguf_file import GGUFError
 
 # Whole architectures handled here (Mixtral is ``llama`` with experts), with the HF model_type each came from.
@@ -115,7 +115,7 @@ class _Meta(Meta):
     def flag(self, key: str, default: bool = False) -> bool:
         value = self.meta.get(self.key(key), default)
         if not isinstance(value, (bool, np.bool_)):
-            raise self.fail(f"metadata {self.key(key)!r} = {value!r} must be a boolean")
+            raise self.fail(f"metadata {self.key(key)!r} = {shown(value)} must be a boolean")
         return bool(value)
 
     def gating(self) -> str | None:
@@ -123,7 +123,7 @@ class _Meta(Meta):
         if value is None:
             return None
         if value not in GATING:
-            raise self.fail(f"metadata {self.key('expert_gating_func')!r} = {value!r} is not supported; "
+            raise self.fail(f"metadata {self.key('expert_gating_func')!r} = {shown(value)} is not supported; "
                             f"supported: {GATING}")
         return GATING[value]
 
@@ -293,7 +293,7 @@ def deepseek2_config(meta: Mapping[str, Any], tensor_names: set[str], *, source:
         key = f"tokenizer.ggml.{which}_token_id"
         value = meta.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
-            raise m.fail(f"metadata {key!r} = {value!r} is outside the vocabulary of {vocab} tokens")
+            raise m.fail(f"metadata {key!r} = {shown(value)} is outside the vocabulary of {vocab} tokens")
     return {
         "model_type": "deepseek_v3" if v3 else "deepseek_v2", "hidden_act": "silu",
         "hidden_size": m.count("embedding_length"), "num_hidden_layers": L, "num_attention_heads": H,

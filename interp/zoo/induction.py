@@ -82,6 +82,11 @@ class TokenIdTokenizer:
         self.d_vocab = d_vocab
         self.bos_id = bos_id
 
+    @property
+    def bos_token_id(self) -> int | None:
+        """:attr:`bos_id` under the name :class:`~interp.zoo.tokenizer.Tokenizer` (and Hugging Face) gives it."""
+        return self.bos_id
+
     def id_to_str(self, i: int) -> str:
         if not 0 <= i < self.d_vocab:
             raise ValueError(f"token id {i} is outside the vocabulary [0, {self.d_vocab})")

@@ -73,6 +73,18 @@ def test_sigkill_mid_save_leaves_the_old_file_whole(kind, tmp_path):
         assert path.is_file(), "a whole earlier version must remain"
         _read(kind, path)  # loads whole: no truncated file under the real name
         assert not [p for p in tmp_path.iterdir() if p.name != path.name and not p.name.startswith(".")]
+        _next_save(kind, path)  # removes what the killed save left (its writer is dead)
+        assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def _next_save(kind, path):
+    if kind == "trace":
+        Trace({"blocks.0.hook_resid_pre": torch.zeros(1, 1, 1)}, {"version": 0}).save(path)
+        return
+    from interp import ModelConfig, Transformer
+    from interp.zoo import save_checkpoint
+
+    save_checkpoint(Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4)), path)
 
 
 def test_atomic_path_keeps_the_old_file_when_the_writer_raises(tmp_path):

@@ -63,17 +63,31 @@ def decode_one_token(model: Transformer, token: torch.Tensor, cache: KVCache,
                           context=None, context_mask=None, kv_cache=cache, last_only=True)[:, -1]
 
 
+#: Temperatures below this are applied to logits shifted by their maximum (see :func:`process_logits`).
+SHIFTED_BELOW = 1e-4
+
+
 def process_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float | None = None) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) filtering of ``logits`` ``[B, V]``, in the order and with
     the arithmetic of Hugging Face's ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and
     ``TopPLogitsWarper``: removed entries become ``-inf``; top-p keeps at least one token.
 
+    Below a temperature of :data:`SHIFTED_BELOW`, ``logits / T`` can overflow (a denormal ``T = 1e-45`` turns every
+    logit into +-inf, and softmax into NaN): there each row's maximum is subtracted first (softmax does not change)
+    and the maximum stays 0 even where ``T`` rounds to 0 in float32, so a tiny temperature samples the argmax.
+
     Example:
         >>> process_logits(torch.tensor([[1.0, 3.0, 2.0]]), top_k=2)
         tensor([[-inf, 3., 2.]])
+        >>> process_logits(torch.tensor([[1.0, 3.0, 2.0]]), temperature=1e-45).softmax(-1)
+        tensor([[0., 1., 0.]])
     """
-    scores = logits / temperature if temperature != 1.0 else logits
+    if temperature >= SHIFTED_BELOW:
+        scores = logits / temperature if temperature != 1.0 else logits
+    else:
+        shifted = logits - logits.max(-1, keepdim=True).values  # [B, V], <= 0
+        scores = torch.where(shifted == 0, shifted, shifted / temperature)  # 0 / 0 would be NaN
     if top_k is not None:
         kth = torch.topk(scores, min(top_k, scores.shape[-1]))[0][..., -1, None]  # [B, 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -149,8 +163,8 @@ def generate(
         temperature: 0 picks the most likely token (greedy); above 0 samples from ``softmax(logits / T)``.
         top_k: sample among the ``top_k`` most likely tokens only (``None``: all).
         top_p: sample from the smallest set of tokens whose probability reaches ``top_p`` (``None``: all).
-        seed: seeds this call's own random generator, so the same seed gives the same tokens (``None``:
-            torch's global generator, as Hugging Face's ``generate`` uses).
+        seed: seeds this call's own random generator (an int in ``[-2**63, 2**64)``), so the same seed gives the
+            same tokens (``None``: torch's global generator, as Hugging Face's ``generate`` uses).
         stop_tokens: a sequence is done once it produces one of these; the run stops when every sequence is.
         pad_token_id: what a done sequence gets at the positions after its stop token (default: that stop
             token again).
@@ -165,8 +179,8 @@ def generate(
     Raises:
         TypeError: an argument has the wrong type (``max_new_tokens``, ``pack_weights``, ``seed``, ...).
         ValueError: the model is not a causal decoder with an unembedding, prompt + new > n_ctx, or a sampling
-            argument is out of range (``temperature`` < 0, ``top_k`` < 1, ``top_p`` outside (0, 1], a stop
-            token outside the vocabulary).
+            argument is out of range (``temperature`` < 0, ``top_k`` < 1, ``top_p`` outside (0, 1], ``seed``
+            outside ``[-2**63, 2**64)``, a stop token outside the vocabulary).
 
     Example:
         >>> from interp import ModelConfig, Transformer
@@ -260,6 +274,8 @@ def _check_sampling(temperature: Any, top_k: Any, top_p: Any, seed: Any) -> None
         raise ValueError(f"top_p={top_p!r} must be in (0, 1] (None keeps every token)")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed={seed!r} must be an int or None")
+    if seed is not None and not -2 ** 63 <= seed < 2 ** 64:
+        raise ValueError(f"seed={seed} is outside what torch's random generator takes, [-2**63, 2**64)")
 
 
 def _stop_ids(stop_tokens: Any, eos_token_id: Any, d_vocab: int) -> list[int]:

@@ -483,9 +483,22 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             raise ValueError(f"method={method!r} needs reference inputs (reference=...) or precomputed values")
         values = (unit_means(model, reference, layers, per_position=per_position, component=component)
                   if method == "mean" else unit_samples(model, reference, layers, component=component))
+    if values is not None and method != "zero":
+        missing = [layer for layer in layers if not isinstance(values.get(layer), torch.Tensor)]
+        if missing:
+            raise ValueError(f"values has no tensor for layer(s) {missing} of the ablated units (it has layers "
+                             f"{sorted(values)[:8]})")
     gen = torch.Generator().manual_seed(seed)
     draws: dict[int, torch.Tensor] = {}  # batch size -> reference rows, shared across layers in one forward
     ax = comp.unit_axis
+
+    def check_width(layer: int, v: torch.Tensor, t: torch.Tensor, lead: int, what: str) -> None:
+        """``v`` must be ``lead`` leading axes, then one position's activation ``t.shape[2:]``."""
+        if v.dim() != lead + t.dim() - 2 or v.shape[lead:] != t.shape[2:]:
+            want = ["T_ref"] * lead if lead == 1 else ["R", "T_ref"][:lead]
+            raise ValueError(f"values[{layer}] ({what}) has shape {tuple(v.shape)}, but layer {layer}'s "
+                             f"{comp.hook_name(layer)} is {tuple(t.shape)} (batch, position, then "
+                             f"{tuple(t.shape[2:])}): expected {tuple(want) + tuple(t.shape[2:])}")
 
     def hook_for(layer: int):
         idx = by_layer[layer]
@@ -499,6 +512,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
                 rep = torch.zeros(shape, dtype=t.dtype, device=t.device)
             elif method == "mean":
                 v = values[layer].to(device=t.device, dtype=t.dtype)
+                check_width(layer, v, t, 1 if v.dim() == t.dim() - 1 else 0, "means")
                 if v.dim() == t.dim() - 1:  # per position [T_ref, ...]
                     if v.shape[0] != T:
                         raise ValueError(f"per-position means have length {v.shape[0]}, the input has {T}")
@@ -507,6 +521,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
                     rep = v[None, None][at].expand(shape)
             else:
                 v = values[layer].to(device=t.device, dtype=t.dtype)  # [R, T_ref, ...]
+                check_width(layer, v, t, 2, "resample draws")
                 if v.shape[1] != T:
                     raise ValueError(f"resample reference has length {v.shape[1]}, the input has {T}")
                 if B not in draws:

@@ -258,6 +258,55 @@ def is_split(model: Transformer) -> bool:
     return bool(getattr(model, "_placement_handles", None))
 
 
+def check_devices(devices: Sequence[DeviceLike] | str) -> list[torch.device] | str:
+    """The ``devices`` argument of :func:`place` (and ``interp.load``) checked: ``"auto"`` or a non-empty list of
+    real devices. Cheap, so a loader can call it before reading any weight.
+
+    Args:
+        devices: ``"auto"`` or a list of devices (strings or ``torch.device``).
+
+    Returns:
+        ``"auto"``, or the list as ``torch.device`` objects.
+
+    Raises:
+        ValueError: another string, an empty list, an entry that is not a device, or the ``meta`` device (it holds
+            no weights: a model placed there would compute nothing); the message names ``devices`` and the entry.
+
+    Example:
+        >>> check_devices(["cpu", "cpu"])
+        [device(type='cpu'), device(type='cpu')]
+        >>> try:
+        ...     check_devices(["meta"])
+        ... except ValueError as e:
+        ...     print(str(e)[:60])
+        devices[0]='meta': the meta device holds no weights (a model
+    """
+    if isinstance(devices, str):
+        if devices != "auto":
+            raise ValueError(f"devices={devices!r}: give a list of devices or 'auto'")
+        return devices
+    if isinstance(devices, torch.device):
+        raise ValueError(f"devices={devices!r}: give a list of devices (e.g. [{str(devices)!r}]) or 'auto'")
+    try:
+        items = list(devices)
+    except TypeError:
+        raise ValueError(f"devices={devices!r}: give a list of devices or 'auto'") from None
+    if not items:
+        raise ValueError("devices=[] is empty: give at least one device (a list such as ['cuda:0', 'cuda:1']) "
+                         "or 'auto'")
+    out = []
+    for i, d in enumerate(items):
+        try:
+            dev = torch.device(d)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"devices[{i}]={d!r} is not a device: {e}") from None
+        if dev.type == "meta":
+            raise ValueError(f"devices[{i}]={str(d)!r}: the meta device holds no weights (a model placed there "
+                             f"computes nothing); give real devices such as 'cpu' or 'cuda:0'")
+        out.append(dev)
+    return out
+
+
 def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
           capacities: Mapping[DeviceLike, int] | None = None, reserve: float = DEFAULT_RESERVE) -> Transformer:
     """Split ``model`` layer by layer over ``devices`` (in place) and return it.
@@ -274,7 +323,7 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
         last block (or with tied embeddings), and logits returned on the first device.
 
     Raises:
-        ValueError: an empty device list, or weights that do not fit.
+        ValueError: a bad ``devices`` (see :func:`check_devices`), or weights that do not fit.
 
     Example:
         >>> from interp import ModelConfig
@@ -283,24 +332,20 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
         >>> m(torch.tensor([[1, 2, 3]])).shape
         torch.Size([1, 3, 40])
     """
+    devices = check_devices(devices)
     dtype = next(model.parameters()).dtype
     n = len(model.blocks)
     if isinstance(devices, str):
-        if devices != "auto":
-            raise ValueError(f"devices={devices!r}: give a list of devices or 'auto'")
         caps = dict(capacities) if capacities is not None else available_memory()
         plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
     else:
-        devices = list(devices)
-        if not devices:
-            raise ValueError("place needs at least one device")
         if len(devices) == n:
             plan = [torch.device(d) for d in devices]
         else:
             caps = dict(capacities) if capacities is not None else available_memory(devices)
             plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
     unplace(model)
-    first = plan[0] if plan else torch.device(devices[0] if not isinstance(devices, str) else "cpu")
+    first = plan[0] if plan else (devices[0] if not isinstance(devices, str) else torch.device("cpu"))
     for m in (model.embed, model.pos_embed, model.W_tt, model.embed_ln):
         if m is not None:
             m.to(first)

@@ -85,8 +85,11 @@ class AttentionView:
                         "keys": b64(lay.keys.astype("<u4" if wide else "<u2")), "weights": b64(lay.weights)}
                        for lay in self.layers],
         }
-        # "</" inside a script element would end it early (a token "</script>"): JSON allows the escape "<\/".
-        return json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+        # Inside a script element "</script" ends it and "<!--" followed by "<script" swallows the page after it
+        # (the HTML parser's script-data escape states): tokens such as "<!--<script>" must not reach the page raw.
+        # JSON strings may spell any character as \uXXXX, and "<", ">" and "&" appear only inside strings.
+        text = json.dumps(data, ensure_ascii=False)
+        return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
     def to_html(self, full_page: bool = False) -> str:
         """The view as HTML: a fragment for a notebook cell, or a whole document (``full_page``)."""

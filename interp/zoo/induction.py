@@ -84,7 +84,8 @@ class TokenIdTokenizer:
 
     @property
     def bos_token_id(self) -> int | None:
-        """:attr:`bos_id` under the name :class:`~interp.zoo.tokenizer.Tokenizer` (and Hugging Face) gives it."""
+        """:attr:`bos_id` under the name :class:`~interp.zoo.tokenizer.Tokenizer` (and Hugging Face) gives it:
+        ``model.tokenizer.bos_token_id`` reads the BOS id of every model interp loads (the docs' recipes use it)."""
         return self.bos_id
 
     def id_to_str(self, i: int) -> str:

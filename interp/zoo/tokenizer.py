@@ -125,13 +125,6 @@ class Tokenizer:
         return found if found is not None else self._find(_SEP_NAMES[3:])
 
     @property
-    def bos_id(self) -> int | None:
-        """:attr:`bos_token_id` under the name :class:`~interp.zoo.induction.TokenIdTokenizer` gives it, so that
-        ``model.tokenizer.bos_id`` (the docs' recipes, the pruning task, the dashboard) reads the BOS id of a
-        model loaded from an HF folder or a GGUF file as well as of induction-2l."""
-        return self.bos_token_id
-
-    @property
     def vocab_size(self) -> int:
         """Number of ids, added tokens included."""
         return self._tok.get_vocab_size(with_added_tokens=True)

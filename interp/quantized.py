@@ -10,8 +10,11 @@ Supported block types (llama.cpp's names): ``Q8_0``, ``Q4_0``, ``Q4_1``, ``Q5_0`
 ``Q5_K``, ``Q6_K``. Dequantisation is vectorised torch on the buffers' device (CPU or GPU), operation for
 operation as the ``gguf`` package's numpy reference does it, so the values are the same floats.
 
-What cannot stay quantised is refused by name (:func:`check_trainable`, :func:`has_quantized`): gradients into
-quantised weights, and edits that rewrite weights (physical head removal).
+The blocks are buffers, not parameters: ``model.parameters()`` and so every optimiser see only the float
+tensors (norms, biases), and gradients flow through a quantised layer to its input, never into its blocks.
+Assigning a new ``weight`` to a quantised layer, and edits that rewrite weights (physical head removal,
+:func:`interp.pruning.remove_heads`), are refused by name (:func:`refuse_quantized`); :func:`dequantize_model`
+turns a model back into float layers for them.
 
 Shapes: R rows (output features), C columns (input features), N blocks, Q bytes per block.
 """
@@ -19,6 +22,7 @@ Shapes: R rows (output features), C columns (input features), N blocks, Q bytes 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +41,10 @@ QUANT_TYPES: dict[str, tuple[int, int]] = {
     "Q5_K": (QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
     "Q6_K": (QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
 }
+
+#: Float types a part of a weight may also be stored in: a fused weight (W_qkv) whose Q is Q4_K and whose V is
+#: F16 keeps each part as the file stores it.
+FLOAT_TYPES: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 #: Dequantise at most this many float bytes of a weight at once (the rest of the rows wait their turn), so a
 #: [128256, 4096] unembedding never exists in float32 all at once.
@@ -118,8 +126,11 @@ def row_bytes(kind: str, cols: int) -> int:
         >>> row_bytes("Q4_0", 64)
         36
     """
+    if kind in FLOAT_TYPES:
+        return cols * torch.empty((), dtype=FLOAT_TYPES[kind]).element_size()
     if kind not in QUANT_TYPES:
-        raise ValueError(f"block type {kind!r} is not supported; supported: {sorted(QUANT_TYPES)}")
+        raise ValueError(f"block type {kind!r} is not supported; supported: {sorted(QUANT_TYPES)} "
+                         f"(and {sorted(FLOAT_TYPES)})")
     block, size = QUANT_TYPES[kind]
     if cols <= 0 or cols % block:
         raise ValueError(f"a {kind} row holds whole blocks of {block} values; {cols} columns is not a multiple")
@@ -131,7 +142,7 @@ def dequantize(blocks: torch.Tensor, kind: str, cols: int) -> torch.Tensor:
 
     Args:
         blocks: the raw bytes, one row of the matrix per row.
-        kind: the block type (a key of :data:`QUANT_TYPES`).
+        kind: the block type (a key of :data:`QUANT_TYPES` or :data:`FLOAT_TYPES`).
         cols: values per row.
 
     Returns:
@@ -152,8 +163,10 @@ def dequantize(blocks: torch.Tensor, kind: str, cols: int) -> torch.Tensor:
     if blocks.dim() != 2 or blocks.shape[1] != want:
         raise ValueError(f"{kind} rows of {cols} values take {want} bytes each; got blocks of shape "
                          f"{tuple(blocks.shape)}")
-    size = QUANT_TYPES[kind][1]
     rows = blocks.shape[0]
+    if kind in FLOAT_TYPES:
+        return blocks.contiguous().view(FLOAT_TYPES[kind]).float()  # [R, C * size] bytes -> [R, C]
+    size = QUANT_TYPES[kind][1]
     values = _dequantize_blocks(blocks.reshape(-1, size), kind)  # [N, block]
     return values.reshape(rows, cols)  # [N, block] -> [R, C]
 
@@ -213,11 +226,11 @@ class QuantizedWeight(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The dtype the weight is dequantised to (follows the model's casts)."""
-        return self.compute.dtype
+        return self._buffers["compute"].dtype  # type: ignore[union-attr]
 
     @property
     def device(self) -> torch.device:
-        return self.compute.device
+        return self._buffers["compute"].device  # type: ignore[union-attr]
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The whole matrix ``[rows, cols]`` in ``dtype`` (default: :attr:`dtype`)."""
@@ -261,6 +274,14 @@ class QuantizedWeight(nn.Module):
         return f"shape={self.shape}, {self.describe()}"
 
 
+def _refuse_weight_assignment(module: nn.Module, name: str) -> None:
+    q = module._modules.get("q")
+    if name == "weight" and isinstance(q, QuantizedWeight):
+        raise ValueError(f"{type(module).__name__}.weight is dequantised from its blocks on each read and cannot be "
+                         f"assigned ({q.describe()}); call interp.quantized.dequantize_model(model) for float "
+                         f"weights to train or edit")
+
+
 class QuantizedLinear(nn.Module):
     """``nn.Linear`` whose weight stays in quantised blocks; ``y = x W^T + b`` with W dequantised at use.
 
@@ -289,10 +310,17 @@ class QuantizedLinear(nn.Module):
         """The dequantised weight ``[out_features, in_features]`` (a fresh tensor on each read)."""
         return self.q.dequantize()
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        _refuse_weight_assignment(self, name)
+        super().__setattr__(name, value)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        chunks = [F.linear(x, w.to(x.dtype)) for _, _, w in self.q.row_chunks()]  # each [..., rows of chunk]
-        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-1)  # [..., out_features]
-        return out if self.bias is None else out + self.bias
+        b = self.bias
+        if self.q.rows * self.q.cols * 4 <= CHUNK_BYTES:  # one product, as nn.Linear computes it
+            return F.linear(x, self.q.dequantize(x.dtype), b)
+        chunks = [F.linear(x, w.to(x.dtype), None if b is None else b[r0:r1])  # each [..., rows of the chunk]
+                  for r0, r1, w in self.q.row_chunks()]
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-1)  # [..., out_features]
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -320,6 +348,10 @@ class QuantizedEmbedding(nn.Module):
     def weight(self) -> torch.Tensor:
         """The dequantised table ``[num_embeddings, embedding_dim]`` (a fresh tensor on each read)."""
         return self.q.dequantize()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _refuse_weight_assignment(self, name)
+        super().__setattr__(name, value)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.q.rows_at(tokens)  # [..., embedding_dim]
@@ -414,5 +446,5 @@ def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.M
     return model
 
 
-__all__ = ["CHUNK_BYTES", "QUANT_TYPES", "QuantizedEmbedding", "QuantizedLinear", "QuantizedWeight", "dequantize",
+__all__ = ["CHUNK_BYTES", "FLOAT_TYPES", "QUANT_TYPES", "QuantizedEmbedding", "QuantizedLinear", "QuantizedWeight", "dequantize",
            "dequantize_model", "has_quantized", "quantized_weights", "refuse_quantized", "row_bytes"]

@@ -594,6 +594,11 @@ def _assemble(hf_cfg: Mapping[str, Any], hf_sd: dict[str, torch.Tensor], *, dtyp
     return model.eval()
 
 
+def _is_matrix(t) -> bool:
+    """keep_quantized maps every weight matrix's rows through the converter (gguf_quantized), not its values."""
+    return len(t.shape) == 2
+
+
 def _swap_in_quantized(model: Transformer, quantized: Mapping[str, QuantizedWeight], source: str) -> None:
     """Put a :class:`~interp.quantized.QuantizedLinear` / ``QuantizedEmbedding`` in place of each module whose
     ``weight`` stays quantised (the model is still on the meta device); a module tied to one of them (the
@@ -669,11 +674,11 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
     if keep_quantized:
         gguf_quantized.check_keepable(reader, source)
     sd = hf_state_dict_from_gguf(reader, hf_cfg, dtype=dtype, device=device, progress=progress, source=source,
-                                 _skip=gguf_quantized.is_kept if keep_quantized else None)
+                                 _skip=_is_matrix if keep_quantized else None)
     if keep_quantized:
         sd, quantized = gguf_quantized.quantized_state_dict(
-            reader, hf_cfg, sd, lambda n, w: _hf_tensors(spec, n, w, hf_cfg, source), dtype=dtype, device=device,
-            source=source)
+            reader, hf_cfg, sd, lambda n, w: _hf_tensors(spec, n, w, hf_cfg, source),
+            lambda t: _dequantise(t, dtype, device, source), dtype=dtype, device=device, source=source)
     model = _assemble(hf_cfg, sd, dtype=dtype, device=device if device is not None else "cpu", source=source,
                       quantized=quantized)
     model.name = name or meta.get("general.name") or Path(path).stem

@@ -54,9 +54,10 @@ def check_keepable(reader: GGUFFile, source: str) -> list[GGUFTensor]:
     return kept
 
 
-def _tags(index: int, rows: int, odd: bool) -> torch.Tensor:
+def _tags(index: int, rows: int, cols: int, odd: bool, narrow: bool) -> torch.Tensor:
     t = (index << _ROW_BITS) + torch.arange(rows, dtype=torch.int64)
-    return (2 * t + 1 if odd else t)[:, None]  # [rows, 1]
+    t = (2 * t + 1 if odd else t)[:, None]  # [rows, 1]
+    return t if narrow else t.expand(rows, cols)  # [rows, cols], one value per row (stride 0 along columns)
 
 
 def _read_rows(reader: GGUFFile, t: GGUFTensor) -> torch.Tensor:
@@ -66,24 +67,82 @@ def _read_rows(reader: GGUFFile, t: GGUFTensor) -> torch.Tensor:
     out = torch.empty(rows, row_bytes(t.tensor_type.name, cols), dtype=torch.uint8)  # [R, bytes per row]
     with open(reader.path, "rb") as f:
         f.seek(t.data_offset)
-        got = f.readinto(memoryview(out.numpy()).cast("B"))
+        got = f.readinto(out.numpy().data.cast("B"))
     if got != t.n_bytes:
         raise GGUFError(f"{reader.path}: tensor {t.name!r} declares {t.n_bytes} bytes, read {got}")
     return out
 
 
+#: Tags as wide as the weights (for converters that check every dimension) cost 8 bytes per weight while the
+#: converter runs; above this many bytes keep_quantized is refused for such a converter.
+WIDE_TAG_LIMIT = 2 * 2**30
+
+
+def _row_sources(reader: GGUFFile, tagged: list[GGUFTensor], floats: dict[str, torch.Tensor], make_sd, cfg,
+                 hf_tensors, hf_cfg: Mapping[str, Any], dtype: torch.dtype, source: str):
+    """Run the converter on tags: ``(float tensors by interp key, {interp key: (tensor ids, rows)})``."""
+    error: Exception | None = None
+    for narrow in (True, False):
+        if not narrow:
+            wide = sum(int(t.shape[0]) * int(t.shape[1]) * 8 for t in tagged)
+            if wide > WIDE_TAG_LIMIT:
+                raise GGUFError(f"{source}: the {hf_cfg.get('model_type')!r} converter checks the width of every "
+                                f"weight, and tagging {wide:,} bytes of rows exceeds keep_quantized's "
+                                f"{WIDE_TAG_LIMIT:,}-byte limit ({error}); load with keep_quantized=False")
+        try:
+            runs = []
+            for odd in (False, True):
+                hf_sd = dict(floats)
+                for i, t in enumerate(tagged):
+                    hf_sd.update(hf_tensors(t.name, _tags(i, int(t.shape[1]), int(t.shape[0]), odd, narrow)))
+                gguf_experts.join_split_tensors(hf_sd)
+                runs.append(make_sd(hf_sd, cfg))
+            break
+        except (ValueError, RuntimeError) as e:  # a shape check or a cat that needs the real width
+            if not narrow:
+                raise GGUFError(f"{source}: keep_quantized cannot map the rows of the quantised tensors through "
+                                f"the {hf_cfg.get('model_type')!r} converter: {e}") from e
+            error = e
+    plain, odd_run = runs
+    ours: dict[str, torch.Tensor] = {}
+    sources: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for key, value in plain.items():
+        if value.dtype != torch.int64:
+            ours[key] = value
+            continue
+        other = odd_run[key]
+        if not value.any() and not other.any():  # zeros shaped or typed after a weight (a bias lm_head lacks)
+            ours[key] = torch.zeros(value.shape, dtype=dtype)
+            continue
+        col = value[:, :1] if value.dim() == 2 else value
+        if (value.dim() != 2 or not torch.equal(value, col.expand_as(value))
+                or not torch.equal(other[:, :1], 2 * col + 1)):
+            raise GGUFError(f"{source}: the {hf_cfg.get('model_type')!r} converter computes {key!r} from the file's "
+                            f"weight matrices with more than a reordering of rows; keep_quantized cannot keep it in "
+                            f"blocks. Load with keep_quantized=False")
+        flat = col[:, 0]
+        sources[key] = (flat >> _ROW_BITS, flat & ((1 << _ROW_BITS) - 1))
+    return ours, sources
+
+
 def quantized_state_dict(reader: GGUFFile, hf_cfg: Mapping[str, Any], floats: dict[str, torch.Tensor],
                          hf_tensors: Callable[[str, torch.Tensor], dict[str, torch.Tensor]],
-                         *, dtype: torch.dtype, device: torch.device | str | None,
+                         read_float: Callable[[GGUFTensor], torch.Tensor], *, dtype: torch.dtype,
+                         device: torch.device | str | None,
                          source: str) -> tuple[dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
     """interp's state dict of a GGUF file whose quantised tensors stay quantised.
+
+    Every weight matrix (2-D tensor) goes through the converter as tags. A parameter built only from float
+    matrices becomes a float tensor as on the float path; one built from quantised rows (alone, or fused with
+    float rows) becomes a :class:`~interp.quantized.QuantizedWeight` whose parts keep each source's bytes.
 
     Args:
         reader: the parsed file.
         hf_cfg: :func:`interp.zoo.gguf.hf_config_from_gguf` output.
-        floats: the Hugging Face state dict of the file's float tensors (already dequantised, transforms
-            undone); it is emptied on the way.
+        floats: the Hugging Face state dict of the file's other tensors (1-D: norms, biases), dequantised,
+            transforms undone; it is emptied on the way.
         hf_tensors: ``(GGUF name, tensor) -> {HF name: tensor}``, the float path's renaming and transforms.
+        read_float: a float-typed tensor of the file as ``[rows, cols]`` in ``dtype`` on ``device``.
         dtype: the compute dtype of the quantised weights.
         device: where their bytes go.
         source: named in errors.
@@ -92,62 +151,49 @@ def quantized_state_dict(reader: GGUFFile, hf_cfg: Mapping[str, Any], floats: di
         ``(float tensors by interp key, quantised weights by interp key)``.
 
     Raises:
-        GGUFError: a converter that does more than reorder the rows of a quantised tensor, or a parameter
-            whose rows come from tensors of different widths (named).
+        GGUFError: a block type or tensor that cannot stay quantised (:func:`check_keepable`), a converter that
+            does more than reorder the rows of a weight matrix, or a parameter whose rows come from tensors of
+            different widths (each named).
     """
     from .hf import converter
 
-    kept = check_keepable(reader, source)
+    check_keepable(reader, source)
+    tagged = [t for t in reader.tensors if len(t.shape) == 2]
     make_cfg, make_sd = converter(hf_cfg)
     cfg = make_cfg(hf_cfg)
-    runs = []
-    for odd in (False, True):
-        hf_sd = dict(floats)
-        for i, t in enumerate(kept):
-            hf_sd.update(hf_tensors(t.name, _tags(i, int(t.shape[1]), odd)))
-        gguf_experts.join_split_tensors(hf_sd)
-        runs.append(make_sd(hf_sd, cfg))
+    ours, sources = _row_sources(reader, tagged, floats, make_sd, cfg, hf_tensors, hf_cfg, dtype, source)
     floats.clear()
-    plain, odd_run = runs
-    ours: dict[str, torch.Tensor] = {}
-    kept_rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for key, value in plain.items():
-        if value.dtype != torch.int64:
-            ours[key] = value
-            continue
-        other = odd_run[key]
-        if value.dim() != 2 or value.shape[1] != 1 or not torch.equal(other, 2 * value + 1):
-            raise GGUFError(f"{source}: the {hf_cfg.get('model_type')!r} converter computes {key!r} from quantised "
-                            f"tensors with more than a reordering of rows; keep_quantized cannot keep it in "
-                            f"blocks. Load with keep_quantized=False")
-        flat = value[:, 0]
-        kept_rows[key] = (flat >> _ROW_BITS, flat & ((1 << _ROW_BITS) - 1))
     segments: dict[str, list[tuple[int, torch.Tensor]]] = {}  # key -> [(tensor index, its rows)], top to bottom
     users: dict[int, int] = {}
-    for key, (ids, rows) in kept_rows.items():
+    for key, (ids, rows) in sources.items():
         change = torch.nonzero(ids[1:] != ids[:-1]).flatten().add(1).tolist()
         segments[key] = [(int(ids[a]), rows[a:b]) for a, b in zip([0, *change], [*change, ids.shape[0]])]
         for i, _ in segments[key]:
             users[i] = users.get(i, 0) + 1
-    raw: dict[int, torch.Tensor] = {}
+    loaded: dict[int, torch.Tensor] = {}
     quantized: dict[str, QuantizedWeight] = {}
     for key, segs in segments.items():
-        cols = {int(kept[i].shape[0]) for i, _ in segs}
+        cols = {int(tagged[i].shape[0]) for i, _ in segs}
         if len(cols) != 1:
-            raise GGUFError(f"{source}: {key!r} joins quantised tensors of different widths {sorted(cols)}")
+            raise GGUFError(f"{source}: {key!r} joins weight matrices of different widths {sorted(cols)}")
+        as_float = not any(is_kept(tagged[i]) for i, _ in segs)  # no quantised rows: a float parameter
         parts = []
         for i, sel in segs:
-            t = kept[i]
-            if i not in raw:
-                raw[i] = _read_rows(reader, t)
-            whole = sel.shape[0] == raw[i].shape[0] and torch.equal(sel, torch.arange(sel.shape[0]))
-            parts.append((t.tensor_type.name, raw[i] if whole else raw[i].index_select(0, sel)))
+            t = tagged[i]
+            if i not in loaded:
+                loaded[i] = read_float(t) if as_float else _read_rows(reader, t)
+            whole = sel.shape[0] == loaded[i].shape[0] and torch.equal(sel, torch.arange(sel.shape[0]))
+            rows_of = loaded[i] if whole else loaded[i].index_select(0, sel.to(loaded[i].device))
+            parts.append((t.tensor_type.name, rows_of))
             users[i] -= 1
             if users[i] == 0:
-                del raw[i]  # read once, freed once the last parameter built from it has its rows
+                del loaded[i]  # read once, freed once the last parameter built from it has its rows
+        if as_float:
+            ours[key] = parts[0][1] if len(parts) == 1 else torch.cat([p for _, p in parts])  # [R, C]
+            continue
         weight = QuantizedWeight(parts, cols=cols.pop(), dtype=dtype)
         quantized[key] = weight.to(device) if device is not None else weight
     return ours, quantized
 
 
-__all__ = ["check_keepable", "is_kept", "quantized_state_dict"]
+__all__ = ["WIDE_TAG_LIMIT", "check_keepable", "is_kept", "quantized_state_dict"]

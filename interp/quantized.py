@@ -22,7 +22,7 @@ Shapes: R rows (output features), C columns (input features), N blocks, Q bytes 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -360,6 +360,20 @@ class QuantizedEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
+def unembed_rows(module: nn.Module, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` of a linear or embedding layer's weight ``[*index.shape, in]``: for a quantised layer
+    only those rows are dequantised.
+
+    Example:
+        >>> unembed_rows(nn.Linear(4, 10), torch.tensor([2, 7])).shape
+        torch.Size([2, 4])
+    """
+    q = module._modules.get("q")
+    if isinstance(q, QuantizedWeight):
+        return q.rows_at(index)
+    return cast(torch.Tensor, module.weight)[index]
+
+
 def quantized_weights(model: nn.Module) -> list[tuple[str, QuantizedWeight]]:
     """Every distinct quantised weight of ``model`` with its module path (a tied one once).
 
@@ -447,4 +461,4 @@ def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.M
 
 
 __all__ = ["CHUNK_BYTES", "FLOAT_TYPES", "QUANT_TYPES", "QuantizedEmbedding", "QuantizedLinear", "QuantizedWeight", "dequantize",
-           "dequantize_model", "has_quantized", "quantized_weights", "refuse_quantized", "row_bytes"]
+           "dequantize_model", "has_quantized", "quantized_weights", "refuse_quantized", "row_bytes", "unembed_rows"]

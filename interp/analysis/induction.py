@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from ..data import Batch, repeated_tokens_for
+from ..quantized import unembed_rows
 from ..streaming import Reducer, stream
 from ._stream import PATTERN_HOOKS, TargetReducer, head_counts, heads_of, key_allowed, layer_of, offset_targets, state_device, zeros64
 
@@ -209,7 +210,7 @@ class CopyingReducer(Reducer):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name}={v!r} must be an int >= 1 or None")
         self.max_rows = max_rows
-        V = model.unembed.weight.shape[0]
+        V = model.cfg.d_vocab  # not unembed.weight.shape: a quantised unembedding would dequantise to say it
         self.comparisons = None if comparisons is None or comparisons >= V else comparisons
         self._gen = torch.Generator().manual_seed(seed)
         self._cmp_gen = torch.Generator().manual_seed(seed + 1)
@@ -242,7 +243,7 @@ class CopyingReducer(Reducer):
         self._z: dict[int, torch.Tensor] = {}  # layer -> [N, H, D] float32
         # The same comparison tokens serve every layer of a row (drawn once a batch, on the host generator).
         self._compare = (None if self.comparisons is None or N == 0 else torch.randint(
-            self.model.unembed.weight.shape[0], (N, self.comparisons), generator=self._cmp_gen).to(dev))  # [N, K]
+            self.model.cfg.d_vocab, (N, self.comparisons), generator=self._cmp_gen).to(dev))  # [N, K]
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         if not len(self._b):
@@ -296,21 +297,30 @@ class CopyingReducer(Reducer):
         w_o = torch.cat(w_o)  # [A, D, M]: every scored head of every layer (A heads)
         z = torch.cat([self._z[layer] for layer in layers], dim=1)  # [N, A, D]
         attended = torch.cat([self._attended[layer] for layer in layers], dim=1)  # [N, A]
-        W_U = self.model.unembed.weight.detach().to(dev, f32)  # [V, M]
-        A, (V, M) = w_o.shape[0], W_U.shape
-        K = V if self._compare is None else self._compare.shape[1]
+        compare = self._compare
+        if compare is None:
+            W_U = self.model.unembed.weight.detach().to(dev, f32)  # [V, M]
+        else:
+            # Only the columns compared are read (row-wise the same numbers): a quantised unembedding
+            # dequantises those rows, never the whole [V, M] table.
+            needed, where = torch.unique(torch.cat([attended.flatten(), compare.flatten()]), return_inverse=True)
+            attended = where[:attended.numel()].view_as(attended)  # [N, A] rows of W_U below
+            compare = where[attended.numel():].view_as(compare)  # [N, K]
+            W_U = unembed_rows(self.model.unembed, needed).detach().to(dev, f32)  # [u, M]
+        A, M = w_o.shape[0], W_U.shape[1]
+        K = W_U.shape[0] if compare is None else compare.shape[1]
         step = max(1, 2 ** 24 // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes and [n, A, K] logits
-        U = self._readout(W_U)  # [V, M], once a batch: cheaper than on every gathered column
+        U = self._readout(W_U)  # [V or u, M], once a batch: cheaper than on every gathered column
         below = []
         for i in range(0, N, step):
             r = torch.einsum("nad,adm->nam", z[i:i + step], w_o)  # [n, A, M]: each head's residual write
             att = attended[i:i + step]  # [n, A]
-            if self._compare is None:
+            if compare is None:
                 logits = r @ U.T  # [n, A, V]
                 own = logits.gather(-1, att[..., None])  # [n, A, 1]
                 below.append((logits < own).to(f32).mean(-1))  # [n, A]
                 continue
-            cmp = self._compare[i:i + step]  # [n, K]
+            cmp = compare[i:i + step]  # [n, K]
             own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
             logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
             hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]

@@ -134,3 +134,16 @@ def test_what_cannot_stay_quantized_is_refused_by_name(tmp_path):
     dequantize_model(q)  # the explicit way to float weights
     with torch.no_grad():
         assert torch.equal(remove_heads(q, {0: [1]})(TOKENS), remove_heads(f, {0: [1]})(TOKENS))
+
+
+def test_classify_heads_gives_the_float_models_table(tmp_path):
+    from interp.analysis import classify_heads
+
+    path, _ = _write(tmp_path, "llama", "q4_1", tie_word_embeddings=True)
+    q, f = load_gguf(path, keep_quantized=True), load_gguf(path)
+    kw = dict(tokens=TOKENS, n_seqs=4, half_len=8, progress=False)
+    rq, rf = classify_heads(q, **kw), classify_heads(f, **kw)
+    assert rq.df.equals(rf.df)
+    for name, table in rf.details.items():  # every score, copying (the unembedding's rows) included
+        assert rq.details[name].equals(table), name
+    assert "induction" in rf.details

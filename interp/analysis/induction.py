@@ -279,6 +279,23 @@ class CopyingReducer(Reducer):
                 cols = cols - cols.mean(-1, keepdim=True)
         return cols
 
+    #: Float32 bytes of W_O held at once: layers are scored in groups below this (one group for small models;
+    #: Llama-3.1-8B's 32 layers of [4096, 4096] would otherwise take 2.1 GB on top of the weights).
+    W_O_GROUP_BYTES = 256 * 2**20
+
+    def _layer_groups(self, layers: list[int]) -> list[list[int]]:
+        groups: list[list[int]] = [[]]
+        size = 0
+        for layer in layers:
+            w = self.model.blocks[layer].attn.W_O
+            nbytes = w.in_features * w.out_features * 4
+            if groups[-1] and size + nbytes > self.W_O_GROUP_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(layer)
+            size += nbytes
+        return groups
+
     def end_batch(self) -> None:
         N = len(self._b)
         layers = [layer for layer in sorted(self._z) if self._z[layer].shape[1] and layer in self._attended]
@@ -286,17 +303,7 @@ class CopyingReducer(Reducer):
             self._z, self._attended = {}, {}
             return
         dev, f32 = self._dev, torch.float32
-        w_o, flat = [], []
-        for layer in layers:
-            attn = self.model.blocks[layer].attn
-            w = attn.W_O_heads.detach().to(dev, f32)  # [H, D, M]
-            if attn.gate is not None:
-                w = w * attn.gate.detach().to(dev, f32)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
-            w_o.append(w)
-            flat.append(layer * self._H + torch.arange(w.shape[0], device=dev))
-        w_o = torch.cat(w_o)  # [A, D, M]: every scored head of every layer (A heads)
-        z = torch.cat([self._z[layer] for layer in layers], dim=1)  # [N, A, D]
-        attended = torch.cat([self._attended[layer] for layer in layers], dim=1)  # [N, A]
+        attended = torch.cat([self._attended[layer] for layer in layers], dim=1)  # [N, A]: every scored head
         compare = self._compare
         if compare is None:
             W_U = self.model.unembed.weight.detach().to(dev, f32)  # [V, M]
@@ -307,26 +314,40 @@ class CopyingReducer(Reducer):
             attended = where[:attended.numel()].view_as(attended)  # [N, A] rows of W_U below
             compare = where[attended.numel():].view_as(compare)  # [N, K]
             W_U = unembed_rows(self.model.unembed, needed).detach().to(dev, f32)  # [u, M]
-        A, M = w_o.shape[0], W_U.shape[1]
-        K = W_U.shape[0] if compare is None else compare.shape[1]
-        step = max(1, 2 ** 24 // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes and [n, A, K] logits
         U = self._readout(W_U)  # [V or u, M], once a batch: cheaper than on every gathered column
-        below = []
-        for i in range(0, N, step):
-            r = torch.einsum("nad,adm->nam", z[i:i + step], w_o)  # [n, A, M]: each head's residual write
-            att = attended[i:i + step]  # [n, A]
-            if compare is None:
-                logits = r @ U.T  # [n, A, V]
-                own = logits.gather(-1, att[..., None])  # [n, A, 1]
-                below.append((logits < own).to(f32).mean(-1))  # [n, A]
-                continue
-            cmp = compare[i:i + step]  # [n, K]
-            own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
-            logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
-            hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]
-            below.append(hit.to(f32).mean(-1))  # [n, A]
-        total = torch.cat(below).sum(0)  # [A]
-        self.state["sum"].view(-1).index_add_(0, torch.cat(flat), total.to(self.state["sum"]))
+        first = 0  # the group's first column of `attended`
+        for group in self._layer_groups(layers):
+            w_o, flat = [], []
+            for layer in group:
+                attn = self.model.blocks[layer].attn
+                w = attn.W_O_heads.detach().to(dev, f32)  # [H, D, M]
+                if attn.gate is not None:
+                    w = w * attn.gate.detach().to(dev, f32)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+                w_o.append(w)
+                flat.append(layer * self._H + torch.arange(w.shape[0], device=dev))
+            w_o = torch.cat(w_o)  # [A, D, M]: every scored head of the group's layers (A heads)
+            z = torch.cat([self._z[layer] for layer in group], dim=1)  # [N, A, D]
+            A, M = w_o.shape[0], U.shape[1]
+            att_group = attended[:, first:first + A]  # [N, A]
+            first += A
+            K = U.shape[0] if compare is None else compare.shape[1]
+            step = max(1, 2 ** 24 // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes, [n, A, K] logits
+            below = []
+            for i in range(0, N, step):
+                r = torch.einsum("nad,adm->nam", z[i:i + step], w_o)  # [n, A, M]: each head's residual write
+                att = att_group[i:i + step]  # [n, A]
+                if compare is None:
+                    logits = r @ U.T  # [n, A, V]
+                    own = logits.gather(-1, att[..., None])  # [n, A, 1]
+                    below.append((logits < own).to(f32).mean(-1))  # [n, A]
+                    continue
+                cmp = compare[i:i + step]  # [n, K]
+                own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
+                logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
+                hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]
+                below.append(hit.to(f32).mean(-1))  # [n, A]
+            total = torch.cat(below).sum(0)  # [A]
+            self.state["sum"].view(-1).index_add_(0, torch.cat(flat), total.to(self.state["sum"]))
         self.state["rows"] += N
         self._z, self._attended = {}, {}
 

@@ -5,6 +5,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -147,3 +148,21 @@ def test_classify_heads_gives_the_float_models_table(tmp_path):
     for name, table in rf.details.items():  # every score, copying (the unembedding's rows) included
         assert rq.details[name].equals(table), name
     assert "induction" in rf.details
+
+
+def test_copying_scores_the_same_in_layer_groups(tmp_path, monkeypatch):
+    # A big model's copying score holds W_O for a group of layers at a time, not all of them at once.
+    from interp.analysis import classify_heads
+    from interp.analysis.induction import CopyingReducer
+
+    path, _ = _write(tmp_path, "llama", "q8_0")
+    q = load_gguf(path, keep_quantized=True)
+    kw = dict(tokens=TOKENS, n_seqs=4, half_len=8, progress=False)
+    whole = classify_heads(q, **kw)
+    monkeypatch.setattr(CopyingReducer, "W_O_GROUP_BYTES", 64 * 64 * 4)  # one layer per group
+    assert CopyingReducer(q)._layer_groups([0, 1]) == [[0], [1]]
+    grouped = classify_heads(q, **kw)
+    assert "copying" in whole.details["induction"].columns
+    # the same rows compared; only float32 sums of per-row fractions may round differently
+    pd.testing.assert_frame_equal(grouped.details["induction"], whole.details["induction"], rtol=0, atol=1e-6)
+    assert grouped.df.equals(whole.df)

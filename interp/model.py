@@ -624,6 +624,14 @@ class Transformer(HookedModule):
             n = parameter_counts(c)
             text += (f", experts={c.n_experts} (top-{c.n_experts_per_token}), "
                      f"params={n['total']:,} total / {n['active']:,} active per token")
+        from .quantized import quantized_weights
+
+        kept = quantized_weights(self)
+        if kept:  # weights that stay in GGUF blocks: what they take, against float32
+            stored = sum(w.nbytes for _, w in kept)
+            kinds = "/".join(dict.fromkeys(k for _, w in kept for k in w.kinds))
+            text += (f", quantized={len(kept)} weights in {kinds} blocks: {stored:,} bytes "
+                     f"({sum(w.rows * w.cols * 4 for _, w in kept):,} in float32)")
         return text
 
 

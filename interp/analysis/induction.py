@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from ..data import Batch, repeated_tokens_for
+from ..quantized import unembed_rows
 from ..streaming import Reducer, stream
 from ._stream import PATTERN_HOOKS, TargetReducer, head_counts, heads_of, key_allowed, layer_of, offset_targets, state_device, zeros64
 
@@ -214,7 +215,7 @@ class CopyingReducer(Reducer):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name}={v!r} must be an int >= 1 or None")
         self.max_rows = max_rows
-        V = model.unembed.weight.shape[0]
+        V = model.cfg.d_vocab  # not unembed.weight.shape: a quantised unembedding would dequantise to say it
         self.comparisons = None if comparisons is None or comparisons >= V else comparisons
         self._gen = torch.Generator().manual_seed(seed)
         self._cmp_gen = torch.Generator().manual_seed(seed + 1)
@@ -247,7 +248,7 @@ class CopyingReducer(Reducer):
         self._z: dict[int, torch.Tensor] = {}  # layer -> [N, H, D] float32
         # The same comparison tokens serve every layer of a row (drawn once a batch, on the host generator).
         self._compare = (None if self.comparisons is None or N == 0 else torch.randint(
-            self.model.unembed.weight.shape[0], (N, self.comparisons), generator=self._cmp_gen).to(dev))  # [N, K]
+            self.model.cfg.d_vocab, (N, self.comparisons), generator=self._cmp_gen).to(dev))  # [N, K]
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         if not len(self._b):
@@ -288,6 +289,23 @@ class CopyingReducer(Reducer):
         """Unembedding columns ``[..., M]`` as a head's write meets them through the final norm."""
         return self._through(self.model.ln_final, cols)
 
+    #: Float32 bytes of W_O held at once: layers are scored in groups below this (one group for small models;
+    #: Llama-3.1-8B's 32 layers of [4096, 4096] would otherwise take 2.1 GB on top of the weights).
+    W_O_GROUP_BYTES = 256 * 2**20
+
+    def _layer_groups(self, layers: list[int]) -> list[list[int]]:
+        groups: list[list[int]] = [[]]
+        size = 0
+        for layer in layers:
+            w = self.model.blocks[layer].attn.W_O
+            nbytes = w.in_features * w.out_features * 4
+            if groups[-1] and size + nbytes > self.W_O_GROUP_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(layer)
+            size += nbytes
+        return groups
+
     def end_batch(self) -> None:
         N = len(self._b)
         layers = [layer for layer in sorted(self._z) if self._z[layer].shape[1] and layer in self._attended]
@@ -295,41 +313,54 @@ class CopyingReducer(Reducer):
             self._z, self._attended = {}, {}
             return
         dev, f32 = self._dev, torch.float32
-        w_o, flat = [], []
-        for layer in layers:
-            attn = self.model.blocks[layer].attn
-            w = attn.W_O_heads.detach().to(dev, f32)  # [H, D, M]
-            if attn.gate is not None:
-                w = w * attn.gate.detach().to(dev, f32)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
-            # A norm after attention (sandwich / output) reaches the residual: its weight (and centring) acts on
-            # each head's share of the sum; its scale rms(sum) is one positive number a row, as the final one.
-            w = self._through(getattr(self.model.blocks[layer], "ln1_post", None), w)  # [H, D, M]
-            w_o.append(w)
-            flat.append(layer * self._H + torch.arange(w.shape[0], device=dev))
-        w_o = torch.cat(w_o)  # [A, D, M]: every scored head of every layer (A heads)
-        z = torch.cat([self._z[layer] for layer in layers], dim=1)  # [N, A, D]
-        attended = torch.cat([self._attended[layer] for layer in layers], dim=1)  # [N, A]
-        W_U = self.model.unembed.weight.detach().to(dev, f32)  # [V, M]
-        A, (V, M) = w_o.shape[0], W_U.shape
-        K = V if self._compare is None else self._compare.shape[1]
-        step = max(1, 2 ** 24 // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes and [n, A, K] logits
-        U = self._readout(W_U)  # [V, M], once a batch: cheaper than on every gathered column
-        below = []
-        for i in range(0, N, step):
-            r = torch.einsum("nad,adm->nam", z[i:i + step], w_o)  # [n, A, M]: each head's residual write
-            att = attended[i:i + step]  # [n, A]
-            if self._compare is None:
-                logits = r @ U.T  # [n, A, V]
-                own = logits.gather(-1, att[..., None])  # [n, A, 1]
-                below.append((logits < own).to(f32).mean(-1))  # [n, A]
-                continue
-            cmp = self._compare[i:i + step]  # [n, K]
-            own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
-            logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
-            hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]
-            below.append(hit.to(f32).mean(-1))  # [n, A]
-        total = torch.cat(below).sum(0)  # [A]
-        self.state["sum"].view(-1).index_add_(0, torch.cat(flat), total.to(self.state["sum"]))
+        attended = torch.cat([self._attended[layer] for layer in layers], dim=1)  # [N, A]: every scored head
+        compare = self._compare
+        if compare is None:
+            W_U = self.model.unembed.weight.detach().to(dev, f32)  # [V, M]
+        else:
+            # Only the columns compared are read (row-wise the same numbers): a quantised unembedding
+            # dequantises those rows, never the whole [V, M] table.
+            needed, where = torch.unique(torch.cat([attended.flatten(), compare.flatten()]), return_inverse=True)
+            attended = where[:attended.numel()].view_as(attended)  # [N, A] rows of W_U below
+            compare = where[attended.numel():].view_as(compare)  # [N, K]
+            W_U = unembed_rows(self.model.unembed, needed).detach().to(dev, f32)  # [u, M]
+        U = self._readout(W_U)  # [V or u, M], once a batch: cheaper than on every gathered column
+        first = 0  # the group's first column of `attended`
+        for group in self._layer_groups(layers):
+            w_o, flat = [], []
+            for layer in group:
+                attn = self.model.blocks[layer].attn
+                w = attn.W_O_heads.detach().to(dev, f32)  # [H, D, M]
+                if attn.gate is not None:
+                    w = w * attn.gate.detach().to(dev, f32)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+                # A norm after attention (sandwich / output) reaches the residual: its weight (and centring) acts on
+                # each head's share of the sum; its scale rms(sum) is one positive number a row, as the final one.
+                w = self._through(getattr(self.model.blocks[layer], "ln1_post", None), w)  # [H, D, M]
+                w_o.append(w)
+                flat.append(layer * self._H + torch.arange(w.shape[0], device=dev))
+            w_o = torch.cat(w_o)  # [A, D, M]: every scored head of the group's layers (A heads)
+            z = torch.cat([self._z[layer] for layer in group], dim=1)  # [N, A, D]
+            A, M = w_o.shape[0], U.shape[1]
+            att_group = attended[:, first:first + A]  # [N, A]
+            first += A
+            K = U.shape[0] if compare is None else compare.shape[1]
+            step = max(1, 2 ** 24 // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes, [n, A, K] logits
+            below = []
+            for i in range(0, N, step):
+                r = torch.einsum("nad,adm->nam", z[i:i + step], w_o)  # [n, A, M]: each head's residual write
+                att = att_group[i:i + step]  # [n, A]
+                if compare is None:
+                    logits = r @ U.T  # [n, A, V]
+                    own = logits.gather(-1, att[..., None])  # [n, A, 1]
+                    below.append((logits < own).to(f32).mean(-1))  # [n, A]
+                    continue
+                cmp = compare[i:i + step]  # [n, K]
+                own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
+                logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
+                hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]
+                below.append(hit.to(f32).mean(-1))  # [n, A]
+            total = torch.cat(below).sum(0)  # [A]
+            self.state["sum"].view(-1).index_add_(0, torch.cat(flat), total.to(self.state["sum"]))
         self.state["rows"] += N
         self._z, self._attended = {}, {}
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..model import Transformer
+from ..quantized import refuse_quantized
 
 HeadSpec = torch.Tensor | Mapping[int, Sequence[int]] | Sequence[Sequence[bool]]
 
@@ -132,7 +133,8 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         set, same name, tokenizer, dtype and device.
 
     Raises:
-        TypeError / ValueError: a malformed head selection (see :func:`heads_to_sets`).
+        TypeError / ValueError: a malformed head selection (see :func:`heads_to_sets`), or a model whose
+            weights stay quantised (:func:`interp.quantized.dequantize_model` first).
 
     Warns:
         UserWarning: every head of a layer is removed (that attention layer then adds only W_O's bias).
@@ -144,6 +146,7 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
     """
     if not isinstance(model, Transformer):
         raise TypeError(f"model must be an interp Transformer, got {type(model).__name__}")
+    refuse_quantized(model, "remove_heads")  # it rewrites W_qkv / W_O rows; blocks cannot be cut by head here
     sets = heads_to_sets(model, heads)
     cfg = model.cfg
     if cfg.qk_norm == "full":

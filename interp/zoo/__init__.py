@@ -94,7 +94,7 @@ def _builtin_loader(name: str) -> Callable[[], Transformer]:
 
 def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str | None = None,
          dtype: torch.dtype | None = None, devices: Sequence[torch.device | str] | str | None = None,
-         seed: int | None = None) -> Transformer:
+         seed: int | None = None, keep_quantized: bool = False) -> Transformer:
     """Load a ready model (weights, config and, when it has one, tokenizer): the one loader the CLI, the
     dashboard and the experiment scripts use.
 
@@ -115,6 +115,8 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         devices: split the blocks over several devices (a list, or ``"auto"`` by free GPU memory; see
             :func:`interp.placement.place`). Logits come back on the first device.
         seed: the initialisation seed of a model built from a config.
+        keep_quantized: a ``.gguf`` file's quantised weights stay in their blocks and are dequantised by each
+            layer when it runs (:mod:`interp.quantized`; about the file's size in memory). Other sources refuse it.
 
     Returns:
         An :class:`interp.Transformer` in eval mode with ``model.name`` set and ``model.tokenizer`` when the
@@ -143,13 +145,15 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
     if not isinstance(name_or_path, (str, Path)):
         raise TypeError(f"load takes a model name, a path or a ModelConfig, got {type(name_or_path).__name__}")
     key = str(name_or_path)
+    if keep_quantized and not key.endswith(".gguf"):
+        raise ValueError(f"keep_quantized=True applies to .gguf files; {key!r} is not one")
     if key in BUILTINS:
         model = _builtin_loader(key)()
         model.name = key
     elif isinstance(name_or_path, str) and key.startswith(HUB_PREFIXES):
         model = _load_hub(key[:2], key[3:])
     else:
-        model = _load_path(key, dtype=dtype, device=device)
+        model = _load_path(key, dtype=dtype, device=device, keep_quantized=keep_quantized)
     if dtype is not None:
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
@@ -161,7 +165,8 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
     return model.eval()
 
 
-def _load_path(key: str, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> Transformer:
+def _load_path(key: str, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+               keep_quantized: bool = False) -> Transformer:
     """The model in the local file or folder ``key`` (a checkpoint, a GGUF file, a Hugging Face folder); a GGUF
     file is dequantised straight into ``dtype`` on ``device``."""
     path = Path(key)
@@ -171,7 +176,8 @@ def _load_path(key: str, *, dtype: torch.dtype | None = None, device: torch.devi
             model.name = path.stem  # a retrained copy of a built-in keeps a name of its own
         return model
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(path, dtype=dtype if dtype is not None else torch.float32, device=device)
+        return load_gguf(path, dtype=dtype if dtype is not None else torch.float32, device=device,
+                         keep_quantized=keep_quantized)
     if path.is_dir() and (path / "config.json").is_file():
         return from_hf(path)
     if path.suffix == ".safetensors" or (any(sep in key for sep in "/\\") and not path.exists()):

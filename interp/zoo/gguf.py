@@ -36,7 +36,8 @@ from torch import nn
 
 from ..model import Transformer
 from ..placement import build
-from . import gguf_experts
+from ..quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
+from . import gguf_experts, gguf_quantized
 from .checkpoint import check_fits
 from .gguf_archs import ARCHITECTURES, Architecture, Meta, shown, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, read_gguf
@@ -311,7 +312,8 @@ def _dequantise(t, dtype: torch.dtype, device: torch.device | str | None, source
 
 def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.dtype = torch.float32,
                             device: torch.device | str | None = None, progress: bool = False,
-                            source: str = "GGUF") -> dict[str, torch.Tensor]:
+                            source: str = "GGUF", _skip: Callable[[Any], bool] | None = None
+                            ) -> dict[str, torch.Tensor]:
     """Dequantise a GGUF file's tensors into the Hugging Face state dict of the model it was converted from.
 
     Each tensor goes straight to ``dtype`` on ``device``, one at a time: a bf16 file read as bf16 never
@@ -335,7 +337,8 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
     """
     spec = _architecture(reader, source)
     out: dict[str, torch.Tensor] = {}
-    tensors = reader.tensors
+    # _skip: tensors left out (keep_quantized's blocks; its own pass joins split tensors once all are in).
+    tensors = [t for t in reader.tensors if _skip is None or not _skip(t)]
     if progress:
         from tqdm.auto import tqdm
 
@@ -347,7 +350,8 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
             raise GGUFError(f"{source}: tensor {t.name!r} ({t.tensor_type.name}) holds {bad} NaN or infinite "
                             f"value(s) after dequantisation to {dtype}; the file is corrupt")
         out.update(_hf_tensors(spec, t.name, w, hf_cfg, source))
-    gguf_experts.join_split_tensors(out)  # DeepSeek's split kv_b (a no-op for every other file)
+    if _skip is None:
+        gguf_experts.join_split_tensors(out)  # DeepSeek's split kv_b (a no-op for every other file)
     return out
 
 
@@ -548,17 +552,28 @@ def _parameters_on_meta() -> Iterator[None]:
 
 
 def _assemble(hf_cfg: Mapping[str, Any], hf_sd: dict[str, torch.Tensor], *, dtype: torch.dtype,
-              device: torch.device | str, source: str) -> Transformer:
+              device: torch.device | str, source: str,
+              quantized: Mapping[str, QuantizedWeight] | None = None) -> Transformer:
     """The model from a HF config and state dict, its parameters *being* the converted tensors (assigned, not
     copied into a second set of weights): peak memory is the weights plus the fused tensors the converter
-    concatenates (QKV), not twice the weights. ``hf_sd`` is emptied on the way."""
+    concatenates (QKV), not twice the weights. ``hf_sd`` is emptied on the way.
+
+    ``quantized`` (keep_quantized): interp keys whose weights stay in blocks; ``hf_sd`` then already holds
+    interp's keys for the rest (:func:`interp.zoo.gguf_quantized.quantized_state_dict` ran the converter)."""
     make_cfg, make_sd = converter(hf_cfg)
     cfg = make_cfg(hf_cfg)
-    ours = make_sd(hf_sd, cfg)
+    if quantized is None:
+        ours = make_sd(hf_sd, cfg)
+    else:
+        ours = dict(hf_sd)
     hf_sd.clear()  # what the converter kept lives on in `ours`; the parts of concatenated tensors are freed
     with _parameters_on_meta():
         model = build(cfg, dtype=dtype, device=device)
-    check_fits(model, {k: tuple(v.shape) for k, v in ours.items()}, source=source)
+    shapes = {k: tuple(v.shape) for k, v in ours.items()}
+    shapes.update({k: q.shape for k, q in (quantized or {}).items()})
+    check_fits(model, shapes, source=source)
+    if quantized:
+        _swap_in_quantized(model, quantized, source)
     shared: dict[int, list[str]] = {}
     for key, p in model.named_parameters(remove_duplicate=False):
         shared.setdefault(id(p), []).append(key)
@@ -579,9 +594,36 @@ def _assemble(hf_cfg: Mapping[str, Any], hf_sd: dict[str, torch.Tensor], *, dtyp
     return model.eval()
 
 
+def _is_matrix(t) -> bool:
+    """keep_quantized maps every weight matrix's rows through the converter (gguf_quantized), not its values."""
+    return len(t.shape) == 2
+
+
+def _swap_in_quantized(model: Transformer, quantized: Mapping[str, QuantizedWeight], source: str) -> None:
+    """Put a :class:`~interp.quantized.QuantizedLinear` / ``QuantizedEmbedding`` in place of each module whose
+    ``weight`` stays quantised (the model is still on the meta device); a module tied to one of them (the
+    unembedding of tied embeddings) shares the same blocks."""
+    modules = dict(model.named_modules())  # by name: the model's W_E / W_U attributes are weight views
+    by_param: dict[int, QuantizedWeight] = {}
+    for key, q in quantized.items():
+        path = key.removesuffix(".weight")
+        old = modules.get(path)
+        if not key.endswith(".weight") or not isinstance(old, (nn.Linear, nn.Embedding)):
+            raise GGUFError(f"{source}: {key!r} is quantised, but only the weights of linear and embedding layers "
+                            f"can stay quantised ({type(old).__name__} here); load with keep_quantized=False")
+        by_param[id(old.weight)] = q
+    for path, old in modules.items():
+        if not isinstance(old, (nn.Linear, nn.Embedding)) or id(old.weight) not in by_param:
+            continue
+        q = by_param[id(old.weight)]
+        new = (QuantizedLinear(q, old.bias) if isinstance(old, nn.Linear) else QuantizedEmbedding(q))
+        owner, _, attr = path.rpartition(".")
+        setattr(modules[owner] if owner else model, attr, new)
+
+
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer: bool = True,
               name: str | None = None, progress: bool = False,
-              device: torch.device | str | None = None) -> Transformer:
+              device: torch.device | str | None = None, keep_quantized: bool = False) -> Transformer:
     """Load a GGUF file (llama, qwen2/3, gemma/2/3, phi3, starcoder, falcon) as an :class:`interp.Transformer`
     with its tokenizer.
 
@@ -593,6 +635,10 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
         name: ``model.name`` (default: the file's ``general.name``, else its file name).
         progress: show a progress bar while dequantising.
         device: where to build the model; each tensor is dequantised onto it, one at a time.
+        keep_quantized: keep the quantised weight matrices in their blocks (:mod:`interp.quantized`): a
+            Q4_0 file takes about its own size in memory instead of 7x that in float32, and each layer
+            dequantises its weight when it runs (``dtype`` is then the compute dtype). Float tensors (norms,
+            F16 matrices) are loaded as usual.
 
     Returns:
         The model in eval mode; ``model.gguf_metadata`` keeps the scalar metadata (licence, name, ...).
@@ -601,7 +647,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
         FileNotFoundError: no file at ``path``.
         GGUFError: (a ValueError) not a GGUF file, a corrupt header, metadata that disagrees with the
             tensor table, non-finite weights, or an architecture, setting, tensor or tokenizer this loader
-            does not support; the message names the file and the key or tensor.
+            does not support, or (keep_quantized) a block type or tensor that cannot stay quantised; the
+            message names the file and the key or tensor.
         TypeError: ``dtype`` is not a floating torch dtype.
         ImportError: the ``gguf`` package is missing (``pip install interp[gguf]``).
 
@@ -622,8 +669,18 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
     # before a single weight is dequantised or a parameter allocated.
     check_tensor_table(reader, hf_cfg, source=source)
     tok = tokenizer_from_gguf(meta, source=source) if tokenizer else None
-    sd = hf_state_dict_from_gguf(reader, hf_cfg, dtype=dtype, device=device, progress=progress, source=source)
-    model = _assemble(hf_cfg, sd, dtype=dtype, device=device if device is not None else "cpu", source=source)
+    quantized = None
+    spec = _architecture(reader, source)
+    if keep_quantized:
+        gguf_quantized.check_keepable(reader, source)
+    sd = hf_state_dict_from_gguf(reader, hf_cfg, dtype=dtype, device=device, progress=progress, source=source,
+                                 _skip=_is_matrix if keep_quantized else None)
+    if keep_quantized:
+        sd, quantized = gguf_quantized.quantized_state_dict(
+            reader, hf_cfg, sd, lambda n, w: _hf_tensors(spec, n, w, hf_cfg, source),
+            lambda t: _dequantise(t, dtype, device, source), dtype=dtype, device=device, source=source)
+    model = _assemble(hf_cfg, sd, dtype=dtype, device=device if device is not None else "cpu", source=source,
+                      quantized=quantized)
     model.name = name or meta.get("general.name") or Path(path).stem
     model.tokenizer = tok
     model.gguf_metadata = {k: v for k, v in meta.items() if not isinstance(v, list)}

@@ -179,7 +179,33 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 _TYPES = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-          "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+          "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+          "q4_0": gguf.GGMLQuantizationType.Q4_0, "q4_1": gguf.GGMLQuantizationType.Q4_1,
+          "q5_0": gguf.GGMLQuantizationType.Q5_0, "q5_1": gguf.GGMLQuantizationType.Q5_1,
+          "q2_k": gguf.GGMLQuantizationType.Q2_K, "q4_k": gguf.GGMLQuantizationType.Q4_K,
+          "q5_k": gguf.GGMLQuantizationType.Q5_K, "q6_k": gguf.GGMLQuantizationType.Q6_K}
+# Where each K-quant keeps its float16 super-block scales (byte offsets in a block): d, then dmin if it has one.
+_K_SCALES = {"q2_k": (80, 82), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}
+
+
+def block_size(kind: str) -> int:
+    """Values per block of GGUF type ``kind`` (1 for float types)."""
+    return 1 if kind in ("f32", "f16", "bf16") else gguf.GGML_QUANT_SIZES[_TYPES[kind]][0]
+
+
+def random_k_blocks(a: np.ndarray, kind: str) -> np.ndarray:
+    """Blocks of K-quant ``kind`` for a matrix shaped like ``a``: the ``gguf`` package cannot quantise to the
+    K-quants, so the packed values and scales are random bytes (seeded by ``a``'s shape) and the float16 scales
+    are set to ``a``'s scale, so the dequantised matrix is a finite random weight of a sensible size."""
+    qtype = _TYPES[kind]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(a.size)
+    blocks = rng.integers(0, 256, (a.size // block, size), dtype=np.uint8)  # [N, Q]
+    scale = float(np.abs(a).mean()) / 64
+    for off in _K_SCALES[kind]:
+        d = (rng.uniform(0.5, 1.5, blocks.shape[0]) * scale).astype(np.float16)
+        blocks[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(a.shape[0], -1)  # [rows, bytes per row]
 
 
 def _store(a: np.ndarray, kind: str) -> tuple[np.ndarray, Any]:
@@ -188,6 +214,8 @@ def _store(a: np.ndarray, kind: str) -> tuple[np.ndarray, Any]:
         return a, None
     if kind == "f16":
         return a.astype(np.float16), None
+    if kind in _K_SCALES:
+        return random_k_blocks(a, kind), _TYPES[kind]
     return gguf.quants.quantize(a, _TYPES[kind]), _TYPES[kind]
 
 
@@ -196,12 +224,14 @@ def _round_trip(a: np.ndarray, kind: str) -> np.ndarray:
     return np.asarray(stored, dtype=np.float32) if raw is None else gguf.quants.dequantize(stored, raw)
 
 
-def write_gguf(hf, path: str | Path, arch: str, *, types: str = "mixed") -> Path:
+def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] = "mixed") -> Path:
     """Write ``hf`` (a transformers causal LM) to ``path`` as llama.cpp's converter would for ``arch``.
 
     ``types``: ``"mixed"`` (2-D weights as F32, F16 and Q8_0 in turn; 1-D in F32, as the converter keeps
-    them) or one of ``f32`` / ``f16`` / ``bf16`` / ``q8_0`` for every 2-D weight. The HF model's parameters are
-    set to the values the file holds, so it stays an exact reference.
+    them), one of ``f32`` / ``f16`` / ``bf16`` / ``q8_0`` / ``q4_0`` / ``q4_1`` / ``q5_0`` / ``q5_1`` /
+    ``q2_k`` / ``q4_k`` / ``q5_k`` / ``q6_k`` for every 2-D weight, or a tuple of them taken in turn (a weight
+    whose rows are not whole blocks of its type is stored as F16). The HF model's parameters are set to the
+    values the file holds, so it stays an exact reference.
     """
     path = Path(path)
     c = hf.config
@@ -212,7 +242,7 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str = "mixed") -> Path
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
                                      getattr(c, "num_hidden_layers", None) or c.n_layer)
     tied = bool(getattr(c, "tie_word_embeddings", False))
-    cycle = ["f32", "f16", "q8_0"]
+    cycle = list(types) if isinstance(types, tuple) else ["f32", "f16", "q8_0"]
     n_2d = 0
     params = dict(hf.named_parameters())
     for hf_name, t in hf.state_dict().items():
@@ -223,8 +253,8 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str = "mixed") -> Path
         assert gguf_name is not None, f"gguf's tensor map has no name for {hf_name!r} ({arch})"
         a = t.detach().numpy().astype(np.float32)
         if a.ndim == 2:
-            kind = cycle[n_2d % 3] if types == "mixed" else types
-            if kind == "q8_0" and a.shape[1] % 32:
+            kind = cycle[n_2d % len(cycle)] if types == "mixed" or isinstance(types, tuple) else types
+            if a.shape[1] % block_size(kind):
                 kind = "f16"
             n_2d += 1
             a = _round_trip(a, kind)  # the file's values become the HF model's own

@@ -6,7 +6,7 @@ Commands::
     interp heads --model NAME [--text TEXT ... | --conllu FILE] [--max-sentences N] [--coref FILE ...] [--nproc N]
                  [--no-progress] [--json]
     interp prune --model NAME --method importance|l0|random [--target F ...] [--step F] [--seed S] [--seeds N]
-                 [--l0-steps N] [--n-seqs N] [--nproc N] [--no-progress] [--json]
+                 [--l0-steps N] [--n-seqs N] [--out DIR [--fresh]] [--nproc N] [--no-progress] [--json]
     interp train-induction [--steps N] [--seed S] [--batch-size B] [--out PATH.safetensors] [--no-progress]
     interp dashboard [--port P] [--host ADDR] [--files FOLDER] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
@@ -22,6 +22,10 @@ Commands::
   ``{"method": str, "fraction_pruned": float, "metric": float}``; ``metric`` is the pruning objective
   (for decoders, next-token accuracy on the repeated half of repeated random sequences, the in-context
   copying that induction heads do; for MiniLM, cosine of pruned to unpruned sentence embeddings).
+  With ``--out DIR`` the whole curve is also written there: ``DIR/<method>.json`` (read it back with
+  :meth:`interp.pruning.PruningCurve.load`, or open DIR on the dashboard's "Load a saved curve"), a CSV table,
+  ``curves.html`` and ``summary.json``; every finished point is saved at once under ``DIR/partial/``, and a
+  second run with the same model, data and options resumes from it (``--fresh`` starts over).
 * ``interp kv-cache --json``: a JSON list, one object per attention variant (computed by
   :func:`interp.flops.kv_cache_table`): ``{"kind": "mha"|"gqa"|"mqa"|"mla", "n_kv_heads": int,
   "bytes_per_token": int, "batch": int, "tokens": int, "total_bytes": int, "vs_mha": float}`` (for MLA,
@@ -48,7 +52,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,36 +112,10 @@ def _print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
-# --- data parallel ---------------------------------------------------------------------------------------
-def _strip_nproc(argv: Sequence[str]) -> list[str]:
-    """``argv`` without its ``--nproc N`` / ``--nproc=N``."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--nproc":
-            skip = True
-        elif not a.startswith("--nproc="):
-            out.append(a)
-    return out
-
-
-def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
-    """The command ``--nproc N`` runs: torchrun on this machine (a free port), ``-m interp`` with ``argv``.
-
-    Example:
-        >>> torchrun_command(2, ["heads", "--model", "induction-2l", "--nproc", "2"])[-4:]
-        ['interp', 'heads', '--model', 'induction-2l']
-    """
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-            "-m", "interp", *_strip_nproc(argv)]
-
-
-# Rough float32 weight bytes of the built-ins, for the --nproc memory check (a rank also holds activations
-# and its own PyTorch runtime: see _rank_bytes).
+# --- data parallel: launching and its memory limits live in interp.distributed ------------------------------
+# Rough float32 weight bytes of the built-ins, for the --nproc memory check (knowing the zoo's names and file
+# formats is the CLI's job; distributed.check_ranks_fit does the arithmetic).
 _BUILTIN_WEIGHT_BYTES = {"induction-2l": 1 << 20, "minilm-l6": 90 << 20, "smollm2-135m": 540 << 20}
-_RANK_RUNTIME_BYTES = 400 << 20  # one Python + PyTorch process before any model is loaded
-_RANKS_PER_CORE = 2  # beyond this the ranks only take turns on the cores
 
 
 def _weight_bytes(model: str) -> int:
@@ -161,17 +138,8 @@ def _weight_bytes(model: str) -> int:
     return 0
 
 
-def _available_bytes() -> int | None:
-    from .placement import host_available  # the planner's reading of free host memory
-
-    return host_available()
-
-
 def check_nproc(nproc: int, model: str, *, cores: int | None = None, available: int | None = None) -> None:
-    """Refuse a ``--nproc`` that this machine cannot run: more ranks than memory or cores allow.
-
-    Each rank loads its own copy of the model: ``nproc`` x (weights x 2 + the PyTorch runtime) must fit in the
-    available memory, and more than two ranks per core only queue for the cores.
+    """Refuse a ``--nproc`` that this machine cannot run (see :func:`interp.distributed.check_ranks_fit`).
 
     Args:
         nproc: the ``--nproc`` asked for.
@@ -185,19 +153,12 @@ def check_nproc(nproc: int, model: str, *, cores: int | None = None, available: 
     Example:
         >>> check_nproc(2, "induction-2l", cores=2, available=8 << 30)
     """
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    available = _available_bytes() if available is None else available
-    per_rank = 2 * _weight_bytes(model) + _RANK_RUNTIME_BYTES
-    limits, reasons = [cores * _RANKS_PER_CORE], [f"this machine has {cores} core(s)"]
-    if available is not None:
-        limits.append(max(1, available // per_rank))
-        reasons.append(f"{nproc} ranks x ~{per_rank / 2**30:.1f} GiB each ({model}: a copy of the model per rank) "
-                       f"need ~{nproc * per_rank / 2**30:.1f} GiB, {available / 2**30:.1f} GiB are available")
-    best = min(limits)
-    if nproc > best:
-        raise CliError(f"--nproc {nproc} is more than this machine can run: {'; '.join(reasons)}. "
-                       f"Use --nproc {best} or less")
+    from .distributed import check_ranks_fit
+
+    try:
+        check_ranks_fit(nproc, _weight_bytes(model), what=model, cores=cores, available=available)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def _maybe_launch(args: argparse.Namespace) -> int | None:
@@ -205,7 +166,9 @@ def _maybe_launch(args: argparse.Namespace) -> int | None:
     if getattr(args, "nproc", 1) <= 1:
         return None
     check_nproc(args.nproc, args.model)
-    return subprocess.call(torchrun_command(args.nproc, args.argv))
+    from .distributed import launch
+
+    return launch(args.nproc, args.argv)
 
 
 # --- heads -----------------------------------------------------------------------------------------------
@@ -286,6 +249,17 @@ def prune_config(args: argparse.Namespace) -> dict[str, Any]:
 def _prune(args: argparse.Namespace) -> int:
     if not 0.0 < args.step <= 1.0:
         raise CliError(f"--step {args.step} must be in (0, 1]")
+    if args.fresh and args.out is None:
+        raise CliError("--fresh starts a saved run over: it needs --out DIR")
+    if args.out is not None:
+        from .distributed import launched_by_torchrun
+
+        if args.nproc > 1 or launched_by_torchrun():
+            # Each rank would resume from what it finds in DIR/partial while rank 0 is writing there: the ranks
+            # could skip different points and wait on each other's collectives forever.
+            raise CliError("--out (a saved, resumable run) works in one process only; drop --nproc / torchrun, "
+                           "or drop --out")
+        check_out_folder(Path(args.out), "--out")
     launched = _maybe_launch(args)
     if launched is not None:
         return launched
@@ -297,7 +271,7 @@ def _prune(args: argparse.Namespace) -> int:
     if not model.cfg.unembed and "path" not in config.get("data", {}):
         raise CliError(f"{args.model} is an encoder: its pruning task scores sentences; pass --conllu PATH "
                        "(for example ../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu)")
-    result = run_experiment(config, model=model, progress=not args.no_progress)
+    result = run_experiment(config, model=model, out_dir=args.out, fresh=args.fresh, progress=not args.no_progress)
     rows = prune_records(result, default_method=args.method)
     if args.target and args.method != "l0":
         rows = _nearest_points(rows, args.target)
@@ -308,6 +282,30 @@ def _prune(args: argparse.Namespace) -> int:
 
         print(pd.DataFrame(rows, columns=list(PRUNE_JSON_KEYS)).to_string(index=False))
     return EXIT_OK
+
+
+def check_out_folder(folder: Path, option: str) -> None:
+    """Fail now, not after minutes of pruning, when ``folder`` cannot hold the results.
+
+    Args:
+        folder: the output folder (created when absent, with its parents).
+        option: the command-line option that named it, for the message.
+
+    Raises:
+        CliError: ``folder`` is a file, or cannot be created or written (the OS reason is quoted).
+
+    Example:
+        >>> import tempfile
+        >>> check_out_folder(Path(tempfile.mkdtemp()) / "prune_run", "--out")
+    """
+    if folder.exists() and not folder.is_dir():
+        raise CliError(f"{option} {str(folder)!r} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"{option} {str(folder)!r} cannot be created: {e.strerror or e}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CliError(f"{option} {str(folder)!r} is not writable")
 
 
 def _nearest_points(rows: list[dict[str, Any]], targets: Sequence[float]) -> list[dict[str, Any]]:
@@ -657,6 +655,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--n-seqs", type=_positive_int,
                     help="sequences (sentences) used to prune and to evaluate (default: the experiment's)")
     pr.add_argument("--conllu", help="CoNLL-U sentences for an encoder's pruning task (decoders use repeated random sequences)")
+    pr.add_argument("--out", metavar="DIR",
+                    help="write the curve to DIR (<method>.json, .csv, curves.html, summary.json; the dashboard's "
+                         "'Load a saved curve' opens DIR) and resume from DIR/partial when run again")
+    pr.add_argument("--fresh", action="store_true", help="with --out: ignore DIR's partial results and start over")
     pr.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
     pr.add_argument("--nproc", type=_positive_int, default=1,

@@ -39,8 +39,9 @@ import torch
 if TYPE_CHECKING:
     from .streaming import Reducer
 
-__all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_same", "describe_batches",
-           "exit_after_failure", "init_from_env", "rank", "rank_device", "shard", "shutdown", "world_size"]
+__all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_ranks_fit", "check_same",
+           "describe_batches", "exit_after_failure", "init_from_env", "launch", "rank", "rank_device", "shard",
+           "shutdown", "torchrun_command", "world_size"]
 
 #: Seconds a collective may wait for the other ranks before the job stops (``INTERP_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 600.0
@@ -64,6 +65,102 @@ def rank() -> int:
 def world_size() -> int:
     """The number of processes (1 when not distributed)."""
     return torch.distributed.get_world_size() if active() else 1
+
+
+# --- launching ranks on this machine (``--nproc N``) -------------------------------------------------------
+#: One Python + PyTorch process before any model is loaded (a rank also holds its model copy and activations).
+RANK_RUNTIME_BYTES = 400 << 20
+#: Beyond this many ranks per core the ranks only take turns on the cores.
+RANKS_PER_CORE = 2
+
+
+def _strip_nproc(argv: Sequence[str]) -> list[str]:
+    """``argv`` without its ``--nproc N`` / ``--nproc=N``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
+    """The command ``--nproc N`` runs: torchrun on this machine (a free port), ``-m interp`` with ``argv``.
+
+    Args:
+        nproc: processes to start (``--nproc_per_node``).
+        argv: the ``interp`` arguments; their ``--nproc`` is dropped (each rank is one process).
+
+    Returns:
+        The command line, starting with this Python interpreter.
+
+    Example:
+        >>> torchrun_command(2, ["heads", "--model", "induction-2l", "--nproc", "2"])[-4:]
+        ['interp', 'heads', '--model', 'induction-2l']
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", "interp", *_strip_nproc(argv)]
+
+
+def check_ranks_fit(nproc: int, weight_bytes: int, *, what: str = "the model", cores: int | None = None,
+                    available: int | None = None) -> None:
+    """Refuse a rank count that this machine cannot run: more ranks than its memory or cores allow.
+
+    Each rank loads its own copy of the model: ``nproc`` x (weights x 2 + the PyTorch runtime) must fit in the
+    available memory, and more than :data:`RANKS_PER_CORE` ranks per core only queue for the cores.
+
+    Args:
+        nproc: the ranks asked for (``--nproc``).
+        weight_bytes: float32 weight bytes of one model copy (0 when unknown: only the runtime is counted).
+        what: the model's name, for the message.
+        cores: usable cores (default: this process's CPU affinity).
+        available: available memory in bytes (default: :func:`interp.placement.host_available`).
+
+    Raises:
+        ValueError: too many ranks; the message says what ``--nproc`` should be at most, and why.
+
+    Example:
+        >>> check_ranks_fit(2, 1 << 20, cores=2, available=8 << 30)
+        >>> try:
+        ...     check_ranks_fit(8, 1 << 30, cores=2, available=8 << 30)  # 8 ranks x ~2.4 GiB in 8 GiB
+        ... except ValueError as e:
+        ...     print(str(e).split(". ")[-1])
+        Use --nproc 3 or less
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if available is None:
+        from .placement import host_available  # the placement planner's reading of free host memory
+
+        available = host_available()
+    per_rank = 2 * weight_bytes + RANK_RUNTIME_BYTES
+    limits, reasons = [cores * RANKS_PER_CORE], [f"this machine has {cores} core(s)"]
+    if available is not None:
+        limits.append(max(1, available // per_rank))
+        reasons.append(f"{nproc} ranks x ~{per_rank / 2**30:.1f} GiB each ({what}: a copy of the model per rank) "
+                       f"need ~{nproc * per_rank / 2**30:.1f} GiB, {available / 2**30:.1f} GiB are available")
+    best = min(limits)
+    if nproc > best:
+        raise ValueError(f"--nproc {nproc} is more than this machine can run: {'; '.join(reasons)}. "
+                         f"Use --nproc {best} or less")
+
+
+def launch(nproc: int, argv: Sequence[str]) -> int:
+    """Run ``python -m interp argv`` on ``nproc`` ranks of this machine under torchrun and wait for it.
+
+    Args:
+        nproc: processes to start.
+        argv: the ``interp`` arguments (``--nproc`` is dropped from them).
+
+    Returns:
+        torchrun's exit status.
+    """
+    import subprocess
+
+    return subprocess.call(torchrun_command(nproc, argv))
 
 
 def launched_by_torchrun() -> bool:

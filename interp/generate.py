@@ -36,8 +36,7 @@ def prefill(model: Transformer, tokens: torch.Tensor, cache: KVCache) -> torch.T
         ...     prefill(model, torch.tensor([[1, 2, 3]]), cache).shape, cache.length
         (torch.Size([1, 11]), 3)
     """
-    return model._forward(tokens, attention_mask=None, token_type_ids=None, position_ids=None, context=None,
-                          context_mask=None, kv_cache=cache, last_only=True)[:, -1]
+    return _last_logits(model, tokens, cache)
 
 
 def decode_one_token(model: Transformer, token: torch.Tensor, cache: KVCache,
@@ -59,8 +58,14 @@ def decode_one_token(model: Transformer, token: torch.Tensor, cache: KVCache,
     """
     if decoder is not None:
         return decoder.step(token, cache)
-    return model._forward(token[:, None], attention_mask=None, token_type_ids=None, position_ids=None,
-                          context=None, context_mask=None, kv_cache=cache, last_only=True)[:, -1]
+    return _last_logits(model, token[:, None], cache)
+
+
+def _last_logits(model: Transformer, tokens: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    """The next-token logits ``[B, d_vocab]`` after ``tokens`` ``[B, T]``: the blocks run over every position (into
+    ``cache``), the output head only over the last (generation reads nothing else; no hook sees the others)."""
+    resid = model(tokens, kv_cache=cache, stop_at_layer=model.cfg.n_layers)  # [B, T, M]
+    return model.unembed_residual(resid[:, -1:])[:, -1]  # [B, 1, M] -> [B, V]
 
 
 #: Temperatures below this are applied to logits shifted by their maximum (see :func:`process_logits`).
@@ -229,9 +234,7 @@ def generate(
             decoder = LeanDecoder.for_generate(model, held if held is not None else own, B) if use_cache else None
             for _ in range(max_new_tokens):
                 if not use_cache:
-                    logits = model._forward(out[:, :n], attention_mask=None, token_type_ids=None,
-                                            position_ids=None, context=None, context_mask=None, kv_cache=None,
-                                            last_only=True)[:, -1]
+                    logits = _last_logits(model, out[:, :n], None)
                 elif n == T:
                     logits = prefill(model, out[:, :T], cache)  # [B, V]
                 elif cache_needs_recompute(cfg.rope_scaling, n - 1, n):  # LongRoPE past its original context

@@ -211,42 +211,91 @@ class Transformer(HookedModule):
         context: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
     ) -> torch.Tensor:
         """Run the model.
 
         Args:
-            tokens: ``[B, T]`` (or ``[T]``) integer token ids.
+            tokens: ``[B, T]`` (or ``[T]``) integer token ids; with ``start_at_layer``, the residual stream
+                ``[B, T, d_model]`` entering that block instead.
             attention_mask: ``[B, S]`` 1 for real tokens, 0 for padding, where S = cached + T.
             token_type_ids: ``[B, T]`` segment ids (models with ``n_token_types``).
             position_ids: ``[B, T]`` absolute positions (default: cache length + ``arange(T)``).
             context: ``[B, S_ctx, d_model]`` sequence for cross-attention (``cfg.cross_attention``).
             context_mask: ``[B, S_ctx]`` padding mask of the context.
             kv_cache: a :class:`KVCache` from :meth:`make_cache`; new K/V are appended and its length grows.
+            start_at_layer: TransformerLens' ``start_at_layer``: skip the embedding and blocks ``0 ..
+                start_at_layer - 1`` and feed ``tokens`` (a residual) to block ``start_at_layer`` (inclusive;
+                negative counts from the end: -1 runs the last block and the unembedding). None: from the tokens.
+            stop_at_layer: TransformerLens' ``stop_at_layer``: run blocks up to ``stop_at_layer - 1`` and return
+                the residual stream entering block ``stop_at_layer`` (exclusive: 0 returns the embedding,
+                ``n_layers`` the last block's output before the final norm; negative counts from the end). None:
+                the whole model, through the unembedding.
 
         Returns:
-            Logits ``[B, T, d_vocab]``, or final hidden states ``[B, T, d_model]`` when ``cfg.unembed`` is False.
+            Logits ``[B, T, d_vocab]``, or final hidden states ``[B, T, d_model]`` when ``cfg.unembed`` is False;
+            with ``stop_at_layer``, the residual stream ``[B, T, d_model]`` there.
 
         Raises:
-            TypeError: tokens are not integers.
-            ValueError: shapes do not fit, tokens are out of the vocabulary, or the sequence exceeds ``n_ctx``.
+            TypeError: tokens are not integers (a residual is not floating point with ``start_at_layer``).
+            ValueError: shapes do not fit, tokens are out of the vocabulary, the sequence exceeds ``n_ctx``, a
+                layer index is outside the model or ``start_at_layer`` is after ``stop_at_layer``, or a
+                ``kv_cache`` with a pass that skips layers (their caches would fall behind).
+
+        Example:
+            >>> model = Transformer(ModelConfig(n_layers=3, d_model=16, n_heads=2, d_vocab=11, n_ctx=8))
+            >>> tokens = torch.tensor([[1, 2, 3]])
+            >>> resid = model(tokens, stop_at_layer=1)                      # the residual entering block 1
+            >>> torch.allclose(model(resid, start_at_layer=1), model(tokens))
+            True
         """
+        start, stop = self._layer_range(start_at_layer, stop_at_layer)
+        if kv_cache is not None and (start > 0 or stop < self.cfg.n_layers):
+            raise ValueError(f"kv_cache with start_at_layer={start_at_layer} / stop_at_layer={stop_at_layer}: the "
+                             f"layers outside {start}..{stop - 1} would not store this pass's keys and values")
         # Hooks and gates are shared state: hold the model's lock so a pass never mixes another thread's.
         with self.lock:
             return self._forward(tokens, attention_mask=attention_mask, token_type_ids=token_type_ids,
                                  position_ids=position_ids, context=context, context_mask=context_mask,
-                                 kv_cache=kv_cache)
+                                 kv_cache=kv_cache, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer)
 
-    def _forward(self, tokens, *, attention_mask, token_type_ids, position_ids, context, context_mask,
-                 kv_cache, last_only: bool = False, first_layer: int = 0,
-                 enter: Callable[[int, torch.Tensor | None], torch.Tensor] | None = None) -> torch.Tensor:
-        # enter(i, x) -> x: called before every block i >= first_layer with the residual about to enter it (None
-        # before the first: with enter, the embedding and the blocks below first_layer are skipped), returns the
-        # one that enters. Activation patching starts a pass at the lowest patched layer and grows its batch there:
-        # each layer adds copies of the base run's residual, k B rows that share the tokens' mask and positions.
-        # A cache then holds, in each layer, as many rows as enter gives that layer.
+    def _layer_range(self, start_at_layer: int | None, stop_at_layer: int | None) -> tuple[int, int]:
+        """``start_at_layer`` / ``stop_at_layer`` (TransformerLens' names, negative from the end) as the blocks
+        ``start .. stop - 1`` that run."""
+        L = self.cfg.n_layers
+        bounds = []
+        for name, value, default in (("start_at_layer", start_at_layer, 0), ("stop_at_layer", stop_at_layer, L)):
+            if value is None:
+                bounds.append(default)
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not -L <= value <= L:
+                raise ValueError(f"{name}={value!r} must be an int in [{-L}, {L}] ({L} layers)")
+            bounds.append(value + L if value < 0 else value)
+        if bounds[0] > bounds[1]:
+            raise ValueError(f"start_at_layer={start_at_layer} comes after stop_at_layer={stop_at_layer}")
+        return bounds[0], bounds[1]
+
+    def _forward(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                 token_type_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                 context: torch.Tensor | None = None, context_mask: torch.Tensor | None = None,
+                 kv_cache: KVCache | None = None, start_at_layer: int | None = None, stop_at_layer: int | None = None,
+                 enter: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        # forward without the lock and the cache check. enter(i, x) -> x (activation patching's growing pass only):
+        # called before every block i from start_at_layer on with the residual about to enter it, returns the one
+        # that enters; a layer may replace or add rows, k B rows that share the mask and positions of the input's
+        # B rows. A cache then holds, in each layer, as many rows as enter gives that layer.
         cfg = self.cfg
-        tokens = self._check_tokens(tokens)
-        B, T = tokens.shape
+        first, stop = self._layer_range(start_at_layer, stop_at_layer)
+        if start_at_layer is None:
+            tokens = self._check_tokens(tokens)
+            B, T = tokens.shape
+        else:
+            tokens = self._check_residual(tokens, start_at_layer)
+            B, T = tokens.shape[:2]
+            if token_type_ids is not None:
+                raise ValueError(f"token_type_ids given with start_at_layer={start_at_layer}: token types are "
+                                 "part of the embedding, which a pass from a residual skips")
         start = 0 if kv_cache is None else kv_cache.length
         S = start + T
         if S > cfg.n_ctx:
@@ -258,9 +307,7 @@ class Transformer(HookedModule):
             positions = torch.arange(start, S, device=tokens.device)
         else:
             positions = _check_ids("position_ids", position_ids, ((B, T), (T,)), cfg.n_ctx, "n_ctx")
-        if first_layer and enter is None:
-            raise ValueError(f"first_layer={first_layer} skips the embedding: pass enter(i, x) to give the residual")
-        x = None if enter is not None else self._embed(tokens, positions, token_type_ids)  # [B, T, M]
+        x = self._embed(tokens, positions, token_type_ids) if start_at_layer is None else tokens  # [B, T, M]
         mask = AttnMask(T=T, S=S, start=start, causal=cfg.causal, key_keep=key_keep, padded_queries_see_all=True)
         ctx_mask = None
         if context is not None:
@@ -274,7 +321,7 @@ class Transformer(HookedModule):
             raise ValueError("cfg.cross_attention is True: pass context=[B, S_ctx, d_model]")
         try:
             masks = {B: mask}  # by the rows of the residual (a growing pass repeats the mask of B rows)
-            for i in range(first_layer, cfg.n_layers):
+            for i in range(first, stop):
                 if enter is not None:
                     x = enter(i, x)  # [k B, T, M]
                     if x.shape[0] not in masks:
@@ -285,17 +332,45 @@ class Transformer(HookedModule):
             if kv_cache is not None:
                 kv_cache.rewind(start)  # the layers advanced themselves: a pass that stopped leaves none ahead
             raise
-        if last_only:
-            # generate() reads only the last position: skip the unembedding of the others (no hook sees them).
-            x = x[:, -1:]  # [B, 1, M]
+        return x if stop_at_layer is not None else self.unembed_residual(x)
+
+    def unembed_residual(self, resid: torch.Tensor) -> torch.Tensor:
+        """The model's output head on a residual stream: the final norm, the unembedding and the final soft-cap
+        (what :meth:`forward` does after the last block; ``forward(..., stop_at_layer=n_layers)`` gives its input).
+
+        Args:
+            resid: ``[..., d_model]``, e.g. ``[B, T, d_model]`` or only the last position ``[B, 1, d_model]``.
+
+        Returns:
+            Logits ``[..., d_vocab]``; for a model without unembedding (``cfg.unembed`` False), the final
+            hidden states ``[..., d_model]``.
+
+        Example:
+            >>> model = Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=11, n_ctx=8))
+            >>> tokens = torch.tensor([[1, 2, 3]])
+            >>> resid = model(tokens, stop_at_layer=2)
+            >>> torch.allclose(model.unembed_residual(resid[:, -1:]), model(tokens)[:, -1:], atol=1e-6)
+            True
+        """
+        x = resid
         if self.ln_final is not None:
             x = self.ln_final(x)
         if self.unembed is None:
             return x
         logits = self.unembed(x)
-        if cfg.final_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap  # Gemma 2's final soft-cap
+        if self.cfg.final_softcap is not None:
+            logits = torch.tanh(logits / self.cfg.final_softcap) * self.cfg.final_softcap  # Gemma 2's final soft-cap
         return logits
+
+    def _check_residual(self, resid: torch.Tensor, start_at_layer: int) -> torch.Tensor:
+        if not isinstance(resid, torch.Tensor) or not resid.dtype.is_floating_point:
+            what = resid.dtype if isinstance(resid, torch.Tensor) else type(resid).__name__
+            raise TypeError(f"with start_at_layer={start_at_layer} the input is the residual stream [B, T, "
+                            f"d_model] (floating point), got {what}")
+        if resid.dim() != 3 or resid.shape[0] == 0 or resid.shape[1] == 0 or resid.shape[2] != self.cfg.d_model:
+            raise ValueError(f"with start_at_layer={start_at_layer} the input is the residual stream [B, T, "
+                             f"{self.cfg.d_model}], got shape {tuple(resid.shape)}")
+        return resid
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
         """The residual stream entering block 0: ``[B, T, M]``."""

@@ -332,6 +332,9 @@ def record(
     """
     if offload not in (None, "cpu"):
         raise ValueError(f"offload={offload!r}: only 'cpu' (or None) is supported")
+    if reducers and kwargs.get("start_at_layer") is not None:
+        raise ValueError(f"reducers read the batch's tokens; a pass from start_at_layer={kwargs['start_at_layer']} "
+                         "starts from a residual: record it without reducers")
     if device is None and is_split(model):
         device = model.embed.weight.device  # one trace on one device, whatever block each tensor came from
     names = [] if isinstance(names_filter, (list, tuple)) and not names_filter else resolve_names(
@@ -371,6 +374,8 @@ def record(
     fwd_hooks: list = [(names, QueryChunkHook(save))] if names else []
     fwd_hooks += _reducer_hooks(model, reducers)
     tokens = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("tokens")
+    if kwargs.get("start_at_layer") is not None:
+        tokens = None  # the input is a residual, not token ids
     if isinstance(tokens, torch.Tensor) and tokens.dim() == 1:
         tokens = tokens[None]
     head_writes = {}
@@ -388,6 +393,8 @@ def record(
         # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
         tensors = {k: v[0] if len(v) == 1 else torch.cat(v, dim=2) for k, v in store.items()}
         for result_name, z_name in z_names.items():
+            if z_name not in tensors:
+                continue  # a layer outside start_at_layer .. stop_at_layer did not run
             attn = model.get_submodule(result_name[: -len(".hook_result")])
             w_o = attn.W_O_heads.detach()  # [H, D, M]
             if attn.gate is not None:

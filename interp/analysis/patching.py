@@ -256,12 +256,13 @@ def _patched_run(model: Transformer, run: list[tuple[int, int, int]], names: lis
     first = run[0][0]
     present = [sum(joining[:layer + 1]) for layer in range(L)]  # copies in the pass at each layer
 
-    def enter(layer: int, x: torch.Tensor | None) -> torch.Tensor:
+    def enter(layer: int, x: torch.Tensor) -> torch.Tensor:
+        # The pass starts from the base run's B rows at the lowest patched layer; they are replaced there by
+        # the copies patched in it, and every higher layer with patches adds its own copies.
         if not joining[layer]:
-            assert x is not None
             return x
         new = resid[layer][:, start:].repeat(joining[layer], 1, 1)  # [k B, T - start, M]
-        return new if x is None else torch.cat([x, new.to(x.device)])  # [present B, T - start, M]
+        return new if layer == first else torch.cat([x, new.to(x.device)])  # [present B, T - start, M]
 
     cache = None
     if start:
@@ -276,19 +277,13 @@ def _patched_run(model: Transformer, run: list[tuple[int, int, int]], names: lis
             mine.length = start
 
     hook = patch_sites_hook(names, src, run, B, start=start)
-    tokens = torch.zeros(B, T - start, dtype=torch.long, device=resid[first].device)  # shape only: no embedding
-    return _run(model, tokens, attention_mask, [(sorted({names[s[0]] for s in run}), hook)], last_only,
-                kv_cache=cache, first_layer=first, enter=enter)
-
-
-def _run(model: Transformer, tokens: torch.Tensor, attention_mask: torch.Tensor | None, fwd_hooks: list,
-         last_only: bool, *, kv_cache: Any = None, first_layer: int = 0,
-         enter: Callable[[int, torch.Tensor | None], torch.Tensor] | None = None) -> torch.Tensor:
-    """One forward pass with ``fwd_hooks`` (with ``last_only``, only the last position is unembedded)."""
-    with model.lock, model.hooks(fwd_hooks):
-        return model._forward(tokens, attention_mask=attention_mask, token_type_ids=None, position_ids=None,
-                              context=None, context_mask=None, kv_cache=kv_cache, last_only=last_only,
-                              first_layer=first_layer, enter=enter)
+    with model.lock, model.hooks([(sorted({names[s[0]] for s in run}), hook)]):
+        # forward's start_at_layer / stop_at_layer, plus the one private argument: enter, which grows the batch
+        # layer by layer (the rows of a layer's cache are the copies present there, so the public check of
+        # the cache against the whole batch does not apply).
+        resid_out = model._forward(resid[first][:, start:], attention_mask=attention_mask, kv_cache=cache,
+                                   start_at_layer=first, stop_at_layer=L, enter=enter)  # [n B, T - start, M]
+        return model.unembed_residual(resid_out[:, -1:] if last_only else resid_out)  # [n B, T', V]
 
 
 def _values(found: list[Any]) -> list[float]:
@@ -375,7 +370,8 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
         def keep(t: torch.Tensor, hook: Any) -> None:
             resid[hook.name] = t.detach()
 
-        logits_base = _run(model, base, attention_mask, [(resid_names, keep)], False, kv_cache=base_cache)
+        logits_base = model.run_with_hooks(base, attention_mask=attention_mask, kv_cache=base_cache,
+                                           fwd_hooks=[(resid_names, keep)])
         m_base = float(metric(logits_base))
         n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
         sites = _sites(by, n_units, T)

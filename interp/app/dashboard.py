@@ -79,7 +79,15 @@ PRUNING_SENTENCES = [
     "The new library opens every day except Sunday.",
 ]
 MAX_GRID_TOKENS = 96  # the layer x head grid draws L*H heatmaps: keep each small enough for the browser
-REPO_RESULTS = Path(interp.__file__).resolve().parents[1] / "experiments" / "results"
+
+
+def checkout_results() -> Path | None:
+    """``experiments/results`` of the source checkout interp runs from (an editable install), or None: a wheel
+    install has no checkout, and the folder above the package is then ``site-packages``, not the project."""
+    root = Path(interp.__file__).resolve().parents[1]
+    results = root / "experiments" / "results"
+    return results if (root / "pyproject.toml").is_file() and results.is_dir() else None
+
 
 st.set_page_config(page_title="interp dashboard", page_icon="🔍", layout="wide")
 # Streamlit runs a full garbage collection (gc.collect(2)) after every script run, fragment reruns included. With a
@@ -812,13 +820,37 @@ def _head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
-def saved_curve_files() -> list[str]:
-    """Curve JSON files the pruning experiments wrote (``experiments/results/prune_*/<method>.json``), relative
-    to the results folder; empty when interp is not installed from a checkout."""
-    if not REPO_RESULTS.is_dir():
+def saved_curve_files(results: Path | None) -> list[str]:
+    """Curve JSON files the pruning experiments wrote (``prune_*/<method>.json`` under ``results``, the checkout's
+    ``experiments/results``), relative to ``results``; empty when there is no such folder."""
+    if results is None:
         return []
-    files = [*REPO_RESULTS.glob("prune_*.json"), *REPO_RESULTS.glob("prune_*/*.json")]
-    return sorted(str(p.relative_to(REPO_RESULTS)) for p in files if p.name != "summary.json")
+    files = [*results.glob("prune_*.json"), *results.glob("prune_*/*.json")]
+    return sorted(str(p.relative_to(results)) for p in files if p.name != "summary.json")
+
+
+def served_curves(typed: str) -> list[Path]:
+    """The curve files ``typed`` names inside the served folder: a curve file, or a run folder written by
+    ``interp prune --out DIR`` / ``run_experiment`` (its ``<method>.json`` curves; not ``summary.json`` nor the
+    per-point files under ``partial/``).
+
+    Raises:
+        FileNotFoundError: the path is not available (see :func:`served_file`), or a folder without curves.
+        ValueError: a file larger than :data:`MAX_CURVE_MB`.
+    """
+    folder = served_folder()
+    if folder is not None and typed.strip():
+        try:
+            path = (folder / typed.strip()).resolve(strict=True)
+        except (OSError, RuntimeError):
+            path = None
+        if path is not None and path.is_dir() and path.is_relative_to(folder):
+            files = sorted(f for f in path.glob("*.json") if f.name != "summary.json")
+            if not files:
+                raise FileNotFoundError(f"{typed!r} holds no pruning curve (<method>.json, as interp prune --out "
+                                        "DIR writes)")
+            return [served_file(str(f), MAX_CURVE_MB) for f in files]  # each checked: no link out of the folder
+    return [served_file(typed, MAX_CURVE_MB)]
 
 
 def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
@@ -854,17 +886,20 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
     source = st.radio("Curves", ["Run on this model", "Load a saved curve"], horizontal=True, key="curve_source")
     curves: list[PruningCurve] = []
     if source == "Load a saved curve":
-        found = saved_curve_files()
-        picked = st.multiselect("Saved curves in experiments/results/", found, key="curve_files")
+        results = checkout_results()
+        found = saved_curve_files(results)
+        picked = st.multiselect("Saved curves in experiments/results/", found,
+                                key="curve_files") if results is not None and found else []
         upload = st.file_uploader("... or upload a curve (.json from PruningCurve.save)", type=["json"],
                                   key="curve_upload")
         typed = ""
         if served_folder() is not None:
-            typed = st.text_input("... or a file in the served folder", key="curve_path")
-        paths = [REPO_RESULTS / name for name in picked if name in found]
+            typed = st.text_input("... or a curve file, or a folder written by interp prune --out, in the served "
+                                  "folder", key="curve_path")
+        paths = [results / name for name in picked if results is not None and name in found]
         if typed.strip():
             try:
-                paths.append(served_file(typed, MAX_CURVE_MB))
+                paths.extend(served_curves(typed))
             except (FileNotFoundError, ValueError) as e:
                 st.error(str(e))
         for path in paths:

@@ -283,8 +283,8 @@ def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Ob
         return head_importance(model, batches, objective, normalize_layers=normalize_layers, pruned=pruned,
                                per_example=per_example, level=level, progress=progress)
 
-    imp = None if recompute else scores_now()
     todo = [c for c in counts if c > int(unit_pruned.sum())]
+    imp = None if recompute or not todo else scores_now()  # a finished resumed curve computes nothing
     for n_target in tqdm(todo, desc="importance pruning", disable=not progress_enabled(progress)):
         if threshold is not None and curve.points[-1].metric < threshold * base:
             break

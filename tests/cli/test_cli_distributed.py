@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from interp.cli import main, torchrun_command
+from interp.cli import main
+from interp.distributed import torchrun_command
 
 REPO = Path(__file__).resolve().parents[2]
 

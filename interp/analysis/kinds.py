@@ -154,7 +154,7 @@ def resolve_kinds(names: str | Iterable[str] | None) -> list[HeadKind]:
         names: None (the default kinds), ``"all"``, one name, or a list of names.
 
     Returns:
-        The selected kinds.
+        The selected kinds (a list of names: in its order; otherwise in registration order).
 
     Raises:
         ValueError: a name that is not registered (the message names it and lists the known ones), or an
@@ -175,7 +175,7 @@ def resolve_kinds(names: str | Iterable[str] | None) -> list[HeadKind]:
         raise ValueError(f"unknown head kind(s) {unknown}; the known kinds are {list(known)}")
     if not wanted:
         raise ValueError("kinds=[] selects no head kind; pass None for the default kinds")
-    return [k for k in known.values() if k.name in wanted]
+    return [known[n] for n in dict.fromkeys(wanted)]
 
 
 def kind_of_label(label: str) -> HeadKind | None:

@@ -46,7 +46,7 @@ def effective_embeddings(model: Transformer, tokens: torch.Tensor) -> tuple[torc
     Example:
         >>> e0, e1 = effective_embeddings(model, torch.arange(5))
         >>> e0.shape
-        torch.Size([5, 64])
+        torch.Size([5, 128])
     """
     names = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post"]
     _, cache = model.run_with_cache(tokens.reshape(-1, 1), names_filter=names)  # one token a sequence: [N, 1]

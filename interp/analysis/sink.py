@@ -43,7 +43,7 @@ class SinkReducer(Reducer):
 
     Example:
         >>> red = SinkReducer(model)
-        >>> n = stream(model, tokens, [red])
+        >>> n = interp.streaming.stream(model, tokens, [red])
         >>> red.result()["mass"].shape     # [L, H]
     """
 

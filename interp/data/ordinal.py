@@ -27,7 +27,8 @@ def ordinal_token_sequences(tokenizer: Any, *, prefix: str = " ",
     """Each ordinal task as token ids, keeping the longest run of consecutive items that are one token each.
 
     Args:
-        tokenizer: a Hugging Face tokenizer (``encode`` with ``add_special_tokens``).
+        tokenizer: an interp :class:`~interp.zoo.tokenizer.Tokenizer` (its ``backend``), a ``tokenizers``
+            Tokenizer or a ``transformers`` tokenizer (anything with ``encode(text, add_special_tokens=False)``).
         prefix: put before every item (BPE vocabularies hold `` Monday``, with its space, as one token).
         tasks: ``{name: items in order}`` (default :data:`ORDINAL_SEQUENCES`).
 
@@ -38,14 +39,15 @@ def ordinal_token_sequences(tokenizer: Any, *, prefix: str = " ",
         ValueError: no task has 3 single-token items in a row.
 
     Example:
-        >>> ordinal_token_sequences(model.tokenizer)["days"][:2]   # ids of " Monday", " Tuesday"
+        >>> sorted(ordinal_token_sequences(tok))     # MiniLM's word pieces
+        ['days', 'letters', 'months', 'number words', 'numbers']
     """
     out: dict[str, list[int]] = {}
     for name, items in (tasks or ORDINAL_SEQUENCES).items():
         best: list[int] = []
         run: list[int] = []
         for item in items:
-            ids = tokenizer.encode(prefix + item, add_special_tokens=False)
+            ids = _ids(tokenizer, prefix + item)
             run = run + ids if len(ids) == 1 else []
             best = run if len(run) > len(best) else best
         if len(best) >= 3:
@@ -53,3 +55,10 @@ def ordinal_token_sequences(tokenizer: Any, *, prefix: str = " ",
     if not out:
         raise ValueError(f"no ordinal task has 3 consecutive items that are one token each with prefix={prefix!r}")
     return out
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    """``text``'s token ids without special tokens, from any of the tokenizers :func:`ordinal_token_sequences`
+    takes."""
+    enc = getattr(tokenizer, "backend", tokenizer).encode(text, add_special_tokens=False)
+    return list(getattr(enc, "ids", enc))

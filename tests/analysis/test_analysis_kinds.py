@@ -1,0 +1,186 @@
+"""The head-kind registry and the kinds added on it (sink, copy suppression, successor), on hand-built models whose
+answer is known (tests/toy_kinds.py), with their intervals and their bad input."""
+
+import pytest
+import torch
+from helpers import run_cli
+from toy_kinds import ORDINAL, ov_model, sink_model, successor_of
+from toy_models import HAND_BUILT_KINDS, hand_built_model
+
+from interp.analysis import classify_heads
+from interp.analysis.kinds import HeadKind, head_kinds, register_kind, resolve_kinds
+from interp.analysis.successor import succession_scores
+from interp.analysis.uncertainty import bootstrap_interval
+from interp.data.ordinal import ORDINAL_SEQUENCES, ordinal_token_sequences
+from interp.streaming import MeanReducer
+
+OPTS = {"ordinal_tokens": ORDINAL}
+
+
+@pytest.fixture(scope="module")
+def ov_report():
+    return classify_heads(ov_model(), kinds=["copy-suppression", "successor"], options=OPTS, progress=False)
+
+
+# --- the registry -----------------------------------------------------------------------------------------------
+def test_registry_holds_every_kind_with_data_threshold_reason_and_source():
+    kinds = head_kinds()
+    classic = {"positional", "previous-token", "duplicate-token", "induction", "syntactic", "coreference"}
+    assert set(kinds) >= classic | {"sink", "copy-suppression", "successor"}
+    for k in kinds.values():
+        assert k.threshold and k.reason and k.source and k.labels
+    assert {k.name for k in resolve_kinds(None)} == classic  # the new kinds are opt-in
+    assert {k.name for k in resolve_kinds("all")} == set(kinds)
+
+
+def test_unknown_kind_name_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"unknown head kind\(s\) \['inductoin'\].*'induction'"):
+        classify_heads(hand_built_model(), kinds=["induction", "inductoin"])
+    with pytest.raises(ValueError, match="needs conllu="):
+        classify_heads(hand_built_model(), kinds=["syntactic"])
+    with pytest.raises(ValueError, match=r"options \['sink_treshold'\]"):
+        classify_heads(hand_built_model(), kinds=["sink"], options={"sink_treshold": 0.5})
+    with pytest.raises(ValueError, match="sink_threshold='high' must be a float"):
+        classify_heads(hand_built_model(), kinds=["sink"], options={"sink_threshold": "high"})
+    with pytest.raises(ValueError, match="already registered"):
+        register_kind(HeadKind("induction", ("x",), "text", None, lambda run, r: [], "t", "r", "s"))
+    with pytest.raises(ValueError, match="data='video'"):
+        register_kind(HeadKind("new", ("x",), "video", None, lambda run, r: [], "t", "r", "s"))
+
+
+def test_a_subset_runs_only_its_kinds_and_says_what_data_each_used():
+    r = classify_heads(hand_built_model(), kinds=["previous-token"], n_seqs=8, progress=False)
+    assert r.as_dict() == {(0, 0): {"previous-token"}}
+    assert r.kinds_run == ["previous-token"] and "positional" not in r.details
+    assert list(r.probes) == ["previous-token"] and "repeated once" in r.probes["previous-token"]
+    full = classify_heads(hand_built_model(), n_seqs=16, progress=False)
+    assert full.as_dict() == HAND_BUILT_KINDS  # the default selection is unchanged
+    assert "uniform random tokens" in full.probes["positional"]
+
+
+def test_extra_reducers_reach_the_report():
+    red = MeanReducer("blocks.0.attn.hook_pattern")
+    r = classify_heads(hand_built_model(), n_seqs=4, extra_reducers=[red], progress=False)
+    pattern = r.extra["0:MeanReducer"]["blocks.0.attn.hook_pattern"]
+    assert pattern.shape[0] == 2 and torch.allclose(pattern.sum(-1), torch.ones(pattern.shape[:2]))
+
+
+def test_figure_legend_and_colours_come_from_the_registry():
+    r = classify_heads(sink_model(), kinds=["positional", "sink"], n_seqs=8, progress=False)
+    legend = {t.name: t for t in r.figure().data if t.type == "scatter" and t.name}
+    assert "sink" in legend
+    assert legend["sink"].marker.color == head_kinds()["sink"].colour
+    assert legend["sink"].meta.startswith("Xiao et al. 2023")
+
+
+def test_cli_kinds_option(capsys):
+    code, _, err = run_cli(capsys, "heads", "--model", "random-tiny", "--kinds", "sink,bogus", "--no-progress")
+    assert code != 0 and "bogus" in err and "copy-suppression" in err
+
+
+# --- sinks ------------------------------------------------------------------------------------------------------
+def test_sink_head_found_and_told_apart_from_a_first_token_reader():
+    r = classify_heads(sink_model(), kinds=["positional", "sink"], n_seqs=16, progress=False)
+    assert r.heads("sink") == [(0, 0)]
+    # L0H1 attends to the first token as much, but reads a value as large as any: a positional head, no sink.
+    assert r.heads("positional:first") == [(0, 1)]
+    assert r.kinds(0, 2) == {"positional:-1"}
+    table = r.details["sink"].set_index(["layer", "head"])
+    assert table.loc[(0, 0), "sink_mass"] > 0.99 and table.loc[(0, 0), "value_ratio"] == 0
+    assert table.loc[(0, 1), "sink_mass"] > 0.99 and table.loc[(0, 1), "value_ratio"] == pytest.approx(1)
+    assert table.loc[(0, 2), "sink_mass"] < 0.1  # previous-token: only row 1 attends to the first token
+    # Without the sink kind both first-token heads keep positional:first.
+    plain = classify_heads(sink_model(), kinds=["positional"], n_seqs=16, progress=False)
+    assert plain.heads("positional:first") == [(0, 0), (0, 1)]
+
+
+def test_sink_mass_matches_a_naive_loop():
+    model = sink_model()
+    with torch.no_grad():
+        model.blocks[0].attn.W_qkv.bias.mul_(0.01)  # soften: masses strictly between 0 and 1
+    tokens = torch.randint(0, 16, (6, 12), generator=torch.Generator().manual_seed(3))
+    r = classify_heads(model, kinds=["sink"], tokens=tokens, progress=False)
+    _, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_pattern"])
+    p = cache["blocks.0.attn.hook_pattern"]  # [B, H, T, S]
+    naive = p[:, :, 1:, 0].mean(-1).mean(0)  # per sequence over queries 1.., then over sequences
+    got = torch.tensor(r.details["sink"].sink_mass.values, dtype=torch.float32)
+    assert torch.allclose(got, naive.float(), atol=1e-6)
+    assert 0.05 < float(naive[0]) < 0.95
+
+
+# --- copy suppression and successor (weights) ---------------------------------------------------------------------
+def test_copy_suppression_head_found_alone(ov_report):
+    assert ov_report.heads("copy-suppression") == [(1, 0)]
+    row = ov_report.df[ov_report.df.kind == "copy-suppression"].iloc[0]
+    assert row.score == 1.0  # the attended token is below every other token, always
+
+
+def test_successor_head_found_alone_and_scores_match_a_naive_ov_product(ov_report):
+    assert ov_report.heads("successor") == [(1, 1)]
+    model = ov_model()
+    hits = succession_scores(model, ORDINAL)  # [L, H, n]
+    # Reference: one-hot token @ W_V @ W_O @ W_U^T, argmax over the ordinal tokens (layer 0 writes nothing).
+    pool = sorted({t for s in ORDINAL for t in s})
+    items = [t for s in ORDINAL for t in s[:-1]]
+    for head in range(4):
+        w_v = model.blocks[1].attn.W_qkv.weight[2 * 4 * 32 + head * 32: 2 * 4 * 32 + (head + 1) * 32]  # [D, M]
+        w_o = model.blocks[1].attn.W_O.weight[:, head * 32:(head + 1) * 32]  # [M, D]
+        logits = torch.eye(64)[items] @ w_v.T @ w_o.T @ model.unembed.weight.T  # [n, V]
+        top = torch.tensor(pool)[logits[:, pool].argmax(-1)]
+        naive = (top == torch.tensor([successor_of(t) for t in items])).float()
+        assert torch.equal(hits[1, head], naive)
+    assert hits[1, 1].mean() == 1 and hits[1, 3].mean() == pytest.approx(11 / 24)
+
+
+def test_borderline_head_is_reported_uncertain_not_flipped():
+    r = classify_heads(ov_model(), kinds=["successor"], options=OPTS, bootstrap=500, progress=False)
+    df = r.df.set_index(["layer", "head"])
+    assert list(r.df.columns)[-3:] == ["low", "high", "uncertain"]
+    assert not df.loc[(1, 1), "uncertain"] and df.loc[(1, 1), "low"] == 1.0
+    # L1H3 scores 11/24 < 0.5, but its interval reaches 0.5: reported as uncertain, not silently absent.
+    assert df.loc[(1, 3), "uncertain"] and df.loc[(1, 3), "low"] < 0.5 <= df.loc[(1, 3), "high"]
+    strict = classify_heads(ov_model(), kinds=["successor"], options={**OPTS, "successor_threshold": 0.9},
+                            bootstrap=500, progress=False)
+    assert strict.heads("successor") == [(1, 1)]  # far from 0.9: no longer borderline
+    assert "ordinal_tokens" in strict.probes["successor"]
+
+
+def test_successor_bad_input():
+    with pytest.raises(ValueError, match=r"ordinal tokens \[99\] lie outside"):
+        succession_scores(ov_model(), [[1, 2, 99]])
+    with pytest.raises(ValueError, match="at least one ordinal sequence"):
+        succession_scores(ov_model(), [[5]])
+
+
+def test_bootstrap_interval_covers_the_mean_and_shrinks_with_rows():
+    gen = torch.Generator().manual_seed(0)
+    small = (torch.rand(40, generator=gen) < 0.3).float()
+    big = (torch.rand(4000, generator=gen) < 0.3).float()
+    lo_s, hi_s = bootstrap_interval(small, 500)
+    lo_b, hi_b = bootstrap_interval(big, 500)
+    assert lo_s <= float(small.mean()) <= hi_s and lo_b <= float(big.mean()) <= hi_b
+    assert hi_b - lo_b < (hi_s - lo_s) / 5  # ~sqrt(100) narrower
+    with pytest.raises(ValueError, match="n_resamples=0"):
+        bootstrap_interval(small, 0)
+
+
+# --- the ordinal data --------------------------------------------------------------------------------------------
+class _Tok:
+    """A tokenizer whose vocabulary holds some items as one token and splits the rest."""
+
+    def __init__(self, single: set[str]):
+        self.single = sorted(single)
+
+    def encode(self, text, add_special_tokens=False):
+        return [self.single.index(text)] if text in self.single else [0, 1]
+
+
+def test_ordinal_tokens_keep_the_longest_single_token_run():
+    days = ORDINAL_SEQUENCES["days"]
+    tok = _Tok({" " + d for d in days if d != "Wednesday"} | {" " + m for m in ORDINAL_SEQUENCES["months"]})
+    seqs = ordinal_token_sequences(tok)
+    assert set(seqs) == {"days", "months"}  # numbers and letters are not single tokens here
+    assert [tok.single[i].strip() for i in seqs["days"]] == ["Thursday", "Friday", "Saturday", "Sunday"]
+    assert len(seqs["months"]) == 12
+    with pytest.raises(ValueError, match="no ordinal task"):
+        ordinal_token_sequences(_Tok(set()))

@@ -8,6 +8,7 @@ from toy_kinds import ORDINAL, ov_model, sink_model, successor_of
 from toy_models import HAND_BUILT_KINDS, hand_built_model
 
 from interp.analysis import classify_heads
+from interp.analysis.kind_causal import kind_metric, ordinal_prompts, paired_random_test
 from interp.analysis.kinds import HeadKind, head_kinds, register_kind, resolve_kinds
 from interp.analysis.successor import succession_scores
 from interp.analysis.uncertainty import bootstrap_interval
@@ -184,3 +185,44 @@ def test_ordinal_tokens_keep_the_longest_single_token_run():
     assert len(seqs["months"]) == 12
     with pytest.raises(ValueError, match="no ordinal task"):
         ordinal_token_sequences(_Tok(set()))
+
+
+# --- causal evidence against random head sets ---------------------------------------------------------------------
+def test_paired_random_test_statistics_match_a_naive_computation():
+    model = ov_model()
+    effect = {(1, 1): 2.0}  # per example i: clean i, ablating L1H1 adds 2 + i / 10, any other head adds 0.1
+
+    def per(heads):
+        base = torch.arange(6, dtype=torch.float64)
+        return base + sum(effect.get(h, 0.1) + (torch.arange(6) / 10 if h in effect else 0) for h in heads)
+
+    df = paired_random_test(model, [(1, 1)], per, n_draws=20)
+    assert df.attrs["n_random"] == 7  # 8 heads, the target excluded as a set: 7 distinct single heads
+    assert df.attrs["target_effect"] == pytest.approx(2.25)
+    assert df.attrs["random_effect"] == pytest.approx(0.1)
+    assert df.attrs["paired_mean"] == pytest.approx(2.15)
+    assert df.attrs["paired_low"] <= 2.15 <= df.attrs["paired_high"]
+    assert df.attrs["beyond_random"] == 0 and df.attrs["p_value"] < 0.05
+
+
+def test_successor_and_copy_suppression_heads_beat_random_sets_causally():
+    model = ov_model()
+    prompts, answers = ordinal_prompts(ORDINAL)
+    succ = paired_random_test(model, [(1, 1)], kind_metric(model, "successor", prompts, answers=answers))
+    assert succ.attrs["rank"] == 0 and succ.attrs["beyond_random"] == 0  # lowers the successor's log-prob most
+    assert succ.attrs["paired_high"] < 0 and succ.attrs["p_value"] < 0.01
+    text = torch.randint(0, 32, (16, 12), generator=torch.Generator().manual_seed(0))
+    cs = paired_random_test(model, [(1, 0)], kind_metric(model, "copy-suppression", text))
+    assert cs.attrs["target_effect"] > 0 and cs.attrs["beyond_random"] == 0  # earlier tokens rise without it
+    assert cs.attrs["paired_low"] > 0 and cs.attrs["p_value"] < 0.01
+
+
+def test_a_dormant_sink_changes_nothing_when_ablated():
+    model = sink_model()
+    text = torch.randint(0, 16, (8, 12), generator=torch.Generator().manual_seed(0))
+    df = paired_random_test(model, [(0, 0)], kind_metric(model, "sink", text))
+    assert abs(df.attrs["target_effect"]) < 1e-6  # it writes nothing: mean ablation writes the same nothing
+    with pytest.raises(ValueError, match="kind='retrieval'"):
+        kind_metric(model, "retrieval", text)
+    with pytest.raises(ValueError, match="needs answers="):
+        kind_metric(model, "successor", text)

@@ -72,12 +72,12 @@ def paired_random_test(model: Any, target: Sequence[tuple[int, int]], per_exampl
     def values(heads: Sequence[tuple[int, int]]) -> torch.Tensor:
         key = frozenset(tuple(map(int, h)) for h in heads)
         if key not in cache:
-            cache[key] = per_example([tuple(map(int, h)) for h in heads]).detach().double().cpu().flatten()
+            cache[key] = per_example([(int(h[0]), int(h[1])) for h in heads]).detach().double().cpu().flatten()
         return cache[key]
 
     df = compare_with_random(lambda hs: float(values(hs).mean()), target, model, n_draws=n_draws, seed=seed)
     clean = values([])
-    sets = [[tuple(int(x) for x in h[1:].split("H")) for h in row.split()] for row in df.heads[2:]]
+    sets: list[list[tuple[int, int]]] = [[_head(h) for h in row.split()] for row in df.heads[2:]]
     lengths = {len(clean), len(values(target)), *(len(values(s)) for s in sets)}
     if len(lengths) != 1:
         raise ValueError(f"per_example returned different numbers of examples {sorted(lengths)}")
@@ -90,6 +90,12 @@ def paired_random_test(model: Any, target: Sequence[tuple[int, int]], per_exampl
                     p_value=_wilcoxon(diff), n_examples=len(diff),
                     beyond_random=int((r_effs.mean(1) * torch.sign(t_eff.mean()) >= t_eff.mean().abs()).sum()))
     return df
+
+
+def _head(label: str) -> tuple[int, int]:
+    """``"L3H5"`` (compare_with_random's label) -> ``(3, 5)``."""
+    layer, head = label[1:].split("H")
+    return int(layer), int(head)
 
 
 def _wilcoxon(diff: torch.Tensor) -> float:

@@ -26,7 +26,7 @@ from ..streaming import Reducer
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["DATA", "HeadKind", "KindRun", "head_kinds", "kind_of_label", "register_kind", "resolve_kinds"]
+__all__ = ["BUILTIN_DATA", "DATA", "HeadKind", "KindRun", "head_kinds", "kind_of_label", "register_kind", "resolve_kinds"]
 
 #: The data a kind can be measured on: each is one streamed pass (or none, for weight circuits).
 DATA = {
@@ -35,7 +35,10 @@ DATA = {
     "treebank": "the sentences of a CoNLL-U treebank (conllu=)",
     "coref": "coreference data (coref=): GAP / CorefUD",
     "weights": "the weights alone (OV / QK circuits), no forward pass over data",
+    "needles": "generated needle-in-a-haystack prompts (interp.data.needle)",
 }
+#: The data classify_heads itself knows how to stream; any other data name is built by its kinds' data_builder.
+BUILTIN_DATA = ("text", "repeats", "treebank", "coref", "weights")
 
 
 @dataclass
@@ -88,6 +91,8 @@ class HeadKind:
             (override them with ``classify_heads(options={...})``).
         supersedes: labels of other kinds this one replaces on a head it finds (a sink head's
             ``positional:first`` row says less than its ``sink`` row, and is dropped).
+        data_builder: ``builder(run) -> batches`` for data that :func:`classify_heads` does not stream itself
+            (not in :data:`BUILTIN_DATA`); kinds of the same data share the first one's batches and one pass.
     """
 
     name: str
@@ -102,6 +107,7 @@ class HeadKind:
     colour: str | None = None
     defaults: dict[str, Any] = field(default_factory=dict)
     supersedes: tuple[str, ...] = ()
+    data_builder: Callable[[KindRun], Any] | None = None
 
 
 _REGISTRY: dict[str, HeadKind] = {}
@@ -126,6 +132,8 @@ def register_kind(kind: HeadKind) -> HeadKind:
     """
     if kind.data not in DATA:
         raise ValueError(f"head kind {kind.name!r}: data={kind.data!r} is not one of {sorted(DATA)}")
+    if kind.data not in BUILTIN_DATA and kind.data_builder is None:
+        raise ValueError(f"head kind {kind.name!r}: data={kind.data!r} needs a data_builder")
     old = _REGISTRY.get(kind.name)
     if old is not None and old is not kind:
         raise ValueError(f"a head kind named {kind.name!r} is already registered (source: {old.source})")
@@ -194,4 +202,4 @@ def kind_of_label(label: str) -> HeadKind | None:
 
 def _load_builtin() -> None:
     """Import the modules that register the kinds shipped with interp (deferred: they import this module)."""
-    from . import builtin_kinds, copy_suppression, sink, successor  # noqa: F401
+    from . import builtin_kinds, copy_suppression, retrieval, sink, successor  # noqa: F401

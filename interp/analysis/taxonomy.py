@@ -49,7 +49,7 @@ from ..data import TreebankStats, random_tokens_for, repeated_tokens_for, text_b
 from ..progress import enabled as progress_enabled
 from ..streaming import Reducer, stream
 from ._stream import head_counts
-from .kinds import DATA, KindRun, head_kinds, resolve_kinds
+from .kinds import BUILTIN_DATA, DATA, KindRun, head_kinds, resolve_kinds
 from .syntactic import run_treebank
 from .uncertainty import with_intervals
 
@@ -317,12 +317,20 @@ def classify_heads(
         run.passes["repeats"] = stream(model, ind_data, rep_reds, batch_size=batch_size, progress=run.show,
                                        desc="classify_heads: induction")
 
+    # --- data the kinds build themselves (needle-in-a-haystack...): one pass per data, shared -------------------
+    for data in dict.fromkeys(k.data for k in selected if k.data not in BUILTIN_DATA):
+        builder = next(k.data_builder for k in selected if k.data == data)
+        reds = reducers_of(data)
+        if reds and builder is not None:
+            run.passes[data] = stream(model, builder(run), reds, batch_size=batch_size, progress=run.show,
+                                      desc=f"classify_heads: {data}")
+
     # --- every kind's rows, with its probe data ---------------------------------------------------------------
     probe_of = {"text": text_probe, "repeats": rep_probe, "treebank": f"the treebank {str(conllu)!r}",
                 "coref": "coreference data", "weights": "the weights (no data)"}
     rows: list[dict[str, Any]] = []
     for kind in selected:
-        run.probes[kind.name] = probe_of[kind.data]
+        run.probes[kind.name] = probe_of.get(kind.data, DATA[kind.data])
         found = kind.rows(run, built.get(kind.reducers, []) if kind.reducers is not None else [])
         rows += with_intervals(found, bootstrap, seed=seed)
     # A kind's sure find replaces the labels it supersedes on that head (a sink is no first-token reader).

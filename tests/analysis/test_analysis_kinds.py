@@ -10,8 +10,10 @@ from toy_models import HAND_BUILT_KINDS, hand_built_model
 from interp.analysis import classify_heads
 from interp.analysis.kind_causal import kind_metric, ordinal_prompts, paired_random_test
 from interp.analysis.kinds import HeadKind, head_kinds, register_kind, resolve_kinds
+from interp.analysis.retrieval import RetrievalReducer
 from interp.analysis.successor import succession_scores
 from interp.analysis.uncertainty import bootstrap_interval
+from interp.data.needle import needle_batches
 from interp.data.ordinal import ORDINAL_SEQUENCES, ordinal_token_sequences
 from interp.streaming import MeanReducer
 
@@ -27,7 +29,7 @@ def ov_report():
 def test_registry_holds_every_kind_with_data_threshold_reason_and_source():
     kinds = head_kinds()
     classic = {"positional", "previous-token", "duplicate-token", "induction", "syntactic", "coreference"}
-    assert set(kinds) >= classic | {"sink", "copy-suppression", "successor"}
+    assert set(kinds) >= classic | {"sink", "copy-suppression", "successor", "retrieval"}
     for k in kinds.values():
         assert k.threshold and k.reason and k.source and k.labels
     assert {k.name for k in resolve_kinds(None)} == classic  # the new kinds are opt-in
@@ -226,3 +228,39 @@ def test_a_dormant_sink_changes_nothing_when_ablated():
         kind_metric(model, "retrieval", text)
     with pytest.raises(ValueError, match="needs answers="):
         kind_metric(model, "successor", text)
+
+
+# --- retrieval (needle in a haystack) ------------------------------------------------------------------------------
+NEEDLE = {"needle_len": 6, "needle_context": 32}
+
+
+def test_retrieval_head_found_alone_on_the_hand_built_model():
+    # L1H0 attends to the token after the earlier occurrence of the current token: in the answer, the needle
+    # token to copy next. No other head does.
+    r = classify_heads(hand_built_model(), kinds=["retrieval"], n_seqs=16, options=NEEDLE, progress=False)
+    assert r.heads("retrieval") == [(1, 0)]
+    assert r.df.score.iloc[0] > 0.99 and "needle" in r.probes["retrieval"]
+
+
+def test_needle_batches_layout_and_targets_match_a_naive_loop():
+    b = needle_batches(40, 3, 24, 5, bos_id=0, seed=1)[0]
+    for row, (n0, a0) in enumerate(zip(b.annotations["needle"].tolist(), b.annotations["answer"].tolist())):
+        seq = b.tokens[row].tolist()
+        assert seq[0] == 0 and a0 == 19 and seq[n0:n0 + 5] == seq[a0:]
+        hay = seq[1:n0] + seq[n0 + 5:a0]
+        assert not set(hay) & set(seq[a0:])  # the needle's tokens never occur in the haystack
+    tgt = RetrievalReducer(hand_built_model()).targets(b, slice(None))["retrieval"]  # [B, T, S]
+    naive = torch.zeros_like(tgt)
+    for row, (n0, a0) in enumerate(zip(b.annotations["needle"].tolist(), b.annotations["answer"].tolist())):
+        for j in range(4):  # answer token j predicts needle token j + 1
+            naive[row, a0 + j, n0 + j + 1] = True
+    assert torch.equal(tgt, naive)
+
+
+def test_a_needle_longer_than_the_context_is_refused_by_value():
+    with pytest.raises(ValueError, match="needle_len=20 does not fit in context=32"):
+        classify_heads(hand_built_model(), kinds=["retrieval"], options={"needle_len": 20, "needle_context": 32})
+    with pytest.raises(ValueError, match="context=64 is longer than the model's n_ctx=32"):
+        classify_heads(hand_built_model(), kinds=["retrieval"], options={"needle_len": 6, "needle_context": 64})
+    with pytest.raises(ValueError, match="needle_len=1 must be an int >= 2"):
+        needle_batches(40, 2, 24, 1)

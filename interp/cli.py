@@ -194,6 +194,15 @@ def _heads(args: argparse.Namespace) -> int:
             kwargs["max_sentences"] = args.max_sentences
     if args.coref:
         kwargs["coref"] = list(args.coref)
+    if args.kinds is not None:
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        if not kinds:
+            raise CliError(f"--kinds {args.kinds!r} names no head kind")
+        known = _require("interp.analysis.kinds", "head_kinds", "the head-kind registry")()
+        unknown = [k for k in kinds if k not in known and k != "all"]
+        if unknown:
+            raise CliError(f"--kinds: unknown head kind(s) {unknown}; the known kinds are {list(known)}")
+        kwargs["kinds"] = "all" if kinds == ["all"] else kinds
     report = classify_heads(model, progress=not args.no_progress, **kwargs)
     df = report.df if hasattr(report, "df") else report
     rows = heads_records(df)
@@ -630,6 +639,11 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--coref", action="append", metavar="FILE",
                    help="coreference data (GAP .tsv or CorefUD .conllu): adds coreference:gap / coreference:corefud "
                         "heads (repeat for several files)")
+    h.add_argument("--kinds", metavar="K1,K2",
+                   help="registered head kinds to run, comma-separated, or 'all' (default: positional, "
+                        "previous-token, duplicate-token, induction, and syntactic / coreference with their data); "
+                        "the registry (interp.analysis.kinds.head_kinds) also holds sink, copy-suppression, "
+                        "successor")
     h.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
     h.add_argument("--nproc", type=_positive_int, default=1,

@@ -1,10 +1,12 @@
-"""The head taxonomy: run the positional, induction and syntactic analyzers and name what each head does.
+"""The head taxonomy: run the registered head kinds and name what each head does.
 
 ``classify_heads(model, ...)`` returns a :class:`HeadReport`: one row per (head, kind) with a score and the
 evidence in words. A head may carry several kinds (a previous-token head is usually also ``positional:-1``);
-a head with no row did not pass any threshold.
+a head with no row did not pass any threshold. Every kind is an entry of the registry in :mod:`.kinds`
+(:func:`~interp.analysis.kinds.head_kinds`): its data, its streamed reducers, its rows and its threshold with the
+reason for it; ``classify_heads(kinds=[...])`` runs any subset, and kinds that read the same data share one pass.
 
-Kinds and their default thresholds (all are parameters of :func:`classify_heads`):
+Kinds and their default thresholds (the first six run by default; the others with ``kinds=[...]`` or ``"all"``):
 
 ==========================  ==============================================================  =========
 kind                        criterion                                                        default
@@ -21,13 +23,23 @@ kind                        criterion                                           
                             arcs
 ``coreference:{dataset}``   mention->antecedent accuracy beats the best baseline (nearest,    margin 0.1,
                             head/string match, random...; :mod:`.coreference`) by the margin  50 mentions
+``sink``                    mean attention on the first token, whose value norm is small      0.3 / 0.5
+                            (:mod:`.sink`; Xiao et al. 2023, Gu et al. 2024, Guo et al. 2024)
+``copy-suppression``        negative copying score of the effective OV circuit               0.9
+                            (:mod:`.copy_suppression`; McDougall et al. 2023)
+``successor``               succession score of the effective OV circuit on ordinal tokens   0.5
+                            (:mod:`.successor`; Gould et al. 2023)
 ==========================  ==============================================================  =========
+
+With ``bootstrap=N`` every score that keeps per-row values (sink: per sequence; copy suppression and successor:
+per token) gets an interval, and a head whose interval straddles the threshold is reported with
+``uncertain=True`` (:mod:`.uncertainty`). ``report.probes`` says which data each kind was measured on.
 """
 
 from __future__ import annotations
 
 import html
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +49,9 @@ from ..data import TreebankStats, random_tokens_for, repeated_tokens_for, text_b
 from ..progress import enabled as progress_enabled
 from ..streaming import Reducer, stream
 from ._stream import head_counts
-from .coreference import coref_dataset_of, coreference_kinds, coreference_scores
-from .induction import induction_reducers, induction_table
-from .positional import PositionalReducer, offset_label
-from .syntactic import SyntacticReducer, run_treebank
+from .kinds import BUILTIN_DATA, DATA, KindRun, head_kinds, resolve_kinds
+from .syntactic import run_treebank
+from .uncertainty import with_intervals
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -62,6 +73,10 @@ class HeadReport:
         model_name: the model's name.
         details: the raw score tables (``"positional"``, ``"induction"``, ``"syntactic"``) that were computed.
         thresholds: the thresholds used.
+        layer_heads: heads per layer (they differ on a pruned model).
+        probes: ``{kind name: the probe data it was measured on}`` for every kind run.
+        kinds_run: the registered kinds that were run (a kind with no row found no head).
+        extra: the results of ``extra_reducers``.
 
     Example:
         >>> report = classify_heads(model)
@@ -76,6 +91,9 @@ class HeadReport:
     details: dict[str, pd.DataFrame] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)
     layer_heads: list[int] | None = None  # heads per layer when layers differ (a pruned model); None: n_heads each
+    probes: dict[str, str] = field(default_factory=dict)  # kind name -> the probe data it was measured on
+    kinds_run: list[str] = field(default_factory=list)  # the registered kinds that were run
+    extra: dict[str, Any] = field(default_factory=dict)  # extra_reducers' results, "{index}:{class name}"
 
     def __post_init__(self) -> None:
         if self.layer_heads is None:
@@ -122,23 +140,6 @@ class HeadReport:
         return title + self.df.to_html(index=False, float_format=lambda x: f"{x:.3f}")
 
 
-def _signed(offset: Any) -> str:
-    """A baseline offset as ``+1`` / ``-2``; a pooled relation's per-subtype offsets (a string) unchanged."""
-    return f"{offset:+d}" if isinstance(offset, int) else str(offset)
-
-
-def _plain(df: pd.DataFrame) -> pd.DataFrame:
-    """A shallow copy of ``df`` without its ``attrs``, to read from: pandas deep-copies ``attrs`` into every frame
-    and column derived from a frame (a syntactic table's attrs hold a record per relation)."""
-    plain = df.copy(deep=False)
-    plain.attrs = {}
-    return plain
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
 def classify_heads(
     model: Transformer,
     *,
@@ -165,7 +166,10 @@ def classify_heads(
     half_len: int | None = None,
     seed: int = 0,
     batch_size: int = 32,
-    extra_reducers: list[Reducer] = (),
+    extra_reducers: Sequence[Reducer] = (),
+    kinds: str | Sequence[str] | None = None,
+    bootstrap: int = 0,
+    options: dict[str, Any] | None = None,
     progress: bool | None = None,
 ) -> HeadReport:
     """Classify every head of ``model`` (see the module docstring for the kinds and default thresholds).
@@ -204,14 +208,24 @@ def classify_heads(
         n_seqs, half_len, seed: the default random data.
         batch_size: sequences (or sentences) per forward pass.
         extra_reducers: more reducers fed from the text pass (the treebank's when ``conllu`` is given), for
-            scorers added later; read their results yourself afterwards.
+            scorers added later; their ``result()`` values are in ``report.extra`` (``"{index}:{class name}"``).
+        kinds: the registered kinds to run (:func:`~interp.analysis.kinds.head_kinds`): None runs the default
+            ones (positional, previous-token, duplicate-token, induction, and syntactic / coreference when their
+            data is given), ``"all"`` every kind, or a list of names.
+        bootstrap: resamples of the bootstrap interval of every score that has per-row values (0: none). With
+            intervals the report gains ``low, high, uncertain`` columns, and a head whose interval straddles
+            its kind's threshold is reported with ``uncertain=True`` (also when its score is just below).
+        options: settings of the registered kinds beyond these keywords (``sink_threshold``,
+            ``copy_suppression_threshold``, ``ordinal_tokens``...: each kind's ``defaults``).
         progress: a per-batch progress bar for each stage on stderr (None: on in terminals and notebooks).
 
     Returns:
         A :class:`HeadReport`.
 
     Raises:
-        ValueError: empty data, bad thresholds, ``texts`` without a tokenizer, or the errors of the analyzers.
+        ValueError: empty data, bad thresholds, ``texts`` without a tokenizer, an unknown kind name or option, a
+            kind asked for by name without its data (``syntactic`` without ``conllu``), or the errors of the
+            analyzers.
 
     Example:
         >>> report = classify_heads(interp.load("minilm-l6"), conllu="../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=20)
@@ -223,90 +237,110 @@ def classify_heads(
                     ("induction_threshold", induction_threshold), ("copying_threshold", copying_threshold)):
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
             raise ValueError(f"{name}={v!r} must be a number in [0, 1]")
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
+        raise ValueError(f"bootstrap={bootstrap!r} must be an int >= 0 (0: no intervals)")
+    selected = resolve_kinds(kinds)
+    explicit = kinds is not None and kinds != "all"  # "all": every kind whose data is given
+    keywords = dict(tokens=tokens, texts=texts, conllu=conllu, induction_tokens=induction_tokens,
+                    definition=definition, window=window, positional_threshold=positional_threshold,
+                    previous_token_threshold=previous_token_threshold,
+                    duplicate_token_threshold=duplicate_token_threshold, induction_threshold=induction_threshold,
+                    copying_threshold=copying_threshold, copying_rows=copying_rows,
+                    copying_comparisons=copying_comparisons, syntactic_margin=syntactic_margin,
+                    syntactic_min_count=syntactic_min_count, coref=coref, coref_margin=coref_margin,
+                    coref_min_count=coref_min_count, max_sentences=max_sentences, n_seqs=n_seqs, half_len=half_len,
+                    seed=seed, batch_size=batch_size, bootstrap=bootstrap)
+    defaults = {k: v for kind in head_kinds().values() for k, v in kind.defaults.items()}
+    unknown = sorted(set(options or {}) - set(defaults))
+    if unknown:
+        raise ValueError(f"options {unknown} are not settings of any head kind; the settings are {sorted(defaults)}")
+    # Kinds whose data was not given: skipped by default, refused when asked for by name.
+    given = {"treebank": conllu is not None, "coref": coref is not None}
+    missing = [k.name for k in selected if not given.get(k.data, True)]
+    if explicit and missing:
+        need = {"treebank": "conllu=", "coref": "coref="}
+        raise ValueError("; ".join(f"head kind {k.name!r} needs {need[k.data]} (its data: {DATA[k.data]})"
+                                   for k in selected if k.name in missing))
+    selected = [k for k in selected if k.name not in missing]
+    run = KindRun(model, {**defaults, **(options or {}), **keywords}, progress_enabled(progress))
+    for kind in selected:
+        for name, default in kind.defaults.items():
+            _check_setting(kind.name, name, run.options[name], default)
+
+    # --- each data's reducers, built once per factory (kinds sharing a factory share its reducers) -----------
+    built: dict[Any, list[Reducer]] = {}
+    for kind in selected:
+        if kind.reducers is not None and kind.reducers not in built:
+            built[kind.reducers] = kind.reducers(run)
+
+    def reducers_of(data: str) -> list[Reducer]:
+        factories = dict.fromkeys(k.reducers for k in selected if k.data == data and k.reducers is not None)
+        return [r for f in factories for r in built[f]]
+
     cfg = model.cfg
-    rows: list[dict[str, Any]] = []
-    details: dict[str, pd.DataFrame] = {}
-    show = progress_enabled(progress)
-    pos_red = PositionalReducer(model, window=window)
-    ind_reds = induction_reducers(model, definition=definition, copying_rows=copying_rows,
-                                  copying_comparisons=copying_comparisons)
-    syn_red = SyntacticReducer(model) if conllu is not None else None
+    text_reds = [*reducers_of("text"), *extra_reducers]
+    syn_reds = reducers_of("treebank")
     stats = TreebankStats()
     tree = (treebank_batches(model, conllu, batch_size=batch_size, max_sentences=max_sentences, stats=stats)
-            if conllu is not None else None)
+            if syn_reds or (conllu is not None and text_reds and tokens is None and texts is None) else None)
+    run.passes["treebank_stats"] = stats
 
-    # --- one pass over the text: positional (+ syntactic when the text is the treebank) ------------------
-    text_reds: list[Reducer] = [pos_red, *extra_reducers]
-    bars = dict(progress=show, desc="classify_heads: positional")
-    tree_bars = dict(progress=show, desc="classify_heads: treebank")
+    # --- one pass over the text (+ the treebank's sentences when the text is the treebank) --------------------
+    bars = dict(progress=run.show, desc="classify_heads: positional")
+    tree_bars = dict(progress=run.show, desc="classify_heads: treebank")
     if tokens is not None or texts is not None:
-        data = tokens if tokens is not None else text_batches(model, texts, batch_size=batch_size)
-        stream(model, data, text_reds, batch_size=batch_size, **bars)
-        if tree is not None:
-            run_treebank(model, tree, [syn_red], stats, conllu, **tree_bars)
+        if text_reds:
+            data = tokens if tokens is not None else text_batches(model, texts, batch_size=batch_size)
+            run.passes["text"] = stream(model, data, text_reds, batch_size=batch_size, **bars)
+        text_probe = "the given tokens" if tokens is not None else f"{len(texts or [])} given texts"
+        if tree is not None and syn_reds:
+            run_treebank(model, tree, syn_reds, stats, conllu, **tree_bars)
     elif tree is not None and getattr(model, "tokenizer", None) is not None:
-        run_treebank(model, tree, [*text_reds, syn_red], stats, conllu, **tree_bars)
+        run_treebank(model, tree, [*text_reds, *syn_reds], stats, conllu, **tree_bars)
+        text_probe = f"the sentences of the treebank {str(conllu)!r}"
     else:
-        stream(model, random_tokens_for(model, n_seqs, min(cfg.n_ctx, 64), seed=seed), text_reds,
-               batch_size=batch_size, **bars)
-        if tree is not None:
-            run_treebank(model, tree, [syn_red], stats, conllu, **tree_bars)
-    pos = pos_red.table()
-    details["positional"] = pos
-    targets = [(offset_label(o), f"at offset {offset_label(o)}") for o in range(-window, window + 1)]
-    targets += [(cat, f"on the {cat} token") for cat in ("first", "delimiter")]
-    n_rows = pos.attrs["rows"]
-    for r in _plain(pos).to_dict("records"):
-        for lab, where in targets:
-            share = r[f"argmax_{lab}"]
-            if share == share and share >= positional_threshold:  # share != share: NaN, no valid rows
-                rows.append({"layer": r["layer"], "head": r["head"], "kind": f"positional:{lab}", "score": share,
-                             "evidence": f"argmax {where} in {_pct(share)} of {n_rows[lab]} queries; mean "
-                                         f"weight there {r[f'mass_{lab}']:.2f}"})
+        T = min(cfg.n_ctx, 64)
+        if text_reds:
+            run.passes["text"] = stream(model, random_tokens_for(model, n_seqs, T, seed=seed), text_reds,
+                                        batch_size=batch_size, **bars)
+        text_probe = f"{n_seqs} sequences of {T} uniform random tokens (seed {seed})"
+        if tree is not None and syn_reds:
+            run_treebank(model, tree, syn_reds, stats, conllu, **tree_bars)
 
-    # --- the induction family: its own synthetic batches ---------------------------------------------------
-    ind_data = induction_tokens if induction_tokens is not None else repeated_tokens_for(
-        model, n_seqs, half_len, seed=seed)
-    ind = induction_table(model, ind_reds, stream(model, ind_data, ind_reds, batch_size=batch_size,
-                                                  progress=show, desc="classify_heads: induction"))
-    details["induction"] = ind
-    for r in _plain(ind).itertuples():
-        if r.previous_token >= previous_token_threshold:
-            rows.append({"layer": r.layer, "head": r.head, "kind": "previous-token", "score": r.previous_token,
-                         "evidence": f"mean attention {r.previous_token:.2f} on the previous token"})
-        if r.duplicate_token >= duplicate_token_threshold:
-            rows.append({"layer": r.layer, "head": r.head, "kind": "duplicate-token", "score": r.duplicate_token,
-                         "evidence": f"mean attention {r.duplicate_token:.2f} on earlier copies of the token"})
-        copies = math.isnan(r.copying) or r.copying >= copying_threshold
-        if r.induction >= induction_threshold and copies:
-            copy_txt = "no unembedding" if math.isnan(r.copying) else f"copying score {r.copying:.2f}"
-            rows.append({"layer": r.layer, "head": r.head, "kind": "induction", "score": r.induction,
-                         "evidence": f"prefix-matching attention {r.induction:.2f} on repeated sequences; "
-                                     f"{copy_txt}"})
+    # --- the repeated sequences of the induction family ------------------------------------------------------
+    rep_reds = reducers_of("repeats")
+    rep_probe = ("the given induction_tokens" if induction_tokens is not None else
+                 f"{n_seqs} random sequences repeated once (half_len {half_len or 'default'}, seed {seed})")
+    if rep_reds:
+        ind_data = induction_tokens if induction_tokens is not None else repeated_tokens_for(
+            model, n_seqs, half_len, seed=seed)
+        run.passes["repeats"] = stream(model, ind_data, rep_reds, batch_size=batch_size, progress=run.show,
+                                       desc="classify_heads: induction")
 
-    # --- syntactic ------------------------------------------------------------------------------------
-    if syn_red is not None:
-        syn = syn_red.table(n_skipped=stats.skipped, n_untokenized=stats.untokenized)
-        details["syntactic"] = syn
-        plain = _plain(syn)
-        good = plain[(plain.gain >= syntactic_margin) & (plain.n >= syntactic_min_count)]
-        # One row per (head, relation): the direction with the larger gain.
-        good = good.sort_values("gain", ascending=False).drop_duplicates(["layer", "head", "relation"])
-        for r in good.itertuples():
-            rows.append({"layer": r.layer, "head": r.head, "kind": f"syntactic:{r.relation}", "score": r.accuracy,
-                         "evidence": f"{r.direction} accuracy {r.accuracy:.2f} vs offset {_signed(r.baseline_offset)} "
-                                     f"baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"})
+    # --- data the kinds build themselves (needle-in-a-haystack...): one pass per data, shared -------------------
+    for data in dict.fromkeys(k.data for k in selected if k.data not in BUILTIN_DATA):
+        builder = next(k.data_builder for k in selected if k.data == data)
+        reds = reducers_of(data)
+        if reds and builder is not None:
+            run.passes[data] = stream(model, builder(run), reds, batch_size=batch_size, progress=run.show,
+                                      desc=f"classify_heads: {data}")
 
-    # --- coreference ----------------------------------------------------------------------------------
-    if coref is not None:
-        sources = coref if isinstance(coref, dict) else {
-            coref_dataset_of(c): c for c in (coref if isinstance(coref, (list, tuple)) else [coref])}
-        for name, src in sources.items():
-            cor = coreference_scores(model, src, batch_size=max(1, batch_size // 4), progress=show)
-            details[f"coreference:{name}"] = cor
-            rows += coreference_kinds(cor, name, margin=coref_margin, min_count=coref_min_count)
+    # --- every kind's rows, with its probe data ---------------------------------------------------------------
+    probe_of = {"text": text_probe, "repeats": rep_probe, "treebank": f"the treebank {str(conllu)!r}",
+                "coref": "coreference data", "weights": "the weights (no data)"}
+    rows: list[dict[str, Any]] = []
+    for kind in selected:
+        run.probes[kind.name] = probe_of.get(kind.data, DATA[kind.data])
+        found = kind.rows(run, built.get(kind.reducers, []) if kind.reducers is not None else [])
+        rows += with_intervals(found, bootstrap, seed=seed)
+    # A kind's sure find replaces the labels it supersedes on that head (a sink is no first-token reader).
+    for kind in selected:
+        found = {(r["layer"], r["head"]) for r in rows if r["kind"] in kind.labels and not r.get("uncertain")}
+        rows = [r for r in rows if r["kind"] not in kind.supersedes or (r["layer"], r["head"]) not in found]
+    extra = {f"{i}:{type(r).__name__}": r.result() for i, r in enumerate(extra_reducers)}
 
-    df = pd.DataFrame(rows, columns=_COLUMNS)
+    columns = _COLUMNS + (["low", "high", "uncertain"] if bootstrap else [])
+    df = pd.DataFrame([{c: r.get(c) for c in columns} for r in rows], columns=columns)
     if len(df):
         df = df.astype({"layer": int, "head": int, "score": float})
         df = df.sort_values(["layer", "head", "kind"], kind="stable").reset_index(drop=True)
@@ -316,6 +350,19 @@ def classify_heads(
                       copying_threshold=copying_threshold, syntactic_margin=syntactic_margin,
                       syntactic_min_count=syntactic_min_count, definition=definition, coref_margin=coref_margin,
                       coref_min_count=coref_min_count)
+    thresholds.update({k: run.options[k] for kind in selected for k in kind.defaults})
     heads = head_counts(model)
-    return HeadReport(df, cfg.n_layers, max(heads, default=0), getattr(model, "name", "model"), details, thresholds,
-                      layer_heads=heads)
+    return HeadReport(df, cfg.n_layers, max(heads, default=0), getattr(model, "name", "model"), run.details,
+                      thresholds, layer_heads=heads, probes=run.probes, kinds_run=[k.name for k in selected],
+                      extra=extra)
+
+
+def _check_setting(kind: str, name: str, value: Any, default: Any) -> None:
+    """A kind's setting must have its default's type (an int may stand for a float; None defaults take anything)."""
+    if default is None or value is None and default is None:
+        return
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)) if isinstance(default, float) else \
+        isinstance(value, type(default))
+    if not ok:
+        raise ValueError(f"head kind {kind!r}: setting {name}={value!r} must be a {type(default).__name__} "
+                         f"like its default {default!r}")

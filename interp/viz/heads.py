@@ -316,6 +316,10 @@ def _kind_table(df: pd.DataFrame) -> pd.DataFrame:
             line = f"{html.escape(str(r['kind']))}"
             if "score" in g.columns and pd.notna(r["score"]):
                 line += f" (score {float(r['score']):.3f})"
+            if "low" in g.columns and pd.notna(r["low"]):
+                line += f" [{float(r['low']):.3f}, {float(r['high']):.3f}]"
+            if "uncertain" in g.columns and pd.notna(r["uncertain"]) and bool(r["uncertain"]):
+                line += " UNCERTAIN: the interval straddles the threshold"
             if "evidence" in g.columns and pd.notna(r["evidence"]) and str(r["evidence"]):
                 line += f": {html.escape(str(r['evidence']))}"
             parts.append(line)
@@ -342,12 +346,43 @@ _OTHER_COLOURS = ("#ff7f0e", "#2ca02c", "#e377c2", "#393b79", "#8c6d31", "#7b417
 MAX_STRIPES = 4
 
 
+def _legend_source(label: str) -> str:
+    """The paper a registered kind's score comes from ("" for labels no registered kind writes)."""
+    from ..analysis.kinds import kind_of_label
+
+    kind = kind_of_label(label)
+    return kind.source if kind is not None else ""
+
+
+def _registry_colour(label: str) -> str | None:
+    """The colour a registered head kind asks for (:class:`interp.analysis.kinds.HeadKind`), if any."""
+    from ..analysis.kinds import kind_of_label
+
+    kind = kind_of_label(label)
+    return kind.colour if kind is not None else None
+
+
 def kind_colours(kinds: Sequence[str]) -> dict[str, str]:
-    """A distinct colour per kind: :data:`KIND_COLOURS` for the known ones, grey for "no kind", then a palette."""
-    palette = [c for c in _OTHER_COLOURS if c not in KIND_COLOURS.values()]
+    """A distinct colour per kind: :data:`KIND_COLOURS` for the known ones, then the colour a registered kind
+    asks for (:func:`interp.analysis.kinds.head_kinds`), grey for "no kind", then a palette.
+
+    Args:
+        kinds: the kind labels to colour.
+
+    Returns:
+        ``{label: "#rrggbb"}``.
+
+    Example:
+        >>> kind_colours(["induction", "sink", "syntactic:nsubj"])["induction"]
+        '#d62728'
+    """
+    from ..analysis.kinds import head_kinds
+
+    taken = set(KIND_COLOURS.values()) | {k.colour for k in head_kinds().values() if k.colour}
+    palette = [c for c in _OTHER_COLOURS if c not in taken]
     out, free = {}, iter(palette * (1 + len(kinds) // max(1, len(palette))))
     for k in kinds:
-        out[k] = _GREY if k.lower() in _NO_KIND else KIND_COLOURS.get(k) or next(free)
+        out[k] = _GREY if k.lower() in _NO_KIND else KIND_COLOURS.get(k) or _registry_colour(k) or next(free)
     return out
 
 
@@ -432,9 +467,10 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
         fig.add_trace(go.Scatter(x=[h for h, _, _ in labels], y=[lay for _, lay, _ in labels], mode="text",
                                  text=[t for _, _, t in labels], textfont=dict(size=10), hoverinfo="skip",
                                  showlegend=False))
-    for k in kinds:  # legend: one invisible marker per kind present on any head
+    for k in kinds:  # legend: one invisible marker per kind present on any head, named as the registry names it
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=k.replace("_", " "),
-                                 marker=dict(size=12, color=colour[k], symbol="square")))
+                                 marker=dict(size=12, color=colour[k], symbol="square"),
+                                 meta=_legend_source(k)))
     # White borders between cells (the stripes of one cell touch).
     lines = [dict(type="line", x0=h + 0.5, x1=h + 0.5, y0=-0.5, y1=L - 0.5) for h in range(H - 1)]
     lines += [dict(type="line", x0=-0.5, x1=H - 0.5, y0=lay + 0.5, y1=lay + 0.5) for lay in range(L - 1)]

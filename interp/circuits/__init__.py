@@ -9,7 +9,13 @@ The layer sits beside analysis: it imports core, data, trace, analysis and pruni
 only viz, the CLI and the app import it.
 """
 
+from .circuit import Circuit
+from .evaluate import ablation_source, circuit_metrics, faithfulness, faithfulness_curve
 from .graph import Graph, build_graph, check_decomposable
 from .patch import EdgePass, edge_pass, node_writes
+from .scores import EdgeScores, eap, eap_ig, exact_scores, exact_scores_naive
+from .search import acdc, edge_pruning, top_n
 
-__all__ = ["EdgePass", "Graph", "build_graph", "check_decomposable", "edge_pass", "node_writes"]
+__all__ = ["Circuit", "EdgePass", "EdgeScores", "Graph", "ablation_source", "acdc", "build_graph",
+           "check_decomposable", "circuit_metrics", "eap", "eap_ig", "edge_pass", "edge_pruning", "exact_scores",
+           "exact_scores_naive", "faithfulness", "faithfulness_curve", "node_writes", "top_n"]

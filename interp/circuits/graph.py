@@ -19,7 +19,7 @@ values from shared latents) and models without an unembedding are refused by nam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,6 +64,8 @@ class Graph:
         n_layers, parallel: the model's layer count and whether its blocks are parallel.
         heads, kv_heads: per layer, the number of query heads and of K/V heads.
         mlp: whether the layers have an MLP.
+        feeds: per downstream input, the upstream nodes whose write it feeds (a query its head, a key or value
+            its group's heads, an MLP input its MLP; the logits none).
 
     Example:
         >>> g = build_graph(model)
@@ -79,6 +81,7 @@ class Graph:
     heads: tuple[int, ...]
     kv_heads: tuple[int, ...]
     mlp: bool
+    feeds: tuple[tuple[int, ...], ...] = ()
     _up_index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _down_index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
@@ -134,6 +137,10 @@ class Graph:
     def edges_of(self, mask: torch.Tensor) -> list[tuple[str, str]]:
         """The edges where ``mask`` (``[U, D]``) is True."""
         return [(self.upstream[u], self.downstream[d]) for u, d in (mask & self.allowed).nonzero().tolist()]
+
+    def node_of(self, down: str) -> str:
+        """The node a downstream input belongs to: ``"a1.h0<k>"`` -> ``"a1.h0"``, ``"m1"`` -> ``"m1"``."""
+        return down.split("<")[0]
 
     def down_slice(self, layer: int, kind: str) -> slice:
         """The downstream indices of layer ``layer``'s ``kind`` inputs (``"q"``, ``"k"``, ``"v"``, ``"mlp"``), or
@@ -208,6 +215,19 @@ def build_graph(model: Transformer) -> Graph:
             down_stage.append(4 * layer + (1 if parallel else 3))
     down.append("logits")
     down_stage.append(4 * L + 1)
+    index = {n: i for i, n in enumerate(up)}
+    feeds: list[tuple[int, ...]] = []
+    for layer, block in enumerate(model.blocks):
+        H, K = heads[layer], kv_heads[layer]
+        attn: Any = block.attn
+        kv_of = getattr(attn, "kv_index", None)
+        group = [int(kv_of[h]) if kv_of is not None else h // max(1, H // max(1, K)) for h in range(H)]
+        feeds += [(index[f"a{layer}.h{h}"],) for h in range(H)]
+        for _ in ("k", "v"):
+            feeds += [tuple(index[f"a{layer}.h{h}"] for h in range(H) if group[h] == g) for g in range(K)]
+        if mlp:
+            feeds.append((index[f"m{layer}"],))
+    feeds.append(())
     allowed = torch.tensor(up_stage)[:, None] < torch.tensor(down_stage)[None, :]  # [U, D]
     return Graph(upstream=tuple(up), downstream=tuple(down), allowed=allowed, n_layers=L, parallel=parallel,
-                 heads=heads, kv_heads=kv_heads, mlp=mlp)
+                 heads=heads, kv_heads=kv_heads, mlp=mlp, feeds=tuple(feeds))

@@ -28,17 +28,21 @@ ALLOWED = {
     "zoo": {"core", "data", "trace", "zoo"},
     "analysis": {"core", "data", "trace", "analysis"},
     "pruning": {"core", "data", "trace", "pruning"},
+    # circuits sits beside analysis; it reuses pruning's Hard-Concrete gates for Edge Pruning.
+    "circuits": {"core", "data", "trace", "analysis", "pruning", "circuits"},
     "training": {"core", "data", "trace", "analysis", "zoo", "training"},
-    "viz": {"core", "data", "trace", "analysis", "pruning", "viz"},
-    "cli": {"core", "data", "trace", "zoo", "analysis", "pruning", "training", "viz", "cli", "package"},
+    "viz": {"core", "data", "trace", "analysis", "pruning", "circuits", "viz"},
+    "cli": {"core", "data", "trace", "zoo", "analysis", "pruning", "circuits", "training", "viz", "cli", "package"},
     "package": {"core", "data", "trace", "zoo", "analysis"},
-    "app": {"core", "data", "trace", "zoo", "analysis", "pruning", "training", "viz", "cli", "package", "app"},
+    "app": {"core", "data", "trace", "zoo", "analysis", "pruning", "circuits", "training", "viz", "cli", "package",
+            "app"},
 }
 # Deliberate deferred imports, each inside a function body and named here with its reason:
 DEFERRED = {
     ("core", "trace"): "Transformer.run_with_cache is the TransformerLens-style entry point to streaming.record",
     ("analysis", "viz"): "result types' one-line .figure() methods",
     ("pruning", "viz"): "result types' one-line .figure() methods",
+    ("circuits", "viz"): "result types' one-line .figure() methods",
     ("cli", "app"): "interp dashboard reads the app script's path (interp.app itself imports nothing)",
 }
 

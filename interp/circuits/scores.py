@@ -1,0 +1,314 @@
+"""Edge scores: how much the metric moves when one edge carries the corrupted run's value instead of the clean one.
+
+- :func:`eap` (Syed et al. 2023, edge attribution patching): ``(source_u - clean_u) . d metric / d input_d`` at
+  the clean run, for every edge at once from two forwards and one backward.
+- :func:`eap_ig` (Hanna et al. 2024): the same product with the gradient averaged over ``m`` points on the
+  straight line from the corrupted to the clean input embeddings (integrated gradients).
+- :func:`exact_scores`: the metric of a run with that edge alone patched, minus the clean metric; patched copies
+  of the batch share forward passes (:func:`exact_scores_naive` runs one pass per edge, the reference).
+
+Every score is ``metric(patched) - metric(clean)`` (exact) or its estimate: a large negative score is an edge the
+behaviour needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..analysis import patching_checks as checks
+from ..progress import bar as progress_bar
+from .graph import Graph, build_graph
+from .patch import edge_pass, node_writes
+
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["EdgeScores", "check_pair", "eap", "eap_ig", "exact_scores", "exact_scores_naive"]
+
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class EdgeScores:
+    """Scores of every edge of a graph.
+
+    Attributes:
+        graph: the :class:`~interp.circuits.graph.Graph`.
+        scores: ``[U, D]`` float, 0 where there is no edge.
+        method: ``"eap"``, ``"eap-ig"`` or ``"exact"``.
+        metric_clean, metric_corrupted: the metric of the two runs.
+    """
+
+    graph: Graph
+    scores: torch.Tensor
+    method: str
+    metric_clean: float
+    metric_corrupted: float
+
+    def edge_scores(self) -> dict[tuple[str, str], float]:
+        """``{(upstream, downstream): score}`` for every edge."""
+        return dict(zip(self.graph.edges, self.scores[self.graph.allowed].tolist()))
+
+
+def check_pair(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Any) -> Metric:
+    """Check a clean / corrupted pair and a metric before any pass; returns the checked metric.
+
+    Raises:
+        ValueError: clean and corrupted of different shapes (naming both), identical, or token ids out of range.
+        TypeError: a metric that is not callable.
+
+    Example:
+        >>> m = check_pair(model, clean, corrupted, metric)
+    """
+    clean, corrupted = model._check_tokens(clean), model._check_tokens(corrupted)
+    if clean.shape != corrupted.shape:
+        raise ValueError(f"clean has shape {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)}: edge "
+                         "patching needs one corrupted sequence of the same length per clean one")
+    checks.check_clean_corrupted(clean, corrupted)
+    if not callable(metric):
+        raise TypeError(f"metric must be callable(logits) -> scalar tensor, got {type(metric).__name__}")
+    checked = checks.checked_metric(metric)
+    assert checked is not None
+    return checked
+
+
+def _no_dependence(metric: Metric, value: torch.Tensor) -> ValueError:
+    return ValueError(f"metric {getattr(metric, '__name__', metric)!r} does not depend on the logits (it returned "
+                      f"{float(value.detach())} with no gradient): no edge can move it")
+
+
+def _gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, diff: torch.Tensor, metric: Metric,
+                     scores: torch.Tensor, *, embed: torch.Tensor | None = None,
+                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Add ``diff . d metric / d input`` for every edge to ``scores`` (``[U, D]``) from one forward and one
+    backward; each input's gradient is folded into the scores by a hook as it arrives and then freed."""
+    def fold(cols: slice):
+        def hook(grad: torch.Tensor) -> None:
+            scores[:, cols] += torch.einsum("ubtm,btnm->un", diff, grad.to(diff.dtype))  # [U, n]
+        return hook
+
+    with torch.enable_grad(), edge_pass(model, graph, probes=True, embed=embed) as run:
+        value = metric(model(tokens, attention_mask=attention_mask))
+        if not value.requires_grad:
+            raise _no_dependence(metric, value)
+        for (layer, kind), probe in run.probes.items():
+            probe.register_hook(fold(graph.down_slice(layer, kind)))
+        torch.autograd.backward(value, inputs=[run.probe_base])
+    return value.detach()
+
+
+def _graph(model: Transformer, graph: Graph | None) -> Graph:
+    return build_graph(model) if graph is None else graph
+
+
+def eap(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, *,
+        graph: Graph | None = None, attention_mask: torch.Tensor | None = None) -> EdgeScores:
+    """Edge attribution patching: every edge's first-order score from two forwards and one backward.
+
+    Args:
+        model: an interp Transformer (see :func:`~interp.circuits.graph.check_decomposable`).
+        clean: ``[B, T]`` ids where the behaviour is present.
+        corrupted: ``[B, T]`` ids where it is not.
+        metric: ``metric(logits [B, T, V]) -> scalar`` (differentiable).
+        graph: the model's graph (built when None).
+        attention_mask: optional ``[B, T]`` padding mask for both runs.
+
+    Returns:
+        :class:`EdgeScores` with ``method="eap"``.
+
+    Raises:
+        ValueError: clean / corrupted of different shapes or identical, a metric that does not depend on the
+            logits, or a model that does not decompose.
+
+    Example:
+        >>> s = eap(model, clean, corrupted, metric)
+        >>> s.scores.shape
+        torch.Size([9, 25])
+    """
+    metric = check_pair(model, clean, corrupted, metric)
+    graph = _graph(model, graph)
+    logits_c, source = node_writes(model, graph, corrupted, attention_mask)
+    _, base = node_writes(model, graph, clean, attention_mask)
+    diff = (source - base).float()  # [U, B, T, M]
+    scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=diff.device)
+    m_clean = _gradient_scores(model, graph, clean, diff, metric, scores, attention_mask=attention_mask)
+    scores = scores.cpu() * graph.allowed
+    return EdgeScores(graph, scores, "eap", float(m_clean), float(metric(logits_c)))
+
+
+def eap_ig(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, *, steps: int = 5,
+           graph: Graph | None = None, attention_mask: torch.Tensor | None = None,
+           progress: bool | None = None) -> EdgeScores:
+    """EAP with integrated gradients over the input embeddings (Hanna et al. 2024).
+
+    The gradient at each downstream input is averaged over ``steps`` runs whose embedding is
+    ``corrupted + k / steps (clean - corrupted)``, ``k = 1 .. steps``; the score is ``(source_u - clean_u)``
+    times that average. One step is EAP.
+
+    Args:
+        model, clean, corrupted, metric, graph, attention_mask: as :func:`eap`.
+        steps: m, the number of points on the path (>= 1).
+        progress: a bar over the steps (None: on in terminals and notebooks).
+
+    Returns:
+        :class:`EdgeScores` with ``method="eap-ig"``.
+
+    Raises:
+        ValueError: as :func:`eap`, or ``steps`` < 1.
+
+    Example:
+        >>> s = eap_ig(model, clean, corrupted, metric, steps=3)
+        >>> s.method
+        'eap-ig'
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int (the points of the integrated-gradient path), got {steps!r}")
+    metric = check_pair(model, clean, corrupted, metric)
+    graph = _graph(model, graph)
+    logits_c, source = node_writes(model, graph, corrupted, attention_mask)
+    logits_b, base = node_writes(model, graph, clean, attention_mask)
+    diff = (source - base).float()  # [U, B, T, M]
+    scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=diff.device)
+    emb_c, emb_b = source[0], base[0]  # [B, T, M]: the "input" node's write is the embedding
+    for k in progress_bar(range(1, steps + 1), desc="eap_ig", progress=progress, unit="step"):
+        embed = emb_c + (k / steps) * (emb_b - emb_c)  # [B, T, M]
+        _gradient_scores(model, graph, clean, diff, metric, scores, embed=embed, attention_mask=attention_mask)
+    scores = scores.cpu() / steps * graph.allowed
+    return EdgeScores(graph, scores, "eap-ig", float(metric(logits_b)), float(metric(logits_c)))
+
+
+def _edge_list(graph: Graph, edges: Any) -> list[tuple[int, int]]:
+    if edges is None:
+        return [tuple(e) for e in graph.allowed.nonzero().tolist()]  # type: ignore[misc]
+    mask = graph.edge_mask(list(edges))
+    if not bool(mask.any()):
+        raise ValueError("edges is empty: give at least one (upstream, downstream) edge to patch")
+    return [(graph.up(u), graph.down(d)) for u, d in edges]
+
+
+def exact_scores(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, *,
+                 edges: Any = None, graph: Graph | None = None, batch_size: int = 64,
+                 attention_mask: torch.Tensor | None = None, progress: bool | None = None) -> EdgeScores:
+    """Exact edge patching: the metric with one edge patched (corrupted value on it), minus the clean metric.
+
+    Patched copies of the batch share forward passes: ``batch_size // B`` edges per pass, each copy carrying its
+    own one-edge ablation.
+
+    Args:
+        model, clean, corrupted, metric, graph, attention_mask: as :func:`eap`.
+        edges: ``(upstream, downstream)`` names to score (default every edge); the others score 0.
+        batch_size: rows per forward pass (patched copies of the batch).
+        progress: a bar over the passes.
+
+    Returns:
+        :class:`EdgeScores` with ``method="exact"``.
+
+    Raises:
+        ValueError: as :func:`eap`, an empty ``edges``, an edge that does not exist, a bad ``batch_size``.
+
+    Example:
+        >>> s = exact_scores(model, clean, corrupted, metric, edges=[("a0.h0", "a1.h0<k>")])
+        >>> s.scores.count_nonzero().item()
+        1
+    """
+    batch_size = checks.check_batch_size(batch_size)
+    metric = check_pair(model, clean, corrupted, metric)
+    graph = _graph(model, graph)
+    todo = _edge_list(graph, edges)
+    logits_c, source = node_writes(model, graph, corrupted, attention_mask)
+    with torch.no_grad():
+        m_clean = float(metric(model(clean, attention_mask=attention_mask)))
+    B = clean.shape[0]
+    per = max(1, batch_size // B)
+    scores = torch.zeros(graph.allowed.shape, dtype=torch.float64)
+    rows = clean.repeat(per, 1)
+    mask = None if attention_mask is None else attention_mask.repeat(per, 1)
+    for start in progress_bar(range(0, len(todo), per), desc="exact_scores", progress=progress, unit="pass"):
+        chunk = todo[start:start + per]
+        V = len(chunk)
+        ablate = torch.zeros(V, *graph.allowed.shape)
+        for v, (u, d) in enumerate(chunk):
+            ablate[v, u, d] = 1.0
+        with torch.no_grad(), edge_pass(model, graph, source=source, ablate=ablate):
+            logits = model(rows[:V * B], attention_mask=None if mask is None else mask[:V * B])
+        for v, (u, d) in enumerate(chunk):
+            scores[u, d] = float(metric(logits[v * B:(v + 1) * B])) - m_clean
+    return EdgeScores(graph, scores.float(), "exact", m_clean, float(metric(logits_c)))
+
+
+def _naive_hook(model: Transformer, graph: Graph, u: int, d: int, diff: torch.Tensor,
+                resid: dict[str, torch.Tensor]) -> tuple[str, Callable]:
+    """A plain model hook that rebuilds input ``d`` as the clean residual plus ``diff`` (``[B, T, M]``, the
+    upstream node's corrupted minus clean write) and recomputes what ``d`` feeds: one head's q / k / v, an
+    MLP's output or the final residual."""
+    name = graph.downstream[d]
+    if name == "logits":
+        last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
+        return last, lambda t, hook: t + diff.to(t.dtype)
+    layer = int(name[1:].split(".")[0].split("<")[0])
+    block: Any = model.blocks[layer]
+    if name.startswith("m"):
+        where = "hook_resid_pre" if graph.parallel else "hook_resid_mid"
+        norm = block.ln2 if hasattr(block, "ln2") else block.ln1
+        x = resid[f"blocks.{layer}.{where}"] + diff  # [B, T, M]
+        return f"blocks.{layer}.hook_mlp_out", lambda t, hook: block.mlp(norm(x)).to(t.dtype)
+    head, kind = int(name.split(".h")[1].split("<")[0]), name[-2]
+    attn: Any = block.attn
+    D, H, K = attn.d_head, attn.n_heads, attn.n_kv_heads
+    start = {"q": 0, "k": H * D, "v": (H + K) * D}[kind] + head * D
+    x = block.ln1(resid[f"blocks.{layer}.hook_resid_pre"] + diff)  # [B, T, M]
+    b = attn.W_qkv.bias
+    new = torch.nn.functional.linear(x, attn.W_qkv.weight[start:start + D],
+                                     None if b is None else b[start:start + D])  # [B, T, D]
+
+    def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
+        t = t.clone()
+        t[:, :, head] = new.to(t.dtype)
+        return t
+    return f"blocks.{layer}.attn.hook_{kind}", hook
+
+
+def _write_of(graph: Graph, u: int, trace: Any) -> torch.Tensor:
+    """Upstream node ``u``'s write ``[B, T, M]`` read from a plain run's trace."""
+    name = graph.upstream[u]
+    if name == "input":
+        return trace["blocks.0.hook_resid_pre"]
+    if name.startswith("m"):
+        return trace[f"blocks.{name[1:]}.hook_mlp_out"]
+    layer, head = (int(x) for x in name[1:].split(".h"))
+    return trace[f"blocks.{layer}.attn.hook_result"][:, :, head]
+
+
+def exact_scores_naive(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, *,
+                       edges: Any = None, graph: Graph | None = None,
+                       attention_mask: torch.Tensor | None = None) -> EdgeScores:
+    """The reference for :func:`exact_scores`, written on the model's own hooks: one forward pass per edge, the
+    edge's input rebuilt as the clean residual minus the upstream node's clean write plus its corrupted write
+    (nothing upstream of the patched input changes, so this is the edge's exact patch).
+
+    Args and Returns: as :func:`exact_scores`.
+
+    Example:
+        >>> s = exact_scores_naive(model, clean, corrupted, metric, edges=[("a0.h0", "a1.h0<k>")])
+    """
+    metric = check_pair(model, clean, corrupted, metric)
+    graph = _graph(model, graph)
+    todo = _edge_list(graph, edges)
+    wanted = ("hook_result", "hook_mlp_out", "hook_resid_pre", "hook_resid_mid")
+    names = [n for n in model.hook_names if n.endswith(wanted)]
+    scores = torch.zeros(graph.allowed.shape, dtype=torch.float64)
+    with torch.no_grad():
+        logits_c, trace_c = model.run_with_cache(corrupted, attention_mask=attention_mask, names_filter=names)
+        logits_b, trace_b = model.run_with_cache(clean, attention_mask=attention_mask, names_filter=names)
+        m_clean = float(metric(logits_b))
+        resid = {n: trace_b[n] for n in trace_b.keys() if "resid" in n}
+        for u, d in todo:
+            diff = _write_of(graph, u, trace_c) - _write_of(graph, u, trace_b)  # [B, T, M]
+            name, hook = _naive_hook(model, graph, u, d, diff, resid)
+            logits = model.run_with_hooks(clean, attention_mask=attention_mask, fwd_hooks=[(name, hook)])
+            scores[u, d] = float(metric(logits)) - m_clean
+    return EdgeScores(graph, scores.float(), "exact", m_clean, float(metric(logits_c)))

@@ -1,0 +1,90 @@
+"""Edge scores: EAP against a finite-difference reference, exact patching against a naive loop on the model's own
+hooks, EAP-IG on a model whose circuit is known, and the bad inputs."""
+
+import pytest
+import torch
+from known_circuit import CIRCUIT, known_circuit_model, known_circuit_task
+from test_circuits_graph import FAMILIES, tiny
+
+from interp.circuits import build_graph
+from interp.circuits.scores import _naive_hook, _write_of, eap, eap_ig, exact_scores, exact_scores_naive
+
+
+def pair(seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 20, (3, 8), generator=gen), torch.randint(0, 20, (3, 8), generator=gen)
+
+
+def logit_diff(logits):
+    return (logits[:, -1, 3] - logits[:, -1, 5]).mean()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_exact_patching_in_shared_passes_equals_a_naive_loop(family):
+    model = tiny(**FAMILIES[family])
+    clean, corrupted = pair()
+    graph = build_graph(model)
+    edges = graph.edges[::6]  # every kind of edge, a sixth of them (cheap)
+    shared = exact_scores(model, clean, corrupted, logit_diff, edges=edges, batch_size=12)
+    naive = exact_scores_naive(model, clean, corrupted, logit_diff, edges=edges)
+    assert shared.scores.abs().max() > 1e-3
+    torch.testing.assert_close(shared.scores, naive.scores, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["sequential", "parallel_one_norm", "gqa"])  # MoE: its float32 router is too noisy for differences
+def test_eap_equals_the_finite_difference_of_each_edge(family):
+    """EAP's score of u -> d is the derivative of the metric along (corrupted - clean write of u) at input d."""
+    model = tiny(**FAMILIES[family])
+    graph = build_graph(model)
+    clean, corrupted = pair()
+    scores = eap(model, clean, corrupted, logit_diff, graph=graph).scores
+    names = [n for n in model.hook_names if n.endswith(("hook_result", "hook_mlp_out", "hook_resid_pre",
+                                                        "hook_resid_mid"))]
+    with torch.no_grad():
+        logits_b, trace_b = model.run_with_cache(clean, names_filter=names)
+        _, trace_c = model.run_with_cache(corrupted, names_filter=names)
+    resid = {n: trace_b[n] for n in trace_b.keys() if "resid" in n}
+    # Central differences: the error is O(eps^2) and the float32 router of the MoE model stays below it.
+    eps = 1e-4
+    edges = graph.allowed.nonzero().tolist()
+    for u, d in edges[::7]:  # a spread of edges of every kind
+        diff = _write_of(graph, u, trace_c) - _write_of(graph, u, trace_b)
+        m = []
+        for sign in (1, -1):
+            name, hook = _naive_hook(model, graph, u, d, sign * eps * diff, resid)
+            with torch.no_grad():
+                m.append(float(logit_diff(model.run_with_hooks(clean, fwd_hooks=[(name, hook)]))))
+        fd = (m[0] - m[1]) / (2 * eps)
+        assert fd == pytest.approx(float(scores[u, d]), rel=1e-3, abs=1e-4), (graph.upstream[u], graph.downstream[d])
+
+
+def test_eap_ig_recovers_the_known_circuit_exactly():
+    model = known_circuit_model()
+    clean, corrupted, metric = known_circuit_task()
+    for result in (eap_ig(model, clean, corrupted, metric, steps=4), eap(model, clean, corrupted, metric)):
+        found = {e for e, s in result.edge_scores().items() if abs(s) > 1e-9}
+        assert found == CIRCUIT, result.method
+    exact = exact_scores(model, clean, corrupted, metric)
+    assert {e for e, s in exact.edge_scores().items() if abs(s) > 1e-9} == CIRCUIT
+
+
+def test_eap_ig_with_one_step_is_eap():
+    model = tiny()
+    clean, corrupted = pair()
+    torch.testing.assert_close(eap_ig(model, clean, corrupted, logit_diff, steps=1).scores,
+                               eap(model, clean, corrupted, logit_diff).scores)
+
+
+def test_bad_inputs_are_named():
+    model = tiny()
+    clean, corrupted = pair()
+    with pytest.raises(ValueError, match=r"clean has shape \(3, 8\) and corrupted \(3, 6\)"):
+        eap(model, clean, corrupted[:, :6], logit_diff)
+    with pytest.raises(ValueError, match="does not depend on the logits"):
+        eap(model, clean, corrupted, lambda logits: torch.tensor(1.0))
+    with pytest.raises(ValueError, match="edges is empty"):
+        exact_scores(model, clean, corrupted, logit_diff, edges=[])
+    with pytest.raises(ValueError, match=r"edge \('a1.h0', 'a0.h0<q>'\) does not exist"):
+        exact_scores(model, clean, corrupted, logit_diff, edges=[("a1.h0", "a0.h0<q>")])
+    with pytest.raises(ValueError, match="steps must be a positive int.*0"):
+        eap_ig(model, clean, corrupted, logit_diff, steps=0)

@@ -49,6 +49,7 @@ _NATIVE_HINT = ("it needs the native route: a family with a converter (interp.zo
 # The implementation a model had -> the name the route registers for it (the mask is built the same way).
 _IMPL = {"sdpa": "interp_sdpa", "eager": "interp_eager"}
 _REGISTERED = False
+_UNKNOWN = "unknown on the attention-level route"
 
 
 def refuse(what: str) -> ValueError:
@@ -286,10 +287,11 @@ class RouteConfig:
     n_experts: int = 0
     attention: str = "standard"
     kind: str = "decoder"
-    normalization: str = "route"
-    parallel_block: str = "route"
-    sublayer_norm: str = "route"
-    qk_norm: str = "route"
+    # The family's norms and block layout stay transformers' business: analyses that need them refuse, quoting this.
+    normalization: str = _UNKNOWN
+    parallel_block: str = _UNKNOWN
+    sublayer_norm: str = _UNKNOWN
+    qk_norm: str = _UNKNOWN
     cross_attention: bool = False
     final_softcap: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -585,6 +587,17 @@ class RouteModel(HookedModule):
     @property
     def W_U(self) -> torch.Tensor | None:
         return None if self.unembed is None else self.unembed.weight.T
+
+    @property
+    def ln_final(self) -> nn.Module | None:
+        """The family's final norm module (the base model's ``norm`` / ``final_layernorm`` / ``ln_f`` ...), or
+        None when it has none under those names."""
+        base = getattr(self.hf, "base_model", self.hf)
+        for name in ("norm", "final_layernorm", "ln_f", "norm_f", "final_norm", "embedding_norm"):
+            module = getattr(base, name, None)
+            if isinstance(module, nn.Module):
+                return module
+        return None
 
     W_pos = None
     embed_ln = None

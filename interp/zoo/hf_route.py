@@ -76,7 +76,7 @@ def _register() -> None:
     _REGISTERED = True
 
 
-def _route_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def _route_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """The function transformers calls in every attention layer of a wrapped model."""
     attn = module.__dict__.get("_interp_route")
@@ -87,7 +87,7 @@ def _route_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
     return attn.attend(module, query, key, value, attention_mask, **kwargs)
 
 
-def _original_function(module: nn.Module, impl: str) -> Callable[..., tuple[torch.Tensor, Any]]:
+def _original_function(module: nn.Module, impl: str) -> Callable[..., Any]:
     """The attention function ``module`` called before it was wrapped (sdpa, or its family's eager)."""
     from transformers import AttentionInterface
 
@@ -96,7 +96,8 @@ def _original_function(module: nn.Module, impl: str) -> Callable[..., tuple[torc
         if fn is None:
             raise ValueError(f"{type(module).__name__}: its module has no eager_attention_forward to call")
         return fn
-    return AttentionInterface._global_mapping[impl]
+    found: Any = AttentionInterface._global_mapping[impl]
+    return found
 
 
 def uses_attention_interface(hf_model: nn.Module) -> bool:
@@ -146,8 +147,9 @@ class RouteAttention(nn.Module):
     def __init__(self, n_heads: int, n_kv_heads: int, d_head: int) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
-        for name in ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z", "hook_result"):
-            setattr(self, name, HookPoint())
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
+        self.hook_z, self.hook_result = HookPoint(), HookPoint()
         self.gate: torch.Tensor | None = None
         # transformers' modules, held outside the module tree (they belong to the wrapped model's).
         self._refs: dict[str, Any] = {"o_proj": None, "fast": None}
@@ -379,7 +381,7 @@ class RouteModel(HookedModule):
 
     native = False
 
-    def __init__(self, hf_model: nn.Module, *, name: str | None = None, tokenizer: Any = None) -> None:
+    def __init__(self, hf_model: Any, *, name: str | None = None, tokenizer: Any = None) -> None:
         super().__init__()
         _register()
         hf_cfg = hf_model.config
@@ -395,7 +397,7 @@ class RouteModel(HookedModule):
                              f"in its own code, not through transformers' AttentionInterface: {ROUTE_NAME} "
                              f"cannot reach it; it needs a native converter (interp.zoo.hf.CONVERTERS)")
         n_layers = text_cfg.num_hidden_layers
-        self.hf = hf_model.eval()
+        self.hf: Any = hf_model.eval()
         self.name = name or getattr(hf_cfg, "name_or_path", "") or hf_cfg.model_type
         self.tokenizer = tokenizer
         self._impl = impl
@@ -408,8 +410,9 @@ class RouteModel(HookedModule):
                 object.__setattr__(module, "_interp_route", attn)  # plain attribute: not a submodule
                 attn._refs["fast"] = _original_function(module, impl)
                 attn._refs["o_proj"] = _output_projection(module, H * D)
-                if attn._refs["o_proj"] is not None:
-                    attn._refs["o_proj"].register_forward_hook(attn._o_proj_hook)
+                o_proj = attn._refs["o_proj"]
+                if o_proj is not None:
+                    o_proj.register_forward_hook(attn._o_proj_hook)
             attns.append(attn)
         self.blocks: list[RouteBlock] = nn.ModuleList(RouteBlock(a) for a in attns)  # type: ignore[assignment]
         self.hook_embed = HookPoint()
@@ -424,12 +427,13 @@ class RouteModel(HookedModule):
         self.setup_hooks()
 
     # --- construction ---------------------------------------------------------------------------------
-    def _discover(self, hf_model: nn.Module, impl: str, layers: nn.ModuleList
+    def _discover(self, hf_model: Any, impl: str, layers: nn.ModuleList
                   ) -> list[tuple[nn.Module | None, tuple[int, int, int]]]:
         """Each decoder layer's attention module and its (H, K, D), from one short pass through the route."""
         seen: list[tuple[nn.Module, tuple[int, int, int]]] = []
 
-        def probe(module, query, key, value, mask, **kwargs):
+        def probe(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  mask: torch.Tensor | None, **kwargs: Any) -> Any:
             seen.append((module, (query.shape[1], key.shape[1], value.shape[-1])))
             return _original_function(module, impl)(module, query, key, value, mask, **kwargs)
 
@@ -438,7 +442,8 @@ class RouteModel(HookedModule):
 
         # A probe registered under its own name: the route's function must stay the one for wrapped models.
         AttentionInterface.register("interp_probe", probe)
-        AttentionMaskInterface.register("interp_probe", AttentionMaskInterface._global_mapping[impl])
+        mask_fn: Any = AttentionMaskInterface._global_mapping[impl]
+        AttentionMaskInterface.register("interp_probe", mask_fn)
         hf_model.set_attn_implementation("interp_probe")
         try:
             with torch.no_grad():
@@ -466,8 +471,9 @@ class RouteModel(HookedModule):
         for i, (layer, block) in enumerate(zip(layers, self.blocks)):
             layer.register_forward_pre_hook(self._pre_hook(i, block), with_kwargs=True)
             layer.register_forward_hook(self._post_hook(block.hook_resid_post))
-            if attn_modules[i] is not None:
-                attn_modules[i].register_forward_hook(self._post_hook(block.hook_attn_out))
+            module = attn_modules[i]
+            if module is not None:
+                module.register_forward_hook(self._post_hook(block.hook_attn_out))
 
     def _pre_hook(self, layer: int, block: RouteBlock) -> Callable[..., Any]:
         def pre(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -552,7 +558,8 @@ class RouteModel(HookedModule):
         finally:
             self._enter = None
 
-    _check_tokens = Transformer._check_tokens
+    def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        return Transformer._check_tokens(self, tokens)  # type: ignore[arg-type]  # reads cfg.d_vocab only
 
     # --- gates and hooks (shared with interp.Transformer) -----------------------------------------------
     set_head_gates = Transformer.set_head_gates
@@ -582,11 +589,13 @@ class RouteModel(HookedModule):
 
     @property
     def W_E(self) -> torch.Tensor:
-        return self.embed.weight
+        embed: Any = self.embed
+        return embed.weight
 
     @property
     def W_U(self) -> torch.Tensor | None:
-        return None if self.unembed is None else self.unembed.weight.T
+        unembed: Any = self.unembed
+        return None if unembed is None else unembed.weight.T
 
     @property
     def ln_final(self) -> nn.Module | None:

@@ -353,6 +353,40 @@ def _output_projection(module: nn.Module, width: int) -> nn.Linear | None:
     return linears[0][1] if linears else None
 
 
+_MLP_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn")
+
+
+def _norm_view(norm: nn.Module, d_model: int) -> tuple[nn.Module | None, str]:
+    """A torch RMSNorm or LayerNorm that shares ``norm``'s weights and computes what it computes on a random
+    input (checked), with its ``cfg.normalization`` name; ``(None, "")`` when neither does (Gemma's ``1 + w``)."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+    if weight is not None and not isinstance(weight, nn.Parameter):
+        return None, ""
+    # OLMo's LayerNorm hard-codes its eps: try the usual ones where the module does not say.
+    eps_values = [eps] if isinstance(eps, float) else [1e-5, 1e-6]
+    g = torch.Generator().manual_seed(0)
+    p = next(norm.parameters(), None)
+    x = (torch.randn(2, 5, d_model, generator=g) * 3 + 1).to(_device(norm), p.dtype if p is not None else None)
+    candidates: list[tuple[nn.Module, str]] = []
+    for e in eps_values:
+        candidates.append((nn.RMSNorm(d_model, eps=e, elementwise_affine=weight is not None), "rms"))
+        if isinstance(bias, nn.Parameter) or bias is None:
+            candidates.append((nn.LayerNorm(d_model, eps=e, elementwise_affine=weight is not None,
+                                            bias=bias is not None), "pre"))
+    with torch.no_grad():
+        want = norm(x)
+        for view, kind in candidates:
+            if weight is not None:
+                view.weight = weight  # shared: the view reads the family's parameters
+            if kind == "pre" and bias is not None:
+                view.bias = bias
+            view.to(x.device)
+            if view(x).shape == want.shape and torch.allclose(view(x), want, rtol=1e-5, atol=1e-5):
+                return view, kind
+    return None, ""
+
+
 def _hidden(x: Any) -> torch.Tensor:
     """A layer's or attention module's output tensor (a tensor, or the first item of a tuple)."""
     return x[0] if isinstance(x, (tuple, list)) else x
@@ -424,6 +458,7 @@ class RouteModel(HookedModule):
             d_head=max((s[2] for _, s in modules), default=0), windows=windows, model_type=hf_cfg.model_type)
         self._install_layer_hooks(layers, [m for m, _ in modules])
         self._enter: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+        self._additive_layout(layers, [m for m, _ in modules])
         self.setup_hooks()
 
     # --- construction ---------------------------------------------------------------------------------
@@ -463,6 +498,56 @@ class RouteModel(HookedModule):
             raise ValueError(f"{type(hf_model).__name__}: no layer called AttentionInterface; {ROUTE_NAME} cannot "
                              f"reach its attention, and {_NATIVE_HINT}")
         return by_layer
+
+    def _additive_layout(self, layers: nn.ModuleList, attn_modules: Sequence[nn.Module | None]) -> None:
+        """Offer the residual decomposition (``hook_mlp_out``, ``cfg.normalization``, a torch view of the final
+        norm) only where one pass shows that it holds: every layer adds its attention module's and its MLP's
+        outputs to the residual as they are, the final norm is a plain RMSNorm or LayerNorm, and the logits
+        are the unembedding of the normed residual. Anything else (post-sublayer norms, residual multipliers,
+        logit scaling, mixers without attention) leaves it off, and direct logit attribution refuses by name."""
+        mlps = [next((m for n, m in layer.named_children() if n in _MLP_NAMES), None) for layer in layers]
+        norm = self.ln_final
+        unembed = self.unembed
+        if norm is None or unembed is None or any(m is None for m in [*mlps, *attn_modules]):
+            return
+        view, kind = _norm_view(norm, self.cfg.d_model)
+        if view is None:
+            return
+        seen: dict[tuple[int, str], torch.Tensor] = {}
+        handles = []
+        for i, (layer, attn, mlp) in enumerate(zip(layers, attn_modules, mlps)):
+            for key, module in (("attn", attn), ("mlp", mlp), ("post", layer)):
+                handles.append(module.register_forward_hook(  # type: ignore[union-attr]
+                    lambda _m, _i, out, k=(i, key): seen.__setitem__(k, _hidden(out).detach())))
+            handles.append(layer.register_forward_pre_hook(
+                lambda _m, args, kwargs, k=(i, "pre"): seen.__setitem__(
+                    k, (args[0] if args else kwargs["hidden_states"]).detach()), with_kwargs=True))
+        try:
+            g = torch.Generator().manual_seed(0)
+            ids = torch.randint(0, self.cfg.d_vocab, (1, 6), generator=g).to(_device(self.hf))
+            with torch.no_grad():
+                logits = self.hf(input_ids=ids, use_cache=False).logits
+        finally:
+            for h in handles:
+                h.remove()
+
+        def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+            return bool(torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4 * float(b.abs().max()) + 1e-6))
+
+        for i in range(len(layers)):
+            if not close(seen[i, "pre"] + seen[i, "attn"] + seen[i, "mlp"], seen[i, "post"]):
+                return
+        with torch.no_grad():
+            if not close(unembed(view(seen[len(layers) - 1, "post"])), logits):
+                return
+        self.__dict__["_norm_view"] = view  # not a submodule: its weights are the HF model's
+        self.cfg.normalization = kind
+        self.cfg.sublayer_norm = "input"
+        self.cfg.parallel_block = "unknown"  # sequential or parallel: DLA needs neither, resid_mid is not offered
+        for block, mlp in zip(self.blocks, mlps):
+            block.__dict__["mlp"] = mlp  # a reference, not a submodule: the weights stay the HF model's
+            block.hook_mlp_out = HookPoint()
+            mlp.register_forward_hook(self._post_hook(block.hook_mlp_out))  # type: ignore[union-attr]
 
     def _install_layer_hooks(self, layers: nn.ModuleList, attn_modules: Sequence[nn.Module | None]) -> None:
         """Torch hooks that feed the block hook points (each returns at once while its point has no hook)."""
@@ -599,8 +684,11 @@ class RouteModel(HookedModule):
 
     @property
     def ln_final(self) -> nn.Module | None:
-        """The family's final norm module (the base model's ``norm`` / ``final_layernorm`` / ``ln_f`` ...), or
-        None when it has none under those names."""
+        """The family's final norm: a torch ``RMSNorm`` / ``LayerNorm`` sharing its weights where one pass showed
+        it computes the same (what direct logit attribution reads), else the family's own module (the base
+        model's ``norm`` / ``final_layernorm`` / ``ln_f`` ...), or None when it has none under those names."""
+        if self.__dict__.get("_norm_view") is not None:
+            return self.__dict__["_norm_view"]
         base = getattr(self.hf, "base_model", self.hf)
         for name in ("norm", "final_layernorm", "ln_f", "norm_f", "final_norm", "embedding_norm"):
             module = getattr(base, name, None)

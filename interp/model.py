@@ -170,6 +170,9 @@ class Transformer(HookedModule):
         torch.Size([1, 4, 3, 3])
     """
 
+    #: The native route (interp's own forward); :class:`interp.zoo.hf_route.RouteModel` has False.
+    native = True
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         if not isinstance(cfg, ModelConfig):

@@ -145,7 +145,10 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         True
     """
     if not isinstance(model, Transformer):
-        raise TypeError(f"model must be an interp Transformer, got {type(model).__name__}")
+        # A model on the attention-level route (interp.zoo.hf_route) keeps transformers' own weights.
+        why = (": physical head removal is not available on the attention-level route (no fused W_qkv to slice); "
+               "it needs a family with a native converter" if getattr(model, "native", True) is False else "")
+        raise TypeError(f"model must be an interp Transformer, got {type(model).__name__}{why}")
     refuse_quantized(model, "remove_heads")  # it rewrites W_qkv / W_O rows; blocks cannot be cut by head here
     sets = heads_to_sets(model, heads)
     cfg = model.cfg

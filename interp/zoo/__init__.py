@@ -105,6 +105,8 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
             ``.gguf`` file (:func:`interp.zoo.gguf.load_gguf`); a local folder of a Hugging Face model of a
             supported family (:data:`interp.zoo.hf.FAMILIES`, converted with :func:`interp.zoo.hf.from_hf`);
             or a hub name,
+            a transformers model object (converted natively, or, for a family without a converter, put on the
+            attention-level route :mod:`interp.zoo.hf_route`, saying so once);
             ``"hf:ID"`` (transformers) or ``"tl:ID"`` (TransformerLens' ``TransformerBridge``), where ``ID`` is a
             hub repository id, taken strictly as one (never a folder relative to the working directory), or
             an absolute path of a local model folder.
@@ -142,8 +144,12 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         model = build(name_or_path, device=device, dtype=dtype, seed=seed)
         model.name = "random"
         return place(model, devices) if devices is not None else model
+    if hasattr(name_or_path, "config") and hasattr(name_or_path, "state_dict"):  # a transformers model object
+        model = from_hf(name_or_path, device=device, dtype=dtype)  # native, or the attention-level route
+        return place(model, devices) if devices is not None else model.eval()
     if not isinstance(name_or_path, (str, Path)):
-        raise TypeError(f"load takes a model name, a path or a ModelConfig, got {type(name_or_path).__name__}")
+        raise TypeError(f"load takes a model name, a path, a ModelConfig or a transformers model, "
+                        f"got {type(name_or_path).__name__}")
     key = str(name_or_path)
     if keep_quantized and not key.endswith(".gguf"):
         raise ValueError(f"keep_quantized=True applies to .gguf files; {key!r} is not one")

@@ -920,7 +920,8 @@ def _tokenizer_for(source: str):
 def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = None,
             device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
     """Convert a Hugging Face model of a supported family (:data:`FAMILIES`; :func:`converter` lists every
-    ``model_type`` when it refuses one) to an :class:`interp.Transformer`.
+    ``model_type``) to an :class:`interp.Transformer`; a decoder of any other family is put on the
+    attention-level route (:func:`interp.zoo.hf_route.wrap`, a warning says so once per family).
 
     Users with hub access can pass any hub id or local folder of these architectures (``"gpt2"``,
     ``"bert-base-uncased"``, ``"TinyLlama/TinyLlama-1.1B-Chat-v1.0"``, ``"./my-llama"``); the weights and the
@@ -937,7 +938,8 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
         dtype: the parameters' dtype (default: the weights' own; a bf16 checkpoint stays bf16).
 
     Returns:
-        The converted model (eval mode). BERT models return hidden states (``cfg.unembed`` False).
+        The converted model (eval mode; BERT models return hidden states, ``cfg.unembed`` False), or a
+        :class:`interp.zoo.hf_route.RouteModel` (``model.native`` False) for a family without a converter.
 
     Raises:
         ImportError: a path or id was given and ``transformers`` is missing (``pip install interp[hf]``).
@@ -969,6 +971,12 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
     else:
         raise TypeError(f"from_hf takes a Hugging Face model, a local folder or a hub id, "
                         f"got {type(model_or_path).__name__}")
+    _register_dense_families()
+    if hf_model.config.model_type not in CONVERTERS:  # no native converter: the attention-level route
+        from .hf_route import wrap
+
+        return wrap(hf_model.to(device=device, dtype=dtype), name=name, tokenizer=_wrap_tokenizer(tokenizer),
+                    warn=True)
     model = convert(hf_model.config.to_dict(), hf_model.state_dict(), name=name, dtype=dtype, device=device)
     model.tokenizer = _wrap_tokenizer(tokenizer)
     if device is not None:

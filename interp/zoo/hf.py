@@ -304,6 +304,9 @@ def _biases(hf_cfg: Mapping[str, Any], arch: str) -> tuple[bool, bool]:
 
 _ROPE_KINDS_HF = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
+#: The families whose attention rotates ``partial_rotary_factor`` of each head (the others rotate whole heads).
+_PARTIAL_ROTARY = ("gpt_neox", "phi", "phi3")
+
 
 def _where(hf_cfg: Mapping[str, Any]) -> str:
     """`` (in <folder>/config.json)`` when the config knows the folder or hub id it came from, else ``""``."""
@@ -370,6 +373,12 @@ def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None
     def optional(key: str, *, integer: bool = False) -> float | None:
         return None if rope.get(key) is None else need(key, integer=integer)
 
+    partial = rope.get("partial_rotary_factor", 1.0)
+    if kind != "default" and partial != 1.0 and arch not in _PARTIAL_ROTARY:
+        # transformers' scaled-RoPE init rotates head_dim x partial_rotary_factor dims, but this family's attention
+        # rotates whole heads (its default RoPE ignores the factor).
+        raise ValueError(f"model_type={arch!r}: {field}['partial_rotary_factor']={partial!r} with rope_type "
+                         f"{kind!r} is not supported (this family rotates whole heads){_where(hf_cfg)}")
     theta_key = f"{field}['rope_theta']" if rope.get("rope_theta") is not None else "rope_theta"
     theta = _positive(rope.get("rope_theta", hf_cfg.get("rope_theta", default_theta)), theta_key, arch, hf_cfg)
     if kind == "default":

@@ -171,6 +171,8 @@ _L3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_
     ({"rope_type": "longrope", "short_factor": [1.0, float("nan")], "long_factor": [1.0, 2.0]},
      r"rope_scaling\['short_factor'\]\[1\]=nan must be"),
     ({"rope_type": "longrope", "short_factor": [1.0, 1.0]}, r"rope_scaling\['long_factor'\]=None must be a non-empty"),
+    ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+     r"rope_scaling\['partial_rotary_factor'\]=0.5 with rope_type 'linear' is not supported"),
     ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0], "original_max_position_embeddings": 0},
      r"rope_scaling\['original_max_position_embeddings'\]=0 must be an integer >= 1"),
 ])

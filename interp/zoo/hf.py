@@ -681,6 +681,11 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     nope, rope = _need(hf_cfg, "qk_nope_head_dim", arch), _need(hf_cfg, "qk_rope_head_dim", arch)
     # transformers' eager MLA repeats the keys num_attention_heads / num_key_value_heads times: only equal counts
     # run there. (Its head_dim is always set to qk_rope_head_dim by the config class, whatever config.json says.)
+    eps = hf_cfg.get("rms_norm_eps", 1e-6)
+    if eps != 1e-6:  # transformers' q_a_layernorm / kv_a_layernorm keep RMSNorm's default eps whatever the config says
+        raise ValueError(f"{mtype} rms_norm_eps={eps!r} is not supported: transformers' {mtype} normalises the MLA "
+                         "latents with eps 1e-6 and the blocks with rms_norm_eps, and interp's model has one eps "
+                         "(only 1e-6)")
     kv_heads = hf_cfg.get("num_key_value_heads")
     if kv_heads is not None and kv_heads != n_heads:
         raise ValueError(f"{mtype} num_key_value_heads={kv_heads!r} is not supported (MLA needs "

@@ -233,3 +233,14 @@ def test_mistral_and_mixtral_never_read_attention_bias():
     assert hf.model.layers[0].self_attn.q_proj.bias is None
     model = _assert_exact(hf)
     assert not model.cfg.attn_bias
+
+
+def test_deepseek_rms_norm_eps_other_than_the_latent_norms_fixed_one_is_refused():
+    """transformers' DeepSeek normalises the MLA latents with RMSNorm's default eps (1e-6) whatever
+    ``rms_norm_eps`` says; interp's model has one eps, so another value is refused (it converted wrong: the
+    config-key perturbation test found a max |logit diff| of 1.6 at rms_norm_eps=0.1)."""
+    from interp.zoo.hf import deepseek_config
+
+    deepseek_config(_DS)  # the default 1e-6 converts
+    with pytest.raises(ValueError, match=r"deepseek_v3 rms_norm_eps=0.1 is not supported"):
+        deepseek_config({**_DS, "rms_norm_eps": 0.1})

@@ -682,7 +682,10 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     # transformers' eager MLA repeats the keys num_attention_heads / num_key_value_heads times: only equal counts
     # run there. (Its head_dim is always set to qk_rope_head_dim by the config class, whatever config.json says.)
     eps = hf_cfg.get("rms_norm_eps", 1e-6)
-    if eps != 1e-6:  # transformers' q_a_layernorm / kv_a_layernorm keep RMSNorm's default eps whatever the config says
+    eps = 1e-6 if eps is None else eps
+    # transformers' q_a_layernorm / kv_a_layernorm keep RMSNorm's default eps whatever the config says (a GGUF file
+    # stores 1e-6 as a float32: 9.99999997e-07).
+    if not math.isclose(eps, 1e-6, rel_tol=1e-6):
         raise ValueError(f"{mtype} rms_norm_eps={eps!r} is not supported: transformers' {mtype} normalises the MLA "
                          "latents with eps 1e-6 and the blocks with rms_norm_eps, and interp's model has one eps "
                          "(only 1e-6)")

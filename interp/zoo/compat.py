@@ -139,8 +139,13 @@ def _seed_init(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-def hf_test_model(name: str, attn_implementation: str = "eager") -> Any:
+def hf_test_model(name: str, attn_implementation: str = "eager", **overrides: Any) -> Any:
     """The random tiny transformers model of :data:`TABLE` ``[name]`` (seeded, float32, eval mode).
+
+    Args:
+        name: the entry of :data:`TABLE`.
+        attn_implementation: transformers' attention kernel.
+        overrides: config keys to set on top of the entry's (the config-key audit perturbs one at a time).
 
     Raises:
         KeyError: an unknown family name (the known ones are listed).
@@ -152,6 +157,7 @@ def hf_test_model(name: str, attn_implementation: str = "eager") -> Any:
     model_type, kw = TABLE[name]
     extra = {"vocab_size": V, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
     args = {**_COMMON, **kw} if model_type != "gpt_bigcode" else {**kw, **extra}
+    args.update(overrides)
     cfg = transformers.AutoConfig.for_model(model_type, **args)
     cfg._attn_implementation = attn_implementation
     torch.manual_seed(0)

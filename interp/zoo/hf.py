@@ -304,6 +304,9 @@ def _biases(hf_cfg: Mapping[str, Any], arch: str) -> tuple[bool, bool]:
 
 _ROPE_KINDS_HF = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
+#: The families whose attention rotates ``partial_rotary_factor`` of each head (the others rotate whole heads).
+_PARTIAL_ROTARY = ("gpt_neox", "phi", "phi3")
+
 
 def _where(hf_cfg: Mapping[str, Any]) -> str:
     """`` (in <folder>/config.json)`` when the config knows the folder or hub id it came from, else ``""``."""
@@ -370,6 +373,12 @@ def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None
     def optional(key: str, *, integer: bool = False) -> float | None:
         return None if rope.get(key) is None else need(key, integer=integer)
 
+    partial = rope.get("partial_rotary_factor", 1.0)
+    if kind != "default" and partial != 1.0 and arch not in _PARTIAL_ROTARY:
+        # transformers' scaled-RoPE init rotates head_dim x partial_rotary_factor dims, but this family's attention
+        # rotates whole heads (its default RoPE ignores the factor).
+        raise ValueError(f"model_type={arch!r}: {field}['partial_rotary_factor']={partial!r} with rope_type "
+                         f"{kind!r} is not supported (this family rotates whole heads){_where(hf_cfg)}")
     theta_key = f"{field}['rope_theta']" if rope.get("rope_theta") is not None else "rope_theta"
     theta = _positive(rope.get("rope_theta", hf_cfg.get("rope_theta", default_theta)), theta_key, arch, hf_cfg)
     if kind == "default":
@@ -672,6 +681,14 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     nope, rope = _need(hf_cfg, "qk_nope_head_dim", arch), _need(hf_cfg, "qk_rope_head_dim", arch)
     # transformers' eager MLA repeats the keys num_attention_heads / num_key_value_heads times: only equal counts
     # run there. (Its head_dim is always set to qk_rope_head_dim by the config class, whatever config.json says.)
+    eps = hf_cfg.get("rms_norm_eps", 1e-6)
+    eps = 1e-6 if eps is None else eps
+    # transformers' q_a_layernorm / kv_a_layernorm keep RMSNorm's default eps whatever the config says (a GGUF file
+    # stores 1e-6 as a float32: 9.99999997e-07).
+    if not math.isclose(eps, 1e-6, rel_tol=1e-6):
+        raise ValueError(f"{mtype} rms_norm_eps={eps!r} is not supported: transformers' {mtype} normalises the MLA "
+                         "latents with eps 1e-6 and the blocks with rms_norm_eps, and interp's model has one eps "
+                         "(only 1e-6)")
     kv_heads = hf_cfg.get("num_key_value_heads")
     if kv_heads is not None and kv_heads != n_heads:
         raise ValueError(f"{mtype} num_key_value_heads={kv_heads!r} is not supported (MLA needs "

@@ -68,3 +68,73 @@ def test_docs_page_holds_every_reason():
     text = DOCS.read_text(encoding="utf-8")
     for line in config_audit.reasons_table().splitlines():
         assert line in text, line
+
+
+# --- every key both sides read, perturbed: exact or refused by name ------------------------------------------
+#: Keys that set shapes (checked by every exact conversion, and against the tensors) or are audited elsewhere
+#: (rope_parameters: tests/core/test_rope_scaling.py and the RoPE refusals; layer_types: the window tests).
+STRUCTURAL = {"hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
+              "num_hidden_layers", "head_dim", "max_position_embeddings", "n_embd", "n_head", "n_layer", "n_inner",
+              "n_positions", "ffn_hidden_size", "num_kv_heads", "moe_intermediate_size", "kv_lora_rank",
+              "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_experts", "num_local_experts",
+              "n_routed_experts", "shared_expert_intermediate_size", "pad_token_id", "type_vocab_size",
+              "rope_parameters", "model_type", "num_experts_per_tok", "n_group", "topk_group", "layer_types"}
+ACTIVATIONS = ("gelu", "relu", "silu", "gelu_new", "gelu_pytorch_tanh")
+FROM_NONE = {"sliding_window": 6, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 2.0,
+             "query_pre_attn_scalar": 7, "clip_qkv": 0.3, "original_max_position_embeddings": 16}
+
+
+def _perturbations(key, value):
+    """Other values for a config key: a flipped bool, the other activations, a changed number or list."""
+    if key in STRUCTURAL:
+        return []
+    if isinstance(value, bool):
+        return [not value]
+    if key in ("hidden_act", "hidden_activation", "activation_function", "activation"):
+        return [a for a in ACTIVATIONS if a != value]
+    if value is None:
+        return [FROM_NONE[key]] if key in FROM_NONE else []
+    if isinstance(value, float):
+        return [0.1 if value < 1e-3 else value * 2.5]
+    if isinstance(value, int):
+        return [value + 1, max(value - 1, 0)]
+    if isinstance(value, list):
+        return [[], list(reversed(value)) if value else [0]]
+    return []
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILY_CONFIGS if n not in ("bert", "gpt2")])
+def test_each_key_both_read_converts_exactly_or_is_refused_by_name_when_changed(name):
+    """Each key transformers and the converter both read, set to other values one at a time on the family's test
+    config: the conversion's logits are within 1e-4 of transformers' or it is refused naming that key. (Values
+    transformers itself cannot build or run are skipped.)"""
+    import torch
+
+    from interp.zoo.compat import V, hf_test_model
+    from interp.zoo.hf import from_hf
+
+    row = audit(name)
+    base = hf_test_model(FAMILY_CONFIGS[name])
+    ids = torch.randint(1, V, (1, 24), generator=torch.Generator().manual_seed(3))
+    exact, refused, wrong = 0, 0, []
+    for key in sorted(row["transformers"] & row["converter"]):
+        for value in _perturbations(key, getattr(base.config, key, None)):
+            try:
+                hf = hf_test_model(FAMILY_CONFIGS[name], **{key: value})
+                with torch.no_grad():
+                    ref = hf(ids).logits
+            except Exception:  # noqa: BLE001 - transformers refuses or crashes on this value: nothing to match
+                continue
+            try:
+                model = from_hf(hf)
+            except ValueError as e:
+                assert key in str(e), f"{key}={value!r} refused, but the message does not name it: {e}"
+                refused += 1
+                continue
+            with torch.no_grad():
+                diff = float((model(ids) - ref).abs().max())
+            exact += diff <= 1e-4
+            if diff > 1e-4:
+                wrong.append(f"{key}={value!r}: max |logit diff| {diff:.2e}")
+    assert not wrong, f"{name} converts silently wrong with " + "; ".join(wrong)
+    assert exact + refused >= 3  # the perturbations ran

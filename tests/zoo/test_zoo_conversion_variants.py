@@ -171,6 +171,8 @@ _L3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_
     ({"rope_type": "longrope", "short_factor": [1.0, float("nan")], "long_factor": [1.0, 2.0]},
      r"rope_scaling\['short_factor'\]\[1\]=nan must be"),
     ({"rope_type": "longrope", "short_factor": [1.0, 1.0]}, r"rope_scaling\['long_factor'\]=None must be a non-empty"),
+    ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+     r"rope_scaling\['partial_rotary_factor'\]=0.5 with rope_type 'linear' is not supported"),
     ({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0], "original_max_position_embeddings": 0},
      r"rope_scaling\['original_max_position_embeddings'\]=0 must be an integer >= 1"),
 ])
@@ -231,3 +233,14 @@ def test_mistral_and_mixtral_never_read_attention_bias():
     assert hf.model.layers[0].self_attn.q_proj.bias is None
     model = _assert_exact(hf)
     assert not model.cfg.attn_bias
+
+
+def test_deepseek_rms_norm_eps_other_than_the_latent_norms_fixed_one_is_refused():
+    """transformers' DeepSeek normalises the MLA latents with RMSNorm's default eps (1e-6) whatever
+    ``rms_norm_eps`` says; interp's model has one eps, so another value is refused (it converted wrong: the
+    config-key perturbation test found a max |logit diff| of 1.6 at rms_norm_eps=0.1)."""
+    from interp.zoo.hf import deepseek_config
+
+    deepseek_config(_DS)  # the default 1e-6 converts
+    with pytest.raises(ValueError, match=r"deepseek_v3 rms_norm_eps=0.1 is not supported"):
+        deepseek_config({**_DS, "rms_norm_eps": 0.1})

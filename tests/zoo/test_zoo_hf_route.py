@@ -90,9 +90,9 @@ def test_route_logits_patterns_and_ablation_match_transformers(model_type):
     assert H == 5
 
 
-@pytest.mark.parametrize("model_type", ["olmo", "gptj", "opt", "cohere2", "gpt_oss"])
+@pytest.mark.parametrize("model_type", ["olmo", "gptj", "opt", "cohere2", "gpt_oss", "lfm2"])
 def test_route_patching_table_equals_a_naive_loop(model_type):
-    from interp.analysis.patching import activation_patching, logit_diff_metric
+    from interp.analysis.patching import activation_patching, attribution_patching, logit_diff_metric
 
     model, hf = _route(model_type, ROUTED[model_type])
     clean, corrupted = _ids(1), _ids(2)
@@ -109,11 +109,12 @@ def test_route_patching_table_equals_a_naive_loop(model_type):
     for h in handles:
         h.remove()
     metric = logit_diff_metric(answers)
-    D = model.blocks[0].attn.d_head
     rows = []
-    for layer, n in enumerate(o_names):
+    attn_layers = [i for i, h in enumerate(model.cfg.layer_n_heads) if h]  # a hybrid's conv layers have none
+    for layer, n in zip(attn_layers, o_names):
+        D = model.blocks[layer].attn.d_head
         for head in range(model.cfg.layer(layer).n_heads):
-            def patch(_m, args, n=n, head=head):
+            def patch(_m, args, n=n, head=head, D=D):
                 x = args[0].clone()
                 x[..., head * D:(head + 1) * D] = saved[n][..., head * D:(head + 1) * D]
                 return (x,)
@@ -124,6 +125,8 @@ def test_route_patching_table_equals_a_naive_loop(model_type):
     assert len(rows) == len(df)
     torch.testing.assert_close(torch.tensor(df["metric"].tolist()), torch.tensor(rows), rtol=0, atol=1e-5)
     assert torch.tensor(rows).std() > 1e-3
+    attr = attribution_patching(model, clean, corrupted, act="z", by="head", answer_tokens=answers, progress=False)
+    assert attr[["layer", "head"]].equals(df[["layer", "head"]]) and attr["metric"].notna().all()
 
 
 @pytest.mark.parametrize("name", ["llama3", "gemma2", "gpt_neox"])

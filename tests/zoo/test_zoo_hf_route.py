@@ -301,3 +301,20 @@ def test_direct_logit_attribution_through_the_models_own_norm_and_unembedding(mo
     assert abs(df.attrs["logit_diff"] - float(want)) < 1e-5
     assert abs(df["attribution"].sum() - float(want)) < 1e-4
     assert (df["kind"] == "head").sum() == 10 and (df["kind"] == "mlp").sum() == 2
+
+
+def test_cli_classifies_the_heads_of_a_folder_on_the_route(tmp_path, capsys):
+    """``interp heads --model FOLDER`` on a family without a converter: the folder loads on the route (the
+    warning names it) and the CLI classifies its heads."""
+    import json
+
+    from helpers import run_cli
+
+    hf = tiny_hf("olmo")
+    hf.save_pretrained(tmp_path / "olmo")
+    hf_route._WARNED.discard("olmo")
+    with pytest.warns(UserWarning, match="attention-level route"):
+        code, out, err = run_cli(capsys, "heads", "--model", str(tmp_path / "olmo"), "--json", "--no-progress")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert all(0 <= r["layer"] < 2 and 0 <= r["head"] < 5 for r in rows)

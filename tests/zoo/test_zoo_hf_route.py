@@ -303,6 +303,7 @@ def test_direct_logit_attribution_through_the_models_own_norm_and_unembedding(mo
     assert (df["kind"] == "head").sum() == 10 and (df["kind"] == "mlp").sum() == 2
 
 
+@pytest.mark.slow  # classify_heads' default workload
 def test_cli_classifies_the_heads_of_a_folder_on_the_route(tmp_path, capsys):
     """``interp heads --model FOLDER`` on a family without a converter: the folder loads on the route (the
     warning names it) and the CLI classifies its heads."""
@@ -318,3 +319,48 @@ def test_cli_classifies_the_heads_of_a_folder_on_the_route(tmp_path, capsys):
     assert code == 0, err
     rows = json.loads(out)
     assert all(0 <= r["layer"] < 2 and 0 <= r["head"] < 5 for r in rows)
+
+
+@pytest.mark.slow  # a Streamlit app run
+def test_the_dashboard_draws_a_route_models_patterns(tmp_path, monkeypatch):
+    """A saved folder of a family without a converter, typed into the dashboard's Hugging Face box, loads on the
+    route and the attention page draws the pattern the route records."""
+    pytest.importorskip("streamlit")
+    import base64
+    import json
+
+    import numpy as np
+    from helpers import word_tokenizer
+    from streamlit.testing.v1 import AppTest
+
+    from interp.app import DASHBOARD
+
+    hf = tiny_hf("olmo")
+    hf.save_pretrained(tmp_path / "olmo")
+    word_tokenizer(V).save_pretrained(tmp_path / "olmo")
+    monkeypatch.setenv("INTERP_DASHBOARD_FILES", str(tmp_path))
+    at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
+    at.query_params["model"] = "Hugging Face name"
+    at.run()
+    at.sidebar.text_input(key="hf_name").set_value("./olmo")
+    at.run()
+    assert not at.exception, at.exception
+    text = "w1 w2 w3 w4 w1 w2 w3 w4"
+    at.sidebar.text_area(key="text").set_value(text)
+    at.selectbox(key="attn_layer").set_value(1)
+    at.selectbox(key="attn_head").set_value(3)
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    fig = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if c.key == "fig_attn_head")
+    z = fig["data"][0]["z"]
+    if isinstance(z, dict):  # plotly's base64 array
+        z = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(
+            [int(n) for n in str(z["shape"]).split(",")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = hf_route.wrap(tiny_hf("olmo"), tokenizer=word_tokenizer(V))
+    ids = model.to_tokens(text)
+    with torch.no_grad():
+        _, trace = model.run_with_cache(ids, names_filter="*hook_pattern")
+    np.testing.assert_allclose(np.asarray(z, dtype=float), trace.pattern(1)[0, 3].numpy(), atol=1e-5)

@@ -217,7 +217,13 @@ def _source_run(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor
     with torch.no_grad():
         logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
         m_src = float(metric(logits_src))
-    return metric, names, base, [trace[n].detach() for n in names], m_src
+    recorded = [trace[n].detach() for n in names if n in trace]
+    if not recorded:
+        raise ValueError(f"no layer of {getattr(model, 'name', 'the model')!r} has heads to patch")
+    # A layer without heads (every head removed, a hybrid's convolution layer) never fires its attention hooks:
+    # it gets an empty [B, T, 0, ...] tensor, so it has no sites.
+    empty = recorded[0].new_zeros(recorded[0].shape[:2] + (0,) + recorded[0].shape[3:])
+    return metric, names, base, [trace[n].detach() if n in trace else empty for n in names], m_src
 
 
 def _groups(sites: list[tuple[int, int, int]], per_run: int, prefix: bool) -> list[list[int]]:
@@ -430,10 +436,12 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     with torch.enable_grad():
         logits = model.run_with_hooks(base, attention_mask=attention_mask, fwd_hooks=[(names, hook)])
         m = metric(logits)
-        grads = torch.autograd.grad(m, [probes[n] for n in names])
+        live = [n for n in names if n in probes]  # a layer without heads fires no hook: it has no sites
+        found = dict(zip(live, torch.autograd.grad(m, [probes[n] for n in live])))
     steps.update()
     m_base = float(m.detach())
-    per = [((s - acts[n]) * g).detach() for s, n, g in zip(src, names, grads)]  # [B, T, (H,) ...] each
+    grads = [found.get(n, s) for n, s in zip(names, src)]
+    per = [((s - acts.get(n, s)) * g).detach() for s, n, g in zip(src, names, grads)]  # [B, T, (H,) ...] each
     n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
     sites = _sites(by, n_units, base.shape[1])
     # Every site's sum stays on the device; one copy brings them all back.

@@ -288,7 +288,6 @@ class RouteConfig:
     unembed: bool = True
     n_experts: int = 0
     attention: str = "standard"
-    kind: str = "decoder"
     # The family's norms and block layout stay transformers' business: analyses that need them refuse, quoting this.
     normalization: str = _UNKNOWN
     parallel_block: str = _UNKNOWN
@@ -305,6 +304,16 @@ class RouteConfig:
     @property
     def n_kv_heads(self) -> int:
         return max(self.layer_n_kv_heads, default=0)
+
+    @property
+    def kind(self) -> str:
+        """``"mha"``, ``"gqa"`` or ``"mqa"`` (as :attr:`interp.ModelConfig.kind`)."""
+        if self.n_kv_heads == self.n_heads:
+            return "mha"
+        return "mqa" if self.n_kv_heads == 1 else "gqa"
+
+    def heads_in_layer(self, layer: int) -> int:
+        return self.layer(layer).n_heads
 
     def layer(self, layer: int) -> LayerShape:
         """The attention shape of ``layer`` (0 heads on a layer without attention)."""
@@ -745,7 +754,8 @@ def wrap(hf_model: nn.Module, *, name: str | None = None, tokenizer: Any = None,
         hf_model: a ``*ForCausalLM`` whose attention runs through ``AttentionInterface`` with ``sdpa`` or
             ``eager``.
         name: ``model.name`` (default: the HF ``name_or_path`` or ``model_type``).
-        tokenizer: an interp Tokenizer to attach (``model.to_tokens``).
+        tokenizer: an interp Tokenizer, a ``tokenizers.Tokenizer`` or a HF fast tokenizer to attach
+            (``model.to_tokens``).
         warn: say once per ``model_type`` that the model took the route (what the loaders do).
 
     Returns:
@@ -762,7 +772,9 @@ def wrap(hf_model: nn.Module, *, name: str | None = None, tokenizer: Any = None,
         >>> model.cfg.layer_n_heads
         [2]
     """
-    model = RouteModel(hf_model, name=name, tokenizer=tokenizer)
+    from .hf import _wrap_tokenizer
+
+    model = RouteModel(hf_model, name=name, tokenizer=_wrap_tokenizer(tokenizer))
     mtype = model.cfg.model_type
     if warn and mtype not in _WARNED:
         _WARNED.add(mtype)

@@ -90,9 +90,9 @@ def test_route_logits_patterns_and_ablation_match_transformers(model_type):
     assert H == 5
 
 
-@pytest.mark.parametrize("model_type", ["olmo", "gptj", "opt", "cohere2", "gpt_oss"])
+@pytest.mark.parametrize("model_type", ["olmo", "gptj", "opt", "cohere2", "gpt_oss", "lfm2"])
 def test_route_patching_table_equals_a_naive_loop(model_type):
-    from interp.analysis.patching import activation_patching, logit_diff_metric
+    from interp.analysis.patching import activation_patching, attribution_patching, logit_diff_metric
 
     model, hf = _route(model_type, ROUTED[model_type])
     clean, corrupted = _ids(1), _ids(2)
@@ -109,11 +109,12 @@ def test_route_patching_table_equals_a_naive_loop(model_type):
     for h in handles:
         h.remove()
     metric = logit_diff_metric(answers)
-    D = model.blocks[0].attn.d_head
     rows = []
-    for layer, n in enumerate(o_names):
+    attn_layers = [i for i, h in enumerate(model.cfg.layer_n_heads) if h]  # a hybrid's conv layers have none
+    for layer, n in zip(attn_layers, o_names):
+        D = model.blocks[layer].attn.d_head
         for head in range(model.cfg.layer(layer).n_heads):
-            def patch(_m, args, n=n, head=head):
+            def patch(_m, args, n=n, head=head, D=D):
                 x = args[0].clone()
                 x[..., head * D:(head + 1) * D] = saved[n][..., head * D:(head + 1) * D]
                 return (x,)
@@ -124,6 +125,8 @@ def test_route_patching_table_equals_a_naive_loop(model_type):
     assert len(rows) == len(df)
     torch.testing.assert_close(torch.tensor(df["metric"].tolist()), torch.tensor(rows), rtol=0, atol=1e-5)
     assert torch.tensor(rows).std() > 1e-3
+    attr = attribution_patching(model, clean, corrupted, act="z", by="head", answer_tokens=answers, progress=False)
+    assert attr[["layer", "head"]].equals(df[["layer", "head"]]) and attr["metric"].notna().all()
 
 
 @pytest.mark.parametrize("name", ["llama3", "gemma2", "gpt_neox"])
@@ -298,3 +301,66 @@ def test_direct_logit_attribution_through_the_models_own_norm_and_unembedding(mo
     assert abs(df.attrs["logit_diff"] - float(want)) < 1e-5
     assert abs(df["attribution"].sum() - float(want)) < 1e-4
     assert (df["kind"] == "head").sum() == 10 and (df["kind"] == "mlp").sum() == 2
+
+
+@pytest.mark.slow  # classify_heads' default workload
+def test_cli_classifies_the_heads_of_a_folder_on_the_route(tmp_path, capsys):
+    """``interp heads --model FOLDER`` on a family without a converter: the folder loads on the route (the
+    warning names it) and the CLI classifies its heads."""
+    import json
+
+    from helpers import run_cli
+
+    hf = tiny_hf("olmo")
+    hf.save_pretrained(tmp_path / "olmo")
+    hf_route._WARNED.discard("olmo")
+    with pytest.warns(UserWarning, match="attention-level route"):
+        code, out, err = run_cli(capsys, "heads", "--model", str(tmp_path / "olmo"), "--json", "--no-progress")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert all(0 <= r["layer"] < 2 and 0 <= r["head"] < 5 for r in rows)
+
+
+@pytest.mark.slow  # a Streamlit app run
+def test_the_dashboard_draws_a_route_models_patterns(tmp_path, monkeypatch):
+    """A saved folder of a family without a converter, typed into the dashboard's Hugging Face box, loads on the
+    route and the attention page draws the pattern the route records."""
+    pytest.importorskip("streamlit")
+    import base64
+    import json
+
+    import numpy as np
+    from helpers import word_tokenizer
+    from streamlit.testing.v1 import AppTest
+
+    from interp.app import DASHBOARD
+
+    hf = tiny_hf("olmo")
+    hf.save_pretrained(tmp_path / "olmo")
+    word_tokenizer(V).save_pretrained(tmp_path / "olmo")
+    monkeypatch.setenv("INTERP_DASHBOARD_FILES", str(tmp_path))
+    at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
+    at.query_params["model"] = "Hugging Face name"
+    at.run()
+    at.sidebar.text_input(key="hf_name").set_value("./olmo")
+    at.run()
+    assert not at.exception, at.exception
+    text = "w1 w2 w3 w4 w1 w2 w3 w4"
+    at.sidebar.text_area(key="text").set_value(text)
+    at.selectbox(key="attn_layer").set_value(1)
+    at.selectbox(key="attn_head").set_value(3)
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    fig = next(json.loads(c.proto.spec) for c in at.get("plotly_chart") if c.key == "fig_attn_head")
+    z = fig["data"][0]["z"]
+    if isinstance(z, dict):  # plotly's base64 array
+        z = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(
+            [int(n) for n in str(z["shape"]).split(",")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = hf_route.wrap(tiny_hf("olmo"), tokenizer=word_tokenizer(V))
+    ids = model.to_tokens(text)
+    with torch.no_grad():
+        _, trace = model.run_with_cache(ids, names_filter="*hook_pattern")
+    np.testing.assert_allclose(np.asarray(z, dtype=float), trace.pattern(1)[0, 3].numpy(), atol=1e-5)

@@ -224,8 +224,8 @@ def test_a_dormant_sink_changes_nothing_when_ablated():
     text = torch.randint(0, 16, (8, 12), generator=torch.Generator().manual_seed(0))
     df = paired_random_test(model, [(0, 0)], kind_metric(model, "sink", text))
     assert abs(df.attrs["target_effect"]) < 1e-6  # it writes nothing: mean ablation writes the same nothing
-    with pytest.raises(ValueError, match="kind='retrieval'"):
-        kind_metric(model, "retrieval", text)
+    with pytest.raises(ValueError, match="kind='function-vector'"):
+        kind_metric(model, "function-vector", text)
     with pytest.raises(ValueError, match="needs answers="):
         kind_metric(model, "successor", text)
 
@@ -264,3 +264,11 @@ def test_a_needle_longer_than_the_context_is_refused_by_value():
         classify_heads(hand_built_model(), kinds=["retrieval"], options={"needle_len": 6, "needle_context": 64})
     with pytest.raises(ValueError, match="needle_len=1 must be an int >= 2"):
         needle_batches(40, 2, 24, 1)
+
+
+def test_ablating_the_retrieval_head_lowers_needle_recall_more_than_random_heads():
+    model = hand_built_model()
+    tokens = torch.cat([b.tokens for b in needle_batches(32, 8, 32, 6, seed=0)])
+    df = paired_random_test(model, [(1, 0)], kind_metric(model, "retrieval", tokens, half_len=6))
+    assert df.attrs["rank"] == 0 and df.attrs["beyond_random"] == 0
+    assert df.attrs["paired_high"] < 0 and df.attrs["p_value"] < 0.05

@@ -272,3 +272,30 @@ def test_ablating_the_retrieval_head_lowers_needle_recall_more_than_random_heads
     df = paired_random_test(model, [(1, 0)], kind_metric(model, "retrieval", tokens, half_len=6))
     assert df.attrs["rank"] == 0 and df.attrs["beyond_random"] == 0
     assert df.attrs["paired_high"] < 0 and df.attrs["p_value"] < 0.05
+
+
+# --- intervals for the induction family ------------------------------------------------------------------------------
+def test_induction_family_intervals_resample_sequences_whose_mean_is_the_score():
+    from helpers import tiny_model
+
+    model = tiny_model(1)
+    r = classify_heads(model, kinds=["previous-token", "induction"], n_seqs=12, bootstrap=300,
+                       previous_token_threshold=0.2, induction_threshold=0.1, copying_threshold=0.0,
+                       progress=False)
+    ind = r.details["induction"].set_index(["layer", "head"])
+    rows = r.df[r.df.kind == "induction"].set_index(["layer", "head"])
+    assert len(rows) and (rows.low <= rows.score).all() and (rows.score <= rows.high).all()
+    # Random repeats have equal-length sequences: the mean of per-sequence masses is the pooled score.
+    assert (rows.score - ind.loc[rows.index, "induction"]).abs().max() < 1e-6
+    # A threshold just above the best head: no head passes, but the best one's interval reaches it.
+    best = ind.induction.max()
+    near = classify_heads(model, kinds=["induction"], n_seqs=12, bootstrap=300, induction_threshold=best + 0.001,
+                          copying_threshold=0.0, progress=False)
+    assert len(near.df) and near.df.uncertain.all() and (near.df.score < best + 0.001).all()
+    assert ind.induction.idxmax() in set(zip(near.df["layer"], near.df["head"]))
+    none = classify_heads(model, kinds=["induction"], n_seqs=12, induction_threshold=best + 0.001,
+                          copying_threshold=0.0, progress=False)
+    assert len(none.df) == 0  # without intervals the same heads are simply absent
+    # The hand-built model's heads are far from every threshold: same kinds, none uncertain.
+    hb = classify_heads(hand_built_model(), n_seqs=16, bootstrap=300, progress=False)
+    assert hb.as_dict() == HAND_BUILT_KINDS and not hb.df.uncertain.any()

@@ -299,3 +299,32 @@ def test_induction_family_intervals_resample_sequences_whose_mean_is_the_score()
     # The hand-built model's heads are far from every threshold: same kinds, none uncertain.
     hb = classify_heads(hand_built_model(), n_seqs=16, bootstrap=300, progress=False)
     assert hb.as_dict() == HAND_BUILT_KINDS and not hb.df.uncertain.any()
+
+
+# --- induction on natural repeats, beside random ones ------------------------------------------------------------------
+def _with_words(model):
+    from helpers import word_tokenizer
+
+    from interp.zoo.tokenizer import Tokenizer
+
+    model.tokenizer = Tokenizer(word_tokenizer(32).backend_tokenizer)
+    return model
+
+
+def test_induction_on_natural_repeats_and_the_disagreement_with_random_repeats():
+    model = _with_words(hand_built_model())
+    gen = torch.Generator().manual_seed(0)
+    texts = [" ".join(f"w{int(i)}" for i in torch.randint(1, 32, (12,), generator=gen)) for _ in range(10)]
+    r = classify_heads(model, texts=texts, kinds=["induction", "induction:natural"], n_seqs=8, half_len=10,
+                       progress=False)
+    assert r.heads("induction") == r.heads("induction:natural") == [(1, 0)]
+    assert r.details["induction:disagreement"].empty and "10 given texts" in r.probes["induction:natural"]
+    # A text of one word repeated: every key after a copy of it is a prefix-matching target, so the
+    # previous-token head and the random head look like induction heads there (copying gate off), not on random
+    # repeats: the disagreement names them.
+    same = classify_heads(model, texts=["w5 " * 30], kinds=["induction", "induction:natural"], n_seqs=2,
+                          half_len=10, copying_threshold=0.0, progress=False)
+    diff = same.details["induction:disagreement"].set_index(["layer", "head"])
+    assert {(0, 0), (1, 1)} <= set(diff.index) and (diff.loc[[(0, 0), (1, 1)], "induction_on"] == "natural repeats").all()
+    with pytest.raises(ValueError, match=r"'induction:natural' needs texts="):
+        classify_heads(model, kinds=["induction:natural"])

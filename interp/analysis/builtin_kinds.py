@@ -6,14 +6,16 @@ induction, syntactic and coreference (their scorers live in :mod:`.positional`, 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from ..streaming import Reducer
 from .coreference import coref_dataset_of, coreference_kinds, coreference_scores
-from .induction import induction_reducers, induction_table
+from .induction import induction_reducers, induction_table, induction_targets
 from .kinds import HeadKind, KindRun, register_kind
+from .per_sequence import PerSequenceMass
 from .positional import PositionalReducer, offset_label
 from .syntactic import SyntacticReducer
 
@@ -68,40 +70,62 @@ register_kind(HeadKind(
 
 # --- the induction family (one pass over repeated sequences, shared reducers) -----------------------------------
 def _induction_reducers(run: KindRun) -> list[Reducer]:
-    return induction_reducers(run.model, definition=run["definition"], copying_rows=run["copying_rows"],
+    reds = induction_reducers(run.model, definition=run["definition"], copying_rows=run["copying_rows"],
                               copying_comparisons=run["copying_comparisons"])
+    if run["bootstrap"] and run["definition"] == "interp":  # per-sequence masses: the rows of the intervals
+        causal = run.model.cfg.causal
+        reds.append(PerSequenceMass(run.model, list(_FAMILY), lambda b, rows: induction_targets(
+            b.tokens, b.mask, causal, rows)))
+    return reds
+
+
+_FAMILY = ("previous_token", "duplicate_token", "induction")
 
 
 def _induction_table(run: KindRun, reducers: list[Reducer]) -> pd.DataFrame:
     if "induction" not in run.details:
-        run.details["induction"] = induction_table(run.model, reducers, run.passes["repeats"])
+        scorers = [r for r in reducers if not isinstance(r, PerSequenceMass)]
+        run.details["induction"] = induction_table(run.model, scorers, run.passes["repeats"])
     return run.details["induction"]
 
 
+def _family_rows(run: KindRun, reducers: list[Reducer], column: str, kind: str, threshold: float,
+                 evidence: Callable[[Any], str], gate: Callable[[Any], bool] = lambda r: True) -> list[dict[str, Any]]:
+    """One row per head whose ``column`` passes ``threshold`` (and ``gate``); with per-sequence masses, every
+    gated head, with its samples, so that a head whose interval reaches the threshold is reported uncertain."""
+    per_seq = next((r.values()[column] for r in reducers if isinstance(r, PerSequenceMass)), None)
+    rows = []
+    for r in plain(_induction_table(run, reducers)).itertuples():
+        score = getattr(r, column)
+        passed = score >= threshold
+        if not gate(r) or not (passed or per_seq is not None):
+            continue
+        row = {"layer": r.layer, "head": r.head, "kind": kind, "score": score, "evidence": evidence(r),
+               "passed": passed, "threshold": threshold}
+        if per_seq is not None:
+            row["samples"] = per_seq[:, r.layer, r.head]
+        rows.append(row)
+    return rows
+
+
 def _previous_rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
-    t = run["previous_token_threshold"]
-    return [{"layer": r.layer, "head": r.head, "kind": "previous-token", "score": r.previous_token,
-             "evidence": f"mean attention {r.previous_token:.2f} on the previous token"}
-            for r in plain(_induction_table(run, reducers)).itertuples() if r.previous_token >= t]
+    return _family_rows(run, reducers, "previous_token", "previous-token", run["previous_token_threshold"],
+                        lambda r: f"mean attention {r.previous_token:.2f} on the previous token")
 
 
 def _duplicate_rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
-    t = run["duplicate_token_threshold"]
-    return [{"layer": r.layer, "head": r.head, "kind": "duplicate-token", "score": r.duplicate_token,
-             "evidence": f"mean attention {r.duplicate_token:.2f} on earlier copies of the token"}
-            for r in plain(_induction_table(run, reducers)).itertuples() if r.duplicate_token >= t]
+    return _family_rows(run, reducers, "duplicate_token", "duplicate-token", run["duplicate_token_threshold"],
+                        lambda r: f"mean attention {r.duplicate_token:.2f} on earlier copies of the token")
 
 
 def _induction_rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
-    rows = []
-    for r in plain(_induction_table(run, reducers)).itertuples():
-        copies = math.isnan(r.copying) or r.copying >= run["copying_threshold"]
-        if r.induction >= run["induction_threshold"] and copies:
-            copy_txt = "no unembedding" if math.isnan(r.copying) else f"copying score {r.copying:.2f}"
-            rows.append({"layer": r.layer, "head": r.head, "kind": "induction", "score": r.induction,
-                         "evidence": f"prefix-matching attention {r.induction:.2f} on repeated sequences; "
-                                     f"{copy_txt}"})
-    return rows
+    def evidence(r: Any) -> str:
+        copy_txt = "no unembedding" if math.isnan(r.copying) else f"copying score {r.copying:.2f}"
+        return f"prefix-matching attention {r.induction:.2f} on repeated sequences; {copy_txt}"
+
+    # The copying score is a gate, not the score: a head that does not copy is no induction head.
+    return _family_rows(run, reducers, "induction", "induction", run["induction_threshold"], evidence,
+                        gate=lambda r: math.isnan(r.copying) or r.copying >= run["copying_threshold"])
 
 
 _OLSSON = "Olsson et al. 2022, In-context learning and induction heads"

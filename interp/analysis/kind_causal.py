@@ -11,7 +11,10 @@ Each kind has its own metric, measured per example with the heads mean-ablated (
 - ``successor``: the log-probability of the next item of an ordinal sequence after three items (Monday Tuesday
   Wednesday -> Thursday); ablating successor heads should lower it;
 - ``induction``: the in-context loss on the repeated half of ``[bos] x x`` (:func:`~.ablate.in_context_gain`'s
-  second half).
+  second half);
+- ``retrieval``: needle recall, the mean log-probability of the needle's tokens as the answer copies them
+  (:func:`interp.data.needle.needle_batches`; ``half_len`` = the needle's length); ablating retrieval heads
+  should lower it.
 
 :func:`paired_random_test` then compares, example by example, the target's effect (ablated minus clean) with the
 mean effect of the random sets: the mean paired difference, its bootstrap interval and a Wilcoxon signed-rank
@@ -137,11 +140,11 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
 
     Args:
         model: an interp Transformer.
-        kind: ``"sink"``, ``"copy-suppression"``, ``"successor"`` or ``"induction"``.
+        kind: ``"sink"``, ``"copy-suppression"``, ``"successor"``, ``"induction"`` or ``"retrieval"``.
         tokens: ``[N, T]`` the examples: text for sink and copy suppression, :func:`ordinal_prompts` for
             successor, ``[bos] x x`` for induction.
         answers: ``[N]`` the successor of each prompt (successor only).
-        half_len: the length of x (induction only).
+        half_len: the length of x (induction) or of the needle (retrieval).
         method: the ablation (``"mean"`` or ``"resample"``; the reference is ``tokens`` unless given).
         reference: the ablation's reference data.
 
@@ -157,13 +160,13 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
         >>> per([]).shape, per([(1, 0)]).shape
         (torch.Size([2]), torch.Size([2]))
     """
-    kinds = ("sink", "copy-suppression", "successor", "induction")
+    kinds = ("sink", "copy-suppression", "successor", "induction", "retrieval")
     if kind not in kinds:
         raise ValueError(f"kind={kind!r}: causal metrics exist for {kinds}")
     if kind == "successor" and answers is None:
         raise ValueError("the successor metric needs answers= (the next item of each prompt)")
-    if kind == "induction" and half_len is None:
-        raise ValueError("the induction metric needs half_len= (the length of the repeated run)")
+    if kind in ("induction", "retrieval") and half_len is None:
+        raise ValueError(f"the {kind} metric needs half_len= (the length of the repeated run / the needle)")
     reference = tokens if reference is None else reference
 
     def run(heads: list[tuple[int, int]]) -> torch.Tensor:
@@ -179,8 +182,9 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
         nxt = logp[:, :-1].gather(-1, tokens[:, 1:, None].to(logp.device))[..., 0]  # [N, T-1]
         if kind == "sink":
             return (-nxt).mean(-1).double().cpu()
-        if kind == "induction":
-            return (-nxt[:, -(half_len - 1):]).mean(-1).double().cpu()  # type: ignore[operator]
+        if kind in ("induction", "retrieval"):  # the copied half's tokens: loss (induction) or log-prob (recall)
+            copied = nxt[:, -(half_len - 1):].mean(-1).double().cpu()  # type: ignore[operator]
+            return -copied if kind == "induction" else copied
         return _seen_logprob(logp, tokens).double().cpu()
 
     return per_example

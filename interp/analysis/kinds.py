@@ -36,6 +36,7 @@ DATA = {
     "coref": "coreference data (coref=): GAP / CorefUD",
     "weights": "the weights alone (OV / QK circuits), no forward pass over data",
     "needles": "generated needle-in-a-haystack prompts (interp.data.needle)",
+    "natural-repeats": "the given texts repeated once, [bos] x x (texts=)",
 }
 #: The data classify_heads itself knows how to stream; any other data name is built by its kinds' data_builder.
 BUILTIN_DATA = ("text", "repeats", "treebank", "coref", "weights")
@@ -93,6 +94,8 @@ class HeadKind:
             ``positional:first`` row says less than its ``sink`` row, and is dropped).
         data_builder: ``builder(run) -> batches`` for data that :func:`classify_heads` does not stream itself
             (not in :data:`BUILTIN_DATA`); kinds of the same data share the first one's batches and one pass.
+        needs: keywords of :func:`classify_heads` that must be given (not None) for the kind to run: it is
+            skipped without them by default and refused when asked for by name.
     """
 
     name: str
@@ -108,6 +111,7 @@ class HeadKind:
     defaults: dict[str, Any] = field(default_factory=dict)
     supersedes: tuple[str, ...] = ()
     data_builder: Callable[[KindRun], Any] | None = None
+    needs: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, HeadKind] = {}
@@ -202,4 +206,4 @@ def kind_of_label(label: str) -> HeadKind | None:
 
 def _load_builtin() -> None:
     """Import the modules that register the kinds shipped with interp (deferred: they import this module)."""
-    from . import builtin_kinds, copy_suppression, retrieval, sink, successor  # noqa: F401
+    from . import builtin_kinds, copy_suppression, induction_natural, retrieval, sink, successor  # noqa: F401

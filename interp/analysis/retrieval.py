@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import torch
 
 from ..data import Batch
@@ -75,15 +76,18 @@ def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     context = run["needle_context"] if run["needle_context"] is not None else min(run.model.cfg.n_ctx, 256)
     run.probes["retrieval"] = (f"{run['n_seqs']} generated needle-in-a-haystack prompts of {context} tokens, "
                                f"needle of {run['needle_len']} tokens at a random depth")
-    rows = []
+    rows, table = [], []
     for layer in range(res["argmax"].shape[0]):
         for head in range(run.model.cfg.layer(layer).n_heads):
             score = float(res["argmax"][layer, head])
+            table.append({"layer": layer, "head": head, "retrieval": score,
+                          "mass": float(res["mass"][layer, head])})
             if score == score and score >= threshold:
                 rows.append({"layer": layer, "head": head, "kind": "retrieval", "score": score,
                              "evidence": f"argmax on the needle token to copy in {100 * score:.0f}% of "
                                          f"{res['rows']} answer rows; mean weight there "
                                          f"{float(res['mass'][layer, head]):.2f}"})
+    run.details["retrieval"] = pd.DataFrame(table)  # every head's retrieval score and mass on the target
     return rows
 
 

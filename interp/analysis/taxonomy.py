@@ -255,12 +255,13 @@ def classify_heads(
     if unknown:
         raise ValueError(f"options {unknown} are not settings of any head kind; the settings are {sorted(defaults)}")
     # Kinds whose data was not given: skipped by default, refused when asked for by name.
-    given = {"treebank": conllu is not None, "coref": coref is not None}
-    missing = [k.name for k in selected if not given.get(k.data, True)]
+    given = dict(tokens=tokens, texts=texts, conllu=conllu, coref=coref, induction_tokens=induction_tokens)
+    needs = {k.name: [n for n in (*k.needs, *{"treebank": ("conllu",), "coref": ("coref",)}.get(k.data, ()))
+                      if given.get(n) is None] for k in selected}
+    missing = [name for name, lack in needs.items() if lack]
     if explicit and missing:
-        need = {"treebank": "conllu=", "coref": "coref="}
-        raise ValueError("; ".join(f"head kind {k.name!r} needs {need[k.data]} (its data: {DATA[k.data]})"
-                                   for k in selected if k.name in missing))
+        raise ValueError("; ".join(f"head kind {k.name!r} needs {', '.join(n + '=' for n in needs[k.name])} (its "
+                                   f"data: {DATA[k.data]})" for k in selected if k.name in missing))
     selected = [k for k in selected if k.name not in missing]
     run = KindRun(model, {**defaults, **(options or {}), **keywords}, progress_enabled(progress))
     for kind in selected:
@@ -329,7 +330,8 @@ def classify_heads(
     probe_of = {"text": text_probe, "repeats": rep_probe, "treebank": f"the treebank {str(conllu)!r}",
                 "coref": "coreference data", "weights": "the weights (no data)"}
     rows: list[dict[str, Any]] = []
-    for kind in selected:
+    order = list(head_kinds())  # registration order: a kind may read what an earlier one computed
+    for kind in sorted(selected, key=lambda k: order.index(k.name)):
         run.probes[kind.name] = probe_of.get(kind.data, DATA[kind.data])
         found = kind.rows(run, built.get(kind.reducers, []) if kind.reducers is not None else [])
         rows += with_intervals(found, bootstrap, seed=seed)

@@ -224,8 +224,8 @@ def test_a_dormant_sink_changes_nothing_when_ablated():
     text = torch.randint(0, 16, (8, 12), generator=torch.Generator().manual_seed(0))
     df = paired_random_test(model, [(0, 0)], kind_metric(model, "sink", text))
     assert abs(df.attrs["target_effect"]) < 1e-6  # it writes nothing: mean ablation writes the same nothing
-    with pytest.raises(ValueError, match="kind='retrieval'"):
-        kind_metric(model, "retrieval", text)
+    with pytest.raises(ValueError, match="kind='function-vector'"):
+        kind_metric(model, "function-vector", text)
     with pytest.raises(ValueError, match="needs answers="):
         kind_metric(model, "successor", text)
 
@@ -264,3 +264,67 @@ def test_a_needle_longer_than_the_context_is_refused_by_value():
         classify_heads(hand_built_model(), kinds=["retrieval"], options={"needle_len": 6, "needle_context": 64})
     with pytest.raises(ValueError, match="needle_len=1 must be an int >= 2"):
         needle_batches(40, 2, 24, 1)
+
+
+def test_ablating_the_retrieval_head_lowers_needle_recall_more_than_random_heads():
+    model = hand_built_model()
+    tokens = torch.cat([b.tokens for b in needle_batches(32, 8, 32, 6, seed=0)])
+    df = paired_random_test(model, [(1, 0)], kind_metric(model, "retrieval", tokens, half_len=6))
+    assert df.attrs["rank"] == 0 and df.attrs["beyond_random"] == 0
+    assert df.attrs["paired_high"] < 0 and df.attrs["p_value"] < 0.05
+
+
+# --- intervals for the induction family ------------------------------------------------------------------------------
+def test_induction_family_intervals_resample_sequences_whose_mean_is_the_score():
+    from helpers import tiny_model
+
+    model = tiny_model(1)
+    r = classify_heads(model, kinds=["previous-token", "induction"], n_seqs=12, bootstrap=300,
+                       previous_token_threshold=0.2, induction_threshold=0.1, copying_threshold=0.0,
+                       progress=False)
+    ind = r.details["induction"].set_index(["layer", "head"])
+    rows = r.df[r.df.kind == "induction"].set_index(["layer", "head"])
+    assert len(rows) and (rows.low <= rows.score).all() and (rows.score <= rows.high).all()
+    # Random repeats have equal-length sequences: the mean of per-sequence masses is the pooled score.
+    assert (rows.score - ind.loc[rows.index, "induction"]).abs().max() < 1e-6
+    # A threshold just above the best head: no head passes, but the best one's interval reaches it.
+    best = ind.induction.max()
+    near = classify_heads(model, kinds=["induction"], n_seqs=12, bootstrap=300, induction_threshold=best + 0.001,
+                          copying_threshold=0.0, progress=False)
+    assert len(near.df) and near.df.uncertain.all() and (near.df.score < best + 0.001).all()
+    assert ind.induction.idxmax() in set(zip(near.df["layer"], near.df["head"]))
+    none = classify_heads(model, kinds=["induction"], n_seqs=12, induction_threshold=best + 0.001,
+                          copying_threshold=0.0, progress=False)
+    assert len(none.df) == 0  # without intervals the same heads are simply absent
+    # The hand-built model's heads are far from every threshold: same kinds, none uncertain.
+    hb = classify_heads(hand_built_model(), n_seqs=16, bootstrap=300, progress=False)
+    assert hb.as_dict() == HAND_BUILT_KINDS and not hb.df.uncertain.any()
+
+
+# --- induction on natural repeats, beside random ones ------------------------------------------------------------------
+def _with_words(model):
+    from helpers import word_tokenizer
+
+    from interp.zoo.tokenizer import Tokenizer
+
+    model.tokenizer = Tokenizer(word_tokenizer(32).backend_tokenizer)
+    return model
+
+
+def test_induction_on_natural_repeats_and_the_disagreement_with_random_repeats():
+    model = _with_words(hand_built_model())
+    gen = torch.Generator().manual_seed(0)
+    texts = [" ".join(f"w{int(i)}" for i in torch.randint(1, 32, (12,), generator=gen)) for _ in range(10)]
+    r = classify_heads(model, texts=texts, kinds=["induction", "induction:natural"], n_seqs=8, half_len=10,
+                       progress=False)
+    assert r.heads("induction") == r.heads("induction:natural") == [(1, 0)]
+    assert r.details["induction:disagreement"].empty and "10 given texts" in r.probes["induction:natural"]
+    # A text of one word repeated: every key after a copy of it is a prefix-matching target, so the
+    # previous-token head and the random head look like induction heads there (copying gate off), not on random
+    # repeats: the disagreement names them.
+    same = classify_heads(model, texts=["w5 " * 30], kinds=["induction", "induction:natural"], n_seqs=2,
+                          half_len=10, copying_threshold=0.0, progress=False)
+    diff = same.details["induction:disagreement"].set_index(["layer", "head"])
+    assert {(0, 0), (1, 1)} <= set(diff.index) and (diff.loc[[(0, 0), (1, 1)], "induction_on"] == "natural repeats").all()
+    with pytest.raises(ValueError, match=r"'induction:natural' needs texts="):
+        classify_heads(model, kinds=["induction:natural"])

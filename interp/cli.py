@@ -614,6 +614,88 @@ def _version() -> str:
     return f"interp {interp.__version__}"
 
 
+# --- interp circuit (a self-contained block: its parser, its command) ----------------------------------------
+CIRCUIT_METHODS = ("eap", "eap-ig", "acdc", "edge-pruning")
+
+
+def _circuit(args: argparse.Namespace) -> int:
+    circuits = _require("interp.circuits", None, "circuit discovery (interp.circuits)")
+    from .circuits.tasks import circuit_task
+
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"--out {str(out)!r} cannot be created: {e.strerror or e}") from None
+    check_writable(out / "circuit.json", "--out")
+    model = _load_model(args.model)
+    task = circuit_task(model, args.task, n=args.n, seed=args.seed)
+    c, x, m = task.clean, task.corrupted, task.metric
+    graph = circuits.build_graph(model)
+    progress = not args.no_progress
+    n_keep = args.edges or max(1, round(args.fraction * graph.n_edges))
+    if not 1 <= n_keep <= graph.n_edges:
+        raise CliError(f"--edges {n_keep} must be in [1, {graph.n_edges}] (the edges of {args.model})")
+    scores = None
+    if args.method in ("eap", "eap-ig"):
+        scores = (circuits.eap(model, c, x, m, graph=graph) if args.method == "eap"
+                  else circuits.eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=progress))
+        found = circuits.top_n(scores, n_keep)
+    elif args.method == "acdc":
+        found = circuits.acdc(model, c, x, m, threshold=args.threshold, graph=graph, progress=progress)
+    else:
+        found = circuits.edge_pruning(model, c, x, m, target=1 - n_keep / graph.n_edges, steps=args.steps_train,
+                                      graph=graph, progress=progress)
+    found.info.update({"model": args.model, "task": args.task})
+    faith = circuits.faithfulness(model, found, c, x, m, graph=graph) if len(found) else {}
+    sizes = sorted({max(1, round(graph.n_edges * f)) for f in (0.01, 0.03, 0.1, 0.3, 1.0)} | {len(found) or 1})
+    curve = circuits.faithfulness_curve(model, [scores] if scores is not None else [], c, x, m, sizes=sizes,
+                                        n_random=args.n_random, extra={args.method: {len(found): found}}
+                                        if scores is None and len(found) else None, progress=progress)
+    found.save(out / "circuit.json")
+    from ._io import atomic_path
+
+    with atomic_path(out / "curve.csv") as tmp:
+        curve.to_csv(tmp, index=False)
+    summary = {"method": args.method, "task": args.task, "model": args.model, "n_edges": len(found),
+               "n_edges_total": graph.n_edges, "faithfulness": faith.get("faithfulness"),
+               "normalized": faith.get("normalized"), "circuit": str(out / "circuit.json"),
+               "curve": str(out / "curve.csv")}
+    if args.json:
+        _print_json(summary)
+    else:
+        for k, v in summary.items():
+            print(f"{k}: {v}")
+    return EXIT_OK
+
+
+def _add_circuit_parser(sub: Any, fmt: Any) -> None:
+    ci = sub.add_parser("circuit", help="find a task's circuit (edges between heads, MLPs, embedding, logits)",
+                        formatter_class=fmt, description="Score the edges of a model on a task, keep a circuit, "
+                        "measure its faithfulness and a curve beside random circuits; writes circuit.json and "
+                        "curve.csv to --out.",
+                        epilog="--json prints {\"method\", \"task\", \"model\", \"n_edges\", \"n_edges_total\", "
+                               "\"faithfulness\", \"normalized\", \"circuit\", \"curve\"}.")
+    ci.add_argument("--model", required=True, help="a built-in name (induction-2l, smollm2-135m...), a checkpoint, "
+                                                   "a .gguf file or a Hugging Face folder")
+    ci.add_argument("--task", required=True, choices=("induction", "ioi", "greater-than", "agreement"),
+                    help="the generated task (text tasks need a text tokenizer)")
+    ci.add_argument("--method", required=True, choices=CIRCUIT_METHODS,
+                    help="eap, eap-ig (top edges by score), acdc (greedy, --threshold) or edge-pruning (gates)")
+    ci.add_argument("--out", required=True, help="folder for circuit.json and curve.csv")
+    ci.add_argument("--edges", type=_positive_int, help="edges to keep (eap, eap-ig, edge-pruning)")
+    ci.add_argument("--fraction", type=_fraction, default=0.1, help="fraction of the edges to keep if no --edges")
+    ci.add_argument("--threshold", type=float, default=0.05, help="acdc: largest metric change of a removed edge")
+    ci.add_argument("--steps", type=_positive_int, default=5, help="eap-ig: integrated-gradient steps m")
+    ci.add_argument("--steps-train", type=_positive_int, default=100, help="edge-pruning: gate training steps")
+    ci.add_argument("--n", type=_positive_int, default=16, help="prompts")
+    ci.add_argument("--seed", type=int, default=0, help="seed of the prompts")
+    ci.add_argument("--n-random", type=int, default=20, help="random circuits per size on the curve")
+    ci.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    ci.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    ci.set_defaults(func=_circuit)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``interp`` command (sub-commands heads, prune, train-induction, dashboard,
     kv-cache, bench)."""
@@ -729,6 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
     b.add_argument("--quick", action="store_true", help="fewer repetitions and shorter inputs")
     b.set_defaults(func=_bench)
+    _add_circuit_parser(sub, fmt)
     return p
 
 

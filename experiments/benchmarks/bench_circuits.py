@@ -1,0 +1,223 @@
+"""Circuits, found automatically: what the issue asks to show, measured.
+
+Parts (``--only``, comma-separated):
+- ``induction2l``: induction-2l on repeated random tokens: EAP, EAP-IG, exact patching of every edge; ACDC; Edge
+  Pruning; the top edges must contain previous-token -> induction-head K-composition edges and reach
+  faithfulness >= 0.9 with <= 10 % of the edges; curves beside 20 random circuits.
+- ``speed``: SmolLM2-135M, 4 x 128 tokens (repeated random halves of 64): one forward, EAP, EAP-IG (m steps),
+  as multiples of the forward (targets <= 4x and <= (m + 2)x).
+- ``memory``: the peak resident memory of EAP at 4 x 128 on SmolLM2 (a fresh process: ru_maxrss after EAP minus
+  after loading the model and running one forward).
+- ``ioi`` / ``induction``: SmolLM2-135M on IOI-style prompts / repeated tokens: EAP, EAP-IG, exact patching of
+  the top-200 EAP-IG edges in shared passes (and a naive one-pass-per-edge loop on a slice, scaled), Spearman of
+  EAP and EAP-IG against exact; faithfulness curves of EAP, EAP-IG and Edge Pruning beside 20 random circuits.
+
+Usage:
+    python experiments/benchmarks/bench_circuits.py [--only induction2l,speed,memory,ioi,induction] [--steps 5]
+        [--out experiments/results/circuits]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from benchutil import fix_threads, machine_info
+
+import interp
+from interp.circuits import (
+    build_graph,
+    eap,
+    eap_ig,
+    edge_pruning,
+    exact_scores,
+    exact_scores_naive,
+    faithfulness,
+    faithfulness_curve,
+    top_n,
+)
+from interp.circuits.evaluate import top_mask
+from interp.circuits.tasks import circuit_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    ra = a.argsort().argsort().double()
+    rb = b.argsort().argsort().double()
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+def timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def summarize_curve(df) -> dict:
+    out = {}
+    for (method, n), g in df.groupby(["method", "n_edges"]):
+        out.setdefault(method, {})[int(n)] = {"faithfulness": float(g.faithfulness.mean()),
+                                              "normalized": float(g.normalized.mean()),
+                                              **({"p90_random": float(g.faithfulness.quantile(0.9))}
+                                                 if method == "random" else {})}
+    return out
+
+
+def part_induction2l(args) -> dict:
+    model = interp.load("induction-2l")
+    task = circuit_task(model, "induction", n=16)
+    c, x, m = task.clean, task.corrupted, task.metric
+    graph = build_graph(model)
+    E = graph.n_edges
+    s_eap, t_eap = timed(lambda: eap(model, c, x, m, graph=graph))
+    s_ig, t_ig = timed(lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph))
+    s_ex, t_ex = timed(lambda: exact_scores(model, c, x, m, graph=graph))
+    n10 = max(1, E // 10)
+    out: dict = {"n_edges": E, "budget_10pct": n10, "seconds": {"eap": t_eap, "eap_ig": t_ig, "exact_all": t_ex}}
+    allowed = graph.allowed
+    out["spearman_vs_exact_all_edges"] = {"eap": spearman(s_eap.scores[allowed], s_ex.scores[allowed]),
+                                          "eap_ig": spearman(s_ig.scores[allowed], s_ex.scores[allowed])}
+    from interp.analysis import classify_heads
+    report = classify_heads(model)
+    prev = [f"a{layer}.h{head}" for layer, head in report.heads("previous-token")]
+    ind = [f"a{layer}.h{head}" for layer, head in report.heads("induction")]
+    out["classify_heads"] = {"previous-token": prev, "induction": ind}
+    kcomp = {(p, f"{i}<k>") for p in prev for i in ind}
+    circuits = {}
+    for name, scores in (("eap", s_eap), ("eap-ig", s_ig), ("exact", s_ex)):
+        circ = top_n(scores, n10)
+        f = faithfulness(model, circ, c, x, m, graph=graph)
+        circuits[name] = {"edges": circ.edges, "faithfulness": f["faithfulness"], "normalized": f["normalized"],
+                          "k_composition_edges": sorted(set(circ.edges) & kcomp)}
+    ep, t_ep = timed(lambda: edge_pruning(model, c, x, m, target=1 - n10 / E, steps=args.ep_steps, graph=graph))
+    f = faithfulness(model, ep, c, x, m, graph=graph)
+    circuits["edge-pruning"] = {"edges": ep.edges, "faithfulness": f["faithfulness"], "normalized": f["normalized"],
+                                "k_composition_edges": sorted(set(ep.edges) & kcomp), "seconds": t_ep}
+    from interp.circuits import acdc
+    ac, t_ac = timed(lambda: acdc(model, c, x, m, threshold=args.acdc_threshold, graph=graph))
+    f = faithfulness(model, ac, c, x, m, graph=graph)
+    circuits["acdc"] = {"n_edges": len(ac), "threshold": args.acdc_threshold, "faithfulness": f["faithfulness"],
+                        "k_composition_edges": sorted(set(ac.edges) & kcomp), "seconds": t_ac}
+    out["circuits_at_10pct"] = circuits
+    df = faithfulness_curve(model, [s_eap, s_ig, s_ex], c, x, m, sizes=[1, 2, 4, n10, 16, 32, E], n_random=20)
+    out["curve"] = summarize_curve(df)
+    return out
+
+
+def _smollm2():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return interp.load("smollm2-135m")
+
+
+def part_speed(args) -> dict:
+    model = _smollm2()
+    task = circuit_task(model, "induction", n=4, half_len=64)
+    c, x, m = task.clean, task.corrupted, task.metric
+    graph = build_graph(model)
+    with torch.no_grad():
+        model(c)
+        _, t_fwd = timed(lambda: model(c))
+    eap(model, c, x, m, graph=graph)  # warm
+    _, t_eap = timed(lambda: eap(model, c, x, m, graph=graph))
+    _, t_ig = timed(lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph))
+    return {"tokens": list(c.shape), "n_edges": graph.n_edges, "forward_s": t_fwd, "eap_s": t_eap,
+            "eap_x_forward": t_eap / t_fwd, "eap_target": 4, "eap_ig_steps": args.steps, "eap_ig_s": t_ig,
+            "eap_ig_x_forward": t_ig / t_fwd, "eap_ig_target": args.steps + 2}
+
+
+def part_memory(args) -> dict:
+    if not args.child:
+        res = subprocess.run([sys.executable, __file__, "--only", "memory", "--child"], capture_output=True, text=True,
+                             check=True)
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    model = _smollm2()
+    task = circuit_task(model, "induction", n=4, half_len=64)
+    with torch.no_grad():
+        model(task.clean)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    graph = build_graph(model)
+    eap(model, task.clean, task.corrupted, task.metric, graph=graph)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"tokens": list(task.clean.shape), "rss_after_model_and_forward_mb": base,
+                      "rss_peak_after_eap_mb": peak, "eap_extra_peak_mb": peak - base}))
+    sys.exit(0)
+
+
+def part_smollm2_task(args, name: str) -> dict:
+    model = _smollm2()
+    task = circuit_task(model, name, n=args.n, half_len=10)
+    c, x, m = task.clean, task.corrupted, task.metric
+    graph = build_graph(model)
+    E = graph.n_edges
+    s_eap, t_eap = timed(lambda: eap(model, c, x, m, graph=graph))
+    s_ig, t_ig = timed(lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph))
+    top = top_mask(s_ig, args.top).nonzero().tolist()
+    edges = [(graph.upstream[u], graph.downstream[d]) for u, d in top]
+    s_ex, t_ex = timed(lambda: exact_scores(model, c, x, m, edges=edges, graph=graph, batch_size=args.batch_size))
+    naive_n = min(len(edges), args.naive_edges)
+    _, t_naive = timed(lambda: exact_scores_naive(model, c, x, m, edges=edges[:naive_n], graph=graph))
+    idx = tuple(torch.tensor(top).T)
+    out = {"shape": list(c.shape), "n_edges": E, "metric_clean": s_eap.metric_clean,
+           "metric_corrupted": s_eap.metric_corrupted,
+           "seconds": {"eap": t_eap, "eap_ig": t_ig, f"exact_{len(edges)}_shared": t_ex,
+                       f"naive_{naive_n}_edges": t_naive, "naive_scaled_to_all": t_naive * len(edges) / naive_n},
+           f"spearman_top{len(edges)}": {"eap_ig_vs_exact": spearman(s_ig.scores[idx], s_ex.scores[idx]),
+                                          "eap_vs_exact": spearman(s_eap.scores[idx], s_ex.scores[idx])}}
+    sizes = [n for n in args.sizes if n <= E]
+    extra = {}
+    if args.ep_steps:
+        ep, t_ep = timed(lambda: edge_pruning(model, c, x, m, target=1 - args.ep_keep / E, steps=args.ep_steps,
+                                              graph=graph))
+        extra = {"edge-pruning": {len(ep): ep}}
+        out["seconds"]["edge_pruning"] = t_ep
+        out["edge_pruning_edges"] = len(ep)
+    df, t_curve = timed(lambda: faithfulness_curve(model, [s_eap, s_ig], c, x, m, sizes=sizes, n_random=args.n_random,
+                                                   extra=extra, batch_size=args.batch_size))
+    out["seconds"]["curve"] = t_curve
+    out["curve"] = summarize_curve(df)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="induction2l,speed,memory,ioi,induction")
+    p.add_argument("--steps", type=int, default=5, help="EAP-IG steps m")
+    p.add_argument("--n", type=int, default=8, help="SmolLM2 prompts per task")
+    p.add_argument("--top", type=int, default=200)
+    p.add_argument("--naive-edges", type=int, default=16)
+    p.add_argument("--n-random", type=int, default=20)
+    p.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000, 5000])
+    p.add_argument("--ep-steps", type=int, default=40)
+    p.add_argument("--ep-keep", type=int, default=1000)
+    p.add_argument("--acdc-threshold", type=float, default=0.05)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "circuits"))
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    fix_threads()
+    parts = args.only.split(",")
+    results = {"machine": machine_info()}
+    for part in parts:
+        t = time.perf_counter()
+        fn = {"induction2l": part_induction2l, "speed": part_speed, "memory": part_memory,
+              "ioi": lambda a: part_smollm2_task(a, "ioi"), "induction": lambda a: part_smollm2_task(a, "induction")}
+        results[part] = fn[part](args)
+        results[part]["wall_s"] = time.perf_counter() - t
+        print(json.dumps({part: results[part]}, indent=1, default=str), flush=True)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"bench_circuits_{part}.json"), "w") as f:
+            json.dump({"machine": results["machine"], part: results[part]}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

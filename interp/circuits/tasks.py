@@ -1,0 +1,94 @@
+"""Circuit tasks: clean / corrupted prompts with the metric that reads them, by name.
+
+The prompts come from :mod:`interp.data.circuit_tasks` (and, for induction, :func:`interp.data.repeated_sequences`);
+the metrics are :func:`~interp.analysis.patching.logit_diff_metric` (IOI, agreement),
+:func:`~interp.analysis.patching.in_context_metric` (induction) and a probability difference (greater-than).
+Your own task is any :class:`CircuitTask` built from a clean / corrupted pair and a ``metric(logits) -> scalar``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..analysis.patching import corrupt_repeats, in_context_metric, logit_diff_metric
+from ..data import repeated_sequences
+from ..data.circuit_tasks import agreement_prompts, greater_than_prompts, ioi_prompts
+
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["TASKS", "CircuitTask", "circuit_task", "prob_diff_metric"]
+
+TASKS = ("induction", "ioi", "greater-than", "agreement")
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class CircuitTask:
+    """A clean / corrupted pair ``[B, T]`` and the metric (higher = the clean behaviour)."""
+
+    name: str
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    metric: Metric
+
+
+def prob_diff_metric(good: torch.Tensor, bad: torch.Tensor) -> Metric:
+    """Mean over the batch of ``P(good tokens) - P(bad tokens)`` at the last position (greater-than's metric).
+
+    Args:
+        good, bad: ``[B, V]`` bool masks.
+
+    Example:
+        >>> m = prob_diff_metric(torch.eye(4, dtype=torch.bool)[:1], torch.eye(4, dtype=torch.bool)[1:2])
+        >>> round(float(m(torch.tensor([[[2.0, 0.0, 0.0, 0.0]]]))), 3)
+        0.615
+    """
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        p = logits[:, -1].float().softmax(-1)  # [B, V]
+        return ((p * good.to(p.device)).sum(-1) - (p * bad.to(p.device)).sum(-1)).mean()
+
+    return metric
+
+
+def circuit_task(model: Transformer, name: str, *, n: int = 16, seed: int = 0, half_len: int = 10) -> CircuitTask:
+    """Build a task by name for ``model``.
+
+    Args:
+        model: the model (text tasks need its tokenizer).
+        name: one of :data:`TASKS`.
+        n: prompts.
+        seed: seed of the prompts.
+        half_len: induction only: the length of the repeated half.
+
+    Returns:
+        A :class:`CircuitTask`.
+
+    Raises:
+        ValueError: an unknown task, a text task on a model without a text tokenizer.
+
+    Example:
+        >>> task = circuit_task(model, "induction", n=4)
+        >>> task.clean.shape
+        torch.Size([4, 21])
+    """
+    if name == "induction":
+        tok = getattr(model, "tokenizer", None)
+        bos = getattr(tok, "bos_id", None)
+        clean = repeated_sequences(n, half_len, model.cfg.d_vocab, seed=seed, bos_id=bos)
+        corrupted = corrupt_repeats(clean, half_len, model.cfg.d_vocab, bos_id=bos, seed=seed + 1)
+        return CircuitTask(name, clean, corrupted, in_context_metric(clean, half_len, bos=bos is not None))
+    builders = {"ioi": ioi_prompts, "greater-than": greater_than_prompts, "agreement": agreement_prompts}
+    if name not in builders:
+        raise ValueError(f"task must be one of {TASKS}, got {name!r}")
+    p = builders[name](model, n, seed=seed)
+    if p.answers is not None:
+        metric = logit_diff_metric(p.answers)
+    else:
+        assert p.good is not None and p.bad is not None
+        metric = prob_diff_metric(p.good, p.bad)
+    return CircuitTask(name, p.clean, p.corrupted, metric)

@@ -1,0 +1,205 @@
+"""Generated prompt pairs for circuit discovery: each clean prompt has a corrupted counterpart of the same length
+that removes the behaviour, and the answers a metric reads. Nothing is downloaded.
+
+- :func:`ioi_prompts`: indirect-object identification ("When Mary and John went to the store, John gave a drink
+  to" -> " Mary", not " John"); corrupted: three other names (the "ABC" distribution), so no name is repeated.
+- :func:`greater_than_prompts`: "The war lasted from the year 1732 to the year 17" -> a year after 32;
+  corrupted: the start year ``..01``, after which every year is later.
+- :func:`agreement_prompts`: subject-verb agreement ("The key near the cabinets" -> " is", not " are");
+  corrupted: the subject in the plural.
+
+Induction (repeated random tokens) needs no tokenizer: :func:`interp.data.repeated_sequences` and
+:func:`interp.analysis.corrupt_repeats` build it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["NAMES", "TaskPrompts", "agreement_prompts", "greater_than_prompts", "ioi_prompts"]
+
+NAMES = ("Mary", "John", "Alice", "Bob", "Tom", "James", "Sarah", "David", "Michael", "Paul", "Anna", "Mark", "Lisa",
+         "Peter", "Emma", "Kate", "Jack", "Daniel", "Laura", "Chris", "Sam", "Ryan", "Rachel", "Steven")
+_IOI_TEMPLATES = ("When {A} and {B} went to the store, {C} gave a drink to",
+                  "After {A} and {B} went to the park, {C} gave a ball to",
+                  "Then, {A} and {B} had a long argument, and afterwards {C} said to")
+_NOUNS = (("key", "keys"), ("dog", "dogs"), ("book", "books"), ("car", "cars"), ("house", "houses"),
+          ("girl", "girls"), ("boy", "boys"), ("friend", "friends"), ("teacher", "teachers"), ("door", "doors"),
+          ("table", "tables"), ("student", "students"), ("picture", "pictures"), ("road", "roads"))
+_PREPS = ("near", "behind", "with", "beside")
+
+
+@dataclass
+class TaskPrompts:
+    """Clean and corrupted prompts ``[B, T]`` and what a metric reads at the last position.
+
+    Attributes:
+        name: the task.
+        clean, corrupted: ``[B, T]`` ids, one length.
+        answers: ``[B, 2]`` (correct, wrong) ids for a logit difference, or None.
+        good: ``[B, V]`` bool, the tokens that count as correct (greater-than), or None; ``bad`` the wrong ones.
+    """
+
+    name: str
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    answers: torch.Tensor | None = None
+    good: torch.Tensor | None = None
+    bad: torch.Tensor | None = None
+
+
+def _single(model: Transformer, word: str) -> int | None:
+    """The id of ``word`` if it is one token (no BOS), else None."""
+    ids = model.to_tokens(word, prepend_bos=False)[0].tolist()
+    return ids[0] if len(ids) == 1 else None
+
+
+def _need_text(model: Transformer, task: str) -> None:
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or type(tok).__name__ == "TokenIdTokenizer":
+        raise ValueError(f"task {task!r} needs a text tokenizer; model {model.name!r} has "
+                         f"{type(tok).__name__ if tok is not None else 'none'} (use task 'induction')")
+
+
+def _check_n(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int (the number of prompts), got {n!r}")
+    return n
+
+
+def _stack(model: Transformer, task: str, texts: list[str], corrupt: list[str]
+           ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Tokenize clean and corrupted texts; keep the pairs of one length, the most common one.
+
+    Returns:
+        ``(clean [B, T], corrupted [B, T], the indices of the kept pairs)``.
+    """
+    pairs = [(model.to_tokens(a)[0], model.to_tokens(b)[0]) for a, b in zip(texts, corrupt)]
+    same = [i for i, (a, b) in enumerate(pairs) if len(a) == len(b)]
+    if not same:
+        raise ValueError(f"task {task!r}: no clean / corrupted pair tokenizes to one length with this tokenizer")
+    lengths = [len(pairs[i][0]) for i in same]
+    common = max(set(lengths), key=lengths.count)
+    keep = [i for i in same if len(pairs[i][0]) == common]
+    return torch.stack([pairs[i][0] for i in keep]), torch.stack([pairs[i][1] for i in keep]), keep
+
+
+def ioi_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompts:
+    """Indirect-object identification prompts (Wang et al. 2022) and their "ABC" corruptions.
+
+    Args:
+        model: a model with a text tokenizer (names that are not one token are skipped).
+        n: prompts to draw (pairs that tokenize to another length than most are dropped).
+        seed: seed of the names and templates.
+
+    Returns:
+        :class:`TaskPrompts` with ``answers`` = (indirect object, subject).
+
+    Raises:
+        ValueError: a model without a text tokenizer, fewer than 5 single-token names, ``n`` < 1.
+
+    Example:
+        >>> p = ioi_prompts(interp.load("smollm2-135m"), 4)
+        >>> p.clean.shape == p.corrupted.shape
+        True
+    """
+    _check_n(n)
+    _need_text(model, "ioi")
+    names = [(name, _single(model, " " + name)) for name in NAMES]
+    names = [(s, i) for s, i in names if i is not None]
+    if len(names) < 5:
+        raise ValueError(f"task 'ioi' needs 5 names that are single tokens; this tokenizer has {len(names)}")
+    gen = torch.Generator().manual_seed(seed)
+    texts, corrupt, answers = [], [], []
+    for _ in range(n):
+        pick = torch.randperm(len(names), generator=gen)[:5].tolist()
+        (io, io_id), (s, s_id), (x, _), (y, _), (z, _) = (names[i] for i in pick)
+        template = _IOI_TEMPLATES[int(torch.randint(len(_IOI_TEMPLATES), (1,), generator=gen))]
+        first, second = (io, s) if bool(torch.rand(1, generator=gen) < 0.5) else (s, io)
+        texts.append(template.format(A=first, B=second, C=s))
+        corrupt.append(template.format(A=x, B=y, C=z))
+        answers.append((io_id, s_id))
+    clean, corrupted, keep = _stack(model, "ioi", texts, corrupt)
+    return TaskPrompts("ioi", clean, corrupted, answers=torch.tensor([answers[i] for i in keep]))
+
+
+def greater_than_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompts:
+    """Greater-than prompts (Hanna et al. 2023): "from the year 17YY to the year 17" -> a later year.
+
+    Works with tokenizers that write a two-digit year as one token (GPT-2) and with those that split digits
+    (Llama, SmolLM2): the answer is then the first digit, ``good`` the digits above YY's first, ``bad`` below.
+
+    Returns:
+        :class:`TaskPrompts` with ``good`` / ``bad`` ``[B, V]`` masks; corrupted prompts start at ``..01``.
+
+    Raises:
+        ValueError: a model without a text tokenizer, ``n`` < 1.
+
+    Example:
+        >>> p = greater_than_prompts(interp.load("smollm2-135m"), 4)
+        >>> p.good.shape[0]
+        4
+    """
+    _check_n(n)
+    _need_text(model, "greater-than")
+    two = [_single(model, f"{i:02d}") for i in range(100)]
+    whole = all(i is not None for i in two)
+    digits = [_single(model, str(i)) for i in range(10)]
+    if not whole and any(d is None for d in digits):
+        raise ValueError("task 'greater-than' needs years' digits as tokens (two-digit tokens or single digits)")
+    gen = torch.Generator().manual_seed(seed)
+    V = model.cfg.d_vocab
+    texts, corrupt, goods, bads = [], [], [], []
+    for _ in range(n):
+        yy = int(torch.randint(2, 99, (1,), generator=gen))
+        texts.append(f"The war lasted from the year 17{yy:02d} to the year 17")
+        corrupt.append("The war lasted from the year 1701 to the year 17")
+        # The next token is the year's two digits (one token) or its first digit; an equal first digit is neither.
+        ids, start = (two, yy) if whole else (digits, yy // 10)
+        good, bad = torch.zeros(V, dtype=torch.bool), torch.zeros(V, dtype=torch.bool)
+        good[[t for i, t in enumerate(ids) if i > start]] = True
+        bad[[t for i, t in enumerate(ids) if i < start]] = True
+        goods.append(good)
+        bads.append(bad)
+    clean, corrupted, keep = _stack(model, "greater-than", texts, corrupt)
+    return TaskPrompts("greater-than", clean, corrupted, good=torch.stack([goods[i] for i in keep]),
+                       bad=torch.stack([bads[i] for i in keep]))
+
+
+def agreement_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompts:
+    """Subject-verb agreement across a prepositional phrase: "The key near the cabinets" -> " is", not " are".
+
+    Returns:
+        :class:`TaskPrompts` with ``answers`` = (" is", " are"); corrupted prompts have the plural subject.
+
+    Raises:
+        ValueError: a model without a text tokenizer, " is" / " are" not single tokens, ``n`` < 1.
+
+    Example:
+        >>> p = agreement_prompts(interp.load("smollm2-135m"), 4)
+        >>> p.answers.shape
+        torch.Size([4, 2])
+    """
+    _check_n(n)
+    _need_text(model, "agreement")
+    is_id, are_id = _single(model, " is"), _single(model, " are")
+    if is_id is None or are_id is None:
+        raise ValueError("task 'agreement' needs ' is' and ' are' as single tokens")
+    nouns = [(s, p) for s, p in _NOUNS if _single(model, " " + s) is not None and _single(model, " " + p) is not None]
+    if len(nouns) < 2:
+        raise ValueError(f"task 'agreement' needs 2 nouns whose singular and plural are single tokens, got {nouns}")
+    gen = torch.Generator().manual_seed(seed)
+    texts, corrupt = [], []
+    for _ in range(n):
+        i, j = torch.randperm(len(nouns), generator=gen)[:2].tolist()
+        prep = _PREPS[int(torch.randint(len(_PREPS), (1,), generator=gen))]
+        texts.append(f"The {nouns[i][0]} {prep} the {nouns[j][1]}")
+        corrupt.append(f"The {nouns[i][1]} {prep} the {nouns[j][1]}")
+    clean, corrupted, _ = _stack(model, "agreement", texts, corrupt)
+    return TaskPrompts("agreement", clean, corrupted, answers=torch.tensor([[is_id, are_id]] * len(clean)))

@@ -48,7 +48,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,12 +125,27 @@ def _strip_nproc(argv: Sequence[str]) -> list[str]:
 def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
     """The command ``--nproc N`` runs: torchrun on this machine (a free port), ``-m interp`` with ``argv``.
 
+    torchrun runs through :func:`interp.distributed.run_torchrun`, which ends a Ctrl-C with one line and status 130
+    instead of torch elastic's traceback.
+
     Example:
         >>> torchrun_command(2, ["heads", "--model", "induction-2l", "--nproc", "2"])[-4:]
         ['interp', 'heads', '--model', 'induction-2l']
     """
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+    return [sys.executable, "-c", TORCHRUN_LAUNCHER, "--standalone", "--nproc_per_node", str(nproc),
             "-m", "interp", *_strip_nproc(argv)]
+
+
+#: ``python -c`` code of the ``--nproc`` launcher: torchrun with its arguments, Ctrl-C ending in one line. The
+#: handler comes first, before torch's imports (seconds on a loaded machine), which a Ctrl-C would otherwise break
+#: with a KeyboardInterrupt traceback.
+TORCHRUN_LAUNCHER = (
+    "import os, signal, sys\n"
+    "def stop(signum, frame):\n"
+    "    sys.stderr.write('interp: interrupted\\n'); sys.stderr.flush(); os._exit(128 + signum)\n"
+    "signal.signal(signal.SIGINT, stop); signal.signal(signal.SIGTERM, stop)\n"
+    "from interp.distributed import run_torchrun\n"
+    "sys.exit(run_torchrun(sys.argv[1:]))\n")
 
 
 # Rough float32 weight bytes of the built-ins, for the --nproc memory check (a rank also holds activations
@@ -205,7 +219,9 @@ def _maybe_launch(args: argparse.Namespace) -> int | None:
     if getattr(args, "nproc", 1) <= 1:
         return None
     check_nproc(args.nproc, args.model)
-    return subprocess.call(torchrun_command(args.nproc, args.argv))
+    # Replaced, not a child: a Ctrl-C (or kill PID) reaches the launcher itself, which stops the ranks and ends
+    # with one line; a parent that exited at once would leave torchrun running and printing its traceback.
+    return _exec(torchrun_command(args.nproc, args.argv))
 
 
 # --- heads -----------------------------------------------------------------------------------------------

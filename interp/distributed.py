@@ -50,6 +50,53 @@ class DistributedError(RuntimeError):
     """A collective failed: a peer rank died, timed out, or the ranks disagree."""
 
 
+#: The exit status of a command ended by Ctrl-C (128 + SIGINT), as the shell reports it.
+EXIT_INTERRUPTED = 130
+
+
+def _exit_interrupted(signum: int, frame: Any) -> None:
+    sys.stderr.write("interp: interrupted\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+def run_torchrun(argv: Sequence[str]) -> int:
+    """torchrun (``torch.distributed.run``) with ``argv``, ending on Ctrl-C with one line and status 130.
+
+    ``interp ... --nproc N`` replaces itself with this (``python -c``), so a Ctrl-C to the terminal's process group
+    reaches this launcher alone (torchrun starts each rank in its own session). torchrun's agent then stops the
+    ranks and raises its ``SignalException``, which would end the launcher with torch elastic's traceback: here it
+    ends it with ``interp: interrupted`` and ``128 + signal``. A signal before torchrun installs its handlers (while
+    torch imports) or after they are gone exits the same way, so no Ctrl-C, at any moment, prints a traceback or
+    exits 0.
+
+    Args:
+        argv: torchrun's arguments (``--standalone --nproc_per_node N -m interp heads ...``).
+
+    Returns:
+        torchrun's exit status (0, or 128 + the signal that stopped it).
+    """
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_interrupted)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(list(argv))
+    except SignalException as e:  # the agent has stopped the ranks; what is left to say is one line
+        sys.stderr.write("interp: interrupted\n")
+        return 128 + int(e.sigval)
+    except KeyboardInterrupt:
+        sys.stderr.write("interp: interrupted\n")
+        return EXIT_INTERRUPTED
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # torchrun's handlers raise: not after its run
+            signal.signal(sig, _exit_interrupted)
+    return 0
+
+
 def active() -> bool:
     """True when ``torch.distributed`` is initialised with more than one process."""
     dist = torch.distributed

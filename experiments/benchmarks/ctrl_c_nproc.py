@@ -1,0 +1,58 @@
+"""Ctrl-C to the whole process group of ``interp heads --nproc 2`` at moments spread over a run (issue 38, item 9).
+
+A terminal's Ctrl-C sends SIGINT to its foreground process group; here the command runs in its own session and
+the script sends SIGINT to that group (``os.killpg``) at evenly spread moments from the start (torch still
+importing) to past the end of a run measured first without interruption. For each try it records the exit status
+and whether stderr holds a Python traceback. Wanted: no traceback ever, and status 130 whenever the run was cut
+short (a run that had already finished may exit 0, but never with a traceback).
+
+Usage:
+    OMP_NUM_THREADS=1 python experiments/benchmarks/ctrl_c_nproc.py [--tries 10] [--model induction-2l]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def run(model: str, delay: float | None) -> tuple[int, bool, float, str]:
+    cmd = [sys.executable, "-m", "interp", "heads", "--model", model, "--nproc", "2", "--json"]
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    if delay is not None:
+        try:
+            p.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    out, err = p.communicate(timeout=300)
+    return p.returncode, "Traceback (most recent call last)" in err, time.perf_counter() - t0, err
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tries", type=int, default=10)
+    ap.add_argument("--model", default="induction-2l")
+    args = ap.parse_args()
+    status, tb, whole, err = run(args.model, None)
+    print(f"uninterrupted run: status {status}, {whole:.1f} s, traceback: {tb}")
+    print("| try | Ctrl-C after | status | traceback | last stderr line |")
+    print("|---|---|---|---|---|")
+    tracebacks, bad_status = 0, 0
+    for i in range(args.tries):
+        delay = (i + 0.5) / args.tries * whole * 1.1  # from torch's imports to just past the end
+        status, tb, took, err = run(args.model, delay)
+        interrupted = took < whole * 0.95 or status != 0
+        tracebacks += tb
+        bad_status += interrupted and status != 130
+        last = (err.strip().splitlines() or [""])[-1][:60]
+        print(f"| {i} | {delay:.1f} s | {status} | {'yes' if tb else 'no'} | {last} |", flush=True)
+    print(f"\n{args.tries} tries: {tracebacks} with a traceback, {bad_status} interrupted runs not ending with 130")
+
+
+if __name__ == "__main__":
+    main()

@@ -145,7 +145,9 @@ TORCHRUN_LAUNCHER = (
     "    sys.stderr.write('interp: interrupted\\n'); sys.stderr.flush(); os._exit(128 + signum)\n"
     "signal.signal(signal.SIGINT, stop); signal.signal(signal.SIGTERM, stop)\n"
     "from interp.distributed import run_torchrun\n"
-    "sys.exit(run_torchrun(sys.argv[1:]))\n")
+    "status = run_torchrun(sys.argv[1:])\n"
+    "sys.stdout.flush(); sys.stderr.flush()\n"
+    "os._exit(status)\n")  # no interpreter shutdown, which would reset SIGINT to its default (death by signal)
 
 
 # Rough float32 weight bytes of the built-ins, for the --nproc memory check (a rank also holds activations

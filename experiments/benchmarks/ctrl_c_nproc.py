@@ -50,7 +50,8 @@ def main() -> None:
         tracebacks += tb
         bad_status += interrupted and status != 130
         last = (err.strip().splitlines() or [""])[-1][:60]
-        print(f"| {i} | {delay:.1f} s | {status} | {'yes' if tb else 'no'} | {last} |", flush=True)
+        shown = f"{status} (killed by signal {-status})" if status < 0 else str(status)
+        print(f"| {i} | {delay:.1f} s | {shown} | {'yes' if tb else 'no'} | {last} |", flush=True)
     print(f"\n{args.tries} tries: {tracebacks} with a traceback, {bad_status} interrupted runs not ending with 130")
 
 

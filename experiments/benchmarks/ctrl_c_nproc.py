@@ -20,17 +20,18 @@ import sys
 import time
 
 
-def run(model: str, delay: float | None) -> tuple[int, bool, float, str]:
+def run(model: str, delay: float | None) -> tuple[int, bool, bool, str]:
     cmd = [sys.executable, "-m", "interp", "heads", "--model", model, "--nproc", "2", "--json"]
-    t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    sent = False
     if delay is not None:
         try:
             p.wait(timeout=delay)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+            sent = True
     out, err = p.communicate(timeout=300)
-    return p.returncode, "Traceback (most recent call last)" in err, time.perf_counter() - t0, err
+    return p.returncode, "Traceback (most recent call last)" in err, sent, err
 
 
 def main() -> None:
@@ -38,21 +39,28 @@ def main() -> None:
     ap.add_argument("--tries", type=int, default=10)
     ap.add_argument("--model", default="induction-2l")
     args = ap.parse_args()
-    status, tb, whole, err = run(args.model, None)
+    t0 = time.perf_counter()
+    status, tb, _, err = run(args.model, None)
+    whole = time.perf_counter() - t0
     print(f"uninterrupted run: status {status}, {whole:.1f} s, traceback: {tb}")
-    print("| try | Ctrl-C after | status | traceback | last stderr line |")
-    print("|---|---|---|---|---|")
+    print("| try | Ctrl-C after | sent | status | traceback | last stderr line |")
+    print("|---|---|---|---|---|---|")
     tracebacks, bad_status = 0, 0
+    shown_errs: list[tuple[int, str]] = []
     for i in range(args.tries):
         delay = (i + 0.5) / args.tries * whole * 1.1  # from torch's imports to just past the end
-        status, tb, took, err = run(args.model, delay)
-        interrupted = took < whole * 0.95 or status != 0
+        status, tb, sent, err = run(args.model, delay)
         tracebacks += tb
-        bad_status += interrupted and status != 130
+        if tb:
+            shown_errs.append((i, err))
+        bad_status += sent and status != 130  # a run that ended before the signal may exit 0
         last = (err.strip().splitlines() or [""])[-1][:60]
         shown = f"{status} (killed by signal {-status})" if status < 0 else str(status)
-        print(f"| {i} | {delay:.1f} s | {shown} | {'yes' if tb else 'no'} | {last} |", flush=True)
+        print(f"| {i} | {delay:.1f} s | {'yes' if sent else 'no (run over)'} | {shown} | {'yes' if tb else 'no'} | "
+              f"{last} |", flush=True)
     print(f"\n{args.tries} tries: {tracebacks} with a traceback, {bad_status} interrupted runs not ending with 130")
+    for i, text in shown_errs:
+        print(f"\n--- try {i}: stderr with a traceback ---\n{text[-3000:]}")
 
 
 if __name__ == "__main__":

@@ -51,3 +51,17 @@ def test_nproc_replaces_the_command_with_the_launcher(monkeypatch):
     assert cmd[:3] == [sys.executable, "-c", cli.TORCHRUN_LAUNCHER]
     assert cmd[3:] == ["--standalone", "--nproc_per_node", "2", "-m", "interp", "heads", "--model", "induction-2l"]
     compile(cli.TORCHRUN_LAUNCHER, "launcher", "exec")  # the -c code is valid Python
+
+
+def test_as_the_program_the_one_line_ctrl_c_exit_stays_to_the_end(monkeypatch, keep_signal_handlers, capsys):
+    """A torchrun rank (``python -m interp``) interrupted during its distributed teardown or its exit: Python's
+    default handler, restored there, would print a KeyboardInterrupt traceback. Called as the program (no argv)
+    main keeps its handler; a caller passing argv gets its own back."""
+    sentinel = signal.getsignal(signal.SIGINT)
+    args = ["kv-cache", "--layers", "2", "--heads", "4", "--d-head", "8"]
+    assert cli.main(args) == 0
+    assert signal.getsignal(signal.SIGINT) is sentinel
+    monkeypatch.setattr(sys, "argv", ["interp", *args])
+    assert cli.main() == 0
+    handler = signal.getsignal(signal.SIGINT)
+    assert handler is not sentinel and callable(handler) and handler.__name__ == "on_sigint"

@@ -8,6 +8,7 @@ short (a run that had already finished may exit 0, but never with a traceback).
 
 Usage:
     OMP_NUM_THREADS=1 python experiments/benchmarks/ctrl_c_nproc.py [--tries 10] [--model induction-2l]
+        [--window 0.8 1.05]   # only near the end of the run (the teardown)
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tries", type=int, default=10)
     ap.add_argument("--model", default="induction-2l")
+    ap.add_argument("--window", type=float, nargs=2, default=(0.0, 1.1), metavar=("FROM", "TO"),
+                    help="spread the Ctrl-C moments over this part of an uninterrupted run (1 = its end)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     status, tb, _, err = run(args.model, None)
@@ -48,7 +51,8 @@ def main() -> None:
     tracebacks, bad_status = 0, 0
     shown_errs: list[tuple[int, str]] = []
     for i in range(args.tries):
-        delay = (i + 0.5) / args.tries * whole * 1.1  # from torch's imports to just past the end
+        lo, hi = args.window
+        delay = (lo + (i + 0.5) / args.tries * (hi - lo)) * whole  # default: from torch's imports to past the end
         status, tb, sent, err = run(args.model, delay)
         tracebacks += tb
         if tb:

@@ -166,9 +166,11 @@ def _maybe_launch(args: argparse.Namespace) -> int | None:
     if getattr(args, "nproc", 1) <= 1:
         return None
     check_nproc(args.nproc, args.model)
-    from .distributed import launch
+    from .distributed import torchrun_command
 
-    return launch(args.nproc, args.argv)
+    # Replaced, not a child: a Ctrl-C (or kill PID) reaches the launcher itself, which stops the ranks and ends
+    # with one line; a parent that exited at once would leave torchrun running and printing its traceback.
+    return _exec(torchrun_command(args.nproc, args.argv))
 
 
 # --- heads -----------------------------------------------------------------------------------------------
@@ -831,6 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ...
         0
     """
+    called_as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     where = ""
     ok = False
@@ -852,7 +855,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 distributed.exit_after_failure(status)      # gloo's teardown, so leave with this status now
         return status
     finally:
-        if previous is not None:
+        # Called as the program (argv None: the console script, ``python -m interp``, each torchrun rank), the
+        # one-line Ctrl-C exit stays to the end: Python's default would turn a Ctrl-C during the distributed
+        # teardown or the exit into a KeyboardInterrupt traceback. A caller passing argv gets its handler back.
+        if previous is not None and not called_as_program:
             signal.signal(signal.SIGINT, previous)
         if where:
             from . import distributed

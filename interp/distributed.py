@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .streaming import Reducer
 
 __all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_ranks_fit", "check_same",
-           "describe_batches", "exit_after_failure", "init_from_env", "launch", "rank", "rank_device", "shard",
+           "describe_batches", "exit_after_failure", "init_from_env", "rank", "rank_device", "shard",
            "shutdown", "torchrun_command", "world_size"]
 
 #: Seconds a collective may wait for the other ranks before the job stops (``INTERP_DIST_TIMEOUT`` overrides).
@@ -49,6 +49,53 @@ DEFAULT_TIMEOUT_S = 600.0
 
 class DistributedError(RuntimeError):
     """A collective failed: a peer rank died, timed out, or the ranks disagree."""
+
+
+#: The exit status of a command ended by Ctrl-C (128 + SIGINT), as the shell reports it.
+EXIT_INTERRUPTED = 130
+
+
+def _exit_interrupted(signum: int, frame: Any) -> None:
+    sys.stderr.write("interp: interrupted\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+def run_torchrun(argv: Sequence[str]) -> int:
+    """torchrun (``torch.distributed.run``) with ``argv``, ending on Ctrl-C with one line and status 130.
+
+    ``interp ... --nproc N`` replaces itself with this (``python -c``), so a Ctrl-C to the terminal's process group
+    reaches this launcher alone (torchrun starts each rank in its own session). torchrun's agent then stops the
+    ranks and raises its ``SignalException``, which would end the launcher with torch elastic's traceback: here it
+    ends it with ``interp: interrupted`` and ``128 + signal``. A signal before torchrun installs its handlers (while
+    torch imports) or after they are gone exits the same way, so no Ctrl-C, at any moment, prints a traceback or
+    exits 0.
+
+    Args:
+        argv: torchrun's arguments (``--standalone --nproc_per_node N -m interp heads ...``).
+
+    Returns:
+        torchrun's exit status (0, or 128 + the signal that stopped it).
+    """
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_interrupted)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(list(argv))
+    except SignalException as e:  # the agent has stopped the ranks; what is left to say is one line
+        sys.stderr.write("interp: interrupted\n")
+        return 128 + int(e.sigval)
+    except KeyboardInterrupt:
+        sys.stderr.write("interp: interrupted\n")
+        return EXIT_INTERRUPTED
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # torchrun's handlers raise: not after its run
+            signal.signal(sig, _exit_interrupted)
+    return 0
 
 
 def active() -> bool:
@@ -101,8 +148,22 @@ def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
         >>> torchrun_command(2, ["heads", "--model", "induction-2l", "--nproc", "2"])[-4:]
         ['interp', 'heads', '--model', 'induction-2l']
     """
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+    return [sys.executable, "-c", TORCHRUN_LAUNCHER, "--standalone", "--nproc_per_node", str(nproc),
             "-m", "interp", *_strip_nproc(argv)]
+
+
+#: ``python -c`` code of the ``--nproc`` launcher: torchrun with its arguments (:func:`run_torchrun`), Ctrl-C
+#: ending in one line. The handler comes first, before torch's imports (seconds on a loaded machine), which a
+#: Ctrl-C would otherwise break with a KeyboardInterrupt traceback.
+TORCHRUN_LAUNCHER = (
+    "import os, signal, sys\n"
+    "def stop(signum, frame):\n"
+    "    sys.stderr.write('interp: interrupted\\n'); sys.stderr.flush(); os._exit(128 + signum)\n"
+    "signal.signal(signal.SIGINT, stop); signal.signal(signal.SIGTERM, stop)\n"
+    "from interp.distributed import run_torchrun\n"
+    "status = run_torchrun(sys.argv[1:])\n"
+    "sys.stdout.flush(); sys.stderr.flush()\n"
+    "os._exit(status)\n")  # no interpreter shutdown, which would reset SIGINT to its default (death by signal)
 
 
 def check_ranks_fit(nproc: int, weight_bytes: int, *, what: str = "the model", cores: int | None = None,
@@ -146,21 +207,6 @@ def check_ranks_fit(nproc: int, weight_bytes: int, *, what: str = "the model", c
     if nproc > best:
         raise ValueError(f"--nproc {nproc} is more than this machine can run: {'; '.join(reasons)}. "
                          f"Use --nproc {best} or less")
-
-
-def launch(nproc: int, argv: Sequence[str]) -> int:
-    """Run ``python -m interp argv`` on ``nproc`` ranks of this machine under torchrun and wait for it.
-
-    Args:
-        nproc: processes to start.
-        argv: the ``interp`` arguments (``--nproc`` is dropped from them).
-
-    Returns:
-        torchrun's exit status.
-    """
-    import subprocess
-
-    return subprocess.call(torchrun_command(nproc, argv))
 
 
 def launched_by_torchrun() -> bool:

@@ -13,6 +13,7 @@ from helpers import tiny_model
 from interp.analysis import (
     ablate_heads,
     activation_patching,
+    attribution_patching,
     composition_scores,
     direct_logit_attribution,
     induction_scores,
@@ -212,3 +213,48 @@ def test_patching_and_ablation_equal_hand_written_hooks(layout):
         want_logits = _with_hook(model, f"blocks.{layer}.attn.hook_z", zero, clean)
         with torch.no_grad(), ablate_heads(model, [(layer, head)], method="zero"):
             torch.testing.assert_close(model(clean), want_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_attribution_patching_equals_the_hand_written_gradient(layout):
+    """``metric_clean + sum((z_corrupted - z_clean) * d metric / d z)`` over one head's z, the total derivative
+    (through every later layer) taken by hand: a zero leaf added to each ``hook_z`` (every layout: the gradient
+    runs through its norms)."""
+    name, model = layout
+    g = torch.Generator().manual_seed(6)
+    clean, corrupted = torch.randint(1, V, (2, 8), generator=g), torch.randint(1, V, (2, 8), generator=g)
+    answers = torch.tensor([[3, 5], [7, 9]])
+    est = attribution_patching(model, clean, corrupted, act="z", by="head", answer_tokens=answers,
+                               progress=False).set_index(["layer", "head"])
+    _, src = model.run_with_cache(corrupted, names_filter="*hook_z")
+    zs, zeros = {}, {}
+
+    def probe(t, hook):
+        zs[hook.name], zeros[hook.name] = t.detach(), torch.zeros_like(t, requires_grad=True)
+        return t + zeros[hook.name]
+
+    with torch.enable_grad(), model.hooks([("*hook_z", probe)]):
+        logits = model(clean)[:, -1]  # [B, V]
+        metric = (logits[[0, 1], answers[:, 0]] - logits[[0, 1], answers[:, 1]]).mean()
+        grad = dict(zip(zeros, torch.autograd.grad(metric, list(zeros.values()))))
+    for layer, head in ((0, 2), (1, 1)):
+        z = f"blocks.{layer}.attn.hook_z"
+        want = float(metric.detach()) + float(((src[z] - zs[z]) * grad[z])[:, :, head].sum())
+        assert est.loc[(layer, head), "metric"] == pytest.approx(want, abs=1e-4)
+
+
+def test_induction_attention_scores_equal_the_naive_mass(layout):
+    """The ``induction`` score: the mean attention mass on the token after an earlier occurrence of the current
+    token, over the rows that have such a target (read off the trace's patterns, whatever the block layout)."""
+    _, model = layout
+    toks = repeated_sequences(2, 5, V, seed=3)  # [2, 11]
+    df = induction_scores(model, toks, copying=False, progress=False).set_index(["layer", "head"])
+    _, trace = model.run_with_cache(toks, names_filter="*hook_pattern")
+    for layer in range(model.cfg.n_layers):
+        for head in range(model.cfg.n_heads):
+            masses = []
+            for b in range(toks.shape[0]):
+                for q in range(toks.shape[1]):
+                    keys = [k for k in range(1, q + 1) if k != q and toks[b, k - 1] == toks[b, q]]
+                    if keys:
+                        masses.append(float(trace.pattern(layer)[b, head, q, keys].sum()))
+            assert df.loc[(layer, head), "induction"] == pytest.approx(sum(masses) / len(masses), abs=1e-5)

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from interp.cli import main
-from interp.distributed import torchrun_command
+from interp.distributed import TORCHRUN_LAUNCHER, torchrun_command
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_nproc_becomes_a_torchrun_command_without_nproc():
     cmd = torchrun_command(3, ["heads", "--model", "induction-2l", "--nproc", "3", "--json", "--nproc=3"])
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[:3] == [sys.executable, "-c", TORCHRUN_LAUNCHER]  # torchrun, Ctrl-C ending in one line
     assert cmd[cmd.index("--nproc_per_node") + 1] == "3"
     assert cmd[cmd.index("-m", 3) + 1:] == ["interp", "heads", "--model", "induction-2l", "--json"]
 

@@ -373,15 +373,18 @@ class Transformer(HookedModule):
         return resid
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        """The residual stream entering block 0: ``[B, T, M]``."""
+        """The residual stream entering block 0: ``[B, T, M]``.
+
+        Also the embedding of the traced decode step (:mod:`interp.decode`): it reads no shape as Python
+        numbers, so that ``torch.fx`` can trace it.
+        """
         cfg = self.cfg
-        B, T = tokens.shape
         x = self.embed(tokens)  # [B, T, M]
         if cfg.embed_scale != 1.0:
             x = x * cfg.embed_scale  # Gemma's sqrt(d_model): the residual starts at the scaled embedding
         x = self.hook_embed(x)
         if self.pos_embed is not None:
-            x = x + self.hook_pos_embed(self.pos_embed(positions)).expand(B, T, -1)
+            x = x + self.hook_pos_embed(self.pos_embed(positions)).expand_as(x)  # [T, M] or [B, T, M] -> [B, T, M]
         if self.W_tt is None and token_type_ids is not None:
             raise ValueError(f"token_type_ids given but model {self.name!r} has no token types "
                              f"(cfg.n_token_types={cfg.n_token_types})")
@@ -389,8 +392,8 @@ class Transformer(HookedModule):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(tokens)
             else:
-                token_type_ids = _check_ids("token_type_ids", token_type_ids, ((B, T),), cfg.n_token_types,
-                                            "n_token_types")
+                token_type_ids = _check_ids("token_type_ids", token_type_ids, (tuple(tokens.shape),),
+                                            cfg.n_token_types, "n_token_types")
             x = x + self.W_tt(token_type_ids)
         if self.embed_ln is not None:
             x = self.embed_ln(x)

@@ -638,6 +638,43 @@ class ModelConfig:
             return layers * (self.kv_latent_dim + self.rope_dim) * bytes_per_element
         return sum(self.layer(layer).kv_bytes_per_token(bytes_per_element) for layer in range(self.n_layers))
 
+    # --- display ----------------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        """The required sizes and only the fields that differ from what the defaults give (a dense model's repr
+        names no MoE or MLA field); :meth:`full_repr` lists every field.
+
+        Example:
+            >>> ModelConfig(n_layers=2, d_model=64, n_heads=4, d_vocab=50, n_ctx=32, positional="rotary")
+            ModelConfig(n_layers=2, d_model=64, n_heads=4, d_vocab=50, n_ctx=32, positional='rotary')
+        """
+        required = ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx")
+        fields = [f for f in dataclasses.fields(self) if f.name not in required]
+        # Fields with a fixed default show when they leave it; the "derive later" ones (default None: d_head,
+        # n_kv_heads, rotary_dim, d_mlp...) show when they differ from what the other values derive.
+        fixed = {f.name: getattr(self, f.name) for f in fields
+                 if f.default is not None and getattr(self, f.name) != f.default}
+        try:
+            derived: ModelConfig | None = type(self)(**{n: getattr(self, n) for n in required}, **fixed)
+        except (TypeError, ValueError):
+            derived = None
+        shown = [f"{n}={getattr(self, n)!r}" for n in required]
+        for f in fields:
+            value = getattr(self, f.name)
+            if f.name in fixed or (f.default is None and value is not None
+                                   and (derived is None or value != getattr(derived, f.name))):
+                shown.append(f"{f.name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    def full_repr(self) -> str:
+        """Every field and its value, defaults included (``repr`` shows only what differs from them).
+
+        Example:
+            >>> "router_groups=1" in ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4).full_repr()
+            True
+        """
+        values = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return f"{type(self).__name__}({values})"
+
     # --- (de)serialisation ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

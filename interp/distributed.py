@@ -447,11 +447,13 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 
 
 def model_checksum(model: torch.nn.Module) -> dict[str, str]:
-    """``{"config": sha, "weights": sha}`` of a model (config repr; every parameter and buffer, by name)."""
+    """``{"config": sha, "weights": sha}`` of a model (every config field; every parameter and buffer, by name)."""
     cfg = getattr(model, "cfg", None)
     weights = _sha(name.encode() + _tensor_bytes(t) for name, t in
                    [*model.named_parameters(), *model.named_buffers()])
-    return {"config": _sha([repr(cfg).encode()]), "weights": weights}
+    to_json = getattr(cfg, "to_json", None)  # every field: a config's repr shows only what differs from defaults
+    text = to_json() if callable(to_json) else repr(cfg)
+    return {"config": _sha([text.encode()]), "weights": weights}
 
 
 def describe_batches(batches: Sequence[Any]) -> str:

@@ -176,13 +176,18 @@ def check_units(model: Any, units: Units, component: str = "heads") -> dict[int,
 
 # --- gates ------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]:
+def head_mask(model: Transformer, pruned: torch.Tensor | Sequence[torch.Tensor] | None) -> Iterator[None]:
     """Run ``model`` with the heads marked True in ``pruned`` (``[L, H]`` bool) gated to 0; restores the
     gates that were set before, also when the body raises.
 
     Args:
         model: an interp Transformer.
-        pruned: ``[L, H]`` bool (True = off), or None to run with the gates as they are (and restore them).
+        pruned: ``[L, H]`` bool (True = off); for a model whose layers hold different head counts (after
+            :func:`interp.pruning.remove_heads`), a list of ``[H_layer]`` bools; or None to run with the gates
+            as they are (and restore them).
+
+    Raises:
+        ValueError: ``pruned`` does not match the model's heads (see :meth:`Transformer.set_head_gates`).
 
     Example:
         >>> from interp import load
@@ -203,7 +208,10 @@ def head_mask(model: Transformer, pruned: torch.Tensor | None) -> Iterator[None]
         try:
             if pruned is not None:
                 p = next(model.parameters())
-                model.set_head_gates((~pruned).to(device=p.device, dtype=p.dtype))
+                if isinstance(pruned, torch.Tensor):
+                    model.set_head_gates((~pruned).to(device=p.device, dtype=p.dtype))
+                else:
+                    model.set_head_gates([(~m).to(device=p.device, dtype=p.dtype) for m in pruned])
             yield
         finally:
             for block, gate in zip(model.blocks, before):

@@ -376,15 +376,18 @@ class Transformer(HookedModule):
         return resid
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        """The residual stream entering block 0: ``[B, T, M]``."""
+        """The residual stream entering block 0: ``[B, T, M]``.
+
+        Also the embedding of the traced decode step (:mod:`interp.decode`): it reads no shape as Python
+        numbers, so that ``torch.fx`` can trace it.
+        """
         cfg = self.cfg
-        B, T = tokens.shape
         x = self.embed(tokens)  # [B, T, M]
         if cfg.embed_scale != 1.0:
             x = x * cfg.embed_scale  # Gemma's sqrt(d_model): the residual starts at the scaled embedding
         x = self.hook_embed(x)
         if self.pos_embed is not None:
-            x = x + self.hook_pos_embed(self.pos_embed(positions)).expand(B, T, -1)
+            x = x + self.hook_pos_embed(self.pos_embed(positions)).expand_as(x)  # [T, M] or [B, T, M] -> [B, T, M]
         if self.W_tt is None and token_type_ids is not None:
             raise ValueError(f"token_type_ids given but model {self.name!r} has no token types "
                              f"(cfg.n_token_types={cfg.n_token_types})")
@@ -392,8 +395,8 @@ class Transformer(HookedModule):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(tokens)
             else:
-                token_type_ids = _check_ids("token_type_ids", token_type_ids, ((B, T),), cfg.n_token_types,
-                                            "n_token_types")
+                token_type_ids = _check_ids("token_type_ids", token_type_ids, (tuple(tokens.shape),),
+                                            cfg.n_token_types, "n_token_types")
             x = x + self.W_tt(token_type_ids)
         if self.embed_ln is not None:
             x = self.embed_ln(x)
@@ -424,18 +427,41 @@ class Transformer(HookedModule):
         device = p.device if all(d == p.device for d in devices) else devices
         return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=device)
 
-    def generate(self, tokens: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> torch.Tensor | tuple:
+    def generate(self, tokens: torch.Tensor | str, max_new_tokens: int, **kwargs: Any) -> torch.Tensor | str | tuple:
         """Generate ``max_new_tokens`` after ``tokens``: :func:`interp.generate.generate` (greedy by default;
         sampling, stop tokens, hooks during generation and the trace of the result are documented there).
 
+        Args:
+            tokens: prompt ids ``[B, T]`` (or ``[T]``), or a prompt text, as TransformerLens takes: text is
+                tokenized with :meth:`to_tokens` and the result comes back as text.
+            max_new_tokens: how many tokens to append.
+            kwargs: the options of :func:`interp.generate.generate`.
+
+        Returns:
+            Ids in, ids out: ``[B, T + new]``. Text in, text out: the prompt and its continuation decoded
+            without special tokens. With ``return_trace=True``, ``(ids or text, trace)``.
+
+        Raises:
+            ValueError: text for a model without a tokenizer, and the errors of :func:`interp.generate.generate`.
+
         Example:
+            >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
             >>> model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0.8, seed=0).shape
             torch.Size([1, 7])
+            >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
+            >>> text = model.generate("t1 t2 t3", 4)
+            >>> text.startswith("t1 t2 t3 "), len(text.split())
+            (True, 7)
         """
         from .generate import generate
 
-        return generate(self, tokens, max_new_tokens, **kwargs)
+        if not isinstance(tokens, str):
+            return generate(self, tokens, max_new_tokens, **kwargs)
+        out = generate(self, self.to_tokens(tokens), max_new_tokens, **kwargs)
+        ids = out[0] if isinstance(out, tuple) else out  # [1, T + new]
+        text = self._need_tokenizer().decode(ids[0].tolist(), skip_special_tokens=True)
+        return (text, out[1]) if isinstance(out, tuple) else text
 
     def decoding(self, batch_size: int = 1) -> contextlib.AbstractContextManager[Transformer]:
         """Lay the weights out once for decoding ``batch_size`` sequences, for every :meth:`generate` in the

@@ -462,8 +462,16 @@ def _pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
     tokens = torch.tensor([ids], dtype=torch.long)
     with torch.no_grad():
         _, trace = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(("hook_pattern", "hook_result")))
-    return {"patterns": trace.patterns()[:, 0].numpy(),  # [L, B, H, T, S] -> [L, H, T, S]
-            "norms": viz.head_write_norms(trace),
+    counts = head_counts(model)
+    H, T = max(counts, default=0), len(ids)
+    # Layers may hold different head counts (a pruned model): a head a layer lacks is NaN (drawn blank).
+    patterns = np.full((len(counts), H, T, T), np.nan, dtype=np.float32)  # [L, H_max, T, S]
+    norms = np.full((len(counts), H), np.nan)  # [L, H_max]
+    for layer, n in enumerate(counts):
+        if n:
+            patterns[layer, :n] = trace.pattern(layer)[0].float().numpy()  # [H_l, T, S]
+            norms[layer, :n] = trace.head_out(layer)[0].float().norm(dim=-1).mean(0).numpy()  # [T, H_l] -> [H_l]
+    return {"patterns": patterns, "norms": norms, "n_heads": counts,
             # A checkpoint without a tokenizer still has token ids to label the axes with.
             "str_tokens": model.to_str_tokens(tokens) if model.tokenizer is not None else [f"t{i}" for i in ids]}
 
@@ -472,7 +480,8 @@ _pattern_cached = disk_cached("patterns", "Running the model")(_pattern_data)
 
 
 def pattern_data(key: tuple[str, str], ids: tuple[int, ...]) -> dict[str, Any]:
-    """Attention patterns ``[L, H, T, S]``, per-head write norms and token labels of ``ids`` (disk-cached)."""
+    """Attention patterns ``[L, H_max, T, S]`` and per-head write norms ``[L, H_max]`` (NaN for heads a layer lacks),
+    heads per layer and token labels of ``ids`` (disk-cached)."""
     return _pattern_cached(key, ids)["value"]
 
 
@@ -559,9 +568,9 @@ def gated_scores(key: tuple[str, str], heads_off: tuple[tuple[int, int], ...]) -
 
     model = load_model(*key)
     objective, batches = pruning_setup(model)
-    pruned = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+    pruned = [torch.zeros(n, dtype=torch.bool) for n in head_counts(model)]  # [H_layer] per layer
     for layer, head in heads_off:
-        pruned[layer, head] = True
+        pruned[layer][head] = True
     with torch.no_grad(), head_mask(model, pruned):
         loss = float(np.mean([float(objective.loss(model, b)) for b in batches]))
         metric = float(objective.metric(model, batches))
@@ -583,7 +592,7 @@ def run_pruning(model: interp.Transformer, plan: list[tuple[str, str]], step: in
     from interp.pruning import importance_curve, random_curve
 
     objective, batches = pruning_setup(model)
-    n_points = model.cfg.n_layers * model.cfg.n_heads // step + 1
+    n_points = sum(head_counts(model)) // step + 1
     seeds = tuple(range(default_sizes(model)["prune_seeds"]))
     out = {}
     for m_i, (method, ckey) in enumerate(plan):
@@ -635,21 +644,26 @@ def page_attention(key: tuple[str, str], model: interp.Transformer, ids: torch.T
     data = result["value"]
     st.caption(cost_caption(result, f"one forward pass over the {ids.shape[1]} tokens of the input"))
     pats, toks = data["patterns"], data["str_tokens"]
-    L, H, T, _ = pats.shape
-    view = st.radio("View", ["One head", "All heads of a layer", "All layers x heads"], horizontal=True,
-                    key="attn_view")
+    counts = data.get("n_heads") or [pats.shape[1]] * pats.shape[0]
+    L, T = pats.shape[0], pats.shape[2]
+    uniform = len(set(counts)) == 1
+    views = ["One head", "All heads of a layer"] + (["All layers x heads"] if uniform else [])
+    view = st.radio("View", views, horizontal=True, key="attn_view")
+    if not uniform:
+        st.caption(f"Heads per layer: {counts} (a pruned model): the layer x head grid needs equal counts.")
     if view == "One head":
         c1, c2 = st.columns(2)
-        layer = c1.selectbox("Layer", range(L), key="attn_layer")
-        head = c2.selectbox("Head", range(H), key="attn_head")
+        layer = c1.selectbox("Layer", [i for i in range(L) if counts[i]], key="attn_layer")
+        # Per-layer head counts: one box per count, so a head picked in a wider layer is never out of range.
+        head = c2.selectbox("Head", range(counts[layer]), key="attn_head" if uniform else f"attn_head_{counts[layer]}")
         st.plotly_chart(viz.attention_heatmap(pats[layer, head], toks, title=f"layer {layer}, head {head}"),
                         width="stretch", key="fig_attn_head")
         top = pats[layer, head].argmax(-1)
         st.caption("Each query's strongest key: " + ", ".join(
             f"{toks[q]} → {toks[k]}" for q, k in list(enumerate(top))[: min(T, 12)]) + (" ..." if T > 12 else ""))
     elif view == "All heads of a layer":
-        layer = st.selectbox("Layer", range(L), key="attn_layer_all")
-        st.plotly_chart(viz.layer_heads(pats[layer], toks, layer=layer, cols=min(H, 6),
+        layer = st.selectbox("Layer", [i for i in range(L) if counts[i]], key="attn_layer_all")
+        st.plotly_chart(viz.layer_heads(pats[layer, :counts[layer]], toks, layer=layer, cols=min(counts[layer], 6),
                                         n_kv_heads=_kv_heads(model)), width="stretch", key="fig_attn_layer")
     else:
         n = min(T, MAX_GRID_TOKENS)
@@ -740,13 +754,13 @@ def page_head_map(key: tuple[str, str], model: interp.Transformer, ids: torch.Te
     with c2:
         if pos is not None:
             cols = positional_columns(pos) or None
-            L, H = model.cfg.n_layers, model.cfg.n_heads
-            if L * H <= MAX_POSITIONAL_ROWS:
+            L, n_heads = model.cfg.n_layers, sum(head_counts(model))
+            if n_heads <= MAX_POSITIONAL_ROWS:
                 fig = viz.positional_map(pos, cols, title="attention mass by target")
             else:
                 rows = st.selectbox("Rows", ["largest head of each layer", *(f"layer {i}" for i in range(L))],
                                     key="positional_rows",
-                                    help=f"{L * H} heads do not fit one screen: aggregate, or pick a layer")
+                                    help=f"{n_heads} heads do not fit one screen: aggregate, or pick a layer")
                 if rows.startswith("layer "):
                     layer = int(rows.split()[1])
                     fig = viz.positional_map(pos, cols, layers=[layer], title=f"attention mass by target, layer {layer}")
@@ -820,6 +834,17 @@ def _head_label(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+def head_counts(model: interp.Transformer) -> list[int]:
+    """Heads in each layer: equal for a model as built, per layer after :func:`interp.pruning.remove_heads`."""
+    return [block.attn.n_heads for block in model.blocks]
+
+
+def head_labels(model: interp.Transformer) -> dict[str, tuple[int, int]]:
+    """``"L{layer}H{head}"`` -> ``(layer, head)`` for every head the model has, layer by layer."""
+    return {_head_label(layer, head): (layer, head)
+            for layer, n in enumerate(head_counts(model)) for head in range(n)}
+
+
 def saved_curve_files(results: Path | None) -> list[str]:
     """Curve JSON files the pruning experiments wrote (``prune_*/<method>.json`` under ``results``, the checkout's
     ``experiments/results``), relative to ``results``; empty when there is no such folder."""
@@ -869,14 +894,14 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
                 f"(`{objective.metric_name}`).")
 
     st.subheader("Switch heads off")
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    labels = [_head_label(layer, head) for layer in range(L) for head in range(H)]
-    off = st.multiselect("Heads to switch off", labels, key="heads_off")
-    heads_off = tuple(divmod(labels.index(x), H) for x in off)
+    labels = head_labels(model)
+    n_heads = len(labels)
+    off = st.multiselect("Heads to switch off", list(labels), key="heads_off")
+    heads_off = tuple(labels[x] for x in off if x in labels)
     base = gated_scores(key, ())
     now = gated_scores(key, heads_off)
     c1, c2, c3 = st.columns(3)
-    c1.metric("Heads off", f"{len(heads_off)} / {L * H}")
+    c1.metric("Heads off", f"{len(heads_off)} / {n_heads}")
     c2.metric("Loss (lower is better)", f"{now['loss']:.4f}",
               **metric_delta(now["loss"] - base["loss"], higher_is_better=False))
     c3.metric(f"{now['metric_name']} (higher is better)", f"{now['metric']:.4f}",
@@ -916,11 +941,14 @@ def page_pruning(key: tuple[str, str], model: interp.Transformer) -> None:
                 curves.append(PruningCurve.from_dict(json.loads(upload.getvalue())))
             except Exception as e:  # noqa: BLE001 - shown to the user
                 st.error(f"{upload.name} is not a pruning curve (JSON written by PruningCurve.save): {e}")
+    elif len(set(head_counts(model))) != 1:
+        st.info(f"This model's layers hold different head counts ({head_counts(model)}, a model reduced by "
+                "remove_heads): the pruning methods prune a model with equal counts. Prune the original model, "
+                "or load a saved curve.")
     else:
         c1, c2 = st.columns(2)
         methods = c1.multiselect("Methods", ["importance", "random"], default=["importance", "random"],
                                  key="curve_methods")
-        n_heads = L * H
         sizes = default_sizes(model)
         default_step = max(1, n_heads // sizes["prune_points"])  # about that many points per curve
         steps = sorted({s for s in (1, 2, 4, 8, 16, max(1, n_heads // 4), default_step) if s <= n_heads})
@@ -1057,7 +1085,9 @@ def main() -> None:
     if model is None:
         return
     cfg = model.cfg
-    st.sidebar.caption(f"**{model.name}**: {cfg.kind.upper()}, {cfg.n_layers} layers x {cfg.n_heads} heads, "
+    counts = head_counts(model)
+    heads = f"x {counts[0]} heads" if len(set(counts)) == 1 else f"with {counts} heads"
+    st.sidebar.caption(f"**{model.name}**: {cfg.kind.upper()}, {cfg.n_layers} layers {heads}, "
                        f"d_model {cfg.d_model}, context {cfg.n_ctx}, "
                        f"{'decoder' if cfg.causal else 'encoder'}")
     if page == "Induction":

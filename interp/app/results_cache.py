@@ -73,7 +73,7 @@ def _versions(model: torch.nn.Module) -> int:
 
 def weights_hash(model: torch.nn.Module) -> str:
     """A hash of the model's weights and configuration: blake2b over every state-dict tensor's name, dtype,
-    shape and bytes, plus ``repr(model.cfg)``. Computed once per model and kept until a tensor changes in place.
+    shape and bytes, plus every field of ``model.cfg``. Computed once per model and kept until a tensor changes in place.
 
     Args:
         model: any torch module (an interp Transformer).
@@ -92,7 +92,9 @@ def weights_hash(model: torch.nn.Module) -> str:
     if known is not None and known[0] == versions:
         return known[1]
     h = hashlib.blake2b(digest_size=16)
-    h.update(repr(getattr(model, "cfg", None)).encode())
+    cfg = getattr(model, "cfg", None)
+    to_json = getattr(cfg, "to_json", None)  # every field: a config's repr shows only what differs from defaults
+    h.update((to_json() if callable(to_json) else repr(cfg)).encode())
     for name, t in model.state_dict().items():
         if not isinstance(t, torch.Tensor):
             continue

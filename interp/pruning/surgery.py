@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..model import Transformer
+from ..placement import build
 from ..quantized import refuse_quantized
 
 HeadSpec = torch.Tensor | Mapping[int, Sequence[int]] | Sequence[Sequence[bool]]
@@ -179,7 +180,7 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
     p = next(model.parameters())
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
-        new = Transformer(new_cfg)
+        new = build(new_cfg, device=p.device, dtype=p.dtype)  # built in place and dtype: no float32 copy first
     state = {k: v.clone() for k, v in model.state_dict().items()}
     for layer, block in enumerate(model.blocks):
         attn, kept, pre = block.attn, kept_all[layer], f"blocks.{layer}.attn."
@@ -209,7 +210,6 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
             w_o = w_o * scale[None, :]
         state[pre + "W_O.weight"] = w_o[:, _head_rows(kept, Dv)]  # [M, H_kept*Dv]
     new.load_state_dict(state, strict=True)
-    new.to(device=p.device, dtype=p.dtype)
     new.name = model.name
     new.tokenizer = model.tokenizer
     for attr in ("query_chunk",):

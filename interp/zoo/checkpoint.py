@@ -19,6 +19,7 @@ from torch import nn
 from .._io import atomic_path, check_tensor_record, tensor_record, write_safetensors
 from ..config import ModelConfig
 from ..model import Transformer
+from ..placement import build
 
 CHECKPOINT_FORMAT = "interp.model/1"
 # Header entry with each tensor's dtype, shape and sha256 (interp._io.tensor_record): a checkpoint damaged
@@ -214,8 +215,8 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
 
     Args:
         path: the ``.safetensors`` file.
-        device: where to put the model (default CPU).
-        dtype: cast parameters to this dtype (default: as stored).
+        device: where to build the model (default: the current default device, usually CPU).
+        dtype: the parameters' dtype, built in it (default: as stored; float32 for a file of mixed dtypes).
 
     Returns:
         The :class:`interp.Transformer` in eval mode, with ``name`` and (when stored) ``tokenizer`` set: a
@@ -243,10 +244,12 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     verified = INTEGRITY_KEY in header
     if verified:
         check_tensor_record(header[INTEGRITY_KEY], tensors, where)
-    model = Transformer(cfg)
     stored = {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
-    if len(stored) == 1 and dtype is None:
-        model.to(dtype=stored.pop())  # "as stored": a bf16 / fp16 checkpoint stays bf16 / fp16
+    if dtype is None:  # "as stored": a bf16 / fp16 checkpoint stays bf16 / fp16 (mixed or none: float32)
+        dtype = stored.pop() if len(stored) == 1 else torch.float32
+    # The one dtype policy of every loader: build where and as the model will stay (placement.build), then copy
+    # the weights in (cast to the parameters' dtype); never a float32 model cast afterwards.
+    model = build(cfg, device=device, dtype=dtype)
     load_state_dict_strict(model, tensors, source=where)
     model.name = header.get("name", Path(path).stem)
     if header.get("tokenizer_kind") == "token-id":
@@ -262,9 +265,5 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             raise ValueError(f"{where}: the tokenizer stored in the checkpoint cannot be read: {e}") from e
     model.checkpoint_metadata = {k: v for k, v in header.items() if k not in ("config", "tokenizer", INTEGRITY_KEY)}
     model.checkpoint_verified = verified
-    if dtype is not None:
-        model.to(dtype=dtype)
-    if device is not None:
-        model.to(device)
     return model.eval()
 

@@ -187,8 +187,8 @@ def test_generate_inside_decoding_sees_every_kind_of_weight_edit(edit, rows):
 
 
 @pytest.mark.parametrize(("variant", "over", "reason"), [
-    ("mha", {}, "learned position"),
-    ("gqa-rotary", dict(embed_norm=True), "embedding norm"),
+    ("gqa-rotary", dict(sliding_window=4), "settings the traced step does not cover: sliding_window="),
+    ("gqa-rotary", dict(attn_softcap=5.0), "attn_softcap=5.0"),
     ("gqa-rotary", dict(causal=False, unembed=True), "not a causal decoder"),
     ("gqa-rotary", dict(use_sdpa=False), "use_sdpa=False"),
 ])
@@ -300,3 +300,40 @@ def test_a_step_that_raises_leaves_the_cache_as_it_found_it(monkeypatch):
         decoder._leaves[-1] = leaf
         torch.testing.assert_close(decoder.step(torch.tensor([4]), cache),
                                    model(torch.tensor([[1, 2, 3, 4]]))[:, -1], atol=1e-5, rtol=1e-5)
+
+
+# The ends of the model: the step embeds and unembeds through the model's own methods, so each feature there is
+# covered by the same code as the hooked pass (no second embedding to fall behind).
+ENDS = {
+    "learned-positions": dict(positional="learned"),
+    "embed-scale": dict(embed_scale=2.5),
+    "embed-norm": dict(embed_norm=True),
+    "token-types": dict(n_token_types=2),
+    "final-softcap": dict(final_softcap=2.0),
+    "gemma-like": dict(embed_scale=2.5, final_softcap=2.0, embed_norm=True),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(ENDS))
+def test_the_step_covers_the_models_own_embedding_and_head(feature, monkeypatch):
+    model = llama("gqa", **ENDS[feature])
+    assert LeanDecoder.unsupported(model) is None
+    _step_equals_hooked(model, 2, DecodeLayout.plain(model, 2))
+    calls = _count_lean_steps(monkeypatch)
+    prompt = torch.randint(0, 37, (2, 4), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(model.generate(prompt, 6), model.generate(prompt, 6, use_cache=False))  # the plain forward
+    assert len(calls) == 5  # every step past the prompt ran the traced step
+
+
+def test_what_the_step_covers_is_an_allow_list_of_config_fields():
+    import dataclasses
+
+    from interp import ModelConfig
+
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert decode_mod._LEAN_COVERED <= fields  # no stale name
+    # Any field outside the list that leaves its default is named, whatever it is: here two that no deny-list
+    # of the step ever named, set together.
+    model = llama("gqa", qk_norm="head", parallel_block="two_norms")
+    why = LeanDecoder.unsupported(model)
+    assert why is not None and "qk_norm='head'" in why and "parallel_block='two_norms'" in why

@@ -1,0 +1,84 @@
+"""One dtype policy: load_checkpoint and remove_heads build the model in its target dtype through
+placement.build (never a float32 model cast afterwards), so their models are the models build gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp.pruning.surgery as surgery_mod
+import interp.zoo.checkpoint as checkpoint_mod
+from interp import ModelConfig
+from interp.placement import build
+from interp.pruning import remove_heads
+from interp.zoo import load_checkpoint, save_checkpoint
+
+CFG = ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=40, n_ctx=16, positional="rotary",
+                  normalization="rms", activation="swiglu")
+TOKENS = torch.tensor([[1, 7, 3, 9, 2, 5]])
+
+
+def _spy(monkeypatch, module) -> list[tuple]:
+    calls = []
+    real = module.build
+
+    def spy(cfg, **kw):
+        calls.append((kw.get("dtype"), kw.get("device")))
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(module, "build", spy)
+    return calls
+
+
+def _no_cast(monkeypatch):
+    real = torch.nn.Module.to
+
+    def to(self, *a, **k):
+        if any(isinstance(x, torch.dtype) for x in (*a, *k.values())):
+            raise AssertionError("a model was cast after it was built")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+
+
+@pytest.mark.parametrize("stored, asked, want", [
+    (torch.bfloat16, None, torch.bfloat16),  # as stored
+    (torch.float32, torch.float16, torch.float16),  # the dtype asked for
+    (torch.bfloat16, torch.float32, torch.float32),
+])
+def test_load_checkpoint_builds_in_the_target_dtype(tmp_path, monkeypatch, stored, asked, want):
+    model = build(CFG, dtype=stored, seed=0)
+    path = save_checkpoint(model, tmp_path / "m.safetensors")
+    calls = _spy(monkeypatch, checkpoint_mod)
+    _no_cast(monkeypatch)
+    loaded = load_checkpoint(path, dtype=asked)
+    monkeypatch.undo()
+    assert calls == [(want, None)]
+    assert {p.dtype for p in loaded.parameters()} == {want}
+    # The same model build gives in that dtype, with the stored weights: buffers (rotary) included.
+    ref = build(CFG, dtype=want, seed=1)
+    ref.load_state_dict({k: v.to(want) for k, v in model.state_dict().items()})
+    assert {k: (v.dtype, v.shape) for k, v in loaded.state_dict().items()} == \
+        {k: (v.dtype, v.shape) for k, v in ref.state_dict().items()}
+    with torch.no_grad():
+        assert torch.equal(loaded(TOKENS), ref(TOKENS))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_remove_heads_builds_in_the_models_dtype(monkeypatch, dtype):
+    model = build(CFG, dtype=dtype, seed=0)
+    off = torch.zeros(2, 4, dtype=torch.bool)
+    off[0, :2] = True  # one whole K/V group of layer 0
+    calls = _spy(monkeypatch, surgery_mod)
+    _no_cast(monkeypatch)
+    small = remove_heads(model, off)
+    monkeypatch.undo()
+    assert calls == [(dtype, model.W_E.device)]
+    assert {p.dtype for p in small.parameters()} == {dtype}
+    gates = (~off).to(dtype)
+    with torch.no_grad():
+        model.set_head_gates(gates)
+        gated = model(TOKENS)
+        model.set_head_gates(None)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(small(TOKENS), gated, atol=tol, rtol=tol)

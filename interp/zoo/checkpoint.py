@@ -149,7 +149,15 @@ def check_finite(tensor: torch.Tensor, name: str, source: str) -> None:
         ...
         ValueError: my-folder: tensor 'model.norm.weight' holds 2 NaN or infinite value(s) of 3 (torch.float32); the weights are corrupt
     """
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return
+    # Fast path: NaN and inf propagate through a sum (inf - inf is NaN), so a finite sum means every value is
+    # finite; only a non-finite sum (a bad value, or a float16 overflow) pays for the exact check. A sum in the
+    # tensor's own dtype allocates nothing (torch.isfinite on bf16 makes a bool copy and runs at ~60 M values/s
+    # on one core: 10 s for a 1.2 GB model).
+    if bool(torch.isfinite(tensor.sum())):
+        return
+    if not bool(torch.isfinite(tensor).all()):
         bad = int((~torch.isfinite(tensor)).sum())
         raise ValueError(f"{source}: tensor {name!r} holds {bad} NaN or infinite value(s) of {tensor.numel()} "
                          f"({tensor.dtype}); the weights are corrupt")

@@ -32,7 +32,7 @@ import torch
 from ..config import ModelConfig
 from ..model import Transformer
 from ..placement import build, check_dtype
-from .checkpoint import assign_weights, check_finite
+from .checkpoint import assign_weights, check_finite, check_fits
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -748,8 +748,9 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
     if device is None:  # where the source weights are (a HF model on a GPU converts on that GPU)
         device = "cpu" if lazy else next((t.device for t in hf_sd.values() if t.is_floating_point()), None)
     target = torch.device(device if device is not None else "cpu")
+    shapes = check_weights(hf_cfg, cfg, make_sd, meta, dtype=dtype, source=source, allow_unused=allow_unused)
     model = build(cfg, dtype=dtype, device=target, meta_weights=True)
-    check_weights(hf_cfg, cfg, make_sd, meta, model, source=source, allow_unused=allow_unused)
+    check_fits(model, shapes, source=f"{source} (converted)")
     if not lazy:  # a model's own tensors: the same NaN / inf policy as a folder's and a GGUF file's
         hf_sd = _FiniteChecked(hf_sd, source)
     try:

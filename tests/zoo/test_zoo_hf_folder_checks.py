@@ -250,6 +250,7 @@ _BOMBS = textwrap.dedent("""
     out = {}
     for folder in sys.argv[1:]:
         interp.zoo.hf.read_hf_config(folder)  # warm transformers' config classes up: not the load's cost
+        import torch._dynamo  # noqa: F401 - torch imports it on the first torch.cat of meta tensors
         before = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
         start = time.perf_counter()
         try:

@@ -15,12 +15,12 @@ Two jobs, both about placement and nothing else:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from .config import ModelConfig
 
@@ -33,32 +33,73 @@ DeviceLike = torch.device | str
 DEFAULT_RESERVE = 0.10
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
-    if dtype is None:
-        yield
-        return
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(before)
+class _BuildDefaults(TorchFunctionMode):
+    """While a model is built: floating tensors made without a ``dtype`` get ``dtype``, and with ``meta_weights``
+    the uninitialised ones (``torch.empty``: every parameter's storage) go to the meta device.
+
+    A torch function mode lives on the calling thread's mode stack, unlike ``torch.set_default_dtype``, which
+    is process-wide: two threads building a bf16 and a float32 model at once each get their own dtype, and the
+    process default never changes. Tensors made with an explicit dtype (the rotary frequencies in float32, index
+    tables in int64) keep it, as they did under a changed default dtype.
+    """
+
+    def __init__(self, dtype: torch.dtype | None, meta_weights: bool) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.meta_weights = meta_weights
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = dict(kwargs or {})
+        if func in _FLOAT_FACTORIES and kwargs.get("dtype") is None:
+            if self.dtype is not None:
+                kwargs["dtype"] = self.dtype
+            if self.meta_weights and func is torch.empty:
+                kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+# The factories that make a default-dtype floating tensor when given no dtype (what modules build weights with).
+_FLOAT_FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn})
+
+
+def check_dtype(dtype: object, what: str = "dtype") -> None:
+    """Refuse a ``dtype`` argument that is not a floating-point ``torch.dtype`` (None is allowed): loaders call it
+    before reading anything, so a typo fails at once, not after a full load.
+
+    Args:
+        dtype: the argument.
+        what: its name, for the message.
+
+    Raises:
+        TypeError: ``dtype`` is not None and not a floating ``torch.dtype``.
+
+    Example:
+        >>> check_dtype("bf16")
+        Traceback (most recent call last):
+        ...
+        TypeError: dtype must be a floating-point torch.dtype (torch.float32, torch.bfloat16, torch.float16), got 'bf16'
+    """
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{what} must be a floating-point torch.dtype (torch.float32, torch.bfloat16, "
+                        f"torch.float16), got {dtype!r}")
 
 
 def build(cfg: ModelConfig, *, device: DeviceLike | None = None, dtype: torch.dtype | None = None,
-          seed: int | None = None) -> Transformer:
+          seed: int | None = None, meta_weights: bool = False) -> Transformer:
     """A randomly initialised model, allocated directly on ``device`` in ``dtype``.
 
     Parameters are created and initialised where they stay (PyTorch's default initialisers run on the target
     device, in the target dtype), so peak memory is about the weights' own bytes. Buffers that need precision
-    (the rotary frequencies, index tables) keep their explicit dtype.
+    (the rotary frequencies, index tables) keep their explicit dtype. No process-wide torch state is changed
+    (``torch.set_default_dtype`` is never called), so threads can build models of different dtypes at once.
 
     Args:
         cfg: the model's configuration.
         device: where to build it (default: the current default device, usually ``"cpu"``).
         dtype: a floating dtype for the parameters (default: float32).
         seed: seed the initialisation (``torch.manual_seed``) for a reproducible model.
+        meta_weights: leave the parameters on the meta device, uninitialised (buffers are still built on
+            ``device``): for loaders that assign every weight afterwards, so none is allocated twice.
 
     Returns:
         A :class:`~interp.model.Transformer` in eval mode.
@@ -74,11 +115,11 @@ def build(cfg: ModelConfig, *, device: DeviceLike | None = None, dtype: torch.dt
     """
     from .model import Transformer
 
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_dtype(dtype)
     if seed is not None:
         torch.manual_seed(seed)
-    with _default_dtype(dtype), torch.device(device if device is not None else torch.get_default_device()):
+    with torch.device(device if device is not None else torch.get_default_device()), \
+            _BuildDefaults(dtype, meta_weights):
         model = Transformer(cfg)
     return model.eval()
 

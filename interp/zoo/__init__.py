@@ -31,7 +31,7 @@ import torch
 
 from ..config import ModelConfig
 from ..model import Transformer
-from ..placement import build, place
+from ..placement import build, check_dtype, place
 from .checkpoint import load_checkpoint, load_state_dict_strict, read_checkpoint_metadata, save_checkpoint
 from .gguf import load_gguf
 from .hf import from_hf
@@ -127,11 +127,13 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         file, so it never passes for the shipped model.
 
     Raises:
-        TypeError: ``name_or_path`` is not a str, a path or a ModelConfig, or ``dtype`` is not floating-point.
+        TypeError: ``name_or_path`` is not a str, a path or a ModelConfig, or ``dtype`` is not floating-point
+            (checked before anything is read).
         FileNotFoundError: ``name_or_path`` is a path (ends in ``.safetensors`` or has a ``/``) to nothing.
         ValueError: an unknown name (the message lists the built-in names), a hub name that is not a hub id
-            or an absolute path, or a file that is not an interp checkpoint / weights that do not fit (tensor
-            and both shapes named).
+            or an absolute path, or a file that is not an interp checkpoint / weights that do not fit its
+            config (every missing, unexpected, mis-shaped or non-floating tensor named with both shapes or
+            dtypes, refused before the model is allocated), or a weight holding NaN / infinite values.
         ImportError: a missing optional dependency (the message names the extra to install).
 
     Example:
@@ -140,6 +142,7 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         >>> model = load("induction-2l")
         >>> model = load(save_checkpoint(model, tmp / "runs" / "my_model.safetensors"))
     """
+    check_dtype(dtype)  # before anything is read: a bad dtype never waits for a full load
     if isinstance(name_or_path, ModelConfig):
         model = build(name_or_path, device=device, dtype=dtype, seed=seed)
         model.name = "random"
@@ -157,13 +160,11 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         model = _builtin_loader(key)()
         model.name = key
     elif isinstance(name_or_path, str) and key.startswith(HUB_PREFIXES):
-        model = _load_hub(key[:2], key[3:])
+        model = _load_hub(key[:2], key[3:], dtype=dtype)
     else:
         model = _load_path(key, dtype=dtype, device=device, keep_quantized=keep_quantized)
     if dtype is not None:
-        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-        model.to(dtype=dtype)
+        model.to(dtype=dtype)  # a no-op for the loaders that built the model in dtype
     if device is not None:
         model.to(device)
     if devices is not None:
@@ -173,11 +174,12 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
 
 def _load_path(key: str, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None,
                keep_quantized: bool = False) -> Transformer:
-    """The model in the local file or folder ``key`` (a checkpoint, a GGUF file, a Hugging Face folder); a GGUF
-    file is dequantised straight into ``dtype`` on ``device``."""
+    """The model in the local file or folder ``key`` (a checkpoint, a GGUF file, a Hugging Face folder), each
+    built straight in ``dtype`` on ``device`` after its weights were checked against its config (a GGUF file
+    with ``keep_quantized`` keeps its quantised matrices in their blocks)."""
     path = Path(key)
     if path.is_file() and path.suffix == ".safetensors":
-        model = load_checkpoint(path)
+        model = load_checkpoint(path, dtype=dtype, device=device)
         if model.name in BUILTINS and path.resolve() != _shipped_file(model.name):
             model.name = path.stem  # a retrained copy of a built-in keeps a name of its own
         return model
@@ -185,7 +187,7 @@ def _load_path(key: str, *, dtype: torch.dtype | None = None, device: torch.devi
         return load_gguf(path, dtype=dtype if dtype is not None else torch.float32, device=device,
                          keep_quantized=keep_quantized)
     if path.is_dir() and (path / "config.json").is_file():
-        return from_hf(path)
+        return from_hf(path, dtype=dtype, device=device)
     if path.suffix == ".safetensors" or (any(sep in key for sep in "/\\") and not path.exists()):
         # It names a file, not a model: say that the file is missing rather than "unknown model".
         raise FileNotFoundError(f"no checkpoint file or model folder at {key!r}")
@@ -202,11 +204,11 @@ def _shipped_file(name: str) -> Path | None:
     return INDUCTION_2L_PATH if name == "induction-2l" else None
 
 
-def _load_hub(prefix: str, ref: str) -> Transformer:
+def _load_hub(prefix: str, ref: str, *, dtype: torch.dtype | None = None) -> Transformer:
     """``hf:`` / ``tl:`` names: ``ref`` is an absolute local folder or, strictly, a hub repository id."""
     source = hub_source(ref, f"{prefix}:")
     if prefix == "hf":
-        return from_hf(source, name=ref)
+        return from_hf(source, name=ref, dtype=dtype)
     try:
         from transformer_lens.model_bridge import TransformerBridge
     except ImportError as e:

@@ -26,8 +26,7 @@ GGUF dimensions are listed fastest-first (a ``[576, 49152]`` tensor is our ``[49
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from ..model import Transformer
 from ..placement import build
 from ..quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 from . import gguf_experts, gguf_quantized
-from .checkpoint import check_fits
+from .checkpoint import assign_weights, check_finite, check_fits
 from .gguf_archs import ARCHITECTURES, Architecture, Meta, shown, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, read_gguf
 from .hf import converter
@@ -345,10 +344,10 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
         tensors = tqdm(tensors, desc="dequantising GGUF tensors", unit="tensor")
     for t in tensors:
         w = _dequantise(t, dtype, device, source)
-        if not bool(torch.isfinite(w).all()):
-            bad = int((~torch.isfinite(w)).sum())
-            raise GGUFError(f"{source}: tensor {t.name!r} ({t.tensor_type.name}) holds {bad} NaN or infinite "
-                            f"value(s) after dequantisation to {dtype}; the file is corrupt")
+        try:  # the one non-finite-weight policy of every loader (Hugging Face folders and models too)
+            check_finite(w, t.name, f"{source} ({t.tensor_type.name}, dequantised to {dtype})")
+        except ValueError as e:
+            raise GGUFError(str(e)) from None
         out.update(_hf_tensors(spec, t.name, w, hf_cfg, source))
     if _skip is None:
         gguf_experts.join_split_tensors(out)  # DeepSeek's split kv_b (a no-op for every other file)
@@ -533,24 +532,6 @@ def _merges_from_scores(tokens: list[str], scores: list[float], vocab: dict[str,
 
 
 # --- the whole model ---------------------------------------------------------------------------------------
-@contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Modules built inside keep their parameters on the meta device (buffers stay where they are built): the
-    weights are assigned afterwards, so no initial values are allocated or computed for them."""
-    register = nn.Module.register_parameter
-
-    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None and not param.is_meta:
-            param = nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
-        register(module, name, param)
-
-    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register  # type: ignore[method-assign]
-
-
 def _assemble(hf_cfg: Mapping[str, Any], hf_sd: dict[str, torch.Tensor], *, dtype: torch.dtype,
               device: torch.device | str, source: str,
               quantized: Mapping[str, QuantizedWeight] | None = None) -> Transformer:
@@ -567,30 +548,16 @@ def _assemble(hf_cfg: Mapping[str, Any], hf_sd: dict[str, torch.Tensor], *, dtyp
     else:
         ours = dict(hf_sd)
     hf_sd.clear()  # what the converter kept lives on in `ours`; the parts of concatenated tensors are freed
-    with _parameters_on_meta():
-        model = build(cfg, dtype=dtype, device=device)
-    shapes = {k: tuple(v.shape) for k, v in ours.items()}
-    shapes.update({k: q.shape for k, q in (quantized or {}).items()})
-    check_fits(model, shapes, source=source)
-    if quantized:
-        _swap_in_quantized(model, quantized, source)
-    shared: dict[int, list[str]] = {}
-    for key, p in model.named_parameters(remove_duplicate=False):
-        shared.setdefault(id(p), []).append(key)
-    for key in list(ours):  # a few converter-made tensors (a zero bias) are float32 on the CPU
-        ours[key] = ours[key].to(device=device, dtype=dtype).contiguous()
-    model.load_state_dict(ours, strict=False, assign=True)
-    modules = dict(model.named_modules())  # by name: the model's W_E / W_U attributes are weight views
-    for keys in shared.values():  # assignment unties tied weights: tie them again to the loaded one
-        loaded = next((k for k in keys if k in ours), None)
-        for key in keys:
-            if loaded is not None and key != loaded:
-                owner, attr = key.rsplit(".", 1)
-                source_owner, source_attr = loaded.rsplit(".", 1)
-                setattr(modules[owner], attr, getattr(modules[source_owner], source_attr))
-    left = [k for k, p in model.named_parameters() if p.is_meta]
-    if left:
-        raise GGUFError(f"{source}: no weights for {left[:8]}")
+    model = build(cfg, dtype=dtype, device=device, meta_weights=True)
+    try:
+        if quantized:
+            shapes = {k: tuple(v.shape) for k, v in ours.items()}
+            shapes.update({k: q.shape for k, q in quantized.items()})
+            check_fits(model, shapes, source=source)  # the whole model, before blocks replace quantised weights
+            _swap_in_quantized(model, quantized, source)
+        assign_weights(model, ours, dtype=dtype, device=device, source=source, check=not quantized)
+    except ValueError as e:
+        raise GGUFError(str(e)) from None
     return model.eval()
 
 

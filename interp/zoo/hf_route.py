@@ -607,50 +607,100 @@ class RouteModel(HookedModule):
 
     def _forward(self, tokens: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
                  token_type_ids: Any = None, position_ids: torch.Tensor | None = None, context: Any = None,
-                 context_mask: Any = None, kv_cache: Any = None, last_only: bool = False, first_layer: int = 0,
-                 enter: Callable[[int, torch.Tensor | None], torch.Tensor] | None = None) -> torch.Tensor:
-        # The signature of Transformer._forward, which activation patching calls (its growing pass: enter(i, x)
-        # gives the residual entering layer i, with more rows at each layer that patches start at).
+                 context_mask: Any = None, kv_cache: Any = None, start_at_layer: int | None = None,
+                 stop_at_layer: int | None = None,
+                 enter: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        # The contract of Transformer._forward, which activation patching calls: from start_at_layer on the
+        # input is the residual entering that layer, stop_at_layer gives the residual leaving layer stop - 1,
+        # and enter(i, x) (patching's growing pass) gives the residual entering layer i, with more rows at each
+        # layer that patches start at.
         if kv_cache is not None:
             raise refuse("interp's KV cache (per-position patching from a prefix, generate's decode step)")
         if token_type_ids is not None or context is not None or context_mask is not None:
             raise refuse("token types and cross-attention context")
-        tokens = self._check_tokens(tokens)
-        if enter is None:
-            logits = self.hf(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=False).logits
-        else:
-            logits = self._growing(tokens, attention_mask, first_layer, enter)
-        return logits[:, -1:] if last_only else logits
+        first, stop = Transformer._layer_range(self, start_at_layer, stop_at_layer)  # type: ignore[arg-type]
+        if start_at_layer is None and enter is None and stop_at_layer is None:
+            tokens = self._check_tokens(tokens)
+            return self.hf(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=False).logits
+        return self._layer_range_pass(tokens, attention_mask, first, stop, start_at_layer is not None, enter)
 
-    def _growing(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None, first_layer: int,
-                 enter: Callable[[int, torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
-        """The growing pass of :meth:`Transformer._forward` over transformers' forward, which keeps one batch
-        size for the whole pass: every copy runs from the start, and the rows that join at layer i are set to
-        what ``enter`` gives there (the rows of a copy before it joins are never read)."""
-        B, T = tokens.shape
+    def _layer_range_pass(self, x: torch.Tensor, attention_mask: torch.Tensor | None, first: int, stop: int,
+                          from_residual: bool, enter: Callable[[int, torch.Tensor], torch.Tensor] | None
+                          ) -> torch.Tensor:
+        """Layers ``first .. stop - 1`` over transformers' forward, which keeps one batch size for the whole pass
+        and always runs from the embedding: the rows entering layer ``first`` (and those that join at higher
+        layers through ``enter``) are set there; what the layers below computed for them is never read. Returns
+        the residual leaving layer ``stop - 1`` (``[rows, T, M]``), or the logits when ``stop`` is the last
+        layer and the input were tokens with no growing pass."""
+        L = self.cfg.n_layers
         entering: dict[int, torch.Tensor] = {}  # layer -> [rows present, T, M], rows added there and before
-        x: torch.Tensor | None = None
-        for i in range(first_layer, self.cfg.n_layers):
-            x = enter(i, x)
-            entering[i] = x
-        assert x is not None
-        rows = x.shape[0]
+        if from_residual:
+            h = x
+            B, T = x.shape[:2]
+            tokens = torch.zeros(B, T, dtype=torch.long, device=x.device)  # stand-ins below `first`
+        else:
+            tokens = self._check_tokens(x)
+            B, T = tokens.shape
+            h = None
+        for i in range(first, stop):
+            if enter is not None:
+                h = enter(i, h)  # type: ignore[arg-type]  # patching's enter reads x only above `first`
+            if h is not None:
+                entering[i] = h
+        rows = max((v.shape[0] for v in entering.values()), default=B)
         joined = {i: (entering[i - 1].shape[0] if i - 1 in entering else 0) for i in entering}
 
-        def enter_rows(i: int, h: torch.Tensor) -> torch.Tensor:
+        def enter_rows(i: int, hidden: torch.Tensor) -> torch.Tensor:
             if i not in entering or entering[i].shape[0] == joined[i]:
-                return h
-            h = h.clone()
-            h[joined[i]:entering[i].shape[0]] = entering[i][joined[i]:].to(h.dtype)  # the copies joining here
-            return h
+                return hidden
+            hidden = hidden.clone()
+            hidden[joined[i]:entering[i].shape[0]] = entering[i][joined[i]:].to(hidden.dtype)  # rows joining here
+            return hidden
 
+        out: dict[str, torch.Tensor] = {}
+        handle = None
+        if stop < L or from_residual or enter is not None:
+            layers = _decoder_layers(self.hf, L)
+            if stop == 0:  # nothing runs: the input is the output
+                return x
+            handle = layers[stop - 1].register_forward_hook(
+                lambda _m, _i, output: out.__setitem__("resid", _hidden(output)))
         mask = None if attention_mask is None else attention_mask.repeat(rows // B, 1)  # [rows, T]
         self._enter = enter_rows
         try:
-            return self.hf(input_ids=tokens.repeat(rows // B, 1), attention_mask=mask, use_cache=False).logits
+            logits = self.hf(input_ids=tokens.repeat(rows // B, 1), attention_mask=mask, use_cache=False,
+                             logits_to_keep=1 if handle is not None else 0).logits
         finally:
             self._enter = None
+            if handle is not None:
+                handle.remove()
+        return out["resid"] if handle is not None else logits
+
+    def unembed_residual(self, resid: torch.Tensor) -> torch.Tensor:
+        """The model's output head on the residual leaving the last layer (``[..., T, d_model]`` to logits):
+        the final norm and unembedding where one pass showed that they give the logits, otherwise
+        transformers' own tail (a pass whose last layer's output is ``resid``)."""
+        view = self.__dict__.get("_norm_view")
+        unembed = self.unembed
+        if view is not None and unembed is not None:
+            return unembed(view(resid))
+        flat = resid.reshape(-1, *resid.shape[-2:])  # [B, T, M]
+        layers = _decoder_layers(self.hf, self.cfg.n_layers)
+        handle = layers[-1].register_forward_hook(lambda _m, _i, output: _with_hidden(output, flat))
+        # The stand-in layers must not run the caller's hooks (a patching pass calls this inside its hooks).
+        points = [m for m in self.modules() if isinstance(m, HookPoint)]
+        saved = [p._fns for p in points]
+        for p in points:
+            p._fns = []
+        try:
+            tokens = torch.zeros(flat.shape[:2], dtype=torch.long, device=flat.device)  # [B, T] stand-ins
+            logits = self.hf(input_ids=tokens, use_cache=False).logits  # [B, T, V]
+        finally:
+            handle.remove()
+            for p, fns in zip(points, saved):
+                p._fns = fns
+        return logits.reshape(*resid.shape[:-1], logits.shape[-1])  # [..., T, V]
 
     def _check_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         return Transformer._check_tokens(self, tokens)  # type: ignore[arg-type]  # reads cfg.d_vocab only

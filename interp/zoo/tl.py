@@ -173,6 +173,6 @@ def from_transformer_lens(bridge: Any) -> Transformer:
     # The bridge wraps each HF submodule, which inserts "._original_component" into the state-dict keys.
     sd = {k.replace("._original_component", ""): v for k, v in hf_model.state_dict().items()}
     name = str(getattr(bridge.cfg, "model_name", "") or hf_model.config.model_type)
-    model = convert(hf_model.config.to_dict(), sd, name=name)
+    model = convert(hf_model.config.to_dict(), sd, name=name, allow_unused=True)  # the bridge's own views
     model.tokenizer = _wrap_tokenizer(getattr(bridge, "tokenizer", None))
     return model

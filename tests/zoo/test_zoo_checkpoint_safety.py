@@ -38,15 +38,15 @@ def _rewrite(path, out, **header_changes):
 @pytest.fixture
 def no_real_allocation(monkeypatch):
     """Fail at once if load_checkpoint builds a model with real (non-meta) parameters."""
-    real = checkpoint.Transformer
+    real = checkpoint.build
 
-    def guarded(cfg):
-        if torch.get_default_device().type != "meta":
+    def guarded(cfg, *, device=None, meta_weights=False, **kw):
+        if torch.device(device or "cpu").type != "meta" and not meta_weights:
             raise AssertionError(f"a real model was built from an unchecked header (d_vocab={cfg.d_vocab}, "
                                  f"n_layers={cfg.n_layers})")
-        return real(cfg)
+        return real(cfg, device=device, meta_weights=meta_weights, **kw)
 
-    monkeypatch.setattr(checkpoint, "Transformer", guarded)
+    monkeypatch.setattr(checkpoint, "build", guarded)
 
 
 @pytest.mark.parametrize("change", [{"d_vocab": 10**9}, {"n_layers": 10**6}, {"d_model": 4096}])
@@ -115,3 +115,28 @@ def test_an_hf_folder_with_unsafe_pickle_weights_is_a_value_error(tmp_path):
     torch.save({"state": hf.state_dict(), "when": datetime.datetime(2020, 1, 1)}, tmp_path / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"pickle file that cannot be loaded safely.*Weights only load failed"):
         load(str(tmp_path))
+
+
+def test_an_int32_weight_in_a_checkpoint_is_refused_with_both_dtypes(tiny, tmp_path, no_real_allocation):
+    _, path = tiny
+    with safe_open(str(path), framework="pt") as f:
+        header = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    header.pop("tensor_record")
+    tensors["blocks.1.attn.W_O.weight"] = tensors["blocks.1.attn.W_O.weight"].to(torch.int32)
+    save_file(tensors, str(tmp_path / "int.safetensors"), metadata=header)
+    with pytest.raises(ValueError, match=r"int\.safetensors: non-floating weights: blocks\.1\.attn\.W_O\.weight is "
+                                         r"stored as I32 \[16, 16\], the model expects torch\.float32"):
+        load_checkpoint(tmp_path / "int.safetensors")
+
+
+def test_a_checkpoint_loads_into_its_parameters_without_a_second_copy(tiny):
+    """The tensors read are the parameters (assigned on meta parameters, not copied into initialised ones),
+    and the model computes what the saved one did."""
+    model, path = tiny
+    again = load_checkpoint(path)
+    tokens = torch.tensor([[1, 5, 7, 2]])
+    with torch.no_grad():
+        assert torch.equal(again(tokens), model(tokens))
+    assert not any(p.is_meta for p in again.parameters())
+    assert all(p.data_ptr() % 64 == 0 for p in again.parameters())  # aligned as torch allocates

@@ -93,7 +93,17 @@ def test_a_missing_checkpoint_path_says_file_not_found(capsys, tmp_path):
 def test_ctrl_c_during_startup_imports_is_one_line_and_status_130():
     proc = subprocess.Popen([sys.executable, "-c", ENTRY, "heads", "--model", "induction-2l"], env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.4)  # inside the start-up imports (torch takes seconds to import here)
+    # Inside the start-up imports: once torch's library is mapped, main() has installed its handler and torch's
+    # import (seconds) is under way. A fixed sleep could land before main() on a loaded machine.
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if "libtorch" in maps.read_text():
+                break
+        except OSError:
+            break
+        time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--causal-seqs", type=int, default=8)
     ap.add_argument("--draws", type=int, default=20)
+    ap.add_argument("--heads", help="skip the classification: the causal test of these heads (L18H6,L17H3,...)")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "retrieval_heads_smollm2.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -40,7 +41,7 @@ def main() -> None:
     out: dict = {"model": "smollm2-135m", "context": args.context, "needle": args.needle, "seqs": args.seqs,
                  "sets": {}}
     found = []
-    for seed in range(3):
+    for seed in range(0 if args.heads else 3):
         t = time.perf_counter()
         r = classify_heads(model, kinds=["retrieval"], n_seqs=args.seqs, seed=seed, batch_size=4, options=opts,
                            progress=False)
@@ -52,8 +53,10 @@ def main() -> None:
                                       r.details["retrieval"].nlargest(5, "retrieval").itertuples()}}
         found.append(set(out["sets"][seed]["heads"]))
         print(f"seed {seed}: {out['sets'][seed]}")
-    out["stability"] = {"in_all_3": sorted(set.intersection(*found)), "in_any": sorted(set().union(*found))}
-    heads = [(int(h[1:].split("H")[0]), int(h.split("H")[1])) for h in out["sets"][0]["heads"]]
+    if found:
+        out["stability"] = {"in_all_3": sorted(set.intersection(*found)), "in_any": sorted(set().union(*found))}
+    names = args.heads.split(",") if args.heads else list(out["sets"][0]["heads"])
+    heads = [(int(h[1:].split("H")[0]), int(h.split("H")[1])) for h in names]
     tok = model.tokenizer
     bos = tok.bos_token_id
     batches = needle_batches(model.cfg.d_vocab, args.causal_seqs, args.context, args.needle, n_ctx=model.cfg.n_ctx,
@@ -64,7 +67,7 @@ def main() -> None:
         df = paired_random_test(model, heads, kind_metric(model, "retrieval", tokens, half_len=args.needle),
                                 n_draws=args.draws)
         a = df.attrs
-        out["causal"] = {"heads": len(heads), "recall_clean": float(df.value[0]), "recall_target": a["target_value"],
+        out["causal"] = {"heads": names, "recall_clean": float(df.value[0]), "recall_target": a["target_value"],
                          "target_effect": a["target_effect"], "random_effect_mean": a["random_effect"],
                          "random_min": a["random_min"], "random_max": a["random_max"],
                          "paired_mean": a["paired_mean"], "paired_ci": [a["paired_low"], a["paired_high"]],

@@ -186,16 +186,7 @@ def _heads(args: argparse.Namespace) -> int:
     if args.text is not None and not any(t.strip() for t in args.text):
         raise CliError(f"--text {args.text!r} is empty")
     classify_heads = _require("interp.analysis", "classify_heads", "head classification (interp.analysis)")
-    model = _load_model(args.model)
     kwargs: dict[str, Any] = {}
-    if args.text is not None:
-        kwargs["texts"] = list(args.text)
-    if args.conllu is not None:
-        kwargs["conllu"] = args.conllu
-        if args.max_sentences is not None:
-            kwargs["max_sentences"] = args.max_sentences
-    if args.coref:
-        kwargs["coref"] = list(args.coref)
     if args.kinds is not None:
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
         if not kinds:
@@ -205,6 +196,15 @@ def _heads(args: argparse.Namespace) -> int:
         if unknown:
             raise CliError(f"--kinds: unknown head kind(s) {unknown}; the known kinds are {list(known)}")
         kwargs["kinds"] = "all" if kinds == ["all"] else kinds
+    model = _load_model(args.model)
+    if args.text is not None:
+        kwargs["texts"] = list(args.text)
+    if args.conllu is not None:
+        kwargs["conllu"] = args.conllu
+        if args.max_sentences is not None:
+            kwargs["max_sentences"] = args.max_sentences
+    if args.coref:
+        kwargs["coref"] = list(args.coref)
     report = classify_heads(model, progress=not args.no_progress, **kwargs)
     df = report.df if hasattr(report, "df") else report
     rows = heads_records(df)
@@ -727,7 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="registered head kinds to run, comma-separated, or 'all' (default: positional, "
                         "previous-token, duplicate-token, induction, and syntactic / coreference with their data); "
                         "the registry (interp.analysis.kinds.head_kinds) also holds sink, copy-suppression, "
-                        "successor")
+                        "successor, retrieval and induction:natural (with --text)")
     h.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
     h.add_argument("--nproc", type=_positive_int, default=1,

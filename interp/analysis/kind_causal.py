@@ -12,9 +12,9 @@ Each kind has its own metric, measured per example with the heads mean-ablated (
   Wednesday -> Thursday); ablating successor heads should lower it;
 - ``induction``: the in-context loss on the repeated half of ``[bos] x x`` (:func:`~.ablate.in_context_gain`'s
   second half);
-- ``retrieval``: needle recall, the mean log-probability of the needle's tokens as the answer copies them
-  (:func:`interp.data.needle.needle_batches`; ``half_len`` = the needle's length); ablating retrieval heads
-  should lower it.
+- ``retrieval``: needle recall, the log-probability of each needle token as the answer copies it (one example
+  per copied token; :func:`interp.data.needle.needle_batches`; ``half_len`` = the needle's length); ablating
+  retrieval heads should lower it.
 
 :func:`paired_random_test` then compares, example by example, the target's effect (ablated minus clean) with the
 mean effect of the random sets: the mean paired difference, its bootstrap interval and a Wilcoxon signed-rank
@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from .ablate import ablate_heads, compare_with_random
+from .ablate import ablate_heads, compare_with_random, head_z_means
 from .uncertainty import bootstrap_interval
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
 
     Returns:
         ``per_example(heads) -> [N]`` float64 (loss: lower is better for sink and induction; log-probabilities
-        for the others).
+        for the others; retrieval: ``[N * (half_len - 1)]``, one per copied token).
 
     Raises:
         ValueError: an unknown kind, or a missing ``answers`` / ``half_len``.
@@ -168,23 +168,30 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
     if kind in ("induction", "retrieval") and half_len is None:
         raise ValueError(f"the {kind} metric needs half_len= (the length of the repeated run / the needle)")
     reference = tokens if reference is None else reference
+    # Mean ablation's reference means, computed once for every head set (a full pass each time otherwise).
+    values = head_z_means(model, reference) if method == "mean" else None
 
     def run(heads: list[tuple[int, int]]) -> torch.Tensor:
         if not heads:
             return model(tokens).float()
-        with ablate_heads(model, heads, method, reference=reference):
+        with ablate_heads(model, heads, method, reference=reference, values=values):
             return model(tokens).float()
 
     def per_example(heads: list[tuple[int, int]]) -> torch.Tensor:
-        logp = F.log_softmax(run(heads), dim=-1)  # [N, T, V]
+        logits = run(heads)  # [N, T, V]
         if kind == "successor":
-            return logp[torch.arange(len(tokens)), -1, answers.to(logp.device)].double().cpu()  # type: ignore[union-attr]
-        nxt = logp[:, :-1].gather(-1, tokens[:, 1:, None].to(logp.device))[..., 0]  # [N, T-1]
+            logp = F.log_softmax(logits[:, -1], dim=-1)  # [N, V]
+            return logp[torch.arange(len(tokens)), answers.to(logp.device)].double().cpu()  # type: ignore[union-attr]
+        if kind in ("induction", "retrieval"):  # the copied half's tokens only: no [N, T, V] log-probs
+            T = tokens.shape[1]
+            logp = F.log_softmax(logits[:, T - half_len:T - 1], dim=-1)  # type: ignore[operator]  # [N, n-1, V]
+            copied = logp.gather(-1, tokens[:, T - half_len + 1:, None].to(logp.device))[..., 0]  # type: ignore[operator]
+            # induction: the copied half's loss per sequence; retrieval: recall per copied needle token
+            return (-copied.mean(-1)).double().cpu() if kind == "induction" else copied.flatten().double().cpu()
+        logp = F.log_softmax(logits, dim=-1)  # [N, T, V]
         if kind == "sink":
+            nxt = logp[:, :-1].gather(-1, tokens[:, 1:, None].to(logp.device))[..., 0]  # [N, T-1]
             return (-nxt).mean(-1).double().cpu()
-        if kind in ("induction", "retrieval"):  # the copied half's tokens: loss (induction) or log-prob (recall)
-            copied = nxt[:, -(half_len - 1):].mean(-1).double().cpu()  # type: ignore[operator]
-            return -copied if kind == "induction" else copied
         return _seen_logprob(logp, tokens).double().cpu()
 
     return per_example

@@ -239,6 +239,8 @@ def classify_heads(
             raise ValueError(f"{name}={v!r} must be a number in [0, 1]")
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
         raise ValueError(f"bootstrap={bootstrap!r} must be an int >= 0 (0: no intervals)")
+    if bootstrap and _ranks() > 1:  # per-sequence rows stay on their rank: an interval would see a shard only
+        raise ValueError(f"bootstrap={bootstrap} needs one process; under torchrun ({_ranks()} ranks) run without it")
     selected = resolve_kinds(kinds)
     explicit = kinds is not None and kinds != "all"  # "all": every kind whose data is given
     keywords = dict(tokens=tokens, texts=texts, conllu=conllu, induction_tokens=induction_tokens,
@@ -357,6 +359,14 @@ def classify_heads(
     return HeadReport(df, cfg.n_layers, max(heads, default=0), getattr(model, "name", "model"), run.details,
                       thresholds, layer_heads=heads, probes=run.probes, kinds_run=[k.name for k in selected],
                       extra=extra)
+
+
+def _ranks() -> int:
+    """Processes of a torchrun launch (1 outside one)."""
+    import torch
+
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _check_setting(kind: str, name: str, value: Any, default: Any) -> None:

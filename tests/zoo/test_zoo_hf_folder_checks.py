@@ -74,14 +74,36 @@ def _ids():
     return torch.randint(1, V - 1, (2, 9))
 
 
-@pytest.mark.parametrize("family", sorted(MAKERS))
+def _every_family():
+    """Every dense test family of interp.zoo.compat, the MoE / MLA ones of test_zoo_hf_moe, GPT-2 and BERT: the
+    checks must not refuse any real layout (no tensor of theirs is "unexpected")."""
+    from test_zoo_hf_moe import FAMILIES as MOE
+    from test_zoo_hf_moe import hf_model as moe_model
+
+    from interp.zoo.compat import FAMILIES
+
+    makers = {name: (lambda name=name: hf_test_model(name)) for name in FAMILIES}
+    makers.update({f"moe-{name}": (lambda name=name: moe_model(name)) for name in MOE})
+    makers["gpt2"] = _gpt2
+    makers["bert"] = lambda: _seed_init(transformers.BertModel(transformers.BertConfig(
+        vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
+        max_position_embeddings=16)))
+    return makers
+
+
+EVERY = _every_family()
+
+
+@pytest.mark.parametrize("family", sorted(EVERY))
 def test_a_folder_converts_exactly_like_its_model(tmp_path, family):
-    hf = MAKERS[family]()
+    hf = EVERY[family]()
     folder = _save(hf, tmp_path / family)
     model = interp.load(str(folder))
     ids = _ids()
     with torch.no_grad():
-        torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-4)
+        want = hf(ids)
+        want = want.last_hidden_state if family == "bert" else want.logits
+        torch.testing.assert_close(model(ids), want, rtol=0, atol=1e-4)
 
 
 def test_a_sharded_folder_reads_every_shard(tmp_path):

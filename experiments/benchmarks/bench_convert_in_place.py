@@ -60,11 +60,11 @@ def _tensors(c: dict):
     yield "lm_head.weight", (V, M)
 
 
-def write(folder: Path, shape: str, shard_bytes: int) -> None:
+def write(folder: Path, shape: str, shard_bytes: int, layers: int | None = None) -> None:
     import torch
     from safetensors.torch import save_file
 
-    c = SHAPES[shape]
+    c = {**SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})}
     folder.mkdir(parents=True, exist_ok=True)
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16",
               "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("folder", type=Path)
     w.add_argument("--shape", choices=sorted(SHAPES), default="mid")
     w.add_argument("--shard-gb", type=float, default=0.5)
+    w.add_argument("--layers", type=int, help="fewer layers of the shape (a machine without room for all)")
     m = sub.add_parser("measure")
     m.add_argument("folder", type=Path)
     m.add_argument("--trace", type=int, default=0, help="tokens of a run_with_cache after loading (0: none)")
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bombs")
     a = p.parse_args(argv)
     if a.cmd == "write":
-        write(a.folder, a.shape, int(a.shard_gb * 1e9))
+        write(a.folder, a.shape, int(a.shard_gb * 1e9), a.layers)
     elif a.cmd == "measure":
         measure(a.folder, a.trace, a.code)
     else:

@@ -164,7 +164,7 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
     else:
         model = _load_path(key, dtype=dtype, device=device, keep_quantized=keep_quantized)
     if dtype is not None:
-        model.to(dtype=dtype)  # a no-op for the loaders that built the model in dtype
+        model.to(dtype=dtype)  # the loaders built the weights in dtype already; this casts floating buffers as before
     if device is not None:
         model.to(device)
     if devices is not None:

@@ -922,6 +922,7 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
 
     check_dtype(dtype)
     mtype = hf_cfg.get("model_type")
+    named = source is not None  # a folder or model object: its name goes before the converter's refusals
     source = source or f"Hugging Face {mtype} weights"
     make_cfg, make_sd = converter(hf_cfg)
     cfg = make_cfg(hf_cfg)
@@ -933,7 +934,8 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
     if device is None:  # where the source weights are (a HF model on a GPU converts on that GPU)
         device = "cpu" if lazy else next((t.device for t in hf_sd.values() if t.is_floating_point()), None)
     target = torch.device(device if device is not None else "cpu")
-    shapes = check_weights(hf_cfg, cfg, make_sd, meta, dtype=dtype, source=source, allow_unused=allow_unused)
+    shapes = check_weights(hf_cfg, cfg, make_sd, meta, dtype=dtype, source=source, allow_unused=allow_unused,
+                           wrap_converter_errors=named)
     model = build(cfg, dtype=dtype, device=target, meta_weights=True)
     check_fits(model, shapes, source=f"{source} (converted)")
     if not lazy:  # a model's own tensors: the same NaN / inf policy as a folder's and a GGUF file's

@@ -319,7 +319,8 @@ def check_layers(hf_cfg: Mapping[str, Any], n_layers: int, names: Mapping[str, A
 
 
 def check_weights(hf_cfg: Mapping[str, Any], cfg: Any, make_sd: Callable, meta: Mapping[str, torch.Tensor],
-                  *, dtype: torch.dtype, source: str, allow_unused: bool = False) -> dict[str, tuple[int, ...]]:
+                  *, dtype: torch.dtype, source: str, allow_unused: bool = False,
+                  wrap_converter_errors: bool = True) -> dict[str, tuple[int, ...]]:
     """Refuse HF weights that do not fill the model ``hf_cfg`` declares, allocating nothing (call
     :func:`check_layers` first).
 
@@ -331,6 +332,8 @@ def check_weights(hf_cfg: Mapping[str, Any], cfg: Any, make_sd: Callable, meta: 
         dtype: the dtype the model will have (named in errors).
         source: the folder or model, named in errors.
         allow_unused: accept tensors the converter does not read.
+        wrap_converter_errors: put ``source`` before the converter's own refusals (which name the
+            ``model_type`` and the tensor already); False passes them on as they are.
 
     Returns:
         The shapes of the converted tensors, by interp name, for
@@ -367,7 +370,11 @@ def check_weights(hf_cfg: Mapping[str, Any], cfg: Any, make_sd: Callable, meta: 
         with torch.device("meta"):  # tensors the converter makes itself (zero biases) stay shapes too
             ours = make_sd(recording, cfg)
     except (ValueError, RuntimeError, KeyError) as e:  # a missing tensor, or a torch.cat of mismatched shapes
-        raise ValueError(f"{source}: the weights do not fit the model config.json declares: {e}") from e
+        if wrap_converter_errors:
+            raise ValueError(f"{source}: the weights do not fit the model config.json declares: {e}") from e
+        if isinstance(e, ValueError):
+            raise
+        raise ValueError(str(e)) from e
     unused = sorted(k for k in meta if k not in recording.read and k not in ignored)
     if unused and not allow_unused:
         raise ValueError(f"{source}: unexpected tensors the model config.json declares has no place for: "

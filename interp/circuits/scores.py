@@ -134,6 +134,7 @@ def eap(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric
     logits_c, source = node_writes(model, graph, corrupted, attention_mask)
     _, base = node_writes(model, graph, clean, attention_mask)
     diff = (source - base).float()  # [U, B, T, M]
+    del source, base  # only the difference is needed: one [U, B, T, M] buffer, not three
     scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=diff.device)
     m_clean = _gradient_scores(model, graph, clean, diff, metric, scores, attention_mask=attention_mask)
     scores = scores.cpu() * graph.allowed
@@ -172,8 +173,9 @@ def eap_ig(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, met
     logits_c, source = node_writes(model, graph, corrupted, attention_mask)
     logits_b, base = node_writes(model, graph, clean, attention_mask)
     diff = (source - base).float()  # [U, B, T, M]
+    emb_c, emb_b = source[0].clone(), base[0].clone()  # [B, T, M]: the "input" node's write is the embedding
+    del source, base  # only the difference and the two embeddings are needed
     scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=diff.device)
-    emb_c, emb_b = source[0], base[0]  # [B, T, M]: the "input" node's write is the embedding
     for k in progress_bar(range(1, steps + 1), desc="eap_ig", progress=progress, unit="step"):
         embed = emb_c + (k / steps) * (emb_b - emb_c)  # [B, T, M]
         _gradient_scores(model, graph, clean, diff, metric, scores, embed=embed, attention_mask=attention_mask)

@@ -325,6 +325,43 @@ def host_available() -> int | None:
         return None
 
 
+def _stored_weight(module: nn.Module) -> object:
+    """What holds a layer's weight: its parameter, or the blocks of a quantised layer (whose ``weight`` is a
+    fresh dequantised tensor on every read, so neither identity nor device may be read from it)."""
+    q = module._modules.get("q")
+    return q if q is not None else module.weight
+
+
+def _weight_device(module: nn.Module) -> torch.device:
+    held = _stored_weight(module)
+    return held.device  # type: ignore[attr-defined]
+
+
+def _held_sizes(model: Transformer) -> tuple[int, list[int], int] | None:
+    """``(embeddings, [blocks], head)`` bytes the model holds, for a model whose weights are not all ``dtype``
+    parameters (quantised blocks); None when :func:`block_bytes` describes it."""
+    from .quantized import has_quantized
+
+    if not has_quantized(model):
+        return None
+    seen: set[int] = set()
+
+    def held(modules: Sequence[nn.Module | None]) -> int:
+        total = 0
+        for m in modules:
+            if m is None:
+                continue
+            for t in (*m.parameters(), *m.buffers()):
+                if id(t) not in seen and t.dtype != torch.bool:
+                    seen.add(id(t))
+                    total += t.numel() * t.element_size()
+        return total
+
+    emb = held([model.embed, model.pos_embed, model.W_tt, model.embed_ln])
+    blocks = [held([b]) for b in model.blocks]
+    return emb, blocks, held([model.ln_final, model.unembed])
+
+
 def _to_device_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Move a module's tensor inputs to the device of its weights (read at call time, so ``.to()`` stays right)."""
     device = next(module.parameters()).device
@@ -335,7 +372,7 @@ def _to_device_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[t
 
 def _back_to_embedding_hook(model: Transformer):
     def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        return output.to(model.embed.weight.device)
+        return output.to(_weight_device(model.embed))
     return hook
 
 
@@ -387,7 +424,7 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
         if devices != "auto":
             raise ValueError(f"devices={devices!r}: give a list of devices or 'auto'")
         caps = dict(capacities) if capacities is not None else available_memory()
-        plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
+        plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve, sizes=_held_sizes(model))
     else:
         devices = list(devices)
         if not devices:
@@ -396,7 +433,7 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
             plan = [torch.device(d) for d in devices]
         else:
             caps = dict(capacities) if capacities is not None else available_memory(devices)
-            plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
+            plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve, sizes=_held_sizes(model))
     unplace(model)
     first = plan[0] if plan else torch.device(devices[0] if not isinstance(devices, str) else "cpu")
     for m in (model.embed, model.pos_embed, model.W_tt, model.embed_ln):
@@ -406,7 +443,7 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
     for block, dev in zip(model.blocks, plan):
         block.to(dev)
         handles.append(block.register_forward_pre_hook(_to_device_pre_hook, with_kwargs=True))
-    tied = model.unembed is not None and model.unembed.weight is model.embed.weight
+    tied = model.unembed is not None and _stored_weight(model.unembed) is _stored_weight(model.embed)
     head_device = first if tied else (plan[-1] if plan else first)
     head = [m for m in (model.ln_final, model.unembed) if m is not None]
     for m in head:

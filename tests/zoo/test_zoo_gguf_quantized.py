@@ -185,3 +185,13 @@ def test_a_quantized_model_splits_over_devices(tmp_path):
     with torch.no_grad():
         assert torch.equal(planned(TOKENS), split(TOKENS))
     assert planned.unembed.q is planned.embed.q
+
+
+def test_generate_and_decoding_match_the_float_model(tmp_path):
+    path, _ = _write(tmp_path, "llama", "q4_0")
+    q, f = load_gguf(path, keep_quantized=True), load_gguf(path)
+    prompt = TOKENS[:1, :5]
+    want = f.generate(prompt, 6)
+    assert torch.equal(q.generate(prompt, 6), want)
+    with q.decoding(1):  # the hook-free decode path lays float weights out; quantised layers stay as they are
+        assert torch.equal(q.generate(prompt, 6), want)

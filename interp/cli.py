@@ -11,6 +11,8 @@ Commands::
     interp dashboard [--port P] [--host ADDR] [--files FOLDER] [--headless] [--dry-run]
     interp kv-cache --layers L --heads H [--kv-heads K] --d-head D [--dtype fp16] [--batch B] [--tokens T]
                     [--latent C] [--rope-dim R] [--json]
+    interp plan --model CONFIG.json|FILE.gguf|FOLDER [--devices cpu,cuda:0] [--memory 64GB,80GB] [--dtype D]
+                [--tokens T] [--batch B] [--dequantized] [--reserve F] [--json]
     interp bench [NAME ...] [--quick]   (interp bench --help lists the benchmarks)
 
 ``--json`` output (stable keys; new keys may be added, these will not change meaning):
@@ -30,6 +32,12 @@ Commands::
   :func:`interp.flops.kv_cache_table`): ``{"kind": "mha"|"gqa"|"mqa"|"mla", "n_kv_heads": int,
   "bytes_per_token": int, "batch": int, "tokens": int, "total_bytes": int, "vs_mha": float}`` (for MLA,
   ``n_kv_heads`` is the number of heads rebuilt from the cached latent).
+
+* ``interp plan --json``: one object ``{"weights_bytes": int, "weights": str, "embedding_bytes": int,
+  "block_bytes": [int, ...], "head_bytes": int, "kv_bytes_per_token": int, "kv_bytes": int,
+  "pattern_bytes_per_token": int, "pattern_bytes": int, "tokens": int, "batch": int, "devices": [{"device": str,
+  "capacity": int, "layers": [int, ...], "weights_bytes": int}, ...]}`` (computed by
+  :func:`interp.placement.plan_memory`).
 
 Data parallel: ``heads`` and ``prune --method importance`` run under ``torchrun`` (``torchrun --nproc_per_node N
 -m interp heads ...``, several nodes with ``--nnodes`` and ``--rdzv-endpoint``), or ``--nproc N`` launches
@@ -64,6 +72,8 @@ EXIT_USAGE = 2  # the command line itself is wrong (argparse's convention)
 HEADS_JSON_KEYS = ("layer", "head", "kind", "score")
 PRUNE_JSON_KEYS = ("method", "fraction_pruned", "metric")
 KV_JSON_KEYS = ("kind", "n_kv_heads", "bytes_per_token", "batch", "tokens", "total_bytes", "vs_mha")
+PLAN_JSON_KEYS = ("weights_bytes", "weights", "embedding_bytes", "block_bytes", "head_bytes", "kv_bytes_per_token",
+                  "kv_bytes", "pattern_bytes_per_token", "pattern_bytes", "tokens", "batch", "devices")
 PRUNE_METHODS = ("importance", "l0", "random")
 BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2", "analysis",
               "distributed", "moe", "attention_view", "load_memory", "families", "dashboard",
@@ -550,6 +560,85 @@ def _kv_cache(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- plan ------------------------------------------------------------------------------------------------
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+          "GIB": 2**30, "TIB": 2**40}
+
+
+def _byte_size(text: str) -> int:
+    """``"80GB"`` / ``"24GiB"`` / ``"512MB"`` / ``"1e9"`` -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 80GB, 24GiB, 512MB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def _reserve(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= v < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside [0, 1) (a share of each device kept free)")
+    return v
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import torch
+
+    from interp.flops import format_bytes
+    from interp.placement import available_memory, plan_memory
+    from interp.zoo.sizes import model_sizes
+
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    if not devices:
+        raise CliError(f"--devices {args.devices!r} names no device")
+    if args.memory is not None:
+        sizes = [_byte_size(m) for m in args.memory.split(",")]
+        if len(sizes) != len(devices):
+            raise CliError(f"--memory gives {len(sizes)} size(s) for {len(devices)} device(s) {devices}")
+        capacities = dict(zip(devices, sizes))
+    else:
+        absent = [d for d in devices if torch.device(d).type == "cuda"
+                  and (not torch.cuda.is_available() or (torch.device(d).index or 0) >= torch.cuda.device_count())]
+        if absent:
+            raise CliError(f"{absent} not on this machine: give each device's memory with --memory "
+                           f"(e.g. --memory {','.join('80GB' for _ in devices)})")
+        capacities = {str(d): c for d, c in available_memory(devices).items()}
+    dtype = getattr(torch, args.dtype)
+    cfg, sizes_, label = model_sizes(args.model, dtype=dtype, keep_quantized=not args.dequantized)
+    plan = plan_memory(cfg, capacities, dtype=dtype, sizes=sizes_, weights_label=label, tokens=args.tokens,
+                       batch=args.batch, reserve=args.reserve)
+    per_device = plan.device_weights()
+    if args.json:
+        _print_json({
+            "weights_bytes": plan.weight_bytes, "weights": plan.weights_label, "embedding_bytes": plan.embedding_bytes,
+            "block_bytes": plan.block_bytes, "head_bytes": plan.head_bytes,
+            "kv_bytes_per_token": plan.kv_bytes_per_token, "kv_bytes": plan.kv_bytes,
+            "pattern_bytes_per_token": plan.pattern_bytes_per_token, "pattern_bytes": plan.pattern_bytes,
+            "tokens": plan.tokens, "batch": plan.batch,
+            "devices": [{"device": str(d), "capacity": plan.capacities[d], "layers": layers, "weights_bytes": nb}
+                        for d, (layers, nb) in per_device.items()]})
+        return EXIT_OK
+    blocks = plan.block_bytes
+    print(f"{args.model}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads / {cfg.n_kv_heads} KV "
+          f"heads, d_head {cfg.d_head}, vocabulary {cfg.d_vocab}")
+    print(f"weights ({plan.weights_label}): {format_bytes(plan.weight_bytes)} = embeddings "
+          f"{format_bytes(plan.embedding_bytes)} + {len(blocks)} layers x {format_bytes(min(blocks))}"
+          + (f"..{format_bytes(max(blocks))}" if max(blocks) != min(blocks) else "")
+          + f" + final norm / unembedding {format_bytes(plan.head_bytes)}")
+    print(f"KV cache ({plan.cache_dtype}): {format_bytes(plan.kv_bytes_per_token)} per token; "
+          f"{format_bytes(plan.kv_bytes)} for batch {plan.batch} x {plan.tokens} tokens")
+    print(f"recorded patterns ({plan.cache_dtype}): {format_bytes(plan.pattern_bytes_per_token)} per query token at "
+          f"{plan.tokens} keys; {format_bytes(plan.pattern_bytes)} for one pass of batch {plan.batch} x "
+          f"{plan.tokens} tokens")
+    print(f"split (keeping {plan.reserve:.0%} of each device for activations and workspace):")
+    for d, (layers, nb) in per_device.items():
+        span = f"layers {layers[0]}-{layers[-1]} ({len(layers)})" if layers else "no layers"
+        print(f"  {str(d):<8} {format_bytes(plan.capacities[d]):>10}  {span:<20} weights {format_bytes(nb)}")
+    return EXIT_OK
+
+
 # --- bench -----------------------------------------------------------------------------------------------
 def _bench(args: argparse.Namespace) -> int:
     unknown = [n for n in args.names if n not in BENCHMARKS]
@@ -700,7 +789,7 @@ def _add_circuit_parser(sub: Any, fmt: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``interp`` command (sub-commands heads, prune, train-induction, dashboard,
-    kv-cache, bench)."""
+    kv-cache, plan, bench)."""
     fmt = _HelpFormatter
     p = _Parser(prog="interp", description=plain_text(__doc__.split("\nExample:")[0]), formatter_class=fmt,
                 epilog="Run 'interp COMMAND --help' for the JSON keys of each command.")
@@ -806,6 +895,25 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--rope-dim", type=int, help="MLA: decoupled rotary key width, even (default d_head / 2)")
     k.add_argument("--json", action="store_true", help="print JSON instead of a table")
     k.set_defaults(func=_kv_cache)
+
+    pl = sub.add_parser("plan", help="size a run from the config: weights per layer, KV cache and patterns per "
+                                     "token, a split over devices", formatter_class=fmt,
+                        description="Size a run before renting the hardware, from the model's config (or a GGUF "
+                                    "file's header) alone: nothing is loaded.",
+                        epilog="--json prints one object {" + ", ".join(f'"{k}"' for k in PLAN_JSON_KEYS) + "}.")
+    pl.add_argument("--model", required=True, help="a Hugging Face config.json, a folder holding one, or a .gguf file")
+    pl.add_argument("--devices", default="cpu", help="comma-separated devices the layers flow through, in order")
+    pl.add_argument("--memory", help="comma-separated capacity of each device (80GB, 24GiB, ...; default: the free "
+                                     "memory of devices on this machine)")
+    pl.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="dtype of the float weights, the KV cache and recorded patterns")
+    pl.add_argument("--tokens", type=_positive_int, default=2048, help="context length")
+    pl.add_argument("--batch", type=_positive_int, default=1, help="sequences per pass")
+    pl.add_argument("--dequantized", action="store_true",
+                    help="a GGUF file's quantised weights counted as dtype floats (default: kept quantised)")
+    pl.add_argument("--reserve", type=_reserve, default=0.1, help="share of each device kept free, in [0, 1)")
+    pl.add_argument("--json", action="store_true", help="print JSON instead of text")
+    pl.set_defaults(func=_plan)
 
     b = sub.add_parser("bench", help="run the side-by-side benchmarks in experiments/benchmarks/",
                        formatter_class=fmt, description="Run the side-by-side benchmarks of experiments/benchmarks/.")

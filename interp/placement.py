@@ -16,6 +16,7 @@ Two jobs, both about placement and nothing else:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -165,7 +166,8 @@ def block_bytes(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> tuple[i
 
 
 def plan_layers(cfg: ModelConfig, capacities: Mapping[DeviceLike, int], *, dtype: torch.dtype = torch.float32,
-                reserve: float = DEFAULT_RESERVE) -> list[torch.device]:
+                reserve: float = DEFAULT_RESERVE,
+                sizes: tuple[int, Sequence[int], int] | None = None) -> list[torch.device]:
     """Which device each block goes to: consecutive blocks fill the devices in the order given.
 
     The embeddings go on the first device, the final norm and unembedding with the last block (with the
@@ -176,6 +178,9 @@ def plan_layers(cfg: ModelConfig, capacities: Mapping[DeviceLike, int], *, dtype
         capacities: ``{device: bytes available}``, in the order the layers should flow through them.
         dtype: the weights' dtype.
         reserve: share of each capacity left for activations, the KV cache and workspace.
+        sizes: ``(embedding bytes, [bytes per block], head bytes)`` when the weights are not ``dtype`` floats
+            (a GGUF file's quantised blocks, :func:`interp.zoo.gguf.stored_sizes`); default
+            :func:`block_bytes` ``(cfg, dtype)``.
 
     Returns:
         One device per block.
@@ -200,7 +205,9 @@ def plan_layers(cfg: ModelConfig, capacities: Mapping[DeviceLike, int], *, dtype
         if not isinstance(c, int) or isinstance(c, bool) or c < 0:
             raise ValueError(f"capacity of {d!r} must be a non-negative number of bytes, got {c!r}")
         caps.append(int(c * (1.0 - reserve)))
-    emb, blocks, head = block_bytes(cfg, dtype)
+    emb, blocks, head = block_bytes(cfg, dtype) if sizes is None else (sizes[0], list(sizes[1]), sizes[2])
+    if len(blocks) != cfg.n_layers:
+        raise ValueError(f"sizes gives {len(blocks)} blocks for a model of n_layers={cfg.n_layers}")
     tied = bool(cfg.unembed and cfg.tie_embeddings)
     used = [0] * len(devices)
     used[0] = emb + (head if tied else 0)
@@ -223,6 +230,97 @@ def plan_layers(cfg: ModelConfig, capacities: Mapping[DeviceLike, int], *, dtype
         raise ValueError(f"the embeddings ({used[0]:,} bytes) do not fit {devices[0]} ({caps[0]:,} bytes after "
                          f"reserving {reserve:.0%})")
     return plan
+
+
+@dataclass
+class MemoryPlan:
+    """What a model needs, from its config alone (:func:`plan_memory`): weights, KV cache, recorded patterns,
+    and a split of its layers over devices.
+
+    Byte counts are exact for the weights (measured on the meta device, or the file's stored blocks) and per
+    token for the caches; the split keeps ``reserve`` of each device free for activations and workspace.
+    """
+
+    embedding_bytes: int  #: token (and position) embeddings, with a tied unembedding
+    block_bytes: list[int]  #: weights of each block
+    head_bytes: int  #: final norm + unembedding (0 when tied to the embedding)
+    weights_label: str  #: what the weights are stored as ("float32", "Q4_0 blocks as stored", ...)
+    kv_bytes_per_token: int  #: KV cache per token (all layers) in ``cache_dtype``
+    cache_dtype: str
+    pattern_bytes_per_token: int  #: recorded attention patterns per query token at ``tokens`` keys (all layers)
+    tokens: int
+    batch: int
+    split: list[torch.device]  #: the device of each block
+    capacities: dict[torch.device, int]
+    reserve: float
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.embedding_bytes + sum(self.block_bytes) + self.head_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV cache for ``batch`` sequences of ``tokens``."""
+        return self.kv_bytes_per_token * self.tokens * self.batch
+
+    @property
+    def pattern_bytes(self) -> int:
+        """Every layer's pattern ``[batch, heads, tokens, tokens]`` of one recorded pass."""
+        return self.pattern_bytes_per_token * self.tokens * self.batch
+
+    def device_weights(self) -> dict[torch.device, tuple[list[int], int]]:
+        """``{device: (its blocks, its weight bytes)}`` (embeddings on the first, the head with the last block)."""
+        out: dict[torch.device, tuple[list[int], int]] = {d: ([], 0) for d in self.capacities}
+        first = next(iter(self.capacities))
+        out[first] = ([], self.embedding_bytes)
+        for layer, (dev, nb) in enumerate(zip(self.split, self.block_bytes)):
+            blocks, total = out[dev]
+            out[dev] = ([*blocks, layer], total + nb + (self.head_bytes if layer == len(self.split) - 1 else 0))
+        return out
+
+
+def plan_memory(cfg: ModelConfig, capacities: Mapping[DeviceLike, int], *, dtype: torch.dtype = torch.float32,
+                sizes: tuple[int, Sequence[int], int] | None = None, weights_label: str | None = None,
+                tokens: int = 2048, batch: int = 1, reserve: float = DEFAULT_RESERVE) -> MemoryPlan:
+    """Size a run before renting the hardware: weights per layer, KV cache and recorded patterns per token,
+    and a split of the layers over ``capacities`` (:func:`plan_layers`), all from the config.
+
+    Args:
+        cfg: the model's configuration.
+        capacities: ``{device: bytes}`` in the order the layers flow through them.
+        dtype: the weights' (and the KV cache's, and the recorded patterns') dtype.
+        sizes: stored sizes when the weights are not ``dtype`` floats (see :func:`plan_layers`).
+        weights_label: what the weights are stored as (default: the dtype's name).
+        tokens: context length of the KV cache and of a recorded pass.
+        batch: sequences per pass.
+        reserve: share of each device kept free (:func:`plan_layers`).
+
+    Returns:
+        A :class:`MemoryPlan`.
+
+    Raises:
+        ValueError: ``tokens`` or ``batch`` < 1, or weights that do not fit (bytes needed and available named).
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
+        >>> p = plan_memory(cfg, {"cpu": 10**9}, tokens=16)
+        >>> p.kv_bytes_per_token, p.pattern_bytes_per_token  # 2 layers x K, V x 4 heads x 8 x 4 B; 2 x 4 x 16 x 4 B
+        (512, 512)
+    """
+    for name, value in (("tokens", tokens), ("batch", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an int >= 1")
+    emb, blocks, head = block_bytes(cfg, dtype) if sizes is None else (sizes[0], list(sizes[1]), sizes[2])
+    split = plan_layers(cfg, capacities, dtype=dtype, reserve=reserve, sizes=(emb, blocks, head))
+    element = torch.empty((), dtype=dtype).element_size()
+    heads = sum(cfg.layer(layer).n_heads for layer in range(cfg.n_layers))
+    return MemoryPlan(
+        embedding_bytes=emb, block_bytes=list(blocks), head_bytes=head,
+        weights_label=weights_label or str(dtype).removeprefix("torch."),
+        kv_bytes_per_token=cfg.kv_cache_bytes_per_token(element), cache_dtype=str(dtype).removeprefix("torch."),
+        pattern_bytes_per_token=heads * tokens * element, tokens=tokens, batch=batch, split=split,
+        capacities={torch.device(d): int(c) for d, c in capacities.items()}, reserve=reserve)
 
 
 def available_memory(devices: Sequence[DeviceLike] | None = None) -> dict[torch.device, int]:
@@ -268,6 +366,43 @@ def host_available() -> int | None:
         return None
 
 
+def _stored_weight(module: nn.Module) -> object:
+    """What holds a layer's weight: its parameter, or the blocks of a quantised layer (whose ``weight`` is a
+    fresh dequantised tensor on every read, so neither identity nor device may be read from it)."""
+    q = module._modules.get("q")
+    return q if q is not None else module.weight
+
+
+def _weight_device(module: nn.Module) -> torch.device:
+    held = _stored_weight(module)
+    return held.device  # type: ignore[attr-defined]
+
+
+def _held_sizes(model: Transformer) -> tuple[int, list[int], int] | None:
+    """``(embeddings, [blocks], head)`` bytes the model holds, for a model whose weights are not all ``dtype``
+    parameters (quantised blocks); None when :func:`block_bytes` describes it."""
+    from .quantized import has_quantized
+
+    if not has_quantized(model):
+        return None
+    seen: set[int] = set()
+
+    def held(modules: Sequence[nn.Module | None]) -> int:
+        total = 0
+        for m in modules:
+            if m is None:
+                continue
+            for t in (*m.parameters(), *m.buffers()):
+                if id(t) not in seen and t.dtype != torch.bool:
+                    seen.add(id(t))
+                    total += t.numel() * t.element_size()
+        return total
+
+    emb = held([model.embed, model.pos_embed, model.W_tt, model.embed_ln])
+    blocks = [held([b]) for b in model.blocks]
+    return emb, blocks, held([model.ln_final, model.unembed])
+
+
 def _to_device_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Move a module's tensor inputs to the device of its weights (read at call time, so ``.to()`` stays right)."""
     device = next(module.parameters()).device
@@ -278,7 +413,7 @@ def _to_device_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[t
 
 def _back_to_embedding_hook(model: Transformer):
     def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        return output.to(model.embed.weight.device)
+        return output.to(_weight_device(model.embed))
     return hook
 
 
@@ -378,13 +513,13 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
     n = len(model.blocks)
     if isinstance(devices, str):
         caps = dict(capacities) if capacities is not None else available_memory()
-        plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
+        plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve, sizes=_held_sizes(model))
     else:
         if len(devices) == n:
             plan = [torch.device(d) for d in devices]
         else:
             caps = dict(capacities) if capacities is not None else available_memory(devices)
-            plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve)
+            plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve, sizes=_held_sizes(model))
     unplace(model)
     first = plan[0] if plan else (devices[0] if not isinstance(devices, str) else torch.device("cpu"))
     for m in (model.embed, model.pos_embed, model.W_tt, model.embed_ln):
@@ -394,7 +529,7 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
     for block, dev in zip(model.blocks, plan):
         block.to(dev)
         handles.append(block.register_forward_pre_hook(_to_device_pre_hook, with_kwargs=True))
-    tied = model.unembed is not None and model.unembed.weight is model.embed.weight
+    tied = model.unembed is not None and _stored_weight(model.unembed) is _stored_weight(model.embed)
     head_device = first if tied else (plan[-1] if plan else first)
     head = [m for m in (model.ln_final, model.unembed) if m is not None]
     for m in head:

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import ModelConfig
 from ..model import Transformer
-from ..placement import build
+from ..placement import block_bytes, build
 from ..quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 from . import gguf_experts, gguf_quantized
 from .checkpoint import assign_weights, check_finite, check_fits
@@ -588,6 +589,63 @@ def _swap_in_quantized(model: Transformer, quantized: Mapping[str, QuantizedWeig
         setattr(modules[owner] if owner else model, attr, new)
 
 
+def stored_sizes(path: str | Path, *, dtype: torch.dtype = torch.float32, keep_quantized: bool = True
+                 ) -> tuple[ModelConfig, tuple[int, list[int], int], str]:
+    """The model a GGUF file holds and what its weights take in memory, from the header alone (no weight is
+    read): for :func:`interp.placement.plan_memory` and ``interp plan``.
+
+    Args:
+        path: the ``.gguf`` file.
+        dtype: the float weights' dtype.
+        keep_quantized: count quantised matrices as their stored blocks (``load_gguf(keep_quantized=True)``);
+            False: as ``dtype`` floats.
+
+    Returns:
+        ``(config, (embedding bytes, [bytes per block], head bytes), label)``; the label names the block
+        types (``"Q4_1/Q8_0 blocks as stored, float32 otherwise"``).
+
+    Raises:
+        GGUFError: (a ValueError) as :func:`load_gguf` for the header, the tensor table or the architecture.
+
+    Example:
+        >>> from interp.zoo.smollm2 import fetch_gguf
+        >>> cfg, (emb, blocks, head), label = stored_sizes(fetch_gguf())
+        >>> cfg.n_layers, len(blocks), label
+        (30, 30, 'Q4_1/Q8_0 blocks as stored, float32 otherwise')
+    """
+    reader = _reader(path)
+    source = str(path)
+    meta = _metadata(reader)
+    _check_widths(meta, reader, source)
+    hf_cfg = hf_config_from_gguf(meta, {t.name for t in reader.tensors}, source=source)
+    check_tensor_table(reader, hf_cfg, source=source)
+    cfg = converter(hf_cfg)[0](hf_cfg)
+    emb, blocks, head = block_bytes(cfg, dtype)
+    kinds: set[str] = set()
+    if keep_quantized:
+        spec = _architecture(reader, source)
+        floats = {}  # the 1-D tensors, as shapes only
+        for t in reader.tensors:
+            if len(t.shape) != 2:
+                floats.update(_hf_tensors(spec, t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg,
+                                          source))
+        held = gguf_quantized.stored_bytes(reader, hf_cfg, floats,
+                                           lambda n, w: _hf_tensors(spec, n, w, hf_cfg, source), dtype=dtype,
+                                           source=source)
+        kinds = {t.tensor_type.name for t in reader.tensors if gguf_quantized.is_kept(t)}
+        for key, (stored, as_float) in held.items():
+            saved = as_float - stored
+            if key.startswith("blocks."):
+                blocks[int(key.split(".")[1])] -= saved
+            elif key.startswith("W_U."):
+                head -= saved
+            else:
+                emb -= saved
+    name = str(dtype).removeprefix("torch.")
+    label = f"{'/'.join(sorted(kinds))} blocks as stored, {name} otherwise" if kinds else name
+    return cfg, (emb, blocks, head), label
+
+
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer: bool = True,
               name: str | None = None, progress: bool = False,
               device: torch.device | str | None = None, keep_quantized: bool = False) -> Transformer:
@@ -655,4 +713,4 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
 
 
 __all__ = ["GGUFError", "SUPPORTED_ARCHITECTURES", "check_tensor_table", "hf_config_from_gguf", "hf_state_dict_from_gguf", "load_gguf",
-           "read_metadata", "tokenizer_from_gguf", "unpermute_rotary"]
+           "read_metadata", "stored_sizes", "tokenizer_from_gguf", "unpermute_rotary"]

@@ -125,6 +125,35 @@ def _row_sources(reader: GGUFFile, tagged: list[GGUFTensor], floats: dict[str, t
     return ours, sources
 
 
+def stored_bytes(reader: GGUFFile, hf_cfg: Mapping[str, Any], floats: dict[str, torch.Tensor],
+                 hf_tensors: Callable[[str, torch.Tensor], dict[str, torch.Tensor]], *, dtype: torch.dtype,
+                 source: str) -> dict[str, tuple[int, int]]:
+    """What each weight built from the file's matrices takes under keep_quantized, from the header alone:
+    ``{interp key: (bytes held, bytes as dtype floats)}`` (the same row mapping as :func:`quantized_state_dict`;
+    ``floats`` may be meta tensors).
+
+    Raises:
+        GGUFError: as :func:`quantized_state_dict`.
+    """
+    from .hf import converter
+
+    check_keepable(reader, source)
+    tagged = [t for t in reader.tensors if len(t.shape) == 2]
+    make_cfg, make_sd = converter(hf_cfg)
+    _, sources = _row_sources(reader, tagged, dict(floats), make_sd, make_cfg(hf_cfg), hf_tensors, hf_cfg, dtype,
+                              source)
+    element = torch.empty((), dtype=dtype).element_size()
+    out = {}
+    for key, (ids, _) in sources.items():
+        counts = torch.bincount(ids)
+        used = [(tagged[i], int(n)) for i, n in enumerate(counts.tolist()) if n]
+        as_float = sum(n * int(t.shape[0]) * element for t, n in used)
+        kept = any(is_kept(t) for t, _ in used)
+        out[key] = (sum(n * row_bytes(t.tensor_type.name, int(t.shape[0])) for t, n in used) if kept else as_float,
+                    as_float)
+    return out
+
+
 def quantized_state_dict(reader: GGUFFile, hf_cfg: Mapping[str, Any], floats: dict[str, torch.Tensor],
                          hf_tensors: Callable[[str, torch.Tensor], dict[str, torch.Tensor]],
                          read_float: Callable[[GGUFTensor], torch.Tensor], *, dtype: torch.dtype,
@@ -196,4 +225,4 @@ def quantized_state_dict(reader: GGUFFile, hf_cfg: Mapping[str, Any], floats: di
     return ours, quantized
 
 
-__all__ = ["WIDE_TAG_LIMIT", "check_keepable", "is_kept", "quantized_state_dict"]
+__all__ = ["WIDE_TAG_LIMIT", "check_keepable", "is_kept", "quantized_state_dict", "stored_bytes"]

@@ -166,3 +166,32 @@ def test_copying_scores_the_same_in_layer_groups(tmp_path, monkeypatch):
     # the same rows compared; only float32 sums of per-row fractions may round differently
     pd.testing.assert_frame_equal(grouped.details["induction"], whole.details["induction"], rtol=0, atol=1e-6)
     assert grouped.df.equals(whole.df)
+
+
+def test_a_quantized_model_splits_over_devices(tmp_path):
+    from interp.placement import _held_sizes, place
+
+    path, _ = _write(tmp_path, "llama", "q4_1", tie_word_embeddings=True)
+    whole = load_gguf(path, keep_quantized=True)
+    split = interp.load(str(path), keep_quantized=True, devices=["cpu", "cpu"])
+    with torch.no_grad():
+        assert torch.equal(split(TOKENS), whole(TOKENS))
+    emb, blocks, head = _held_sizes(whole)  # what the planner sizes: the blocks as held, not float32
+    held = sum(w.nbytes for _, w in quantized_weights(whole))
+    assert emb + sum(blocks) + head == held + sum(t.numel() * t.element_size()
+                                                   for t in (*whole.parameters(), *whole.buffers())
+                                                   if t.dtype not in (torch.uint8, torch.bool))
+    planned = place(whole, "auto", capacities={"cpu": 4 * (emb + sum(blocks) + head)})
+    with torch.no_grad():
+        assert torch.equal(planned(TOKENS), split(TOKENS))
+    assert planned.unembed.q is planned.embed.q
+
+
+def test_generate_and_decoding_match_the_float_model(tmp_path):
+    path, _ = _write(tmp_path, "llama", "q4_0")
+    q, f = load_gguf(path, keep_quantized=True), load_gguf(path)
+    prompt = TOKENS[:1, :5]
+    want = f.generate(prompt, 6)
+    assert torch.equal(q.generate(prompt, 6), want)
+    with q.decoding(1):  # the hook-free decode path lays float weights out; quantised layers stay as they are
+        assert torch.equal(q.generate(prompt, 6), want)

@@ -53,7 +53,9 @@ def test_load_checkpoint_builds_in_the_target_dtype(tmp_path, monkeypatch, store
     _no_cast(monkeypatch)
     loaded = load_checkpoint(path, dtype=asked)
     monkeypatch.undo()
-    assert calls == [(want, None)]
+    # One build in the target dtype on the target device (a weightless one on the meta device first checks the
+    # file's shapes against the config before anything is allocated).
+    assert [c for c in calls if str(c[1]) != "meta"] == [(want, torch.device("cpu"))]
     assert {p.dtype for p in loaded.parameters()} == {want}
     # The same model build gives in that dtype, with the stored weights: buffers (rotary) included.
     ref = build(CFG, dtype=want, seed=1)

@@ -92,7 +92,7 @@ def test_checkpoint_with_wrong_shapes_fails_on_load(tmp_path):
 def test_load_errors(tmp_path):
     with pytest.raises(ValueError, match=r"unknown model 'no-such-model'.*\['induction-2l', 'minilm-l6', 'random-tiny', 'smollm2-135m'\]"):
         load("no-such-model")
-    with pytest.raises(TypeError, match="name, a path or a ModelConfig"):
+    with pytest.raises(TypeError, match="name, a path, a ModelConfig or a transformers model"):
         load(3)
     plain = tmp_path / "plain.safetensors"
     save_file({"x": torch.zeros(2)}, str(plain))

@@ -375,7 +375,9 @@ def check_weights(hf_cfg: Mapping[str, Any], cfg: Any, make_sd: Callable, meta: 
         if isinstance(e, ValueError):
             raise
         raise ValueError(str(e)) from e
-    unused = sorted(k for k in meta if k not in recording.read and k not in ignored)
+    # An empty tensor holds no weight (transformers builds a zero-width shared expert for n_shared_experts=0):
+    # leaving it out changes nothing.
+    unused = sorted(k for k in meta if k not in recording.read and k not in ignored and meta[k].numel())
     if unused and not allow_unused:
         raise ValueError(f"{source}: unexpected tensors the model config.json declares has no place for: "
                          + ", ".join(f"{k} {list(meta[k].shape)}" for k in unused[:8])

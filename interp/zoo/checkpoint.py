@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -286,7 +286,9 @@ def read_checkpoint_metadata(path: str | Path) -> dict[str, str]:
     return header
 
 
-def _read_tensors(where: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def _read_tensors(where: str, cfg: ModelConfig, keep: Callable[[str], bool] | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """The file's tensors (only the names ``keep`` accepts, when given), after checking every shape."""
     with safe_open(where, framework="pt") as f:
         stored = {k: f.get_slice(k) for k in f.keys()}
         shapes = {k: tuple(s.get_shape()) for k, s in stored.items()}
@@ -304,7 +306,7 @@ def _read_tensors(where: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         if wrong:
             raise ValueError(f"{where}: non-floating weights: " + "; ".join(wrong[:8]))
         del skeleton
-        return {k: f.get_tensor(k) for k in f.keys()}
+        return {k: f.get_tensor(k) for k in f.keys() if keep is None or keep(k)}
 
 
 # The alignment (bytes) of every assigned weight: what torch's own allocator gives.
@@ -376,3 +378,71 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     model.checkpoint_verified = verified
     return model.eval()
 
+
+
+def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: int | None = None,
+                          device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
+    """This rank's slice of a checkpoint for :class:`interp.pipeline.Pipeline`: its blocks (and the embedding on
+    rank 0, the final norm and unembedding on the last rank), the rest left on the meta device, never read.
+
+    The model is built on the meta device (:func:`~interp.placement.build` with ``meta_weights``), every shape
+    in the file is checked against the config, and only the tensors of the modules this rank holds
+    (:func:`interp.pipeline.stage_prefixes`) are read and assigned (:func:`assign_weights`), module by module.
+
+    Args:
+        path: a checkpoint written by :func:`save_checkpoint`.
+        rank: this rank (default: :func:`interp.distributed.rank`).
+        world: the ranks (default: :func:`interp.distributed.world_size`).
+        device: where the slice goes (default: :func:`interp.distributed.rank_device`, else CPU).
+        dtype: the parameters' dtype (default: as stored; float32 for a file of mixed dtypes).
+
+    Returns:
+        A :class:`~interp.model.Transformer` whose held modules have weights and the others are on ``meta``.
+
+    Raises:
+        ValueError: as :func:`load_checkpoint` (bad header, shapes, damaged bytes), or more ranks than layers.
+
+    Example:
+        >>> path = save_checkpoint(model, tmp / "m.safetensors")
+        >>> stage = load_checkpoint_stage(path, rank=1, world=2)
+        >>> stage.blocks[0].attn.W_O.weight.is_meta, stage.blocks[1].attn.W_O.weight.is_meta
+        (True, False)
+    """
+    from .. import distributed
+    from ..pipeline import stage_prefixes
+
+    check_dtype(dtype)
+    rank = distributed.rank() if rank is None else rank
+    world = distributed.world_size() if world is None else world
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank} is not in 0..{world - 1} (world={world})")
+    header = read_checkpoint_metadata(path)
+    where = str(path)
+    cfg = _config_from_header(header, where)
+    held = stage_prefixes(build(cfg, device="meta"), rank, world)
+    owns = lambda key: any(key.startswith(p + ".") for p in held)  # noqa: E731
+    try:
+        tensors = _read_tensors(where, cfg, keep=owns)
+    except ValueError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for corrupt tensor data
+        raise ValueError(f"{where}: the tensors cannot be read: {e}") from e
+    if INTEGRITY_KEY in header:
+        check_tensor_record(header[INTEGRITY_KEY], tensors, where, partial=True)
+    stored = {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
+    if dtype is None:
+        dtype = stored.pop() if len(stored) == 1 else torch.float32
+    target = torch.device(device) if device is not None else (distributed.rank_device() or torch.device("cpu"))
+    model = build(cfg, device=target, dtype=dtype, meta_weights=True)
+    tied = cfg.tie_embeddings and model.unembed is not None
+    modules = dict(model.named_modules())  # by name: the model's W_E / W_U attributes are tensors, not modules
+    for prefix in held:
+        if prefix == "W_U" and tied:
+            continue  # the embedding's weight, tied again below
+        mine = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+        assign_weights(modules[prefix], mine, dtype=dtype, device=target, source=where)
+    if tied and "W_U" in held:
+        model.unembed.weight = model.embed.weight
+    del tensors
+    model.name = header.get("name", Path(path).stem)
+    return model.eval()

@@ -12,8 +12,15 @@ stages are not quite equal). The 4-rank logits are compared with the 1-rank ones
 Ranks share this machine's cores: 4 ranks on 2 cores can at best run 2 at a time, so the speed-up is bounded by
 min(N, cores); the figure that transfers to one core (or GPU) per rank is the bubble.
 
+Memory cap (``--cap-demo``): a 512 MB model (8 layers, d_model 1024) under a per-rank cap of 300 MB above what
+each rank holds once torch and the process group are up runs across 4 ranks, and fails in 1. The cap is
+``RLIMIT_DATA`` (private writable memory: every tensor), not ``RLIMIT_AS``: safetensors maps the whole checkpoint
+file read-only into every rank's address space, which counts in ``RLIMIT_AS`` although a rank never touches the
+pages of the other ranks' layers.
+
 Usage:
     python experiments/benchmarks/bench_pipeline.py [--reps 3] [--batch 16] [--seq 64] [--micro 8] [--ranks 4]
+    python experiments/benchmarks/bench_pipeline.py --cap-demo [--cap-mb 300]
 """
 
 from __future__ import annotations
@@ -38,6 +45,77 @@ def config():
 
     return ModelConfig(n_layers=8, d_model=256, n_heads=8, d_mlp=1024, d_vocab=1000, n_ctx=128,
                        positional="rotary", normalization="rms", activation="swiglu")
+
+
+def big_config():
+    from interp import ModelConfig
+
+    return ModelConfig(n_layers=8, d_model=1024, n_heads=16, d_mlp=4096, d_vocab=1000, n_ctx=64,
+                       positional="rotary", normalization="rms", activation="swiglu")
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(field + ":")).split()[1])
+
+
+def cap_worker(a: argparse.Namespace) -> None:
+    """One rank under RLIMIT_DATA = its data now + ``cap_mb``: load the slice, run one batch."""
+    import resource
+
+    import torch
+
+    torch.set_num_threads(1)
+    from interp import distributed
+    from interp.pipeline import Pipeline
+    from interp.zoo.checkpoint import load_checkpoint_stage
+
+    distributed.init_from_env()
+    limit = _status_kb("VmData") * 1024 + a.cap_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    result: dict = {"rank": distributed.rank()}
+    try:
+        stage = load_checkpoint_stage(a.checkpoint)
+        result["held_mb"] = sum(p.numel() * p.element_size() for p in stage.parameters() if not p.is_meta) / 2**20
+        tokens = torch.randint(0, stage.cfg.d_vocab, (4, 32), generator=torch.Generator().manual_seed(0))
+        logits = Pipeline(stage, micro_batches=2)(tokens)
+        result["ok"] = True
+        result["logits_shape"] = None if logits is None else list(logits.shape)
+    except (MemoryError, RuntimeError) as e:
+        result["ok"] = False
+        result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    result["peak_rss_mb"] = _status_kb("VmHWM") / 1024
+    Path(a.out, f"cap{result['rank']}.json").write_text(json.dumps(result))  # ranks share stdout: one file each
+    if distributed.active():
+        distributed.exit_after_failure(0) if not result["ok"] else distributed.shutdown()
+
+
+def cap_demo(a: argparse.Namespace) -> int:
+    from interp.placement import build
+    from interp.zoo.checkpoint import save_checkpoint
+
+    with tempfile.TemporaryDirectory() as d:
+        model = build(big_config(), seed=0)
+        weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+        ckpt = save_checkpoint(model, Path(d) / "big.safetensors")
+        del model
+        print(f"# a {weights_mb:.0f} MB model (float32) under RLIMIT_DATA = start-up + {a.cap_mb} MB per rank")
+        for n in (1, a.ranks):
+            out = Path(d) / f"cap{n}"
+            out.mkdir()
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), __file__,
+                   "--cap-worker", "--checkpoint", str(ckpt), "--cap-mb", str(a.cap_mb), "--out", str(out)]
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2",
+                   "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            rows = sorted((json.loads(f.read_text()) for f in out.glob("cap*.json")), key=lambda r: r["rank"])
+            for r in rows:
+                print(f"{n} rank(s), rank {r['rank']}: " + ("ran" if r["ok"] else "failed") +
+                      f", held {r.get('held_mb', 0):.0f} MB, peak RSS {r['peak_rss_mb']:.0f} MB" +
+                      ("" if r["ok"] else f" ({r['error']})"))
+            if not rows:
+                print(f"{n} rank(s): no report (exit {done.returncode}): {done.stderr[-500:]}")
+    return 0
 
 
 def worker(a: argparse.Namespace) -> None:
@@ -93,13 +171,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--micro", type=int, default=8)
     p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--cap-demo", action="store_true", help="a model over one rank's memory cap, on 1 and N ranks")
+    p.add_argument("--cap-mb", type=int, default=300, help="per-rank cap above start-up (MB)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cap-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         worker(a)
         return 0
+    if a.cap_worker:
+        cap_worker(a)
+        return 0
+    if a.cap_demo:
+        return cap_demo(a)
     import torch
 
     from interp.pipeline import bubble_fraction

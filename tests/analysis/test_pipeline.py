@@ -137,3 +137,20 @@ def test_schedule_bounds_and_bubble():
     assert stage_prefixes(skeleton, 1, 4) == ["blocks.1"]
     with pytest.raises(ValueError, match="micro_batches=0"):
         Pipeline(skeleton, micro_batches=0)
+
+
+def test_stage_refuses_damaged_files_by_name(checkpoint, tmp_path):
+    data = checkpoint.read_bytes()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[:-100])  # the last tensor's bytes end early
+    with pytest.raises(ValueError, match=r"cut.safetensors: tensor .* is cut short"):
+        load_checkpoint_stage(cut, rank=1, world=2)
+    flipped = bytearray(data)
+    flipped[-5] ^= 0xFF  # a byte of the last tensor (the last rank's), under the header's sha256 record
+    bad = tmp_path / "flipped.safetensors"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match=r"flipped.safetensors is damaged"):
+        load_checkpoint_stage(bad, rank=1, world=2)
+    (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match="junk.safetensors' is not a readable safetensors file"):
+        load_checkpoint_stage(tmp_path / "junk.safetensors", rank=0, world=2)

@@ -205,10 +205,9 @@ class Pipeline:
                 f"within the timeout: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
     def _share_input(self, tokens: torch.Tensor | None, mask: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Rank 0's tokens and mask on every rank (one broadcast)."""
         if self.world == 1:
-            assert tokens is not None
             return tokens, mask
         box: list[Any] = [None if tokens is None else tokens.cpu(), None if mask is None else mask.cpu()]
         distributed._collective("broadcast of the pipeline's tokens", torch.distributed.broadcast_object_list,
@@ -219,9 +218,16 @@ class Pipeline:
     def _run(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, fwd_hooks: Sequence[Any],
              micro_start: Any = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         tokens, mask = self._share_input(tokens, mask)
-        if tokens.dim() == 1:
-            tokens = tokens[None]  # [T] -> [1, T]
+        if tokens is None:
+            raise ValueError("pipeline: rank 0 passed tokens=None; rank 0's tokens are the batch every rank runs")
+        # Every rank checks the same (broadcast) input before any send: a bad batch fails on all ranks alike,
+        # not on one while the others wait for its residual.
+        tokens = self.model._check_tokens(tokens)  # [T] -> [1, T], ids in the vocabulary
         B, T = tokens.shape
+        if T > self.model.cfg.n_ctx:
+            raise ValueError(f"sequence length {T} exceeds the model's n_ctx={self.model.cfg.n_ctx}")
+        if mask is not None and tuple(mask.shape) != (B, T):
+            raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected {(B, T)}")
         # At least two rows per micro-batch (when the batch has two): on a one-row batch PyTorch's matmul takes
         # other kernels in the explicit attention path (recorded patterns), a rounding away from the batch's rows.
         rows = torch.arange(B).tensor_split(max(1, min(self.micro_batches, B // 2)))  # the row ranges
@@ -284,6 +290,9 @@ class Pipeline:
             Logits ``[B, T, d_vocab]`` on rank 0, None elsewhere.
 
         Raises:
+            ValueError: rank 0 passed no tokens, ids outside the vocabulary, a sequence over ``n_ctx``, or a
+                mask of another shape (raised on every rank alike, before any residual is sent).
+            TypeError: tokens are not integer ids.
             DistributedError: a peer rank died or timed out; the message names it.
 
         Example:

@@ -98,8 +98,13 @@ def test_one_process_pipeline_is_the_model():
     tokens = torch.randint(0, CFG.d_vocab, (5, 7))
     with torch.no_grad():
         ref = model(tokens)
+    mask = torch.ones(5, 7, dtype=torch.long)
+    mask[1, 5:] = mask[4, 2:] = 0  # padded rows, in different micro-batches
+    with torch.no_grad():
+        ref_padded = model(tokens, attention_mask=mask)
     for m in (1, 2, 5, 9):
         assert torch.equal(Pipeline(model, micro_batches=m)(tokens), ref)
+        assert torch.equal(Pipeline(model, micro_batches=m)(tokens, attention_mask=mask), ref_padded)
     names = ["blocks.1.attn.hook_result", "blocks.3.attn.hook_pattern"]
     out, ref_trace = model.run_with_cache(tokens, names_filter=names)
     for m in (2, 5):  # 5 micro-batches of 5 rows: 2 of 3 and 2 rows (a one-row batch takes other kernels)
@@ -137,6 +142,18 @@ def test_schedule_bounds_and_bubble():
     assert stage_prefixes(skeleton, 1, 4) == ["blocks.1"]
     with pytest.raises(ValueError, match="micro_batches=0"):
         Pipeline(skeleton, micro_batches=0)
+
+
+def test_bad_input_is_refused_before_any_send():
+    pipe = Pipeline(build(CFG, seed=0))
+    with pytest.raises(ValueError, match="rank 0 passed tokens=None"):
+        pipe(None)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 50\), got min 0 and max 50"):
+        pipe(torch.tensor([[0, 50]]))
+    with pytest.raises(ValueError, match="sequence length 17 exceeds the model's n_ctx=16"):
+        pipe(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"attention_mask has shape \(1, 3\), expected \(2, 3\)"):
+        pipe(torch.zeros(2, 3, dtype=torch.long), attention_mask=torch.ones(1, 3))
 
 
 def test_stage_refuses_damaged_files_by_name(checkpoint, tmp_path):

@@ -23,6 +23,13 @@ def tokens():
     return torch.randint(0, 50, (7, 9), generator=torch.Generator().manual_seed(3))  # 7 rows: micro-batches 3, 2, 2
 
 
+def padding_mask():
+    """Rows 1 and 6 padded (in different micro-batches): the mask travels from rank 0 to every rank."""
+    mask = torch.ones(7, 9, dtype=torch.long)
+    mask[1, :3] = mask[6, :5] = 0  # left padding: the real tokens attend to fewer keys
+    return mask
+
+
 def ablate_head(z, hook):
     """Zero head 1 of layer 2's z: a hook whose effect shows in the logits."""
     z[:, :, 1] = 0.0
@@ -48,10 +55,11 @@ def run(case: str, rank: int, world: int, path: str):
     if case == "equal":
         fired: list[str] = []
         logits = pipe(mine)
+        padded = pipe(mine, attention_mask=padding_mask() if rank == 0 else None)
         ablated = pipe(mine, fwd_hooks=[("blocks.2.attn.hook_z", ablate_head),
                                         ("*hook_resid_pre", lambda x, hook: fired.append(hook.name))])
         out, trace = pipe.run_with_cache(mine, reducers=reducers())
-        return {"logits": logits, "ablated": ablated, "fired": fired, "held": held,
+        return {"logits": logits, "padded": padded, "ablated": ablated, "fired": fired, "held": held,
                 "embed_meta": stage.embed.weight.is_meta, "trace_logits": out,
                 "trace": None if trace is None else {k: trace[k] for k in trace.keys()},
                 "meta": None if trace is None else trace.meta,

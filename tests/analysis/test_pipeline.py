@@ -54,12 +54,14 @@ def test_ranks_equal_one_process_bit_for_bit(world, checkpoint, tmp_path):
     tokens = pipeline_worker.tokens()
     with torch.no_grad():
         ref = model(tokens)
+        padded = model(tokens, attention_mask=pipeline_worker.padding_mask())
         ablated = model.run_with_hooks(tokens, fwd_hooks=[("blocks.2.attn.hook_z", pipeline_worker.ablate_head)])
     ref_out, ref_trace = model.run_with_cache(tokens, reducers=pipeline_worker.reducers())
     zero = got[0]
     # Recording patterns runs the explicit attention path: its logits are one process's run_with_cache's.
     assert torch.equal(zero["logits"], ref) and torch.equal(zero["trace_logits"], ref_out)
     assert torch.equal(zero["ablated"], ablated) and not torch.equal(ablated, ref)
+    assert torch.equal(zero["padded"], padded) and not torch.equal(padded, ref)
     assert set(zero["trace"]) == set(ref_trace.keys())
     for name in ref_trace.keys():
         assert torch.equal(zero["trace"][name], ref_trace[name]), name
@@ -99,9 +101,10 @@ def test_one_process_pipeline_is_the_model():
     with torch.no_grad():
         ref = model(tokens)
     mask = torch.ones(5, 7, dtype=torch.long)
-    mask[1, 5:] = mask[4, 2:] = 0  # padded rows, in different micro-batches
+    mask[1, :2] = mask[4, :3] = 0  # left-padded rows, in different micro-batches
     with torch.no_grad():
         ref_padded = model(tokens, attention_mask=mask)
+    assert not torch.equal(ref_padded, ref)
     for m in (1, 2, 5, 9):
         assert torch.equal(Pipeline(model, micro_batches=m)(tokens), ref)
         assert torch.equal(Pipeline(model, micro_batches=m)(tokens, attention_mask=mask), ref_padded)

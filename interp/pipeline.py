@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import distributed
-from .data.batches import Batch
+from .data.batches import Batch, iter_batches
 from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
 from .streaming import gated_w_o, trace_meta
 from .trace import Trace
@@ -381,3 +381,35 @@ class Pipeline:
                 head_writes[result_name] = (z, w_os[result_name])
         return logits, Trace(tensors, trace_meta(self.model, names), tokens, [r.result() for r in reducers],
                              head_writes=head_writes, tokenizer=getattr(self.model, "tokenizer", None))
+
+    def stream(self, data: Any, reducers: Sequence[Reducer], *, batch_size: int = 32) -> int:
+        """Feed ``reducers`` a whole dataset through the pipeline, batch by batch, as
+        :func:`interp.streaming.stream` does in one process: the reducers' states on rank 0 equal its.
+
+        Every rank passes the same ``data`` (each iterates it for the batch count; rank 0's batches are the ones
+        run). Per batch, the owner ranks' records travel to rank 0, which feeds the reducers
+        (:meth:`run_with_cache` with nothing stored).
+
+        Args:
+            data: anything :func:`~interp.data.iter_batches` accepts.
+            reducers: fed on rank 0 (the other ranks' stay empty).
+            batch_size: rows per pass when ``data`` is one tensor.
+
+        Returns:
+            The number of sequences run.
+
+        Raises:
+            ValueError: a reducer's name matches no hook point, or a bad batch (on every rank alike).
+            DistributedError: a peer rank died or timed out.
+
+        Example:
+            >>> from interp.streaming import MeanReducer
+            >>> r = MeanReducer("blocks.0.attn.hook_pattern")
+            >>> Pipeline(model).stream(tokens, [r], batch_size=1)
+            2
+        """
+        n = 0
+        for batch in iter_batches(data, batch_size=batch_size):
+            self.run_with_cache(batch.tokens, names_filter=[], attention_mask=batch.mask, reducers=reducers)
+            n += len(batch)
+        return n

@@ -59,11 +59,14 @@ def run(case: str, rank: int, world: int, path: str):
         ablated = pipe(mine, fwd_hooks=[("blocks.2.attn.hook_z", ablate_head),
                                         ("*hook_resid_pre", lambda x, hook: fired.append(hook.name))])
         out, trace = pipe.run_with_cache(mine, reducers=reducers())
+        streamed = reducers()
+        n = pipe.stream([(tokens()[:4], None), (tokens()[4:], padding_mask()[4:])], streamed)
         return {"logits": logits, "padded": padded, "ablated": ablated, "fired": fired, "held": held,
                 "embed_meta": stage.embed.weight.is_meta, "trace_logits": out,
                 "trace": None if trace is None else {k: trace[k] for k in trace.keys()},
                 "meta": None if trace is None else trace.meta,
-                "stats": None if trace is None else trace.stats}
+                "stats": None if trace is None else trace.stats, "streamed_n": n,
+                "streamed": [r.result() for r in streamed] if rank == 0 else None}
     if case == "die":
         victim = world - 1
 

@@ -15,6 +15,7 @@ import torch
 from interp import ModelConfig
 from interp.pipeline import Pipeline, bubble_fraction, gpipe_schedule, stage_bounds, stage_prefixes
 from interp.placement import build
+from interp.streaming import stream
 from interp.zoo.checkpoint import load_checkpoint, load_checkpoint_stage, save_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -70,6 +71,14 @@ def test_ranks_equal_one_process_bit_for_bit(world, checkpoint, tmp_path):
         assert set(got_stats) == set(ref_stats)
         for k in ref_stats:
             assert torch.equal(got_stats[k], ref_stats[k]), k
+    streamed = pipeline_worker.reducers()  # a dataset of two batches, the second padded, through stream
+    assert stream(model, [(tokens[:4], None), (tokens[4:], pipeline_worker.padding_mask()[4:])], streamed) == 7
+    assert zero["streamed_n"] == 7
+    for got_result, ref_reducer in zip(zero["streamed"], streamed):
+        ref_result = ref_reducer.result()
+        assert set(got_result) == set(ref_result)
+        for k in ref_result:
+            assert torch.equal(got_result[k], ref_result[k]), k
     bounds = stage_bounds(CFG.n_layers, world)
     for r, res in enumerate(got):
         first, stop = bounds[r]

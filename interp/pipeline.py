@@ -168,7 +168,7 @@ class Pipeline:
             per piece); more micro-batches shrink the bubble (:func:`bubble_fraction`).
 
     Raises:
-        ValueError: ``micro_batches`` < 1, or the ranks hold different configs.
+        ValueError: ``micro_batches`` < 1, a cross-attention model, or the ranks hold different configs.
         DistributedError: a peer rank died or timed out while the ranks compared configs.
 
     Example:
@@ -180,6 +180,9 @@ class Pipeline:
     def __init__(self, model: Transformer, *, micro_batches: int = 4) -> None:
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
             raise ValueError(f"micro_batches={micro_batches!r} must be an int >= 1")
+        if model.cfg.cross_attention:
+            raise ValueError("pipeline: cfg.cross_attention=True is not supported (the context sequence would have "
+                             "to reach every rank); run encoder-decoder models in one process")
         self.model = model
         self.micro_batches = micro_batches
         self.rank, self.world = distributed.rank(), distributed.world_size()

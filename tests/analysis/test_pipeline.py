@@ -156,6 +156,12 @@ def test_schedule_bounds_and_bubble():
         Pipeline(skeleton, micro_batches=0)
 
 
+def test_cross_attention_is_refused_by_name():
+    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, cross_attention=True)
+    with pytest.raises(ValueError, match="cfg.cross_attention=True is not supported"):
+        Pipeline(build(cfg, device="meta"))
+
+
 def test_bad_input_is_refused_before_any_send():
     pipe = Pipeline(build(CFG, seed=0))
     with pytest.raises(ValueError, match="rank 0 passed tokens=None"):

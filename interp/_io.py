@@ -313,8 +313,11 @@ def tensor_record(tensors: Mapping[str, torch.Tensor]) -> str:
                        for k, t in sorted(tensors.items())})
 
 
-def check_tensor_record(record: str, tensors: Mapping[str, torch.Tensor], where: str) -> None:
+def check_tensor_record(record: str, tensors: Mapping[str, torch.Tensor], where: str, *,
+                        partial: bool = False) -> None:
     """Check tensors read from a file against the :func:`tensor_record` stored in its header.
+
+    ``partial``: ``tensors`` are some of the file's (a pipeline rank reads its own layers only); each is checked.
 
     Raises:
         ValueError: the record is unreadable or lists other tensors, or a tensor's dtype, shape or bytes
@@ -328,7 +331,7 @@ def check_tensor_record(record: str, tensors: Mapping[str, torch.Tensor], where:
         entries = json.loads(record)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: the integrity record in the header is not valid JSON: {e}") from e
-    if not isinstance(entries, dict) or set(entries) != set(tensors):
+    if not isinstance(entries, dict) or not (set(tensors) <= set(entries) if partial else set(entries) == set(tensors)):
         raise ValueError(f"{where}: the integrity record in the header does not list the file's tensors")
     bad = []
     for k, t in tensors.items():

@@ -395,17 +395,30 @@ def record(
         for result_name, z_name in z_names.items():
             if z_name not in tensors:
                 continue  # a layer outside start_at_layer .. stop_at_layer did not run
-            attn = model.get_submodule(result_name[: -len(".hook_result")])
-            w_o = attn.W_O_heads.detach()  # [H, D, M]
-            if attn.gate is not None:
-                w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+            w_o = gated_w_o(model, result_name)
             w_o = w_o.to(dtype=dtype or w_o.dtype, device=device or ("cpu" if offload else w_o.device), copy=True)
             z = tensors[z_name] if z_name in requested else tensors.pop(z_name)
             head_writes[result_name] = (z, w_o)
+    return out, Trace(tensors, trace_meta(model, names), tokens, [r.result() for r in reducers],
+                      head_writes=head_writes, tokenizer=getattr(model, "tokenizer", None))
+
+
+def gated_w_o(model: Transformer, result_name: str) -> torch.Tensor:
+    """The per-head output weights ``[H, D, M]`` behind ``result_name`` (``blocks.i.attn.hook_result``), times each
+    head's gate: head h writes ``z_h @ gated_w_o[h]`` (a view of the live weights when ungated: copy to keep it)."""
+    attn = model.get_submodule(result_name[: -len(".hook_result")])
+    w_o = attn.W_O_heads.detach()  # [H, D, M]
+    if attn.gate is not None:
+        w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]
+    return w_o
+
+
+def trace_meta(model: Transformer, names: Sequence[str]) -> dict[str, Any]:
+    """A :class:`Trace`'s metadata for a recording of hook points ``names``: the model's name and shape, and
+    ``layers_recorded`` when the names cover only some layers (:meth:`Trace.load` then knows it is partial)."""
     meta: dict[str, Any] = {"model": getattr(model, "name", type(model).__name__),
                             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads}
     recorded = sorted({int(m.group(1)) for n in names if (m := re.match(r"blocks\.(\d+)\.", n))})
     if recorded and recorded != list(range(model.cfg.n_layers)):
-        meta["layers_recorded"] = recorded  # a filter that chose some layers: Trace.load then knows it is partial
-    return out, Trace(tensors, meta, tokens, [r.result() for r in reducers], head_writes=head_writes,
-                      tokenizer=getattr(model, "tokenizer", None))
+        meta["layers_recorded"] = recorded
+    return meta

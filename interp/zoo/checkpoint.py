@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -280,31 +280,87 @@ def read_checkpoint_metadata(path: str | Path) -> dict[str, str]:
             header = dict(f.metadata() or {})
     except Exception as e:  # safetensors raises its own error types for corrupt files
         raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from e
+    _check_format(header, path)
+    return header
+
+
+def _check_format(header: Mapping[str, str], path: Path) -> None:
     if header.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{str(path)!r} is not an interp checkpoint (format={header.get('format')!r}, "
                          f"expected {CHECKPOINT_FORMAT!r}); write one with interp.zoo.save_checkpoint")
-    return header
+
+
+def _file_index(path: Path) -> tuple[dict[str, str], dict[str, tuple[str, list[int], list[int]]], int]:
+    """A safetensors file's metadata, its tensors ``name -> (dtype, shape, [begin, end])`` and where their bytes
+    start, read from the header alone: no memory map of the file, whose size would count against a rank's
+    memory cap (``RLIMIT_AS`` / ``RLIMIT_DATA``) although a pipeline rank reads only its own layers' bytes."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")  # safetensors: an 8-byte header length, then JSON
+            if not 0 < n <= path.stat().st_size - 8:
+                raise ValueError(f"header length {n} does not fit the file")
+            index = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{str(path)!r} is not a readable safetensors file: {e}") from e
+    metadata = index.pop("__metadata__", None) or {}
+    _check_format(metadata, path)
+    return metadata, {k: (v["dtype"], v["shape"], v["data_offsets"]) for k, v in index.items()}, 8 + n
+
+
+def _check_stored(where: str, cfg: ModelConfig, shapes: Mapping[str, tuple[int, ...]],
+                  dtypes: Mapping[str, str]) -> None:
+    """Check the declared sizes against the tensors in the file before allocating anything: a header may
+    declare d_vocab=10**9 or a million layers over a file of a few kilobytes."""
+    layers = {int(m.group(1)) for k in shapes if (m := _BLOCK_RX.match(k))}
+    if layers != set(range(cfg.n_layers)):
+        raise ValueError(f"{where} does not fit its config: the config declares n_layers={cfg.n_layers}, "
+                         f"the file holds weights for {len(layers)} layer(s)")
+    skeleton = build(cfg, device="meta")
+    check_fits(skeleton, shapes, source=where)
+    own = skeleton.state_dict()
+    wrong = [f"{k} is stored as {d} {list(shapes[k])}, the model expects {own[k].dtype}"
+             for k, d in dtypes.items() if own[k].is_floating_point() and d not in _FLOAT_NAMES]
+    if wrong:
+        raise ValueError(f"{where}: non-floating weights: " + "; ".join(wrong[:8]))
 
 
 def _read_tensors(where: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     with safe_open(where, framework="pt") as f:
         stored = {k: f.get_slice(k) for k in f.keys()}
-        shapes = {k: tuple(s.get_shape()) for k, s in stored.items()}
-        # Check the declared sizes against the tensors in the file before allocating anything: a header
-        # may declare d_vocab=10**9 or a million layers over a file of a few kilobytes.
-        layers = {int(m.group(1)) for k in shapes if (m := _BLOCK_RX.match(k))}
-        if layers != set(range(cfg.n_layers)):
-            raise ValueError(f"{where} does not fit its config: the config declares n_layers={cfg.n_layers}, "
-                             f"the file holds weights for {len(layers)} layer(s)")
-        skeleton = build(cfg, device="meta")
-        check_fits(skeleton, shapes, source=where)
-        own = skeleton.state_dict()
-        wrong = [f"{k} is stored as {s.get_dtype()} {list(shapes[k])}, the model expects {own[k].dtype}"
-                 for k, s in stored.items() if own[k].is_floating_point() and s.get_dtype() not in _FLOAT_NAMES]
-        if wrong:
-            raise ValueError(f"{where}: non-floating weights: " + "; ".join(wrong[:8]))
-        del skeleton
+        _check_stored(where, cfg, {k: tuple(s.get_shape()) for k, s in stored.items()},
+                      {k: s.get_dtype() for k, s in stored.items()})
         return {k: f.get_tensor(k) for k in f.keys()}
+
+
+#: safetensors' dtype names -> torch dtypes (what a checkpoint holds: floating weights, integer buffers).
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _read_some_tensors(path: Path, cfg: ModelConfig | None, keep: Callable[[str], bool]
+                       ) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """The header and the tensors ``keep`` accepts, every shape checked first, each read with plain file reads
+    into its own buffer (the rest of the file is never read nor mapped)."""
+    where = str(path)
+    header, index, start = _file_index(path)
+    cfg = _config_from_header(header, where) if cfg is None else cfg
+    _check_stored(where, cfg, {k: tuple(v[1]) for k, v in index.items()}, {k: v[0] for k, v in index.items()})
+    tensors = {}
+    with open(path, "rb") as f:
+        for k, (dtype, shape, (begin, end)) in index.items():
+            if not keep(k):
+                continue
+            if dtype not in _DTYPES:
+                raise ValueError(f"{where}: tensor {k!r} has dtype {dtype}, which interp checkpoints do not hold")
+            t = torch.empty(shape, dtype=_DTYPES[dtype])
+            if t.numel() * t.element_size() != end - begin:
+                raise ValueError(f"{where}: tensor {k!r} declares {dtype} {shape} over {end - begin} bytes")
+            f.seek(start + begin)
+            if f.readinto(t.reshape(-1).view(torch.uint8).numpy()) != end - begin:
+                raise ValueError(f"{where}: tensor {k!r} is cut short: the file ends inside its bytes")
+            tensors[k] = t
+    return header, tensors
 
 
 # The alignment (bytes) of every assigned weight: what torch's own allocator gives.
@@ -376,3 +432,68 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     model.checkpoint_verified = verified
     return model.eval()
 
+
+
+def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: int | None = None,
+                          device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
+    """This rank's slice of a checkpoint for :class:`interp.pipeline.Pipeline`: its blocks (and the embedding on
+    rank 0, the final norm and unembedding on the last rank), the rest left on the meta device, never read.
+
+    The model is built on the meta device (:func:`~interp.placement.build` with ``meta_weights``), every shape
+    in the file is checked against the config, and only the tensors of the modules this rank holds
+    (:func:`interp.pipeline.stage_prefixes`) are read and assigned (:func:`assign_weights`), module by module.
+
+    Args:
+        path: a checkpoint written by :func:`save_checkpoint`.
+        rank: this rank (default: :func:`interp.distributed.rank`).
+        world: the ranks (default: :func:`interp.distributed.world_size`).
+        device: where the slice goes (default: :func:`interp.distributed.rank_device`, else CPU).
+        dtype: the parameters' dtype (default: as stored; float32 for a file of mixed dtypes).
+
+    Returns:
+        A :class:`~interp.model.Transformer` whose held modules have weights and the others are on ``meta``.
+
+    Raises:
+        ValueError: as :func:`load_checkpoint` (bad header, shapes, damaged bytes), or more ranks than layers.
+
+    Example:
+        >>> path = save_checkpoint(model, tmp / "m.safetensors")
+        >>> stage = load_checkpoint_stage(path, rank=1, world=2)
+        >>> stage.blocks[0].attn.W_O.weight.is_meta, stage.blocks[1].attn.W_O.weight.is_meta
+        (True, False)
+    """
+    from .. import distributed
+    from ..pipeline import stage_prefixes
+
+    check_dtype(dtype)
+    rank = distributed.rank() if rank is None else rank
+    world = distributed.world_size() if world is None else world
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank} is not in 0..{world - 1} (world={world})")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {str(path)!r}")
+    where = str(path)
+    header, _, _ = _file_index(path)
+    cfg = _config_from_header(header, where)
+    held = stage_prefixes(build(cfg, device="meta"), rank, world)
+    _, tensors = _read_some_tensors(path, cfg, lambda key: any(key.startswith(p + ".") for p in held))
+    if INTEGRITY_KEY in header:
+        check_tensor_record(header[INTEGRITY_KEY], tensors, where, partial=True)
+    stored = {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
+    if dtype is None:
+        dtype = stored.pop() if len(stored) == 1 else torch.float32
+    target = torch.device(device) if device is not None else (distributed.rank_device() or torch.device("cpu"))
+    model = build(cfg, device=target, dtype=dtype, meta_weights=True)
+    tied = cfg.tie_embeddings and model.unembed is not None
+    modules = dict(model.named_modules())  # by name: the model's W_E / W_U attributes are tensors, not modules
+    for prefix in held:
+        if prefix == "W_U" and tied:
+            continue  # the embedding's weight, tied again below
+        mine = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+        assign_weights(modules[prefix], mine, dtype=dtype, device=target, source=where)
+    if tied and "W_U" in held:
+        model.unembed.weight = model.embed.weight
+    del tensors
+    model.name = header.get("name", Path(path).stem)
+    return model.eval()

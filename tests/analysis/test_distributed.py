@@ -34,13 +34,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, cases: list[str], out: Path, conllu: str | None = None, timeout: float = 240) -> list[int]:
-    """Start ``world`` ranks running ``cases``; returns their exit codes."""
+def launch(world: int, cases: list[str], out: Path, conllu: str | None = None, timeout: float = 240,
+           worker: Path = WORKER) -> list[int]:
+    """Start ``world`` ranks of ``worker`` running ``cases``; returns their exit codes."""
     port = str(_free_port())
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "INTERP_DIST_TIMEOUT": "60"}
     args = [",".join(cases)] + ([conllu] if conllu else [])
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(world), port, str(out), *args], env=env,
+    procs = [subprocess.Popen([sys.executable, str(worker), str(r), str(world), port, str(out), *args], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     codes = []
     for r, p in enumerate(procs):

@@ -1,6 +1,6 @@
 """The import graph follows the layer order of DESIGN.md, checked two ways.
 
-core (config, hooks, rotary, norms, attention, kv_cache, decode, generate, model, flops, weights, placement, quantized) -> data -> trace (trace, trace_views, streaming, interventions) -> analysis / pruning ->
+core (config, hooks, rotary, norms, attention, kv_cache, decode, generate, model, flops, weights, placement, quantized) -> data -> trace (trace, trace_views, streaming, interventions, pipeline) -> analysis / pruning ->
 viz -> cli / app; zoo/ (models and their loading) sits on core, data and trace; training uses zoo and
 analysis. Every import statement of every module under interp/ is parsed (function-level imports included;
 ``if TYPE_CHECKING:`` blocks excluded, they never run), and fresh interpreters check what importing a layer
@@ -20,7 +20,7 @@ PKG = ROOT / "interp"
 CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "generate", "model", "flops", "weights",
         "moe", "norms", "progress", "placement", "quantized", "distributed",  # distributed imports nothing of interp's: trace and pruning call it
         "_io"}  # atomic writes, for every layer that writes files
-TRACE = {"trace", "trace_views", "streaming", "interventions"}
+TRACE = {"trace", "trace_views", "streaming", "interventions", "pipeline"}  # pipeline: a Trace gathered over ranks
 ALLOWED = {
     "core": {"core"},
     "data": {"core", "data"},

@@ -1,0 +1,418 @@
+"""A pipeline across processes: each rank holds a contiguous slice of layers and passes the residual on.
+
+Under ``torchrun`` (``torch.distributed``: gloo on CPU, nccl on GPU) rank ``r`` of ``W`` holds the blocks
+:func:`stage_bounds` gives it; rank 0 also holds the embedding, the last rank the final norm and the unembedding.
+:func:`interp.zoo.checkpoint.load_checkpoint_stage` builds such a slice from a checkpoint without materialising
+the other ranks' layers (they stay on the meta device). A :class:`Pipeline` then runs the model:
+
+- rank 0 broadcasts the tokens (and padding mask) so every rank knows the batch's shape and mask;
+- the batch is cut into micro-batches; each rank runs its blocks on micro-batch ``m`` as soon as the residual
+  ``[b, T, d_model]`` of ``m`` arrives from the previous rank (``irecv``), and sends its output on (``isend``):
+  GPipe's fill-drain schedule (:func:`gpipe_schedule`), forward only;
+- the last rank sends the logits to rank 0.
+
+The schedule is explicit (plain point-to-point ``send`` / ``recv``) rather than ``torch.distributed.pipelining``:
+pipelining splits the model by tracing it into a graph (``torch.export``), which drops the Python hook points
+every analysis relies on, and its stages run modules it has rewritten. Here each rank runs the model's own
+:meth:`~interp.model.Transformer.forward` with ``start_at_layer`` / ``stop_at_layer`` (the residual in, the
+residual out), so hooks run on the rank that owns their layer, exactly as in one process.
+
+Recording (:meth:`Pipeline.run_with_cache`) saves the selected hook points on their owner rank, joins the
+micro-batches along the batch axis, and gathers every rank's records on rank 0, which builds the
+:class:`~interp.trace.Trace` and replays the records, in the order one process fires them, through the
+reducers: the trace and the reducers' results on rank 0 are those of one process. The other ranks get ``None``.
+
+A rank that dies stops the others: a send or receive from it fails (gloo sees the connection close) or times
+out after ``INTERP_DIST_TIMEOUT`` seconds, and the waiting rank raises :class:`~interp.distributed.DistributedError`
+naming the rank it was waiting for.
+
+Example (``torchrun --nproc_per_node 2 script.py``)::
+
+    from interp import distributed
+    from interp.pipeline import Pipeline
+    from interp.zoo.checkpoint import load_checkpoint_stage
+
+    distributed.init_from_env()
+    pipe = Pipeline(load_checkpoint_stage("model.safetensors"), micro_batches=4)
+    logits, trace = pipe.run_with_cache(tokens, names_filter="*hook_pattern")   # on rank 0; None elsewhere
+    distributed.shutdown()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import distributed
+from .data.batches import Batch, iter_batches
+from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
+from .streaming import gated_w_o, trace_meta
+from .trace import Trace
+
+if TYPE_CHECKING:
+    from .model import Transformer
+    from .streaming import Reducer
+
+__all__ = ["Pipeline", "bubble_fraction", "gpipe_schedule", "stage_bounds", "stage_prefixes"]
+
+#: A hook event on the owner rank: (hook name, query offset, tensor).
+Event = tuple[str, int, torch.Tensor]
+
+
+def stage_bounds(n_layers: int, world: int) -> list[tuple[int, int]]:
+    """The blocks ``(first, stop)`` (``first .. stop - 1``) of each of ``world`` ranks: contiguous, as even as can be,
+    the earlier ranks taking one more when ``n_layers`` does not divide (rank 0 also runs the embedding, the last
+    rank the unembedding).
+
+    Args:
+        n_layers: the model's blocks.
+        world: the ranks.
+
+    Returns:
+        One ``(first, stop)`` per rank.
+
+    Raises:
+        ValueError: ``world`` < 1, or more ranks than blocks (a rank would hold nothing).
+
+    Example:
+        >>> stage_bounds(6, 4)
+        [(0, 2), (2, 4), (4, 5), (5, 6)]
+    """
+    if world < 1:
+        raise ValueError(f"world={world}: a pipeline needs at least one rank")
+    if world > n_layers:
+        raise ValueError(f"a pipeline over {world} ranks needs at least {world} layers; the model has "
+                         f"n_layers={n_layers}: use {n_layers} ranks or fewer")
+    base, extra = divmod(n_layers, world)
+    bounds, first = [], 0
+    for r in range(world):
+        stop = first + base + (1 if r < extra else 0)
+        bounds.append((first, stop))
+        first = stop
+    return bounds
+
+
+def stage_prefixes(model: Transformer, rank: int, world: int) -> list[str]:
+    """The state-dict prefixes (top-level modules and ``blocks.i``) that rank ``rank`` of ``world`` holds.
+
+    Rank 0 holds the embeddings (every top-level module but the final norm and the unembedding), the last rank
+    the final norm and the unembedding, and each rank its :func:`stage_bounds` blocks. A tied unembedding is the
+    embedding's weight, so the last rank then holds the embedding too.
+
+    Args:
+        model: the model (its skeleton on the meta device will do).
+        rank: this rank.
+        world: the ranks.
+
+    Returns:
+        Module names, e.g. ``["W_E", "blocks.0", "blocks.1"]``.
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> from interp.placement import build
+        >>> skeleton = build(ModelConfig(n_layers=4, d_model=8, n_heads=2, d_vocab=11, n_ctx=4), device="meta")
+        >>> stage_prefixes(skeleton, 1, 2), stage_prefixes(skeleton, 0, 2)
+        (['blocks.2', 'blocks.3', 'ln_final', 'W_U'], ['W_E', 'W_pos', 'blocks.0', 'blocks.1'])
+    """
+    first, stop = stage_bounds(model.cfg.n_layers, world)[rank]
+    head = {"ln_final", "W_U"}
+    tops = [name for name, m in model.named_children() if name != "blocks" and m.state_dict()]  # with weights
+    out = [n for n in tops if n not in head] if rank == 0 else []
+    if rank == world - 1 and rank != 0 and model.cfg.tie_embeddings and model.unembed is not None:
+        out.append("W_E")  # the unembedding is the embedding's weight
+    out += [f"blocks.{i}" for i in range(first, stop)]
+    if rank == world - 1:
+        out += [n for n in tops if n in head]
+    return out
+
+
+def gpipe_schedule(world: int, micro_batches: int) -> list[list[int | None]]:
+    """GPipe's fill-drain schedule of a forward pass: at clock tick ``t`` rank ``r`` runs micro-batch ``t - r``.
+
+    Args:
+        world: the ranks (stages).
+        micro_batches: the micro-batches.
+
+    Returns:
+        One row per tick (``micro_batches + world - 1`` of them), one entry per rank: the micro-batch it runs,
+        or None (idle: the bubble).
+
+    Example:
+        >>> gpipe_schedule(2, 3)
+        [[0, None], [1, 0], [2, 1], [None, 2]]
+    """
+    ticks = micro_batches + world - 1
+    return [[t - r if 0 <= t - r < micro_batches else None for r in range(world)] for t in range(ticks)]
+
+
+def bubble_fraction(world: int, micro_batches: int) -> float:
+    """The share of rank-ticks idle in :func:`gpipe_schedule` (stages of equal cost): ``(W - 1) / (m + W - 1)``.
+
+    Example:
+        >>> bubble_fraction(4, 8)
+        0.2727272727272727
+    """
+    table = gpipe_schedule(world, micro_batches)
+    return sum(e is None for row in table for e in row) / (len(table) * world)
+
+
+class Pipeline:
+    """Run a model whose layers are split over the ranks of a process group (see the module's docstring).
+
+    Args:
+        model: this rank's stage, from :func:`interp.zoo.checkpoint.load_checkpoint_stage` (a whole model works
+            too: each rank then runs only its own blocks).
+        micro_batches: how many pieces each batch is cut into (fewer when the batch has fewer than two rows
+            per piece); more micro-batches shrink the bubble (:func:`bubble_fraction`).
+
+    Raises:
+        ValueError: ``micro_batches`` < 1, a cross-attention model, or the ranks hold different configs.
+        DistributedError: a peer rank died or timed out while the ranks compared configs.
+
+    Example:
+        >>> pipe = Pipeline(model, micro_batches=2)   # not distributed: one rank runs every block
+        >>> torch.equal(pipe(tokens), model(tokens))
+        True
+    """
+
+    def __init__(self, model: Transformer, *, micro_batches: int = 4) -> None:
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+            raise ValueError(f"micro_batches={micro_batches!r} must be an int >= 1")
+        if model.cfg.cross_attention:
+            raise ValueError("pipeline: cfg.cross_attention=True is not supported (the context sequence would have "
+                             "to reach every rank); run encoder-decoder models in one process")
+        self.model = model
+        self.micro_batches = micro_batches
+        self.rank, self.world = distributed.rank(), distributed.world_size()
+        self.first, self.stop = stage_bounds(model.cfg.n_layers, self.world)[self.rank]
+        if self.world > 1:
+            text = model.cfg.to_json()
+            everyone = distributed._all_gather(text, "all_gather of the pipeline's configs")
+            differ = [r for r, t in enumerate(everyone) if t != everyone[0]]
+            if differ:
+                raise ValueError(f"pipeline: the config on rank(s) {differ} differs from rank 0's; every rank must "
+                                 "load its stage of the same model")
+        self._device = next((p.device for p in model.parameters() if not p.is_meta), torch.device("cpu"))
+        self._dtype = next((p.dtype for p in model.parameters() if not p.is_meta and p.is_floating_point()),
+                           torch.float32)
+
+    # --- point to point, failures naming the peer --------------------------------------------------------
+    def _wait(self, work: Any, what: str, peer: int) -> None:
+        try:
+            work.wait()
+        except RuntimeError as e:  # gloo / nccl report a closed connection or a timeout as RuntimeError
+            raise distributed.DistributedError(
+                f"rank {self.rank} of {self.world}: {what} rank {peer} failed; rank {peer} died or did not answer "
+                f"within the timeout: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+    def _share_input(self, tokens: torch.Tensor | None, mask: torch.Tensor | None
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Rank 0's tokens and mask on every rank (one broadcast)."""
+        if self.world == 1:
+            return tokens, mask
+        box: list[Any] = [None if tokens is None else tokens.cpu(), None if mask is None else mask.cpu()]
+        distributed._collective("broadcast of the pipeline's tokens", torch.distributed.broadcast_object_list,
+                                box, src=0)
+        return box[0], box[1]
+
+    # --- the schedule ----------------------------------------------------------------------------------
+    def _run(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, fwd_hooks: Sequence[Any],
+             micro_start: Any = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        tokens, mask = self._share_input(tokens, mask)
+        if tokens is None:
+            raise ValueError("pipeline: rank 0 passed tokens=None; rank 0's tokens are the batch every rank runs")
+        # Every rank checks the same (broadcast) input before any send: a bad batch fails on all ranks alike,
+        # not on one while the others wait for its residual.
+        tokens = self.model._check_tokens(tokens)  # [T] -> [1, T], ids in the vocabulary
+        B, T = tokens.shape
+        if T > self.model.cfg.n_ctx:
+            raise ValueError(f"sequence length {T} exceeds the model's n_ctx={self.model.cfg.n_ctx}")
+        if mask is not None and tuple(mask.shape) != (B, T):
+            raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected {(B, T)}")
+        # At least two rows per micro-batch (when the batch has two): on a one-row batch PyTorch's matmul takes
+        # other kernels in the explicit attention path (recorded patterns), a rounding away from the batch's rows.
+        rows = torch.arange(B).tensor_split(max(1, min(self.micro_batches, B // 2)))  # the row ranges
+        last = self.world - 1
+        dist = torch.distributed
+        kw: dict[str, Any] = {}
+        if self.rank > 0:
+            kw["start_at_layer"] = self.first
+        if self.rank < last:
+            kw["stop_at_layer"] = self.stop
+        recvs = []
+        if self.rank > 0:  # post every receive at once: a residual lands while this rank still computes
+            for r in rows:
+                buf = torch.empty(len(r), T, self.model.cfg.d_model, dtype=self._dtype, device=self._device)
+                recvs.append((buf, dist.irecv(buf, src=self.rank - 1)))  # [b, T, d_model]
+        sends, outs = [], []
+        with torch.no_grad(), self.model.hooks(fwd_hooks):
+            for m, r in enumerate(rows):
+                if micro_start is not None:
+                    micro_start(m)
+                if self.rank == 0:
+                    x = tokens[r[0]:r[-1] + 1].to(self._device)
+                else:
+                    buf, work = recvs[m]
+                    self._wait(work, f"receiving micro-batch {m}'s residual from", self.rank - 1)
+                    x = buf
+                m_mask = None if mask is None else mask[r[0]:r[-1] + 1].to(self._device)
+                y = self.model(x, attention_mask=m_mask, **kw)
+                if self.rank < last:
+                    y = y.contiguous()
+                    sends.append((m, dist.isend(y, dst=self.rank + 1)))
+                else:
+                    outs.append(y)
+            for m, work in sends:
+                self._wait(work, f"sending micro-batch {m}'s residual to", self.rank + 1)
+        logits = None
+        if self.rank == last:
+            logits = torch.cat(outs)  # [B, T, d_vocab]
+            if last != 0:
+                self._wait(dist.isend(logits, dst=0), "sending the logits to", 0)
+                logits = None
+        elif self.rank == 0:
+            shape = (B, T, self.model.cfg.d_vocab if self.model.cfg.unembed else self.model.cfg.d_model)
+            logits = torch.empty(shape, dtype=self._dtype, device=self._device)
+            self._wait(dist.irecv(logits, src=last), "receiving the logits from", last)
+        return logits, tokens, mask
+
+    # --- public ----------------------------------------------------------------------------------------
+    def __call__(self, tokens: torch.Tensor | None, *, attention_mask: torch.Tensor | None = None,
+                 fwd_hooks: Sequence[tuple[NamesFilter, Any]] = ()) -> torch.Tensor | None:
+        """The logits of ``tokens`` on rank 0 (None on the other ranks), every rank running its own blocks.
+
+        Args:
+            tokens: ``[B, T]`` ids on rank 0 (the other ranks may pass None: rank 0's are broadcast).
+            attention_mask: ``[B, T]`` padding mask (rank 0's counts).
+            fwd_hooks: ``(names_filter, fn)`` pairs, given on every rank; each runs on the rank that owns its
+                hook point (a hook of another rank's layer never fires here).
+
+        Returns:
+            Logits ``[B, T, d_vocab]`` on rank 0, None elsewhere.
+
+        Raises:
+            ValueError: rank 0 passed no tokens, ids outside the vocabulary, a sequence over ``n_ctx``, or a
+                mask of another shape (raised on every rank alike, before any residual is sent).
+            TypeError: tokens are not integer ids.
+            DistributedError: a peer rank died or timed out; the message names it.
+
+        Example:
+            >>> Pipeline(model)(tokens).shape == model(tokens).shape
+            True
+        """
+        return self._run(tokens, attention_mask, fwd_hooks)[0]
+
+    def run_with_cache(self, tokens: torch.Tensor | None, *, names_filter: NamesFilter = None,
+                       attention_mask: torch.Tensor | None = None, reducers: Sequence[Reducer] = ()
+                       ) -> tuple[torch.Tensor | None, Trace | None]:
+        """Run the pipeline and record hook points into one :class:`~interp.trace.Trace` on rank 0.
+
+        Each rank records the hook points of its own layers, joins its micro-batches, and sends its records to
+        rank 0, which builds the trace and feeds ``reducers`` the records in one process's order (one
+        ``begin_batch`` / ``end_batch`` for the whole batch): both equal what
+        :meth:`~interp.model.Transformer.run_with_cache` gives in one process.
+
+        Args:
+            tokens: ``[B, T]`` ids on rank 0 (broadcast to the others).
+            names_filter: hook points to store (as in ``run_with_cache``; ``None`` = all, ``[]`` = none).
+            attention_mask: ``[B, T]`` padding mask.
+            reducers: fed on rank 0 only (their results land in ``trace.stats``); the records they read travel
+                to rank 0, so their memory is the whole batch's.
+
+        Returns:
+            ``(logits, trace)`` on rank 0; ``(None, None)`` on the other ranks.
+
+        Raises:
+            ValueError: a name that matches no hook point.
+            DistributedError: a peer rank died or timed out.
+
+        Example:
+            >>> logits, trace = Pipeline(model).run_with_cache(tokens, names_filter="*hook_pattern")
+            >>> trace.pattern(0).shape == model.run_with_cache(tokens)[1].pattern(0).shape
+            True
+        """
+        hook_names = self.model.hook_names
+        names = [] if isinstance(names_filter, (list, tuple)) and not names_filter else resolve_names(
+            names_filter, hook_names)
+        # hook_result -> its z, multiplied by the owner's W_O on access, as streaming.record does.
+        requested = set(names)
+        z_names = {n: n[: -len("hook_result")] + "hook_z" for n in names if n.endswith(".hook_result")}
+        names = [n for n in names if n not in z_names] + [z for z in z_names.values() if z not in requested]
+        reducer_names = [set(resolve_names(r.names, hook_names)) for r in reducers]
+        wanted = set(names).union(*reducer_names)
+        events: list[list[Event]] = []
+
+        def save(t: torch.Tensor, hook: HookPoint, q_start: int) -> None:
+            events[-1].append((hook.name, q_start, t.detach()))
+
+        hooks = [(sorted(wanted), QueryChunkHook(save))] if wanted else []
+        logits, tokens, mask = self._run(tokens, attention_mask, hooks, micro_start=lambda m: events.append([]))
+        # The same hook points fire in the same order for every micro-batch: join them along the batch axis.
+        mine = [(name, q0, torch.cat([ev[j][2] for ev in events]).cpu()) for j, (name, q0, _) in enumerate(events[0])]
+        fired = {name for name, _, _ in mine}
+        w_os = {r: gated_w_o(self.model, r).cpu().clone() for r, z in z_names.items() if z in fired}
+        if self.world > 1:
+            gathered: list[Any] = [None] * self.world if self.rank == 0 else []
+            distributed._collective("gather of the pipeline's records", torch.distributed.gather_object,
+                                    (mine, w_os), gathered if self.rank == 0 else None, dst=0)
+            if self.rank != 0:
+                return None, None
+            everything = [e for rank_events, _ in gathered for e in rank_events]  # rank order is layer order
+            w_os = {k: v for _, rank_w_os in gathered for k, v in rank_w_os.items()}
+        else:
+            everything = mine
+        batch = Batch(tokens, mask)
+        for reducer, rnames in zip(reducers, reducer_names):
+            reducer.begin_batch(batch)
+            for name, q0, t in everything:
+                if name in rnames:
+                    reducer.update(name, t, q_start=q0)
+            reducer.end_batch()
+        store: dict[str, list[torch.Tensor]] = {}
+        keep = set(names)
+        for name, _, t in everything:
+            if name in keep:
+                store.setdefault(name, []).append(t)
+        # Query-chunked attention fires score/pattern hooks once per chunk: stitch them along the query axis.
+        tensors = {k: v[0] if len(v) == 1 else torch.cat(v, dim=2) for k, v in store.items()}
+        head_writes = {}
+        for result_name, z_name in z_names.items():
+            if z_name in tensors:
+                z = tensors[z_name] if z_name in requested else tensors.pop(z_name)
+                head_writes[result_name] = (z, w_os[result_name])
+        return logits, Trace(tensors, trace_meta(self.model, names), tokens, [r.result() for r in reducers],
+                             head_writes=head_writes, tokenizer=getattr(self.model, "tokenizer", None))
+
+    def stream(self, data: Any, reducers: Sequence[Reducer], *, batch_size: int = 32) -> int:
+        """Feed ``reducers`` a whole dataset through the pipeline, batch by batch, as
+        :func:`interp.streaming.stream` does in one process: the reducers' states on rank 0 equal its.
+
+        Every rank passes the same ``data`` (each iterates it for the batch count; rank 0's batches are the ones
+        run). Per batch, the owner ranks' records travel to rank 0, which feeds the reducers
+        (:meth:`run_with_cache` with nothing stored).
+
+        Args:
+            data: anything :func:`~interp.data.iter_batches` accepts.
+            reducers: fed on rank 0 (the other ranks' stay empty).
+            batch_size: rows per pass when ``data`` is one tensor.
+
+        Returns:
+            The number of sequences run.
+
+        Raises:
+            ValueError: a reducer's name matches no hook point, or a bad batch (on every rank alike).
+            DistributedError: a peer rank died or timed out.
+
+        Example:
+            >>> from interp.streaming import MeanReducer
+            >>> r = MeanReducer("blocks.0.attn.hook_pattern")
+            >>> Pipeline(model).stream(tokens, [r], batch_size=1)
+            2
+        """
+        n = 0
+        for batch in iter_batches(data, batch_size=batch_size):
+            self.run_with_cache(batch.tokens, names_filter=[], attention_mask=batch.mask, reducers=reducers)
+            n += len(batch)
+        return n

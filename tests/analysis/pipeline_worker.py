@@ -1,0 +1,105 @@
+"""One rank of the pipeline tests (tests/analysis/test_pipeline.py starts 2 or 4 of these).
+
+Usage: python pipeline_worker.py RANK WORLD PORT OUT_DIR CASE[,CASE...] CHECKPOINT
+Each case writes OUT_DIR/{case}.rank{R}.pkl: what rank 0 got (logits, trace, reducers) and what this rank held
+and ran (materialised blocks, hooks fired).
+"""
+
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)  # several ranks share two cores
+
+MICRO_BATCHES = 3
+
+
+def tokens():
+    """The batch every case runs (rank 0's copy is the one used; the others pass None)."""
+    return torch.randint(0, 50, (7, 9), generator=torch.Generator().manual_seed(3))  # 7 rows: micro-batches 3, 2, 2
+
+
+def padding_mask():
+    """Rows 1 and 6 padded (in different micro-batches): the mask travels from rank 0 to every rank."""
+    mask = torch.ones(7, 9, dtype=torch.long)
+    mask[1, :3] = mask[6, :5] = 0  # left padding: the real tokens attend to fewer keys
+    return mask
+
+
+def ablate_head(z, hook):
+    """Zero head 1 of layer 2's z: a hook whose effect shows in the logits."""
+    z[:, :, 1] = 0.0
+    return z
+
+
+def reducers():
+    from interp.streaming import MeanReducer
+
+    return [MeanReducer("*hook_pattern"), MeanReducer(["blocks.0.hook_resid_post", "blocks.3.mlp.hook_post"])]
+
+
+def run(case: str, rank: int, world: int, path: str):
+    from interp import distributed
+    from interp.pipeline import Pipeline
+    from interp.zoo.checkpoint import load_checkpoint_stage
+
+    stage = load_checkpoint_stage(path)
+    held = sorted({int(n.split(".")[1]) for n, p in stage.named_parameters() if n.startswith("blocks.")
+                   and not p.is_meta})
+    pipe = Pipeline(stage, micro_batches=MICRO_BATCHES)
+    mine = tokens() if rank == 0 else None
+    if case == "equal":
+        fired: list[str] = []
+        logits = pipe(mine)
+        padded = pipe(mine, attention_mask=padding_mask() if rank == 0 else None)
+        ablated = pipe(mine, fwd_hooks=[("blocks.2.attn.hook_z", ablate_head),
+                                        ("*hook_resid_pre", lambda x, hook: fired.append(hook.name))])
+        out, trace = pipe.run_with_cache(mine, reducers=reducers())
+        streamed = reducers()
+        n = pipe.stream([(tokens()[:4], None), (tokens()[4:], padding_mask()[4:])], streamed)
+        return {"logits": logits, "padded": padded, "ablated": ablated, "fired": fired, "held": held,
+                "embed_meta": stage.embed.weight.is_meta, "trace_logits": out,
+                "trace": None if trace is None else {k: trace[k] for k in trace.keys()},
+                "meta": None if trace is None else trace.meta,
+                "stats": None if trace is None else trace.stats, "streamed_n": n,
+                "streamed": [r.result() for r in streamed] if rank == 0 else None}
+    if case == "die":
+        victim = world - 1
+
+        def die(x, hook):
+            if calls.append(1) or len(calls) == 2:  # the second micro-batch: the run is under way
+                os._exit(7)
+
+        calls: list[int] = []
+        t0 = time.monotonic()
+        try:
+            pipe(mine, fwd_hooks=[(f"blocks.{stage.cfg.n_layers - 1}.hook_resid_pre", die)] if rank == victim else [])
+        except distributed.DistributedError as e:
+            return {"error": str(e), "seconds": time.monotonic() - t0}
+        return {"error": None, "seconds": time.monotonic() - t0}
+    raise ValueError(f"unknown case {case!r}")
+
+
+def main() -> None:
+    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+    cases, path = sys.argv[5].split(","), sys.argv[6]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    from interp import distributed
+
+    assert distributed.init_from_env(timeout_s=float(os.environ.get("INTERP_DIST_TIMEOUT", "60")))
+    for case in cases:
+        result = run(case, rank, world, path)
+        with open(out / f"{case}.rank{rank}.pkl", "wb") as f:
+            pickle.dump(result, f)
+    if "die" in cases:  # a peer is gone: leave as the CLI does after a DistributedError
+        distributed.exit_after_failure(0)
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -127,10 +127,13 @@ def part_speed(args) -> dict:
     with torch.no_grad():
         model(c)
         _, t_fwd = timed(lambda: model(c))
-    eap(model, c, x, m, graph=graph)  # warm
+    # The first EAP also gives the peak resident memory (ru_maxrss after the model and a forward, then after EAP).
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _, t_eap = timed(lambda: eap(model, c, x, m, graph=graph))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _, t_ig = timed(lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph))
-    return {"tokens": list(c.shape), "n_edges": graph.n_edges, "forward_s": t_fwd, "eap_s": t_eap,
+    return {"rss_after_model_and_forward_mb": base, "rss_peak_after_eap_mb": peak, "eap_extra_peak_mb": peak - base,
+            "tokens": list(c.shape), "n_edges": graph.n_edges, "forward_s": t_fwd, "eap_s": t_eap,
             "eap_x_forward": t_eap / t_fwd, "eap_target": 4, "eap_ig_steps": args.steps, "eap_ig_s": t_ig,
             "eap_ig_x_forward": t_ig / t_fwd, "eap_ig_target": args.steps + 2}
 
@@ -175,6 +178,8 @@ def part_smollm2_task(args, name: str) -> dict:
                                           "eap_vs_exact": spearman(s_eap.scores[idx], s_ex.scores[idx])}}
     sizes = [n for n in args.sizes if n <= E]
     extra = {}
+    if not args.n_random and not args.ep_steps:
+        return out
     if args.ep_steps:
         ep, t_ep = timed(lambda: edge_pruning(model, c, x, m, target=1 - args.ep_keep / E, steps=args.ep_steps,
                                               graph=graph))

@@ -86,9 +86,15 @@ def _gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, dif
                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Add ``diff . d metric / d input`` for every edge to ``scores`` (``[U, D]``) from one forward and one
     backward; each input's gradient is folded into the scores by a hook as it arrives and then freed."""
+    U = diff.shape[0]
+    flat = diff.reshape(U, -1)  # [U, B*T*M]: one matrix product per input group
+
     def fold(cols: slice):
+        # Only nodes that write before these inputs read can have an edge to them: a prefix of the upstream order.
+        n_up = int(graph.allowed[:, cols].any(dim=1).nonzero().max()) + 1
         def hook(grad: torch.Tensor) -> None:
-            scores[:, cols] += torch.einsum("ubtm,btnm->un", diff, grad.to(diff.dtype))  # [U, n]
+            g = grad.to(diff.dtype).permute(0, 1, 3, 2).reshape(-1, grad.shape[2])  # [R, T, n, M] -> [B*T*M, n]
+            scores[:n_up, cols] += flat[:n_up] @ g  # [n_up, n]
         return hook
 
     with torch.enable_grad(), edge_pass(model, graph, probes=True, embed=embed) as run:

@@ -86,6 +86,17 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3": ("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
                           sliding_window=WINDOW)),
     "olmo2": ("olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1)),
+    "olmo3": ("olmo3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+    "ministral": ("ministral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                    num_key_value_heads=3, head_dim=8, sliding_window=WINDOW,
+                                    layer_types=["sliding_attention", "full_attention"])),
+    "seed_oss": ("seed_oss", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                  head_dim=16, attention_bias=True, attention_out_bias=True, mlp_bias=True)),
+    "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                      num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }
 
 _LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])

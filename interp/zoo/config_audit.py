@@ -33,7 +33,8 @@ FAMILY_CONFIGS: dict[str, str] = {
     "gemma2": "gemma2", "gemma3_text": "gemma3_text", "gpt_neox": "gpt_neox", "gpt_bigcode": "gpt_bigcode",
     "falcon": "falcon_new_arch", "phi": "phi", "phi3": "phi3_longrope", "olmo2": "olmo2", "mixtral": "mixtral",
     "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "deepseek_v2": "deepseek_v2",
-    "deepseek_v3": "deepseek_v3", "bert": "bert", "gpt2": "gpt2",
+    "deepseek_v3": "deepseek_v3", "bert": "bert", "gpt2": "gpt2", "olmo3": "olmo3", "ministral": "ministral",
+    "seed_oss": "seed_oss", "starcoder2": "starcoder2",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"
@@ -75,6 +76,8 @@ IGNORED_BY_FAMILY: dict[str, dict[str, str]] = {
         "scale_attention_softmax_in_fp32": "divides and re-multiplies the scores by the layer index in fp16: the "
                                            "same scores up to rounding",
     },
+    "seed_oss": {"residual_dropout": _DROPOUT},
+    "starcoder2": {"residual_dropout": _DROPOUT, "embedding_dropout": _DROPOUT},
     "gpt2": {"reorder_and_upcast_attn": "scales before the product and upcasts to float32 (a half-precision "
                                         "overflow guard): the same scores up to rounding"},
     "bert": {

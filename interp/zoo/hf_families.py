@@ -18,9 +18,11 @@ What each family needs of the core, and how its weights map:
   K/V, fused QKV ordered per K/V group as ``[q_1 .. q_G, k, v]``); ALiBi is refused.
 * Phi-1/2: parallel block with one LayerNorm, partial rotary, biased unembedding.
 * Phi-3: Llama with fused ``qkv_proj`` and ``gate_up_proj``, optional sliding window and LongRoPE.
-* OLMo 2: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
+* Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
+* OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
-  its rotary embedding rotates in float32 and rounds once (``rotary_float32``).
+  its rotary embedding rotates in float32 and rounds once (``rotary_float32``). OLMo 3 adds sliding layers
+  (``layer_types``) whose RoPE base is their own (``local_rotary_base``).
 """
 
 from __future__ import annotations
@@ -169,18 +171,57 @@ def gemma_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
 
 
 # --- OLMo 2 -----------------------------------------------------------------------------------------------
+def _per_type_rope(hf_cfg: Mapping[str, Any], arch: str,
+                   windows: list[int | None] | None) -> tuple[float, dict | None, float | None]:
+    """``(rotary_base, rope_scaling, local_rotary_base)`` of a config whose ``rope_parameters`` may hold one dict
+    per layer type (Gemma 3, OLMo 3): the full-attention layers' RoPE, and the sliding layers' plain base.
+
+    Raises:
+        ValueError: scaled RoPE on the sliding layers, or sliding-layer RoPE that differs while no layer slides.
+    """
+    rope = hf_cfg.get("rope_parameters") or {}
+    if "full_attention" not in rope:
+        theta, scaling = _rope(hf_cfg, arch)
+        return theta, scaling, None
+    theta, scaling = _rope(hf_cfg, arch, rope["full_attention"])
+    local_theta, local_scaling = _rope(hf_cfg, arch, rope.get("sliding_attention") or {"rope_type": "default"})
+    if local_scaling is not None:
+        raise ValueError(f"{arch} sliding_attention rope_type={local_scaling['rope_type']!r} is not supported "
+                         "(local layers rotate with plain RoPE)")
+    if windows is None:
+        types = hf_cfg.get("layer_types") or []
+        if "sliding_attention" in types and local_theta != theta:
+            raise ValueError(f"{arch} layer_types has sliding layers but sliding_window=None, and their "
+                             f"rope_theta={local_theta!r} differs from the full layers' {theta!r}: not supported")
+        return theta, scaling, None
+    return theta, scaling, local_theta
+
+
 def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
-    """:class:`ModelConfig` of an OLMo 2 decoder: norms after each sublayer only, QK-norm over all heads.
+    """:class:`ModelConfig` of an OLMo 2 or OLMo 3 decoder: norms after each sublayer only, QK-norm over all
+    heads; OLMo 3 adds sliding-window layers (``layer_types``) with their own RoPE base.
 
     Raises:
         ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
+
+    Example:
+        >>> cfg = olmo2_config({"model_type": "olmo3", "hidden_size": 64, "num_attention_heads": 4,
+        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                     "max_position_embeddings": 64, "sliding_window": 8,
+        ...                     "layer_types": ["sliding_attention", "full_attention"],
+        ...                     "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        ...                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+        >>> cfg.sliding_window, cfg.rotary_base, cfg.local_rotary_base
+        ([8, None], 500000.0, 10000.0)
     """
-    arch = "olmo2"
+    arch = hf_cfg.get("model_type", "olmo2")
     _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("attention_bias", False, False)))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
-    theta, scaling = _rope(hf_cfg, arch)
+    windows = sliding_windows(hf_cfg, arch)
+    theta, scaling, local_base = _per_type_rope(hf_cfg, arch, windows)
     return ModelConfig(
+        sliding_window=windows, local_rotary_base=local_base,
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
         d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
@@ -198,7 +239,7 @@ def olmo2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    src = _Source(hf_sd, ("model.",), "OLMo 2")
+    src = _Source(hf_sd, ("model.",), "OLMo 2/3")
     out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."
@@ -208,7 +249,7 @@ def olmo2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
         out[b + "ln1_post.weight"] = src(h + "post_attention_layernorm.weight")
         out[b + "ln2_post.weight"] = src(h + "post_feedforward_layernorm.weight")
         out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
-    out.update(_lm_head(hf_sd, src, cfg, "OLMo 2"))
+    out.update(_lm_head(hf_sd, src, cfg, "OLMo 2/3"))
     return out
 
 
@@ -535,11 +576,72 @@ def phi_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor
     return out
 
 
+# --- Starcoder 2 ------------------------------------------------------------------------------------------
+def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Starcoder 2 decoder: pre-LayerNorm, biased projections (``use_bias``), a
+    tanh-GELU MLP, grouped K/V, RoPE and one sliding window on every layer.
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = starcoder2_config({"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4,
+        ...                          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96,
+        ...                          "vocab_size": 50, "max_position_embeddings": 64, "sliding_window": 8})
+        >>> cfg.sliding_window, cfg.activation, cfg.n_kv_heads
+        ([8, 8], 'gelu_new', 2)
+    """
+    arch = "starcoder2"
+    _decoder_checks(hf_cfg, arch)
+    act = hf_cfg.get("hidden_act", "gelu_pytorch_tanh")
+    acts = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    if act not in acts:
+        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("use_bias", True))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="pre", norm_eps=hf_cfg.get("norm_epsilon", 1e-5), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch), attn_bias=bias, out_bias=bias,
+        mlp_bias=bias, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def starcoder2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Starcoder 2 one (separate q/k/v/o, ``mlp.c_fc`` / ``mlp.c_proj``).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "Starcoder 2")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight"),
+           "ln_final.bias": src("norm.bias")}
+    kinds = ("weight", "bias") if cfg.mlp_bias else ("weight",)
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        for kind in ("weight", "bias"):
+            out[b + f"ln1.{kind}"] = src(h + f"input_layernorm.{kind}")
+            out[b + f"ln2.{kind}"] = src(h + f"post_attention_layernorm.{kind}")
+        for kind in kinds:
+            out[b + f"mlp.W_in.{kind}"] = src(h + f"mlp.c_fc.{kind}")
+            out[b + f"mlp.W_out.{kind}"] = src(h + f"mlp.c_proj.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "Starcoder 2"))
+    return out
+
+
 CONVERTERS_DENSE = {
     "gemma": (gemma_config, gemma_state_dict),
     "gemma2": (gemma_config, gemma_state_dict),
     "gemma3_text": (gemma_config, gemma_state_dict),
     "olmo2": (olmo2_config, olmo2_state_dict),
+    "olmo3": (olmo2_config, olmo2_state_dict),
+    "starcoder2": (starcoder2_config, starcoder2_state_dict),
     "phi3": (phi3_config, phi3_state_dict),
     "gpt_neox": (gpt_neox_config, gpt_neox_state_dict),
     "gpt_bigcode": (gpt_bigcode_config, gpt_bigcode_state_dict),

@@ -71,7 +71,9 @@ def test_features_bite():
     torch.manual_seed(5)
     ids = torch.randint(1, V, (1, SEQ))
     cases = {"gemma2": ("attn_softcap", "final_softcap", "sliding_window"), "mistral": ("sliding_window",),
-             "qwen3": ("qk_norm",), "gemma3_text": ("local_rotary_base",)}
+             "qwen3": ("qk_norm",), "gemma3_text": ("local_rotary_base",),
+             "olmo3": ("sliding_window", "local_rotary_base"), "ministral": ("sliding_window",),
+             "starcoder2": ("sliding_window",)}
     for name, fields in cases.items():
         model = from_hf(hf_model(name))
         with torch.no_grad():

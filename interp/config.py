@@ -15,7 +15,7 @@ from typing import Any, Literal
 AttentionKind = Literal["standard", "latent"]
 Positional = Literal["learned", "rotary", "none"]
 Normalization = Literal["pre", "post", "rms", "none"]
-Activation = Literal["gelu", "gelu_new", "relu", "silu", "swiglu", "geglu", "geglu_tanh"]
+Activation = Literal["gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh"]
 QKNorm = Literal["none", "head", "full"]
 SublayerNorm = Literal["input", "sandwich", "output"]
 ParallelBlock = Literal["none", "one_norm", "two_norms"]
@@ -25,7 +25,7 @@ RouterGroupScore = Literal["max", "top2_sum"]
 _ATTENTION_KINDS = ("standard", "latent")
 _POSITIONALS = ("learned", "rotary", "none")
 _NORMALIZATIONS = ("pre", "post", "rms", "none")
-_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu", "geglu_tanh")
+_ACTIVATIONS = ("gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh")
 _QK_NORMS = ("none", "head", "full")
 _SUBLAYER_NORMS = ("input", "sandwich", "output")
 _PARALLEL_BLOCKS = ("none", "one_norm", "two_norms")
@@ -131,7 +131,8 @@ class ModelConfig:
         attn_only: blocks without MLPs.
         d_mlp: MLP hidden width; defaults to ``4 * d_model``.
         activation: MLP non-linearity; ``"swiglu"``/``"geglu"``/``"geglu_tanh"`` are gated MLPs (Llama uses
-            ``"swiglu"``, Gemma ``"geglu_tanh"``, the gate through the tanh approximation of GELU).
+            ``"swiglu"``, Gemma ``"geglu_tanh"``, the gate through the tanh approximation of GELU); ``"relu2"``
+            is ``relu(x) ** 2`` (Arcee, Nemotron).
         d_vocab: vocabulary size.
         n_ctx: the longest sequence the model accepts (and the size of learned position tables).
         n_token_types: token-type (segment) embeddings, 0 for none (BERT uses 2).

@@ -33,8 +33,8 @@ FAMILY_CONFIGS: dict[str, str] = {
     "gemma2": "gemma2", "gemma3_text": "gemma3_text", "gpt_neox": "gpt_neox", "gpt_bigcode": "gpt_bigcode",
     "falcon": "falcon_new_arch", "phi": "phi", "phi3": "phi3_longrope", "olmo2": "olmo2", "mixtral": "mixtral",
     "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "deepseek_v2": "deepseek_v2",
-    "deepseek_v3": "deepseek_v3", "bert": "bert", "gpt2": "gpt2", "olmo3": "olmo3", "ministral": "ministral",
-    "seed_oss": "seed_oss", "starcoder2": "starcoder2",
+    "deepseek_v3": "deepseek_v3", "bert": "bert", "gpt2": "gpt2", "olmo": "olmo", "olmo3": "olmo3", "ministral": "ministral",
+    "seed_oss": "seed_oss", "starcoder2": "starcoder2", "arcee": "arcee",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"

@@ -18,6 +18,8 @@ What each family needs of the core, and how its weights map:
   K/V, fused QKV ordered per K/V group as ``[q_1 .. q_G, k, v]``); ALiBi is refused.
 * Phi-1/2: parallel block with one LayerNorm, partial rotary, biased unembedding.
 * Phi-3: Llama with fused ``qkv_proj`` and ``gate_up_proj``, optional sliding window and LongRoPE.
+* OLMo (1): Llama with non-parametric LayerNorms, stored as weight 1 and bias 0; ``clip_qkv`` is refused.
+* Arcee: Llama with an ungated squared-ReLU MLP (``activation="relu2"``).
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -635,13 +637,128 @@ def starcoder2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch
     return out
 
 
+# --- OLMo 1 -----------------------------------------------------------------------------------------------
+def olmo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an OLMo (1) decoder: Llama with non-parametric LayerNorms (eps 1e-5, which
+    transformers hard-codes), optionally biased attention.
+
+    The LayerNorms have no weights in the checkpoint; the state dict gives ours weight 1 and bias 0, which
+    computes the same numbers with no new norm kind.
+
+    Raises:
+        ValueError: ``clip_qkv`` (not implemented), an activation other than silu, or a missing key.
+
+    Example:
+        >>> cfg = olmo_config({"model_type": "olmo", "hidden_size": 64, "num_attention_heads": 4,
+        ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                    "max_position_embeddings": 64, "attention_bias": True})
+        >>> cfg.normalization, cfg.norm_eps, cfg.attn_bias, cfg.out_bias
+        ('pre', 1e-05, True, True)
+    """
+    arch = "olmo"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("clip_qkv", None, None)))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="pre", norm_eps=1e-5, positional="rotary", rotary_base=theta, rope_scaling=scaling,
+        attn_bias=bias, out_bias=bias, mlp_bias=False, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def olmo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF OLMo (1) one; every LayerNorm gets weight 1 and bias 0 (OLMo's have none).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "OLMo")
+    embed = src("embed_tokens.weight")
+    one, zero = torch.ones(cfg.d_model, dtype=embed.dtype), torch.zeros(cfg.d_model, dtype=embed.dtype)
+    out = {"W_E.weight": embed, "ln_final.weight": one, "ln_final.bias": zero}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        for ln in ("ln1", "ln2"):
+            out[b + f"{ln}.weight"], out[b + f"{ln}.bias"] = one.clone(), zero.clone()
+        out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
+    out.update(_lm_head(hf_sd, src, cfg, "OLMo"))
+    return out
+
+
+# --- Arcee ------------------------------------------------------------------------------------------------
+def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an Arcee (AFM) decoder: Llama with an ungated MLP (``up_proj`` / ``down_proj``)
+    whose activation is squared ReLU by default.
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = arcee_config({"model_type": "arcee", "hidden_size": 64, "num_attention_heads": 4,
+        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                     "max_position_embeddings": 64})
+        >>> cfg.activation, cfg.normalization
+        ('relu2', 'rms')
+    """
+    arch = "arcee"
+    _decoder_checks(hf_cfg, arch)
+    act = hf_cfg.get("hidden_act", "relu2")
+    acts = {"relu2": "relu2", "relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_new",
+            "gelu_new": "gelu_new"}
+    if act not in acts:
+        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, attn_bias=bias, out_bias=bias, mlp_bias=bool(hf_cfg.get("mlp_bias", False)),
+        unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def arcee_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Arcee one (Llama keys; the MLP has no ``gate_proj``).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "Arcee")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    kinds = ("weight", "bias") if cfg.mlp_bias else ("weight",)
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
+        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        for kind in kinds:
+            out[b + f"mlp.W_in.{kind}"] = src(h + f"mlp.up_proj.{kind}")
+            out[b + f"mlp.W_out.{kind}"] = src(h + f"mlp.down_proj.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "Arcee"))
+    return out
+
+
 CONVERTERS_DENSE = {
     "gemma": (gemma_config, gemma_state_dict),
     "gemma2": (gemma_config, gemma_state_dict),
     "gemma3_text": (gemma_config, gemma_state_dict),
+    "olmo": (olmo_config, olmo_state_dict),
     "olmo2": (olmo2_config, olmo2_state_dict),
     "olmo3": (olmo2_config, olmo2_state_dict),
     "starcoder2": (starcoder2_config, starcoder2_state_dict),
+    "arcee": (arcee_config, arcee_state_dict),
     "phi3": (phi3_config, phi3_state_dict),
     "gpt_neox": (gpt_neox_config, gpt_neox_state_dict),
     "gpt_bigcode": (gpt_bigcode_config, gpt_bigcode_state_dict),

@@ -320,7 +320,7 @@ class Attention(_AttentionBase):
         # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
         self.qk_norm = "none" if cross else cfg.qk_norm
         if self.qk_norm != "none":
-            per_head = self.qk_norm == "head"
+            per_head = self.qk_norm in ("head", "head_after_rotary")
             f32 = cfg.norm_weight_float32
             self.q_norm = RMSNorm(D if per_head else H * D, eps=cfg.norm_eps, weight_float32=f32)
             self.k_norm = RMSNorm(D if per_head else K * D, eps=cfg.norm_eps, weight_float32=f32)
@@ -369,6 +369,8 @@ class Attention(_AttentionBase):
         if self.rotary is not None:
             q = self.rotary(q, positions)
             k = self.rotary(k, positions)
+        if self.qk_norm == "head_after_rotary":  # Hunyuan normalises the rotated heads
+            q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H|K, T|S, D]
         if cache is not None and context is None:
             k, v = cache.update(k, v)  # [B, K, S, D] up to start + T

@@ -16,7 +16,7 @@ AttentionKind = Literal["standard", "latent"]
 Positional = Literal["learned", "rotary", "none"]
 Normalization = Literal["pre", "post", "rms", "none"]
 Activation = Literal["gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh"]
-QKNorm = Literal["none", "head", "full"]
+QKNorm = Literal["none", "head", "full", "head_after_rotary"]
 SublayerNorm = Literal["input", "sandwich", "output"]
 ParallelBlock = Literal["none", "one_norm", "two_norms"]
 RouterScore = Literal["softmax", "sigmoid"]
@@ -26,7 +26,7 @@ _ATTENTION_KINDS = ("standard", "latent")
 _POSITIONALS = ("learned", "rotary", "none")
 _NORMALIZATIONS = ("pre", "post", "rms", "none")
 _ACTIVATIONS = ("gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh")
-_QK_NORMS = ("none", "head", "full")
+_QK_NORMS = ("none", "head", "full", "head_after_rotary")
 _SUBLAYER_NORMS = ("input", "sandwich", "output")
 _PARALLEL_BLOCKS = ("none", "one_norm", "two_norms")
 _ROUTER_SCORES = ("softmax", "sigmoid")
@@ -107,8 +107,9 @@ class ModelConfig:
             (Gemma 2). Attention then always takes the explicit path (SDPA has no soft-cap).
         final_softcap: final-logit soft-capping, ``cap * tanh(logits / cap)`` (Gemma 2).
         qk_norm: RMSNorm on queries and keys before RoPE: ``"head"`` (per head, over ``d_head``: Qwen3,
-            Gemma 3), ``"full"`` (over all heads' concatenation: OLMo 2) or ``"none"``. Hooks
-            ``hook_q_normed`` / ``hook_k_normed`` read the normalised ``[B, T, heads, D]``.
+            Gemma 3), ``"full"`` (over all heads' concatenation: OLMo 2), ``"head_after_rotary"`` (per head,
+            after RoPE: Hunyuan) or ``"none"``. Hooks ``hook_q_normed`` / ``hook_k_normed`` read the normalised
+            ``[B, T, heads, D]`` (rotated first for ``"head_after_rotary"``).
         sublayer_norm: where a pre-norm model (``normalization`` ``"pre"`` or ``"rms"``) normalises each sublayer:
             ``"input"`` (its input, GPT-2 / Llama), ``"sandwich"`` (its input and its output, Gemma 2/3: norms
             ``ln1_post`` / ``ln2_post``) or ``"output"`` (its output only, OLMo 2). ``hook_attn_out`` /

@@ -101,6 +101,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                             attention_bias=True, mlp_bias=True,
                             rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
                                              "original_max_position_embeddings": 16})),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                  num_key_value_heads=1, head_dim=16, attention_bias=True,
+                                                  rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0,
+                                                                   "alpha": 3.0, "factor": 1.0})),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }

@@ -89,6 +89,21 @@ def test_features_bite():
                 assert (other.eval()(ids) - base).abs().max() > 1e-3, (name, field)
 
 
+def test_hunyuan_normalises_after_rotary():
+    """Hunyuan's QK-norm after RoPE is not the same model as QK-norm before it (Qwen3's order): matching HF
+    above shows the order is reproduced, and the NTK-alpha base differs from the plain rope_theta."""
+    model = from_hf(hf_model("hunyuan_v1_dense"))
+    assert model.cfg.rotary_base == pytest.approx(1000.0 * 3.0 ** (16 / 14))
+    torch.manual_seed(5)
+    ids = torch.randint(1, V, (1, SEQ))
+    with torch.no_grad():
+        base = model(ids)
+        for field, value in (("qk_norm", "head"), ("rotary_base", 1000.0)):
+            other = type(model)(type(model.cfg).from_dict({**model.cfg.to_dict(), field: value}))
+            other.load_state_dict(model.state_dict())
+            assert (other.eval()(ids) - base).abs().max() > 1e-3, field
+
+
 def test_window_cache_keeps_only_the_window():
     model = from_hf(hf_model("gemma2"))
     cache = model.make_cache(1, 60)

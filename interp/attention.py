@@ -313,7 +313,8 @@ class Attention(_AttentionBase):
         self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
                              persistent=False)
         self.rotary = None
-        if cfg.positional == "rotary" and not cross:
+        nope = layer is not None and layer in (cfg.nope_layers or ())  # a NoPE layer rotates nothing
+        if cfg.positional == "rotary" and not cross and not nope:
             local = self.window is not None and cfg.local_rotary_base is not None
             self.rotary = (Rotary(cfg.rotary_dim, cfg.local_rotary_base, float32=cfg.rotary_float32) if local
                            else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling, float32=cfg.rotary_float32))

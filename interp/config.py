@@ -98,6 +98,8 @@ class ModelConfig:
         local_rotary_base: RoPE base of the sliding-window layers, when it differs from ``rotary_base`` (Gemma 3:
             local layers rotate with plain RoPE of this base, global ones with ``rotary_base`` and
             ``rope_scaling``).
+        nope_layers: layers whose attention has no positional rotation (NoPE: SmolLM3's every 4th layer,
+            EXAONE 4's global layers) in a ``positional="rotary"`` model; ``None`` or ``[]``: every layer rotates.
         sliding_window: sliding-window attention: an int (every layer) or one entry per layer, an int W (the
             query at position p sees keys p - W + 1 .. p) or ``None`` (global attention). ``n_ctx`` is not capped
             by it, and the KV cache keeps only the last W - 1 positions of a windowed layer.
@@ -211,6 +213,7 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     local_rotary_base: float | None = None
     sliding_window: int | list[int | None] | None = None
+    nope_layers: list[int] | None = None
     attn_scale: float | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
@@ -495,6 +498,15 @@ class ModelConfig:
             if any(w is not None for w in windows) and not self.causal:
                 raise ValueError(f"sliding_window={window!r} needs a causal decoder (causal=False)")
             self.sliding_window = None if all(w is None for w in windows) else list(windows)
+        if self.nope_layers is not None:
+            nope = self.nope_layers
+            if (not isinstance(nope, (list, tuple))
+                    or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers for i in nope)
+                    or len(set(nope)) != len(nope)):
+                raise ValueError(f"nope_layers={nope!r} must list distinct layer indices in [0, {self.n_layers})")
+            if nope and self.positional != "rotary":
+                raise ValueError(f"nope_layers={nope!r} needs positional='rotary', got {self.positional!r}")
+            self.nope_layers = sorted(nope) or None
         if self.local_rotary_base is not None and (self.positional != "rotary" or self.sliding_window is None):
             raise ValueError(f"local_rotary_base={self.local_rotary_base} needs positional='rotary' and "
                              f"sliding-window layers, got positional={self.positional!r}, "

@@ -105,6 +105,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                                   num_key_value_heads=1, head_dim=16, attention_bias=True,
                                                   rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0,
                                                                    "alpha": 3.0, "factor": 1.0})),
+    "smollm3": ("smollm3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                num_hidden_layers=3, no_rope_layers=[1, 0, 1], use_sliding_window=True,
+                                sliding_window=WINDOW, tie_word_embeddings=False)),
+    "exaone4": ("exaone4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                num_hidden_layers=3, sliding_window=WINDOW, sliding_window_pattern=2)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }

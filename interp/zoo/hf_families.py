@@ -22,6 +22,9 @@ What each family needs of the core, and how its weights map:
 * Arcee: Llama with an ungated squared-ReLU MLP (``activation="relu2"``).
 * Hunyuan v1 dense: Llama with per-head QK-norm after RoPE (``qk_norm="head_after_rotary"``) and NTK-alpha
   RoPE folded into the base.
+* SmolLM3: Llama with layers without positions (``nope_layers``, from ``no_rope_layers``).
+* EXAONE 4: OLMo 2's weights and output-only norms with per-head QK-norm; sliding layers rotate, global ones
+  have no positions (``nope_layers``) when any layer slides.
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -31,13 +34,14 @@ What each family needs of the core, and how its weights map:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ..config import ModelConfig
-from .hf import StateDict, _decoder_checks, _dense_weights, _llama_attention, _need, _rope, _Source, sliding_windows
+from .hf import StateDict, _decoder_checks, _dense_weights, _llama_attention, _need, _rope, _Source, llama_state_dict, sliding_windows
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 
@@ -815,6 +819,122 @@ def hunyuan_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
+# --- SmolLM3, EXAONE 4: layers without positions (NoPE) -----------------------------------------------------
+def _typed_windows(hf_cfg: Mapping[str, Any], arch: str, default_types: list[str],
+                   use: bool = True) -> tuple[list[str], list[int | None] | None]:
+    """``(layer_types, windows)``: the config's ``layer_types`` (else ``default_types``, what the config class
+    derives) and each layer's window (``sliding_window`` on the sliding layers when ``use``).
+
+    Raises:
+        ValueError: a ``layer_types`` of the wrong length or with a type other than sliding / full attention.
+    """
+    n_layers = _need(hf_cfg, "num_hidden_layers", arch)
+    types = hf_cfg.get("layer_types") or default_types
+    if len(types) != n_layers:
+        raise ValueError(f"{arch} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
+    for i, kind in enumerate(types):
+        if kind not in ("sliding_attention", "full_attention"):
+            raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
+                             "(only 'sliding_attention' and 'full_attention')")
+    window = hf_cfg.get("sliding_window")
+    windows = [window if use and window and kind == "sliding_attention" else None for kind in types]
+    return list(types), windows if any(w is not None for w in windows) else None
+
+
+def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a SmolLM3 decoder: Llama whose layers flagged 0 in ``no_rope_layers`` (by default
+    every ``no_rope_layer_interval``-th) attend without positions (``nope_layers``); with ``use_sliding_window``
+    the sliding layers of ``layer_types`` are windowed.
+
+    Raises:
+        ValueError: an unsupported activation, RoPE kind or layer type, a ``no_rope_layers`` of the wrong length,
+            or a missing key.
+
+    Example:
+        >>> cfg = smollm3_config({"model_type": "smollm3", "hidden_size": 64, "num_attention_heads": 4,
+        ...                       "num_hidden_layers": 4, "intermediate_size": 96, "vocab_size": 50,
+        ...                       "max_position_embeddings": 64})
+        >>> cfg.nope_layers, cfg.sliding_window
+        ([3], None)
+    """
+    arch = "smollm3"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
+    n_layers = _need(hf_cfg, "num_hidden_layers", arch)
+    interval = hf_cfg.get("no_rope_layer_interval", 4)
+    has_rope = hf_cfg.get("no_rope_layers")
+    if has_rope is None:
+        has_rope = [int((i + 1) % interval != 0) for i in range(n_layers)]
+    if len(has_rope) != n_layers or any(flag not in (0, 1) for flag in has_rope):
+        raise ValueError(f"{arch} no_rope_layers={has_rope!r} must hold one 0 / 1 flag per layer "
+                         f"(num_hidden_layers={n_layers})")
+    use = bool(hf_cfg.get("use_sliding_window", False))
+    window = hf_cfg.get("sliding_window")
+    default = ["sliding_attention" if use and window is not None and not rope else "full_attention"
+               for rope in has_rope]
+    _, windows = _typed_windows(hf_cfg, arch, default, use)
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=hf_cfg.get("head_dim") or d_model // n_heads,
+        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
+        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
+        nope_layers=[i for i, rope in enumerate(has_rope) if not rope] or None, sliding_window=windows,
+        attn_bias=bias, out_bias=bias, mlp_bias=bool(hf_cfg.get("mlp_bias", False)), unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an EXAONE 4 decoder: OLMo 2's output-only norms with per-head QK-norm, sliding
+    layers (``layer_types``, else all but every ``sliding_window_pattern``-th) and, when any layer slides, no
+    positions on the global layers (``nope_layers``).
+
+    Raises:
+        ValueError: an unsupported activation, RoPE kind or layer type, or a missing key.
+
+    Example:
+        >>> cfg = exaone4_config({"model_type": "exaone4", "hidden_size": 64, "num_attention_heads": 4,
+        ...                       "num_hidden_layers": 4, "intermediate_size": 96, "vocab_size": 50,
+        ...                       "max_position_embeddings": 64, "sliding_window": 8, "sliding_window_pattern": 2})
+        >>> cfg.sliding_window, cfg.nope_layers
+        ([8, None, 8, None], [1, 3])
+    """
+    arch = "exaone4"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
+    n_layers = _need(hf_cfg, "num_hidden_layers", arch)
+    window = hf_cfg.get("sliding_window")
+    pattern = hf_cfg.get("sliding_window_pattern", 4)
+    if window is None:
+        default = ["full_attention"] * n_layers
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        default = ["sliding_attention" if (i + 1) % pattern != 0 else "full_attention" for i in range(n_layers)]
+    elif not hf_cfg.get("layer_types"):
+        raise ValueError(f"{arch} sliding_window_pattern={pattern!r} without layer_types is not supported "
+                         "(only a positive int)")
+    else:
+        default = []
+    types, windows = _typed_windows(hf_cfg, arch, default)
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    # transformers rotates every layer when sliding_window is None, else only the sliding ones.
+    nope = [] if window is None else [i for i, kind in enumerate(types) if kind != "sliding_attention"]
+    return ModelConfig(
+        n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=hf_cfg.get("head_dim") or d_model // n_heads,
+        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
+        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
+        nope_layers=nope or None, sliding_window=windows, qk_norm="head", sublayer_norm="output",
+        norm_weight_float32=True, attn_bias=False, out_bias=False, mlp_bias=False, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
 CONVERTERS_DENSE = {
     "gemma": (gemma_config, gemma_state_dict),
     "gemma2": (gemma_config, gemma_state_dict),
@@ -825,6 +945,8 @@ CONVERTERS_DENSE = {
     "starcoder2": (starcoder2_config, starcoder2_state_dict),
     "arcee": (arcee_config, arcee_state_dict),
     "hunyuan_v1_dense": (hunyuan_config, hunyuan_state_dict),
+    "smollm3": (smollm3_config, functools.partial(llama_state_dict, arch="smollm3")),
+    "exaone4": (exaone4_config, olmo2_state_dict),
     "phi3": (phi3_config, phi3_state_dict),
     "gpt_neox": (gpt_neox_config, gpt_neox_state_dict),
     "gpt_bigcode": (gpt_bigcode_config, gpt_bigcode_state_dict),

@@ -73,7 +73,8 @@ def test_features_bite():
     cases = {"gemma2": ("attn_softcap", "final_softcap", "sliding_window"), "mistral": ("sliding_window",),
              "qwen3": ("qk_norm",), "gemma3_text": ("local_rotary_base",),
              "olmo3": ("sliding_window", "local_rotary_base"), "ministral": ("sliding_window",),
-             "starcoder2": ("sliding_window",)}
+             "starcoder2": ("sliding_window",), "smollm3": ("nope_layers", "sliding_window"),
+             "exaone4": ("nope_layers", "sliding_window")}
     for name, fields in cases.items():
         model = from_hf(hf_model(name))
         with torch.no_grad():

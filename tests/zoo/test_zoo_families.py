@@ -148,6 +148,12 @@ PUBLISHED = {  # label: (model_type, the published config.json's dimensions, lay
                                              multi_query=True, n_layer=2)),
     "OLMo-2-0425-1B": ("olmo2", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=16,
                                      num_key_value_heads=16, max_position_embeddings=4096, rope_theta=500000.0)),
+    "SmolLM3-3B": ("smollm3", dict(hidden_size=2048, intermediate_size=11008, num_attention_heads=16,
+                                   num_key_value_heads=4, max_position_embeddings=65536, rope_theta=5000000.0,
+                                   no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=None)),
+    "StarCoder2-3B": ("starcoder2", dict(hidden_size=3072, intermediate_size=12288, num_attention_heads=24,
+                                         num_key_value_heads=2, max_position_embeddings=16384, sliding_window=4096,
+                                         rope_theta=999999.4420358813, norm_epsilon=1e-5)),
     "phi-1_5": ("phi", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
                             max_position_embeddings=2048, partial_rotary_factor=0.5)),
 }
@@ -188,6 +194,19 @@ def test_published_shapes_build_and_convert(label):
                                                                "rope_theta": 1.0}}},
      r"sliding_attention rope_type='linear' is not supported"),
     ("falcon_new_arch", {"parallel_attn": False}, r"new_decoder_architecture=True with parallel_attn=False"),
+    ("olmo", {"clip_qkv": 8.0}, r"olmo clip_qkv=8.0 is not supported"),
+    ("olmo3", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1.0},
+                                   "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1.0}}},
+     r"olmo3 sliding_attention rope_type='linear' is not supported"),
+    ("ministral", {"layer_types": ["chunked_attention", "full_attention"]},
+     r"ministral layer_types\[0\]='chunked_attention' is not supported"),
+    ("seed_oss", {"hidden_act": "gelu"}, r"seed_oss hidden_act='gelu' is not supported"),
+    ("starcoder2", {"hidden_act": "swish"}, r"starcoder2 hidden_act='swish' is not supported"),
+    ("arcee", {"hidden_act": "tanh"}, r"arcee hidden_act='tanh' is not supported"),
+    ("hunyuan_v1_dense", {"hidden_act": "gelu"}, r"hunyuan_v1_dense hidden_act='gelu' is not supported"),
+    ("smollm3", {"no_rope_layers": [1, 0]}, r"smollm3 no_rope_layers=\[1, 0\] must hold one 0 / 1 flag per layer"),
+    ("exaone4", {"layer_types": ["chunked_attention", "full_attention", "full_attention"]},
+     r"exaone4 layer_types\[0\]='chunked_attention' is not supported"),
 ])
 def test_unsupported_settings_are_refused_by_name(name, change, message):
     hf = hf_model(name)
@@ -202,6 +221,10 @@ def test_unsupported_settings_are_refused_by_name(name, change, message):
     ("phi3", "model.layers.0.mlp.gate_up_proj.weight"),
     ("gemma2", "model.layers.1.post_feedforward_layernorm.weight"),
     ("olmo2", "model.layers.0.self_attn.k_norm.weight"),
+    ("starcoder2", "model.layers.1.mlp.c_fc.bias"),
+    ("hunyuan_v1_dense", "model.layers.0.self_attn.query_layernorm.weight"),
+    ("arcee", "model.layers.0.mlp.up_proj.weight"),
+    ("exaone4", "model.layers.2.post_feedforward_layernorm.weight"),
 ])
 def test_state_dict_that_disagrees_with_its_config_is_refused(name, key):
     hf = hf_model(name)
@@ -210,3 +233,17 @@ def test_state_dict_that_disagrees_with_its_config_is_refused(name, key):
     sd[key] = torch.zeros(bad)
     with pytest.raises(ValueError, match=rf"{tuple(bad)}".replace("(", r"\(").replace(")", r"\)")):
         convert(hf.config.to_dict(), sd)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"nope_layers": [2]}, r"nope_layers=\[2\] must list distinct layer indices in \[0, 2\)"),
+    ({"nope_layers": [0, 0]}, r"nope_layers=\[0, 0\] must list distinct"),
+    ({"nope_layers": [1], "positional": "learned"}, r"nope_layers=\[1\] needs positional='rotary'"),
+])
+def test_nope_layers_are_checked(change, message):
+    from interp import ModelConfig
+
+    base = dict(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, positional="rotary")
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**{**base, **change})
+    assert ModelConfig(**base, nope_layers=[1, 0]).nope_layers == [0, 1]

@@ -200,7 +200,11 @@ def variants(cfg: Any) -> str:
         parts.append("soft-cap " + "+".join(k for k, v in (("attn", cfg.attn_softcap), ("final", cfg.final_softcap))
                                            if v))
     if cfg.qk_norm != "none":
-        parts.append(f"QK-norm ({cfg.qk_norm})")
+        parts.append(f"QK-norm ({cfg.qk_norm.replace('_', ' ')})")
+    if cfg.nope_layers:
+        parts.append(f"NoPE ({len(cfg.nope_layers)}/{cfg.n_layers} layers)")
+    if cfg.activation == "relu2":
+        parts.append("relu² MLP")
     if cfg.sublayer_norm != "input":
         parts.append(f"{cfg.sublayer_norm} norms")
     if cfg.parallel_block != "none":

@@ -110,6 +110,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                 sliding_window=WINDOW, tie_word_embeddings=False)),
     "exaone4": ("exaone4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
                                 num_hidden_layers=3, sliding_window=WINDOW, sliding_window_pattern=2)),
+    "granite": ("granite", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5,
+                                logits_scaling=4.0, tie_word_embeddings=True, attention_bias=True)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }

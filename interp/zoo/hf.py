@@ -293,10 +293,11 @@ ATTENTION_BIASES: dict[str, tuple[str | bool, str | bool]] = {
     "qwen3_moe": ("attention_bias", "attention_bias"), "olmoe": ("attention_bias", "attention_bias"),
     "qwen2": (True, False), "qwen2_moe": ("qkv_bias", False), "mistral": (False, False), "mixtral": (False, False),
     "ministral": (False, False), "seed_oss": ("attention_bias", "attention_out_bias"),
+    "granite": ("attention_bias", "attention_bias"),
 }
 
 #: The families whose dense MLP reads ``mlp_bias`` (the others hard-code no bias).
-_MLP_BIAS_KEY = ("llama", "deepseek_v2", "seed_oss")
+_MLP_BIAS_KEY = ("llama", "deepseek_v2", "seed_oss", "granite")
 
 #: transformers' defaults for keys it reads with a default (``qkv_bias`` of Qwen2-MoE is True).
 _BIAS_DEFAULTS = {"qkv_bias": True}
@@ -868,6 +869,10 @@ def converter(hf_cfg: Mapping[str, Any]) -> Converter:
     make_cfg, make_sd = CONVERTERS[mtype]
     if mtype in _DEEPSEEK_TYPES:
         make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
+    elif mtype == "granite":
+        from .hf_families import granite_state_dict_for
+
+        make_sd = granite_state_dict_for(hf_cfg)  # the multipliers folded into the weights are config settings
     return make_cfg, make_sd
 
 

@@ -154,6 +154,10 @@ PUBLISHED = {  # label: (model_type, the published config.json's dimensions, lay
     "StarCoder2-3B": ("starcoder2", dict(hidden_size=3072, intermediate_size=12288, num_attention_heads=24,
                                          num_key_value_heads=2, max_position_embeddings=16384, sliding_window=4096,
                                          rope_theta=999999.4420358813, norm_epsilon=1e-5)),
+    "granite-3.1-2b": ("granite", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                                       num_key_value_heads=8, max_position_embeddings=131072, rope_theta=5000000.0,
+                                       embedding_multiplier=12.0, attention_multiplier=0.015625,
+                                       residual_multiplier=0.22, logits_scaling=8.0, tie_word_embeddings=True)),
     "phi-1_5": ("phi", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
                             max_position_embeddings=2048, partial_rotary_factor=0.5)),
 }
@@ -205,6 +209,8 @@ def test_published_shapes_build_and_convert(label):
     ("arcee", {"hidden_act": "tanh"}, r"arcee hidden_act='tanh' is not supported"),
     ("hunyuan_v1_dense", {"hidden_act": "gelu"}, r"hunyuan_v1_dense hidden_act='gelu' is not supported"),
     ("smollm3", {"no_rope_layers": [1, 0]}, r"smollm3 no_rope_layers=\[1, 0\] must hold one 0 / 1 flag per layer"),
+    ("granite", {"logits_scaling": 0}, r"granite logits_scaling=0 must be a finite number > 0"),
+    ("granite", {"embedding_multiplier": -1.0}, r"granite embedding_multiplier=-1.0 must be a finite number > 0"),
     ("exaone4", {"layer_types": ["chunked_attention", "full_attention", "full_attention"]},
      r"exaone4 layer_types\[0\]='chunked_attention' is not supported"),
 ])

@@ -27,6 +27,8 @@ What each family needs of the core, and how its weights map:
   have no positions (``nope_layers``) when any layer slides.
 * Granite: Llama with ``embedding_multiplier`` (``embed_scale``), ``attention_multiplier`` (``attn_scale``) and
   ``residual_multiplier`` / ``logits_scaling`` folded into the output projections and the unembedding.
+* GLM-4: sandwich norms, fused ``gate_up_proj``, partial rotary on interleaved pairs (query and key rows
+  reordered to halves: the same scores).
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -996,6 +998,83 @@ def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mo
     return convert
 
 
+# --- GLM-4 ------------------------------------------------------------------------------------------------
+def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a GLM-4 (0414) decoder: sandwich norms, fused ``gate_up_proj``, biased q/k/v, and
+    partial rotary (``partial_rotary_factor``, 0.5 by default) on interleaved pairs, which
+    :func:`glm4_state_dict` turns into our half-split layout by permuting the query and key rows.
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = glm4_config({"model_type": "glm4", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+        ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                    "max_position_embeddings": 64,
+        ...                    "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+        ...                                        "partial_rotary_factor": 0.5}})
+        >>> cfg.rotary_dim, cfg.sublayer_norm, cfg.attn_bias, cfg.out_bias
+        (8, 'sandwich', True, False)
+    """
+    arch = "glm4"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = hf_cfg.get("head_dim") or d_model // n_heads
+    rope = hf_cfg.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.5))
+    theta, scaling = _rope(hf_cfg, arch)
+    if scaling is not None:
+        raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': GLM-4 "
+                         "rotates part of each head)")
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
+        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
+        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rotary_dim=int(d_head * partial), sublayer_norm="sandwich",
+        attn_bias=bool(hf_cfg.get("attention_bias", True)), out_bias=False, mlp_bias=False, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def _leading_pairs_to_halves(w: torch.Tensor, heads: int, width: int, rope: int) -> torch.Tensor:
+    """Rows ``[heads * width, ..]`` whose first ``rope`` rows per head hold interleaved rotary pairs
+    ``(x0, x1), (x2, x3), ..`` -> the half-split layout ``(x0, x2, ..), (x1, x3, ..)`` our RoPE rotates.
+    Applied to queries and keys alike, it permutes both sides of every dot product the same way: the scores
+    are unchanged."""
+    perm = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2), torch.arange(rope, width)])  # [width]
+    return w.reshape(heads, width, *w.shape[1:])[:, perm].reshape(w.shape)  # [heads, width, ..] -> [heads * width, ..]
+
+
+def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF GLM-4 one: sandwich norms, ``gate_up_proj`` split into ``[gate | up]``, and the
+    rotary rows of each query and key head reordered from interleaved pairs to halves.
+
+    Raises:
+        ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
+    """
+    src = _Source(hf_sd, ("model.",), "GLM-4")
+    H, K, D, M, F, R = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp, cfg.rotary_dim
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+            q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
+            out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+                [_leading_pairs_to_halves(q, H, D, R), _leading_pairs_to_halves(k, K, D, R), v])  # [(H+2K)*D(, M)]
+        for ours, theirs in (("ln1", "input_layernorm"), ("ln1_post", "post_self_attn_layernorm"),
+                             ("ln2", "post_attention_layernorm"), ("ln2_post", "post_mlp_layernorm")):
+            out[b + f"{ours}.weight"] = src(h + f"{theirs}.weight")
+        gate, up = _shaped(src, h + "mlp.gate_up_proj.weight", (2 * F, M)).split([F, F], dim=0)  # [F, M] each
+        out[b + "mlp.W_gate.weight"], out[b + "mlp.W_in.weight"] = gate, up
+        out[b + "mlp.W_out.weight"] = src(h + "mlp.down_proj.weight")
+    out.update(_lm_head(hf_sd, src, cfg, "GLM-4"))
+    return out
+
+
 CONVERTERS_DENSE = {
     "gemma": (gemma_config, gemma_state_dict),
     "gemma2": (gemma_config, gemma_state_dict),
@@ -1008,6 +1087,7 @@ CONVERTERS_DENSE = {
     "hunyuan_v1_dense": (hunyuan_config, hunyuan_state_dict),
     "smollm3": (smollm3_config, functools.partial(llama_state_dict, arch="smollm3")),
     "exaone4": (exaone4_config, olmo2_state_dict),
+    "glm4": (glm4_config, glm4_state_dict),
     "granite": (granite_config, granite_state_dict_for({})),
     "phi3": (phi3_config, phi3_state_dict),
     "gpt_neox": (gpt_neox_config, gpt_neox_state_dict),

@@ -105,6 +105,29 @@ def test_hunyuan_normalises_after_rotary():
             assert (other.eval()(ids) - base).abs().max() > 1e-3, field
 
 
+def test_glm4_rotary_pairs_are_reordered():
+    """GLM-4 rotates interleaved pairs of the first half of each head: without the converter's row reordering
+    the same weights give other logits (so matching HF above shows the layout is handled)."""
+    from interp.zoo.hf_families import glm4_state_dict
+
+    hf = hf_model("glm4")
+    model = from_hf(hf)
+    assert model.cfg.rotary_dim == 8
+    plain = dict(model.state_dict())
+    H, K, D = model.cfg.n_heads, model.cfg.n_kv_heads, model.cfg.d_head
+    unordered = {k: v for k, v in hf.state_dict().items()}
+    for i in range(model.cfg.n_layers):
+        ours = glm4_state_dict(unordered, model.cfg)[f"blocks.{i}.attn.W_qkv.weight"]
+        raw = torch.cat([unordered[f"model.layers.{i}.self_attn.{n}_proj.weight"] for n in "qkv"])
+        assert not torch.equal(ours, raw) and torch.equal(ours[(H + K) * D:], raw[(H + K) * D:])  # v untouched
+        plain[f"blocks.{i}.attn.W_qkv.weight"] = raw
+    other = type(model)(model.cfg)
+    other.load_state_dict(plain)
+    ids = torch.randint(1, V, (1, SEQ), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert (other.eval()(ids) - model(ids)).abs().max() > 1e-3
+
+
 def test_window_cache_keeps_only_the_window():
     model = from_hf(hf_model("gemma2"))
     cache = model.make_cache(1, 60)

@@ -117,6 +117,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                           head_dim=16, attention_bias=True,
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                            "partial_rotary_factor": 0.5})),
+    "stablelm": ("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                  use_qkv_bias=True, partial_rotary_factor=0.25)),
+    "stablelm_parallel": ("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                           num_key_value_heads=1, use_parallel_residual=True)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }

@@ -36,7 +36,7 @@ FAMILY_CONFIGS: dict[str, str] = {
     "deepseek_v3": "deepseek_v3", "bert": "bert", "gpt2": "gpt2", "olmo": "olmo", "olmo3": "olmo3", "ministral": "ministral",
     "seed_oss": "seed_oss", "starcoder2": "starcoder2", "arcee": "arcee",
     "hunyuan_v1_dense": "hunyuan_v1_dense", "smollm3": "smollm3", "exaone4": "exaone4",
-    "granite": "granite", "glm4": "glm4", "stablelm": "stablelm",
+    "granite": "granite", "glm": "glm", "glm4": "glm4", "stablelm": "stablelm",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"

@@ -27,7 +27,7 @@ What each family needs of the core, and how its weights map:
   have no positions (``nope_layers``) when any layer slides.
 * Granite: Llama with ``embedding_multiplier`` (``embed_scale``), ``attention_multiplier`` (``attn_scale``) and
   ``residual_multiplier`` / ``logits_scaling`` folded into the output projections and the unembedding.
-* GLM-4: sandwich norms, fused ``gate_up_proj``, partial rotary on interleaved pairs (query and key rows
+* GLM / GLM-4: (GLM-4 only) sandwich norms, fused ``gate_up_proj``, partial rotary on interleaved pairs (query and key rows
   reordered to halves: the same scores).
 * StableLM: pre-LayerNorm, partial rotary, optional q/k/v biases and parallel block; ``qk_layernorm`` refused.
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
@@ -1003,7 +1003,8 @@ def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mo
 def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a GLM-4 (0414) decoder: sandwich norms, fused ``gate_up_proj``, biased q/k/v, and
     partial rotary (``partial_rotary_factor``, 0.5 by default) on interleaved pairs, which
-    :func:`glm4_state_dict` turns into our half-split layout by permuting the query and key rows.
+    :func:`glm4_state_dict` turns into our half-split layout by permuting the query and key rows. GLM
+    (``model_type="glm"``, GLM-4-9B) is the same without the norms after each sublayer.
 
     Raises:
         ValueError: an unsupported activation or RoPE kind, or a missing key.
@@ -1017,7 +1018,7 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         >>> cfg.rotary_dim, cfg.sublayer_norm, cfg.attn_bias, cfg.out_bias
         (8, 'sandwich', True, False)
     """
-    arch = "glm4"
+    arch = hf_cfg.get("model_type", "glm4")
     _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
@@ -1034,7 +1035,7 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rotary_dim=int(d_head * partial), sublayer_norm="sandwich",
+        rotary_dim=int(d_head * partial), sublayer_norm="sandwich" if arch == "glm4" else "input",
         attn_bias=bool(hf_cfg.get("attention_bias", True)), out_bias=False, mlp_bias=False, unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
@@ -1066,8 +1067,10 @@ def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
             q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
             out[b + f"attn.W_qkv.{kind}"] = torch.cat(
                 [_leading_pairs_to_halves(q, H, D, R), _leading_pairs_to_halves(k, K, D, R), v])  # [(H+2K)*D(, M)]
-        for ours, theirs in (("ln1", "input_layernorm"), ("ln1_post", "post_self_attn_layernorm"),
-                             ("ln2", "post_attention_layernorm"), ("ln2_post", "post_mlp_layernorm")):
+        norms = (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
+        if cfg.sublayer_norm == "sandwich":  # GLM-4-0414; GLM normalises the sublayers' inputs only
+            norms += (("ln1_post", "post_self_attn_layernorm"), ("ln2_post", "post_mlp_layernorm"))
+        for ours, theirs in norms:
             out[b + f"{ours}.weight"] = src(h + f"{theirs}.weight")
         gate, up = _shaped(src, h + "mlp.gate_up_proj.weight", (2 * F, M)).split([F, F], dim=0)  # [F, M] each
         out[b + "mlp.W_gate.weight"], out[b + "mlp.W_in.weight"] = gate, up
@@ -1156,6 +1159,7 @@ CONVERTERS_DENSE = {
     "hunyuan_v1_dense": (hunyuan_config, hunyuan_state_dict),
     "smollm3": (smollm3_config, functools.partial(llama_state_dict, arch="smollm3")),
     "exaone4": (exaone4_config, olmo2_state_dict),
+    "glm": (glm4_config, glm4_state_dict),
     "glm4": (glm4_config, glm4_state_dict),
     "stablelm": (stablelm_config, stablelm_state_dict),
     "granite": (granite_config, granite_state_dict_for({})),

@@ -125,6 +125,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                   use_qkv_bias=True, partial_rotary_factor=0.25)),
     "stablelm_parallel": ("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                            num_key_value_heads=1, use_parallel_residual=True)),
+    "ernie4_5": ("ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                  head_dim=8, use_bias=True, tie_word_embeddings=False)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }

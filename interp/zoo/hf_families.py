@@ -30,6 +30,7 @@ What each family needs of the core, and how its weights map:
 * GLM / GLM-4: (GLM-4 only) sandwich norms, fused ``gate_up_proj``, partial rotary on interleaved pairs (query and key rows
   reordered to halves: the same scores).
 * StableLM: pre-LayerNorm, partial rotary, optional q/k/v biases and parallel block; ``qk_layernorm`` refused.
+* ERNIE 4.5 (dense): Llama with ``use_bias`` and RoPE on interleaved pairs (rows reordered to halves).
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -1147,6 +1148,56 @@ def stablelm_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
     return out
 
 
+# --- ERNIE 4.5 (dense) ------------------------------------------------------------------------------------
+def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an ERNIE 4.5 dense decoder: Llama with ``use_bias`` on every projection and RoPE
+    on interleaved pairs of the whole head (reordered to halves by :func:`ernie4_5_state_dict`), rotated in
+    float32 (``rotary_float32``).
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = ernie4_5_config({"model_type": "ernie4_5", "hidden_size": 64, "num_attention_heads": 4,
+        ...                        "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 96,
+        ...                        "vocab_size": 50, "max_position_embeddings": 64, "use_bias": True})
+        >>> cfg.rotary_dim, cfg.attn_bias, cfg.out_bias, cfg.mlp_bias, cfg.tie_embeddings
+        (16, True, True, True, True)
+    """
+    arch = "ernie4_5"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("use_bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, rotary_float32=True, attn_bias=bias, out_bias=bias, mlp_bias=bias, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def ernie4_5_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF ERNIE 4.5 one: Llama's keys, query and key rows reordered from interleaved
+    pairs to halves (the same scores).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    out = llama_state_dict(hf_sd, cfg, arch="ernie4_5")
+    for i in range(cfg.n_layers):
+        for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+            key = f"blocks.{i}.attn.W_qkv.{kind}"
+            q, k, v = out[key].split([H * D, K * D, K * D], dim=0)
+            out[key] = torch.cat([_leading_pairs_to_halves(q, H, D, D), _leading_pairs_to_halves(k, K, D, D), v])
+    return out
+
+
 CONVERTERS_DENSE = {
     "gemma": (gemma_config, gemma_state_dict),
     "gemma2": (gemma_config, gemma_state_dict),
@@ -1162,6 +1213,7 @@ CONVERTERS_DENSE = {
     "glm": (glm4_config, glm4_state_dict),
     "glm4": (glm4_config, glm4_state_dict),
     "stablelm": (stablelm_config, stablelm_state_dict),
+    "ernie4_5": (ernie4_5_config, ernie4_5_state_dict),
     "granite": (granite_config, granite_state_dict_for({})),
     "phi3": (phi3_config, phi3_state_dict),
     "gpt_neox": (gpt_neox_config, gpt_neox_state_dict),

@@ -127,6 +127,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                            num_key_value_heads=1, use_parallel_residual=True)),
     "ernie4_5": ("ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
                                   head_dim=8, use_bias=True, tie_word_embeddings=False)),
+    "cohere": ("cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                              logit_scale=0.5, attention_bias=True)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }

@@ -869,10 +869,11 @@ def converter(hf_cfg: Mapping[str, Any]) -> Converter:
     make_cfg, make_sd = CONVERTERS[mtype]
     if mtype in _DEEPSEEK_TYPES:
         make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
-    elif mtype == "granite":
-        from .hf_families import granite_state_dict_for
+    else:
+        from .hf_families import STATE_DICT_FOR_CONFIG
 
-        make_sd = granite_state_dict_for(hf_cfg)  # the multipliers folded into the weights are config settings
+        if mtype in STATE_DICT_FOR_CONFIG:  # scalars folded into the weights are config settings (Granite, Cohere)
+            make_sd = STATE_DICT_FOR_CONFIG[mtype](hf_cfg)
     return make_cfg, make_sd
 
 

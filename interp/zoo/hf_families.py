@@ -31,6 +31,8 @@ What each family needs of the core, and how its weights map:
   reordered to halves: the same scores).
 * StableLM: pre-LayerNorm, partial rotary, optional q/k/v biases and parallel block; ``qk_layernorm`` refused.
 * ERNIE 4.5 (dense): Llama with ``use_bias`` and RoPE on interleaved pairs (rows reordered to halves).
+* Cohere (Command-R): parallel block with one bias-free LayerNorm (bias 0), interleaved RoPE reordered to
+  halves, ``logit_scale`` folded into an untied ``W_U``; ``use_qk_norm`` refused.
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -943,10 +945,11 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 # --- Granite ----------------------------------------------------------------------------------------------
-def _granite_multiplier(hf_cfg: Mapping[str, Any], key: str) -> float:
-    value = hf_cfg.get(key, 1.0)
+def _granite_multiplier(hf_cfg: Mapping[str, Any], key: str, arch: str = "granite", default: float = 1.0) -> float:
+    """A scalar multiplier of the config, checked to be a finite number > 0."""
+    value = hf_cfg.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
-        raise ValueError(f"granite {key}={value!r} must be a finite number > 0")
+        raise ValueError(f"{arch} {key}={value!r} must be a finite number > 0")
     return float(value)
 
 
@@ -1198,6 +1201,76 @@ def ernie4_5_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
     return out
 
 
+# --- Cohere (Command-R) -----------------------------------------------------------------------------------
+def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Cohere (Command-R) decoder: parallel block with one LayerNorm without bias
+    (stored with bias 0), RoPE on interleaved pairs rotated in float32 (rows reordered to halves), and logits
+    times ``logit_scale``, folded into an untied ``W_U`` by :func:`cohere_state_dict_for`.
+
+    Raises:
+        ValueError: ``use_qk_norm`` (per-head LayerNorms, not implemented), ``logit_scale`` not a finite number
+            > 0, an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = cohere_config({"model_type": "cohere", "hidden_size": 64, "num_attention_heads": 4,
+        ...                      "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                      "max_position_embeddings": 64})
+        >>> cfg.parallel_block, cfg.normalization, cfg.tie_embeddings
+        ('one_norm', 'pre', False)
+    """
+    arch = "cohere"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("use_qk_norm", False, False)))
+    _granite_multiplier(hf_cfg, "logit_scale", arch, 0.0625)
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, rotary_float32=True, parallel_block="one_norm", attn_bias=bias, out_bias=bias,
+        mlp_bias=False, unembed=True, tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
+    """The state-dict function of a Cohere config: Llama's keys, LayerNorm biases 0, query and key rows
+    reordered from interleaved pairs to halves, ``W_U = lm_head * logit_scale`` (the embedding when tied).
+
+    Raises:
+        ValueError: ``logit_scale`` not a finite number > 0.
+    """
+    scale = _granite_multiplier(hf_cfg, "logit_scale", "cohere", 0.0625)
+    tied = bool(hf_cfg.get("tie_word_embeddings", True))
+
+    def convert(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        src = _Source(hf_sd, ("model.",), "Cohere")
+        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+        embed = src("embed_tokens.weight")
+        zero = torch.zeros(cfg.d_model, dtype=embed.dtype)
+        if "lm_head.weight" not in hf_sd and not tied:
+            raise ValueError("Cohere state dict has no 'lm_head.weight' and tie_word_embeddings is False "
+                             "(pass a *ForCausalLM model, not the bare *Model)")
+        head = hf_sd["lm_head.weight"] if "lm_head.weight" in hf_sd else embed
+        out = {"W_E.weight": embed, "ln_final.weight": src("norm.weight"), "ln_final.bias": zero,
+               "W_U.weight": head * scale, "W_U.bias": torch.zeros(cfg.d_vocab, dtype=embed.dtype)}
+        for i in range(cfg.n_layers):
+            h, b = f"layers.{i}.", f"blocks.{i}."
+            out.update(_llama_attention(src, h, b, cfg))
+            for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+                q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
+                out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+                    [_leading_pairs_to_halves(q, H, D, D), _leading_pairs_to_halves(k, K, D, D), v])
+            out[b + "ln1.weight"], out[b + "ln1.bias"] = src(h + "input_layernorm.weight"), zero.clone()
+            out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
+        return out
+
+    return convert
+
+
 CONVERTERS_DENSE = {
     "gemma": (gemma_config, gemma_state_dict),
     "gemma2": (gemma_config, gemma_state_dict),
@@ -1214,6 +1287,7 @@ CONVERTERS_DENSE = {
     "glm4": (glm4_config, glm4_state_dict),
     "stablelm": (stablelm_config, stablelm_state_dict),
     "ernie4_5": (ernie4_5_config, ernie4_5_state_dict),
+    "cohere": (cohere_config, cohere_state_dict_for({})),
     "granite": (granite_config, granite_state_dict_for({})),
     "phi3": (phi3_config, phi3_state_dict),
     "gpt_neox": (gpt_neox_config, gpt_neox_state_dict),
@@ -1221,3 +1295,8 @@ CONVERTERS_DENSE = {
     "falcon": (falcon_config, falcon_state_dict),
     "phi": (phi_config, phi_state_dict),
 }
+
+
+#: The families whose state-dict function depends on config scalars folded into the weights: the dispatch
+#: (:func:`interp.zoo.hf.converter`) builds it from the config (the entries above hold the defaults' version).
+STATE_DICT_FOR_CONFIG = {"granite": granite_state_dict_for, "cohere": cohere_state_dict_for}

@@ -129,6 +129,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                   head_dim=8, use_bias=True, tie_word_embeddings=False)),
     "cohere": ("cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
                               logit_scale=0.5, attention_bias=True)),
+    "cohere2": ("cohere2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                logit_scale=0.5, sliding_window=WINDOW, num_hidden_layers=3,
+                                layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }

@@ -37,7 +37,7 @@ FAMILY_CONFIGS: dict[str, str] = {
     "seed_oss": "seed_oss", "starcoder2": "starcoder2", "arcee": "arcee",
     "hunyuan_v1_dense": "hunyuan_v1_dense", "smollm3": "smollm3", "exaone4": "exaone4",
     "granite": "granite", "glm": "glm", "glm4": "glm4", "stablelm": "stablelm",
-    "ernie4_5": "ernie4_5", "cohere": "cohere",
+    "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"

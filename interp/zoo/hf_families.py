@@ -32,7 +32,8 @@ What each family needs of the core, and how its weights map:
 * StableLM: pre-LayerNorm, partial rotary, optional q/k/v biases and parallel block; ``qk_layernorm`` refused.
 * ERNIE 4.5 (dense): Llama with ``use_bias`` and RoPE on interleaved pairs (rows reordered to halves).
 * Cohere (Command-R): parallel block with one bias-free LayerNorm (bias 0), interleaved RoPE reordered to
-  halves, ``logit_scale`` folded into an untied ``W_U``; ``use_qk_norm`` refused.
+  halves, ``logit_scale`` folded into an untied ``W_U``; ``use_qk_norm`` refused. Cohere 2: sliding layers
+  rotate, global ones have no positions (``nope_layers``).
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -1205,7 +1206,8 @@ def ernie4_5_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
 def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a Cohere (Command-R) decoder: parallel block with one LayerNorm without bias
     (stored with bias 0), RoPE on interleaved pairs rotated in float32 (rows reordered to halves), and logits
-    times ``logit_scale``, folded into an untied ``W_U`` by :func:`cohere_state_dict_for`.
+    times ``logit_scale``, folded into an untied ``W_U`` by :func:`cohere_state_dict_for`. Cohere 2 adds
+    sliding layers (``layer_types``, else all but every 4th); only they rotate, the others have no positions.
 
     Raises:
         ValueError: ``use_qk_norm`` (per-head LayerNorms, not implemented), ``logit_scale`` not a finite number
@@ -1218,10 +1220,17 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         >>> cfg.parallel_block, cfg.normalization, cfg.tie_embeddings
         ('one_norm', 'pre', False)
     """
-    arch = "cohere"
+    arch = hf_cfg.get("model_type", "cohere")
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("use_qk_norm", False, False)))
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),) + ((("use_qk_norm", False, False),) if arch == "cohere"
+                                                               else ()))
     _granite_multiplier(hf_cfg, "logit_scale", arch, 0.0625)
+    windows, nope = None, None
+    if arch == "cohere2":  # sliding layers rotate; the others (all of them without a window) have no positions
+        n_layers = _need(hf_cfg, "num_hidden_layers", arch)
+        default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n_layers)]
+        _, windows = _typed_windows(hf_cfg, arch, default)
+        nope = [i for i in range(n_layers) if windows is None or windows[i] is None] or None
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
@@ -1231,8 +1240,9 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rope_scaling=scaling, rotary_float32=True, parallel_block="one_norm", attn_bias=bias, out_bias=bias,
-        mlp_bias=False, unembed=True, tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
+        rope_scaling=scaling, rotary_float32=True, sliding_window=windows, nope_layers=nope,
+        parallel_block="one_norm", attn_bias=bias, out_bias=bias, mlp_bias=False, unembed=True,
+        tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
 
@@ -1288,6 +1298,7 @@ CONVERTERS_DENSE = {
     "stablelm": (stablelm_config, stablelm_state_dict),
     "ernie4_5": (ernie4_5_config, ernie4_5_state_dict),
     "cohere": (cohere_config, cohere_state_dict_for({})),
+    "cohere2": (cohere_config, cohere_state_dict_for({})),
     "granite": (granite_config, granite_state_dict_for({})),
     "phi3": (phi3_config, phi3_state_dict),
     "gpt_neox": (gpt_neox_config, gpt_neox_state_dict),
@@ -1299,4 +1310,5 @@ CONVERTERS_DENSE = {
 
 #: The families whose state-dict function depends on config scalars folded into the weights: the dispatch
 #: (:func:`interp.zoo.hf.converter`) builds it from the config (the entries above hold the defaults' version).
-STATE_DICT_FOR_CONFIG = {"granite": granite_state_dict_for, "cohere": cohere_state_dict_for}
+STATE_DICT_FOR_CONFIG = {"granite": granite_state_dict_for, "cohere": cohere_state_dict_for,
+                         "cohere2": cohere_state_dict_for}

@@ -74,7 +74,7 @@ def test_features_bite():
              "qwen3": ("qk_norm",), "gemma3_text": ("local_rotary_base",),
              "olmo3": ("sliding_window", "local_rotary_base"), "ministral": ("sliding_window",),
              "starcoder2": ("sliding_window",), "smollm3": ("nope_layers", "sliding_window"),
-             "exaone4": ("nope_layers", "sliding_window")}
+             "exaone4": ("nope_layers", "sliding_window"), "cohere2": ("nope_layers", "sliding_window")}
     for name, fields in cases.items():
         model = from_hf(hf_model(name))
         with torch.no_grad():

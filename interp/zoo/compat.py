@@ -132,6 +132,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "cohere2": ("cohere2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
                                 logit_scale=0.5, sliding_window=WINDOW, num_hidden_layers=3,
                                 layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "gptj": ("gptj", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64, rotary_dim=8)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }
@@ -204,7 +205,7 @@ def hf_test_model(name: str, attn_implementation: str = "eager", **overrides: An
         raise KeyError(f"unknown test family {name!r}; known: {sorted(TABLE)}")
     model_type, kw = TABLE[name]
     extra = {"vocab_size": V, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-    args = {**_COMMON, **kw} if model_type != "gpt_bigcode" else {**kw, **extra}
+    args = {**_COMMON, **kw} if model_type not in ("gpt_bigcode", "gptj") else {**kw, **extra}
     args.update(overrides)
     cfg = transformers.AutoConfig.for_model(model_type, **args)
     cfg._attn_implementation = attn_implementation

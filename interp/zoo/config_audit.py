@@ -37,7 +37,7 @@ FAMILY_CONFIGS: dict[str, str] = {
     "seed_oss": "seed_oss", "starcoder2": "starcoder2", "arcee": "arcee",
     "hunyuan_v1_dense": "hunyuan_v1_dense", "smollm3": "smollm3", "exaone4": "exaone4",
     "granite": "granite", "glm": "glm", "glm4": "glm4", "stablelm": "stablelm",
-    "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2",
+    "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2", "gptj": "gptj",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"
@@ -78,6 +78,13 @@ IGNORED_BY_FAMILY: dict[str, dict[str, str]] = {
                                      "float32, transformers' default); no effect in float32",
         "scale_attention_softmax_in_fp32": "divides and re-multiplies the scores by the layer index in fp16: the "
                                            "same scores up to rounding",
+    },
+    "gptj": {
+        "rope_parameters": "GPT-J's sinusoidal table has base 10000 and rotary_dim dims; it never reads "
+                           "rope_parameters (only the shared RoPE helpers do, which GPT-J does not call)",
+        "head_dim": "GPT-J's attention and positions use n_embd / n_head and rotary_dim",
+        "tie_word_embeddings": "the tied weight is the embedding, which the state dict's lm_head.weight holds "
+                               "either way; interp's W_U is always separate, to keep lm_head's bias",
     },
     "seed_oss": {"residual_dropout": _DROPOUT},
     "starcoder2": {"residual_dropout": _DROPOUT, "embedding_dropout": _DROPOUT},

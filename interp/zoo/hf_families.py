@@ -34,6 +34,7 @@ What each family needs of the core, and how its weights map:
 * Cohere (Command-R): parallel block with one bias-free LayerNorm (bias 0), interleaved RoPE reordered to
   halves, ``logit_scale`` folded into an untied ``W_U``; ``use_qk_norm`` refused. Cohere 2: sliding layers
   rotate, global ones have no positions (``nope_layers``).
+* GPT-J: parallel block with one LayerNorm, interleaved partial RoPE (rows reordered to halves), biased head.
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -1281,6 +1282,68 @@ def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mod
     return convert
 
 
+# --- GPT-J ------------------------------------------------------------------------------------------------
+def gptj_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a GPT-J decoder: parallel block with one LayerNorm, RoPE on interleaved pairs of
+    the first ``rotary_dim`` dims of each head (rows reordered to halves by :func:`gptj_state_dict`), biased MLP
+    and a biased unembedding (so ``W_U`` is always separate, as Phi's).
+
+    Raises:
+        ValueError: ``rotary_dim=None`` (transformers' GPT-J then rotates by the whole model width), an
+            unsupported activation, or a missing key.
+
+    Example:
+        >>> cfg = gptj_config({"model_type": "gptj", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 50,
+        ...                    "n_positions": 64, "rotary_dim": 8})
+        >>> cfg.rotary_dim, cfg.parallel_block, cfg.d_mlp, cfg.activation
+        (8, 'one_norm', 256, 'gelu_new')
+    """
+    arch = "gptj"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("add_cross_attention", False, False),))
+    act = hf_cfg.get("activation_function", "gelu_new")
+    acts = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    if act not in acts:
+        raise ValueError(f"{arch} activation_function={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "n_embd", arch), _need(hf_cfg, "n_head", arch)
+    rotary_dim = hf_cfg.get("rotary_dim")
+    if rotary_dim is None:
+        raise ValueError(f"{arch} rotary_dim=None is not supported (give the rotated dims of each head)")
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "n_layer", arch), d_model=d_model, n_heads=n_heads,
+        d_mlp=hf_cfg.get("n_inner") or 4 * d_model, activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "n_positions", arch), normalization="pre", norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5),
+        positional="rotary", rotary_base=10000.0, rotary_dim=rotary_dim, parallel_block="one_norm",
+        attn_bias=False, out_bias=False, mlp_bias=True, unembed=True, tie_embeddings=False,
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def gptj_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF GPT-J one: the query and key rows reordered from interleaved pairs to halves.
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("transformer.",), "GPT-J")
+    H, D, R = cfg.n_heads, cfg.d_head, cfg.rotary_dim
+    out = {"W_E.weight": src("wte.weight"), "ln_final.weight": src("ln_f.weight"), "ln_final.bias": src("ln_f.bias")}
+    for i in range(cfg.n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        q, k = (_leading_pairs_to_halves(src(h + f"attn.{n}_proj.weight"), H, D, R) for n in ("q", "k"))
+        out[b + "attn.W_qkv.weight"] = torch.cat([q, k, src(h + "attn.v_proj.weight")])  # [3 H D, M]
+        out[b + "attn.W_O.weight"] = src(h + "attn.out_proj.weight")
+        for ours, theirs in (("ln1", "ln_1"), ("mlp.W_in", "mlp.fc_in"), ("mlp.W_out", "mlp.fc_out")):
+            for kind in ("weight", "bias"):
+                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    if "lm_head.weight" not in hf_sd and "lm_head.bias" in hf_sd:
+        hf_sd = {**hf_sd, "lm_head.weight": out["W_E.weight"]}  # tied: the head's weight is the embedding
+    if "lm_head.bias" not in hf_sd:
+        raise ValueError("GPT-J state dict has no 'lm_head.bias' (pass a GPTJForCausalLM model, not GPTJModel)")
+    out.update(_lm_head(hf_sd, src, cfg, "GPT-J", bias="lm_head.bias"))
+    return out
+
+
 CONVERTERS_DENSE = {
     "gemma": (gemma_config, gemma_state_dict),
     "gemma2": (gemma_config, gemma_state_dict),
@@ -1297,6 +1360,7 @@ CONVERTERS_DENSE = {
     "glm4": (glm4_config, glm4_state_dict),
     "stablelm": (stablelm_config, stablelm_state_dict),
     "ernie4_5": (ernie4_5_config, ernie4_5_state_dict),
+    "gptj": (gptj_config, gptj_state_dict),
     "cohere": (cohere_config, cohere_state_dict_for({})),
     "cohere2": (cohere_config, cohere_state_dict_for({})),
     "granite": (granite_config, granite_state_dict_for({})),

@@ -241,6 +241,8 @@ def test_published_shapes_build_and_convert(label):
     ("cohere", {"use_qk_norm": True}, r"cohere use_qk_norm=True is not supported"),
     ("cohere", {"logit_scale": -0.5}, r"cohere logit_scale=-0.5 must be a finite number > 0"),
     ("ernie4_5", {"hidden_act": "gelu"}, r"ernie4_5 hidden_act='gelu' is not supported"),
+    ("gptj", {"rotary_dim": None}, r"gptj rotary_dim=None is not supported"),
+    ("gptj", {"activation_function": "tanh"}, r"gptj activation_function='tanh' is not supported"),
     ("granite", {"logits_scaling": 0}, r"granite logits_scaling=0 must be a finite number > 0"),
     ("granite", {"embedding_multiplier": -1.0}, r"granite embedding_multiplier=-1.0 must be a finite number > 0"),
     ("exaone4", {"layer_types": ["chunked_attention", "full_attention", "full_attention"]},
@@ -262,6 +264,8 @@ def test_unsupported_settings_are_refused_by_name(name, change, message):
     ("starcoder2", "model.layers.1.mlp.c_fc.bias"),
     ("hunyuan_v1_dense", "model.layers.0.self_attn.query_layernorm.weight"),
     ("arcee", "model.layers.0.mlp.up_proj.weight"),
+    ("gptj", "transformer.h.1.mlp.fc_in.bias"),
+    ("glm4", "model.layers.0.mlp.gate_up_proj.weight"),
     ("exaone4", "model.layers.2.post_feedforward_layernorm.weight"),
 ])
 def test_state_dict_that_disagrees_with_its_config_is_refused(name, key):

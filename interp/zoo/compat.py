@@ -133,6 +133,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                 logit_scale=0.5, sliding_window=WINDOW, num_hidden_layers=3,
                                 layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
     "gptj": ("gptj", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64, rotary_dim=8)),
+    "opt": ("opt", dict(hidden_size=80, ffn_dim=96, num_attention_heads=5, word_embed_proj_dim=80)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }

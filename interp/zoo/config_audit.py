@@ -37,7 +37,7 @@ FAMILY_CONFIGS: dict[str, str] = {
     "seed_oss": "seed_oss", "starcoder2": "starcoder2", "arcee": "arcee",
     "hunyuan_v1_dense": "hunyuan_v1_dense", "smollm3": "smollm3", "exaone4": "exaone4",
     "granite": "granite", "glm": "glm", "glm4": "glm4", "stablelm": "stablelm",
-    "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2", "gptj": "gptj",
+    "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2", "gptj": "gptj", "opt": "opt",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"
@@ -86,6 +86,7 @@ IGNORED_BY_FAMILY: dict[str, dict[str, str]] = {
         "tie_word_embeddings": "the tied weight is the embedding, which the state dict's lm_head.weight holds "
                                "either way; interp's W_U is always separate, to keep lm_head's bias",
     },
+    "opt": {"dropout": _DROPOUT, "layerdrop": "skips whole layers in training mode only"},
     "seed_oss": {"residual_dropout": _DROPOUT},
     "starcoder2": {"residual_dropout": _DROPOUT, "embedding_dropout": _DROPOUT},
     "gpt2": {"reorder_and_upcast_attn": "scales before the product and upcasts to float32 (a half-precision "

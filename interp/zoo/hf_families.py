@@ -35,6 +35,8 @@ What each family needs of the core, and how its weights map:
   halves, ``logit_scale`` folded into an untied ``W_U``; ``use_qk_norm`` refused. Cohere 2: sliding layers
   rotate, global ones have no positions (``nope_layers``).
 * GPT-J: parallel block with one LayerNorm, interleaved partial RoPE (rows reordered to halves), biased head.
+* OPT (pre-LayerNorm sizes): learned positions past OPT's offset of 2, ReLU MLP; ``project_in`` / ``project_out``
+  and post-LayerNorm OPT-350m refused.
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -1344,6 +1346,79 @@ def gptj_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
+# --- OPT --------------------------------------------------------------------------------------------------
+def opt_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an OPT decoder (pre-LayerNorm variants: OPT-125m, 1.3b and up): learned positions
+    whose table starts 2 rows in (the converter drops the offset rows), ReLU MLP, biases (``enable_bias``).
+
+    Raises:
+        ValueError: ``word_embed_proj_dim`` other than ``hidden_size`` (``project_in`` / ``project_out``, OPT-350m),
+            ``do_layer_norm_before=False``, ``_remove_final_layer_norm``, an unsupported activation, or a missing key.
+
+    Example:
+        >>> cfg = opt_config({"model_type": "opt", "hidden_size": 64, "num_attention_heads": 4, "ffn_dim": 96,
+        ...                   "num_hidden_layers": 2, "vocab_size": 50, "max_position_embeddings": 64,
+        ...                   "word_embed_proj_dim": 64})
+        >>> cfg.positional, cfg.activation, cfg.tie_embeddings
+        ('learned', 'relu', True)
+    """
+    arch = "opt"
+    _decoder_checks(hf_cfg, arch)
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    _refuse(arch, hf_cfg, (("word_embed_proj_dim", d_model, d_model), ("do_layer_norm_before", True, True),
+                           ("_remove_final_layer_norm", False, False)))
+    act = hf_cfg.get("activation_function", "relu")
+    acts = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_new", "silu": "silu"}
+    if act not in acts:
+        raise ValueError(f"{arch} activation_function={act!r} is not supported ({sorted(acts)})")
+    bias = bool(hf_cfg.get("enable_bias", True))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_mlp=_need(hf_cfg, "ffn_dim", arch), activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre", norm_eps=1e-5,
+        positional="learned", attn_bias=bias, out_bias=bias, mlp_bias=bias, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def opt_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
+    """The state-dict function of an OPT config: positions from row 2 of ``embed_positions`` (OPT's offset);
+    LayerNorms without weights (``layer_norm_elementwise_affine=False``) get weight 1 and bias 0.
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    affine = bool(hf_cfg.get("layer_norm_elementwise_affine", True))
+
+    def convert(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        src = _Source(hf_sd, ("model.decoder.", "decoder."), "OPT")
+        embed = src("embed_tokens.weight")
+        one, zero = torch.ones(cfg.d_model, dtype=embed.dtype), torch.zeros(cfg.d_model, dtype=embed.dtype)
+
+        def norm(ours: str, theirs: str) -> dict[str, torch.Tensor]:
+            if not affine:
+                return {f"{ours}.weight": one.clone(), f"{ours}.bias": zero.clone()}
+            return {f"{ours}.{kind}": src(f"{theirs}.{kind}") for kind in ("weight", "bias")}
+
+        out = {"W_E.weight": embed, "W_pos.weight": src("embed_positions.weight")[2:2 + cfg.n_ctx],
+               **norm("ln_final", "final_layer_norm")}
+        kinds = ("weight", "bias") if cfg.attn_bias else ("weight",)
+        for i in range(cfg.n_layers):
+            h, b = f"layers.{i}.", f"blocks.{i}."
+            for kind in kinds:
+                out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+                    [src(h + f"self_attn.{n}_proj.{kind}") for n in ("q", "k", "v")])  # [3 H D(, M)]
+                out[b + f"attn.W_O.{kind}"] = src(h + f"self_attn.out_proj.{kind}")
+                out[b + f"mlp.W_in.{kind}"] = src(h + f"fc1.{kind}")
+                out[b + f"mlp.W_out.{kind}"] = src(h + f"fc2.{kind}")
+            out.update(norm(b + "ln1", h + "self_attn_layer_norm"))
+            out.update(norm(b + "ln2", h + "final_layer_norm"))
+        out.update(_lm_head(hf_sd, src, cfg, "OPT"))
+        return out
+
+    return convert
+
+
 CONVERTERS_DENSE = {
     "gemma": (gemma_config, gemma_state_dict),
     "gemma2": (gemma_config, gemma_state_dict),
@@ -1361,6 +1436,7 @@ CONVERTERS_DENSE = {
     "stablelm": (stablelm_config, stablelm_state_dict),
     "ernie4_5": (ernie4_5_config, ernie4_5_state_dict),
     "gptj": (gptj_config, gptj_state_dict),
+    "opt": (opt_config, opt_state_dict_for({})),
     "cohere": (cohere_config, cohere_state_dict_for({})),
     "cohere2": (cohere_config, cohere_state_dict_for({})),
     "granite": (granite_config, granite_state_dict_for({})),
@@ -1375,4 +1451,4 @@ CONVERTERS_DENSE = {
 #: The families whose state-dict function depends on config scalars folded into the weights: the dispatch
 #: (:func:`interp.zoo.hf.converter`) builds it from the config (the entries above hold the defaults' version).
 STATE_DICT_FOR_CONFIG = {"granite": granite_state_dict_for, "cohere": cohere_state_dict_for,
-                         "cohere2": cohere_state_dict_for}
+                         "cohere2": cohere_state_dict_for, "opt": opt_state_dict_for}

@@ -184,6 +184,8 @@ PUBLISHED = {  # label: (model_type, the published config.json's dimensions, lay
     "stablelm-2-1_6b": ("stablelm", dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=32,
                                          num_key_value_heads=32, max_position_embeddings=4096, use_qkv_bias=True,
                                          partial_rotary_factor=0.25, rope_theta=10000.0)),
+    "opt-1.3b": ("opt", dict(hidden_size=2048, ffn_dim=8192, num_attention_heads=32, max_position_embeddings=2048,
+                             word_embed_proj_dim=2048, pad_token_id=None)),
     "phi-1_5": ("phi", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
                             max_position_embeddings=2048, partial_rotary_factor=0.5)),
 }
@@ -243,6 +245,8 @@ def test_published_shapes_build_and_convert(label):
     ("ernie4_5", {"hidden_act": "gelu"}, r"ernie4_5 hidden_act='gelu' is not supported"),
     ("gptj", {"rotary_dim": None}, r"gptj rotary_dim=None is not supported"),
     ("gptj", {"activation_function": "tanh"}, r"gptj activation_function='tanh' is not supported"),
+    ("opt", {"word_embed_proj_dim": 40}, r"opt word_embed_proj_dim=40 is not supported"),
+    ("opt", {"do_layer_norm_before": False}, r"opt do_layer_norm_before=False is not supported"),
     ("granite", {"logits_scaling": 0}, r"granite logits_scaling=0 must be a finite number > 0"),
     ("granite", {"embedding_multiplier": -1.0}, r"granite embedding_multiplier=-1.0 must be a finite number > 0"),
     ("exaone4", {"layer_types": ["chunked_attention", "full_attention", "full_attention"]},

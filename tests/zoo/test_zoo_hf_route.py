@@ -325,11 +325,11 @@ def test_cli_classifies_the_heads_of_a_folder_on_the_route(tmp_path, capsys):
 
     from helpers import run_cli
 
-    hf = tiny_hf("olmo")
-    hf.save_pretrained(tmp_path / "olmo")
-    hf_route._WARNED.discard("olmo")
+    hf = tiny_hf("apertus")
+    hf.save_pretrained(tmp_path / "apertus")
+    hf_route._WARNED.discard("apertus")
     with pytest.warns(UserWarning, match="attention-level route"):
-        code, out, err = run_cli(capsys, "heads", "--model", str(tmp_path / "olmo"), "--json", "--no-progress")
+        code, out, err = run_cli(capsys, "heads", "--model", str(tmp_path / "apertus"), "--json", "--no-progress")
     assert code == 0, err
     rows = json.loads(out)
     assert all(0 <= r["layer"] < 2 and 0 <= r["head"] < 5 for r in rows)
@@ -349,9 +349,9 @@ def test_the_dashboard_draws_a_route_models_patterns(tmp_path, monkeypatch):
 
     from interp.app import DASHBOARD
 
-    hf = tiny_hf("olmo")
-    hf.save_pretrained(tmp_path / "olmo")
-    word_tokenizer(V).save_pretrained(tmp_path / "olmo")
+    hf = tiny_hf("apertus")
+    hf.save_pretrained(tmp_path / "apertus")
+    word_tokenizer(V).save_pretrained(tmp_path / "apertus")
     monkeypatch.setenv("INTERP_DASHBOARD_FILES", str(tmp_path))
     at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
     at.query_params["model"] = "Hugging Face name"

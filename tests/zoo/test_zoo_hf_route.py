@@ -337,8 +337,8 @@ def test_cli_classifies_the_heads_of_a_folder_on_the_route(tmp_path, capsys):
 
 @pytest.mark.slow  # a Streamlit app run
 def test_the_dashboard_draws_a_route_models_patterns(tmp_path, monkeypatch):
-    """A saved folder of a family without a converter, typed into the dashboard's Hugging Face box, loads on the
-    route and the attention page draws the pattern the route records."""
+    """A saved OLMo folder typed into the dashboard's Hugging Face box loads (natively since OLMo has a converter)
+    and the attention page draws the pattern the route records for the same weights (the two agree)."""
     pytest.importorskip("streamlit")
     import base64
     import json
@@ -349,9 +349,9 @@ def test_the_dashboard_draws_a_route_models_patterns(tmp_path, monkeypatch):
 
     from interp.app import DASHBOARD
 
-    hf = tiny_hf("apertus")
-    hf.save_pretrained(tmp_path / "apertus")
-    word_tokenizer(V).save_pretrained(tmp_path / "apertus")
+    hf = tiny_hf("olmo")
+    hf.save_pretrained(tmp_path / "olmo")
+    word_tokenizer(V).save_pretrained(tmp_path / "olmo")
     monkeypatch.setenv("INTERP_DASHBOARD_FILES", str(tmp_path))
     at = AppTest.from_file(str(DASHBOARD), default_timeout=300)
     at.query_params["model"] = "Hugging Face name"

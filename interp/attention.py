@@ -313,14 +313,15 @@ class Attention(_AttentionBase):
         self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
                              persistent=False)
         self.rotary = None
-        if cfg.positional == "rotary" and not cross:
+        nope = layer is not None and layer in (cfg.nope_layers or ())  # a NoPE layer rotates nothing
+        if cfg.positional == "rotary" and not cross and not nope:
             local = self.window is not None and cfg.local_rotary_base is not None
             self.rotary = (Rotary(cfg.rotary_dim, cfg.local_rotary_base, float32=cfg.rotary_float32) if local
                            else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling, float32=cfg.rotary_float32))
         # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
         self.qk_norm = "none" if cross else cfg.qk_norm
         if self.qk_norm != "none":
-            per_head = self.qk_norm == "head"
+            per_head = self.qk_norm in ("head", "head_after_rotary")
             f32 = cfg.norm_weight_float32
             self.q_norm = RMSNorm(D if per_head else H * D, eps=cfg.norm_eps, weight_float32=f32)
             self.k_norm = RMSNorm(D if per_head else K * D, eps=cfg.norm_eps, weight_float32=f32)
@@ -369,6 +370,8 @@ class Attention(_AttentionBase):
         if self.rotary is not None:
             q = self.rotary(q, positions)
             k = self.rotary(k, positions)
+        if self.qk_norm == "head_after_rotary":  # Hunyuan normalises the rotated heads
+            q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H|K, T|S, D]
         if cache is not None and context is None:
             k, v = cache.update(k, v)  # [B, K, S, D] up to start + T

@@ -15,8 +15,8 @@ from typing import Any, Literal
 AttentionKind = Literal["standard", "latent"]
 Positional = Literal["learned", "rotary", "none"]
 Normalization = Literal["pre", "post", "rms", "none"]
-Activation = Literal["gelu", "gelu_new", "relu", "silu", "swiglu", "geglu", "geglu_tanh"]
-QKNorm = Literal["none", "head", "full"]
+Activation = Literal["gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh"]
+QKNorm = Literal["none", "head", "full", "head_after_rotary"]
 SublayerNorm = Literal["input", "sandwich", "output"]
 ParallelBlock = Literal["none", "one_norm", "two_norms"]
 RouterScore = Literal["softmax", "sigmoid"]
@@ -25,8 +25,8 @@ RouterGroupScore = Literal["max", "top2_sum"]
 _ATTENTION_KINDS = ("standard", "latent")
 _POSITIONALS = ("learned", "rotary", "none")
 _NORMALIZATIONS = ("pre", "post", "rms", "none")
-_ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "swiglu", "geglu", "geglu_tanh")
-_QK_NORMS = ("none", "head", "full")
+_ACTIVATIONS = ("gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh")
+_QK_NORMS = ("none", "head", "full", "head_after_rotary")
 _SUBLAYER_NORMS = ("input", "sandwich", "output")
 _PARALLEL_BLOCKS = ("none", "one_norm", "two_norms")
 _ROUTER_SCORES = ("softmax", "sigmoid")
@@ -98,6 +98,8 @@ class ModelConfig:
         local_rotary_base: RoPE base of the sliding-window layers, when it differs from ``rotary_base`` (Gemma 3:
             local layers rotate with plain RoPE of this base, global ones with ``rotary_base`` and
             ``rope_scaling``).
+        nope_layers: layers whose attention has no positional rotation (NoPE: SmolLM3's every 4th layer,
+            EXAONE 4's global layers) in a ``positional="rotary"`` model; ``None`` or ``[]``: every layer rotates.
         sliding_window: sliding-window attention: an int (every layer) or one entry per layer, an int W (the
             query at position p sees keys p - W + 1 .. p) or ``None`` (global attention). ``n_ctx`` is not capped
             by it, and the KV cache keeps only the last W - 1 positions of a windowed layer.
@@ -107,8 +109,9 @@ class ModelConfig:
             (Gemma 2). Attention then always takes the explicit path (SDPA has no soft-cap).
         final_softcap: final-logit soft-capping, ``cap * tanh(logits / cap)`` (Gemma 2).
         qk_norm: RMSNorm on queries and keys before RoPE: ``"head"`` (per head, over ``d_head``: Qwen3,
-            Gemma 3), ``"full"`` (over all heads' concatenation: OLMo 2) or ``"none"``. Hooks
-            ``hook_q_normed`` / ``hook_k_normed`` read the normalised ``[B, T, heads, D]``.
+            Gemma 3), ``"full"`` (over all heads' concatenation: OLMo 2), ``"head_after_rotary"`` (per head,
+            after RoPE: Hunyuan) or ``"none"``. Hooks ``hook_q_normed`` / ``hook_k_normed`` read the normalised
+            ``[B, T, heads, D]`` (rotated first for ``"head_after_rotary"``).
         sublayer_norm: where a pre-norm model (``normalization`` ``"pre"`` or ``"rms"``) normalises each sublayer:
             ``"input"`` (its input, GPT-2 / Llama), ``"sandwich"`` (its input and its output, Gemma 2/3: norms
             ``ln1_post`` / ``ln2_post``) or ``"output"`` (its output only, OLMo 2). ``hook_attn_out`` /
@@ -131,7 +134,8 @@ class ModelConfig:
         attn_only: blocks without MLPs.
         d_mlp: MLP hidden width; defaults to ``4 * d_model``.
         activation: MLP non-linearity; ``"swiglu"``/``"geglu"``/``"geglu_tanh"`` are gated MLPs (Llama uses
-            ``"swiglu"``, Gemma ``"geglu_tanh"``, the gate through the tanh approximation of GELU).
+            ``"swiglu"``, Gemma ``"geglu_tanh"``, the gate through the tanh approximation of GELU); ``"relu2"``
+            is ``relu(x) ** 2`` (Arcee, Nemotron).
         d_vocab: vocabulary size.
         n_ctx: the longest sequence the model accepts (and the size of learned position tables).
         n_token_types: token-type (segment) embeddings, 0 for none (BERT uses 2).
@@ -209,6 +213,7 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None
     local_rotary_base: float | None = None
     sliding_window: int | list[int | None] | None = None
+    nope_layers: list[int] | None = None
     attn_scale: float | None = None
     attn_softcap: float | None = None
     final_softcap: float | None = None
@@ -493,6 +498,15 @@ class ModelConfig:
             if any(w is not None for w in windows) and not self.causal:
                 raise ValueError(f"sliding_window={window!r} needs a causal decoder (causal=False)")
             self.sliding_window = None if all(w is None for w in windows) else list(windows)
+        if self.nope_layers is not None:
+            nope = self.nope_layers
+            if (not isinstance(nope, (list, tuple))
+                    or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers for i in nope)
+                    or len(set(nope)) != len(nope)):
+                raise ValueError(f"nope_layers={nope!r} must list distinct layer indices in [0, {self.n_layers})")
+            if nope and self.positional != "rotary":
+                raise ValueError(f"nope_layers={nope!r} needs positional='rotary', got {self.positional!r}")
+            self.nope_layers = sorted(nope) or None
         if self.local_rotary_base is not None and (self.positional != "rotary" or self.sliding_window is None):
             raise ValueError(f"local_rotary_base={self.local_rotary_base} needs positional='rotary' and "
                              f"sliding-window layers, got positional={self.positional!r}, "

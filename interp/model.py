@@ -40,6 +40,7 @@ _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),  # Arcee's / Nemotron's squared ReLU
     "silu": F.silu,
     "swiglu": F.silu,
     "geglu": F.gelu,

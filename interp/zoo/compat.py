@@ -85,7 +85,57 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                          "partial_rotary_factor": 0.5})),
     "phi3": ("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
                           sliding_window=WINDOW)),
+    "olmo": ("olmo", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                          attention_bias=True)),
     "olmo2": ("olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1)),
+    "olmo3": ("olmo3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+    "ministral": ("ministral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                    num_key_value_heads=3, head_dim=8, sliding_window=WINDOW,
+                                    layer_types=["sliding_attention", "full_attention"])),
+    "seed_oss": ("seed_oss", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                  head_dim=16, attention_bias=True, attention_out_bias=True, mlp_bias=True)),
+    "arcee": ("arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                            attention_bias=True, mlp_bias=True,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                             "original_max_position_embeddings": 16})),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                  num_key_value_heads=1, head_dim=16, attention_bias=True,
+                                                  rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0,
+                                                                   "alpha": 3.0, "factor": 1.0})),
+    "smollm3": ("smollm3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                no_rope_layers=[1, 0], use_sliding_window=True,
+                                sliding_window=WINDOW, tie_word_embeddings=False)),
+    "exaone4": ("exaone4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                sliding_window=WINDOW, sliding_window_pattern=2)),
+    "granite": ("granite", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5,
+                                logits_scaling=4.0, tie_word_embeddings=True, attention_bias=True)),
+    "glm": ("glm", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                        head_dim=8, attention_bias=True,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                         "partial_rotary_factor": 0.5})),
+    "glm4": ("glm4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                          head_dim=16, attention_bias=True,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                           "partial_rotary_factor": 0.5})),
+    "stablelm": ("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                  use_qkv_bias=True, partial_rotary_factor=0.25)),
+    "stablelm_parallel": ("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                           num_key_value_heads=1, use_parallel_residual=True)),
+    "ernie4_5": ("ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                  head_dim=8, use_bias=True, tie_word_embeddings=False)),
+    "cohere": ("cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                              logit_scale=0.5, attention_bias=True)),
+    "cohere2": ("cohere2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                logit_scale=0.5, sliding_window=WINDOW,
+                                layer_types=["sliding_attention", "full_attention"])),
+    "gptj": ("gptj", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64, rotary_dim=8)),
+    "opt": ("opt", dict(hidden_size=80, ffn_dim=96, num_attention_heads=5, word_embed_proj_dim=80)),
+    "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                      num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
 }
 
 _LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
@@ -156,7 +206,7 @@ def hf_test_model(name: str, attn_implementation: str = "eager", **overrides: An
         raise KeyError(f"unknown test family {name!r}; known: {sorted(TABLE)}")
     model_type, kw = TABLE[name]
     extra = {"vocab_size": V, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-    args = {**_COMMON, **kw} if model_type != "gpt_bigcode" else {**kw, **extra}
+    args = {**_COMMON, **kw} if model_type not in ("gpt_bigcode", "gptj") else {**kw, **extra}
     args.update(overrides)
     cfg = transformers.AutoConfig.for_model(model_type, **args)
     cfg._attn_implementation = attn_implementation
@@ -174,7 +224,11 @@ def variants(cfg: Any) -> str:
         parts.append("soft-cap " + "+".join(k for k, v in (("attn", cfg.attn_softcap), ("final", cfg.final_softcap))
                                            if v))
     if cfg.qk_norm != "none":
-        parts.append(f"QK-norm ({cfg.qk_norm})")
+        parts.append(f"QK-norm ({cfg.qk_norm.replace('_', ' ')})")
+    if cfg.nope_layers:
+        parts.append(f"NoPE ({len(cfg.nope_layers)}/{cfg.n_layers} layers)")
+    if cfg.activation == "relu2":
+        parts.append("relu² MLP")
     if cfg.sublayer_norm != "input":
         parts.append(f"{cfg.sublayer_norm} norms")
     if cfg.parallel_block != "none":

@@ -33,7 +33,11 @@ FAMILY_CONFIGS: dict[str, str] = {
     "gemma2": "gemma2", "gemma3_text": "gemma3_text", "gpt_neox": "gpt_neox", "gpt_bigcode": "gpt_bigcode",
     "falcon": "falcon_new_arch", "phi": "phi", "phi3": "phi3_longrope", "olmo2": "olmo2", "mixtral": "mixtral",
     "qwen2_moe": "qwen2_moe", "qwen3_moe": "qwen3_moe", "olmoe": "olmoe", "deepseek_v2": "deepseek_v2",
-    "deepseek_v3": "deepseek_v3", "bert": "bert", "gpt2": "gpt2",
+    "deepseek_v3": "deepseek_v3", "bert": "bert", "gpt2": "gpt2", "olmo": "olmo", "olmo3": "olmo3", "ministral": "ministral",
+    "seed_oss": "seed_oss", "starcoder2": "starcoder2", "arcee": "arcee",
+    "hunyuan_v1_dense": "hunyuan_v1_dense", "smollm3": "smollm3", "exaone4": "exaone4",
+    "granite": "granite", "glm": "glm", "glm4": "glm4", "stablelm": "stablelm",
+    "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2", "gptj": "gptj", "opt": "opt",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"
@@ -75,6 +79,16 @@ IGNORED_BY_FAMILY: dict[str, dict[str, str]] = {
         "scale_attention_softmax_in_fp32": "divides and re-multiplies the scores by the layer index in fp16: the "
                                            "same scores up to rounding",
     },
+    "gptj": {
+        "rope_parameters": "GPT-J's sinusoidal table has base 10000 and rotary_dim dims; it never reads "
+                           "rope_parameters (only the shared RoPE helpers do, which GPT-J does not call)",
+        "head_dim": "GPT-J's attention and positions use n_embd / n_head and rotary_dim",
+        "tie_word_embeddings": "the tied weight is the embedding, which the state dict's lm_head.weight holds "
+                               "either way; interp's W_U is always separate, to keep lm_head's bias",
+    },
+    "opt": {"dropout": _DROPOUT, "layerdrop": "skips whole layers in training mode only"},
+    "seed_oss": {"residual_dropout": _DROPOUT},
+    "starcoder2": {"residual_dropout": _DROPOUT, "embedding_dropout": _DROPOUT},
     "gpt2": {"reorder_and_upcast_attn": "scales before the product and upcasts to float32 (a half-precision "
                                         "overflow guard): the same scores up to rounding"},
     "bert": {

@@ -12,8 +12,9 @@ Weight layouts, and what differs from ours:
   returns the last hidden state (``unembed=False``).
 * GPT-2 (``GPT2LMHeadModel`` / ``GPT2Model``): ``Conv1D`` stores weights as ``[in, out]``, the transpose of
   ``nn.Linear``; ``gelu_new`` is the tanh approximation; the unembedding is tied to ``wte``.
-* Llama-style (``LlamaForCausalLM``, also ``mistral``, ``qwen2`` and ``qwen3``): pre-RMSNorm, rotary embeddings in the
-  rotate-half convention (as :mod:`interp.rotary`) with base ``rope_theta``, SwiGLU MLP
+* Llama-style (``LlamaForCausalLM``, also ``mistral``, ``ministral``, ``qwen2``, ``qwen3`` and ``seed_oss``, which
+  differ only in config values: Ministral's ``layer_types`` windows, Seed-OSS's separate ``attention_out_bias``):
+  pre-RMSNorm, rotary embeddings in the rotate-half convention (as :mod:`interp.rotary`) with base ``rope_theta``, SwiGLU MLP
   (``down(silu(gate(x)) * up(x))``), grouped-query attention with ``num_key_value_heads``.
 """
 
@@ -207,7 +208,7 @@ def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
 
 
 # --- Llama-style ------------------------------------------------------------------------------------------
-_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "ministral", "seed_oss")
 
 
 #: How each family's transformers classes decide which layers slide, read from their config and modelling code:
@@ -215,12 +216,15 @@ _LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 #: ``"above_max_window_layers"`` (Qwen2 / Qwen3: ``layer_types``, else layers from ``max_window_layers`` on, when
 #: ``use_sliding_window``), ``"even_below_max_window_layers"`` (Qwen2-MoE: ``layer_types``, else the even layers
 #: below ``max_window_layers``), ``"alternate"`` (Gemma 2: ``layer_types``, else the even layers) and
-#: ``"pattern"`` (Gemma 3: ``layer_types``, else all but every ``sliding_window_pattern``-th). Any other family's
+#: ``"pattern"`` (Gemma 3: ``layer_types``, else all but every ``sliding_window_pattern``-th), ``"layer_types"``
+#: (Ministral: ``layer_types``, else every layer) and ``"every_fourth_full"`` (OLMo 3: ``layer_types``, else all
+#: but every 4th layer). Starcoder 2 slides every layer. Any other family's
 #: attention never slides in transformers' eager / SDPA paths (Llama, OLMoE, DeepSeek), whatever its config says.
 WINDOW_RULES: dict[str, str] = {
     "mistral": "every", "mixtral": "every", "phi3": "every", "qwen3_moe": "every",
     "qwen2": "above_max_window_layers", "qwen3": "above_max_window_layers",
     "qwen2_moe": "even_below_max_window_layers", "gemma2": "alternate", "gemma3_text": "pattern",
+    "ministral": "layer_types", "olmo3": "every_fourth_full", "starcoder2": "every",
 }
 
 #: The families whose config class keeps ``sliding_window`` only when ``use_sliding_window`` (default False).
@@ -265,8 +269,10 @@ def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | 
                              f"transformers' {arch} ignores layer_types and slides every layer")
     if types and rule != "every":
         slides = [kind == "sliding_attention" for kind in types]
-    elif rule == "every":
+    elif rule in ("every", "layer_types"):
         slides = [True] * n_layers
+    elif rule == "every_fourth_full":
+        slides = [(i + 1) % 4 != 0 for i in range(n_layers)]
     elif rule == "above_max_window_layers":
         slides = [i >= max_layers for i in range(n_layers)]
     elif rule == "even_below_max_window_layers":
@@ -286,10 +292,12 @@ ATTENTION_BIASES: dict[str, tuple[str | bool, str | bool]] = {
     "llama": ("attention_bias", "attention_bias"), "qwen3": ("attention_bias", "attention_bias"),
     "qwen3_moe": ("attention_bias", "attention_bias"), "olmoe": ("attention_bias", "attention_bias"),
     "qwen2": (True, False), "qwen2_moe": ("qkv_bias", False), "mistral": (False, False), "mixtral": (False, False),
+    "ministral": (False, False), "seed_oss": ("attention_bias", "attention_out_bias"),
+    "granite": ("attention_bias", "attention_bias"),
 }
 
 #: The families whose dense MLP reads ``mlp_bias`` (the others hard-code no bias).
-_MLP_BIAS_KEY = ("llama", "deepseek_v2")
+_MLP_BIAS_KEY = ("llama", "deepseek_v2", "seed_oss", "granite")
 
 #: transformers' defaults for keys it reads with a default (``qkv_bias`` of Qwen2-MoE is True).
 _BIAS_DEFAULTS = {"qkv_bias": True}
@@ -861,6 +869,11 @@ def converter(hf_cfg: Mapping[str, Any]) -> Converter:
     make_cfg, make_sd = CONVERTERS[mtype]
     if mtype in _DEEPSEEK_TYPES:
         make_sd = _deepseek_state_dict(hf_cfg)  # the rotary layout is a config setting
+    else:
+        from .hf_families import STATE_DICT_FOR_CONFIG
+
+        if mtype in STATE_DICT_FOR_CONFIG:  # scalars folded into the weights are config settings (Granite, Cohere)
+            make_sd = STATE_DICT_FOR_CONFIG[mtype](hf_cfg)
     return make_cfg, make_sd
 
 

@@ -71,7 +71,10 @@ def test_features_bite():
     torch.manual_seed(5)
     ids = torch.randint(1, V, (1, SEQ))
     cases = {"gemma2": ("attn_softcap", "final_softcap", "sliding_window"), "mistral": ("sliding_window",),
-             "qwen3": ("qk_norm",), "gemma3_text": ("local_rotary_base",)}
+             "qwen3": ("qk_norm",), "gemma3_text": ("local_rotary_base",),
+             "olmo3": ("sliding_window", "local_rotary_base"), "ministral": ("sliding_window",),
+             "starcoder2": ("sliding_window",), "smollm3": ("nope_layers", "sliding_window"),
+             "exaone4": ("nope_layers", "sliding_window"), "cohere2": ("nope_layers", "sliding_window")}
     for name, fields in cases.items():
         model = from_hf(hf_model(name))
         with torch.no_grad():
@@ -85,6 +88,44 @@ def test_features_bite():
             other.load_state_dict(model.state_dict(), strict=False)
             with torch.no_grad():
                 assert (other.eval()(ids) - base).abs().max() > 1e-3, (name, field)
+
+
+def test_hunyuan_normalises_after_rotary():
+    """Hunyuan's QK-norm after RoPE is not the same model as QK-norm before it (Qwen3's order): matching HF
+    above shows the order is reproduced, and the NTK-alpha base differs from the plain rope_theta."""
+    model = from_hf(hf_model("hunyuan_v1_dense"))
+    assert model.cfg.rotary_base == pytest.approx(1000.0 * 3.0 ** (16 / 14))
+    torch.manual_seed(5)
+    ids = torch.randint(1, V, (1, SEQ))
+    with torch.no_grad():
+        base = model(ids)
+        for field, value in (("qk_norm", "head"), ("rotary_base", 1000.0)):
+            other = type(model)(type(model.cfg).from_dict({**model.cfg.to_dict(), field: value}))
+            other.load_state_dict(model.state_dict())
+            assert (other.eval()(ids) - base).abs().max() > 1e-3, field
+
+
+def test_glm4_rotary_pairs_are_reordered():
+    """GLM-4 rotates interleaved pairs of the first half of each head: without the converter's row reordering
+    the same weights give other logits (so matching HF above shows the layout is handled)."""
+    from interp.zoo.hf_families import glm4_state_dict
+
+    hf = hf_model("glm4")
+    model = from_hf(hf)
+    assert model.cfg.rotary_dim == 8
+    plain = dict(model.state_dict())
+    H, K, D = model.cfg.n_heads, model.cfg.n_kv_heads, model.cfg.d_head
+    unordered = {k: v for k, v in hf.state_dict().items()}
+    for i in range(model.cfg.n_layers):
+        ours = glm4_state_dict(unordered, model.cfg)[f"blocks.{i}.attn.W_qkv.weight"]
+        raw = torch.cat([unordered[f"model.layers.{i}.self_attn.{n}_proj.weight"] for n in "qkv"])
+        assert not torch.equal(ours, raw) and torch.equal(ours[(H + K) * D:], raw[(H + K) * D:])  # v untouched
+        plain[f"blocks.{i}.attn.W_qkv.weight"] = raw
+    other = type(model)(model.cfg)
+    other.load_state_dict(plain)
+    ids = torch.randint(1, V, (1, SEQ), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert (other.eval()(ids) - model(ids)).abs().max() > 1e-3
 
 
 def test_window_cache_keeps_only_the_window():
@@ -130,6 +171,21 @@ PUBLISHED = {  # label: (model_type, the published config.json's dimensions, lay
                                              multi_query=True, n_layer=2)),
     "OLMo-2-0425-1B": ("olmo2", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=16,
                                      num_key_value_heads=16, max_position_embeddings=4096, rope_theta=500000.0)),
+    "SmolLM3-3B": ("smollm3", dict(hidden_size=2048, intermediate_size=11008, num_attention_heads=16,
+                                   num_key_value_heads=4, max_position_embeddings=65536, rope_theta=5000000.0,
+                                   no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=None)),
+    "StarCoder2-3B": ("starcoder2", dict(hidden_size=3072, intermediate_size=12288, num_attention_heads=24,
+                                         num_key_value_heads=2, max_position_embeddings=16384, sliding_window=4096,
+                                         rope_theta=999999.4420358813, norm_epsilon=1e-5)),
+    "granite-3.1-2b": ("granite", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+                                       num_key_value_heads=8, max_position_embeddings=131072, rope_theta=5000000.0,
+                                       embedding_multiplier=12.0, attention_multiplier=0.015625,
+                                       residual_multiplier=0.22, logits_scaling=8.0, tie_word_embeddings=True)),
+    "stablelm-2-1_6b": ("stablelm", dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=32,
+                                         num_key_value_heads=32, max_position_embeddings=4096, use_qkv_bias=True,
+                                         partial_rotary_factor=0.25, rope_theta=10000.0)),
+    "opt-1.3b": ("opt", dict(hidden_size=2048, ffn_dim=8192, num_attention_heads=32, max_position_embeddings=2048,
+                             word_embed_proj_dim=2048, pad_token_id=None)),
     "phi-1_5": ("phi", dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
                             max_position_embeddings=2048, partial_rotary_factor=0.5)),
 }
@@ -170,6 +226,31 @@ def test_published_shapes_build_and_convert(label):
                                                                "rope_theta": 1.0}}},
      r"sliding_attention rope_type='linear' is not supported"),
     ("falcon_new_arch", {"parallel_attn": False}, r"new_decoder_architecture=True with parallel_attn=False"),
+    ("olmo", {"clip_qkv": 8.0}, r"olmo clip_qkv=8.0 is not supported"),
+    ("olmo3", {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1.0},
+                                   "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1.0}}},
+     r"olmo3 sliding_attention rope_type='linear' is not supported"),
+    ("ministral", {"layer_types": ["chunked_attention", "full_attention"]},
+     r"ministral layer_types\[0\]='chunked_attention' is not supported"),
+    ("seed_oss", {"hidden_act": "gelu"}, r"seed_oss hidden_act='gelu' is not supported"),
+    ("starcoder2", {"hidden_act": "swish"}, r"starcoder2 hidden_act='swish' is not supported"),
+    ("arcee", {"hidden_act": "tanh"}, r"arcee hidden_act='tanh' is not supported"),
+    ("hunyuan_v1_dense", {"hidden_act": "gelu"}, r"hunyuan_v1_dense hidden_act='gelu' is not supported"),
+    ("smollm3", {"no_rope_layers": [1, 0, 1]}, r"smollm3 no_rope_layers=\[1, 0, 1\] must hold one 0 / 1 flag"),
+    ("stablelm", {"qk_layernorm": True}, r"stablelm qk_layernorm=True is not supported"),
+    ("stablelm", {"head_dim": 8}, r"stablelm head_dim=8 is not supported"),
+    ("glm4", {"hidden_act": "gelu"}, r"glm4 hidden_act='gelu' is not supported"),
+    ("cohere", {"use_qk_norm": True}, r"cohere use_qk_norm=True is not supported"),
+    ("cohere", {"logit_scale": -0.5}, r"cohere logit_scale=-0.5 must be a finite number > 0"),
+    ("ernie4_5", {"hidden_act": "gelu"}, r"ernie4_5 hidden_act='gelu' is not supported"),
+    ("gptj", {"rotary_dim": None}, r"gptj rotary_dim=None is not supported"),
+    ("gptj", {"activation_function": "tanh"}, r"gptj activation_function='tanh' is not supported"),
+    ("opt", {"word_embed_proj_dim": 40}, r"opt word_embed_proj_dim=40 is not supported"),
+    ("opt", {"do_layer_norm_before": False}, r"opt do_layer_norm_before=False is not supported"),
+    ("granite", {"logits_scaling": 0}, r"granite logits_scaling=0 must be a finite number > 0"),
+    ("granite", {"embedding_multiplier": -1.0}, r"granite embedding_multiplier=-1.0 must be a finite number > 0"),
+    ("exaone4", {"layer_types": ["chunked_attention", "full_attention"]},
+     r"exaone4 layer_types\[0\]='chunked_attention' is not supported"),
 ])
 def test_unsupported_settings_are_refused_by_name(name, change, message):
     hf = hf_model(name)
@@ -184,6 +265,12 @@ def test_unsupported_settings_are_refused_by_name(name, change, message):
     ("phi3", "model.layers.0.mlp.gate_up_proj.weight"),
     ("gemma2", "model.layers.1.post_feedforward_layernorm.weight"),
     ("olmo2", "model.layers.0.self_attn.k_norm.weight"),
+    ("starcoder2", "model.layers.1.mlp.c_fc.bias"),
+    ("hunyuan_v1_dense", "model.layers.0.self_attn.query_layernorm.weight"),
+    ("arcee", "model.layers.0.mlp.up_proj.weight"),
+    ("gptj", "transformer.h.1.mlp.fc_in.bias"),
+    ("glm4", "model.layers.0.mlp.gate_up_proj.weight"),
+    ("exaone4", "model.layers.1.post_feedforward_layernorm.weight"),
 ])
 def test_state_dict_that_disagrees_with_its_config_is_refused(name, key):
     hf = hf_model(name)
@@ -192,3 +279,17 @@ def test_state_dict_that_disagrees_with_its_config_is_refused(name, key):
     sd[key] = torch.zeros(bad)
     with pytest.raises(ValueError, match=rf"{tuple(bad)}".replace("(", r"\(").replace(")", r"\)")):
         convert(hf.config.to_dict(), sd)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"nope_layers": [2]}, r"nope_layers=\[2\] must list distinct layer indices in \[0, 2\)"),
+    ({"nope_layers": [0, 0]}, r"nope_layers=\[0, 0\] must list distinct"),
+    ({"nope_layers": [1], "positional": "learned"}, r"nope_layers=\[1\] needs positional='rotary'"),
+])
+def test_nope_layers_are_checked(change, message):
+    from interp import ModelConfig
+
+    base = dict(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, positional="rotary")
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**{**base, **change})
+    assert ModelConfig(**base, nope_layers=[1, 0]).nope_layers == [0, 1]

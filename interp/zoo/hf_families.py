@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -590,7 +591,8 @@ def phi_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor
                 out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
     if "lm_head.weight" not in hf_sd and "lm_head.bias" in hf_sd:
         # A tied checkpoint stores the head's bias but not its weight, which is the embedding.
-        hf_sd = {**hf_sd, "lm_head.weight": out["W_E.weight"]}
+        # A view, not a copy: reads still reach hf_sd (a folder reader records what the converter used).
+        hf_sd = ChainMap({"lm_head.weight": out["W_E.weight"]}, hf_sd)  # type: ignore[arg-type]
     if "lm_head.bias" not in hf_sd:
         raise ValueError("Phi state dict has no 'lm_head.bias' (pass a PhiForCausalLM model, not the bare PhiModel)")
     out.update(_lm_head(hf_sd, src, cfg, "Phi", bias="lm_head.bias"))
@@ -996,7 +998,8 @@ def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mo
 
     def convert(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         if "lm_head.weight" not in hf_sd and tied:
-            hf_sd = {**hf_sd, "lm_head.weight": _Source(hf_sd, ("model.",), "granite")("embed_tokens.weight")}
+            hf_sd = ChainMap({"lm_head.weight": _Source(hf_sd, ("model.",), "granite")("embed_tokens.weight")},
+                             hf_sd)  # type: ignore[arg-type]
         out = llama_state_dict(hf_sd, cfg, arch="granite")
         for key in out:
             if ".attn.W_O." in key or ".mlp.W_out." in key:
@@ -1339,7 +1342,7 @@ def gptj_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
             for kind in ("weight", "bias"):
                 out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
     if "lm_head.weight" not in hf_sd and "lm_head.bias" in hf_sd:
-        hf_sd = {**hf_sd, "lm_head.weight": out["W_E.weight"]}  # tied: the head's weight is the embedding
+        hf_sd = ChainMap({"lm_head.weight": out["W_E.weight"]}, hf_sd)  # type: ignore[arg-type]  # tied: the head's weight is the embedding
     if "lm_head.bias" not in hf_sd:
         raise ValueError("GPT-J state dict has no 'lm_head.bias' (pass a GPTJForCausalLM model, not GPTJModel)")
     out.update(_lm_head(hf_sd, src, cfg, "GPT-J", bias="lm_head.bias"))

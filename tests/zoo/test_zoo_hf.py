@@ -154,7 +154,7 @@ def test_local_folder_with_tokenizer(tmp_path):
 def test_conversion_errors():
     gpt2 = gpt2_model()
     cfg = gpt2.config.to_dict()
-    with pytest.raises(ValueError, match=r"model_type='t5' is not supported; supported: \['bert', .*'gpt2'"):
+    with pytest.raises(ValueError, match=r"model_type='t5' is not supported; supported: \[.*'bert', .*'gpt2'"):
         convert({**cfg, "model_type": "t5"}, gpt2.state_dict())
     sd = dict(gpt2.state_dict())
     del sd["transformer.h.1.attn.c_proj.weight"]

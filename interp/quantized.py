@@ -287,7 +287,22 @@ def _refuse_weight_assignment(module: nn.Module, name: str) -> None:
                          f"weights to train or edit")
 
 
-class QuantizedLinear(nn.Module):
+class _Dequantizing(nn.Module):
+    """A module whose ``weight`` lives in quantised blocks (``self.q``): reading ``weight`` dequantises the whole
+    matrix (a fresh tensor on each read, what the weight views and analyses read); assigning it is refused."""
+
+    q: QuantizedWeight
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.q.dequantize()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _refuse_weight_assignment(self, name)
+        super().__setattr__(name, value)
+
+
+class QuantizedLinear(_Dequantizing):
     """``nn.Linear`` whose weight stays in quantised blocks; ``y = x W^T + b`` with W dequantised at use.
 
     ``weight`` is a property: reading it dequantises the whole matrix (what the weight views and analyses
@@ -310,15 +325,6 @@ class QuantizedLinear(nn.Module):
         self.bias = bias
         self.in_features, self.out_features = weight.cols, weight.rows
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The dequantised weight ``[out_features, in_features]`` (a fresh tensor on each read)."""
-        return self.q.dequantize()
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        _refuse_weight_assignment(self, name)
-        super().__setattr__(name, value)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self.bias
         if self.q.rows * self.q.cols * 4 <= CHUNK_BYTES:  # one product, as nn.Linear computes it
@@ -332,7 +338,7 @@ class QuantizedLinear(nn.Module):
                 f"bias={self.bias is not None}")
 
 
-class QuantizedEmbedding(nn.Module):
+class QuantizedEmbedding(_Dequantizing):
     """``nn.Embedding`` whose table stays in quantised blocks; a lookup dequantises only the rows it reads.
 
     Args:
@@ -348,15 +354,6 @@ class QuantizedEmbedding(nn.Module):
         super().__init__()
         self.q = weight
         self.num_embeddings, self.embedding_dim = weight.rows, weight.cols
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The dequantised table ``[num_embeddings, embedding_dim]`` (a fresh tensor on each read)."""
-        return self.q.dequantize()
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        _refuse_weight_assignment(self, name)
-        super().__setattr__(name, value)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.q.rows_at(tokens)  # [..., embedding_dim]

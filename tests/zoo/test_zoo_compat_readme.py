@@ -1,4 +1,4 @@
-"""The README's family table is exactly what ``python -m interp.zoo.compat`` prints (issue 38, item 6), and
+"""The README's family table is exactly what ``python -m interp.zoo.compat`` prints, and
 each row claims only what its test config has."""
 
 from pathlib import Path

@@ -260,7 +260,7 @@ def stream(
     if sharded:  # the single-process path never imports interp.distributed
         from . import distributed
 
-        sharded = distributed.active()
+        sharded = distributed.data_parallel()  # not when the ranks split one model (distributed.replicated)
     if sharded:  # data parallel under torchrun: check that the ranks agree, then run this rank's batches only
         batches = list(batches)
         for b in batches:  # fail on every rank alike, not on one while the others wait in the all-reduce

@@ -49,6 +49,7 @@ from .placement import build
 from .trace import Trace
 
 if TYPE_CHECKING:
+    import pandas as pd
     from torch.utils.hooks import RemovableHandle
 
 __all__ = ["HeadParallel", "head_split", "shard_heads"]
@@ -376,6 +377,53 @@ class HeadParallel:
         if name.endswith(".mlp.hook_post") and isinstance(self.model.blocks[layer].mlp, MLP):
             return torch.cat(parts, dim=-1)  # [B, T, F]
         return parts[0]
+
+    def gather_head_tables(self, tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+        """Per-head tables of every rank joined into the whole model's, on every rank.
+
+        Each table's ``head`` column holds this rank's local head index (what an analysis of the shard
+        reports); it becomes the global index, and the ranks' rows are joined and sorted by ``(layer, head)``
+        (stable, so each head's rows keep their order). A table without ``layer`` and ``head`` columns is the
+        same on every rank and is taken from rank 0.
+
+        Args:
+            tables: name -> DataFrame with ``layer`` and local ``head`` columns.
+
+        Returns:
+            name -> the joined DataFrame (index reset).
+
+        Raises:
+            DistributedError: a peer rank died or timed out.
+
+        Example:
+            >>> import pandas as pd
+            >>> from interp import ModelConfig
+            >>> from interp.placement import build
+            >>> tp = HeadParallel(shard_heads(build(ModelConfig(n_layers=1, d_model=16, n_heads=4, d_vocab=8,
+            ...                                                 n_ctx=8), seed=0), 0, 1))
+            >>> tp.gather_head_tables({"t": pd.DataFrame({"layer": [0], "head": [2], "x": [1.0]})})["t"]["head"].tolist()
+            [2]
+        """
+        import pandas as pd  # only the analyses that build tables need pandas
+
+        mine = {}
+        for name, table in tables.items():
+            if {"layer", "head"} <= set(table.columns):
+                table = table.copy()
+                table["head"] = [self.heads[int(layer)][int(h)] for layer, h in zip(table["layer"], table["head"])]
+            mine[name] = table
+        if self.world == 1:
+            return mine
+        everyone: list[Any] = [None] * self.world
+        distributed._collective("all-gather of the head-parallel tables", torch.distributed.all_gather_object,
+                                everyone, mine)
+        joined = {}
+        for name, table in everyone[0].items():
+            if {"layer", "head"} <= set(table.columns):
+                table = pd.concat([part[name] for part in everyone], ignore_index=True)
+                table = table.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)
+            joined[name] = table
+        return joined
 
     def close(self) -> None:
         """Remove the reductions: the shard is a plain (partial) model again.

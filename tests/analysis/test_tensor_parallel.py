@@ -9,6 +9,7 @@ rounding of the reordered sums, for grouped-query, multi-query, latent attention
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -27,7 +28,7 @@ CASES = list(tp_worker.CONFIGS)
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tp")
-    launch(2, CASES, out, worker=WORKER)
+    launch(2, [*CASES, "classify"], out, worker=WORKER)
     return out
 
 
@@ -66,6 +67,21 @@ def test_two_ranks_equal_one_process(case, ranks):
     for name in trace.keys():
         torch.testing.assert_close(got[0]["trace"][name], trace[name], rtol=0, atol=1e-5, msg=name)
     assert got[0]["meta"]["n_heads"] == H
+
+
+@pytest.mark.slow
+def test_classify_heads_across_ranks_equals_one_process(ranks):
+    """Each rank classifies its own heads over every batch; the joined report is one process's, on both ranks."""
+    got = read(ranks, "classify", 2)
+    ref = tp_worker.classify(tp_worker.model("gqa"))
+    assert len(ref.df) > 8 and ref.df.uncertain.any() and set(ref.df["head"]) == {0, 1, 2, 3}  # the test bites
+    for r in range(2):
+        pd.testing.assert_frame_equal(got[r]["df"], ref.df, check_exact=False, rtol=0, atol=1e-5)
+        assert set(got[r]["details"]) == set(ref.details)
+        for name, table in ref.details.items():
+            pd.testing.assert_frame_equal(got[r]["details"][name], table.reset_index(drop=True),
+                                          check_exact=False, rtol=0, atol=1e-5, check_dtype=False)
+        assert got[r]["layer_heads"] == [4, 4] and got[r]["n_heads"] == 4
 
 
 def test_head_split_is_contiguous_and_even():

@@ -77,8 +77,27 @@ def gradients(run, net):
     return g.grad.clone(), net.embed.weight.grad.clone()
 
 
+def classify(net):
+    """Eight pattern and weight kinds with bootstrap intervals, on short data."""
+    from interp.analysis import classify_heads
+
+    kinds = ["positional", "previous-token", "duplicate-token", "induction", "copy-suppression", "sink", "successor",
+             "retrieval"]
+    # Low thresholds, so that a random model's heads take kinds (and some sit near a threshold: uncertain).
+    return classify_heads(net, n_seqs=4, half_len=6, kinds=kinds, bootstrap=50, copying_comparisons=None,
+                          progress=False, positional_threshold=0.3, previous_token_threshold=0.2,
+                          duplicate_token_threshold=0.2, induction_threshold=0.1, copying_threshold=0.1,
+                          options=dict(sink_threshold=0.2, needle_len=4))
+
+
 def run(case: str, rank: int, world: int) -> dict:
     from interp.tensor_parallel import HeadParallel
+
+    if case == "classify":
+        tp = HeadParallel.from_model(model("gqa"))
+        report = classify(tp)
+        return {"df": report.df, "details": report.details, "layer_heads": report.layer_heads,
+                "n_heads": report.n_heads}
 
     tp = HeadParallel.from_model(model(case))
     with torch.no_grad():

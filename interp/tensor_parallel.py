@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -252,11 +253,21 @@ class HeadParallel:
         return cls(shard_heads(model, distributed.rank(), distributed.world_size()))
 
     # --- running --------------------------------------------------------------------------------------
-    def __call__(self, tokens: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        """The model's forward (``kwargs`` as :meth:`interp.Transformer.forward`: masks, hooks are not split).
+    def __call__(self, tokens: torch.Tensor, *, fwd_hooks: Sequence[tuple[Any, Any]] = (),
+                 **kwargs: Any) -> torch.Tensor:
+        """The model's forward on this rank's share, with ``fwd_hooks`` attached for the pass (as
+        :meth:`interp.Transformer.run_with_hooks`; a per-head hook sees this rank's heads).
+
+        Args:
+            tokens: ``[B, T]`` ids, the same on every rank.
+            fwd_hooks: ``(name or filter, hook)`` pairs, attached on this rank for this pass.
+            **kwargs: as :meth:`interp.Transformer.forward` (``attention_mask``...).
 
         Returns:
             The logits, the same on every rank.
+
+        Raises:
+            DistributedError: a peer rank died or timed out.
 
         Example:
             >>> import torch
@@ -267,6 +278,8 @@ class HeadParallel:
             >>> torch.allclose(HeadParallel.from_model(model)(tokens), model(tokens), atol=1e-5)
             True
         """
+        if fwd_hooks:
+            return self.model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
         return self.model(tokens, **kwargs)
 
     def generate(self, tokens: torch.Tensor, max_new_tokens: int, **kwargs: Any) -> Any:
@@ -450,7 +463,7 @@ class _SumForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
         t = t.clone()
-        torch.distributed.all_reduce(t)
+        distributed._collective("all_reduce of a head-parallel write", torch.distributed.all_reduce, t)
         return t
 
     @staticmethod
@@ -469,7 +482,7 @@ class _SumBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.contiguous().clone()
-        torch.distributed.all_reduce(grad)
+        distributed._collective("all_reduce of a head-parallel gradient", torch.distributed.all_reduce, grad)
         return grad
 
 

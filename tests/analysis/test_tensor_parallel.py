@@ -84,6 +84,15 @@ def test_classify_heads_across_ranks_equals_one_process(ranks):
         assert got[r]["layer_heads"] == [4, 4] and got[r]["n_heads"] == 4
 
 
+@pytest.mark.slow
+def test_a_dead_rank_stops_the_other_with_its_name(tmp_path):
+    codes = launch(2, ["die"], tmp_path, worker=WORKER, timeout=90)
+    assert codes[1] == 7
+    got = read(tmp_path, "die", 1)[0]  # only rank 0 wrote its result
+    assert got["error"] is not None and "rank 0 of 2: all_reduce of a head-parallel write failed" in got["error"]
+    assert got["seconds"] < 30
+
+
 def test_head_split_is_contiguous_and_even():
     for n, world in [(4, 2), (6, 4), (3, 4), (8, 3)]:
         shares = head_split(n, world)

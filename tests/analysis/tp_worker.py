@@ -8,6 +8,7 @@ pass, greedy tokens with the KV cache, and (rank 0) the joined trace.
 import os
 import pickle
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -91,8 +92,21 @@ def classify(net):
 
 
 def run(case: str, rank: int, world: int) -> dict:
+    from interp import distributed
     from interp.tensor_parallel import HeadParallel
 
+    if case == "die":  # rank 1 dies inside layer 1's attention; rank 0 must stop with an error, not hang
+        tp = HeadParallel.from_model(model("gqa"))
+
+        def die(z, hook):
+            os._exit(7)
+
+        t0 = time.monotonic()
+        try:
+            tp(tokens(), fwd_hooks=[("blocks.1.attn.hook_z", die)] if rank == 1 else [])
+        except distributed.DistributedError as e:
+            return {"error": str(e), "seconds": time.monotonic() - t0}
+        return {"error": None, "seconds": time.monotonic() - t0}
     if case == "classify":
         tp = HeadParallel.from_model(model("gqa"))
         report = classify(tp)
@@ -128,6 +142,8 @@ def main() -> None:
         result = run(case, rank, world)
         with open(out / f"{case}.rank{rank}.pkl", "wb") as f:
             pickle.dump(result, f)
+    if "die" in sys.argv[5]:  # a peer is gone: leave as the CLI does after a DistributedError
+        distributed.exit_after_failure(0)
     distributed.shutdown()
 
 

@@ -173,6 +173,8 @@ class Transformer(HookedModule):
 
     #: The native route (interp's own forward); :class:`interp.zoo.hf_route.RouteModel` has False.
     native = True
+    #: A hub model's branch, tag or commit (``interp.load("hf:ID", revision=...)``); recordings store it.
+    revision: str | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

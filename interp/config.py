@@ -121,6 +121,10 @@ class ModelConfig:
             both added to it (GPT-NeoX / Pythia, Falcon, Phi): ``"one_norm"`` (one shared input norm, ``ln1``) or
             ``"two_norms"`` (``ln1`` and ``ln2``). A parallel block has no ``hook_resid_mid``.
         embed_scale: multiplies the token embeddings (Gemma: ``sqrt(d_model)``); ``hook_embed`` sees the product.
+        positions_from_mask: learned positions count real tokens only (OPT): with an ``attention_mask``, a token's
+            position is the number of unpadded tokens before it, so a left-padded row starts at position 0 (a
+            padding token gets position 0; its output is masked from every real token). Without a mask, or
+            with ``position_ids`` given, positions are as usual.
         normalization: ``"pre"`` (pre-LN, GPT-2), ``"post"`` (post-LN, BERT), ``"rms"`` (pre-RMSNorm, Llama)
             or ``"none"``.
         norm_eps: epsilon of the norms.
@@ -221,6 +225,7 @@ class ModelConfig:
     sublayer_norm: SublayerNorm = "input"
     parallel_block: ParallelBlock = "none"
     embed_scale: float = 1.0
+    positions_from_mask: bool = False
     normalization: Normalization = "pre"
     norm_eps: float = 1e-5
     norm_weight_float32: bool = False
@@ -276,6 +281,11 @@ class ModelConfig:
             raise ValueError(f"attention={self.attention!r} is not one of {_ATTENTION_KINDS}")
         if self.positional not in _POSITIONALS:
             raise ValueError(f"positional={self.positional!r} is not one of {_POSITIONALS}")
+        if not isinstance(self.positions_from_mask, bool):
+            raise ValueError(f"positions_from_mask={self.positions_from_mask!r} must be True or False")
+        if self.positions_from_mask and self.positional != "learned":
+            raise ValueError(f"positions_from_mask=True counts positions for a learned position embedding; "
+                             f"positional={self.positional!r} has none")
         if self.normalization not in _NORMALIZATIONS:
             raise ValueError(f"normalization={self.normalization!r} is not one of {_NORMALIZATIONS}")
         if self.activation not in _ACTIVATIONS:

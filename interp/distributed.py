@@ -26,12 +26,13 @@ Example (two processes on one machine, or two machines with ``--nnodes 2 --rdzv-
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import gc
 import hashlib
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -40,8 +41,8 @@ if TYPE_CHECKING:
     from .streaming import Reducer
 
 __all__ = ["DistributedError", "active", "all_reduce_", "all_reduce_reducers", "check_ranks_fit", "check_same",
-           "describe_batches", "exit_after_failure", "init_from_env", "rank", "rank_device", "shard",
-           "shutdown", "torchrun_command", "world_size"]
+           "data_parallel", "describe_batches", "exit_after_failure", "init_from_env", "rank", "rank_device",
+           "replicated", "shard", "shutdown", "torchrun_command", "world_size"]
 
 #: Seconds a collective may wait for the other ranks before the job stops (``INTERP_DIST_TIMEOUT`` overrides).
 DEFAULT_TIMEOUT_S = 600.0
@@ -102,6 +103,41 @@ def active() -> bool:
     """True when ``torch.distributed`` is initialised with more than one process."""
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+# Ranks that hold parts of one model (heads across ranks) must all run every batch: no data parallelism then.
+_replicated_depth = 0
+
+
+@contextlib.contextmanager
+def replicated() -> Iterator[None]:
+    """Within this block every rank runs every batch: :func:`data_parallel` is False, so
+    :func:`~interp.streaming.stream` neither shards the batches nor sums the reducers over ranks.
+
+    Ranks that split one model between them (:mod:`interp.tensor_parallel`) run each pass together, and each
+    holds the whole dataset's statistics of its own heads.
+
+    Example:
+        >>> with replicated():
+        ...     data_parallel()
+        False
+    """
+    global _replicated_depth
+    _replicated_depth += 1
+    try:
+        yield
+    finally:
+        _replicated_depth -= 1
+
+
+def data_parallel() -> bool:
+    """True when analyses shard their batches over the ranks: several processes, outside :func:`replicated`.
+
+    Example:
+        >>> data_parallel()     # one process
+        False
+    """
+    return _replicated_depth == 0 and active()
 
 
 def rank() -> int:
@@ -361,21 +397,23 @@ def _collective(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def shard(items: Sequence[Any]) -> Sequence[Any]:
-    """This rank's share of ``items``: ``items[rank::world_size]`` (everything when not distributed).
+    """This rank's share of ``items``: ``items[rank::world_size]`` (everything when not distributed, or under
+    :func:`replicated`).
 
     Example:
         >>> shard(list(range(5)))   # rank 1 of 2: [1, 3]
     """
-    return items[rank()::world_size()] if active() else items
+    return items[rank()::world_size()] if data_parallel() else items
 
 
 def all_reduce_(*tensors: torch.Tensor) -> None:
-    """Sum tensors over the ranks, in place (nothing when not distributed); one collective per dtype.
+    """Sum tensors over the ranks, in place (nothing when not distributed, or under :func:`replicated`, where
+    every rank already holds the whole sums); one collective per dtype.
 
     Raises:
         DistributedError: a peer rank died or timed out.
     """
-    if not active() or not tensors:
+    if not data_parallel() or not tensors:
         return
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
@@ -408,7 +446,7 @@ def all_reduce_reducers(reducers: Iterable[Reducer], n: int = 0) -> int:
         DistributedError: a peer rank died or timed out.
     """
     reducers = list(reducers)
-    if not active():
+    if not data_parallel():
         return n
     specs = [{k: (tuple(v.shape), str(v.dtype)) for k, v in r.state.items()} for r in reducers]
     everyone = _all_gather(specs, "all_gather of reducer state keys")

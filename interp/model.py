@@ -173,6 +173,8 @@ class Transformer(HookedModule):
 
     #: The native route (interp's own forward); :class:`interp.zoo.hf_route.RouteModel` has False.
     native = True
+    #: A hub model's branch, tag or commit (``interp.load("hf:ID", revision=...)``); recordings store it.
+    revision: str | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -307,7 +309,11 @@ class Transformer(HookedModule):
         if kv_cache is not None and enter is None and kv_cache.batch_size != B:
             raise ValueError(f"kv_cache holds batch_size={kv_cache.batch_size}, tokens have batch {B}")
         key_keep = _check_mask("attention_mask", attention_mask, (B, S))
-        if position_ids is None:
+        if position_ids is None and cfg.positions_from_mask and key_keep is not None:
+            # OPT: position = real tokens before this one (the mask covers the cached keys too).
+            counted = key_keep.long().cumsum(-1) - 1  # [B, S]
+            positions = counted[:, start:S].clamp(min=0).to(tokens.device)  # [B, T]
+        elif position_ids is None:
             positions = torch.arange(start, S, device=tokens.device)
         else:
             positions = _check_ids("position_ids", position_ids, ((B, T), (T,)), cfg.n_ctx, "n_ctx")

@@ -260,7 +260,7 @@ def stream(
     if sharded:  # the single-process path never imports interp.distributed
         from . import distributed
 
-        sharded = distributed.active()
+        sharded = distributed.data_parallel()  # not when the ranks split one model (distributed.replicated)
     if sharded:  # data parallel under torchrun: check that the ranks agree, then run this rank's batches only
         batches = list(batches)
         for b in batches:  # fail on every rank alike, not on one while the others wait in the all-reduce
@@ -414,10 +414,13 @@ def gated_w_o(model: Transformer, result_name: str) -> torch.Tensor:
 
 
 def trace_meta(model: Transformer, names: Sequence[str]) -> dict[str, Any]:
-    """A :class:`Trace`'s metadata for a recording of hook points ``names``: the model's name and shape, and
-    ``layers_recorded`` when the names cover only some layers (:meth:`Trace.load` then knows it is partial)."""
+    """A :class:`Trace`'s metadata for a recording of hook points ``names``: the model's name and shape, its hub
+    ``revision`` when it has one, and ``layers_recorded`` when the names cover only some layers
+    (:meth:`Trace.load` then knows it is partial)."""
     meta: dict[str, Any] = {"model": getattr(model, "name", type(model).__name__),
                             "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads}
+    if getattr(model, "revision", None) is not None:  # a hub training checkpoint: which one was recorded
+        meta["revision"] = model.revision
     recorded = sorted({int(m.group(1)) for n in names if (m := re.match(r"blocks\.(\d+)\.", n))})
     if recorded and recorded != list(range(model.cfg.n_layers)):
         meta["layers_recorded"] = recorded

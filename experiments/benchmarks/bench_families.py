@@ -1,7 +1,8 @@
 """The dense families against transformers on mid-size random configs (~100M parameters), side by side.
 
 For Llama 3 (llama3 RoPE scaling, GQA), Qwen3 (QK-norm, GQA), Gemma 2 (sandwich norms, soft-caps, alternating
-sliding windows, MQA-free GQA) and Pythia (GPT-NeoX: parallel block, partial rotary), each a random HF model
+sliding windows, MQA-free GQA), OLMo 3 (QK-norm, output norms, 3:1 sliding / full layers) and Pythia (GPT-NeoX:
+parallel block, partial rotary), each a random HF model
 converted with ``from_hf`` (same weights), on a 4 x 256-token batch:
 
 1. forward: interp ``model(ids)`` / HF with ``attn_implementation="sdpa"`` (Gemma 2 has no SDPA path in
@@ -15,7 +16,7 @@ the median and the range of each variant and, for each ratio, the range of the p
 and HF timed in the same repetition), so a loaded machine's noise is visible beside the median.
 
 Usage:
-    python experiments/benchmarks/bench_families.py [--families llama3 qwen3 gemma2 pythia] [--batch 4] [--seq 256]
+    python experiments/benchmarks/bench_families.py [--families llama3 qwen3 gemma2 olmo3 pythia] [--batch 4] [--seq 256]
         [--reps 5] [--quick]
 """
 
@@ -41,6 +42,10 @@ CONFIGS = {
     "qwen3": ("qwen3", dict(_GATED, head_dim=64, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
     "gemma2": ("gemma2", dict(_GATED, head_dim=64, sliding_window=128, query_pre_attn_scalar=64,
                               attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    # OLMo 3: QK-norm over all heads, output-only sublayer norms, three sliding (window 128) layers to one full.
+    "olmo3": ("olmo3", dict(_GATED, sliding_window=128,
+                            layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                                         "full_attention"] * 2 + ["sliding_attention", "full_attention"])),
     "pythia": ("gpt_neox", dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=10, num_attention_heads=12,
                                 vocab_size=32000, max_position_embeddings=2048,
                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,

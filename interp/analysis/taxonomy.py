@@ -38,6 +38,7 @@ per token) gets an interval, and a head whose interval straddles the threshold i
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ import pandas as pd
 from ..data import TreebankStats, random_tokens_for, repeated_tokens_for, text_batches, treebank_batches
 from ..progress import enabled as progress_enabled
 from ..streaming import Reducer, stream
+from ..tensor_parallel import HeadParallel
 from ._stream import head_counts
 from .kinds import BUILTIN_DATA, DATA, KindRun, head_kinds, resolve_kinds
 from .syntactic import run_treebank
@@ -141,7 +143,7 @@ class HeadReport:
 
 
 def classify_heads(
-    model: Transformer,
+    model: Transformer | HeadParallel,
     *,
     tokens: Any = None,
     texts: list[str] | None = None,
@@ -185,7 +187,8 @@ def classify_heads(
     :func:`~interp.pruning.remove_heads`) is classified head by head as it is.
 
     Args:
-        model: an interp Transformer.
+        model: an interp Transformer, or a :class:`~interp.tensor_parallel.HeadParallel` shard under torchrun:
+            every rank then runs every batch, classifies its own heads, and receives the whole model's report.
         tokens: token ids for the positional analysis (a tensor or an iterable of batches).
         texts: raw texts for the positional analysis (needs a tokenizer).
         conllu: a CoNLL-U path (or iterable of Sentence) for the syntactic analysis.
@@ -232,6 +235,9 @@ def classify_heads(
         >>> report
         >>> report.heads("syntactic:")
     """
+    if isinstance(model, HeadParallel):  # heads across ranks: each rank classifies its own, then they are joined
+        settings = {k: v for k, v in locals().items() if k != "model"}
+        return _classify_across_ranks(model, settings)
     for name, v in (("positional_threshold", positional_threshold), ("previous_token_threshold",
                     previous_token_threshold), ("duplicate_token_threshold", duplicate_token_threshold),
                     ("induction_threshold", induction_threshold), ("copying_threshold", copying_threshold)):
@@ -361,12 +367,35 @@ def classify_heads(
                       extra=extra)
 
 
+def _classify_across_ranks(tp: HeadParallel, settings: dict[str, Any]) -> HeadReport:
+    """:func:`classify_heads` of a head-parallel shard: every rank runs every batch (its heads' passes need the
+    others' partial sums) and scores its own heads; their rows are joined under global head indices."""
+    from .. import distributed
+
+    if settings.get("extra_reducers"):
+        raise ValueError("classify_heads: extra_reducers are not joined across a HeadParallel's ranks (their state "
+                         "is per rank); record them with HeadParallel.run_with_cache instead")
+    with distributed.replicated():
+        local = classify_heads(tp.model, **settings)
+    joined = tp.gather_head_tables({"df": local.df, **{f"details.{k}": v for k, v in local.details.items()}})
+    df = joined["df"]
+    if len(df):
+        df = df.sort_values(["layer", "head", "kind"], kind="stable").reset_index(drop=True)
+    details = {k: joined[f"details.{k}"] for k in local.details}
+    return dataclasses.replace(local, df=df, details=details, n_heads=max(tp.n_heads, default=0),
+                               layer_heads=list(tp.n_heads))
+
+
 def _ranks() -> int:
-    """Processes of a torchrun launch (1 outside one)."""
+    """Processes that share the batches of a torchrun launch (1 outside one, or when the ranks split one model)."""
     import torch
 
     dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    from .. import distributed
+
+    return distributed.world_size() if distributed.data_parallel() else 1
 
 
 def _check_setting(kind: str, name: str, value: Any, default: Any) -> None:

@@ -70,7 +70,7 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
     """
     batches = check_batches(batches)
     L, H = uniform_heads(model)
-    if distributed.active():  # under torchrun: same model and data on every rank, before any work
+    if distributed.data_parallel():  # under torchrun: same model and data on every rank, before any work
         distributed.check_same(model, distributed.describe_batches(batches))
     p = next(model.parameters())
     base = torch.ones(L, H, device=p.device, dtype=p.dtype)

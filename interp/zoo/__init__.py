@@ -94,7 +94,7 @@ def _builtin_loader(name: str) -> Callable[[], Transformer]:
 
 def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str | None = None,
          dtype: torch.dtype | None = None, devices: Sequence[torch.device | str] | str | None = None,
-         seed: int | None = None, keep_quantized: bool = False) -> Transformer:
+         seed: int | None = None, keep_quantized: bool = False, revision: str | None = None) -> Transformer:
     """Load a ready model (weights, config and, when it has one, tokenizer): the one loader the CLI, the
     dashboard and the experiment scripts use.
 
@@ -109,7 +109,7 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
             attention-level route :mod:`interp.zoo.hf_route`, saying so once);
             ``"hf:ID"`` (transformers) or ``"tl:ID"`` (TransformerLens' ``TransformerBridge``), where ``ID`` is a
             hub repository id, taken strictly as one (never a folder relative to the working directory), or
-            an absolute path of a local model folder.
+            an absolute path of a local model folder. ``"hf:ID@REV"`` is ``revision="REV"``.
             A :class:`~interp.config.ModelConfig` builds a randomly initialised model directly on ``device`` in
             ``dtype`` (:func:`interp.placement.build`; no float32 copy on the CPU first).
         device: where to put the model.
@@ -119,6 +119,10 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         seed: the initialisation seed of a model built from a config.
         keep_quantized: a ``.gguf`` file's quantised weights stay in their blocks and are dequantised by each
             layer when it runs (:mod:`interp.quantized`; about the file's size in memory). Other sources refuse it.
+        revision: a hub id's branch, tag or commit (Pythia's and OLMo's training checkpoints:
+            ``"step3000"``), passed to the hub download; the model is named ``"ID@REV"`` and keeps
+            ``model.revision``, which recordings store in ``trace.meta["revision"]``. Only ``hf:`` / ``tl:`` hub
+            ids take one.
 
     Returns:
         An :class:`interp.Transformer` in eval mode with ``model.name`` set and ``model.tokenizer`` when the
@@ -141,8 +145,13 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         'random-tiny'
         >>> model = load("induction-2l")
         >>> model = load(save_checkpoint(model, tmp / "runs" / "my_model.safetensors"))
+        >>> load("hf:EleutherAI/pythia-160m", revision="step3000").name   # with hub access  # doctest: +SKIP
+        'EleutherAI/pythia-160m@step3000'
     """
     check_dtype(dtype)  # before anything is read: a bad dtype never waits for a full load
+    if revision is not None and not (isinstance(name_or_path, str) and name_or_path.startswith(HUB_PREFIXES)):
+        raise ValueError(f"revision={revision!r} selects a version of a hub model ('hf:ID' or 'tl:ID'); "
+                         f"{str(name_or_path)!r} is not a hub name")
     if isinstance(name_or_path, ModelConfig):
         model = build(name_or_path, device=device, dtype=dtype, seed=seed)
         model.name = "random"
@@ -160,7 +169,7 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         model = _builtin_loader(key)()
         model.name = key
     elif isinstance(name_or_path, str) and key.startswith(HUB_PREFIXES):
-        model = _load_hub(key[:2], key[3:], dtype=dtype)
+        model = _load_hub(key[:2], key[3:], dtype=dtype, revision=revision)
     else:
         model = _load_path(key, dtype=dtype, device=device, keep_quantized=keep_quantized)
     if dtype is not None:
@@ -204,21 +213,56 @@ def _shipped_file(name: str) -> Path | None:
     return INDUCTION_2L_PATH if name == "induction-2l" else None
 
 
-def _load_hub(prefix: str, ref: str, *, dtype: torch.dtype | None = None) -> Transformer:
-    """``hf:`` / ``tl:`` names: ``ref`` is an absolute local folder or, strictly, a hub repository id."""
-    source = hub_source(ref, f"{prefix}:")
+def _load_hub(prefix: str, ref: str, *, dtype: torch.dtype | None = None, revision: str | None = None) -> Transformer:
+    """``hf:`` / ``tl:`` names: ``ref`` is an absolute local folder or, strictly, a hub repository id, with its
+    ``revision`` given or written ``ID@REV``."""
+    ref, revision = split_revision(ref, revision, f"{prefix}:")
+    source = hub_source(ref, f"{prefix}:", revision=revision)
+    name = ref if revision is None else f"{ref}@{revision}"
     if prefix == "hf":
-        return from_hf(source, name=ref, dtype=dtype)
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-    except ImportError as e:
-        raise ImportError(f"'tl:{ref}' needs TransformerLens (pip install 'interp[tl]'): {e}") from e
-    model = from_transformer_lens(TransformerBridge.boot_transformers(source, device="cpu"))
-    model.name = ref
+        model = from_hf(source, name=name, dtype=dtype)
+    else:
+        try:
+            from transformer_lens.model_bridge import TransformerBridge
+        except ImportError as e:
+            raise ImportError(f"'tl:{ref}' needs TransformerLens (pip install 'interp[tl]'): {e}") from e
+        model = from_transformer_lens(TransformerBridge.boot_transformers(source, device="cpu"))
+        model.name = name
+    model.revision = revision
     return model
 
 
-def hub_source(ref: str, prefix: str = "hf:") -> str:
+def split_revision(ref: str, revision: str | None = None, prefix: str = "hf:") -> tuple[str, str | None]:
+    """A hub name's repository id and revision: ``"org/name@step3000"`` -> ``("org/name", "step3000")``.
+
+    Args:
+        ref: the name without its prefix, with or without ``@REV``.
+        revision: the ``revision=`` argument (it must agree with an ``@REV`` in ``ref``).
+        prefix: ``"hf:"`` or ``"tl:"``, for messages.
+
+    Returns:
+        ``(repository id, revision or None)``.
+
+    Raises:
+        ValueError: an empty revision, or ``@REV`` and ``revision=`` that disagree.
+
+    Example:
+        >>> split_revision("EleutherAI/pythia-160m@step3000")
+        ('EleutherAI/pythia-160m', 'step3000')
+        >>> split_revision("EleutherAI/pythia-160m", "step3000")
+        ('EleutherAI/pythia-160m', 'step3000')
+    """
+    if "@" in ref and not Path(ref).is_absolute():
+        ref, written = ref.rsplit("@", 1)
+        if revision is not None and revision != written:
+            raise ValueError(f"{prefix}{ref}@{written} and revision={revision!r} name two different revisions")
+        revision = written
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise ValueError(f"{prefix}{ref}: revision={revision!r} must be a branch, tag or commit name")
+    return ref, revision
+
+
+def hub_source(ref: str, prefix: str = "hf:", *, revision: str | None = None) -> str:
     """Where a hub name's files are: an absolute local folder as given, or a hub id's downloaded snapshot.
 
     A hub id is never looked up as a folder relative to the working directory (``"tmp/some/folder"`` is the
@@ -228,6 +272,7 @@ def hub_source(ref: str, prefix: str = "hf:") -> str:
     Args:
         ref: the name without its prefix: ``"org/model"``, ``"gpt2"`` or ``"/abs/folder"``.
         prefix: ``"hf:"`` or ``"tl:"``, for messages.
+        revision: the hub revision to download (a branch, tag or commit); a local folder takes none.
 
     Returns:
         A local folder holding the model's ``config.json`` and weights.
@@ -245,6 +290,9 @@ def hub_source(ref: str, prefix: str = "hf:") -> str:
     """
     ref = ref.strip()
     if Path(ref).is_absolute():
+        if revision is not None:
+            raise ValueError(f"{prefix}{ref}: revision={revision!r} selects a hub version; a local folder has one "
+                             "version (check out the revision there, or give its hub id)")
         if not (Path(ref) / "config.json").is_file():
             raise FileNotFoundError(f"{prefix}{ref}: no Hugging Face model folder (config.json) there")
         return ref
@@ -259,10 +307,10 @@ def hub_source(ref: str, prefix: str = "hf:") -> str:
         raise ValueError(f"{prefix + ref!r} is not a hub repository id (org/name) or an absolute folder path"
                          ) from None
     # Only what a conversion reads: config, tokenizer, safetensors / torch weights (no ONNX, TF, Flax copies).
-    return snapshot_download(ref, ignore_patterns=["*.h5", "*.msgpack", "*.ot", "*.onnx", "*.tflite", "onnx/*",
+    return snapshot_download(ref, revision=revision, ignore_patterns=["*.h5", "*.msgpack", "*.ot", "*.onnx", "*.tflite", "onnx/*",
                                                    "openvino/*", "coreml/*", "*.gguf"])
 
 
 __all__ = ["BUILTINS", "HUB_PREFIXES", "MODEL_INFO", "Tokenizer", "from_hf", "from_transformer_lens", "hub_source", "list_models", "load",
            "load_checkpoint", "load_gguf", "load_state_dict_strict", "read_checkpoint_metadata", "save_checkpoint",
-           "trace_transformer_lens"]
+           "split_revision", "trace_transformer_lens"]

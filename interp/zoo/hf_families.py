@@ -35,8 +35,9 @@ What each family needs of the core, and how its weights map:
   halves, ``logit_scale`` folded into an untied ``W_U``; ``use_qk_norm`` refused. Cohere 2: sliding layers
   rotate, global ones have no positions (``nope_layers``).
 * GPT-J: parallel block with one LayerNorm, interleaved partial RoPE (rows reordered to halves), biased head.
-* OPT (pre-LayerNorm sizes): learned positions past OPT's offset of 2, ReLU MLP; ``project_in`` / ``project_out``
-  and post-LayerNorm OPT-350m refused.
+* OPT (pre-LayerNorm sizes): learned positions past OPT's offset of 2, counted over real tokens only
+  (``positions_from_mask``: a left-padded row starts at 0), ReLU MLP; ``project_in`` / ``project_out`` and
+  post-LayerNorm OPT-350m refused.
 * Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
 * OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``) and QK-norm over all heads;
   its RMSNorm, like Gemma's, multiplies by the weight before rounding (``norm_weight_float32``), and in bf16
@@ -1379,7 +1380,7 @@ def opt_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_mlp=_need(hf_cfg, "ffn_dim", arch), activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre", norm_eps=1e-5,
-        positional="learned", attn_bias=bias, out_bias=bias, mlp_bias=bias, unembed=True,
+        positional="learned", positions_from_mask=True, attn_bias=bias, out_bias=bias, mlp_bias=bias, unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 

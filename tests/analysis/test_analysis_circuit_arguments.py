@@ -2,16 +2,15 @@
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from interp import ModelConfig, Transformer
 from interp.analysis import activation_patching, attribution_patching, patch_heads_together
 from interp.analysis.composition import composition_baseline
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=30, n_ctx=16)).eval()
+    return tiny_model(0, n_layers=2, d_model=32, n_heads=4, d_vocab=30, n_ctx=16)
 
 
 @pytest.fixture

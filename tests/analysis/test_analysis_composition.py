@@ -3,9 +3,9 @@ previous-token heads K-compose with the layer-1 induction heads more than any ot
 
 import pytest
 import torch
+from helpers import tiny_model
 
 import interp
-from interp import ModelConfig, Transformer
 from interp.analysis import composition_baseline, composition_scores, composition_table
 from interp.data import repeated_sequences
 
@@ -27,8 +27,7 @@ def _naive(model, mode, l1, h1, l2, h2):
 
 
 def test_factored_scores_equal_the_naive_formula():
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=3, d_model=24, n_heads=3, d_vocab=20, n_ctx=8, attn_only=True)).eval()
+    model = tiny_model(0, n_layers=3, d_model=24, n_heads=3, d_vocab=20, n_ctx=8, attn_only=True)
     with torch.no_grad():  # non-trivial norm weights, so folding them matters
         for block in model.blocks:
             block.ln1.weight.uniform_(0.5, 1.5)

@@ -6,7 +6,6 @@ import torch
 from helpers import tiny_model
 
 import interp
-from interp import ModelConfig, Transformer
 from interp.analysis import (
     activation_patching,
     attribution_patching,
@@ -69,9 +68,7 @@ def test_exact_cases_of_activation_patching(kind):
 def test_attribution_patching_is_exact_where_the_model_is_linear():
     # With no norm and no MLP the logits are linear in the last layer's head writes: the gradient estimate of
     # patching a last-layer result equals the patched run.
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=30, n_ctx=16, attn_only=True,
-                                    normalization="none")).eval()
+    model = tiny_model(0, n_layers=2, d_model=32, n_heads=4, d_vocab=30, n_ctx=16, attn_only=True, normalization="none")
     clean, corrupted = _pair(1)
     answers = torch.tensor([[1, 2], [3, 4], [5, 6]])
     act = activation_patching(model, clean, corrupted, act="result", by="head_pos", answer_tokens=answers)
@@ -171,9 +168,7 @@ def test_resumed_patched_runs_equal_full_runs(kind, causal):
     """Patched copies join a growing pass at their patched layer (and, causal and per position, the pass starts
     at its earliest patched position with the base run's keys and values before it): every site's metric
     equals a full patched forward pass."""
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=30, n_ctx=16, causal=causal,
-                                    **KINDS[kind])).eval()
+    model = tiny_model(0, n_layers=2, d_model=32, n_heads=4, d_vocab=30, n_ctx=16, causal=causal, **KINDS[kind])
     clean, corrupted = _pair()
     mask = torch.ones_like(clean)
     mask[1, 4:] = 0  # right padding on one row

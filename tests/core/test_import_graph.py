@@ -20,7 +20,8 @@ PKG = ROOT / "interp"
 CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "generate", "model", "flops", "weights",
         "moe", "norms", "progress", "placement", "quantized", "distributed",  # distributed imports nothing of interp's: trace and pruning call it
         "_io"}  # atomic writes, for every layer that writes files
-TRACE = {"trace", "trace_views", "streaming", "interventions", "pipeline"}  # pipeline: a Trace gathered over ranks
+# pipeline and tensor_parallel: a Trace gathered over ranks
+TRACE = {"trace", "trace_views", "streaming", "interventions", "pipeline", "tensor_parallel"}
 ALLOWED = {
     "core": {"core"},
     "data": {"core", "data"},
@@ -47,7 +48,9 @@ DEFERRED = {
 }
 
 # Single deferred imports allowed module by module (importer, imported), each with its reason:
-DEFERRED_MODULES: dict[tuple[str, str], str] = {}
+DEFERRED_MODULES: dict[tuple[str, str], str] = {
+    ("interp.tensor_parallel", "interp.pruning.surgery"): "a rank's shard is remove_heads of the model, one surgery",
+}
 
 
 def layer_of(module: str) -> str:

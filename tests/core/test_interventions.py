@@ -3,8 +3,8 @@ against the model's own gate path and naive recomputations from recorded activat
 
 import pytest
 import torch
+from helpers import tiny_model
 
-import interp
 from interp.interventions import (
     COMPONENTS,
     Component,
@@ -20,9 +20,7 @@ from interp.interventions import (
 
 @pytest.fixture
 def model():
-    torch.manual_seed(0)
-    return interp.Transformer(interp.ModelConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=40,
-                                                 n_ctx=16)).eval()
+    return tiny_model(0, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=40, n_ctx=16)
 
 
 def test_zero_ablation_equals_gating_the_heads_off(model):

@@ -5,17 +5,17 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_model
 
 import interp
-from interp import ModelConfig, Transformer
+from interp import ModelConfig
 
 BASE = dict(n_layers=2, d_model=16, n_heads=4, d_vocab=20, n_ctx=12)
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(**BASE)).eval()
+    return tiny_model(0, **BASE)
 
 
 # --- config ---------------------------------------------------------------------------------------------

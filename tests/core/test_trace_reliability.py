@@ -5,14 +5,14 @@ import struct
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from interp import ModelConfig, Trace, Transformer
+from interp import Trace
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_mlp=32, d_vocab=50, n_ctx=16)).eval()
+    return tiny_model(0, n_layers=2, d_model=16, n_heads=2, d_mlp=32, d_vocab=50, n_ctx=16)
 
 
 @pytest.fixture

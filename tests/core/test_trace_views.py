@@ -2,14 +2,12 @@
 
 import pytest
 import torch
-
-from interp import ModelConfig, Transformer
+from helpers import tiny_model
 
 
 @pytest.fixture(scope="module")
 def run():
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=3, d_model=24, n_heads=3, d_vocab=30, n_ctx=12)).eval()
+    model = tiny_model(0, n_layers=3, d_model=24, n_heads=3, d_vocab=30, n_ctx=12)
     toks = torch.randint(0, 30, (2, 7))
     _, tr = model.run_with_cache(toks)
     return model, tr
@@ -58,9 +56,7 @@ def test_apply_ln_to_stack_sums_to_the_final_norm(run):
 
 def test_post_norm_models_use_the_last_blocks_last_norm_as_the_final_norm():
     # BERT-style post-LN: resid_post of the last block is ln2(resid_mid + mlp_out), so that ln2 is the final norm.
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=2, d_model=24, n_heads=3, d_vocab=30, n_ctx=12, normalization="post",
-                                    positional="learned", causal=False)).eval()
+    model = tiny_model(0, n_layers=2, d_model=24, n_heads=3, d_vocab=30, n_ctx=12, normalization="post", positional="learned", causal=False)
     _, tr = model.run_with_cache(torch.randint(0, 30, (2, 7)))
     ln = model.blocks[-1].ln2
     parts = torch.stack([tr["resid_mid", -1], tr["mlp_out", -1]])  # [2, B, T, M]: what the final norm reads

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 hypothesis = pytest.importorskip("hypothesis")
+from helpers import tiny_model  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -92,15 +93,13 @@ def _lines(path: Path, n: int) -> bytes:
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory) -> dict[str, tuple[bytes, int]]:
     """loader -> (valid file bytes, length of its header region)."""
-    from interp import ModelConfig, Transformer
     from interp.zoo import save_checkpoint
 
     d = tmp_path_factory.mktemp("seeds")
     out = {}
     end = _tiny_gguf(d / "s.gguf")
     out["gguf"] = ((d / "s.gguf").read_bytes(), end)
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_mlp=32, d_vocab=40, n_ctx=8)).eval()
+    model = tiny_model(0, n_layers=1, d_model=16, n_heads=2, d_mlp=32, d_vocab=40, n_ctx=8)
     save_checkpoint(model, d / "m.safetensors")
     out["checkpoint"] = ((d / "m.safetensors").read_bytes(), _safetensors_header_end(d / "m.safetensors"))
     _, tr = model.run_with_cache(torch.tensor([[1, 2, 3, 4]]), names_filter="*hook_pattern")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_model
 
 from interp import ModelConfig, Transformer
 from interp.pruning import kv_cache_savings, n_parameters, remove_heads
@@ -26,8 +27,7 @@ def make(variant: str, *, causal: bool = True, seed: int = 0, **over) -> Transfo
     kw = dict(n_layers=2, d_model=32, n_heads=8, d_head=6, d_vocab=37, n_ctx=24, causal=causal)
     kw.update(VARIANTS[variant])
     kw.update(over)
-    torch.manual_seed(seed)
-    model = Transformer(ModelConfig(**kw)).eval()
+    model = tiny_model(seed, **kw)
     with torch.no_grad():  # non-zero biases so that every term is exercised
         for name, p in model.named_parameters():
             if name.endswith("bias"):

@@ -324,8 +324,10 @@ def classify_heads(
     for data in dict.fromkeys(k.data for k in selected if k.data not in BUILTIN_DATA):
         builder = next(k.data_builder for k in selected if k.data == data)
         reds = reducers_of(data)
-        if reds and builder is not None:
-            run.passes[data] = stream(model, builder(run), reds, batch_size=batch_size, progress=run.show,
+        batches = builder(run) if reds and builder is not None else []
+        # An empty list: the kinds cannot build their data (no tokenizer), and their rows say so.
+        if not (isinstance(batches, (list, tuple)) and not batches):
+            run.passes[data] = stream(model, batches, reds, batch_size=batch_size, progress=run.show,
                                       desc=f"classify_heads: {data}")
 
     # --- every kind's rows, with its probe data ---------------------------------------------------------------

@@ -66,8 +66,10 @@ def task_mean_z(model: Transformer, prompts: ICLPrompts) -> dict[str, dict[int, 
         ``{task: {layer: [H, D]}}`` float32 on the model's device (layers without heads are left out).
 
     Example:
-        >>> means = task_mean_z(model, prompts)
-        >>> means["antonym"][0].shape     # [H, D]
+        >>> from interp.data.icl import icl_prompts
+        >>> prompts = icl_prompts({"succ": [(i, i + 1) for i in range(2, 12)]}, 2, 3, bos_id=0)
+        >>> task_mean_z(model, prompts)["succ"][0].shape      # [H, D]
+        torch.Size([4, 32])
     """
     counts = head_counts(model)
     layers = [layer for layer, H in enumerate(counts) if H]
@@ -143,8 +145,10 @@ def function_vector_effects(model: Transformer, prompts: ICLPrompts,
         ValueError: a prompt's task has no mean in ``means``.
 
     Example:
-        >>> effects = function_vector_effects(model, prompts)
-        >>> effects.mean(-1).shape        # [L, H]: the AIE of every head
+        >>> from interp.data.icl import icl_prompts
+        >>> prompts = icl_prompts({"succ": [(i, i + 1) for i in range(2, 12)]}, 2, 3, bos_id=0)
+        >>> function_vector_effects(model, prompts).mean(-1).shape     # [L, H]: the AIE of every head
+        torch.Size([2, 4])
     """
     means = task_mean_z(model, prompts) if means is None else means
     missing = sorted(set(prompts.tasks) - set(means))
@@ -198,8 +202,11 @@ def icl_accuracy(model: Transformer, prompts: ICLPrompts, *, method: str = "mean
         ValueError: a method other than ``"mean"`` / ``"zero"``.
 
     Example:
+        >>> from interp.data.icl import icl_prompts
+        >>> prompts = icl_prompts({"succ": [(i, i + 1) for i in range(2, 12)]}, 2, 3, bos_id=0)
         >>> per = icl_accuracy(model, prompts)
-        >>> float(per([]).mean()), float(per([(3, 1)]).mean())
+        >>> per([]).shape, per([(1, 0)]).shape
+        (torch.Size([2]), torch.Size([2]))
     """
     if method not in ("mean", "zero"):
         raise ValueError(f"method={method!r}: ICL accuracy ablates with 'mean' or 'zero'")

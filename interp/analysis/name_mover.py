@@ -79,6 +79,8 @@ def ioi_batches(prompts: TaskPrompts, batch_size: int = 32) -> list[Batch]:
         ValueError: as :func:`io_positions`.
 
     Example:
+        >>> p = TaskPrompts("ioi", torch.tensor([[0, 5, 6, 6, 9]]), torch.tensor([[0, 1, 2, 3, 9]]),
+        ...                 answers=torch.tensor([[5, 6]]))
         >>> ioi_batches(p)[0].annotations["io"].tolist()
         [1]
     """
@@ -95,9 +97,12 @@ class EndToIOReducer(Reducer):
     :meth:`per_sequence` (the rows of the bootstrap interval).
 
     Example:
+        >>> p = TaskPrompts("ioi", torch.tensor([[0, 5, 6, 6, 9]]), torch.tensor([[0, 1, 2, 3, 9]]),
+        ...                 answers=torch.tensor([[5, 6]]))
         >>> red = EndToIOReducer(model)
         >>> _ = interp.streaming.stream(model, ioi_batches(p), [red])
         >>> red.result().shape       # [L, H]
+        torch.Size([2, 4])
     """
 
     def __init__(self, model: Any) -> None:
@@ -163,15 +168,17 @@ def name_copying_scores(model: Transformer, names: torch.Tensor, *, comparisons:
     Example:
         >>> pos, neg = name_copying_scores(model, torch.tensor([3, 4]))
         >>> pos.mean(-1).shape           # [L, H]
+        torch.Size([2, 4])
     """
     if isinstance(comparisons, bool) or not isinstance(comparisons, int) or comparisons < 1:
         raise ValueError(f"comparisons={comparisons!r} must be an int >= 1")
     names = torch.as_tensor(names).flatten()
     if not len(names):
         raise ValueError("names is empty: the copying score needs at least one name token")
-    if not has_unembedding(model):
+    unembed = model.unembed
+    if unembed is None or not has_unembedding(model):
         raise ValueError("copying scores read the unembedding, and this model has none")
-    V = model.unembed.weight.shape[0]
+    V = unembed.weight.shape[0]
     gen = torch.Generator().manual_seed(seed)
     if comparisons >= V:
         others = torch.arange(V).expand(len(names), V)  # [n, V]

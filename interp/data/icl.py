@@ -15,7 +15,7 @@ its own output while the query, the labels and the length stay the same (Todd et
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,7 +157,7 @@ def _prompt(head: list[int], inputs: list[list[int]], labels: list[list[int]], q
     return torch.tensor(ids + query + between)  # [T]
 
 
-def icl_prompts(pairs: dict[str, Sequence[tuple[Any, Any]]], n_prompts: int, n_shots: int = 5, *,
+def icl_prompts(pairs: Mapping[str, Sequence[tuple[Any, Any]]], n_prompts: int, n_shots: int = 5, *,
                 bos_id: int | None = None, between: Sequence[int] = (), after: Sequence[int] = (),
                 seed: int = 0) -> ICLPrompts:
     """``n_prompts`` few-shot prompts per task, with their shuffled-label counterparts.

@@ -282,5 +282,5 @@ register_kind(HeadKind(
            "shuffled-label prompts, averaged over every task (heads without a role sit at ~0; Todd et al. keep "
            "the top-ranked heads, an absolute cut-off compares models)",
     source="Todd et al. 2024, Function vectors in large language models",
-    default=False, colour="#8e44ad", data_builder=_prompts,
+    default=False, colour="#7d6608", data_builder=_prompts,
     defaults={"function_vector_threshold": 0.01, "icl_prompts": None, "icl_n_prompts": 8, "icl_shots": 5}))

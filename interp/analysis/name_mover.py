@@ -261,6 +261,6 @@ register_kind(HeadKind(
            "mover) or below (negative name mover) 90 % of the vocabulary in the head's own logits (chance 0.5)",
     source="Wang et al. 2022, Interpretability in the wild: a circuit for indirect object identification in GPT-2 "
            "small",
-    default=False, colour="#c0392b", data_builder=_data,
+    default=False, colour="#a04000", data_builder=_data,
     defaults={"name_mover_threshold": 0.3, "name_mover_copying": 0.9, "ioi_prompts": None, "ioi_n_prompts": 32,
               "name_mover_comparisons": 256}))

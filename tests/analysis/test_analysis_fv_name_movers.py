@@ -148,6 +148,8 @@ def test_name_movers_are_found_and_no_other_head():
     assert d.copying[0] == 1.0 and d.negative_copying[1] == 1.0 and d.copying[2] == 1.0
     assert d.copying[3] == 0.0 and d.negative_copying[3] == 0.0  # writes nothing: no rank either way
     assert set(head_kinds()["name-mover"].labels) == {"name-mover", "negative-name-mover"}
+    legend = {t.name: t.marker.color for t in report.figure().data if t.type == "scatter" and t.name}
+    assert legend["name-mover"] == head_kinds()["name-mover"].colour != legend["negative-name-mover"]
 
 
 def test_copying_scores_against_a_naive_rank():

@@ -36,6 +36,7 @@ from ..streaming import Reducer
 from ._stream import head_counts
 from .ablate import ablate_heads, head_z_means
 from .kinds import HeadKind, KindRun, register_kind
+from .ov_circuit import has_unembedding
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -248,6 +249,9 @@ def _prompts(run: KindRun) -> ICLPrompts | None:
 
 
 def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
+    if not has_unembedding(run.model):
+        run.probes["function-vector"] = "not measured: the model has no unembedding (no answer probability)"
+        return []
     prompts = _prompts(run)
     if prompts is None:
         run.probes["function-vector"] = "not measured: no text tokenizer and no icl_prompts"

@@ -204,8 +204,8 @@ def _task(run: KindRun) -> TaskPrompts | None:
                              "(ioi_prompts builds one)")
         return given
     tok = getattr(run.model, "tokenizer", None)
-    if tok is None or type(tok).__name__ == "TokenIdTokenizer":
-        return None
+    if tok is None or type(tok).__name__ == "TokenIdTokenizer" or not has_unembedding(run.model):
+        return None  # the rows say why nothing was measured
     if "ioi:prompts" not in run.passes:  # built once: the data builder and the rows read the same prompts
         run.passes["ioi:prompts"] = ioi_prompts(run.model, run["ioi_n_prompts"], seed=run["seed"])
     return run.passes["ioi:prompts"]
@@ -223,10 +223,12 @@ def _reducers(run: KindRun) -> list[Reducer]:
 def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     red = reducers[0]
     assert isinstance(red, EndToIOReducer)
+    if not has_unembedding(run.model):
+        run.probes["name-mover"] = "not measured: the model has no unembedding"
+        return []
     task = _task(run)
-    if task is None or not has_unembedding(run.model):
-        run.probes["name-mover"] = ("not measured: no text tokenizer and no ioi_prompts" if task is None else
-                                    "not measured: the model has no unembedding")
+    if task is None:
+        run.probes["name-mover"] = "not measured: no text tokenizer and no ioi_prompts"
         return []
     assert task.answers is not None
     names = torch.unique(task.answers.flatten())

@@ -6,7 +6,8 @@ sets of the same size, and bf16 against float32.
   (``interp.data.icl``: antonym, country-capital, lowercase-uppercase, number-next-word, english-french-number).
   The 3 sets are disjoint: each task's pairs are dealt into 3 parts (``split_pairs``), so no set shares an input
   or an output with another. Causal: ICL accuracy on set 2's clean prompts (held out from set 1, where the heads
-  were found) with the heads mean-ablated, against 20 random head sets of the same size.
+  were found) with the heads mean-ablated, against 20 random head sets of the same size; then the same for the
+  top 10 heads by AIE (Todd et al. keep the top-ranked heads).
 - name movers / negative name movers (Wang et al. 2022): attention END -> IO on IOI prompts
   (``interp.data.circuit_tasks.ioi_prompts``) plus the OV copying score on the names. The 3 sets are disjoint
   thirds of one draw of prompts. Causal: the logit difference IO - S on set 2's prompts with the heads
@@ -14,7 +15,7 @@ sets of the same size, and bf16 against float32.
 
 Usage:
     OMP_NUM_THREADS=1 python experiments/benchmarks/bench_fv_name_movers_smollm2.py [--out /tmp/fv_nm.json]
-        [--icl-prompts 8] [--ioi-prompts 96] [--draws 20] [--bootstrap 1000] [--no-bf16]
+        [--icl-prompts 8] [--ioi-prompts 96] [--draws 20] [--bootstrap 1000] [--fv-top 10] [--no-bf16]
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def main() -> None:
     ap.add_argument("--ioi-prompts", type=int, default=96, help="IOI prompts, dealt into 3 sets")
     ap.add_argument("--draws", type=int, default=20)
     ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--fv-top", type=int, default=10, help="also test the top-k AIE heads (0: no)")
     ap.add_argument("--no-bf16", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -155,6 +157,11 @@ def main() -> None:
             tested = f"{k} (no head passed; the 3 top-AIE heads)"
         out["causal"][k] = {"tested": tested, **causal(model, heads, per, args.draws)}
         print(f"causal {k}: {json.dumps(out['causal'][k])}", flush=True)
+    if args.fv_top:  # Todd et al. keep the top-ranked heads: the same test on the top AIE heads of set 1
+        heads = [parse(h) for h, _ in out["function_vector_top10"][:args.fv_top]]
+        key = f"function-vector (top {len(heads)} by AIE)"
+        out["causal"][key] = {"tested": key, **causal(model, heads, clean_acc, args.draws)}
+        print(f"causal {key}: {json.dumps(out['causal'][key])}", flush=True)
 
     if not args.no_bf16:
         t = time.perf_counter()

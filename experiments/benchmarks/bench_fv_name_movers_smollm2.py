@@ -11,7 +11,8 @@ sets of the same size, and bf16 against float32.
 - name movers / negative name movers (Wang et al. 2022): attention END -> IO on IOI prompts
   (``interp.data.circuit_tasks.ioi_prompts``) plus the OV copying score on the names. The 3 sets are disjoint
   thirds of one draw of prompts. Causal: the logit difference IO - S on set 2's prompts with the heads
-  mean-ablated, against 20 random head sets of the same size.
+  mean-ablated (the mean over every position of the clean prompts; then Wang et al.'s knockout, the per-position
+  mean over the "ABC" prompts), against 20 random head sets of the same size.
 
 Usage:
     OMP_NUM_THREADS=1 python experiments/benchmarks/bench_fv_name_movers_smollm2.py [--out /tmp/fv_nm.json]
@@ -157,6 +158,15 @@ def main() -> None:
             tested = f"{k} (no head passed; the 3 top-AIE heads)"
         out["causal"][k] = {"tested": tested, **causal(model, heads, per, args.draws)}
         print(f"causal {k}: {json.dumps(out['causal'][k])}", flush=True)
+    # Wang et al.'s knockout: each head's per-position mean over the "ABC" prompts (three unrelated names).
+    per_abc = kind_metric(model, "name-mover", ioi[1].clean, answers=ioi[1].answers, reference=ioi[1].corrupted,
+                          per_position=True)
+    for k in ("name-mover", "negative-name-mover"):
+        heads = [parse(h) for h in out["sets"][0][k]["heads"]]
+        if heads:
+            key = f"{k} (per-position mean over ABC prompts)"
+            out["causal"][key] = {"tested": key, **causal(model, heads, per_abc, args.draws)}
+            print(f"causal {key}: {json.dumps(out['causal'][key])}", flush=True)
     if args.fv_top:  # Todd et al. keep the top-ranked heads: the same test on the top AIE heads of set 1
         heads = [parse(h) for h, _ in out["function_vector_top10"][:args.fv_top]]
         key = f"function-vector (top {len(heads)} by AIE)"

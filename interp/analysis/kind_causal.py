@@ -141,7 +141,8 @@ def ordinal_prompts(sequences: dict[str, list[int]] | list[list[int]], *, contex
 
 @torch.no_grad()
 def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers: torch.Tensor | None = None,
-                half_len: int | None = None, method: str = "mean", reference: Any = None) -> PerExample:
+                half_len: int | None = None, method: str = "mean", reference: Any = None,
+                per_position: bool = False) -> PerExample:
     """The per-example metric of ``kind`` (module docstring) as ``heads -> [N]``, with ``heads`` ablated.
 
     Args:
@@ -154,6 +155,8 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
         half_len: the length of x (induction) or of the needle (retrieval).
         method: the ablation (``"mean"`` or ``"resample"``; the reference is ``tokens`` unless given).
         reference: the ablation's reference data.
+        per_position: mean ablation with one mean per position (the reference of ``tokens``' length; Wang et al.
+            knock heads out with the per-position mean over the "ABC" prompts).
 
     Returns:
         ``per_example(heads) -> [N]`` float64 (loss: lower is better for sink and induction; log-probabilities
@@ -179,12 +182,12 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
         raise ValueError(f"the {kind} metric needs half_len= (the length of the repeated run / the needle)")
     reference = tokens if reference is None else reference
     # Mean ablation's reference means, computed once for every head set (a full pass each time otherwise).
-    values = head_z_means(model, reference) if method == "mean" else None
+    values = head_z_means(model, reference, per_position=per_position) if method == "mean" else None
 
     def run(heads: list[tuple[int, int]]) -> torch.Tensor:
         if not heads:
             return model(tokens).float()
-        with ablate_heads(model, heads, method, reference=reference, values=values):
+        with ablate_heads(model, heads, method, reference=reference, values=values, per_position=per_position):
             return model(tokens).float()
 
     def per_example(heads: list[tuple[int, int]]) -> torch.Tensor:

@@ -178,6 +178,12 @@ def test_name_mover_logit_difference_and_bad_input():
     per = kind_metric(model, "name-mover", prompts.clean, answers=prompts.answers)
     # At END: +IO (L0H0) - IO (L0H1) + S (L0H2, which attends to S): IO - S = 0 - 1.
     assert torch.allclose(per([]), torch.full((4,), -1.0, dtype=torch.float64), atol=1e-4)
+    # Per-position mean ablation of L0H2: at END it writes the mean one-hot of the prompts' subjects.
+    io, s = prompts.answers[:, 0], prompts.answers[:, 1]
+    share = (s[:, None, None] == torch.stack([io, s], 1)[None]).double().mean(0)  # [N, 2]: subjects equal to IO_j / S_j
+    per_pos = kind_metric(model, "name-mover", prompts.clean, answers=prompts.answers, reference=prompts.clean,
+                          per_position=True)
+    assert torch.allclose(per_pos([(0, 2)]), share[:, 0] - share[:, 1], atol=1e-4)
     with pytest.raises(ValueError, match=r"answers= \[N, 2\] \(IO, S\) ids, got \(4,\)"):
         kind_metric(model, "name-mover", prompts.clean, answers=prompts.answers[:, 0])
     twice = TaskPrompts("ioi", torch.tensor([[0, 5, 6, 5, 9]]), torch.tensor([[0, 1, 2, 3, 9]]),

@@ -14,7 +14,13 @@ Each kind has its own metric, measured per example with the heads mean-ablated (
   second half);
 - ``retrieval``: needle recall, the log-probability of each needle token as the answer copies it (one example
   per copied token; :func:`interp.data.needle.needle_batches`; ``half_len`` = the needle's length); ablating
-  retrieval heads should lower it.
+  retrieval heads should lower it;
+- ``name-mover``: the logit difference IO - S at the last position of IOI prompts (``answers`` ``[N, 2]``:
+  :func:`interp.data.circuit_tasks.ioi_prompts`); ablating name movers should lower it, negative name movers
+  raise it.
+
+Function-vector heads are scored on ICL prompts of several lengths: their metric, ICL accuracy, is
+:func:`interp.analysis.function_vector.icl_accuracy`.
 
 :func:`paired_random_test` then compares, example by example, the target's effect (ablated minus clean) with the
 mean effect of the random sets: the mean paired difference, its bootstrap interval and a Wilcoxon signed-rank
@@ -135,22 +141,26 @@ def ordinal_prompts(sequences: dict[str, list[int]] | list[list[int]], *, contex
 
 @torch.no_grad()
 def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers: torch.Tensor | None = None,
-                half_len: int | None = None, method: str = "mean", reference: Any = None) -> PerExample:
+                half_len: int | None = None, method: str = "mean", reference: Any = None,
+                per_position: bool = False) -> PerExample:
     """The per-example metric of ``kind`` (module docstring) as ``heads -> [N]``, with ``heads`` ablated.
 
     Args:
         model: an interp Transformer.
-        kind: ``"sink"``, ``"copy-suppression"``, ``"successor"``, ``"induction"`` or ``"retrieval"``.
+        kind: ``"sink"``, ``"copy-suppression"``, ``"successor"``, ``"induction"``, ``"retrieval"`` or
+            ``"name-mover"``.
         tokens: ``[N, T]`` the examples: text for sink and copy suppression, :func:`ordinal_prompts` for
             successor, ``[bos] x x`` for induction.
-        answers: ``[N]`` the successor of each prompt (successor only).
+        answers: ``[N]`` the successor of each prompt (successor); ``[N, 2]`` (IO, S) ids (name-mover).
         half_len: the length of x (induction) or of the needle (retrieval).
         method: the ablation (``"mean"`` or ``"resample"``; the reference is ``tokens`` unless given).
         reference: the ablation's reference data.
+        per_position: mean ablation with one mean per position (the reference of ``tokens``' length; Wang et al.
+            knock heads out with the per-position mean over the "ABC" prompts).
 
     Returns:
         ``per_example(heads) -> [N]`` float64 (loss: lower is better for sink and induction; log-probabilities
-        for the others; retrieval: ``[N * (half_len - 1)]``, one per copied token).
+        for the others; name-mover: the logit difference; retrieval: ``[N * (half_len - 1)]``, one per copied token).
 
     Raises:
         ValueError: an unknown kind, or a missing ``answers`` / ``half_len``.
@@ -160,25 +170,31 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
         >>> per([]).shape, per([(1, 0)]).shape
         (torch.Size([2]), torch.Size([2]))
     """
-    kinds = ("sink", "copy-suppression", "successor", "induction", "retrieval")
+    kinds = ("sink", "copy-suppression", "successor", "induction", "retrieval", "name-mover")
     if kind not in kinds:
         raise ValueError(f"kind={kind!r}: causal metrics exist for {kinds}")
     if kind == "successor" and answers is None:
         raise ValueError("the successor metric needs answers= (the next item of each prompt)")
+    if kind == "name-mover" and (answers is None or answers.dim() != 2 or answers.shape[1] != 2):
+        shape = None if answers is None else tuple(answers.shape)
+        raise ValueError(f"the name-mover metric needs answers= [N, 2] (IO, S) ids, got {shape}")
     if kind in ("induction", "retrieval") and half_len is None:
         raise ValueError(f"the {kind} metric needs half_len= (the length of the repeated run / the needle)")
     reference = tokens if reference is None else reference
     # Mean ablation's reference means, computed once for every head set (a full pass each time otherwise).
-    values = head_z_means(model, reference) if method == "mean" else None
+    values = head_z_means(model, reference, per_position=per_position) if method == "mean" else None
 
     def run(heads: list[tuple[int, int]]) -> torch.Tensor:
         if not heads:
             return model(tokens).float()
-        with ablate_heads(model, heads, method, reference=reference, values=values):
+        with ablate_heads(model, heads, method, reference=reference, values=values, per_position=per_position):
             return model(tokens).float()
 
     def per_example(heads: list[tuple[int, int]]) -> torch.Tensor:
         logits = run(heads)  # [N, T, V]
+        if kind == "name-mover":  # logit difference IO - S at END
+            last = logits[:, -1].gather(-1, answers.to(logits.device))  # type: ignore[union-attr]  # [N, 2]
+            return (last[:, 0] - last[:, 1]).double().cpu()
         if kind == "successor":
             logp = F.log_softmax(logits[:, -1], dim=-1)  # [N, V]
             return logp[torch.arange(len(tokens)), answers.to(logp.device)].double().cpu()  # type: ignore[union-attr]

@@ -37,6 +37,8 @@ DATA = {
     "weights": "the weights alone (OV / QK circuits), no forward pass over data",
     "needles": "generated needle-in-a-haystack prompts (interp.data.needle)",
     "natural-repeats": "the given texts repeated once, [bos] x x (texts=)",
+    "icl": "few-shot in-context-learning prompts and their shuffled-label versions (interp.data.icl)",
+    "ioi": "indirect-object identification prompts (interp.data.circuit_tasks.ioi_prompts)",
 }
 #: The data classify_heads itself knows how to stream; any other data name is built by its kinds' data_builder.
 BUILTIN_DATA = ("text", "repeats", "treebank", "coref", "weights")
@@ -206,4 +208,4 @@ def kind_of_label(label: str) -> HeadKind | None:
 
 def _load_builtin() -> None:
     """Import the modules that register the kinds shipped with interp (deferred: they import this module)."""
-    from . import builtin_kinds, copy_suppression, induction_natural, retrieval, sink, successor  # noqa: F401
+    from . import builtin_kinds, copy_suppression, function_vector, induction_natural, name_mover, retrieval, sink, successor  # noqa: F401

@@ -29,11 +29,18 @@ kind                        criterion                                           
                             (:mod:`.copy_suppression`; McDougall et al. 2023)
 ``successor``               succession score of the effective OV circuit on ordinal tokens   0.5
                             (:mod:`.successor`; Gould et al. 2023)
+``function-vector``         average indirect effect of the head's task-mean output on        0.01
+                            shuffled-label ICL prompts (:mod:`.function_vector`; Todd et al.
+                            2024)
+``name-mover``,             attention from END to the indirect object on IOI prompts, with   0.3 / 0.9
+``negative-name-mover``     a positive / negative OV copying score on the names
+                            (:mod:`.name_mover`; Wang et al. 2022)
 ==========================  ==============================================================  =========
 
 With ``bootstrap=N`` every score that keeps per-row values (sink: per sequence; copy suppression and successor:
-per token) gets an interval, and a head whose interval straddles the threshold is reported with
-``uncertain=True`` (:mod:`.uncertainty`). ``report.probes`` says which data each kind was measured on.
+per token; function vector: per ICL prompt; name movers: per IOI prompt) gets an interval, and a head whose
+interval straddles the threshold is reported with ``uncertain=True`` (:mod:`.uncertainty`). ``report.probes``
+says which data each kind was measured on.
 """
 
 from __future__ import annotations
@@ -330,8 +337,10 @@ def classify_heads(
     for data in dict.fromkeys(k.data for k in selected if k.data not in BUILTIN_DATA):
         builder = next(k.data_builder for k in selected if k.data == data)
         reds = reducers_of(data)
-        if reds and builder is not None:
-            run.passes[data] = stream(model, builder(run), reds, batch_size=batch_size, progress=run.show,
+        batches = builder(run) if reds and builder is not None else []
+        # An empty list: the kinds cannot build their data (no tokenizer), and their rows say so.
+        if not (isinstance(batches, (list, tuple)) and not batches):
+            run.passes[data] = stream(model, batches, reds, batch_size=batch_size, progress=run.show,
                                       desc=f"classify_heads: {data}")
 
     # --- every kind's rows, with its probe data ---------------------------------------------------------------

@@ -336,6 +336,8 @@ KIND_COLOURS = {
     "positional:first": "#bcbd22", "positional:delimiter": "#8c564b", "positional:0": "#17becf",
     "positional:-1": "#aec7e8", "positional:-2": "#98df8a", "positional:-3": "#c5b0d5",
     "positional:+1": "#ffbb78", "positional:+2": "#f7b6d2", "positional:+3": "#c49c94",
+    # One registered kind, two labels: the negative name mover gets a lighter shade of the name mover's colour.
+    "negative-name-mover": "#e59866",
 }
 # Colours for the other kinds (syntactic:*, coreference:*...): no reds or blues, which mean induction and
 # previous-token, and far enough apart to tell neighbouring stripes apart.

@@ -13,6 +13,8 @@ URL query parameters preselect the model and the page: ``?model=random-tiny&page
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import streamlit as st
 from streamlit import config as st_config
 from streamlit.navigation.page import StreamlitPage
@@ -94,19 +96,25 @@ def navigate() -> None:
         state[k] = v
     st.sidebar.title("interp")
     ready: dict[str, PageContext | None] = {}
-    by_title = {p.title: st.Page(lambda p=p: ready[p.title] is not None and p.render(ready[p.title]), title=p.title,
-                                 url_path=p.slug, default=i == 0)
+
+    def runner(page: Page) -> Callable[[], None]:
+        def run() -> None:
+            ctx = ready.get(page.title)
+            if ctx is not None:  # None: the sidebar said what is missing (a model, readable text)
+                page.render(ctx)
+        return run
+
+    by_title = {p.title: st.Page(runner(p), title=p.title, url_path=p.slug, default=i == 0)
                 for i, p in enumerate(PAGES)}
     current = st.navigation(list(by_title.values()), position="hidden")
     wanted = st.query_params.get("page")
     if "_page_seen" not in state and wanted in by_title and wanted != current.title:
-        state["_page_seen"] = wanted
         # A link straight to a page (?page=Head+map): keep its other parameters (?model=...).
         switch_to(by_title[wanted], {k: v for k, v in st.query_params.to_dict().items() if k != "page"})
     if state.get("_page_seen") != current.title:
         state["page"] = current.title  # the URL (a link, the back button) chose the page: the radio follows
         state["_page_seen"] = current.title
-    choice = st.sidebar.radio("Page", list(by_title), key="page")
+    choice = str(st.sidebar.radio("Page", list(by_title), key="page"))
     if choice != current.title:
         switch_to(by_title[choice])
     page = next(p for p in PAGES if p.title == current.title)

@@ -69,7 +69,7 @@ def choose_text(model: interp.Transformer) -> str:
     ``text_value`` and the box is restored from it.
     """
     examples = example_texts(model)
-    pick = st.sidebar.selectbox("Example", ["(type your own)", *examples], key="example")
+    pick = str(st.sidebar.selectbox("Example", ["(type your own)", *examples], key="example"))
     default = examples[pick] if pick in examples else next(iter(examples.values()))
     state = st.session_state
     if state.get("_example_for") != (pick, model.name):

@@ -114,11 +114,11 @@ def choose_model() -> ModelKey | None:
     wanted = st.query_params.get("model")
     if "model" not in st.session_state and wanted in MODEL_CHOICES:
         st.session_state["model"] = wanted
-    choice = st.sidebar.selectbox("Model", MODEL_CHOICES, key="model",
+    choice = str(st.sidebar.selectbox("Model", MODEL_CHOICES, key="model",
                                   help="Built-in models, a tiny random model, a local interp checkpoint "
                                        "(.safetensors written by interp.zoo.save_checkpoint), or a Hugging Face "
                                        f"or TransformerLens model ({FAMILIES}; name or local folder; names need "
-                                       "internet access).")
+                                       "internet access)."))
     if choice != CHECKPOINT:
         st.session_state.pop(KEEP_UPLOAD, None)  # another model: a later visit to the upload box starts empty
     if choice in BUILTIN_MODELS:

@@ -74,16 +74,17 @@ def render(ctx: PageContext) -> None:
         st.caption(f"Heads per layer: {counts} (a pruned model): the layer x head grid needs equal counts.")
     if view == "One head":
         c1, c2 = st.columns(2)
-        layer = c1.selectbox("Layer", [i for i in range(L) if counts[i]], key="attn_layer")
+        layer = int(c1.selectbox("Layer", [i for i in range(L) if counts[i]], key="attn_layer") or 0)
         # Per-layer head counts: one box per count, so a head picked in a wider layer is never out of range.
-        head = c2.selectbox("Head", range(counts[layer]), key="attn_head" if uniform else f"attn_head_{counts[layer]}")
+        head = int(c2.selectbox("Head", range(counts[layer]), key="attn_head" if uniform else f"attn_head_{counts[layer]}")
+                   or 0)
         st.plotly_chart(viz.attention_heatmap(pats[layer, head], toks, title=f"layer {layer}, head {head}"),
                         width="stretch", key="fig_attn_head")
         top = pats[layer, head].argmax(-1)
         st.caption("Each query's strongest key: " + ", ".join(
             f"{toks[q]} → {toks[k]}" for q, k in list(enumerate(top))[: min(T, 12)]) + (" ..." if T > 12 else ""))
     elif view == "All heads of a layer":
-        layer = st.selectbox("Layer", [i for i in range(L) if counts[i]], key="attn_layer_all")
+        layer = int(st.selectbox("Layer", [i for i in range(L) if counts[i]], key="attn_layer_all") or 0)
         st.plotly_chart(viz.layer_heads(pats[layer, :counts[layer]], toks, layer=layer, cols=min(counts[layer], 6),
                                         n_kv_heads=kv_heads(model)), width="stretch", key="fig_attn_layer")
     else:

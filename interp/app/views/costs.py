@@ -36,7 +36,8 @@ def _config_from_inputs(prefix: str, preset: interp.ModelConfig) -> interp.Model
     rotary = c[3].checkbox("Rotary positions", preset.positional == "rotary", key=f"{prefix}_rotary")
     return interp.ModelConfig(
         n_layers=int(n_layers), d_model=int(d_model), n_heads=int(n_heads), d_head=int(d_head), n_kv_heads=int(kv),
-        attn_only=d_mlp == 0, d_mlp=int(d_mlp) or None, activation="swiglu" if gated else "gelu",
+        attn_only=d_mlp == 0, activation="swiglu" if gated else "gelu",
+        d_mlp=int(d_mlp) or None,  # type: ignore[arg-type]  # None: the config derives it
         positional="rotary" if rotary else "learned", normalization="rms" if rotary else "pre",
         d_vocab=32000, n_ctx=1 << 20)
 
@@ -50,7 +51,7 @@ def render(ctx: PageContext) -> None:
     if model is not None and model.cfg.attention == "standard":
         presets[f"This model ({model.name})"] = model.cfg  # first: the page starts from the selected model
     presets["Worked example: 80 layers, 64 heads x 128 (Llama-2-70B size)"] = worked_example_config()
-    name = st.selectbox("Start from", list(presets), key="cost_preset")
+    name = str(st.selectbox("Start from", list(presets), key="cost_preset"))
     prefix = "cost" + hashlib.md5(name.encode()).hexdigest()[:6]
     try:
         cfg = _config_from_inputs(prefix, presets[name])
@@ -58,7 +59,7 @@ def render(ctx: PageContext) -> None:
         st.error(f"Not a valid configuration: {e}")
         return
     c = st.columns(5)
-    dtype = c[0].selectbox("dtype", ["fp16", "bf16", "fp32", "fp8"], key="cost_dtype")
+    dtype = str(c[0].selectbox("dtype", ["fp16", "bf16", "fp32", "fp8"], key="cost_dtype"))
     batch = int(c[1].number_input("Batch", 1, 100000, 32, key="cost_batch"))
     tokens = int(c[2].number_input("Tokens per sequence", 1, 10_000_000, 4096, key="cost_tokens"))
     options = gqa_group_options(cfg.n_heads)
@@ -90,9 +91,9 @@ def render(ctx: PageContext) -> None:
                  hide_index=True, width="stretch")
 
     st.subheader("FLOPs per layer")
-    c = st.columns(2)
-    mode = c[0].radio("Pass", ["Prefill", "One decoding step"], horizontal=True, key="flops_mode")
-    seq = int(c[1].number_input("Context length", 1, 10_000_000, min(tokens, 4096), key="flops_seq"))
+    c2 = st.columns(2)
+    mode = c2[0].radio("Pass", ["Prefill", "One decoding step"], horizontal=True, key="flops_mode")
+    seq = int(c2[1].number_input("Context length", 1, 10_000_000, min(tokens, 4096), key="flops_seq"))
     if mode == "Prefill":
         flops = flops_per_layer(cfg, seq_len=seq, batch=batch)
     else:

@@ -203,9 +203,9 @@ def _positional_panel(model: interp.Transformer, pos: pd.DataFrame) -> None:
     if n_heads <= MAX_POSITIONAL_ROWS:
         fig = viz.positional_map(pos, cols, title="attention mass by target")
     else:
-        rows = st.selectbox("Rows", ["largest head of each layer", *(f"layer {i}" for i in range(L))],
-                            key="positional_rows",
-                            help=f"{n_heads} heads do not fit one screen: aggregate, or pick a layer")
+        rows = str(st.selectbox("Rows", ["largest head of each layer", *(f"layer {i}" for i in range(L))],
+                                key="positional_rows",
+                                help=f"{n_heads} heads do not fit one screen: aggregate, or pick a layer"))
         if rows.startswith("layer "):
             layer = int(rows.split()[1])
             fig = viz.positional_map(pos, cols, layers=[layer], title=f"attention mass by target, layer {layer}")

@@ -184,8 +184,10 @@ def _run_curves(key: ModelKey, model: interp.Transformer, encoder: bool) -> list
     job = jobs.get(job_key) if plan else None
     running = job is not None and not job.done
     if st.button("Run", key="curve_run", type="primary", disabled=running or not plan):
-        job = jobs.start(job_key, f"pruning {model.name}",
-                         lambda report, model=model, plan=plan, step=step: run_pruning(model, plan, step, report))
+        def work(report: Callable[[float, str], None]) -> dict[str, Any]:
+            return run_pruning(model, plan, step, report)
+
+        job = jobs.start(job_key, f"pruning {model.name}", work)
         running = not job.done
     if running and job is not None:
         show_job(job)

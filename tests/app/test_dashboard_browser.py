@@ -27,7 +27,7 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 #: page -> minimum number of plotly figures it must draw
-PAGES = {"Attention patterns": 1, "Head map": 2, "Induction": 2, "Pruning": 0, "KV cache & FLOPs": 2}
+PAGES = {"Attention patterns": 1, "Head map": 2, "Induction": 2, "Circuits": 0, "Pruning": 0, "KV cache & FLOPs": 2}
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

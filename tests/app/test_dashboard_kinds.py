@@ -107,3 +107,42 @@ def test_a_kind_that_needs_text_is_offered_for_a_text_model_only():
     model.tokenizer = word_tokenizer(model.cfg.d_vocab)
     assert "induction:natural" in available_kinds(model, set())
     assert "syntactic" in available_kinds(model, {"conllu"}) and "syntactic" not in available_kinds(model, set())
+
+
+def test_the_circuit_colours_its_heads_by_the_head_maps_kinds(sink_checkpoint, monkeypatch, tmp_path):
+    folder, model = sink_checkpoint
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("INTERP_DASHBOARD_FILES", str(folder))
+    at = AppTest.from_file(str(DASHBOARD), default_timeout=180)
+    at.query_params["model"] = "local checkpoint"
+    at.query_params["page"] = "Circuits"
+    at.run()
+    at.sidebar.text_input(key="ckpt_path").set_value("sink.safetensors")
+    at.run()
+    from interp.circuits import build_graph
+
+    n_edges = build_graph(model).n_edges
+    at.number_input(key=f"circuit_edges_{n_edges}").set_value(n_edges)  # every edge: every head is a node
+    at.number_input(key="circuit_random").set_value(1)
+    at.run()
+    at.button(key="circuit_run").click()
+    at.run()
+    def groups() -> dict[str, str]:
+        """Each head node of the circuit figure -> the name of the node group it is drawn in."""
+        return {n: t["name"] for t in _chart(at, "fig_circuit")["data"] if t.get("mode") == "markers+text"
+                for n in t["text"] if n.startswith("a")}
+
+    assert set(groups().values()) == {"node"}  # not coloured until asked
+    at.toggle(key="circuit_kinds").set_value(True)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    # Reference: the head map's default kinds on the page's data; each head is drawn under one of its own kinds.
+    default = [n for n, k in head_kinds().items() if k.default and k.data not in ("treebank", "coref")
+               and "texts" not in k.needs]
+    report = classify_heads(model, kinds=default, n_seqs=16, batch_size=32, progress=False)
+    assert report.heads("previous-token") == [(0, 2)]
+    drawn = groups()
+    assert set(drawn) == {"a0.h0", "a0.h1", "a0.h2"}
+    for node, group in drawn.items():
+        layer, head = int(node[1]), int(node.split(".h")[1])
+        assert group in {k.split(":")[0] for k in report.kinds(layer, head)}, (node, group)

@@ -101,6 +101,23 @@ def circuit_data(key: ModelKey, task_name: str, method: str, n_keep: int, steps:
                         train_steps=train_steps, n_prompts=n_prompts, n_random=n_random)
 
 
+def head_kinds_report(ctx: PageContext) -> Any:
+    """The Head map page's report with its default kinds and data sizes (the same disk-cache entry), or None with
+    a message when the heads cannot be classified."""
+    from interp.app.views.head_map import available_kinds, head_report
+
+    assert ctx.key is not None and ctx.model is not None
+    sizes = default_sizes(ctx.model)
+    kinds = tuple(n for n, k in available_kinds(ctx.model, set()).items() if k.default)
+    try:
+        result = head_report(ctx.key, kinds, None, 200, None, sizes["head_texts"], sizes["head_seqs"],
+                             sizes["head_half"], sizes["batch"])
+    except Exception as e:  # noqa: BLE001 - shown to the user; the circuit is drawn without kinds
+        st.error(f"Could not classify the heads: {e}")
+        return None
+    return result["value"]
+
+
 def _edge_count(n_total: int) -> int:
     return max(1, round(0.1 * n_total))
 
@@ -165,7 +182,11 @@ def render(ctx: PageContext) -> None:
     if not len(found):
         st.warning(f"{method} kept no edge: lower the threshold or keep more edges.")
     else:
-        st.plotly_chart(circuit_figure(found, title=f"{method} circuit of {model.name} on {task_name}"),
+        report = head_kinds_report(ctx) if st.toggle(
+            "Colour heads by kind", key="circuit_kinds",
+            help="classify the heads with the Head map page's default kinds and data (cached on disk, shared with "
+                 "that page)") else None
+        st.plotly_chart(circuit_figure(found, report=report, title=f"{method} circuit of {model.name} on {task_name}"),
                         width="stretch", key="fig_circuit")
     st.plotly_chart(faithfulness_figure(curve, title=f"faithfulness over circuit size ({task_name})"),
                     width="stretch", key="fig_faithfulness")

@@ -146,3 +146,15 @@ def test_the_circuit_colours_its_heads_by_the_head_maps_kinds(sink_checkpoint, m
     for node, group in drawn.items():
         layer, head = int(node[1]), int(node.split(".h")[1])
         assert group in {k.split(":")[0] for k in report.kinds(layer, head)}, (node, group)
+
+
+def test_the_kinds_picked_stay_over_a_visit_to_another_page(monkeypatch, tmp_path):
+    at = _head_map(monkeypatch, tmp_path)
+    at.multiselect(key="head_kinds").set_value(["induction", "sink"])
+    at.run()
+    for page in ("Induction", "Head map"):
+        at.sidebar.radio(key="page").set_value(page)
+        at.run()
+        assert not at.exception and at.title[0].value == page
+    assert at.multiselect(key="head_kinds").value == ["induction", "sink"]
+    assert list(at.dataframe[0].value["kind"]) == ["induction", "sink"]

@@ -22,6 +22,8 @@ from interp.app.views.induction import partial_induction_map
 
 #: Above this many heads the mass-by-target panel shows one layer, or the largest head per layer.
 MAX_POSITIONAL_ROWS = 48
+#: Session-state key of the kinds last picked (the selector's own value is dropped on other pages).
+KINDS_VALUE = "_head_kinds_value"
 #: The data a kind reads that the user supplies on this page, by the kind's data name.
 USER_DATA = {"treebank": "conllu", "coref": "coref"}
 
@@ -127,15 +129,20 @@ def choose_kinds(model: interp.Transformer, treebank: str | None, coref: str | N
     offered = available_kinds(model, given)
     defaults = [n for n, k in offered.items() if k.default]
     state = st.session_state
+    # Streamlit forgets a widget's value on runs that do not draw it (another page): keep a copy under
+    # KINDS_VALUE and restore the box from it.
     if state.get("_kinds_offered") != list(offered):
         # Another model or other data: keep what is still offered, and select newly offered default kinds.
         before = set(state.get("_kinds_offered") or [])
-        kept = [n for n in state.get("head_kinds", defaults) if n in offered]
+        kept = [n for n in state.get(KINDS_VALUE, defaults) if n in offered]
         state["head_kinds"] = kept + [n for n in defaults if n not in before and n not in kept]
         state["_kinds_offered"] = list(offered)
+    elif "head_kinds" not in state:
+        state["head_kinds"] = [n for n in state.get(KINDS_VALUE, defaults) if n in offered]
     picked = st.multiselect("Head kinds", list(offered), key="head_kinds",
                             help="the kinds of interp.analysis.head_kinds() this model can run; the new kinds "
                                  "(sink, copy suppression, successor, retrieval...) are opt-in")
+    state[KINDS_VALUE] = list(picked)
     return [n for n in picked if n in offered]
 
 

@@ -78,6 +78,7 @@ def cost_caption(result: dict[str, Any], what: str) -> str:
     """One line under a figure: the data it used and what it cost (or that it came from the disk cache).
 
     Example:
+        >>> from interp.app.disk_cache import cost_caption
         >>> cost_caption({"seconds": 1.25, "cached": True}, "data: 4 sequences")
         'data: 4 sequences; computed in 1.2 s on its first view, now read from the disk cache'
     """

@@ -10,6 +10,8 @@ def head_counts(model: interp.Transformer) -> list[int]:
     """Heads in each layer: equal for a model as built, per layer after :func:`interp.pruning.remove_heads`.
 
     Example:
+        >>> import interp
+        >>> from interp.app.heads import head_counts
         >>> head_counts(interp.load("random-tiny"))
         [4, 4]
     """
@@ -20,6 +22,7 @@ def head_label(layer: int, head: int) -> str:
     """``"L{layer}H{head}"``.
 
     Example:
+        >>> from interp.app.heads import head_label
         >>> head_label(3, 1)
         'L3H1'
     """
@@ -30,6 +33,8 @@ def head_labels(model: interp.Transformer) -> dict[str, tuple[int, int]]:
     """``"L{layer}H{head}"`` -> ``(layer, head)`` for every head the model has, layer by layer.
 
     Example:
+        >>> import interp
+        >>> from interp.app.heads import head_labels
         >>> list(head_labels(interp.load("random-tiny")))[:5]
         ['L0H0', 'L0H1', 'L0H2', 'L0H3', 'L1H0']
     """
@@ -41,6 +46,8 @@ def heads_caption(model: interp.Transformer) -> str:
     """One line about the model for the sidebar: kind, layers and heads per layer, width, context.
 
     Example:
+        >>> import interp
+        >>> from interp.app.heads import heads_caption
         >>> heads_caption(interp.load("random-tiny"))
         '**random-tiny**: GQA, 2 layers x 4 heads, d_model 32, context 48, decoder'
     """
@@ -55,6 +62,8 @@ def kv_heads(model: interp.Transformer) -> int | None:
     """K/V heads per layer when every layer groups its query heads alike (GQA / MQA), else None.
 
     Example:
+        >>> import interp
+        >>> from interp.app.heads import kv_heads
         >>> kv_heads(interp.load("random-tiny"))
         2
     """

@@ -38,6 +38,7 @@ def max_file_mb() -> float:
         ValueError: the variable is set to something that is not a positive number (the message names it).
 
     Example:
+        >>> from interp.app.serving import max_file_mb
         >>> max_file_mb() > 0
         True
     """
@@ -57,6 +58,7 @@ def served_folder() -> Path | None:
     """The folder users may read files from by path (``$INTERP_DASHBOARD_FILES``), or None.
 
     Example:
+        >>> from interp.app.serving import served_folder
         >>> served_folder() is None or served_folder().is_dir()
         True
     """
@@ -79,6 +81,7 @@ def served_file(typed: str, max_mb: float | None = None) -> Path:
         ValueError: the file is larger than ``max_mb``.
 
     Example:
+        >>> from interp.app.serving import served_file
         >>> served_file("../etc/passwd")
         Traceback (most recent call last):
         FileNotFoundError: '../etc/passwd' is not available: ...
@@ -121,6 +124,7 @@ def served_model_ref(typed: str, prefix: str = "hf:") -> str:
         FileNotFoundError: a path outside the served folder, or not a folder (one message for every reason).
 
     Example:
+        >>> from interp.app.serving import served_model_ref
         >>> served_model_ref("org/model")
         'hf:org/model'
     """
@@ -157,6 +161,7 @@ def served_curves(typed: str) -> list[Path]:
         ValueError: a file larger than :data:`MAX_CURVE_MB`.
 
     Example:
+        >>> from interp.app.serving import served_curves
         >>> served_curves("../elsewhere.json")
         Traceback (most recent call last):
         FileNotFoundError: '../elsewhere.json' is not available: ...
@@ -190,6 +195,8 @@ def read_limited(path: Path, max_mb: float) -> bytes:
         ValueError: the file is larger than ``max_mb``.
 
     Example:
+        >>> from pathlib import Path
+        >>> from interp.app.serving import read_limited
         >>> import tempfile
         >>> p = Path(tempfile.mkdtemp()) / "x.json"
         >>> _ = p.write_text("[1]")
@@ -215,6 +222,7 @@ def results_folder() -> Path | None:
         The folder, or None.
 
     Example:
+        >>> from interp.app.serving import results_folder
         >>> results_folder() is None or results_folder().is_dir()
         True
     """
@@ -237,6 +245,7 @@ def saved_curve_files(results: Path | None) -> list[str]:
         Relative paths, sorted; empty when there is no such folder.
 
     Example:
+        >>> from interp.app.serving import saved_curve_files
         >>> saved_curve_files(None)
         []
     """

@@ -21,6 +21,7 @@ def page_titles() -> list[str]:
     """The pages' titles, in sidebar order.
 
     Example:
+        >>> from interp.app.views import page_titles
         >>> page_titles()[:2]
         ['Attention patterns', 'Head map']
     """

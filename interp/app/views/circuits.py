@@ -27,6 +27,8 @@ def available_tasks(model: interp.Transformer) -> list[str]:
     """The generated tasks of :func:`interp.circuits.tasks.circuit_task` this model can read.
 
     Example:
+        >>> import interp
+        >>> from interp.app.views.circuits import available_tasks
         >>> available_tasks(interp.load("random-tiny"))
         ['induction']
     """
@@ -60,6 +62,8 @@ def find_circuit(model: interp.Transformer, task_name: str, method: str, *, n_ke
         ValueError: an unknown method or task, ``n_keep`` outside ``[1, edges]``, or what the search refuses.
 
     Example:
+        >>> import interp
+        >>> from interp.app.views.circuits import find_circuit
         >>> out = find_circuit(interp.load("random-tiny"), "induction", "eap", n_keep=5, n_random=2)
         >>> len(out["circuit"]), sorted(out["curve"].method.unique())
         (5, ['eap', 'random'])

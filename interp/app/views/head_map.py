@@ -43,6 +43,8 @@ def available_kinds(model: interp.Transformer, given: set[str]) -> dict[str, Hea
         ``{name: HeadKind}``.
 
     Example:
+        >>> import interp
+        >>> from interp.app.views.head_map import available_kinds
         >>> kinds = available_kinds(interp.load("random-tiny"), set())
         >>> "induction" in kinds, "syntactic" in kinds, "induction:natural" in kinds
         (True, False, False)
@@ -62,6 +64,8 @@ def kinds_table(kinds: list[HeadKind]) -> pd.DataFrame:
     """One row per kind: its name, the data it is measured on, its threshold with the reason, and its source.
 
     Example:
+        >>> from interp.analysis.kinds import head_kinds
+        >>> from interp.app.views.head_map import kinds_table
         >>> list(kinds_table([head_kinds()["induction"]]).columns)
         ['kind', 'data', 'threshold', 'reason', 'source']
     """
@@ -96,6 +100,8 @@ def positional_columns(pos: pd.DataFrame) -> list[str]:
     +1 column of a causal model is all NaN).
 
     Example:
+        >>> import pandas as pd
+        >>> from interp.app.views.head_map import positional_columns
         >>> positional_columns(pd.DataFrame({"mass_-1": [0.5], "mass_+1": [float("nan")], "x": [1]}))
         ['mass_-1']
     """

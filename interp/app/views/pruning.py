@@ -34,6 +34,7 @@ def metric_delta(change: float, *, higher_is_better: bool, digits: int = 4) -> d
     when it rounds to zero (a +0.0000 is no change).
 
     Example:
+        >>> from interp.app.views.pruning import metric_delta
         >>> metric_delta(0.01, higher_is_better=False)
         {'delta': '+0.0100', 'delta_color': 'inverse'}
     """
@@ -83,6 +84,8 @@ def experiment_config(model: interp.Transformer, method: str, step: int) -> dict
     """The :func:`interp.pruning.run_experiment` config of one curve: the page's task, ``step`` heads per point.
 
     Example:
+        >>> import interp
+        >>> from interp.app.views.pruning import experiment_config
         >>> cfg = experiment_config(interp.load("random-tiny"), "random", 2)
         >>> cfg["methods"], cfg["random"]["step"]
         (['random'], 2)

@@ -36,8 +36,8 @@ st_config.set_option("runner.postScriptGC", False, where_defined="interp dashboa
 def page_context(page: Page) -> PageContext | None:
     """Draw the sidebar's model picker (and the text box, for pages that read text) and the page heading.
 
-    They are drawn by this script, not inside the page, so that their widgets are the same on every page (a
-    widget drawn inside a page belongs to that page, and switching pages would reset the model).
+    They are drawn by this script, not inside the page: every page shares them, and :func:`switch_to` carries
+    their values over a page switch.
 
     Args:
         page: the page about to draw.

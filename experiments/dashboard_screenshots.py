@@ -1,4 +1,4 @@
-"""Screenshots of the dashboard on SmolLM2-135M for docs/ux.md: the head map (every kind of every head) and the
+"""Screenshots of the dashboard on SmolLM2-135M for docs/howto/dashboard.md: the head map (every kind of every head) and the
 layers x heads grid (token ticks, K/V-group lines), in headless Chromium driven by Playwright.
 
 Starts ``streamlit run`` on the packaged app on a free localhost port, waits for each page (the head map runs

@@ -1,4 +1,5 @@
-"""Run the side-by-side benchmarks one after another and print their markdown tables (``interp bench``).
+"""Run the side-by-side benchmarks one after another, print their markdown tables, and regenerate RESULTS.md
+(``interp bench``).
 
 Each benchmark runs in its own interpreter (so one's memory does not colour the next), and compares its
 variants inside that one process (interleaved repetitions, medians, warm-up, fixed torch threads).
@@ -18,8 +19,15 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     dashboard      bench_dashboard.py     SmolLM2 in the dashboard, driven by Chromium: first and second views, a pruning run
     patching       bench_patching.py      SmolLM2: coreference_scores vs a recorded pass; activation_patching vs the old code, nnsight, TL
 
+Each full run replaces that benchmark's record (``latest/<name>.json``: its output, date, machine, load average,
+time, status) and RESULTS.md is rebuilt from every record (``results_file.py``): the latest figures per
+benchmark, not a log; earlier figures live in git. ``--quick`` runs only print (a quick figure never replaces a
+full one), unless ``--record`` says otherwise.
+
 Usage:
-    python experiments/benchmarks/run_all.py [NAME ...] [--quick] [--out FILE.md]   (NAME: the first column above)
+    python experiments/benchmarks/run_all.py [NAME ...] [--quick] [--record] [--out FILE.md]
+    python experiments/benchmarks/run_all.py --render-only          (rebuild RESULTS.md from the records)
+    (NAME: the first column above)
 """
 
 from __future__ import annotations
@@ -31,6 +39,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import results_file  # noqa: E402  (beside this script; experiments/ is not a package)
+
+#: The latest record of each benchmark, and the file rendered from them.
+RECORDS = HERE / "latest"
+RESULTS = HERE / "RESULTS.md"
 SCRIPTS = {
     "forward": "bench_forward.py",
     "recording": "bench_recording.py",
@@ -51,36 +65,64 @@ TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2",
                "attention_view", "families", "patching"}
 
 
-def run_one(name: str, quick: bool) -> str:
+def run_one(name: str, quick: bool) -> results_file.Record:
+    """Run one benchmark in its own interpreter and return its record (output, date, machine, load, status)."""
     script = HERE / SCRIPTS[name]
+    date, load_start, t0 = results_file.now_utc(), results_file.load_average(), time.perf_counter()
     if not script.is_file():
-        return f"## {name}\n\nskipped: {script.name} does not exist yet"
-    cmd = [sys.executable, str(script)] + (["--quick"] if quick and name in TAKES_QUICK else [])
-    t0 = time.perf_counter()
-    # stderr (progress bars, library warnings) goes straight to the terminal; the tables come on stdout.
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=HERE)
-    body = res.stdout.strip()
-    if res.returncode != 0:
-        body += f"\n\n{name} failed with exit status {res.returncode}"
-    return body + f"\n\n({name}: {time.perf_counter() - t0:.0f} s)"
+        body, status = "", f"skipped: {script.name} does not exist yet"
+    else:
+        cmd = [sys.executable, str(script)] + (["--quick"] if quick and name in TAKES_QUICK else [])
+        # stderr (progress bars, library warnings) goes straight to the terminal; the tables come on stdout.
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=HERE)
+        body = res.stdout.strip()
+        status = "ok" if res.returncode == 0 else f"failed (exit {res.returncode})"
+    return results_file.Record(name=name, script=SCRIPTS[name], date=date, machine=results_file.machine(),
+                               load_start=load_start, load_end=results_file.load_average(),
+                               seconds=time.perf_counter() - t0, status=status, body=body,
+                               quick=quick and name in TAKES_QUICK)
+
+
+def regenerate(records: Path = RECORDS, out: Path = RESULTS) -> Path:
+    """Rebuild ``out`` from every record in ``records`` (benchmarks in :data:`SCRIPTS` order)."""
+    text = results_file.render(results_file.load_records(records), list(SCRIPTS))
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("names", nargs="*", help=f"benchmarks to run (default all): {', '.join(SCRIPTS)}")
-    p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter inputs")
-    p.add_argument("--out", type=Path, help="also write the markdown to this file")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter inputs (printed, not recorded)")
+    p.add_argument("--record", action="store_true", help="record a --quick run too (it replaces the full figures)")
+    p.add_argument("--render-only", action="store_true", help="run nothing: rebuild RESULTS.md from the records")
+    p.add_argument("--out", type=Path, help="also write this run's markdown to this file")
+    p.add_argument("--records", type=Path, default=RECORDS, help="folder of the latest record of each benchmark")
+    p.add_argument("--results", type=Path, default=RESULTS, help="the file regenerated from the records")
     a = p.parse_args(argv)
     unknown = [n for n in a.names if n not in SCRIPTS]
     if unknown:
         p.error(f"unknown benchmark(s) {unknown}; choose from {list(SCRIPTS)}")
-    sections = []
+    if a.render_only:
+        print(f"wrote {regenerate(a.records, a.results)}")
+        return 0
+    sections, recorded = [], False
     for name in a.names or list(SCRIPTS):
-        text = run_one(name, a.quick)
+        record = run_one(name, a.quick)
+        text = f"## {name}\n\n{record.body or record.status}\n\n({name}: {record.seconds:.0f} s, {record.status})"
         print(text + "\n", flush=True)
         sections.append(text)
+        if record.status.startswith("skipped") or (a.quick and not a.record):
+            continue
+        results_file.save_record(record, a.records)
+        regenerate(a.records, a.results)  # after each benchmark: an interrupted run keeps what finished
+        recorded = True
     if a.out:
         a.out.write_text("\n\n".join(sections) + "\n")
+    if recorded:
+        print(f"regenerated {a.results} from {a.records}")
     return 0
 
 

@@ -1,7 +1,9 @@
 """The Streamlit dashboard, shipped inside the package so that a wheel install can run ``interp dashboard``.
 
-``interp.app.dashboard`` is a Streamlit script (it draws the page when imported): start it with
-``interp dashboard`` or ``streamlit run`` on :data:`DASHBOARD`. Importing this package imports nothing else.
+``interp.app.dashboard`` is the Streamlit script (it draws the app when run): start it with ``interp dashboard`` or
+``streamlit run`` on :data:`DASHBOARD`. The pages are the modules of :mod:`interp.app.views`, and the concerns they
+share (serving files, the model picker, inputs, the disk cache, background jobs) have a module each; those import
+without drawing anything. Importing this package imports nothing else.
 """
 
 from pathlib import Path

@@ -367,13 +367,11 @@ def test_pruning_page_names_its_metric_and_colours_deltas_by_better_or_worse():
     assert loss.delta != "±0.0000"
 
 
-def test_metric_delta_colours():
-    src = open(APP).read()
-    start = src.index("def metric_delta")
-    end = src.index("\ndef ", start + 1)
-    ns = {"Any": object, "_METRIC_HAS_ARROW": False}
-    exec(src[start:end], ns)  # the pure helper alone (importing the app would draw it)
-    delta = ns["metric_delta"]
+def test_metric_delta_colours(monkeypatch):
+    from interp.app.views import pruning  # the page's modules import without drawing
+
+    monkeypatch.setattr(pruning, "_METRIC_HAS_ARROW", False)  # a Streamlit without delta_arrow
+    delta = pruning.metric_delta
     assert delta(0.00004, higher_is_better=True) == {"delta": "±0.0000", "delta_color": "off"}
     assert delta(-0.00004, higher_is_better=False)["delta_color"] == "off"
     assert delta(0.01, higher_is_better=True) == {"delta": "+0.0100", "delta_color": "normal"}  # up, green

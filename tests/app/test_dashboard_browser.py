@@ -27,7 +27,7 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 #: page -> minimum number of plotly figures it must draw
-PAGES = {"Attention patterns": 1, "Head map": 2, "Induction": 2, "Pruning": 0, "KV cache & FLOPs": 2}
+PAGES = {"Attention patterns": 1, "Head map": 2, "Induction": 2, "Circuits": 0, "Pruning": 0, "KV cache & FLOPs": 2}
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -247,4 +247,22 @@ def test_minilm_attention_page(browser, server):
     _settle(page)
     _check_page(page, "Head map", 2)
     _shot(page, "minilm_head_map")
+    page.close()
+
+
+def test_a_link_opens_its_page_at_its_own_url(browser, server):
+    # A link with ?page= opens that page (its own URL path) with the linked model; the page's URL opens it too.
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{server}/?model=random-tiny&page=Induction", wait_until="networkidle")
+    _settle(page)
+    _check_page(page, "Induction", 2)
+    assert page.url.split("?")[0].rstrip("/").endswith("/induction"), page.url
+    assert "random-tiny" in page.get_by_test_id("stSidebar").inner_text()
+    page.goto(f"{server}/costs", wait_until="networkidle")
+    _settle(page)
+    _check_page(page, "KV cache & FLOPs", 2)
+    page.get_by_test_id("stSidebar").get_by_text("Head map", exact=True).click()
+    _settle(page)
+    _check_page(page, "Head map", 2)
+    assert page.url.split("?")[0].rstrip("/").endswith("/head-map"), page.url
     page.close()

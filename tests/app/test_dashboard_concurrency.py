@@ -4,11 +4,10 @@ Streamlit runs every session in its own thread and shares the cached model betwe
 the app's own cached computations on the shared induction-2l model at once (the attention page's patterns
 and per-head write norms of different texts, the pruning page's loss with different heads switched off);
 every result must equal, exactly, what the same call returns alone. (AppTest itself cannot run sessions in
-parallel, so the app module is imported and its functions are called directly; that the shared model ends
+parallel, so the pages' modules are imported and their functions are called directly; that the shared model ends
 ungated and hook-free is checked on the library in tests/core/test_concurrent_hooks_and_gates.py.)
 """
 
-import importlib.util
 import threading
 
 import numpy as np
@@ -16,9 +15,6 @@ import pytest
 
 pytest.importorskip("streamlit")
 
-from interp.app import DASHBOARD  # noqa: E402
-
-APP = DASHBOARD
 KEY = ("builtin", "induction-2l")
 N_THREADS = 8
 REPEATS = 3
@@ -26,10 +22,13 @@ REPEATS = 3
 
 @pytest.fixture(scope="module")
 def app():
-    spec = importlib.util.spec_from_file_location("dashboard_under_test", APP)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # runs the script once in Streamlit's bare mode
-    return module
+    """The attention page's patterns and the pruning page's gated scores, as the pages call them."""
+    from types import SimpleNamespace
+
+    from interp.app.views.attention import pattern_data
+    from interp.app.views.pruning import gated_scores
+
+    return SimpleNamespace(pattern_data=pattern_data, gated_scores=gated_scores)
 
 
 def _call(app, i: int, r: int):

@@ -112,3 +112,24 @@ def test_head_pages_run_on_per_layer_head_counts(pruned_checkpoint, monkeypatch,
             z = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(2, 3).tolist()
         finite = [[v is not None and np.isfinite(v) for v in row] for row in z]
         assert finite == [[True, True, False], [True, True, True]]  # layer 0 has no third head
+
+
+def test_circuits_page_names_only_the_heads_each_layer_has(pruned_checkpoint, monkeypatch, tmp_path):
+    import re
+
+    monkeypatch.setenv("INTERP_DASHBOARD_CACHE", str(tmp_path / "cache"))
+    folder, small = pruned_checkpoint
+    at = _app(folder, monkeypatch, "Circuits")
+    from interp.circuits import build_graph
+
+    n_edges = build_graph(small).n_edges
+    at.number_input(key=f"circuit_edges_{n_edges}").set_value(n_edges)  # every edge: every node shows
+    at.number_input(key="circuit_random").set_value(1)
+    at.run()
+    at.button(key="circuit_run").click()
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    edges = at.dataframe[0].value
+    heads = {(int(m[1]), int(m[2])) for name in [*edges["from"], *edges["to"]]
+             for m in [re.match(r"a(\d+)\.h(\d+)", name)] if m}
+    assert heads == {(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)}  # COUNTS = [2, 3]

@@ -1,0 +1,100 @@
+"""RESULTS.md is regenerated from the latest run of each benchmark (experiments/benchmarks/run_all.py and
+results_file.py), never appended to: checked on fake records and on fake benchmark scripts."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "experiments" / "benchmarks"
+
+
+def _module(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # run_all imports results_file from beside it
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_under_test", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses read their module's namespace
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rf():
+    return _module("results_file")
+
+
+MACHINE = {"cpu": "Fake CPU", "nproc": 2, "ram_gib": 23.0, "torch": "9.9", "python": "3.11.7"}
+
+
+def _record(rf, name, date, body, *, status="ok", load=(1.0, 2.0, 3.0), quick=False):
+    return rf.Record(name=name, script=f"bench_{name}.py", date=date, machine=dict(MACHINE), load_start=list(load),
+                     load_end=[4.5, 2.0, 3.0], seconds=12.3, status=status, body=body, quick=quick)
+
+
+def test_render_keeps_the_latest_run_per_benchmark_with_machine_date_and_load(rf):
+    records = [_record(rf, "recording", "2026-12-01 10:00", "## bench_recording\n| a | b |\n|---|---|\n| 1 | 2 |"),
+               _record(rf, "forward", "2026-12-01 09:00", "old figure 1.50x"),
+               _record(rf, "forward", "2026-12-04 11:00", "## bench_forward\nnew figure 1.10x\n```\n# a comment\n```",
+                       load=(0.5, 0.25, 0.0)),
+               _record(rf, "moe", "2026-12-02 08:00", "", status="failed (exit 1)")]
+    text = rf.render(records, ["forward", "recording", "long_context", "moe"])
+    assert text.startswith("# Benchmark results\n")
+    assert "old figure" not in text and text.count("new figure 1.10x") == 1
+    # Sections in the given order, each with its own heading; the benchmark's headings nest one level deeper.
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert heads == ["## forward", "## recording", "## moe"]
+    assert "### bench_forward" in text and "### bench_recording" in text and "\n# a comment\n" in text  # fence kept
+    # The table of latest runs: date, machine, load at start / end, time, status.
+    row = next(line for line in text.splitlines() if line.startswith("| [forward]"))
+    assert "2026-12-04 11:00" in row and "Fake CPU, 2 cores, 23.0 GiB, torch 9.9, python 3.11.7" in row
+    assert "0.50 0.25 0.00 / 4.50 2.00 3.00" in row and "12 s" in row and row.endswith("| ok |")
+    assert next(line for line in text.splitlines() if line.startswith("| [moe]")).endswith("| failed (exit 1) |")
+    assert "Not run yet: long_context." in text
+    assert "(no output)" in text  # the failed benchmark printed nothing
+    assert rf.render(list(reversed(records)), ["forward", "recording", "long_context", "moe"]) == text
+
+
+def test_records_round_trip_and_a_bad_record_is_named(rf, tmp_path):
+    r = _record(rf, "forward", "2026-12-04 11:00", "x")
+    rf.save_record(r, tmp_path)
+    rf.save_record(_record(rf, "forward", "2026-12-04 12:00", "y"), tmp_path)  # replaces, not appends
+    (loaded,) = rf.load_records(tmp_path)
+    assert loaded.body == "y" and loaded.machine == MACHINE
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="broken.json is not a benchmark record"):
+        rf.load_records(tmp_path)
+    assert rf.load_records(tmp_path / "missing") == []
+
+
+def test_run_all_regenerates_the_file_instead_of_appending(tmp_path, monkeypatch):
+    run_all = _module("run_all")
+    script = tmp_path / "bench_fake.py"
+    counter = tmp_path / "runs"
+    script.write_text("from pathlib import Path\n"
+                      f"p = Path({str(counter)!r})\n"
+                      "n = int(p.read_text()) + 1 if p.exists() else 1\n"
+                      "p.write_text(str(n))\n"
+                      "print(f'## bench_fake\\n| run | speed |\\n|---|---|\\n| {n} | {n}.0x |')\n")
+    failing = tmp_path / "bench_broken.py"
+    failing.write_text("import sys\nprint('partial table')\nsys.exit(3)\n")
+    monkeypatch.setattr(run_all, "HERE", tmp_path)
+    monkeypatch.setattr(run_all, "SCRIPTS", {"fake": script.name, "broken": failing.name, "absent": "bench_absent.py"})
+    records, results = tmp_path / "latest", tmp_path / "RESULTS.md"
+    args = ["--records", str(records), "--results", str(results)]
+    assert run_all.main(args) == 0
+    first = results.read_text()
+    assert "| 1 | 1.0x |" in first and "failed (exit 3)" in first and "partial table" in first
+    assert "Not run yet: absent." in first  # a missing script is not recorded
+    assert run_all.main(["fake", *args]) == 0
+    second = results.read_text()
+    assert "| 2 | 2.0x |" in second and "| 1 | 1.0x |" not in second  # replaced, not appended
+    assert second.count("## fake") == 1 and "partial table" in second  # the other benchmark's record stays
+    assert run_all.main(["fake", "--quick", *args]) == 0  # a quick run prints but records nothing
+    assert results.read_text() == second
+    results.unlink()
+    assert run_all.main(["--render-only", *args]) == 0
+    assert results.read_text() == second

@@ -136,6 +136,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "opt": ("opt", dict(hidden_size=80, ffn_dim=96, num_attention_heads=5, word_embed_proj_dim=80)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
+    "gpt_oss": ("gpt_oss", dict(hidden_size=72, intermediate_size=32, num_attention_heads=9, num_key_value_heads=3,
+                                head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                                layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.5,
+                                rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                 "original_max_position_embeddings": 16})),
 }
 
 _LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
@@ -183,6 +189,8 @@ def _seed_init(model: torch.nn.Module) -> torch.nn.Module:
                 p.normal_(0, 0.02)  # times sqrt(d_model): else the embedding drowns every sublayer's write
             else:
                 p.normal_(0, 0.2)
+            if name.endswith("self_attn.sinks"):  # large sink logits: a head's sink takes most of its mass
+                p.copy_(4.0 * torch.randn_like(p))
         for name, b in model.named_buffers():
             if "e_score_correction_bias" in name:  # DeepSeek-V3's router choice bias: a weight kept as a buffer
                 b.copy_(0.05 * torch.randn_like(b))

@@ -183,7 +183,6 @@ class MoE(nn.Module):
         self.cfg = cfg
         self.n_experts, self.top_k = E, cfg.n_experts_per_token
         self.act = act
-        self.unit = gated_unit(cfg, act)
         self.W_router = nn.Parameter(torch.empty(E, M))
         self.W_gate = nn.Parameter(torch.empty(E, Fe, M))
         self.W_in = nn.Parameter(torch.empty(E, Fe, M))
@@ -241,7 +240,8 @@ class MoE(nn.Module):
                 out = F.grouped_mm(inp, w.transpose(1, 2), offs=ends)  # [N*k, in] @ [E, in, out] by run
                 return out if b is None else out + b.index_select(0, sorted_ids)  # each row its expert's bias
 
-            h = self.unit(grouped(tokens, self.W_gate, self.b_gate), grouped(tokens, self.W_in, self.b_in))  # [N*k, F]
+            unit = gated_unit(self.cfg, self.act)
+            h = unit(grouped(tokens, self.W_gate, self.b_gate), grouped(tokens, self.W_in, self.b_in))  # [N*k, F]
             sorted_out = grouped(h, self.W_out, self.b_out)  # [N*k, M]
         else:
             sorted_out = self._expert_loop(tokens, ends)
@@ -258,11 +258,12 @@ class MoE(nn.Module):
         # float32.
         outs, start = [], 0
         biases = (self.b_gate, self.b_in, self.b_out)
+        unit = gated_unit(self.cfg, self.act)
         for e, end in enumerate(ends.tolist()):
             if end > start:
                 run = tokens[start:end]  # [n, M]
                 b_gate, b_in, b_out = (None if b is None else b[e] for b in biases)
-                h = self.unit(F.linear(run, self.W_gate[e], b_gate), F.linear(run, self.W_in[e], b_in))  # [n, F]
+                h = unit(F.linear(run, self.W_gate[e], b_gate), F.linear(run, self.W_in[e], b_in))  # [n, F]
                 outs.append(F.linear(h, self.W_out[e], b_out))  # [n, M]
             start = end
         return torch.cat(outs)  # [N*k, M]

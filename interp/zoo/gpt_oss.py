@@ -184,7 +184,8 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
             config (named with both shapes).
     """
     src = _Source(hf_sd, ("model.",), ARCH)
-    E, F_, M = cfg.n_experts, cfg.d_expert, cfg.d_model
+    E, M = cfg.n_experts, cfg.d_model
+    F_ = cfg.d_expert if cfg.d_expert is not None else cfg.d_mlp  # set for every MoE config
     out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."

@@ -57,7 +57,7 @@ def test_sink_mass_completes_the_eager_rows(pair):
         ref = hf(ids, output_attentions=True)
         _, trace = model.run_with_cache(ids, names_filter=["*hook_sink_mass", "*hook_pattern"])
     for layer, pattern in enumerate(ref.attentions):
-        mass = trace[f"blocks.{layer}.attn.hook_sink_mass"]  # [B, H, T]
+        mass = trace.sink_mass(layer)  # [B, H, T]
         torch.testing.assert_close(mass, 1 - pattern.sum(-1), rtol=0, atol=1e-5)
         torch.testing.assert_close(trace.pattern(layer).sum(-1) + mass, torch.ones_like(mass), rtol=0, atol=1e-6)
     masses = torch.stack([trace[f"blocks.{i}.attn.hook_sink_mass"].mean((0, 2)) for i in range(2)])  # [L, H]

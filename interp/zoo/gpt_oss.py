@@ -15,7 +15,9 @@ What the family needs of the core, each a config value:
 Weight layouts (transformers 5): ``mlp.experts.gate_up_proj`` ``[E, M, 2F]`` (stored transposed, gate and up
 interleaved along the last axis: gate = columns 0, 2, 4 ..., up = 1, 3, 5 ...), ``gate_up_proj_bias`` ``[E, 2F]``
 (interleaved the same way), ``down_proj`` ``[E, F, M]``, ``down_proj_bias`` ``[E, M]``; ``mlp.router.weight``
-``[E, M]`` and ``mlp.router.bias`` ``[E]``.
+``[E, M]`` and ``mlp.router.bias`` ``[E]``. A GGUF file keeps gate and up apart; :mod:`interp.zoo.gguf_gpt_oss`
+names them ``mlp.experts.gate_proj`` / ``up_proj`` ``[E, M, F]`` (and ``*_bias`` ``[E, F]``), which this
+converter takes in place of ``gate_up_proj``.
 
 The release stores the two expert projections in MXFP4 instead (``quantization_config.quant_method ==
 "mxfp4"``): ``gate_up_proj_blocks`` ``[E, 2F, M/32, 16]`` uint8 (two 4-bit E2M1 codes a byte, low nibble first)
@@ -196,11 +198,17 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
         mlp = h + "mlp."
         out[b + "mlp.W_router"] = src(mlp + "router.weight")
         out[b + "mlp.b_router"] = src(mlp + "router.bias")
-        gate_up = _experts(src, mlp, "gate_up_proj", 2 * F_, M, E)  # [E, M, 2F], gate and up interleaved
-        out[b + "mlp.W_gate"] = gate_up[:, :, 0::2].transpose(1, 2)  # [E, F, M]
-        out[b + "mlp.W_in"] = gate_up[:, :, 1::2].transpose(1, 2)  # [E, F, M]
-        gate_up_bias = src(mlp + "experts.gate_up_proj_bias")  # [E, 2F]
-        out[b + "mlp.b_gate"], out[b + "mlp.b_in"] = gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]
+        if src.has(mlp + "experts.gate_proj"):  # a GGUF file (interp.zoo.gguf_gpt_oss): gate and up apart
+            out[b + "mlp.W_gate"] = _experts(src, mlp, "gate_proj", F_, M, E).transpose(1, 2)  # [E, F, M]
+            out[b + "mlp.W_in"] = _experts(src, mlp, "up_proj", F_, M, E).transpose(1, 2)  # [E, F, M]
+            out[b + "mlp.b_gate"] = src(mlp + "experts.gate_proj_bias")  # [E, F]
+            out[b + "mlp.b_in"] = src(mlp + "experts.up_proj_bias")  # [E, F]
+        else:
+            gate_up = _experts(src, mlp, "gate_up_proj", 2 * F_, M, E)  # [E, M, 2F], gate and up interleaved
+            out[b + "mlp.W_gate"] = gate_up[:, :, 0::2].transpose(1, 2)  # [E, F, M]
+            out[b + "mlp.W_in"] = gate_up[:, :, 1::2].transpose(1, 2)  # [E, F, M]
+            gate_up_bias = src(mlp + "experts.gate_up_proj_bias")  # [E, 2F]
+            out[b + "mlp.b_gate"], out[b + "mlp.b_in"] = gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]
         out[b + "mlp.W_out"] = _experts(src, mlp, "down_proj", M, F_, E).transpose(1, 2)  # [E, F, M] -> [E, M, F]
         out[b + "mlp.b_out"] = src(mlp + "experts.down_proj_bias")  # [E, M]
     if not cfg.tie_embeddings:

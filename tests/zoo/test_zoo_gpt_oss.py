@@ -178,3 +178,107 @@ def test_classify_heads_reports_each_heads_learned_sink_mass():
     torch.testing.assert_close(torch.tensor(table.sink_mass.values, dtype=torch.float32).view(2, 9), naive.float(),
                                rtol=0, atol=1e-6)
     assert float(naive[1, 4]) > 0.99 and float(naive.flatten()[:13].max()) < 1e-6
+
+
+# --- GGUF, the way llama.cpp's convert_hf_to_gguf.py writes gpt-oss ----------------------------------------------
+def _mxfp4_round_trip(w):
+    """``w`` ``[E, rows, cols]`` as MXFP4 blocks along ``cols`` (ggml's MXFP4, as the release's experts are stored)
+    and the float values those blocks hold."""
+    gguf = pytest.importorskip("gguf")
+    blocks = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.MXFP4)
+    return blocks, torch.from_numpy(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.MXFP4).copy())
+
+
+def _write_gguf(path, hf):
+    """The converter's metadata, tensor names and tensor changes: gate and up split out of the interleaved
+    gate_up_proj, experts transposed to [E, out, in] and stored as MXFP4, sinks as attn_sinks.weight, every other
+    tensor F32. The HF model's experts are set to the MXFP4 values, so it is an exact reference for the file."""
+    gguf = pytest.importorskip("gguf")
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_vocab_size(c.vocab_size)
+    w.add_sliding_window(c.sliding_window)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(c.rope_parameters["factor"])
+    w.add_rope_scaling_orig_ctx_len(c.rope_parameters["original_max_position_embeddings"])
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
+                 "post_attention_layernorm": "post_attention_norm", "mlp.router": "ffn_gate_inp"}
+    tensors = {}
+    with torch.no_grad():
+        for i, layer in enumerate(hf.model.layers):
+            ex = layer.mlp.experts
+            gate, up = ex.gate_up_proj[:, :, 0::2].transpose(1, 2), ex.gate_up_proj[:, :, 1::2].transpose(1, 2)
+            down = ex.down_proj.transpose(1, 2)  # [E, M, F]
+            (g_blocks, g), (u_blocks, u), (d_blocks, d) = (_mxfp4_round_trip(t.contiguous()) for t in (gate, up, down))
+            ex.gate_up_proj.copy_(torch.stack([g.transpose(1, 2), u.transpose(1, 2)], dim=-1).flatten(-2))
+            ex.down_proj.copy_(d.transpose(1, 2))
+            b = ex.gate_up_proj_bias
+            for kind, blocks, bias in (("gate", g_blocks, b[:, 0::2]), ("up", u_blocks, b[:, 1::2]),
+                                       ("down", d_blocks, ex.down_proj_bias)):
+                tensors[f"blk.{i}.ffn_{kind}_exps.weight"] = (blocks, gguf.GGMLQuantizationType.MXFP4)
+                tensors[f"blk.{i}.ffn_{kind}_exps.bias"] = (bias.contiguous().numpy(), None)
+            tensors[f"blk.{i}.attn_sinks.weight"] = (layer.self_attn.sinks.numpy(), None)
+        for key, t in hf.state_dict().items():
+            if key in names:
+                tensors[names[key]] = (t.numpy(), None)
+            elif key.startswith("model.layers."):
+                _, _, i, *rest = key.split(".")
+                stem, suffix = ".".join(rest[:-1]), rest[-1]
+                if stem in per_layer:
+                    tensors[f"blk.{i}.{per_layer[stem]}.{suffix}"] = (t.numpy(), None)
+    for name, (data, raw) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=raw) if raw is not None else w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_written_as_llama_cpp_writes_gpt_oss_matches_the_same_model(tmp_path):
+    from interp.zoo.gguf import load_gguf
+
+    # llama.cpp fixes the clamp at 7.0 (no metadata key holds it): the reference model has the release's value.
+    hf = hf_test_model("gpt_oss", hidden_size=64, intermediate_size=32, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, swiglu_limit=7.0)
+    path = tmp_path / "gpt-oss.gguf"
+    _write_gguf(path, hf)
+    model = load_gguf(path, tokenizer=False)
+    assert model.cfg.attn_sinks and model.cfg.sliding_window == [8, None]
+    ids = _ids()
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(model(ids), want, rtol=0, atol=1e-4)
+
+
+def test_gguf_refusals_name_the_key_or_tensor():
+    from interp.zoo.gguf_gpt_oss import hf_config, hf_tensors
+
+    meta = {"general.architecture": "gpt-oss", "gpt-oss.block_count": 2, "gpt-oss.context_length": 64,
+            "gpt-oss.embedding_length": 64, "gpt-oss.feed_forward_length": 32, "gpt-oss.vocab_size": 50,
+            "gpt-oss.attention.head_count": 4, "gpt-oss.attention.key_length": 16, "gpt-oss.expert_count": 4,
+            "gpt-oss.expert_used_count": 2, "gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 4.0}
+    cfg = hf_config(meta, {"output.weight"})
+    with pytest.raises(ValueError, match="RoPE scaling 'linear'"):
+        hf_config({**meta, "gpt-oss.rope.scaling.type": "linear"}, set())
+    with pytest.raises(ValueError, match="'gpt-oss.expert_used_count' = 5"):
+        hf_config({**meta, "gpt-oss.expert_used_count": 5}, set())
+    with pytest.raises(ValueError, match=r"'blk.0.ffn_up_exps.weight' has shape \[3, 32, 64\]"):
+        hf_tensors("blk.0.ffn_up_exps.weight", torch.zeros(3, 32, 64), cfg)
+    with pytest.raises(ValueError, match="'blk.0.ffn_gate_shexp.weight' has no place in a 'gpt-oss' decoder"):
+        hf_tensors("blk.0.ffn_gate_shexp.weight", torch.zeros(32, 64), cfg)

@@ -16,7 +16,8 @@ Head gates and ``hook_z`` / ``hook_result`` act on z and work on both paths.
 Learned sinks (``cfg.attn_sinks``, gpt-oss): head h has a logit ``sinks[h]`` that joins the softmax of every row
 beside the real keys and writes nothing. The explicit path normalises each row over its keys and the sink:
 ``hook_pattern`` holds the real keys' probabilities (a row sums to ``1 - sink mass``, as transformers' eager
-``output_attentions``) and ``hook_sink_mass`` ``[B, H, T]`` the sink's, so pattern row + sink mass = 1. The fused
+``output_attentions``) and ``hook_sink_mass`` ``[B, H, T]`` the sink's, so pattern row + sink mass = 1 (the
+sink mass is for reading: z depends on the pattern only, so interventions go through ``hook_pattern``). The fused
 path gives SDPA one more key, exactly: each query gets one more dimension holding ``sinks[h] / scale``, the
 real keys a 0 there and the extra key a 1 (its score is the sink logit), and the extra key's value is zero.
 That key is appended to a copy of K / V for the pass; the cache holds only the real keys.
@@ -293,6 +294,7 @@ class _AttentionBase(nn.Module):
             weights, sink_weight = torch.exp(scores - top), torch.exp(sink - top)
             total = weights.sum(dim=-1, keepdim=True) + sink_weight  # [B, H, T, 1]
             pattern = weights / total
+            # Read-only: the sink's value is zero, so z is the pattern's alone (edit hook_pattern to intervene).
             self.hook_sink_mass((sink_weight / total).squeeze(-1), q_slice.start)  # [B, H, T]
         pattern = self.hook_pattern(pattern, q_slice.start)
         if half:

@@ -235,8 +235,12 @@ def variants(cfg: Any) -> str:
         parts.append(f"QK-norm ({cfg.qk_norm.replace('_', ' ')})")
     if cfg.nope_layers:
         parts.append(f"NoPE ({len(cfg.nope_layers)}/{cfg.n_layers} layers)")
+    if cfg.attn_sinks:
+        parts.append("learned sinks")
     if cfg.activation == "relu2":
         parts.append("relu² MLP")
+    if cfg.activation == "swiglu_clamped":
+        parts.append("clamped SwiGLU")
     if cfg.sublayer_norm != "input":
         parts.append(f"{cfg.sublayer_norm} norms")
     if cfg.parallel_block != "none":
@@ -253,7 +257,8 @@ def variants(cfg: Any) -> str:
     if cfg.embed_scale != 1.0:
         parts.append("embed scale")
     if cfg.n_experts:
-        moe = f"top-{cfg.n_experts_per_token} of {cfg.n_experts} experts ({cfg.router_score}"
+        biased = " with biases" if cfg.router_logit_bias or cfg.expert_bias else ""
+        moe = f"top-{cfg.n_experts_per_token} of {cfg.n_experts} experts{biased} ({cfg.router_score}"
         moe += f", {cfg.router_topk_groups} of {cfg.router_groups} groups)" if cfg.router_groups > 1 else ")"
         if cfg.d_shared_expert:
             moe += " + gated shared expert" if cfg.shared_expert_gate else " + shared expert"

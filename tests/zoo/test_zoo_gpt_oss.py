@@ -66,14 +66,14 @@ def test_sink_mass_completes_the_eager_rows(pair):
 
 def test_cached_decoding_equals_a_full_recompute_past_the_window(pair):
     _, model = pair
-    ids = _ids(2, 20)
+    ids = _ids(2, 14)
     for explicit in (False, True):  # the fused path's extra key, and the recording path
         names = "*hook_pattern" if explicit else []
         with torch.no_grad():
             full, _ = model.run_with_cache(ids, names_filter=names)
-            cache = model.make_cache(2, 20)
+            cache = model.make_cache(2, 14)
             steps = [model.run_with_cache(ids[:, :5], names_filter=names, kv_cache=cache)[0][:, -1]]
-            for t in range(5, 20):
+            for t in range(5, 14):
                 steps.append(model.run_with_cache(ids[:, t:t + 1], names_filter=names, kv_cache=cache)[0][:, -1])
         torch.testing.assert_close(torch.stack(steps, 1), full[:, 4:], rtol=0, atol=1e-4)
 

@@ -36,6 +36,12 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.Identity()
 
 
+def _clamped_gate(x: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU is a function of gate and up together (:func:`interp.moe.gated_unit`), never of
+    the gate alone: this entry only keeps ``_ACT`` total over the activations."""
+    return x
+
+
 _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -45,16 +51,8 @@ _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "swiglu": F.silu,
     "geglu": F.gelu,
     "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "swiglu_clamped": _clamped_gate,
 }
-
-
-def _clamped_gate(x: torch.Tensor) -> torch.Tensor:
-    """gpt-oss's clamped SwiGLU is a function of gate and up together (:func:`interp.moe.gated_unit`), never of
-    the gate alone: this entry only keeps ``_ACT`` total over the activations."""
-    return x
-
-
-_ACT["swiglu_clamped"] = _clamped_gate
 # In-place versions, used where nothing else holds the input (the gate's fresh output, without autograd).
 _ACT_INPLACE: dict[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] = {
     F.silu: lambda t: F.silu(t, inplace=True),
@@ -63,7 +61,8 @@ _ACT_INPLACE: dict[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tenso
 
 
 class MLP(nn.Module):
-    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``).
+    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``; ``swiglu_clamped``:
+    ``W_out(gated_unit(W_gate x, W_in x))``).
 
     ``d_hidden`` overrides ``cfg.d_mlp`` (a mixture of experts' shared expert has its own width).
     """

@@ -13,6 +13,15 @@ softmax(QK^T / sqrt(d) + mask) so that ``hook_attn_scores`` and ``hook_pattern``
 can process queries in chunks (``query_chunk``) so that a 16k-token pattern is never held at once.
 Head gates and ``hook_z`` / ``hook_result`` act on z and work on both paths.
 
+Learned sinks (``cfg.attn_sinks``, gpt-oss): head h has a logit ``sinks[h]`` that joins the softmax of every row
+beside the real keys and writes nothing. The explicit path normalises each row over its keys and the sink:
+``hook_pattern`` holds the real keys' probabilities (a row sums to ``1 - sink mass``, as transformers' eager
+``output_attentions``) and ``hook_sink_mass`` ``[B, H, T]`` the sink's, so pattern row + sink mass = 1 (the
+sink mass is for reading: z depends on the pattern only, so interventions go through ``hook_pattern``). The fused
+path gives SDPA one more key, exactly: each query gets one more dimension holding ``sinks[h] / scale``, the
+real keys a 0 there and the extra key a 1 (its score is the sink logit), and the extra key's value is zero.
+That key is appended to a copy of K / V for the pass; the cache holds only the real keys.
+
 Precision: in a bf16 / fp16 model the explicit path computes scores, mask, soft-cap and softmax in float32 (the
 fused SDPA kernels keep them in float32 too), so ``hook_attn_scores`` and ``hook_pattern`` carry float32; only
 the product with v uses the pattern rounded to the model's dtype. float32 and float64 models run it uncast.
@@ -172,6 +181,10 @@ class _AttentionBase(nn.Module):
         # Sliding window of this layer (None: global); cross-attention never slides.
         self.window = None if cross or layer is None else cfg.window(layer)
         self.softcap = cfg.attn_softcap
+        # Learned sinks: one logit per query head (cfg.attn_sinks); None without them.
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if cfg.attn_sinks and not cross else None
+        if self.sinks is not None:
+            self.hook_sink_mass = HookPoint()
 
     # --- per-head views of the output projection -----------------------------------------------------
     @property
@@ -197,7 +210,7 @@ class _AttentionBase(nn.Module):
     def _needs_explicit(self) -> bool:
         # SDPA has no soft-capping: a soft-capped model always computes its scores explicitly.
         return (not self.cfg.use_sdpa or self.softcap is not None or self.hook_pattern.active
-                or self.hook_attn_scores.active)
+                or self.hook_attn_scores.active or (self.sinks is not None and self.hook_sink_mass.active))
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask,
                 scale: float | None = None) -> torch.Tensor:
@@ -217,6 +230,8 @@ class _AttentionBase(nn.Module):
             v = v.index_select(1, kv_index)  # [B, H, S, Dv]
         if not self._needs_explicit():
             n_kv = k.shape[1]
+            if self.sinks is not None:
+                return self._attend_sdpa_sink(q, k, v, mask, scale)
             return F.scaled_dot_product_attention(
                 q, k, v,
                 attn_mask=None if mask.sdpa_is_causal else mask.additive(q.dtype, q.device),
@@ -231,6 +246,22 @@ class _AttentionBase(nn.Module):
         zs = [self._attend_explicit(q[:, :, i:i + chunk], k, v, mask, slice(i, min(i + chunk, T)), scale)
               for i in range(0, T, chunk)]
         return torch.cat(zs, dim=2)  # [B, H, T, Dv]
+
+    def _attend_sdpa_sink(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask,
+                          scale: float) -> torch.Tensor:
+        """The fused kernel with each head's sink as one more key (see the module docstring): exact, since the
+        extra dimension adds 0 to every real score and ``scale * sinks[h] / scale`` to the sink's."""
+        B, H, T, Dq = q.shape
+        K, S = k.shape[1], k.shape[2]
+        sink = (self.sinks.to(q.dtype) / scale).view(1, H, 1, 1).expand(B, H, T, 1)  # [B, H, T, 1]
+        q = torch.cat([q, sink], dim=-1)  # [B, H, T, Dq+1]
+        corner = F.pad(k.new_ones(B, K, 1, 1), (Dq, 0, S, 0))  # [B, K, S+1, Dq+1]: 1 at the sink key's new dim
+        k = F.pad(k, (0, 1, 0, 1)) + corner  # [B, K, S+1, Dq+1]
+        v = F.pad(v, (0, 0, 0, 1))  # [B, K, S+1, Dv]: the sink writes nothing
+        add = mask.additive(q.dtype, q.device)  # the causal kernel would misplace the sink column: explicit mask
+        if add is not None:
+            add = F.pad(add, (0, 1))  # [B or 1, 1, T, S+1]: every query sees its sink
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale, enable_gqa=K != H)
 
     def _attend_explicit(self, q, k, v, mask: AttnMask, q_slice: slice, scale: float) -> torch.Tensor:
         B, H, T, Dq = q.shape
@@ -254,7 +285,17 @@ class _AttentionBase(nn.Module):
         if add is not None:
             scores = scores.add_(add)  # in place: scores is this pass's own buffer (add's backward needs neither)
         scores = self.hook_attn_scores(scores, q_slice.start)
-        pattern = torch.softmax(scores, dim=-1)
+        if self.sinks is None:
+            pattern = torch.softmax(scores, dim=-1)
+        else:
+            # softmax over [keys | sink], the sink's column kept apart: pattern [B, H, T, S], sink mass [B, H, T].
+            sink = self.sinks.to(scores.dtype).view(1, H, 1, 1)
+            top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)  # [B, H, T, 1]
+            weights, sink_weight = torch.exp(scores - top), torch.exp(sink - top)
+            total = weights.sum(dim=-1, keepdim=True) + sink_weight  # [B, H, T, 1]
+            pattern = weights / total
+            # Read-only: the sink's value is zero, so z is the pattern's alone (edit hook_pattern to intervene).
+            self.hook_sink_mass((sink_weight / total).squeeze(-1), q_slice.start)  # [B, H, T]
         pattern = self.hook_pattern(pattern, q_slice.start)
         if half:
             pattern = pattern.to(v.dtype)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 AttentionKind = Literal["standard", "latent"]
 Positional = Literal["learned", "rotary", "none"]
 Normalization = Literal["pre", "post", "rms", "none"]
-Activation = Literal["gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh"]
+Activation = Literal["gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh", "swiglu_clamped"]
 QKNorm = Literal["none", "head", "full", "head_after_rotary"]
 SublayerNorm = Literal["input", "sandwich", "output"]
 ParallelBlock = Literal["none", "one_norm", "two_norms"]
@@ -25,7 +25,7 @@ RouterGroupScore = Literal["max", "top2_sum"]
 _ATTENTION_KINDS = ("standard", "latent")
 _POSITIONALS = ("learned", "rotary", "none")
 _NORMALIZATIONS = ("pre", "post", "rms", "none")
-_ACTIVATIONS = ("gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh")
+_ACTIVATIONS = ("gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", "geglu_tanh", "swiglu_clamped")
 _QK_NORMS = ("none", "head", "full", "head_after_rotary")
 _SUBLAYER_NORMS = ("input", "sandwich", "output")
 _PARALLEL_BLOCKS = ("none", "one_norm", "two_norms")
@@ -105,6 +105,11 @@ class ModelConfig:
             by it, and the KV cache keeps only the last W - 1 positions of a windowed layer.
         attn_scale: the factor on ``q . k`` (default ``1 / sqrt(d_head)``; Gemma 2's ``query_pre_attn_scalar``
             gives ``query_pre_attn_scalar ** -0.5``).
+        attn_sinks: learned attention sinks (gpt-oss): each query head has a parameter ``attn.sinks[h]``, a logit
+            that joins every row's softmax beside the real keys and writes nothing (its value is zero). The
+            pattern (``hook_pattern``) holds the real keys' probabilities, so a row sums to ``1 - sink mass``;
+            ``hook_sink_mass`` ``[B, H, T]`` holds the sink's probability (pattern row + sink mass = 1). Both
+            attention paths, the KV cache (a sink is a parameter, nothing is cached) and head removal honour it.
         attn_softcap: attention-logit soft-capping: scores become ``cap * tanh(scores / cap)`` before the mask
             (Gemma 2). Attention then always takes the explicit path (SDPA has no soft-cap).
         final_softcap: final-logit soft-capping, ``cap * tanh(logits / cap)`` (Gemma 2).
@@ -139,7 +144,10 @@ class ModelConfig:
         d_mlp: MLP hidden width; defaults to ``4 * d_model``.
         activation: MLP non-linearity; ``"swiglu"``/``"geglu"``/``"geglu_tanh"`` are gated MLPs (Llama uses
             ``"swiglu"``, Gemma ``"geglu_tanh"``, the gate through the tanh approximation of GELU); ``"relu2"``
-            is ``relu(x) ** 2`` (Arcee, Nemotron).
+            is ``relu(x) ** 2`` (Arcee, Nemotron); ``"swiglu_clamped"`` is gpt-oss's gated unit
+            ``(clamp(up, -l, l) + 1) * g * sigmoid(alpha g)`` with ``g = clamp(gate, max=l)``.
+        swiglu_alpha, swiglu_limit: ``alpha`` and ``l`` of ``"swiglu_clamped"`` (gpt-oss: 1.702 and 7.0); only
+            that activation reads them.
         d_vocab: vocabulary size.
         n_ctx: the longest sequence the model accepts (and the size of learned position tables).
         n_token_types: token-type (segment) embeddings, 0 for none (BERT uses 2).
@@ -187,6 +195,10 @@ class ModelConfig:
         d_shared_expert: hidden width of the shared expert every token passes through (0: none); DeepSeek's
             ``n_shared_experts`` experts are one MLP of ``n_shared_experts * d_expert``.
         shared_expert_gate: the shared expert's output is scaled by ``sigmoid(x @ w)`` (Qwen-MoE).
+        router_logit_bias: a per-expert bias ``b_router`` added to the router logits before the choice and the
+            weights (gpt-oss; unlike ``router_choice_bias`` it moves the weights too).
+        expert_bias: the experts' projections have biases ``b_gate`` / ``b_in`` ``[E, F]`` and ``b_out``
+            ``[E, M]`` (gpt-oss).
         dense_mlp_layers: layers that keep a dense MLP of width ``d_mlp`` (DeepSeek's first
             ``first_k_dense_replace`` layers, Qwen-MoE's ``mlp_only_layers``).
 
@@ -219,6 +231,7 @@ class ModelConfig:
     sliding_window: int | list[int | None] | None = None
     nope_layers: list[int] | None = None
     attn_scale: float | None = None
+    attn_sinks: bool = False
     attn_softcap: float | None = None
     final_softcap: float | None = None
     qk_norm: QKNorm = "none"
@@ -234,6 +247,8 @@ class ModelConfig:
     attn_only: bool = False
     d_mlp: int = None  # type: ignore[assignment]
     activation: Activation = "gelu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
     d_vocab: int
     n_ctx: int
     n_token_types: int = 0
@@ -263,6 +278,8 @@ class ModelConfig:
     routed_scaling: float = 1.0
     d_shared_expert: int = 0
     shared_expert_gate: bool = False
+    router_logit_bias: bool = False
+    expert_bias: bool = False
     dense_mlp_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
@@ -373,7 +390,8 @@ class ModelConfig:
         for name in ("n_experts", "n_experts_per_token", "d_expert", "router_groups", "router_topk_groups",
                      "d_shared_expert"):
             _int_or_none(name, getattr(self, name))
-        for name in ("router_renormalize", "router_choice_bias", "shared_expert_gate"):
+        for name in ("router_renormalize", "router_choice_bias", "shared_expert_gate", "router_logit_bias",
+                     "expert_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.n_experts < 0:
@@ -386,8 +404,9 @@ class ModelConfig:
             return
         if self.attn_only:
             raise ValueError(f"n_experts={self.n_experts} needs MLPs, but attn_only=True")
-        if self.activation not in ("swiglu", "geglu"):
-            raise ValueError(f"experts are gated MLPs: activation={self.activation!r} must be 'swiglu' or 'geglu'")
+        if self.activation not in ("swiglu", "geglu", "swiglu_clamped"):
+            raise ValueError(f"experts are gated MLPs: activation={self.activation!r} must be 'swiglu', 'geglu' "
+                             "or 'swiglu_clamped'")
         E, k = self.n_experts, self.n_experts_per_token
         if k is None:
             raise ValueError(f"n_experts={E} needs n_experts_per_token (the router's top-k)")
@@ -521,6 +540,14 @@ class ModelConfig:
             raise ValueError(f"local_rotary_base={self.local_rotary_base} needs positional='rotary' and "
                              f"sliding-window layers, got positional={self.positional!r}, "
                              f"sliding_window={self.sliding_window!r}")
+        if self.attn_sinks and (self.attention != "standard" or self.cross_attention):
+            raise ValueError(f"attn_sinks=True needs attention='standard' without cross-attention, got "
+                             f"attention={self.attention!r}, cross_attention={self.cross_attention}")
+        for name in ("swiglu_alpha", "swiglu_limit"):
+            _positive_float(name, getattr(self, name))
+        if self.activation != "swiglu_clamped" and (self.swiglu_alpha, self.swiglu_limit) != (1.702, 7.0):
+            raise ValueError(f"swiglu_alpha={self.swiglu_alpha!r}, swiglu_limit={self.swiglu_limit!r} only apply to "
+                             f"activation='swiglu_clamped', got activation={self.activation!r}")
         if self.qk_norm != "none" and self.attention != "standard":
             raise ValueError(f"qk_norm={self.qk_norm!r} applies to attention='standard', got {self.attention!r}")
         if self.sublayer_norm != "input" and self.normalization not in ("pre", "rms"):
@@ -719,10 +746,11 @@ class ModelConfig:
 _MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": "softmax",
                  "router_renormalize": False, "router_groups": 1, "router_topk_groups": None,
                  "router_group_score": "max", "router_choice_bias": False, "routed_scaling": 1.0,
-                 "d_shared_expert": 0, "shared_expert_gate": False, "dense_mlp_layers": None}
+                 "d_shared_expert": 0, "shared_expert_gate": False, "router_logit_bias": False,
+                 "expert_bias": False, "dense_mlp_layers": None}
 
 _BOOL_FIELDS = ("causal", "embed_norm", "attn_only", "attn_bias", "out_bias", "mlp_bias", "unembed",
-                "tie_embeddings", "cross_attention", "use_sdpa", "norm_weight_float32", "rotary_float32")
+                "tie_embeddings", "cross_attention", "use_sdpa", "norm_weight_float32", "rotary_float32", "attn_sinks")
 
 
 def _int_or_none(name: str, value: Any) -> None:

@@ -326,6 +326,8 @@ _LEAN_COVERED = frozenset({
     # attention kinds and rotary (Rotary is called at each step, not traced: its scaling runs its own code)
     "attention", "kv_latent_dim", "q_latent_dim", "rope_dim", "positional", "rotary_base", "rotary_dim",
     "rope_scaling", "rotary_float32",
+    # learned sinks: the fused path's extra key (tests/core/test_attn_sinks.py)
+    "attn_sinks",
     # norms, MLPs and biases
     "normalization", "norm_eps", "norm_weight_float32", "attn_only", "activation", "attn_bias", "out_bias",
     "mlp_bias",

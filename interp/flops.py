@@ -366,7 +366,7 @@ def flops_per_layer(
     elif not cfg.attn_only:
         F = cfg.d_mlp
         rows.append(("mlp_in", 2 * B * T * M * F))
-        if cfg.activation in ("swiglu", "geglu", "geglu_tanh"):
+        if cfg.activation in ("swiglu", "geglu", "geglu_tanh", "swiglu_clamped"):
             rows.append(("mlp_gate", 2 * B * T * M * F))
         rows.append(("mlp_out", 2 * B * T * F * M))
     df = pd.DataFrame(rows, columns=["operation", "flops"])

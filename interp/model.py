@@ -21,7 +21,7 @@ from .attention import AttnMask, make_attention
 from .config import ModelConfig
 from .hooks import HookedModule, HookPoint, NamesFilter
 from .kv_cache import KVCache
-from .moe import MoE
+from .moe import MoE, gated_unit
 from .norms import RMSNorm
 
 if TYPE_CHECKING:
@@ -36,6 +36,12 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.Identity()
 
 
+def _clamped_gate(x: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU is a function of gate and up together (:func:`interp.moe.gated_unit`), never of
+    the gate alone: this entry only keeps ``_ACT`` total over the activations."""
+    return x
+
+
 _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
@@ -45,6 +51,7 @@ _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "swiglu": F.silu,
     "geglu": F.gelu,
     "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "swiglu_clamped": _clamped_gate,
 }
 # In-place versions, used where nothing else holds the input (the gate's fresh output, without autograd).
 _ACT_INPLACE: dict[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] = {
@@ -54,7 +61,8 @@ _ACT_INPLACE: dict[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tenso
 
 
 class MLP(nn.Module):
-    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``).
+    """Two-layer MLP, or a gated one (``swiglu``/``geglu``: ``W_out(act(W_gate x) * W_in x)``; ``swiglu_clamped``:
+    ``W_out(gated_unit(W_gate x, W_in x))``).
 
     ``d_hidden`` overrides ``cfg.d_mlp`` (a mixture of experts' shared expert has its own width).
     """
@@ -62,8 +70,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, d_hidden: int | None = None) -> None:
         super().__init__()
         F_ = cfg.d_mlp if d_hidden is None else d_hidden
-        self.gated = cfg.activation in ("swiglu", "geglu", "geglu_tanh")
+        self.gated = cfg.activation in ("swiglu", "geglu", "geglu_tanh", "swiglu_clamped")
         self.act = _ACT[cfg.activation]
+        self.unit = gated_unit(cfg, self.act)
         self.W_in = nn.Linear(cfg.d_model, F_, bias=cfg.mlp_bias)
         if self.gated:
             self.W_gate = nn.Linear(cfg.d_model, F_, bias=cfg.mlp_bias)
@@ -71,7 +80,9 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gated and not torch.is_grad_enabled():
+        if self.act is _clamped_gate:
+            h = self.unit(self.W_gate(x), self.W_in(x))
+        elif self.gated and not torch.is_grad_enabled():
             # Without autograd nothing needs the gate's pre-activation: act and multiply in place (two fewer
             # [B, T, d_mlp] buffers per layer; the same numbers).
             h = _ACT_INPLACE.get(self.act, self.act)(self.W_gate(x)).mul_(self.W_in(x))

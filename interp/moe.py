@@ -3,12 +3,18 @@
 One module covers Mixtral, Qwen-MoE (Qwen2-MoE, Qwen3-MoE), OLMoE and DeepSeek-V2/V3 (see the ``n_experts``
 block of :class:`~interp.config.ModelConfig`). For a token with normalised residual x:
 
-* router logits ``l = x @ W_router^T`` ``[E]``; scores ``s = softmax(l)`` or ``sigmoid(l)`` (in float32);
+* router logits ``l = x @ W_router^T (+ b_router)`` ``[E]`` (``router_logit_bias``: gpt-oss); scores
+  ``s = softmax(l)`` or ``sigmoid(l)`` (in float32);
 * choice scores ``c = s (+ router_bias)``; with ``router_groups > 1`` only the experts of the
   ``router_topk_groups`` best groups stay eligible (a group's score: the max of its ``c``, or the sum of its
   two best); the k experts with the highest eligible ``c`` are chosen;
 * weights ``w = s[chosen]``, divided by their sum if ``router_renormalize``, times ``routed_scaling``;
 * output ``sum_j w_j expert_{id_j}(x)`` plus the shared expert (times ``sigmoid(x @ w_gate)`` for Qwen-MoE).
+
+gpt-oss's router (top-k of the logits, then a softmax over the k chosen) is ``router_score="softmax"`` with
+``router_renormalize``: ``softmax(l)_i / sum_chosen softmax(l)_j = exp(l_i) / sum_chosen exp(l_j)``, and the top-k
+of the logits are the top-k of their softmax. Its experts have biases (``expert_bias``) and the clamped SwiGLU
+(``activation="swiglu_clamped"``, :func:`gated_unit`).
 
 Experts run on the tokens routed to them only: token slots are sorted by expert, each expert multiplies its
 contiguous run, and the outputs are put back in slot order (cost ``k / E`` of running every expert on every
@@ -33,7 +39,38 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookPoint
 
-__all__ = ["MoE", "route"]
+__all__ = ["MoE", "gated_unit", "route"]
+
+
+def gated_unit(cfg: ModelConfig,
+               act: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The hidden activation of a gated MLP or expert from its two projections: ``h = unit(gate, up)``.
+
+    ``act(gate) * up`` (SwiGLU, GeGLU), or for ``activation="swiglu_clamped"`` gpt-oss's clamped unit
+    ``(clamp(up, -l, l) + 1) * g * sigmoid(alpha g)`` with ``g = clamp(gate, max=l)`` (``l = cfg.swiglu_limit``,
+    ``alpha = cfg.swiglu_alpha``), in the order transformers computes it.
+
+    Args:
+        cfg: the model config (``activation``, ``swiglu_alpha``, ``swiglu_limit``).
+        act: the gate's non-linearity (unused by the clamped unit).
+
+    Returns:
+        a function of ``(gate, up)`` tensors of one shape.
+
+    Example:
+        >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu_clamped")
+        >>> gated_unit(cfg, F.silu)(torch.tensor([100.0]), torch.tensor([-100.0])).tolist()  # clamped to 7, -7
+        [-42.0]
+    """
+    if cfg.activation != "swiglu_clamped":
+        return lambda gate, up: act(gate) * up
+    alpha, limit = cfg.swiglu_alpha, cfg.swiglu_limit
+
+    def clamped(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))
+
+    return clamped
 
 
 def route(logits: torch.Tensor, cfg: ModelConfig,
@@ -128,8 +165,10 @@ class MoE(nn.Module):
         act: the experts' gate non-linearity.
 
     Parameters: ``W_router`` ``[E, M]``, ``W_gate`` / ``W_in`` ``[E, F, M]``, ``W_out`` ``[E, M, F]``
-    (expert e computes ``W_out[e] (act(W_gate[e] x) * W_in[e] x)``); buffer ``router_bias`` ``[E]`` when
-    ``cfg.router_choice_bias``; ``shared_gate`` ``[1, M]`` when ``cfg.shared_expert_gate``.
+    (expert e computes ``W_out[e] (act(W_gate[e] x) * W_in[e] x)``, see :func:`gated_unit`); ``b_router`` ``[E]``
+    when ``cfg.router_logit_bias``; ``b_gate`` / ``b_in`` ``[E, F]`` and ``b_out`` ``[E, M]`` when
+    ``cfg.expert_bias``; buffer ``router_bias`` ``[E]`` when ``cfg.router_choice_bias``; ``shared_gate``
+    ``[1, M]`` when ``cfg.shared_expert_gate``.
 
     Example:
         >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu",
@@ -150,6 +189,11 @@ class MoE(nn.Module):
         self.W_out = nn.Parameter(torch.empty(E, M, Fe))
         for w, fan_in in ((self.W_router, M), (self.W_gate, M), (self.W_in, M), (self.W_out, Fe)):
             nn.init.uniform_(w, -fan_in ** -0.5, fan_in ** -0.5)  # nn.Linear's default range
+        self.b_router = nn.Parameter(torch.zeros(E)) if cfg.router_logit_bias else None
+        biased = cfg.expert_bias
+        self.b_gate = nn.Parameter(torch.zeros(E, Fe)) if biased else None
+        self.b_in = nn.Parameter(torch.zeros(E, Fe)) if biased else None
+        self.b_out = nn.Parameter(torch.zeros(E, M)) if biased else None
         self.register_buffer("router_bias", torch.zeros(E) if cfg.router_choice_bias else None)
         self.shared = shared
         self.shared_gate = nn.Linear(M, 1, bias=False) if cfg.shared_expert_gate else None
@@ -164,7 +208,7 @@ class MoE(nn.Module):
         """x ``[B, T, M]`` (the normalised residual) -> ``[B, T, M]``."""
         B, T, M = x.shape
         k = self.top_k
-        logits = self.hook_router_logits(F.linear(x, self.W_router))  # [B, T, E]
+        logits = self.hook_router_logits(F.linear(x, self.W_router, self.b_router))  # [B, T, E]
         weights, ids = route(logits.reshape(B * T, -1), self.cfg, self.router_bias)  # [N, k] each
         weights = self.hook_expert_weights(weights.to(x.dtype).view(B, T, k))  # [B, T, k]
         ids = self.hook_expert_ids(ids.view(B, T, k))  # [B, T, k]
@@ -192,11 +236,13 @@ class MoE(nn.Module):
             # One grouped GEMM per projection; the runs' ends stay on the device, so nothing waits for the host.
             ends = ends.to(torch.int32)
 
-            def grouped(inp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-                return F.grouped_mm(inp, w.transpose(1, 2), offs=ends)  # [N*k, in] @ [E, in, out] by run
+            def grouped(inp: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+                out = F.grouped_mm(inp, w.transpose(1, 2), offs=ends)  # [N*k, in] @ [E, in, out] by run
+                return out if b is None else out + b.index_select(0, sorted_ids)  # each row its expert's bias
 
-            h = self.act(grouped(tokens, self.W_gate)) * grouped(tokens, self.W_in)  # [N*k, F]
-            sorted_out = grouped(h, self.W_out)  # [N*k, M]
+            unit = gated_unit(self.cfg, self.act)
+            h = unit(grouped(tokens, self.W_gate, self.b_gate), grouped(tokens, self.W_in, self.b_in))  # [N*k, F]
+            sorted_out = grouped(h, self.W_out, self.b_out)  # [N*k, M]
         else:
             sorted_out = self._expert_loop(tokens, ends)
         # Back to slot order by a gather through the inverse permutation (a row gather is several times faster
@@ -211,11 +257,14 @@ class MoE(nn.Module):
         # serves only where grouped_mm cannot (see _grouped_mm_fits): gradients, float64, older torch, CUDA
         # float32.
         outs, start = [], 0
+        biases = (self.b_gate, self.b_in, self.b_out)
+        unit = gated_unit(self.cfg, self.act)
         for e, end in enumerate(ends.tolist()):
             if end > start:
                 run = tokens[start:end]  # [n, M]
-                h = self.act(F.linear(run, self.W_gate[e])) * F.linear(run, self.W_in[e])  # [n, F]
-                outs.append(F.linear(h, self.W_out[e]))  # [n, M]
+                b_gate, b_in, b_out = (None if b is None else b[e] for b in biases)
+                h = unit(F.linear(run, self.W_gate[e], b_gate), F.linear(run, self.W_in[e], b_in))  # [n, F]
+                outs.append(F.linear(h, self.W_out[e], b_out))  # [n, M]
             start = end
         return torch.cat(outs)  # [N*k, M]
 

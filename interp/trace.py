@@ -172,6 +172,11 @@ class Trace:
         layers = self._layers_with("attn.hook_pattern") if layers is None else layers
         return torch.stack([self.pattern(layer) for layer in layers])
 
+    def sink_mass(self, layer: int) -> torch.Tensor:
+        """The learned sinks' share of each row of ``layer`` (a model with ``cfg.attn_sinks``, gpt-oss):
+        ``[B, H, query_pos]``; with :meth:`pattern` a row sums to 1 (record ``"*hook_sink_mass"``)."""
+        return self[f"blocks.{layer}.attn.hook_sink_mass"]
+
     def z(self, layer: int) -> torch.Tensor:
         """Per-head mixed values of ``layer``: ``[B, pos, H, D]``."""
         return self[f"blocks.{layer}.attn.hook_z"]

@@ -15,7 +15,13 @@ with an attention sink") **and** its value ratio is at most ``sink_value_ratio``
 is at most half a typical one, so the mass there moves little). A head that attends to the first token with a
 value as large as any other is reading that token, a real first-token positional head: it is not a sink, and
 keeps its ``positional:first`` label. A sink head's ``positional:first`` row is dropped (the sink row says
-more). The config has no learned sink logit (gpt-oss) yet; when it gains one, its weight belongs in the mass.
+more).
+
+A model with learned sinks (``cfg.attn_sinks``, gpt-oss) has a sink that is no token: each head's own logit takes
+part of every row's softmax and writes nothing (its value is zero). There the **sink mass** is the mean of
+``hook_sink_mass`` (the learned sink's probability) over every real query, and the **value ratio** is 0 (the
+learned sink's value is zero): a head is a ``sink`` when its learned sink takes at least ``sink_threshold`` of
+its attention.
 
 Every head's sink mass and value ratio are in ``report.details["sink"]``.
 """
@@ -32,7 +38,10 @@ from ..streaming import Reducer
 from ._stream import PATTERN_HOOKS, head_counts, layer_of, state_device, zeros64
 from .kinds import HeadKind, KindRun, register_kind
 
-__all__ = ["SinkReducer"]
+__all__ = ["SINK_MASS_HOOKS", "SinkReducer"]
+
+#: The learned sinks' mass hooks (``[B, H, T]``) of a model with ``cfg.attn_sinks``.
+SINK_MASS_HOOKS = "blocks.*.attn.hook_sink_mass"
 
 
 class SinkReducer(Reducer):
@@ -50,7 +59,9 @@ class SinkReducer(Reducer):
     def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
-        self.names = [PATTERN_HOOKS, "blocks.*.attn.hook_v"]
+        # A learned sink (gpt-oss) is the sink: its own mass hook, its value zero.
+        self.learned = bool(getattr(model.cfg, "attn_sinks", False))
+        self.names = [SINK_MASS_HOOKS] if self.learned else [PATTERN_HOOKS, "blocks.*.attn.hook_v"]
         L, H = model.cfg.n_layers, max(head_counts(model), default=0)
         self._shape = (L, H)
         self._dev = state_device(model)
@@ -68,6 +79,8 @@ class SinkReducer(Reducer):
         self._mass = zeros64(B, L, H, device=self._dev)
         self._rows = zeros64(B, device=self._dev)
         self._ratio = torch.full((B, L, H), torch.nan, dtype=torch.float64, device=self._dev)
+        if self.learned:
+            self._ratio.zero_()  # the learned sink's value is zero: it writes nothing
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
@@ -87,6 +100,13 @@ class SinkReducer(Reducer):
             kv = getattr(attn, "kv_index", None)
             kv = kv.to(self._dev) if kv is not None else torch.arange(H, device=self._dev) // max(1, H // max(K, 1))
             self._ratio[:, layer, :H] = ratio[:, kv].double()  # [B, H]: each query head's K/V group
+            return
+        if name.endswith("hook_sink_mass"):  # [B, H, Tc]: the learned sink's probability, every real query
+            B, H, Tc = t.shape
+            rows = self._real[:, q_start:q_start + Tc]  # [B, Tc]
+            self._mass[:, layer, :H] += (t * rows[:, None]).sum(-1).double()
+            if layer == 0:
+                self._rows += rows.sum(-1).double()
             return
         B, H, Tc, S = t.shape  # pattern chunk
         q = torch.arange(q_start, q_start + Tc, device=self._dev)  # [Tc]
@@ -136,9 +156,10 @@ def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
             role = ("sink" if mass >= t_mass and ratio <= t_ratio else
                     "reads the first token" if mass >= t_mass else "")
             table.append({"layer": layer, "head": head, "sink_mass": mass, "value_ratio": ratio, "role": role})
-            rows.append({"layer": layer, "head": head, "kind": "sink", "score": mass,
-                         "evidence": f"mean attention {mass:.2f} on the first token, whose value norm is "
-                                     f"{ratio:.2f}x the other tokens'",
+            evidence = (f"mean attention {mass:.2f} on the learned sink, which writes nothing" if red.learned else
+                        f"mean attention {mass:.2f} on the first token, whose value norm is {ratio:.2f}x the "
+                        "other tokens'")
+            rows.append({"layer": layer, "head": head, "kind": "sink", "score": mass, "evidence": evidence,
                          "samples": seq["mass"][:, layer, head], "threshold": t_mass,
                          # The value gate is a condition, not the score: a head that reads a large first-token
                          # value is never a sink, however sure its mass.

@@ -202,6 +202,8 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
             for suffix in ("weight", "bias"):
                 if pre + f"W_qkv.{suffix}" in state:
                     state[pre + f"W_qkv.{suffix}"] = state[pre + f"W_qkv.{suffix}"][rows]
+        if pre + "sinks" in state:  # a learned sink belongs to its query head: it goes with it
+            state[pre + "sinks"] = state[pre + "sinks"][torch.tensor(kept, dtype=torch.long)]  # [H_kept]
         w_o = state[pre + "W_O.weight"]  # [M, H*Dv] (Dv = D except for MLA's own value width)
         Dv = attn.d_head
         if attn.gate is not None:

@@ -136,6 +136,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "opt": ("opt", dict(hidden_size=80, ffn_dim=96, num_attention_heads=5, word_embed_proj_dim=80)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
+    "gpt_oss": ("gpt_oss", dict(hidden_size=72, intermediate_size=32, num_attention_heads=9, num_key_value_heads=3,
+                                head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                                layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.5,
+                                rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                 "original_max_position_embeddings": 16})),
 }
 
 _LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
@@ -183,6 +189,8 @@ def _seed_init(model: torch.nn.Module) -> torch.nn.Module:
                 p.normal_(0, 0.02)  # times sqrt(d_model): else the embedding drowns every sublayer's write
             else:
                 p.normal_(0, 0.2)
+            if name.endswith("self_attn.sinks"):  # large sink logits: a head's sink takes most of its mass
+                p.copy_(4.0 * torch.randn_like(p))
         for name, b in model.named_buffers():
             if "e_score_correction_bias" in name:  # DeepSeek-V3's router choice bias: a weight kept as a buffer
                 b.copy_(0.05 * torch.randn_like(b))
@@ -227,8 +235,12 @@ def variants(cfg: Any) -> str:
         parts.append(f"QK-norm ({cfg.qk_norm.replace('_', ' ')})")
     if cfg.nope_layers:
         parts.append(f"NoPE ({len(cfg.nope_layers)}/{cfg.n_layers} layers)")
+    if cfg.attn_sinks:
+        parts.append("learned sinks")
     if cfg.activation == "relu2":
         parts.append("relu² MLP")
+    if cfg.activation == "swiglu_clamped":
+        parts.append("clamped SwiGLU")
     if cfg.sublayer_norm != "input":
         parts.append(f"{cfg.sublayer_norm} norms")
     if cfg.parallel_block != "none":
@@ -245,7 +257,8 @@ def variants(cfg: Any) -> str:
     if cfg.embed_scale != 1.0:
         parts.append("embed scale")
     if cfg.n_experts:
-        moe = f"top-{cfg.n_experts_per_token} of {cfg.n_experts} experts ({cfg.router_score}"
+        biased = " with biases" if cfg.router_logit_bias or cfg.expert_bias else ""
+        moe = f"top-{cfg.n_experts_per_token} of {cfg.n_experts} experts{biased} ({cfg.router_score}"
         moe += f", {cfg.router_topk_groups} of {cfg.router_groups} groups)" if cfg.router_groups > 1 else ")"
         if cfg.d_shared_expert:
             moe += " + gated shared expert" if cfg.shared_expert_gate else " + shared expert"

@@ -38,6 +38,7 @@ FAMILY_CONFIGS: dict[str, str] = {
     "hunyuan_v1_dense": "hunyuan_v1_dense", "smollm3": "smollm3", "exaone4": "exaone4",
     "granite": "granite", "glm": "glm", "glm4": "glm4", "stablelm": "stablelm",
     "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2", "gptj": "gptj", "opt": "opt",
+    "gpt_oss": "gpt_oss",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"

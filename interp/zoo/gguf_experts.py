@@ -58,10 +58,11 @@ from .gguf_archs import Meta, _llama_like, shown
 from .gguf_file import GGUFError
 
 # Whole architectures handled here (Mixtral is ``llama`` with experts), with the HF model_type each came from.
-MODEL_TYPES = {"deepseek2": None, "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
+MODEL_TYPES = {"deepseek2": None, "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe",
+               "gpt-oss": "gpt_oss"}  # gpt-oss: its own module, interp.zoo.gguf_gpt_oss
 ARCHITECTURES = tuple(MODEL_TYPES)
 EXPERT_HOSTS = ("llama",)  # table architectures of interp.zoo.gguf_archs whose files may carry experts
-HF_TYPES = ("mixtral", "deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "olmoe")
+HF_TYPES = ("mixtral", "deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
 GATING = {1: "softmax", 2: "sigmoid"}  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE values
@@ -390,6 +391,10 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
         >>> sorted(hf_tensors("blk.0.ffn_up_exps.weight", torch.zeros(4, 6, 8), cfg))[0]
         'model.layers.0.mlp.experts.0.up_proj.weight'
     """
+    if hf_cfg["model_type"] == "gpt_oss":
+        from . import gguf_gpt_oss  # it reads this module's helpers
+
+        return gguf_gpt_oss.hf_tensors(name, w, hf_cfg, source=source)
     parts = name.split(".")
     if hf_cfg["model_type"] != "mixtral" and name in _GLOBAL:  # Mixtral: the llama table names these
         return {_GLOBAL[name]: w}
@@ -524,6 +529,10 @@ def hf_config(meta: Mapping[str, Any], base: Mapping[str, Any] | None, tensor_na
         'mixtral'
     """
     arch = meta.get("general.architecture")
+    if arch == "gpt-oss":
+        from . import gguf_gpt_oss  # it reads this module's helpers
+
+        return gguf_gpt_oss.hf_config(meta, tensor_names, source=source)
     if arch == "deepseek2":
         return deepseek2_config(meta, tensor_names, source=source)
     if arch in MODEL_TYPES:

@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from .gpt_oss import gpt_oss_config, gpt_oss_state_dict
 from .hf import StateDict, _decoder_checks, _dense_weights, _llama_attention, _need, _rope, _Source, llama_state_dict, sliding_windows
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
@@ -1449,6 +1450,7 @@ CONVERTERS_DENSE = {
     "gpt_bigcode": (gpt_bigcode_config, gpt_bigcode_state_dict),
     "falcon": (falcon_config, falcon_state_dict),
     "phi": (phi_config, phi_state_dict),
+    "gpt_oss": (gpt_oss_config, gpt_oss_state_dict),
 }
 
 

@@ -361,8 +361,13 @@ def check_weights(hf_cfg: Mapping[str, Any], cfg: Any, make_sd: Callable, meta: 
     ignored = {k for k in meta if _IGNORED.search(k) or _is_extra_layer(k, n_layers, extra)}
     if cfg.unembed and cfg.tie_embeddings:
         ignored |= {k for k in meta if k.endswith("lm_head.weight")}  # a tied copy some checkpoints store
+    if (hf_cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        # MXFP4 experts (gpt-oss): uint8 codes and exponents the converter decodes (interp.zoo.gpt_oss).
+        packed = {k for k, t in meta.items() if t.dtype == torch.uint8 and k.endswith(("_blocks", "_scales"))}
+    else:
+        packed = set()
     wrong = [f"{k} is stored as {t.dtype} {list(t.shape)}, the model expects a floating dtype ({dtype})"
-             for k, t in meta.items() if k not in ignored and t.dtype not in WEIGHT_DTYPES]
+             for k, t in meta.items() if k not in ignored | packed and t.dtype not in WEIGHT_DTYPES]
     if wrong:
         raise ValueError(f"{source}: non-floating weights: " + "; ".join(wrong[:8]))
     recording = _Recording(meta)

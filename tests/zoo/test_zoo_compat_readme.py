@@ -36,6 +36,7 @@ def test_readme_row_is_what_compat_prints(name):
 @pytest.mark.parametrize("name, claims", [
     ("phi3_longrope", ["longrope"]), ("mixtral", ["experts"]), ("deepseek_v3", ["MLA", "yarn", "sigmoid"]),
     ("gemma2", ["soft-cap attn+final", "sandwich norms"]), ("qwen2_moe", ["gated shared expert"]),
+    ("gpt_oss", ["learned sinks", "clamped SwiGLU", "experts with biases", "yarn", "window 8"]),
 ])
 def test_variants_come_from_the_converted_config(name, claims):
     """A row's variants are read off the converted model's config: what a row claims, its config has."""

@@ -1,0 +1,223 @@
+"""gpt-oss (OpenAI's open-weight mixture of experts) from its Hugging Face config and state dict, including the
+MXFP4 expert weights of the safetensors release.
+
+What the family needs of the core, each a config value:
+
+* learned per-head attention sinks (``attn_sinks``: ``self_attn.sinks`` -> ``attn.sinks``);
+* alternating banded (``sliding_attention``, window ``sliding_window``) and full layers (``layer_types``);
+* YaRN RoPE as configured (``rope_parameters`` / ``rope_scaling``), rotating halves as Llama;
+* biased q/k/v/o projections (``attention_bias``);
+* RMSNorm that multiplies by its weight in float32 before rounding (``norm_weight_float32``: ``GptOssRMSNorm``
+  computes ``weight * x`` on the float32 normalised input);
+* the router ``top-k of (x W^T + b)`` then a softmax over the k chosen, which is ``router_score="softmax"`` with
+  ``router_renormalize`` and ``router_logit_bias`` (see :mod:`interp.moe`);
+* experts with biases (``expert_bias``) and the clamped SwiGLU (``activation="swiglu_clamped"``,
+  ``swiglu_alpha`` / ``swiglu_limit``).
+
+Weight layouts (transformers 5): ``mlp.experts.gate_up_proj`` ``[E, M, 2F]`` (stored transposed, gate and up
+interleaved along the last axis: gate = columns 0, 2, 4 ..., up = 1, 3, 5 ...), ``gate_up_proj_bias`` ``[E, 2F]``
+(interleaved the same way), ``down_proj`` ``[E, F, M]``, ``down_proj_bias`` ``[E, M]``; ``mlp.router.weight``
+``[E, M]`` and ``mlp.router.bias`` ``[E]``. A GGUF file keeps gate and up apart; :mod:`interp.zoo.gguf_gpt_oss`
+names them ``mlp.experts.gate_proj`` / ``up_proj`` ``[E, M, F]`` (and ``*_bias`` ``[E, F]``), which this
+converter takes in place of ``gate_up_proj``.
+
+The release stores the two expert projections in MXFP4 instead (``quantization_config.quant_method ==
+"mxfp4"``): ``gate_up_proj_blocks`` ``[E, 2F, M/32, 16]`` uint8 (two 4-bit E2M1 codes a byte, low nibble first)
+and ``gate_up_proj_scales`` ``[E, 2F, M/32]`` uint8 (a power-of-two exponent per 32 values, biased by 127);
+``down_proj_blocks`` ``[E, M, F/32, 16]`` / ``down_proj_scales`` ``[E, M, F/32]``. :func:`mxfp4_dequantize`
+decodes them exactly as transformers' ``convert_moe_packed_tensors`` does (every MXFP4 value is exact in
+float32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from .hf import StateDict, _decoder_checks, _llama_attention, _need, _rope, _Source
+
+__all__ = ["FP4_VALUES", "gpt_oss_config", "gpt_oss_state_dict", "mxfp4_dequantize"]
+
+ARCH = "gpt_oss"
+
+#: The 16 values of an E2M1 (FP4) code, by code (bit 3 is the sign), as the OCP MX format defines them.
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+#: transformers' GptOssConfig defaults for the keys a config.json may leave out.
+_DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                 "original_max_position_embeddings": 4096}
+
+
+def gpt_oss_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a gpt-oss model from its HF config dict (``config.json`` / ``config.to_dict()``).
+
+    Args:
+        hf_cfg: the HF config; absent keys take ``GptOssConfig``'s defaults (window 128, YaRN with factor 32 on
+            base 150000, layers alternating sliding and full from layer 0, ``swiglu_alpha`` 1.702,
+            ``swiglu_limit`` 7.0, biased attention).
+
+    Returns:
+        the config: attention sinks, per-layer windows, YaRN RoPE, an MoE with router bias, expert biases and
+        the clamped SwiGLU.
+
+    Raises:
+        ValueError: a missing size, a ``layer_types`` entry other than sliding / full attention or of the wrong
+            length, an unsupported RoPE kind, a ``quantization_config`` other than MXFP4, or an invalid value
+            (each named with its value).
+
+    Example:
+        >>> cfg = gpt_oss_config({"model_type": "gpt_oss", "num_hidden_layers": 2, "hidden_size": 64,
+        ...                       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        ...                       "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+        ...                       "vocab_size": 50, "max_position_embeddings": 256, "sliding_window": 8})
+        >>> cfg.sliding_window, cfg.attn_sinks, cfg.activation, cfg.rope_scaling["rope_type"]
+        ([8, None], True, 'swiglu_clamped', 'yarn')
+    """
+    _decoder_checks(hf_cfg, ARCH)
+    quant = hf_cfg.get("quantization_config")
+    if quant and quant.get("quant_method") != "mxfp4":
+        raise ValueError(f"{ARCH} quantization_config quant_method={quant.get('quant_method')!r} is not supported "
+                         "(only 'mxfp4', the release's expert format)")
+    n_layers = _need(hf_cfg, "num_hidden_layers", ARCH)
+    d_model, n_heads = _need(hf_cfg, "hidden_size", ARCH), _need(hf_cfg, "num_attention_heads", ARCH)
+    window = hf_cfg.get("sliding_window", 128)
+    types = hf_cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                          for i in range(n_layers)]
+    if len(types) != n_layers:
+        raise ValueError(f"{ARCH} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
+    for i, kind in enumerate(types):
+        if kind not in ("sliding_attention", "full_attention"):
+            raise ValueError(f"{ARCH} layer_types[{i}]={kind!r} is not supported (only 'sliding_attention' and "
+                             "'full_attention')")
+    windows = [window if kind == "sliding_attention" and window else None for kind in types]
+    params = hf_cfg.get("rope_parameters") or {}
+    if not params.get("rope_type") and not hf_cfg.get("rope_scaling"):
+        params = {**_DEFAULT_ROPE, **params}  # GptOssConfig's own default: YaRN
+    theta, scaling = _rope(hf_cfg, ARCH, params, default_theta=150000.0)
+    bias = bool(hf_cfg.get("attention_bias", True))
+    d_expert = _need(hf_cfg, "intermediate_size", ARCH)
+    head_dim = hf_cfg.get("head_dim", 64)
+    return ModelConfig(
+        n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=head_dim or d_model // n_heads,
+        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, attn_sinks=True,
+        d_vocab=_need(hf_cfg, "vocab_size", ARCH), n_ctx=_need(hf_cfg, "max_position_embeddings", ARCH),
+        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), norm_weight_float32=True,
+        positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, sliding_window=windows if any(w is not None for w in windows) else None,
+        attn_bias=bias, out_bias=bias, mlp_bias=False, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        activation="swiglu_clamped", swiglu_alpha=float(hf_cfg.get("swiglu_alpha", 1.702)),
+        swiglu_limit=float(hf_cfg.get("swiglu_limit", 7.0)), d_mlp=d_expert, d_expert=d_expert,
+        n_experts=_need(hf_cfg, "num_local_experts", ARCH), n_experts_per_token=_need(hf_cfg, "num_experts_per_tok", ARCH),
+        router_score="softmax", router_renormalize=True, router_logit_bias=True, expert_bias=True,
+    )
+
+
+def mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor, *, name: str = "blocks") -> torch.Tensor:
+    """Decode MXFP4 weights to float32: ``blocks`` ``[..., G, 16]`` uint8 and ``scales`` ``[..., G]`` uint8 ->
+    ``[..., G * 32]``.
+
+    Byte ``j`` of a block holds value ``2j`` in its low nibble and ``2j + 1`` in its high one (E2M1 codes,
+    :data:`FP4_VALUES`); a block's 32 values are multiplied by ``2 ** (scale - 127)``. This is transformers'
+    ``convert_moe_packed_tensors`` without its final transpose.
+
+    Args:
+        blocks: the packed codes.
+        scales: the biased exponents, one per block.
+        name: the tensor named in errors.
+
+    Returns:
+        float32 values (exact: every MXFP4 value is a float32).
+
+    Raises:
+        ValueError: blocks that are not uint8 ``[..., G, 16]`` or scales whose shape is not the blocks' without
+            the last axis, named with both shapes.
+
+    Example:
+        >>> blocks = torch.tensor([[[0x21] + [0] * 15]], dtype=torch.uint8)  # codes 1 (0.5) then 2 (1.0)
+        >>> mxfp4_dequantize(blocks, torch.tensor([[128]], dtype=torch.uint8))[0, :3].tolist()  # times 2 ** 1
+        [1.0, 2.0, 0.0]
+    """
+    if blocks.dtype != torch.uint8 or blocks.dim() < 2 or blocks.shape[-1] != 16:
+        raise ValueError(f"{name}: MXFP4 blocks must be uint8 [..., groups, 16], got {blocks.dtype} "
+                         f"{list(blocks.shape)}")
+    if tuple(scales.shape) != tuple(blocks.shape[:-1]):
+        raise ValueError(f"{name}: MXFP4 scales have shape {list(scales.shape)}, the blocks "
+                         f"{list(blocks.shape)} need {list(blocks.shape[:-1])}")
+    out_shape = (*blocks.shape[:-2], blocks.shape[-2] * 32)
+    if blocks.is_meta:  # the shape check of a folder before anything is read
+        return torch.empty(out_shape, dtype=torch.float32, device="meta")
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=blocks.device)
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).long()  # [..., G, 16, 2]: low nibble first
+    values = lut[codes].flatten(-2)  # [..., G, 32]
+    exponents = scales.to(torch.int32) - 127  # [..., G]
+    return torch.ldexp(values, exponents[..., None]).reshape(out_shape)  # [..., G*32]
+
+
+def _experts(src: _Source, mlp: str, name: str, rows: int, cols: int, E: int) -> torch.Tensor:
+    """Expert projection ``name`` as transformers holds it (``[E, cols, rows]``: gate_up ``[E, M, 2F]``, down
+    ``[E, F, M]``), from the plain tensor or from its MXFP4 blocks and scales."""
+    key = mlp + f"experts.{name}"
+    if src.has(key + "_blocks"):
+        blocks, scales = src(key + "_blocks"), src(key + "_scales")
+        if tuple(blocks.shape[:2]) != (E, rows) or blocks.shape[2] * 32 != cols:
+            raise ValueError(f"{ARCH} tensor {src.prefix + key}_blocks has shape {list(blocks.shape)}, the config "
+                             f"implies [{E}, {rows}, {cols // 32}, 16] ({cols} values a row in blocks of 32)")
+        return mxfp4_dequantize(blocks, scales, name=src.prefix + key + "_blocks").transpose(1, 2)  # [E, cols, rows]
+    w = src(key)
+    if tuple(w.shape) != (E, cols, rows):
+        raise ValueError(f"{ARCH} tensor {src.prefix + key!r} has shape {list(w.shape)}, the config implies "
+                         f"{[E, cols, rows]}")
+    return w
+
+
+def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF gpt-oss one (``GptOssForCausalLM`` keys; experts plain or MXFP4).
+
+    Args:
+        hf_sd: the HF state dict.
+        cfg: from :func:`gpt_oss_config`.
+
+    Returns:
+        interp's tensors by name (experts de-interleaved and transposed to ``[E, F, M]`` / ``[E, M, F]``).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent, or an expert tensor's shape disagrees with the
+            config (named with both shapes).
+    """
+    src = _Source(hf_sd, ("model.",), ARCH)
+    E, M = cfg.n_experts, cfg.d_model
+    F_ = cfg.d_expert if cfg.d_expert is not None else cfg.d_mlp  # set for every MoE config
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        out[b + "attn.sinks"] = src(h + "self_attn.sinks")
+        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
+        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        mlp = h + "mlp."
+        out[b + "mlp.W_router"] = src(mlp + "router.weight")
+        out[b + "mlp.b_router"] = src(mlp + "router.bias")
+        if src.has(mlp + "experts.gate_proj"):  # a GGUF file (interp.zoo.gguf_gpt_oss): gate and up apart
+            out[b + "mlp.W_gate"] = _experts(src, mlp, "gate_proj", F_, M, E).transpose(1, 2)  # [E, F, M]
+            out[b + "mlp.W_in"] = _experts(src, mlp, "up_proj", F_, M, E).transpose(1, 2)  # [E, F, M]
+            out[b + "mlp.b_gate"] = src(mlp + "experts.gate_proj_bias")  # [E, F]
+            out[b + "mlp.b_in"] = src(mlp + "experts.up_proj_bias")  # [E, F]
+        else:
+            gate_up = _experts(src, mlp, "gate_up_proj", 2 * F_, M, E)  # [E, M, 2F], gate and up interleaved
+            out[b + "mlp.W_gate"] = gate_up[:, :, 0::2].transpose(1, 2)  # [E, F, M]
+            out[b + "mlp.W_in"] = gate_up[:, :, 1::2].transpose(1, 2)  # [E, F, M]
+            gate_up_bias = src(mlp + "experts.gate_up_proj_bias")  # [E, 2F]
+            out[b + "mlp.b_gate"], out[b + "mlp.b_in"] = gate_up_bias[:, 0::2], gate_up_bias[:, 1::2]
+        out[b + "mlp.W_out"] = _experts(src, mlp, "down_proj", M, F_, E).transpose(1, 2)  # [E, F, M] -> [E, M, F]
+        out[b + "mlp.b_out"] = src(mlp + "experts.down_proj_bias")  # [E, M]
+    if not cfg.tie_embeddings:
+        if "lm_head.weight" not in hf_sd:
+            raise ValueError(f"{ARCH} state dict has no 'lm_head.weight' and tie_word_embeddings is False "
+                             "(pass a GptOssForCausalLM model, not the bare GptOssModel)")
+        out["W_U.weight"] = hf_sd["lm_head.weight"]
+        out["W_U.bias"] = torch.zeros(cfg.d_vocab, dtype=hf_sd["lm_head.weight"].dtype)
+    return out

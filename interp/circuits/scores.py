@@ -21,6 +21,7 @@ import torch
 
 from ..analysis import patching_checks as checks
 from ..progress import bar as progress_bar
+from .exact import CleanRun, growing_exact
 from .gradients import DEFAULT_BUFFER_BYTES, gradient_scores
 from .graph import Graph, build_graph
 from .patch import edge_pass, node_writes
@@ -197,8 +198,12 @@ def exact_scores(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
                  attention_mask: torch.Tensor | None = None, progress: bool | None = None) -> EdgeScores:
     """Exact edge patching: the metric with one edge patched (corrupted value on it), minus the clean metric.
 
-    Patched copies of the batch share forward passes: ``batch_size // B`` edges per pass, each copy carrying its
-    own one-edge ablation.
+    Patching edge ``(u, d)`` changes nothing before ``d`` reads, so patched copies of the batch share growing
+    passes, as :func:`~interp.analysis.activation_patching` does: a pass starts at the lowest layer it patches
+    and each copy joins it at its own input's layer, from the clean run's residual there; the input reads the
+    clean residual plus ``u``'s corrupted minus clean write. Edges into the logits need no block at all: the
+    final norm and unembedding of the clean final residual plus the difference. A metric with
+    ``reads_last_only = True`` gets the last position's logits only.
 
     Args:
         model, clean, corrupted, metric, graph, attention_mask: as :func:`eap`.
@@ -222,24 +227,17 @@ def exact_scores(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
     graph = _graph(model, graph)
     todo = _edge_list(graph, edges)
     logits_c, source = node_writes(model, graph, corrupted, attention_mask)
+    m_corrupted = float(metric(logits_c))
+    del logits_c
     with torch.no_grad():
-        m_clean = float(metric(model(clean, attention_mask=attention_mask)))
-    B = clean.shape[0]
-    per = max(1, batch_size // B)
+        base = CleanRun.record(model, graph, clean, attention_mask)
+    m_clean = float(metric(base.logits))
+    values = growing_exact(model, graph, base, source, todo, metric, batch_size=batch_size,
+                           attention_mask=attention_mask, progress=progress)
     scores = torch.zeros(graph.allowed.shape, dtype=torch.float64)
-    rows = clean.repeat(per, 1)
-    mask = None if attention_mask is None else attention_mask.repeat(per, 1)
-    for start in progress_bar(range(0, len(todo), per), desc="exact_scores", progress=progress, unit="pass"):
-        chunk = todo[start:start + per]
-        V = len(chunk)
-        ablate = torch.zeros(V, *graph.allowed.shape)
-        for v, (u, d) in enumerate(chunk):
-            ablate[v, u, d] = 1.0
-        with torch.no_grad(), edge_pass(model, graph, source=source, ablate=ablate):
-            logits = model(rows[:V * B], attention_mask=None if mask is None else mask[:V * B])
-        for v, (u, d) in enumerate(chunk):
-            scores[u, d] = float(metric(logits[v * B:(v + 1) * B])) - m_clean
-    return EdgeScores(graph, scores.float(), "exact", m_clean, float(metric(logits_c)))
+    for (u, d), v in zip(todo, values):
+        scores[u, d] = v - m_clean
+    return EdgeScores(graph, scores.float(), "exact", m_clean, m_corrupted)
 
 
 def _naive_hook(model: Transformer, graph: Graph, u: int, d: int, diff: torch.Tensor,

@@ -24,7 +24,7 @@ from ..progress import bar as progress_bar
 from .exact import CleanRun, growing_exact
 from .gradients import DEFAULT_BUFFER_BYTES, gradient_scores
 from .graph import Graph, build_graph
-from .patch import edge_pass, node_writes
+from .patch import node_writes
 
 if TYPE_CHECKING:
     from ..model import Transformer

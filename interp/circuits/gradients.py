@@ -47,7 +47,8 @@ class _Folder:
         has = graph.allowed.any(dim=0)
         last = torch.where(has, U - 1 - graph.allowed.flip(0).int().argmax(dim=0), -1)  # [D]
         self.n_up = (last + 1).tolist()
-        widest = max(max(graph.heads, default=1), 1)
+        # The widest block arrives at once: a layer's query, key and value inputs together.
+        widest = max([h + 2 * k for h, k in zip(graph.heads, graph.kv_heads)] + [1])
         cap = max(widest, min(graph.allowed.shape[1], buffer_bytes // max(1, N * self.flat.element_size())))
         self.buf = self.flat.new_empty(cap, N)  # [C, B*T*M]
         self.cols: list[int] = []

@@ -148,7 +148,8 @@ def _run_group(model: Transformer, graph: Graph, base: CleanRun, delta: list[tor
         hooks += [(f"blocks.{layer}.attn.hook_{kind}", qkv_hook(layer, kind)) for kind in ("q", "k", "v")
                   if kind in kinds]
         if "mlp" in kinds:
-            handles.append(model.blocks[layer].mlp.register_forward_pre_hook(mlp_hook(layer)))
+            mlp: Any = model.blocks[layer].mlp
+            handles.append(mlp.register_forward_pre_hook(mlp_hook(layer)))
     try:
         with model.lock, model.hooks(hooks):
             resid_out = model._forward(base.resid[(first, "pre")], attention_mask=attention_mask,

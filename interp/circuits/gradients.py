@@ -221,6 +221,7 @@ class _GradientPass:
         hooks: list[tuple[str, Any]] = []
         pre: list[tuple[torch.nn.Module, Any]] = []
         for layer, block in enumerate(model.blocks):
+            mlp: Any = block.mlp
             hooks.append((f"blocks.{layer}.hook_resid_pre", self.resid_pre(layer)))
             for kind in ("q", "k", "v"):
                 hooks.append((f"blocks.{layer}.attn.hook_{kind}", self.qkv(layer, kind)))
@@ -231,7 +232,7 @@ class _GradientPass:
                     hooks.append((f"blocks.{layer}.hook_resid_mid", self.resid_mid(layer)))
                 if self.source is not None:
                     hooks.append((f"blocks.{layer}.hook_mlp_out", self.mlp_out))
-                pre.append((block.mlp, self.mlp_pre(layer)))
+                pre.append((mlp, self.mlp_pre(layer)))
         reader: Any = model.ln_final if model.ln_final is not None else model.unembed
         pre.append((reader, self.logits_pre))
         return hooks, pre
@@ -291,7 +292,8 @@ def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metr
     if not value.requires_grad:
         raise _no_dependence(metric, value)
     if diff is None:
-        assert source is not None and state.n_up == source.shape[0], (state.n_up, source.shape)
+        assert source is not None
+        assert state.n_up == source.shape[0], "every upstream node's write is subtracted once"
         diff = source
     state.folder = _Folder(graph, diff, scores, buffer_bytes)
     torch.autograd.backward(value, inputs=[state.base])

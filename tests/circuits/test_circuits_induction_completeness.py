@@ -8,7 +8,7 @@ from test_circuits_graph import FAMILIES, tiny
 
 import interp
 from interp.analysis.taxonomy import HeadReport
-from interp.circuits import Circuit, build_graph, eap, eap_ig, exact_scores, faithfulness
+from interp.circuits import Circuit, build_graph, eap, eap_ig, exact_scores, faithfulness, top_n
 from interp.circuits.evaluate import head_circuits, heads_circuit
 from interp.circuits.gradients import _norm_vjp
 from interp.circuits.tasks import circuit_task
@@ -34,6 +34,12 @@ def test_k_composition_edges_score_under_the_induction_task(induction):
     top = sorted(exact.edge_scores().items(), key=lambda kv: kv[1])[:8]  # most negative: the edges it needs
     kcomp = {e for e, _ in top if e[0].startswith("a0.") and e[1].endswith("<k>")}
     assert {("a0.h2", "a1.h1<k>"), ("a0.h2", "a1.h3<k>")} <= kcomp
+    # Plain top-8 keeps no edge into the logits (faithfulness ~0); grown from the logits it keeps a path.
+    grown = top_n(exact, 8, connected=True)
+    assert ("a0.h2", "a1.h3<k>") in grown.edges and any(d == "logits" for _, d in grown.edges)
+    f = [faithfulness(model, c, task.clean, task.corrupted, task.metric, ablation=task.ablation)["faithfulness"]
+         for c in (top_n(exact, 8), grown)]
+    assert f[0] < 0.05 < 0.25 < f[1]
 
 
 def test_textbook_circuit_is_faithful_and_complete_with_nine_edges(induction):
@@ -45,6 +51,16 @@ def test_textbook_circuit_is_faithful_and_complete_with_nine_edges(induction):
     part = Circuit([e for e in INDUCTION if not e[1].endswith("<k>")])
     assert faithfulness(model, part, task.clean, task.corrupted, task.metric,
                         ablation=task.ablation)["faithfulness"] < 0.2
+
+
+def test_connected_top_n_recovers_the_known_circuit():
+    model = known_circuit_model()
+    clean, corrupted, metric = known_circuit_task()
+    scores = eap_ig(model, clean, corrupted, metric, steps=3)
+    assert set(top_n(scores, 3, connected=True).edges) == CIRCUIT
+    grown = top_n(scores, 10, connected=True)  # past the circuit only zero-score edges are left: still connected
+    reads = {u for u, _ in grown.edges} - {"input"}
+    assert all(any(d == "logits" or d.split("<")[0] == u for _, d in grown.edges) for u in reads)
 
 
 def test_completeness_of_the_known_circuit_and_of_a_distractor():

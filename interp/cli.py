@@ -733,16 +733,18 @@ def _circuit(args: argparse.Namespace) -> int:
                   else circuits.eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=progress))
         found = circuits.top_n(scores, n_keep)
     elif args.method == "acdc":
-        found = circuits.acdc(model, c, x, m, threshold=args.threshold, graph=graph, progress=progress)
+        found = circuits.acdc(model, c, x, m, threshold=args.threshold, graph=graph, progress=progress,
+                              ablation=task.ablation)
     else:
         found = circuits.edge_pruning(model, c, x, m, target=1 - n_keep / graph.n_edges, steps=args.steps_train,
-                                      graph=graph, progress=progress)
-    found.info.update({"model": args.model, "task": args.task})
-    faith = circuits.faithfulness(model, found, c, x, m, graph=graph) if len(found) else {}
+                                      graph=graph, progress=progress, ablation=task.ablation)
+    found.info.update({"model": args.model, "task": args.task, "ablation": task.ablation})
+    faith = circuits.faithfulness(model, found, c, x, m, graph=graph, ablation=task.ablation) if len(found) else {}
     sizes = sorted({max(1, round(graph.n_edges * f)) for f in (0.01, 0.03, 0.1, 0.3, 1.0)} | {len(found) or 1})
     curve = circuits.faithfulness_curve(model, [scores] if scores is not None else [], c, x, m, sizes=sizes,
                                         n_random=args.n_random, extra={args.method: {len(found): found}}
-                                        if scores is None and len(found) else None, progress=progress)
+                                        if scores is None and len(found) else None, progress=progress,
+                                        ablation=task.ablation)
     found.save(out / "circuit.json")
     from ._io import atomic_path
 
@@ -750,7 +752,8 @@ def _circuit(args: argparse.Namespace) -> int:
         curve.to_csv(tmp, index=False)
     summary = {"method": args.method, "task": args.task, "model": args.model, "n_edges": len(found),
                "n_edges_total": graph.n_edges, "faithfulness": faith.get("faithfulness"),
-               "normalized": faith.get("normalized"), "circuit": str(out / "circuit.json"),
+               "normalized": faith.get("normalized"), "completeness": faith.get("completeness"),
+               "ablation": task.ablation, "circuit": str(out / "circuit.json"),
                "curve": str(out / "curve.csv")}
     if args.json:
         _print_json(summary)
@@ -766,10 +769,11 @@ def _add_circuit_parser(sub: Any, fmt: Any) -> None:
                         "measure its faithfulness and a curve beside random circuits; writes circuit.json and "
                         "curve.csv to --out.",
                         epilog="--json prints {\"method\", \"task\", \"model\", \"n_edges\", \"n_edges_total\", "
-                               "\"faithfulness\", \"normalized\", \"circuit\", \"curve\"}.")
+                               "\"faithfulness\", \"normalized\", \"completeness\", \"ablation\", \"circuit\", "
+                               "\"curve\"}.")
     ci.add_argument("--model", required=True, help="a built-in name (induction-2l, smollm2-135m...), a checkpoint, "
                                                    "a .gguf file or a Hugging Face folder")
-    ci.add_argument("--task", required=True, choices=("induction", "ioi", "greater-than", "agreement"),
+    ci.add_argument("--task", required=True, choices=("induction", "ioi", "greater-than", "agreement", "docstring"),
                     help="the generated task (text tasks need a text tokenizer)")
     ci.add_argument("--method", required=True, choices=CIRCUIT_METHODS,
                     help="eap, eap-ig (top edges by score), acdc (greedy, --threshold) or edge-pruning (gates)")

@@ -4,8 +4,9 @@ Parts (``--only``, comma-separated):
 - ``induction2l``: induction-2l on repeated random tokens: EAP, EAP-IG, exact patching of every edge; ACDC; Edge
   Pruning; the top edges must contain previous-token -> induction-head K-composition edges and reach
   faithfulness >= 0.9 with <= 10 % of the edges; curves beside 20 random circuits.
-- ``speed``: SmolLM2-135M, 4 x 128 tokens (repeated random halves of 64): one forward, EAP, EAP-IG (m steps),
-  as multiples of the forward (targets <= 4x and <= (m + 2)x).
+- ``speed``: SmolLM2-135M, 4 x 128 tokens (repeated random halves of 64): one forward, a plain forward +
+  backward (the floor of a gradient step), EAP, EAP-IG (m steps), interleaved, as multiples of the forward in
+  process CPU time (and wall time) at the benchmark's threads (targets <= 4x and <= (m + 2)x).
 - ``memory``: the peak resident memory of EAP at 4 x 128 on SmolLM2 (a fresh process: ru_maxrss after EAP minus
   after loading the model and running one forward).
 - ``ioi`` / ``induction``: SmolLM2-135M on IOI-style prompts / repeated tokens: EAP, EAP-IG, exact patching of
@@ -62,6 +63,14 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
+def cpu_timed(fn):
+    """(result, process CPU seconds): at one thread, far less sensitive than wall time to the other processes
+    of a shared machine."""
+    t = time.process_time()
+    out = fn()
+    return out, time.process_time() - t
+
+
 def summarize_curve(df) -> dict:
     out = {}
     for (method, n), g in df.groupby(["method", "n_edges"]):
@@ -93,22 +102,36 @@ def part_induction2l(args) -> dict:
     out["classify_heads"] = {"previous-token": prev, "induction": ind}
     kcomp = {(p, f"{i}<k>") for p in prev for i in ind}
     circuits = {}
+    abl = task.ablation
+    out["ablation"] = abl
     for name, scores in (("eap", s_eap), ("eap-ig", s_ig), ("exact", s_ex)):
         circ = top_n(scores, n10)
-        f = faithfulness(model, circ, c, x, m, graph=graph)
+        f = faithfulness(model, circ, c, x, m, graph=graph, ablation=abl)
         circuits[name] = {"edges": circ.edges, "faithfulness": f["faithfulness"], "normalized": f["normalized"],
-                          "k_composition_edges": sorted(set(circ.edges) & kcomp)}
-    ep, t_ep = timed(lambda: edge_pruning(model, c, x, m, target=1 - n10 / E, steps=args.ep_steps, graph=graph))
-    f = faithfulness(model, ep, c, x, m, graph=graph)
-    circuits["edge-pruning"] = {"edges": ep.edges, "faithfulness": f["faithfulness"], "normalized": f["normalized"],
-                                "k_composition_edges": sorted(set(ep.edges) & kcomp), "seconds": t_ep}
-    from interp.circuits import acdc
-    ac, t_ac = timed(lambda: acdc(model, c, x, m, threshold=args.acdc_threshold, graph=graph))
-    f = faithfulness(model, ac, c, x, m, graph=graph)
+                          "completeness": f["completeness"], "k_composition_edges": sorted(set(circ.edges) & kcomp)}
+    for keep in (n10, n10 + 1):
+        ep, t_ep = timed(lambda: edge_pruning(model, c, x, m, target=1 - keep / E, steps=args.ep_steps, graph=graph,
+                                              ablation=abl))
+        f = faithfulness(model, ep, c, x, m, graph=graph, ablation=abl)
+        circuits[f"edge-pruning-{keep}"] = {"edges": ep.edges, "faithfulness": f["faithfulness"],
+                                            "normalized": f["normalized"], "completeness": f["completeness"],
+                                            "k_composition_edges": sorted(set(ep.edges) & kcomp), "seconds": t_ep}
+    from interp.circuits import Circuit, acdc
+    ac, t_ac = timed(lambda: acdc(model, c, x, m, threshold=args.acdc_threshold, graph=graph, ablation=abl))
+    f = faithfulness(model, ac, c, x, m, graph=graph, ablation=abl)
     circuits["acdc"] = {"n_edges": len(ac), "threshold": args.acdc_threshold, "faithfulness": f["faithfulness"],
                         "k_composition_edges": sorted(set(ac.edges) & kcomp), "seconds": t_ac}
-    out["circuits_at_10pct"] = circuits
-    df = faithfulness_curve(model, [s_eap, s_ig, s_ex], c, x, m, sizes=[1, 2, 4, n10, 16, 32, E], n_random=20)
+    # The textbook circuit: previous-token head a0.h2 into the keys of induction heads a1.h1 and a1.h3.
+    textbook = Circuit([("input", "a0.h2<v>"), ("a0.h2", "a1.h1<k>"), ("a0.h2", "a1.h3<k>"), ("input", "a1.h1<q>"),
+                        ("input", "a1.h3<q>"), ("input", "a1.h1<v>"), ("input", "a1.h3<v>"), ("a1.h1", "logits"),
+                        ("a1.h3", "logits")])
+    f = faithfulness(model, textbook, c, x, m, graph=graph, ablation=abl)
+    circuits["textbook-9"] = {"faithfulness": f["faithfulness"], "completeness": f["completeness"]}
+    out["circuits"] = circuits
+    from interp.circuits.evaluate import head_circuits
+    heads = head_circuits(report, graph, ["induction", "previous-token"], [1, 2, 3, 4, 6])
+    df = faithfulness_curve(model, [s_eap, s_ig, s_ex], c, x, m, sizes=[1, 2, 4, n10, n10 + 1, 16, 32, E],
+                            n_random=20, ablation=abl, extra={"classify_heads": heads})
     out["curve"] = summarize_curve(df)
     return out
 
@@ -124,18 +147,38 @@ def part_speed(args) -> dict:
     task = circuit_task(model, "induction", n=4, half_len=64)
     c, x, m = task.clean, task.corrupted, task.metric
     graph = build_graph(model)
-    with torch.no_grad():
-        model(c)
-        _, t_fwd = timed(lambda: model(c))
-    # The first EAP also gives the peak resident memory (ru_maxrss after the model and a forward, then after EAP).
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    _, t_eap = timed(lambda: eap(model, c, x, m, graph=graph))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    _, t_ig = timed(lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph))
-    return {"rss_after_model_and_forward_mb": base, "rss_peak_after_eap_mb": peak, "eap_extra_peak_mb": peak - base,
-            "tokens": list(c.shape), "n_edges": graph.n_edges, "forward_s": t_fwd, "eap_s": t_eap,
-            "eap_x_forward": t_eap / t_fwd, "eap_target": 4, "eap_ig_steps": args.steps, "eap_ig_s": t_ig,
-            "eap_ig_x_forward": t_ig / t_fwd, "eap_ig_target": args.steps + 2}
+    def forward():
+        with torch.no_grad():
+            model(c)
+
+    def forward_backward():  # the floor of one gradient step: no hooks, no scores
+        e = torch.zeros((), requires_grad=True)
+        with torch.enable_grad(), model.hooks([("blocks.0.hook_resid_pre", lambda t, hook: t + e)]):
+            value = m(model(c))
+        torch.autograd.backward(value, inputs=[e])
+
+    fns = {"forward": forward, "forward_backward": forward_backward,
+           "eap": lambda: eap(model, c, x, m, graph=graph),
+           "eap_ig": lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=False)}
+    forward()
+    cpu: dict[str, list[float]] = {n: [] for n in fns}
+    wall: dict[str, list[float]] = {n: [] for n in fns}
+    import random
+    import statistics
+    rng = random.Random(0)
+    for _ in range(args.reps):  # interleaved, in a new order each repetition: load drift hits all alike
+        for n in rng.sample(list(fns), len(fns)):
+            w = time.perf_counter()
+            _, t = cpu_timed(fns[n])
+            cpu[n].append(t)
+            wall[n].append(time.perf_counter() - w)
+    med = {n: statistics.median(v) for n, v in cpu.items()}
+    med_wall = {n: statistics.median(v) for n, v in wall.items()}
+    return {"tokens": list(c.shape), "n_edges": graph.n_edges, "threads": torch.get_num_threads(), "reps": args.reps,
+            "cpu_s": med, "wall_s_median": med_wall,
+            "x_forward_cpu": {n: med[n] / med["forward"] for n in med},
+            "x_forward_wall": {n: med_wall[n] / med_wall["forward"] for n in med_wall},
+            "eap_target": 4, "eap_ig_steps": args.steps, "eap_ig_target": args.steps + 2}
 
 
 def part_memory(args) -> dict:
@@ -197,6 +240,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="induction2l,speed,memory,ioi,induction")
     p.add_argument("--steps", type=int, default=5, help="EAP-IG steps m")
+    p.add_argument("--reps", type=int, default=3, help="speed: interleaved repetitions")
     p.add_argument("--n", type=int, default=8, help="SmolLM2 prompts per task")
     p.add_argument("--top", type=int, default=200)
     p.add_argument("--naive-edges", type=int, default=16)

@@ -24,8 +24,8 @@ from .scores import EdgeScores, check_pair
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["ABLATIONS", "ablation_source", "circuit_metrics", "faithfulness", "faithfulness_curve", "random_masks",
-           "top_mask"]
+__all__ = ["ABLATIONS", "ablation_source", "circuit_metrics", "faithfulness", "faithfulness_curve", "head_circuits",
+           "heads_circuit", "random_masks", "top_mask"]
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 ABLATIONS = ("resample", "mean")
@@ -93,7 +93,11 @@ def faithfulness(model: Transformer, circuit: Circuit, clean: torch.Tensor, corr
         attention_mask: optional padding mask.
 
     Returns:
-        ``{"faithfulness", "normalized", "metric_circuit", "metric_full", "metric_empty", "n_edges"}``.
+        ``{"faithfulness", "normalized", "metric_circuit", "metric_full", "metric_empty", "n_edges",
+        "metric_complement", "completeness"}``. The complement is the model with the circuit's edges ablated
+        and every other edge kept; ``completeness = (metric_full - metric_complement) / (metric_full -
+        metric_empty)`` is the share of the behaviour lost without the circuit: 1 when nothing outside it
+        carries the task, 0 when the rest does it all.
 
     Raises:
         ValueError: an empty circuit, an edge that does not exist, an unknown ablation, clean / corrupted of
@@ -107,13 +111,16 @@ def faithfulness(model: Transformer, circuit: Circuit, clean: torch.Tensor, corr
     circuit.check_nonempty()
     metric = check_pair(model, clean, corrupted, metric)
     graph = build_graph(model) if graph is None else graph
-    keep = torch.stack([circuit.mask(graph), graph.allowed, torch.zeros_like(graph.allowed)])  # [3, U, D]
+    mask = circuit.mask(graph)
+    keep = torch.stack([mask, graph.allowed, torch.zeros_like(graph.allowed), graph.allowed & ~mask])  # [4, U, D]
     source = ablation_source(model, graph, corrupted, ablation, attention_mask)
-    m_c, m_full, m_empty = circuit_metrics(model, graph, clean, source, keep, metric, attention_mask=attention_mask)
+    m_c, m_full, m_empty, m_rest = circuit_metrics(model, graph, clean, source, keep, metric,
+                                                   attention_mask=attention_mask)
     denom = m_full - m_empty
     return {"faithfulness": m_c / m_full if m_full else float("nan"),
             "normalized": (m_c - m_empty) / denom if denom else float("nan"),
-            "metric_circuit": m_c, "metric_full": m_full, "metric_empty": m_empty, "n_edges": float(len(circuit))}
+            "metric_circuit": m_c, "metric_full": m_full, "metric_empty": m_empty, "n_edges": float(len(circuit)),
+            "metric_complement": m_rest, "completeness": (m_full - m_rest) / denom if denom else float("nan")}
 
 
 def top_mask(scores: EdgeScores, n: int) -> torch.Tensor:
@@ -132,6 +139,80 @@ def random_masks(graph: Graph, n: int, count: int, seed: int = 0) -> torch.Tenso
     for i in range(count):
         out[i, idx[torch.randperm(len(idx), generator=gen)[:n]]] = True
     return out.view(count, *graph.allowed.shape)  # [count, U*D] -> [count, U, D]
+
+
+def heads_circuit(graph: Graph, heads: Sequence[tuple[int, int]], *, mlps: bool = True,
+                  method: str = "heads") -> Circuit:
+    """The circuit of a set of heads: every edge between the embedding, those heads (each of their query, key
+    and value inputs), the MLPs (with ``mlps``) and the logits.
+
+    Args:
+        graph: the model's graph.
+        heads: ``(layer, head)`` pairs.
+        mlps: keep every MLP node too (a heads-only comparison on a model with MLPs would lose them all).
+        method: the circuit's ``method``.
+
+    Returns:
+        A :class:`Circuit`.
+
+    Raises:
+        ValueError: a head the graph does not have (naming it).
+
+    Example:
+        >>> from interp.circuits import build_graph
+        >>> len(heads_circuit(build_graph(model), [(0, 2), (1, 1)]))  # 3 x 3 q/k/v inputs, 3 into the logits
+        12
+    """
+    nodes = {"input", "logits"}
+    for layer, head in heads:
+        name = f"a{layer}.h{head}"
+        graph.up(name)  # raises naming a head the graph does not have
+        nodes.add(name)
+    if mlps and graph.mlp:
+        nodes |= {f"m{layer}" for layer in range(graph.n_layers)}
+    # An input is kept when a kept node reads it: a key or value input feeds every query head of its group.
+    kept_inputs = {d for i, d in enumerate(graph.downstream)
+                   if d == "logits" or any(graph.upstream[u] in nodes for u in graph.feeds[i])}
+    edges = [(u, d) for u, d in graph.edges if u in nodes and d in kept_inputs]
+    return Circuit(edges, method=method, n_edges_total=graph.n_edges, info={"heads": [list(h) for h in heads]})
+
+
+def head_circuits(report: Any, graph: Graph, kinds: Sequence[str], counts: Sequence[int], *,
+                  mlps: bool = True) -> dict[int, Circuit]:
+    """Circuits of the top-n heads that :func:`~interp.analysis.classify_heads` gave one of ``kinds``, by score.
+
+    Args:
+        report: a :class:`~interp.analysis.HeadReport`.
+        graph: the model's graph.
+        kinds: head kinds (``"induction"``, ``"previous-token"``...).
+        counts: numbers of heads n (each at most the heads found).
+        mlps: as :func:`heads_circuit`.
+
+    Returns:
+        ``{n_edges: Circuit}`` (``method="classify_heads"``), ready for :func:`faithfulness_curve`'s ``extra``.
+
+    Raises:
+        ValueError: no head of ``kinds`` in the report.
+
+    Example:
+        >>> from interp.analysis import classify_heads
+        >>> from interp.circuits import build_graph
+        >>> cs = head_circuits(classify_heads(model), build_graph(model), ["induction", "previous-token"], [2])
+        >>> [len(c.info["heads"]) for c in cs.values()]
+        [2]
+    """
+    df = report.df[report.df.kind.isin(list(kinds))].sort_values("score", ascending=False, kind="stable")
+    ranked: list[tuple[int, int]] = []
+    for r in df.itertuples():
+        if (int(r.layer), int(r.head)) not in ranked:
+            ranked.append((int(r.layer), int(r.head)))
+    if not ranked:
+        raise ValueError(f"classify_heads found no head of kinds {list(kinds)} (found: {sorted(set(report.df.kind))})")
+    out: dict[int, Circuit] = {}
+    for n in counts:
+        c = heads_circuit(graph, ranked[:max(1, int(n))], mlps=mlps, method="classify_heads")
+        out[len(c)] = c
+    return out
 
 
 def faithfulness_curve(model: Transformer, scores: Sequence[EdgeScores] | EdgeScores, clean: torch.Tensor,

@@ -33,7 +33,7 @@ from .graph import Graph
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["EdgePass", "edge_pass", "node_writes"]
+__all__ = ["EdgePass", "edge_pass", "node_writes", "qkv_weight"]
 
 # Below this fraction of non-zero ablation weights a layer's deltas are gathered edge by edge, above it by one
 # dense contraction over every upstream node.
@@ -61,8 +61,15 @@ class EdgePass:
         return torch.cat([w.permute(2, 0, 1, 3) for w in self.writes])  # [R, T, n, M] -> [n, R, T, M] each
 
 
-def _qkv_weight(attn: Any, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Layer's W_q / W_k / W_v rows as ``[n, D, M]`` and bias ``[n, D]`` (or None)."""
+def qkv_weight(attn: Any, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An attention layer's W_q / W_k / W_v rows (``kind`` "q", "k" or "v") as ``[n, D, M]`` and their bias
+    ``[n, D]`` (or None).
+
+    Example:
+        >>> w, b = qkv_weight(model.blocks[0].attn, "k")
+        >>> tuple(w.shape)
+        (4, 32, 128)
+    """
     H, K, D = attn.n_heads, attn.n_kv_heads, attn.d_head
     start, n = {"q": (0, H), "k": (H * D, K), "v": (H * D + K * D, K)}[kind]
     w = attn.W_qkv.weight[start:start + n * D].view(n, D, -1)  # [n*D, M] -> [n, D, M]
@@ -165,7 +172,7 @@ class _Interventions:
             x = self._input((layer, kind), cols, self.resid[(layer, "pre")])
             if x is None:
                 return None
-            w, b = _qkv_weight(block.attn, kind)
+            w, b = qkv_weight(block.attn, kind)
             out = torch.einsum("btnm,ndm->btnd", block.ln1(x), w)  # [R, T, n, D]
             return (out if b is None else out + b).to(t.dtype)
         return hook

@@ -21,8 +21,10 @@ import torch
 
 from ..analysis import patching_checks as checks
 from ..progress import bar as progress_bar
+from .exact import CleanRun, growing_exact
+from .gradients import DEFAULT_BUFFER_BYTES, gradient_scores
 from .graph import Graph, build_graph
-from .patch import edge_pass, node_writes
+from .patch import node_writes
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -76,44 +78,18 @@ def check_pair(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor,
     return checked
 
 
-def _no_dependence(metric: Metric, value: torch.Tensor) -> ValueError:
-    return ValueError(f"metric {getattr(metric, '__name__', metric)!r} does not depend on the logits (it returned "
-                      f"{float(value.detach())} with no gradient): no edge can move it")
-
-
-def _gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, diff: torch.Tensor, metric: Metric,
-                     scores: torch.Tensor, *, embed: torch.Tensor | None = None,
-                     attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Add ``diff . d metric / d input`` for every edge to ``scores`` (``[U, D]``) from one forward and one
-    backward; each input's gradient is folded into the scores by a hook as it arrives and then freed."""
-    U = diff.shape[0]
-    flat = diff.reshape(U, -1)  # [U, B*T*M]: one matrix product per input group
-
-    def fold(cols: slice):
-        # Only nodes that write before these inputs read can have an edge to them: a prefix of the upstream order.
-        n_up = int(graph.allowed[:, cols].any(dim=1).nonzero().max()) + 1
-        def hook(grad: torch.Tensor) -> None:
-            g = grad.to(diff.dtype).permute(0, 1, 3, 2).reshape(-1, grad.shape[2])  # [R, T, n, M] -> [B*T*M, n]
-            scores[:n_up, cols] += flat[:n_up] @ g  # [n_up, n]
-        return hook
-
-    with torch.enable_grad(), edge_pass(model, graph, probes=True, embed=embed) as run:
-        value = metric(model(tokens, attention_mask=attention_mask))
-        if not value.requires_grad:
-            raise _no_dependence(metric, value)
-        for (layer, kind), probe in run.probes.items():
-            probe.register_hook(fold(graph.down_slice(layer, kind)))
-        torch.autograd.backward(value, inputs=[run.probe_base])
-    return value.detach()
-
-
 def _graph(model: Transformer, graph: Graph | None) -> Graph:
     return build_graph(model) if graph is None else graph
 
 
 def eap(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, *,
-        graph: Graph | None = None, attention_mask: torch.Tensor | None = None) -> EdgeScores:
+        graph: Graph | None = None, attention_mask: torch.Tensor | None = None,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> EdgeScores:
     """Edge attribution patching: every edge's first-order score from two forwards and one backward.
+
+    The corrupted forward records every node's write; the clean forward records them too and keeps the graph;
+    the backward folds each input's gradient into the scores as it arrives
+    (:func:`~interp.circuits.gradients.gradient_scores`).
 
     Args:
         model: an interp Transformer (see :func:`~interp.circuits.graph.check_decomposable`).
@@ -122,6 +98,8 @@ def eap(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric
         metric: ``metric(logits [B, T, V]) -> scalar`` (differentiable).
         graph: the model's graph (built when None).
         attention_mask: optional ``[B, T]`` padding mask for both runs.
+        buffer_bytes: bound on the gradient columns held at once (they are folded into the scores when the
+            next input's would not fit; the scores do not depend on it).
 
     Returns:
         :class:`EdgeScores` with ``method="eap"``.
@@ -137,27 +115,29 @@ def eap(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric
     """
     metric = check_pair(model, clean, corrupted, metric)
     graph = _graph(model, graph)
+    buffer_bytes = _check_buffer(buffer_bytes)
     logits_c, source = node_writes(model, graph, corrupted, attention_mask)
-    _, base = node_writes(model, graph, clean, attention_mask)
-    diff = (source - base).float()  # [U, B, T, M]
-    del source, base  # only the difference is needed: one [U, B, T, M] buffer, not three
-    scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=diff.device)
-    m_clean = _gradient_scores(model, graph, clean, diff, metric, scores, attention_mask=attention_mask)
+    m_corrupted = float(metric(logits_c))
+    del logits_c
+    scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=source.device)
+    m_clean, _ = gradient_scores(model, graph, clean, metric, scores, source=source, attention_mask=attention_mask,
+                                 buffer_bytes=buffer_bytes)
     scores = scores.cpu() * graph.allowed
-    return EdgeScores(graph, scores, "eap", float(m_clean), float(metric(logits_c)))
+    return EdgeScores(graph, scores, "eap", float(m_clean), m_corrupted)
 
 
 def eap_ig(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, *, steps: int = 5,
            graph: Graph | None = None, attention_mask: torch.Tensor | None = None,
-           progress: bool | None = None) -> EdgeScores:
+           buffer_bytes: int = DEFAULT_BUFFER_BYTES, progress: bool | None = None) -> EdgeScores:
     """EAP with integrated gradients over the input embeddings (Hanna et al. 2024).
 
     The gradient at each downstream input is averaged over ``steps`` runs whose embedding is
     ``corrupted + k / steps (clean - corrupted)``, ``k = 1 .. steps``; the score is ``(source_u - clean_u)``
-    times that average. One step is EAP.
+    times that average. One step is EAP. The last point is the clean run itself: it runs first and records the
+    clean writes, so the cost is one corrupted forward plus ``steps`` forward-backward passes.
 
     Args:
-        model, clean, corrupted, metric, graph, attention_mask: as :func:`eap`.
+        model, clean, corrupted, metric, graph, attention_mask, buffer_bytes: as :func:`eap`.
         steps: m, the number of points on the path (>= 1).
         progress: a bar over the steps (None: on in terminals and notebooks).
 
@@ -176,17 +156,32 @@ def eap_ig(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, met
         raise ValueError(f"steps must be a positive int (the points of the integrated-gradient path), got {steps!r}")
     metric = check_pair(model, clean, corrupted, metric)
     graph = _graph(model, graph)
+    buffer_bytes = _check_buffer(buffer_bytes)
     logits_c, source = node_writes(model, graph, corrupted, attention_mask)
-    logits_b, base = node_writes(model, graph, clean, attention_mask)
-    diff = (source - base).float()  # [U, B, T, M]
-    emb_c, emb_b = source[0].clone(), base[0].clone()  # [B, T, M]: the "input" node's write is the embedding
-    del source, base  # only the difference and the two embeddings are needed
-    scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=diff.device)
-    for k in progress_bar(range(1, steps + 1), desc="eap_ig", progress=progress, unit="step"):
-        embed = emb_c + (k / steps) * (emb_b - emb_c)  # [B, T, M]
-        _gradient_scores(model, graph, clean, diff, metric, scores, embed=embed, attention_mask=attention_mask)
+    m_corrupted = float(metric(logits_c))
+    del logits_c
+    emb_c = source[0].clone()  # [B, T, M]: the "input" node's write is the embedding
+    scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=source.device)
+    m_clean = torch.zeros(())
+    diff: torch.Tensor | None = None
+    for k in progress_bar(range(steps, 0, -1), desc="eap_ig", progress=progress, unit="step"):
+        if diff is None:  # k = steps: the clean run, which gives the differences
+            m_clean, diff = gradient_scores(model, graph, clean, metric, scores, source=source,
+                                            attention_mask=attention_mask, buffer_bytes=buffer_bytes)
+            del source
+            continue
+        embed = emb_c - (k / steps) * diff[0]  # [B, T, M]: corrupted + k/m (clean - corrupted)
+        gradient_scores(model, graph, clean, metric, scores, diff=diff, embed=embed, attention_mask=attention_mask,
+                        buffer_bytes=buffer_bytes)
     scores = scores.cpu() / steps * graph.allowed
-    return EdgeScores(graph, scores, "eap-ig", float(metric(logits_b)), float(metric(logits_c)))
+    return EdgeScores(graph, scores, "eap-ig", float(m_clean), m_corrupted)
+
+
+def _check_buffer(buffer_bytes: int) -> int:
+    if isinstance(buffer_bytes, bool) or not isinstance(buffer_bytes, int) or buffer_bytes < 1:
+        raise ValueError(f"buffer_bytes must be a positive int (bytes of gradient columns held at once), got "
+                         f"{buffer_bytes!r}")
+    return buffer_bytes
 
 
 def _edge_list(graph: Graph, edges: Any) -> list[tuple[int, int]]:
@@ -203,8 +198,12 @@ def exact_scores(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
                  attention_mask: torch.Tensor | None = None, progress: bool | None = None) -> EdgeScores:
     """Exact edge patching: the metric with one edge patched (corrupted value on it), minus the clean metric.
 
-    Patched copies of the batch share forward passes: ``batch_size // B`` edges per pass, each copy carrying its
-    own one-edge ablation.
+    Patching edge ``(u, d)`` changes nothing before ``d`` reads, so patched copies of the batch share growing
+    passes, as :func:`~interp.analysis.activation_patching` does: a pass starts at the lowest layer it patches
+    and each copy joins it at its own input's layer, from the clean run's residual there; the input reads the
+    clean residual plus ``u``'s corrupted minus clean write. Edges into the logits need no block at all: the
+    final norm and unembedding of the clean final residual plus the difference. A metric with
+    ``reads_last_only = True`` gets the last position's logits only.
 
     Args:
         model, clean, corrupted, metric, graph, attention_mask: as :func:`eap`.
@@ -228,24 +227,17 @@ def exact_scores(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
     graph = _graph(model, graph)
     todo = _edge_list(graph, edges)
     logits_c, source = node_writes(model, graph, corrupted, attention_mask)
+    m_corrupted = float(metric(logits_c))
+    del logits_c
     with torch.no_grad():
-        m_clean = float(metric(model(clean, attention_mask=attention_mask)))
-    B = clean.shape[0]
-    per = max(1, batch_size // B)
+        base = CleanRun.record(model, graph, clean, attention_mask)
+    m_clean = float(metric(base.logits))
+    values = growing_exact(model, graph, base, source, todo, metric, batch_size=batch_size,
+                           attention_mask=attention_mask, progress=progress)
     scores = torch.zeros(graph.allowed.shape, dtype=torch.float64)
-    rows = clean.repeat(per, 1)
-    mask = None if attention_mask is None else attention_mask.repeat(per, 1)
-    for start in progress_bar(range(0, len(todo), per), desc="exact_scores", progress=progress, unit="pass"):
-        chunk = todo[start:start + per]
-        V = len(chunk)
-        ablate = torch.zeros(V, *graph.allowed.shape)
-        for v, (u, d) in enumerate(chunk):
-            ablate[v, u, d] = 1.0
-        with torch.no_grad(), edge_pass(model, graph, source=source, ablate=ablate):
-            logits = model(rows[:V * B], attention_mask=None if mask is None else mask[:V * B])
-        for v, (u, d) in enumerate(chunk):
-            scores[u, d] = float(metric(logits[v * B:(v + 1) * B])) - m_clean
-    return EdgeScores(graph, scores.float(), "exact", m_clean, float(metric(logits_c)))
+    for (u, d), v in zip(todo, values):
+        scores[u, d] = v - m_clean
+    return EdgeScores(graph, scores.float(), "exact", m_clean, m_corrupted)
 
 
 def _naive_hook(model: Transformer, graph: Graph, u: int, d: int, diff: torch.Tensor,

@@ -40,8 +40,12 @@ def _circuit(graph: Graph, keep: torch.Tensor, values: torch.Tensor, method: str
     return Circuit(edges, scores, method=method, n_edges_total=graph.n_edges, info=info)
 
 
-def top_n(scores: EdgeScores, n: int) -> Circuit:
+def top_n(scores: EdgeScores, n: int, *, connected: bool = False) -> Circuit:
     """The ``n`` edges of largest absolute score.
+
+    With ``connected`` (Hanna et al. 2024's greedy search) the circuit grows from the logits: each step adds
+    the edge of largest absolute score among those into an input of a node already in the circuit, so every
+    kept edge lies on a path to the logits (plain top-n can keep an upstream edge whose node reaches nothing).
 
     Raises:
         ValueError: ``n`` outside [1, number of edges].
@@ -50,12 +54,39 @@ def top_n(scores: EdgeScores, n: int) -> Circuit:
         >>> from interp.circuits import eap
         >>> len(top_n(eap(model, clean, corrupted, metric), 8))
         8
+        >>> c = top_n(eap(model, clean, corrupted, metric), 8, connected=True)
+        >>> any(d == "logits" for _, d in c.edges)
+        True
     """
-    E = scores.graph.n_edges
+    graph = scores.graph
+    E = graph.n_edges
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= E:
         raise ValueError(f"n must be an int in [1, {E}] (the graph's edges), got {n!r}")
-    return _circuit(scores.graph, top_mask(scores, n), scores.scores, scores.method,
-                    metric_clean=scores.metric_clean, metric_corrupted=scores.metric_corrupted)
+    keep = top_mask(scores, n) if not connected else _connected_mask(scores, n)
+    return _circuit(graph, keep, scores.scores, scores.method, metric_clean=scores.metric_clean,
+                    metric_corrupted=scores.metric_corrupted, connected=connected)
+
+
+def _connected_mask(scores: EdgeScores, n: int) -> torch.Tensor:
+    """``[U, D]``: the greedy circuit of :func:`top_n` with ``connected``."""
+    graph = scores.graph
+    size = scores.scores.abs().masked_fill(~graph.allowed, -1.0)  # [U, D]
+    keep = torch.zeros_like(graph.allowed)
+    # The inputs each upstream node reads (a key / value input is read by every head of its group).
+    reads = torch.zeros_like(graph.allowed)  # [U, D]: reads[u, d] = node u reads input d
+    for d, feeds in enumerate(graph.feeds):
+        reads[list(feeds), d] = True
+    open_inputs = torch.zeros(graph.allowed.shape[1], dtype=torch.bool)
+    open_inputs[graph.down("logits")] = True
+    for _ in range(n):
+        cand = size.masked_fill(~open_inputs[None] | keep, -1.0)
+        best = int(cand.argmax())
+        if float(cand.flatten()[best]) < 0:
+            break  # nothing more is connected
+        u, d = divmod(best, size.shape[1])
+        keep[u, d] = True
+        open_inputs |= reads[u]
+    return keep
 
 
 def acdc(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, *, threshold: float,

@@ -1,7 +1,7 @@
 """Circuit tasks: clean / corrupted prompts with the metric that reads them, by name.
 
 The prompts come from :mod:`interp.data.circuit_tasks` (and, for induction, :func:`interp.data.repeated_sequences`);
-the metrics are :func:`~interp.analysis.patching.logit_diff_metric` (IOI, agreement),
+the metrics are :func:`~interp.analysis.patching.logit_diff_metric` (IOI, agreement, docstring),
 :func:`~interp.analysis.patching.in_context_metric` (induction) and a probability difference (greater-than).
 Your own task is any :class:`CircuitTask` built from a clean / corrupted pair and a ``metric(logits) -> scalar``.
 """
@@ -14,27 +14,29 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..analysis.patching import corrupt_repeats, in_context_metric, logit_diff_metric
+from ..analysis.patching import in_context_metric, logit_diff_metric
 from ..data import repeated_sequences
-from ..data.circuit_tasks import agreement_prompts, greater_than_prompts, ioi_prompts
+from ..data.circuit_tasks import agreement_prompts, docstring_prompts, greater_than_prompts, ioi_prompts
 
 if TYPE_CHECKING:
     from ..model import Transformer
 
 __all__ = ["TASKS", "CircuitTask", "circuit_task", "prob_diff_metric"]
 
-TASKS = ("induction", "ioi", "greater-than", "agreement")
+TASKS = ("induction", "ioi", "greater-than", "agreement", "docstring")
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
 class CircuitTask:
-    """A clean / corrupted pair ``[B, T]`` and the metric (higher = the clean behaviour)."""
+    """A clean / corrupted pair ``[B, T]``, the metric (higher = the clean behaviour) and the ablation the
+    task's faithfulness is measured with (``"resample"`` or ``"mean"``)."""
 
     name: str
     clean: torch.Tensor
     corrupted: torch.Tensor
     metric: Metric
+    ablation: str = "resample"
 
 
 def prob_diff_metric(good: torch.Tensor, bad: torch.Tensor) -> Metric:
@@ -80,9 +82,16 @@ def circuit_task(model: Transformer, name: str, *, n: int = 16, seed: int = 0, h
         tok = getattr(model, "tokenizer", None)
         bos = getattr(tok, "bos_id", None)
         clean = repeated_sequences(n, half_len, model.cfg.d_vocab, seed=seed, bos_id=bos)
-        corrupted = corrupt_repeats(clean, half_len, model.cfg.d_vocab, bos_id=bos, seed=seed + 1)
-        return CircuitTask(name, clean, corrupted, in_context_metric(clean, half_len, bos=bos is not None))
-    builders = {"ioi": ioi_prompts, "greater-than": greater_than_prompts, "agreement": agreement_prompts}
+        # Corrupted: other repeated sequences. Replacing only the repeated half (corrupt_repeats) leaves every
+        # first-half key and value as it was, so the previous-token -> induction-head K-composition edges
+        # would carry the same value in both runs and could never score. Mean ablation over these sequences
+        # removes the tokens but keeps the structure: resampling one other sequence instead makes each ablated
+        # induction head predict that sequence's tokens, which the circuit must then outvote.
+        corrupted = repeated_sequences(n, half_len, model.cfg.d_vocab, seed=seed + 1_000_003, bos_id=bos)
+        return CircuitTask(name, clean, corrupted, in_context_metric(clean, half_len, bos=bos is not None),
+                           ablation="mean")
+    builders = {"ioi": ioi_prompts, "greater-than": greater_than_prompts, "agreement": agreement_prompts,
+                "docstring": docstring_prompts}
     if name not in builders:
         raise ValueError(f"task must be one of {TASKS}, got {name!r}")
     p = builders[name](model, n, seed=seed)

@@ -7,6 +7,9 @@ that removes the behaviour, and the answers a metric reads. Nothing is downloade
   corrupted: the start year ``..01``, after which every year is later.
 - :func:`agreement_prompts`: subject-verb agreement ("The key near the cabinets" -> " is", not " are");
   corrupted: the subject in the plural.
+- :func:`docstring_prompts`: the next argument of a Python docstring (Heimersheim & Janiak 2023): after
+  ``def f(self, files, data, size):`` and ``:param files:`` / ``:param data:``, ``:param`` -> " size", not
+  " files"; corrupted: other names in the ``def`` line, so the answer is nowhere in the prompt.
 
 Induction (repeated random tokens) needs no tokenizer: :func:`interp.data.repeated_sequences` and
 :func:`interp.analysis.corrupt_repeats` build it.
@@ -22,7 +25,8 @@ import torch
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["NAMES", "TaskPrompts", "agreement_prompts", "greater_than_prompts", "ioi_prompts"]
+__all__ = ["ARG_NAMES", "NAMES", "TaskPrompts", "agreement_prompts", "docstring_prompts", "greater_than_prompts",
+           "ioi_prompts"]
 
 NAMES = ("Mary", "John", "Alice", "Bob", "Tom", "James", "Sarah", "David", "Michael", "Paul", "Anna", "Mark", "Lisa",
          "Peter", "Emma", "Kate", "Jack", "Daniel", "Laura", "Chris", "Sam", "Ryan", "Rachel", "Steven")
@@ -33,6 +37,9 @@ _NOUNS = (("key", "keys"), ("dog", "dogs"), ("book", "books"), ("car", "cars"), 
           ("girl", "girls"), ("boy", "boys"), ("friend", "friends"), ("teacher", "teachers"), ("door", "doors"),
           ("table", "tables"), ("student", "students"), ("picture", "pictures"), ("road", "roads"))
 _PREPS = ("near", "behind", "with", "beside")
+ARG_NAMES = ("files", "data", "size", "name", "path", "key", "value", "user", "text", "mode", "item", "count",
+             "index", "result", "source", "target", "config", "options", "model", "query", "token", "limit")
+_FUNCTIONS = ("load", "update", "check", "parse", "send", "build", "read", "write")
 
 
 @dataclass
@@ -203,3 +210,54 @@ def agreement_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> Task
         corrupt.append(f"The {nouns[i][1]} {prep} the {nouns[j][1]}")
     clean, corrupted, _ = _stack(model, "agreement", texts, corrupt)
     return TaskPrompts("agreement", clean, corrupted, answers=torch.tensor([[is_id, are_id]] * len(clean)))
+
+
+def docstring_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompts:
+    """Docstring-argument prompts: the third parameter of a ``def`` named in its docstring.
+
+    Clean::
+
+        def load(self, files, data, size):
+            \"\"\"Load the files.
+
+            :param files: the first input
+            :param data: the second input
+            :param
+
+    -> " size" (wrong: " files", the first parameter, already documented). Corrupted: the same prompt with
+    three other names in the ``def`` line.
+
+    Returns:
+        :class:`TaskPrompts` with ``answers`` = (the third parameter, the first).
+
+    Raises:
+        ValueError: a model without a text tokenizer, fewer than 6 single-token names, ``n`` < 1.
+
+    Example:
+        >>> p = docstring_prompts(interp.load("smollm2-135m"), 4)
+        >>> p.clean.shape == p.corrupted.shape
+        True
+    """
+    _check_n(n)
+    _need_text(model, "docstring")
+    names = [(w, _single(model, " " + w)) for w in ARG_NAMES]
+    names = [(w, i) for w, i in names if i is not None]
+    if len(names) < 6:
+        raise ValueError(f"task 'docstring' needs 6 argument names that are single tokens; this tokenizer has "
+                         f"{len(names)}")
+    gen = torch.Generator().manual_seed(seed)
+    texts, corrupt, answers = [], [], []
+    for _ in range(n):
+        pick = torch.randperm(len(names), generator=gen)[:6].tolist()
+        (a, a_id), (b, _), (c, c_id), (x, _), (y, _), (z, _) = (names[i] for i in pick)
+        fn = _FUNCTIONS[int(torch.randint(len(_FUNCTIONS), (1,), generator=gen))]
+
+        def prompt(p: str, q: str, r: str, fn: str = fn, a: str = a, b: str = b) -> str:
+            return (f'def {fn}(self, {p}, {q}, {r}):\n    """{fn.capitalize()} the {a}.\n\n'
+                    f"    :param {a}: the first input\n    :param {b}: the second input\n    :param")
+
+        texts.append(prompt(a, b, c))
+        corrupt.append(prompt(x, y, z))
+        answers.append((c_id, a_id))
+    clean, corrupted, keep = _stack(model, "docstring", texts, corrupt)
+    return TaskPrompts("docstring", clean, corrupted, answers=torch.tensor([answers[i] for i in keep]))

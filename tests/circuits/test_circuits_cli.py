@@ -12,6 +12,7 @@ def test_circuit_command_writes_circuit_and_curve(tmp_path, capsys):
                  "--n", "4", "--edges", "5", "--n-random", "2", "--no-progress", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["n_edges"] == 5 and summary["n_edges_total"] == 81
+    assert summary["ablation"] == "mean" and 0 <= summary["completeness"] <= 1.5  # the induction task's ablation
     circuit = Circuit.load(out / "circuit.json")
     assert len(circuit) == 5 and circuit.method == "eap" and circuit.info["task"] == "induction"
     header = (out / "curve.csv").read_text().splitlines()[0]

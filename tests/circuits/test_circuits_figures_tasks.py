@@ -36,7 +36,11 @@ def test_induction_task_has_a_corrupted_twin_and_the_in_context_metric():
     model = interp.load("induction-2l")
     task = circuit_task(model, "induction", n=4)
     assert task.clean.shape == task.corrupted.shape == (4, 21)
-    assert torch.equal(task.clean[:, :11], task.corrupted[:, :11])  # BOS and first half shared
+    # Corrupted: other repeated sequences (BOS shared, both halves new, still repeating), mean-ablated.
+    assert torch.equal(task.clean[:, 0], task.corrupted[:, 0])
+    assert torch.equal(task.corrupted[:, 1:11], task.corrupted[:, 11:])
+    assert bool((task.clean[:, 1:11] != task.corrupted[:, 1:11]).any(dim=1).all())
+    assert task.ablation == "mean"
     with torch.no_grad():
         assert float(task.metric(model(task.clean))) > float(task.metric(model(task.corrupted))) + 1
 
@@ -45,8 +49,10 @@ def test_text_tasks_refuse_a_model_without_a_text_tokenizer():
     model = interp.load("induction-2l")
     with pytest.raises(ValueError, match="task 'ioi' needs a text tokenizer; model .* has TokenIdTokenizer"):
         circuit_task(model, "ioi")
-    with pytest.raises(ValueError, match=r"task must be one of .*, got 'docstring'"):
+    with pytest.raises(ValueError, match="task 'docstring' needs a text tokenizer"):
         circuit_task(model, "docstring")
+    with pytest.raises(ValueError, match=r"task must be one of .*'docstring'\), got 'sva'"):
+        circuit_task(model, "sva")
 
 
 def test_prob_diff_metric_is_the_naive_sum():

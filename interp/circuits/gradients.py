@@ -1,0 +1,301 @@
+"""The gradient pass of EAP and EAP-IG: one forward that records every node's write, one backward that folds each
+downstream input's gradient into the edge scores as it arrives.
+
+The forward is the model's own: nothing is recomputed per head. Each node's write is subtracted from the
+corrupted run's as it is made, so the differences ``[U, B, T, M]`` take no second buffer. Gradients are caught
+where the model already splits by input: at ``hook_q`` / ``hook_k`` / ``hook_v`` (``[B, T, n, D]``, one slice
+per head), at the MLP's normalised input and at the final residual. A layer's head gradients become gradients
+with respect to the residual each head's query, key or value reads by one product with ``W_qkv``'s rows per
+head and the vector-Jacobian product of the block's norm at the recorded residual (closed forms for RMSNorm
+and LayerNorm); an MLP input's by the norm's product alone; the logits read the residual itself.
+
+Each gradient block ``[B, T, n, M]`` is copied into a bounded buffer ``[C, B*T*M]`` of columns; when the next
+block does not fit, the buffer is folded into the scores by matrix products with the prefix of the upstream
+differences ``[U', B*T*M]`` that can feed its columns. Memory is the buffer, not a gradient per edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .graph import Graph
+
+if TYPE_CHECKING:
+    from ..model import Transformer
+
+__all__ = ["DEFAULT_BUFFER_BYTES", "gradient_scores"]
+
+Metric = Callable[[torch.Tensor], torch.Tensor]
+
+#: Default bound on the gradient columns held before they are folded into the scores (256 MiB).
+DEFAULT_BUFFER_BYTES = 256 * 2**20
+#: Columns per product when the buffer is folded: a few layers' inputs, whose upstream prefixes are close.
+_FOLD_BLOCK = 64
+
+
+class _Folder:
+    """Gradient columns waiting to be multiplied with the upstream differences (see the module docstring)."""
+
+    def __init__(self, graph: Graph, diff: torch.Tensor, scores: torch.Tensor, buffer_bytes: int) -> None:
+        U = diff.shape[0]
+        self.flat = diff.reshape(U, -1)  # [U, U_rows=B*T*M]
+        N = self.flat.shape[1]
+        # Only nodes that write before an input reads can feed it: a prefix of the upstream order per column.
+        has = graph.allowed.any(dim=0)
+        last = torch.where(has, U - 1 - graph.allowed.flip(0).int().argmax(dim=0), -1)  # [D]
+        self.n_up = (last + 1).tolist()
+        # The widest block arrives at once: a layer's query, key and value inputs together.
+        widest = max([h + 2 * k for h, k in zip(graph.heads, graph.kv_heads)] + [1])
+        cap = max(widest, min(graph.allowed.shape[1], buffer_bytes // max(1, N * self.flat.element_size())))
+        self.buf = self.flat.new_empty(cap, N)  # [C, B*T*M]
+        self.cols: list[int] = []
+        self.scores = scores
+
+    def reserve(self, cols: slice) -> torch.Tensor:
+        """Room for the gradients of the inputs ``cols``: a ``[n, B*T*M]`` view of the buffer that the caller
+        fills (folding what is queued first when they do not fit)."""
+        n = cols.stop - cols.start
+        if len(self.cols) + n > self.buf.shape[0]:
+            self.flush()
+        k = len(self.cols)
+        self.cols += range(cols.start, cols.stop)
+        return self.buf[k:k + n]
+
+    def flush(self) -> None:
+        """Fold the queued columns into the scores: ``scores[:U', cols] += diff[:U'] @ grads^T``, in blocks of
+        a few layers' columns so that each block multiplies only the upstream prefix its columns can read."""
+        for start in range(0, len(self.cols), _FOLD_BLOCK):
+            cols = self.cols[start:start + _FOLD_BLOCK]
+            n_up = max(self.n_up[c] for c in cols)
+            if n_up > 0:
+                self.scores[:n_up, cols] += self.flat[:n_up] @ self.buf[start:start + len(cols)].T  # [U', k]
+        self.cols = []
+
+
+def _norm_vjp(norm: torch.nn.Module, resid: torch.Tensor, grad: torch.Tensor, out: torch.Tensor) -> None:
+    """Bring ``grad`` ``[n, R*T, M]`` at the norm's output back to its input ``resid`` ``[R, T, M]`` (the same
+    residual for each of the n inputs), writing ``out`` ``[n, R*T, M]`` (float32).
+
+    The norms :func:`~interp.model.make_norm` builds have closed forms (``u = weight * grad``, per position):
+    RMSNorm ``r u - x r^3 (u . x) / M`` with ``r = 1 / rms(x)``; LayerNorm ``(u - mean(u) - x_hat mean(u
+    x_hat)) / sigma``. They are evaluated with the per-position factors folded into ``[R*T, M]`` vectors, so
+    the n gradients are read twice. Any other module is differentiated by autograd, batched over the n.
+    """
+    M = resid.shape[-1]
+    x = resid.detach().float().reshape(-1, M)  # [R*T, M]
+    g = grad.float()
+    if isinstance(norm, torch.nn.Identity):
+        out.copy_(g)
+        return
+    if isinstance(norm, torch.nn.RMSNorm | torch.nn.LayerNorm) and norm.normalized_shape == (M,):
+        w = torch.ones(M, dtype=x.dtype, device=x.device) if norm.weight is None else norm.weight.detach().float()
+        eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+        if isinstance(norm, torch.nn.RMSNorm):
+            r = torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)  # [R*T, 1]
+            ux = torch.einsum("npm,pm->np", g, w * x)  # [n, R*T]: u . x
+            torch.mul(g, w * r, out=out)  # r u
+            out.addcmul_((ux * (r ** 3 / M).T)[..., None], x[None], value=-1)  # - x r^3 (u . x) / M
+            return
+        inv = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps)  # [R*T, 1]
+        xh = (x - x.mean(-1, keepdim=True)) * inv  # [R*T, M]
+        u_mean = (g @ w / M) * inv.T  # [n, R*T]: mean(u) / sigma
+        uxh_mean = torch.einsum("npm,pm->np", g, w * xh) / M  # [n, R*T]: mean(u x_hat)
+        torch.mul(g, w * inv, out=out)  # u / sigma
+        out.sub_(u_mean[..., None])
+        out.addcmul_(uxh_mean[..., None], (xh * inv)[None], value=-1)  # - x_hat mean(u x_hat) / sigma
+        return
+    with torch.enable_grad():
+        xg = resid.detach().requires_grad_(True)
+        y = norm(xg)
+        (dx,) = torch.autograd.grad(y, xg, g.view(-1, *resid.shape).to(y.dtype), is_grads_batched=True)
+    out.copy_(dx.reshape(out.shape))  # [n, R, T, M] -> [n, R*T, M]
+
+
+class _GradientPass:
+    """The hooks of one gradient pass (see the module docstring)."""
+
+    def __init__(self, model: Transformer, graph: Graph, *, embed: torch.Tensor | None,
+                 source: torch.Tensor | None) -> None:
+        self.model, self.graph, self.embed = model, graph, embed
+        #: With a source ([U, B, T, M] float32), each write is subtracted from it as it is made: source
+        #: becomes the differences without a second [U, B, T, M] buffer.
+        self.source = source
+        self.n_up = 0
+        #: The 0-d leaf added to the embedding: the pass requires grad whatever the parameters do, and backward
+        #: into it alone computes no parameter gradient.
+        self.base = torch.zeros((), requires_grad=True)
+        self.resid: dict[tuple[int, str], torch.Tensor] = {}  # (layer, "pre"|"mid") -> [R, T, M], detached
+        self.folder: _Folder | None = None
+        self.qkv_grads: dict[int, dict[str, torch.Tensor]] = {}  # layer -> the q / k / v gradients so far
+
+    def _fold(self, cols: slice, norm: torch.nn.Module, resid: torch.Tensor, grad: torch.Tensor) -> None:
+        """Queue the gradients ``grad`` ``[n, R*T, M]`` at a norm's output as the inputs ``cols``' gradients
+        at the residual ``resid`` ``[R, T, M]``."""
+        assert self.folder is not None
+        out = self.folder.reserve(cols).view(grad.shape)  # [n, R*T, M]
+        _norm_vjp(norm, resid, grad, out)
+
+    def _wrote(self, write: torch.Tensor) -> None:
+        """Subtract an upstream group's write ``[R, T, n, M]`` from its rows of the source."""
+        if self.source is not None:
+            n = write.shape[2]
+            self.source[self.n_up:self.n_up + n].sub_(write.detach().permute(2, 0, 1, 3))  # [n, R, T, M]
+            self.n_up += n
+
+    def resid_pre(self, layer: int):
+        def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
+            if layer == 0:
+                if self.embed is not None:
+                    t = self.embed.to(t.dtype)
+                t = t + self.base.to(t.device, t.dtype)
+                self._wrote(t[:, :, None, :])
+            self.resid[(layer, "pre")] = t.detach()
+            return t
+        return hook
+
+    def resid_mid(self, layer: int):
+        def hook(t: torch.Tensor, hook: Any) -> None:
+            self.resid[(layer, "mid")] = t.detach()
+        return hook
+
+    def qkv(self, layer: int, kind: str):
+        block: Any = self.model.blocks[layer]
+
+        def on_grad(g: torch.Tensor) -> None:
+            # A layer's q, k and v gradients are brought back together: one product with W_qkv's rows per head
+            # and one batched norm backward for its H + 2K inputs (consecutive in the downstream order).
+            got = self.qkv_grads.setdefault(layer, {})
+            got[kind] = g
+            if len(got) < 3:
+                return
+            del self.qkv_grads[layer]
+            attn = block.attn
+            w = attn.W_qkv.weight.detach().view(-1, attn.d_head, attn.W_qkv.weight.shape[1])  # [H+2K, D, M]
+            heads = torch.cat([got["q"], got["k"], got["v"]], dim=2).to(w.dtype)  # [R, T, H+2K, D]
+            n = heads.shape[2]
+            at_norm = torch.bmm(heads.permute(2, 0, 1, 3).reshape(n, -1, heads.shape[3]), w)  # [H+2K, R*T, M]
+            first = self.graph.down_slice(layer, "q").start
+            self._fold(slice(first, first + n), block.ln1, self.resid[(layer, "pre")], at_norm)
+
+        def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
+            t = t.view(t.shape)  # a node of its own: its gradient is this input's alone
+            t.register_hook(on_grad)
+            return t
+        return hook
+
+    def result(self, t: torch.Tensor, hook: Any) -> None:
+        self._wrote(t)
+
+    def mlp_out(self, t: torch.Tensor, hook: Any) -> None:
+        self._wrote(t[:, :, None, :])
+
+    def mlp_pre(self, layer: int):
+        block: Any = self.model.blocks[layer]
+        norm = block.ln2 if hasattr(block, "ln2") else block.ln1  # a one-norm parallel block shares ln1
+        cols = self.graph.down_slice(layer, "mlp")
+        where = "pre" if self.graph.parallel else "mid"
+
+        def on_grad(g: torch.Tensor) -> None:
+            self._fold(cols, norm, self.resid[(layer, where)], g.reshape(1, -1, g.shape[-1]))  # [1, R*T, M]
+
+        def hook(_module: Any, args: tuple) -> tuple:
+            # A view of its own: in a one-norm parallel block the attention reads the same normalised tensor.
+            x = args[0].view(args[0].shape)
+            x.register_hook(on_grad)
+            return (x, *args[1:])
+        return hook
+
+    def logits_pre(self, _module: Any, args: tuple) -> tuple:
+        cols = self.graph.down_slice(-1, "logits")
+        x = args[0].view(args[0].shape)
+        identity = torch.nn.Identity()  # the logits read the residual itself
+        x.register_hook(lambda g: self._fold(cols, identity, x, g.reshape(1, -1, g.shape[-1])))  # [1, R*T, M]
+        return (x, *args[1:])
+
+    def hooks(self) -> tuple[list[tuple[str, Any]], list[tuple[torch.nn.Module, Any]]]:
+        """(model hooks, module forward pre-hooks) of the pass."""
+        model, graph = self.model, self.graph
+        hooks: list[tuple[str, Any]] = []
+        pre: list[tuple[torch.nn.Module, Any]] = []
+        for layer, block in enumerate(model.blocks):
+            mlp: Any = block.mlp
+            hooks.append((f"blocks.{layer}.hook_resid_pre", self.resid_pre(layer)))
+            for kind in ("q", "k", "v"):
+                hooks.append((f"blocks.{layer}.attn.hook_{kind}", self.qkv(layer, kind)))
+            if self.source is not None:  # the per-head writes are formed only when they are recorded
+                hooks.append((f"blocks.{layer}.attn.hook_result", self.result))
+            if graph.mlp:
+                if not graph.parallel:
+                    hooks.append((f"blocks.{layer}.hook_resid_mid", self.resid_mid(layer)))
+                if self.source is not None:
+                    hooks.append((f"blocks.{layer}.hook_mlp_out", self.mlp_out))
+                pre.append((mlp, self.mlp_pre(layer)))
+        reader: Any = model.ln_final if model.ln_final is not None else model.unembed
+        pre.append((reader, self.logits_pre))
+        return hooks, pre
+
+
+def _no_dependence(metric: Metric, value: torch.Tensor) -> ValueError:
+    return ValueError(f"metric {getattr(metric, '__name__', metric)!r} does not depend on the logits (it returned "
+                      f"{float(value.detach())} with no gradient): no edge can move it")
+
+
+def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metric: Metric, scores: torch.Tensor, *,
+                    source: torch.Tensor | None = None, diff: torch.Tensor | None = None,
+                    embed: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                    buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+    """Add ``diff[u] . d metric / d input[d]`` for every edge ``(u, d)`` to ``scores`` from one forward and one
+    backward.
+
+    Args:
+        model, graph: the model and its graph.
+        tokens: ``[B, T]`` ids of the run.
+        metric: ``metric(logits) -> scalar``.
+        scores: ``[U, D]`` float32, added to in place.
+        source: ``[U, B, T, M]`` the corrupted writes; the differences are ``source - this run's writes``
+            (computed in ``source``'s storage, which the caller gives up). Give this or ``diff``.
+        diff: ``[U, B, T, M]`` differences already known (EAP-IG's later steps).
+        embed: ``[B, T, M]`` replaces the embedding (EAP-IG's interpolated inputs).
+        attention_mask: optional padding mask.
+        buffer_bytes: bound on the gradient columns held before they are folded.
+
+    Returns:
+        ``(metric value, diff)``.
+
+    Raises:
+        ValueError: a metric that does not depend on the logits.
+
+    Example:
+        >>> from interp.circuits import build_graph, node_writes
+        >>> g = build_graph(model); _, src = node_writes(model, g, corrupted)
+        >>> s = torch.zeros(g.allowed.shape)
+        >>> value, diff = gradient_scores(model, g, clean, metric, s, source=src)
+        >>> diff.shape
+        torch.Size([9, 2, 21, 128])
+    """
+    if (source is None) == (diff is None):
+        raise ValueError("give exactly one of source (the corrupted writes) and diff (the differences)")
+    if source is not None:
+        source = source.float()  # float32 differences (a copy only for a half-precision model)
+    state = _GradientPass(model, graph, embed=embed, source=source)
+    hooks, pre = state.hooks()
+    handles = [module.register_forward_pre_hook(fn) for module, fn in pre]
+    try:
+        with torch.enable_grad(), model.hooks(hooks):
+            value = metric(model(tokens, attention_mask=attention_mask))
+    finally:
+        for h in handles:
+            h.remove()
+    if not value.requires_grad:
+        raise _no_dependence(metric, value)
+    if diff is None:
+        assert source is not None
+        assert state.n_up == source.shape[0], "every upstream node's write is subtracted once"
+        diff = source
+    state.folder = _Folder(graph, diff, scores, buffer_bytes)
+    torch.autograd.backward(value, inputs=[state.base])
+    state.folder.flush()
+    return value.detach(), diff

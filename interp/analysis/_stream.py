@@ -105,6 +105,7 @@ class TargetReducer(Reducer):
     """
 
     names = PATTERN_HOOKS
+    reads_query_chunks = True
 
     def __init__(self, model: Transformer, categories: list[str], *, tie_tol: float = 1e-6) -> None:
         super().__init__()

@@ -521,8 +521,9 @@ def _pad_keys(x: torch.Tensor, n_keys: int, fill: float) -> torch.Tensor:
     nothing is missing)."""
     if x.shape[-1] == n_keys:
         return x
-    out = x.new_full((*x.shape[:-1], n_keys), fill)  # [B, H, c, S]
+    out = x.new_empty((*x.shape[:-1], n_keys))  # [B, H, c, S]
     out[..., : x.shape[-1]] = x
+    out[..., x.shape[-1]:] = fill
     return out
 
 

@@ -165,6 +165,10 @@ class TargetReducer(Reducer):
         st = self.state
         entries, rows, n_real = self._targets_for(q0, Tc, p.device)
         real = self._real[:, q0:q0 + Tc].to(p.device)  # [B, Tc]
+        if self.model.cfg.causal and q0 + Tc < S:
+            # A causal pattern is exactly 0 after the chunk's last query: the argmax, the runner-up test and
+            # every target (keys <= query) lie before it, so half the work of a long sequence is skipped.
+            p = p[..., :q0 + Tc]  # [B, H, Tc, q0 + Tc]
         top, best = p.max(-1)  # [B, H, Tc]
         # The argmax is unique when no other key lies within tie_tol of the top. The runner-up is the maximum
         # of a copy with the argmax knocked out: on CPU ~25 % cheaper than comparing and counting every key,

@@ -24,8 +24,14 @@ compared at the lengths where both ran.
 The score reducer below touches only O(T) entries per chunk (gathers along the key axis), never a [T, S]
 target mask; interp.analysis' TargetReducer builds [B, chunk, S] target masks per category and chunk.
 
+``--smollm2``: ``classify_heads`` with its pattern scorers (``--kinds``) on SmolLM2-135M at ``--lengths``
+(default 1k, 2k, 4k, 8k), batch 1, one thread, each length in its own subprocess: peak RSS above the weights,
+each streamed pass's seconds against one SDPA forward of the same length, and (up to ``--check-upto`` tokens)
+the largest score difference against the same scorers fed whole materialised patterns.
+
 Usage:
     python experiments/benchmarks/bench_long_context.py [--lengths 4096 8192 16384] [--chunk 256] [--quick]
+    python experiments/benchmarks/bench_long_context.py --smollm2 [--lengths 1024 2048] [--kinds positional sink]
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from interp import streaming
 from interp.analysis import classify_heads
@@ -167,3 +169,39 @@ def test_classify_heads_pattern_scores_are_the_same_in_query_chunks(monkeypatch)
         diff = (chunked.details[key].select_dtypes("number") - num).abs().max().max()
         assert diff <= 1e-5, (key, diff)
     assert chunked.df[["layer", "head", "kind"]].equals(whole.df[["layer", "head", "kind"]])
+
+
+class LargestTensor(TorchDispatchMode):
+    """The most elements of any tensor an operator returns while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_a_chunked_classify_pass_never_creates_a_whole_pattern(monkeypatch):
+    """Every tensor of the positional / sink / induction passes at 96 tokens in chunks of 8 stays far below one
+    layer's [1, H, T, T] pattern; with whole patterns the same passes create it."""
+    model = tiny_model(n_ctx=96)
+    g = torch.Generator().manual_seed(7)
+    half = torch.randint(0, 20, (1, 48), generator=g)
+    args = dict(tokens=torch.randint(0, 20, (1, 96), generator=g), induction_tokens=torch.cat([half, half], 1),
+                kinds=["positional", "induction", "sink"], n_seqs=1, batch_size=1, progress=False,
+                copying_rows=8)  # the copying score's [rows, heads, vocabulary] logits are linear, not a pattern
+    whole_pattern = model.cfg.n_heads * 96 * 96
+    model.set_query_chunk(96)
+    with LargestTensor() as seen:
+        classify_heads(model, **args)
+    assert seen.largest >= whole_pattern  # the probe sees a materialised pattern
+    model.set_query_chunk(None)
+    monkeypatch.setattr(streaming, "AUTO_QUERY_CHUNK", 8)
+    with LargestTensor() as seen:
+        classify_heads(model, **args)
+    assert seen.largest <= whole_pattern // 2, seen.largest

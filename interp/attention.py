@@ -267,6 +267,15 @@ class _AttentionBase(nn.Module):
         B, H, T, Dq = q.shape
         K = k.shape[1]
         G = H // K
+        S = k.shape[2]
+        # Causal query chunk: its last query sees no key past its own position, so the keys after it are dropped
+        # before QK^T (flash-attention style: a chunk of rows [c, n] instead of [c, S], half the work of a whole
+        # causal pattern). Hooks still see [B, H, c, S]: the dropped scores are the mask's finfo.min and their
+        # pattern weights exact zeros, as the unchunked softmax gives them.
+        n_keys = min(S, mask.start + q_slice.stop - mask.key_start) if mask.causal and q_slice.stop is not None else S
+        v_all = v
+        if n_keys < S:
+            k, v = k[:, :, :n_keys], v[:, :, :n_keys]  # [B, K, n, D]
         # Half precision (bf16 / fp16): scores, mask, soft-cap and softmax in float32, as the fused kernels keep
         # them (flash and memory-efficient SDPA accumulate q.k in float32 and never round the scores). Rounding
         # a score of 10 to bf16 moves it by up to 0.03, its softmax weight by 3 %. Only the pattern is rounded
@@ -283,20 +292,29 @@ class _AttentionBase(nn.Module):
             scores = torch.tanh(scores.div_(self.softcap)) * self.softcap  # before the mask, as Gemma 2
         add = mask.additive(scores.dtype, scores.device, q_slice)
         if add is not None:
-            scores = scores.add_(add)  # in place: scores is this pass's own buffer (add's backward needs neither)
-        scores = self.hook_attn_scores(scores, q_slice.start)
+            scores = scores.add_(add[..., :n_keys])  # in place: this pass's own buffer (add's backward needs neither)
+        # A hook's own padded tensor (edited in place or not) is read up to the chunk's keys; a new tensor a hook
+        # returns may unmask any key, so it is used whole, with all of v.
+        if self.hook_attn_scores.active:
+            padded = _pad_keys(scores, S, torch.finfo(scores.dtype).min)  # [B, H, c, S]
+            returned = self.hook_attn_scores(padded, q_slice.start)
+            scores, v = (returned[..., :n_keys], v) if returned is padded else (returned, v_all)
         if self.sinks is None:
-            pattern = torch.softmax(scores, dim=-1)
+            pattern = torch.softmax(scores, dim=-1)  # [B, H, c, n or S]
         else:
-            # softmax over [keys | sink], the sink's column kept apart: pattern [B, H, T, S], sink mass [B, H, T].
+            # softmax over [keys | sink], the sink's column kept apart: pattern [B, H, c, n or S], sink mass
+            # [B, H, c] (the keys a chunk dropped have weight zero either way, so the totals are the whole row's).
             sink = self.sinks.to(scores.dtype).view(1, H, 1, 1)
-            top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)  # [B, H, T, 1]
+            top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)  # [B, H, c, 1]
             weights, sink_weight = torch.exp(scores - top), torch.exp(sink - top)
-            total = weights.sum(dim=-1, keepdim=True) + sink_weight  # [B, H, T, 1]
+            total = weights.sum(dim=-1, keepdim=True) + sink_weight  # [B, H, c, 1]
             pattern = weights / total
             # Read-only: the sink's value is zero, so z is the pattern's alone (edit hook_pattern to intervene).
-            self.hook_sink_mass((sink_weight / total).squeeze(-1), q_slice.start)  # [B, H, T]
-        pattern = self.hook_pattern(pattern, q_slice.start)
+            self.hook_sink_mass((sink_weight / total).squeeze(-1), q_slice.start)  # [B, H, c]
+        if self.hook_pattern.active:
+            padded = _pad_keys(pattern, S, 0.0)  # [B, H, c, S]
+            returned = self.hook_pattern(padded, q_slice.start)
+            pattern, v = (returned[..., :v.shape[2]], v) if returned is padded else (returned, v_all)
         if half:
             pattern = pattern.to(v.dtype)
         z = pattern.reshape(B, K, G * T, -1) @ v  # [B, K, G*T, Dv]
@@ -538,6 +556,17 @@ class LatentAttention(_AttentionBase):
         scale = self.cfg.attn_scale or 1.0 / math.sqrt(D + R)
         z_lat = self._attend(q_cat, k_cat, c_kv.unsqueeze(1), mask, scale)  # [B, H, T, C]
         return torch.einsum("bhtc,hvc->bhtv", z_lat, w_uv)  # [B, H, T, Dv]
+
+
+def _pad_keys(x: torch.Tensor, n_keys: int, fill: float) -> torch.Tensor:
+    """``x`` ``[B, H, c, n]`` widened to ``[B, H, c, n_keys]`` with ``fill`` on the new keys (``x`` itself when
+    nothing is missing)."""
+    if x.shape[-1] == n_keys:
+        return x
+    out = x.new_empty((*x.shape[:-1], n_keys))  # [B, H, c, S]
+    out[..., : x.shape[-1]] = x
+    out[..., x.shape[-1]:] = fill
+    return out
 
 
 def make_attention(cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> _AttentionBase:

@@ -43,9 +43,15 @@ class Reducer:
 
     With query chunking (:meth:`Transformer.set_query_chunk`) score and pattern hooks fire once per chunk;
     ``q_start`` is the chunk's first query position (0 otherwise).
+
+    ``reads_query_chunks``: the reducer folds score / pattern rows chunk by chunk (it places them by
+    ``q_start``), so :func:`stream` may compute a long sequence's attention :data:`AUTO_QUERY_CHUNK` queries at
+    a time and no ``[B, H, T, T]`` pattern ever exists (memory linear in T). False by default: a reducer written
+    for whole patterns keeps getting them.
     """
 
     names: NamesFilter = None
+    reads_query_chunks: bool = False
 
     def __init__(self) -> None:
         self.state: dict[str, torch.Tensor] = {}
@@ -99,6 +105,12 @@ class Reducer:
         self.state[key] = self.state[key] + value if key in self.state else value.clone()
 
 
+#: Queries per chunk of :func:`stream`'s automatic query chunking: [B, H, 512, S] score rows at a time (SmolLM2 at
+#: 8,192 tokens: 151 MB a chunk, against 2.4 GB for a whole pattern), long enough that each chunk's QK^T is one
+#: efficient matrix product.
+AUTO_QUERY_CHUNK = 512
+
+
 class MeanReducer(Reducer):
     """Running mean over the batch axis (axis 0) of each selected hook, over every batch it sees.
 
@@ -110,6 +122,8 @@ class MeanReducer(Reducer):
         >>> stream(model, tokens, [r])
         >>> r.result()["blocks.0.attn.hook_pattern"].shape   # [H, T, S]
     """
+
+    reads_query_chunks = True
 
     def __init__(self, names: NamesFilter) -> None:
         super().__init__()
@@ -192,6 +206,55 @@ def _layer_ticks(names: Sequence[str], order: Sequence[str], within: Any) -> lis
             for layer, n in sorted(last.items())]
 
 
+_ROW_HOOKS = re.compile(r".*attn\.hook_(?:attn_scores|pattern)")
+
+
+def _pass_query_chunk(model: Any, reducers: Sequence[Reducer], names: Sequence[str], query_chunk: int | str | None
+                      ) -> int | None:
+    """The query chunk :func:`stream` sets for its passes, or None to leave the model's own setting.
+
+    ``"auto"``: :data:`AUTO_QUERY_CHUNK` when some reducer reads score / pattern rows, every such reducer
+    declares :attr:`Reducer.reads_query_chunks`, and the model's attention layers are interp's own with no chunk
+    of their own set (a chunk the caller set stays). An int is used as given.
+
+    Raises:
+        ValueError: ``query_chunk`` is neither ``"auto"``, None nor an int >= 1, or an int for a pass whose
+            reducer reads whole patterns (it does not declare ``reads_query_chunks``).
+    """
+    if query_chunk is None:
+        return None
+    if query_chunk != "auto" and (isinstance(query_chunk, bool) or not isinstance(query_chunk, int)
+                                  or query_chunk < 1):
+        raise ValueError(f"stream: query_chunk={query_chunk!r} must be 'auto', None or an int >= 1")
+    reading = [r for r in reducers if any(_ROW_HOOKS.fullmatch(n) for n in resolve_names(r.names, names))]
+    whole = [type(r).__name__ for r in reading if not r.reads_query_chunks]
+    if whole and query_chunk != "auto":
+        raise ValueError(f"stream: query_chunk={query_chunk} but reducers {whole} read whole patterns "
+                         f"(they do not declare reads_query_chunks)")
+    if query_chunk != "auto":
+        return int(query_chunk)
+    attns = [getattr(b, "attn", None) for b in getattr(model, "blocks", ())]
+    own = attns and all(hasattr(a, "query_chunk") and a.query_chunk is None for a in attns)
+    return AUTO_QUERY_CHUNK if reading and not whole and own else None
+
+
+@contextlib.contextmanager
+def _query_chunk(model: Any, chunk: int | None) -> Any:
+    """Every attention layer of ``model`` computes ``chunk`` queries at a time inside the block; restored after."""
+    if chunk is None:
+        yield
+        return
+    attns = [b.attn for b in model.blocks]
+    before = [a.query_chunk for a in attns]
+    for a in attns:
+        a.query_chunk = chunk
+    try:
+        yield
+    finally:
+        for a, c in zip(attns, before):
+            a.query_chunk = c
+
+
 def _stop_hook(t: torch.Tensor, hook: Any, q0: int) -> None:
     if q0 + t.shape[-2] >= t.shape[-1]:  # the last query chunk (without a cache, queries = keys)
         raise _StopForward
@@ -210,6 +273,7 @@ def stream(
     name: str = "tokens",
     progress: bool | None = False,
     desc: str = "batches",
+    query_chunk: int | str | None = "auto",
 ) -> int:
     """Run ``model`` over ``data`` batch by batch, feeding ``reducers``; nothing is stored.
 
@@ -228,13 +292,18 @@ def stream(
         name: the data's name, for error messages.
         progress: show a tqdm bar over batches (None: in terminals and notebooks, :mod:`interp.progress`).
         desc: the bar's label.
+        query_chunk: queries per chunk of the attention pattern during these passes (see
+            :func:`_pass_query_chunk`): ``"auto"`` (default) chunks by :data:`AUTO_QUERY_CHUNK` when every
+            reducer reading patterns folds them chunk by chunk, an int chunks by that, None leaves the model's
+            setting. The scores do not change; a sequence's pattern is never held whole, and a causal chunk
+            computes only the keys its queries may see.
 
     Returns:
         The number of sequences processed (over all ranks).
 
     Raises:
         ValueError: an empty dataset, a sequence longer than the model's context, a reducer's hook name
-            that matches nothing, or ranks that disagree on the model or the data.
+            that matches nothing, ranks that disagree on the model or the data, or a bad ``query_chunk``.
 
     Example:
         >>> r = MeanReducer("blocks.0.attn.hook_pattern")
@@ -242,6 +311,7 @@ def stream(
         64
     """
     hooks = _reducer_hooks(model, reducers)
+    chunk = _pass_query_chunk(model, reducers, model.hook_names, query_chunk)
     stop = _stop_point([n for names, _ in hooks for n in names])
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
@@ -272,7 +342,8 @@ def stream(
         batches = progress_bar(batches, desc=desc, progress=True, total=len(batches) if sharded else total)
     n = 0
     # Hooks are shared state: hold the model's lock for the whole stream, so no other thread's pass sees them.
-    with getattr(model, "lock", contextlib.nullcontext()), torch.no_grad(), model.hooks(hooks):
+    with getattr(model, "lock", contextlib.nullcontext()), torch.no_grad(), model.hooks(hooks), \
+            _query_chunk(model, chunk):
         for batch in batches:
             check_length(model, batch.tokens.shape[1])
             for r in reducers:

@@ -24,8 +24,14 @@ compared at the lengths where both ran.
 The score reducer below touches only O(T) entries per chunk (gathers along the key axis), never a [T, S]
 target mask; interp.analysis' TargetReducer builds [B, chunk, S] target masks per category and chunk.
 
+``--smollm2``: ``classify_heads`` with its pattern scorers (``--kinds``) on SmolLM2-135M at ``--lengths``
+(default 1k, 2k, 4k, 8k), batch 1, one thread, each length in its own subprocess: peak RSS above the weights,
+each streamed pass's seconds against one SDPA forward of the same length, and (up to ``--check-upto`` tokens)
+the largest score difference against the same scorers fed whole materialised patterns.
+
 Usage:
     python experiments/benchmarks/bench_long_context.py [--lengths 4096 8192 16384] [--chunk 256] [--quick]
+    python experiments/benchmarks/bench_long_context.py --smollm2 [--lengths 1024 2048] [--kinds positional sink]
 """
 
 from __future__ import annotations
@@ -226,6 +232,82 @@ def run(quick: bool = False, lengths: list[int] | None = None, chunk: int = 256,
             + "\n".join(f"- {n}" for n in notes))
 
 
+# --- SmolLM2-135M: classify_heads' pattern scorers at 1k..8k tokens -----------------------------------------
+SMOL_KINDS = ["positional", "previous-token", "duplicate-token", "induction", "sink", "retrieval"]
+
+
+def smol_child(T: int, kinds: list[str], check: bool) -> None:
+    """classify_heads on SmolLM2 at ``T`` tokens (batch 1, one thread), then one plain SDPA forward of ``T``
+    tokens; prints a JSON line. ``check``: also run the same scorers with every pattern materialised whole
+    (``set_query_chunk(T)``) and report the largest score difference."""
+    import interp
+    import interp.analysis.taxonomy as taxonomy
+    from interp.analysis import classify_heads
+
+    torch.set_num_threads(1)
+    model = interp.load("smollm2-135m").eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    g = torch.Generator().manual_seed(0)
+    text = torch.randint(0, model.cfg.d_vocab, (1, T), generator=g)
+    half = torch.randint(0, model.cfg.d_vocab, (1, T // 2), generator=g)
+    repeats = torch.cat([half, half], dim=1)  # [1, T]
+    passes: list[float] = []
+    plain_stream = taxonomy.stream
+
+    def timed(*a, **k):  # each of classify_heads' streamed passes, timed on its own
+        t0 = time.perf_counter()
+        n = plain_stream(*a, **k)
+        passes.append(time.perf_counter() - t0)
+        return n
+
+    taxonomy.stream = timed
+    setup = rss_bytes()
+
+    def classify():
+        return classify_heads(model, tokens=text, induction_tokens=repeats, kinds=kinds, batch_size=1, n_seqs=1,
+                              options={"needle_context": T} if "retrieval" in kinds else None, progress=False)
+
+    with torch.inference_mode():
+        report = classify()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        chunked = list(passes)  # the check's passes below are not timed as classify_heads' own
+        diff = None
+        if check:
+            model.set_query_chunk(T)  # one chunk: every [1, H, T, T] pattern whole, as before chunking existed
+            whole = classify()
+            model.set_query_chunk(None)
+            diff = max(float((a.select_dtypes("number") - b.select_dtypes("number")).abs().max().max())
+                       for k, a in report.details.items() if isinstance(a, __import__("pandas").DataFrame)
+                       for b in [whole.details[k]])
+        t0 = time.perf_counter()
+        model(text)  # the fast path: SDPA, no hooks
+        sdpa = time.perf_counter() - t0
+    print(json.dumps({"T": T, "weights": weights, "setup_rss": setup, "peak_rss": peak, "passes": chunked,
+                      "sdpa": sdpa, "diff": diff, "rows": len(report.df)}))
+
+
+def run_smol(lengths: list[int], kinds: list[str], check_upto: int) -> str:
+    rows = ["| tokens | peak RSS - weights (MiB) | added by classify_heads (MiB) | passes (s) | SDPA forward (s) | "
+            "pass / SDPA | max score diff vs whole patterns |", "|---:|---:|---:|---|---:|---:|---:|"]
+    for T in lengths:
+        cmd = [sys.executable, os.path.abspath(__file__), "--smol-child", str(T), "--kinds", *kinds]
+        if T <= check_upto:
+            cmd.append("--check")
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            rows.append(f"| {T} | failed: {(p.stderr.strip().splitlines() or ['?'])[-1]} | | | | | |")
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        ratio = max(r["passes"]) / r["sdpa"]
+        rows.append(f"| {T} | {(r['peak_rss'] - r['weights']) / 2**20:,.0f} | {(r['peak_rss'] - r['setup_rss']) / 2**20:,.0f}"
+                    f" | {', '.join(f'{x:.1f}' for x in r['passes'])} | {r['sdpa']:.1f} | {ratio:.2f} | "
+                    f"{'' if r['diff'] is None else format(r['diff'], '.1e')} |")
+        print(rows[-1], flush=True)
+    return (f"## bench_long_context --smollm2 (1 torch thread, batch 1)\n\n{machine_info()}\n\nclassify_heads(kinds="
+            f"{kinds}) on SmolLM2-135M (fp32), one sequence per pass; pass / SDPA is the slowest pass over one "
+            f"SDPA forward of the same length.\n\n" + "\n".join(rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, nargs="+")
@@ -233,7 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mem-cap-gib", type=float, default=float(os.environ.get("BENCH_MEM_CAP_GIB", 6.0)))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--child", nargs=2, metavar=("VARIANT", "T"), help=argparse.SUPPRESS)
+    p.add_argument("--smollm2", action="store_true", help="classify_heads on SmolLM2-135M (--lengths, --kinds)")
+    p.add_argument("--kinds", nargs="+", default=SMOL_KINDS)
+    p.add_argument("--check-upto", type=int, default=2048, help="compare with whole patterns up to this length")
+    p.add_argument("--smol-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.smol_child:
+        smol_child(a.smol_child, a.kinds, a.check)
+        return 0
+    if a.smollm2:
+        print(run_smol(a.lengths or [1024, 2048, 4096, 8192], a.kinds, a.check_upto))
+        return 0
     if a.child:
         child(a.child[0], int(a.child[1]), a.chunk)
         return 0

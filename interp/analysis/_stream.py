@@ -74,15 +74,6 @@ def offset_targets(T: int, offset: int, rows: slice = slice(None)) -> torch.Tens
     return pos[None, :] == pos[rows][:, None] + offset  # [T', S]
 
 
-#: Categories whose target bits are counted together (one bincount of ``H * 2**bits`` bins per group).
-_CODE_BITS = 10
-
-
-def _code_groups(C: int) -> list[range]:
-    """Categories ``0..C-1`` cut into groups of at most ``_CODE_BITS``."""
-    return [range(c0, min(c0 + _CODE_BITS, C)) for c0 in range(0, C, _CODE_BITS)]
-
-
 class TargetReducer(Reducer):
     """Folds, per head, how much attention lands on a target set of keys and how often the argmax does.
 
@@ -102,9 +93,17 @@ class TargetReducer(Reducer):
     Precision and place: a pattern is read in float32 whatever its dtype (a bf16 pattern is upcast before any
     sum or comparison), and the sums are kept in float64 on the model's device (:func:`state_device`); nothing
     moves to the host until :meth:`result` is read.
+
+    Cost: targets are few per row (an offset, the first token, the needle...), so a chunk's targets are kept as
+    the list of their ``(row, key)`` entries and the pattern is read only there, plus the row maxima; a
+    chunk's entries are built once and serve every layer (kept while they number at most
+    :attr:`CACHE_ENTRIES_PER_ROW` per query row and category, so their memory stays linear in T).
     """
 
     names = PATTERN_HOOKS
+    reads_query_chunks = True
+    #: Target entries per query row and category below which a chunk's entries are kept for the next layers.
+    CACHE_ENTRIES_PER_ROW = 8
 
     def __init__(self, model: Transformer, categories: list[str], *, tie_tol: float = 1e-6) -> None:
         super().__init__()
@@ -113,15 +112,12 @@ class TargetReducer(Reducer):
         self.model = model
         self.categories = list(categories)
         self.tie_tol = tie_tol
-        self._bit_values = 2.0 ** torch.arange(_CODE_BITS, dtype=torch.float32)  # [_CODE_BITS]
-        self._bits = {len(g): ((torch.arange(1 << len(g))[:, None] >> torch.arange(len(g))) & 1).double()
-                      for g in _code_groups(C)}  # G -> [2^G, G]: the bits of every pattern of G categories
         dev = state_device(model)
         self.state = {"mass": zeros64(C, L, H, device=dev), "hits": zeros64(C, L, H, device=dev),
                       "rows": zeros64(C, L, device=dev), "max_sum": zeros64(L, H, device=dev),
                       "max_rows": zeros64(L, device=dev)}
         self._batch: Batch | None = None
-        self._whole: dict[str, torch.Tensor] | None = None
+        self._chunks: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def targets(self, batch: Batch, rows: slice) -> dict[str, torch.Tensor]:  # pragma: no cover - abstract
         """``{category: [B, T', S] bool}`` for the query ``rows`` of ``batch``."""
@@ -130,37 +126,33 @@ class TargetReducer(Reducer):
     def begin_batch(self, batch: Batch) -> None:
         self._batch = batch
         self._real = batch.real
-        self._whole = None
+        self._chunks = {}
+        self._kept = 0  # target entries kept for this batch's chunks
 
-    def _targets_for(self, q0: int, Tc: int, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor,
-                                                                             torch.Tensor, torch.Tensor]:
+    def _targets_for(self, q0: int, Tc: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
+                                                                             torch.Tensor]:
         """Targets of query rows ``q0 .. q0 + Tc`` on valid rows (a real query with a target), on ``device``:
-        ``(codes, weights [B, C, Tc*S] float, valid rows per category [C] float64, real rows float64)``;
-        ``codes`` holds, per group of categories (:func:`_code_groups`), a ``[B, Tc, S]`` long whose bit
-        ``c - group start`` says that the key is a target of category ``c``.
-
-        Whole-sequence targets are kept for the next layers; chunks are rebuilt (keeping them would hold a
-        ``[T, S]`` mask again)."""
-        whole = q0 == 0 and Tc == self._real.shape[1]
-        if whole and self._whole is not None and self._whole[1].device == device:  # a split model: per device
-            return self._whole
+        ``(entries [N, 4] long (batch row, category, query - q0, key), valid rows per category [C], real rows)``
+        (counts in the state's dtype)."""
+        key = (q0, Tc, device)
+        if key in self._chunks:
+            return self._chunks[key]
+        assert self._batch is not None
         targets = self.targets(self._batch, slice(q0, q0 + Tc))
         missing = [c for c in self.categories if c not in targets]
         if missing:
             raise ValueError(f"{type(self).__name__}: no target mask for categories {missing}")
         tgt = torch.stack([targets[c] for c in self.categories], dim=1)  # [B, C, Tc, S]
         real = self._real[:, q0:q0 + Tc]  # [B, Tc]
-        valid = tgt.any(-1) & real[:, None]  # [B, C, Tc]: real rows with a target
-        B, C, _, S = tgt.shape
-        w = (tgt & valid[..., None]).to(device, torch.float32).view(B, C, Tc * S)  # [B, C, Tc*S]: valid targets
-        # Each key's categories as bits of one integer per group (a sum of powers of two, exact in float32):
-        # the argmax's categories are then one gather.
-        codes = [(w[:, g.start:g.stop] * self._bit_values[: len(g), None].to(device)).sum(1).long().view(B, Tc, S)
-                 for g in _code_groups(C)]  # [B, Tc, S] each
+        tgt &= real[:, None, :, None]  # a padding query has no target
+        entries = tgt.nonzero().to(device)  # [N, 4]
         acc = self.state["rows"]
-        out = (codes, w, valid.sum((0, 2)).to(acc), real.sum().to(acc))  # counts on the state's device
-        if whole:
-            self._whole = out
+        out = (entries, tgt.any(-1).sum((0, 2)).to(acc), real.sum().to(acc))
+        B, C = tgt.shape[:2]
+        # Keep the entries of every chunk while they are few per row (then all chunks' entries are O(T)).
+        if self._kept + len(entries) <= self.CACHE_ENTRIES_PER_ROW * B * C * self._real.shape[1]:
+            self._kept += len(entries)
+            self._chunks[key] = out
         return out
 
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
@@ -171,8 +163,12 @@ class TargetReducer(Reducer):
         if H == 0:
             return
         st = self.state
-        codes, w, rows, n_real = self._targets_for(q0, Tc, p.device)
+        entries, rows, n_real = self._targets_for(q0, Tc, p.device)
         real = self._real[:, q0:q0 + Tc].to(p.device)  # [B, Tc]
+        if self.model.cfg.causal and q0 + Tc < S:
+            # A causal pattern is exactly 0 after the chunk's last query: the argmax, the runner-up test and
+            # every target (keys <= query) lie before it, so half the work of a long sequence is skipped.
+            p = p[..., :q0 + Tc]  # [B, H, Tc, q0 + Tc]
         top, best = p.max(-1)  # [B, H, Tc]
         # The argmax is unique when no other key lies within tie_tol of the top. The runner-up is the maximum
         # of a copy with the argmax knocked out: on CPU ~25 % cheaper than comparing and counting every key,
@@ -181,20 +177,16 @@ class TargetReducer(Reducer):
         unique = others.amax(-1) < top - self.tie_tol  # [B, H, Tc]
         st["max_sum"][layer, :H] += (top * real[:, None]).sum((0, 2)).to(st["max_sum"])
         st["max_rows"][layer] += n_real
-        # Mass on the targets of every category over the valid rows, as one batched matmul over (query, key):
-        # sum_{t,s} p[b,h,t,s] * tgt[b,c,t,s] * valid[b,c,t]; no [B, C, H, Tc, S] product is formed.
-        mass = p.reshape(B, H, Tc * S) @ w.transpose(1, 2)  # [B, H, C]
-        st["mass"][:, layer, :H] += mass.to(st["mass"]).sum(0).T
-        # Is the (unique) argmax key a target? Read the categories' bits at each row's argmax and count every
-        # (head, bit pattern) with one bincount; a pattern's count goes to each category whose bit it holds.
-        best = best.transpose(1, 2)  # [B, Tc, H]: gathered along the keys of each row
-        for g, code in zip(_code_groups(len(self.categories)), codes):
-            n_codes, bits = 1 << len(g), self._bits[len(g)].to(st["hits"])  # bits: [2^G, G], pattern -> its bits
-            at_best = code.gather(-1, best).transpose(1, 2)  # [B, H, Tc]
-            head = torch.arange(0, H * n_codes, n_codes, device=p.device)[:, None]  # [H, 1]: each head's first bin
-            # A tied row counts in bin 0 (head 0, no bits): it hits nothing.
-            count = torch.bincount(torch.where(unique, at_best + head, 0).flatten(), minlength=H * n_codes)
-            st["hits"][g.start:g.stop, layer, :H] += (count.view(H, n_codes).to(bits) @ bits).T
+        # Per target entry (b, c, t, s): the weight there, and whether it is the row's unique argmax; summed per
+        # category. A row's argmax is one key, so it hits at most one of the row's targets of a category.
+        b, c, t, s = entries.unbind(1)  # [N] each
+        weight = p[b, :, t, s]  # [N, H]
+        hit = (best[b, :, t] == s[:, None]) & unique[b, :, t]  # [N, H]
+        C = len(self.categories)
+        st["mass"][:, layer, :H] += torch.zeros(C, H, dtype=st["mass"].dtype, device=p.device).index_add_(
+            0, c, weight.to(st["mass"].dtype)).to(st["mass"])
+        st["hits"][:, layer, :H] += torch.zeros(C, H, dtype=st["hits"].dtype, device=p.device).index_add_(
+            0, c, hit.to(st["hits"].dtype)).to(st["hits"])
         st["rows"][:, layer] += rows
 
     def result(self) -> dict[str, Any]:

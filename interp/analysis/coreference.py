@@ -96,6 +96,7 @@ class CorefReducer(Reducer):
     """
 
     names = PATTERN_HOOKS
+    reads_query_chunks = True
 
     def __init__(self, n_layers: int, n_heads: int, groups: list[str], *, tie_tol: float = 1e-6,
                  keep_queries: bool = False) -> None:

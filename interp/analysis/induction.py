@@ -110,6 +110,7 @@ class TLHeadDetectorReducer(Reducer):
     """
 
     names = PATTERN_HOOKS
+    reads_query_chunks = True
 
     def __init__(self, model: Transformer, *, exclude_bos: bool = False, exclude_current_token: bool = False) -> None:
         super().__init__()
@@ -207,6 +208,8 @@ class CopyingReducer(Reducer):
     Raises:
         ValueError: ``max_rows`` or ``comparisons`` < 1.
     """
+
+    reads_query_chunks = True
 
     def __init__(self, model: Transformer, *, max_rows: int | None = None, seed: int = 0,
                  comparisons: int | None = 256) -> None:

@@ -41,6 +41,7 @@ class PerSequenceMass(Reducer):
     """
 
     names = PATTERN_HOOKS
+    reads_query_chunks = True
 
     def __init__(self, model: Any, categories: list[str], targets: Targets) -> None:
         super().__init__()

@@ -56,6 +56,8 @@ class SinkReducer(Reducer):
         >>> red.result()["mass"].shape     # [L, H]
     """
 
+    reads_query_chunks = True
+
     def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model

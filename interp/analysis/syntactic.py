@@ -98,6 +98,7 @@ class SyntacticReducer(Reducer):
     """
 
     names = PATTERN_HOOKS
+    reads_query_chunks = True
 
     def __init__(self, model: Transformer, *, strip_subtypes: bool = False,
                  directions: Sequence[str] = ("dep->head", "head<-dep"),

@@ -1,0 +1,207 @@
+"""Long context in linear memory: attention computed a query chunk at a time inside the pass, fed to the
+reducers chunk by chunk, gives the scores of whole materialised patterns; ``stream`` chooses the chunk itself
+when every reducer reading patterns folds chunks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from interp import streaming
+from interp.analysis import classify_heads
+from interp.streaming import MeanReducer, Reducer, stream
+
+
+def redrawn(model):
+    """Every parameter re-drawn (norm weights and biases too), seeded: no zero bias or unit norm hides a bug."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.4)
+    return model
+
+
+def patterns(model, tokens, chunk, **kwargs):
+    model.set_query_chunk(chunk)
+    try:
+        with torch.no_grad():
+            return model.run_with_cache(tokens, names_filter=["*hook_pattern", "*hook_attn_scores"], **kwargs)
+    finally:
+        model.set_query_chunk(None)
+
+
+@pytest.mark.parametrize("variant,config", [("gqa-rotary", {}), ("mqa", {"sliding_window": [None, 5]}),
+                                            ("mha", {"attn_softcap": 3.0}), ("mla", {})])
+def test_causal_query_chunks_give_the_whole_patterns_scores_and_outputs(variant, config):
+    model = redrawn(tiny_model(variant=variant, **config))
+    tokens = torch.randint(0, 20, (2, 23), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 23, dtype=torch.long)
+    mask[1, :4] = 0  # left padding: the padding mask is sliced per chunk as well
+    out, whole = patterns(model, tokens, None, attention_mask=mask)
+    out_c, chunked = patterns(model, tokens, 4, attention_mask=mask)
+    torch.testing.assert_close(out_c, out, atol=1e-5, rtol=0)
+    for name in whole.keys():
+        assert chunked[name].shape == whole[name].shape  # [B, H, T, S]: the dropped keys are handed over too
+        torch.testing.assert_close(chunked[name], whole[name], atol=1e-5, rtol=0)
+    p = chunked["blocks.1.attn.hook_pattern"]
+    assert torch.equal(p.triu(1), torch.zeros_like(p))  # nothing above the diagonal: exact zeros
+
+
+def test_query_chunks_after_a_cache_see_the_cached_keys():
+    model = redrawn(tiny_model(variant="gqa-rotary"))
+    tokens = torch.randint(0, 20, (1, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(tokens)[:, 8:]
+        cache = model.make_cache(batch_size=1)
+        model(tokens[:, :8], kv_cache=cache)
+        model.set_query_chunk(3)
+        with model.hooks([("blocks.0.attn.hook_pattern", lambda t, hook: t)]):  # forces the explicit path
+            rest = model(tokens[:, 8:], kv_cache=cache)
+        model.set_query_chunk(None)
+    torch.testing.assert_close(rest, full, atol=1e-5, rtol=0)
+
+
+def test_a_hook_returning_a_new_pattern_still_reaches_every_key():
+    """A hook may return a pattern that puts weight on keys the causal mask hides (uniform rows here): the
+    chunk then multiplies all of v, as the unchunked path does."""
+    model = redrawn(tiny_model())
+    tokens = torch.randint(0, 20, (1, 12), generator=torch.Generator().manual_seed(3))
+    uniform = [("blocks.0.attn.hook_pattern", lambda t, hook: torch.full_like(t, 1 / t.shape[-1]))]
+    outs = []
+    for chunk in (None, 5):
+        model.set_query_chunk(chunk)
+        with torch.no_grad(), model.hooks(uniform):
+            outs.append(model(tokens))
+    model.set_query_chunk(None)
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=0)
+
+
+class Shapes(Reducer):
+    """Records the shape of every pattern tensor it is handed."""
+
+    names = "blocks.0.attn.hook_pattern"
+
+    def __init__(self, chunks: bool) -> None:
+        super().__init__()
+        self.reads_query_chunks = chunks
+        self.shapes: list[tuple[int, ...]] = []
+
+    def update(self, name, tensor, *, q_start):
+        self.shapes.append((q_start, *tensor.shape))
+
+    def result(self):
+        return self.shapes
+
+
+def test_stream_chunks_the_pattern_only_when_every_pattern_reducer_reads_chunks(monkeypatch):
+    monkeypatch.setattr(streaming, "AUTO_QUERY_CHUNK", 8)
+    model = tiny_model()
+    tokens = torch.randint(0, 20, (2, 20), generator=torch.Generator().manual_seed(4))
+    chunked = Shapes(True)
+    stream(model, tokens, [chunked])
+    assert chunked.shapes == [(0, 2, 4, 8, 20), (8, 2, 4, 8, 20), (16, 2, 4, 4, 20)]
+    assert all(b.attn.query_chunk is None for b in model.blocks)  # the model's own setting is back
+    whole, other = Shapes(False), Shapes(True)
+    stream(model, tokens, [whole, other])  # one whole-pattern reader: nobody gets chunks
+    assert whole.shapes == other.shapes == [(0, 2, 4, 20, 20)]
+    model.set_query_chunk(5)  # a chunk the caller set is kept
+    kept = Shapes(True)
+    stream(model, tokens, [kept])
+    assert [s[0] for s in kept.shapes] == [0, 5, 10, 15]
+    model.set_query_chunk(None)
+    explicit = Shapes(True)
+    stream(model, tokens, [explicit], query_chunk=6)
+    assert [s[3] for s in explicit.shapes] == [6, 6, 6, 2]
+
+
+def test_stream_refuses_a_chunk_for_a_whole_pattern_reducer_and_a_bad_chunk():
+    model = tiny_model()
+    tokens = torch.randint(0, 20, (1, 10))
+    with pytest.raises(ValueError, match=r"query_chunk=4 but reducers \['Shapes'\] read whole patterns"):
+        stream(model, tokens, [Shapes(False)], query_chunk=4)
+    with pytest.raises(ValueError, match="query_chunk=0 must be 'auto', None or an int >= 1"):
+        stream(model, tokens, [MeanReducer("blocks.0.attn.hook_pattern")], query_chunk=0)
+
+
+def test_stream_mean_pattern_is_the_same_chunked(monkeypatch):
+    model = redrawn(tiny_model(variant="gqa-rotary"))
+    tokens = torch.randint(0, 20, (3, 21), generator=torch.Generator().manual_seed(5))
+    whole = MeanReducer("blocks.*.attn.hook_pattern")
+    stream(model, tokens, [whole], query_chunk=None)
+    monkeypatch.setattr(streaming, "AUTO_QUERY_CHUNK", 4)
+    chunked = MeanReducer("blocks.*.attn.hook_pattern")
+    stream(model, tokens, [chunked])
+    assert {k for k in chunked.state if "@" in k} >= {"blocks.0.attn.hook_pattern@16"}  # it did chunk
+    for name, mean in whole.result().items():
+        torch.testing.assert_close(chunked.result()[name], mean, atol=1e-6, rtol=0)
+
+
+def test_classify_heads_pattern_scores_are_the_same_in_query_chunks(monkeypatch):
+    """Every pattern-based kind (positional, previous / duplicate-token, induction with its copying score, sink,
+    retrieval): chunks of 8 queries over 48 tokens against each pass's whole patterns."""
+    model = redrawn(tiny_model(variant="gqa-rotary", n_ctx=64, d_vocab=48))
+    kinds = ["positional", "previous-token", "duplicate-token", "induction", "sink", "retrieval"]
+    g = torch.Generator().manual_seed(6)
+    half = torch.randint(0, 48, (4, 24), generator=g)
+    args = dict(tokens=torch.randint(0, 48, (4, 48), generator=g), induction_tokens=torch.cat([half, half], 1),
+                kinds=kinds, n_seqs=4, options={"needle_context": 48, "needle_len": 6, "sink_threshold": 0.0},
+                copying_comparisons=None, progress=False)
+    model.set_query_chunk(48)  # one chunk per pass: whole [B, H, 48, 48] patterns
+    whole = classify_heads(model, **args)
+    model.set_query_chunk(None)
+    seen: list[int] = []
+    original = streaming._query_chunk
+
+    def spy(model, chunk):
+        seen.append(chunk)
+        return original(model, chunk)
+
+    monkeypatch.setattr(streaming, "_query_chunk", spy)
+    monkeypatch.setattr(streaming, "AUTO_QUERY_CHUNK", 8)
+    chunked = classify_heads(model, **args)
+    assert seen == [8, 8, 8]  # the text, repeats and needle passes all ran in chunks
+    assert set(chunked.details) == set(whole.details) >= {"positional", "induction", "sink", "retrieval"}
+    for key, table in whole.details.items():
+        num = table.select_dtypes("number")
+        diff = (chunked.details[key].select_dtypes("number") - num).abs().max().max()
+        assert diff <= 1e-5, (key, diff)
+    assert chunked.df[["layer", "head", "kind"]].equals(whole.df[["layer", "head", "kind"]])
+
+
+class LargestTensor(TorchDispatchMode):
+    """The most elements of any tensor an operator returns while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_a_chunked_classify_pass_never_creates_a_whole_pattern(monkeypatch):
+    """Every tensor of the positional / sink / induction passes at 96 tokens in chunks of 8 stays far below one
+    layer's [1, H, T, T] pattern; with whole patterns the same passes create it."""
+    model = tiny_model(n_ctx=96)
+    g = torch.Generator().manual_seed(7)
+    half = torch.randint(0, 20, (1, 48), generator=g)
+    args = dict(tokens=torch.randint(0, 20, (1, 96), generator=g), induction_tokens=torch.cat([half, half], 1),
+                kinds=["positional", "induction", "sink"], n_seqs=1, batch_size=1, progress=False,
+                copying_rows=8)  # the copying score's [rows, heads, vocabulary] logits are linear, not a pattern
+    whole_pattern = model.cfg.n_heads * 96 * 96
+    model.set_query_chunk(96)
+    with LargestTensor() as seen:
+        classify_heads(model, **args)
+    assert seen.largest >= whole_pattern  # the probe sees a materialised pattern
+    model.set_query_chunk(None)
+    monkeypatch.setattr(streaming, "AUTO_QUERY_CHUNK", 8)
+    with LargestTensor() as seen:
+        classify_heads(model, **args)
+    assert seen.largest <= whole_pattern // 2, seen.largest

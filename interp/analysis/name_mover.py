@@ -105,6 +105,8 @@ class EndToIOReducer(Reducer):
         torch.Size([2, 4])
     """
 
+    reads_query_chunks = True  # update() picks END's row out of whichever query chunk holds it
+
     def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model

@@ -721,37 +721,22 @@ def _circuit(args: argparse.Namespace) -> int:
     check_writable(out / "circuit.json", "--out")
     model = _load_model(args.model)
     task = circuit_task(model, args.task, n=args.n, seed=args.seed)
-    c, x, m = task.clean, task.corrupted, task.metric
-    graph = circuits.build_graph(model)
-    progress = not args.no_progress
-    n_keep = args.edges or max(1, round(args.fraction * graph.n_edges))
-    if not 1 <= n_keep <= graph.n_edges:
-        raise CliError(f"--edges {n_keep} must be in [1, {graph.n_edges}] (the edges of {args.model})")
-    scores = None
-    if args.method in ("eap", "eap-ig"):
-        scores = (circuits.eap(model, c, x, m, graph=graph) if args.method == "eap"
-                  else circuits.eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=progress))
-        found = circuits.top_n(scores, n_keep)
-    elif args.method == "acdc":
-        found = circuits.acdc(model, c, x, m, threshold=args.threshold, graph=graph, progress=progress,
-                              ablation=task.ablation)
-    else:
-        found = circuits.edge_pruning(model, c, x, m, target=1 - n_keep / graph.n_edges, steps=args.steps_train,
-                                      graph=graph, progress=progress, ablation=task.ablation)
-    found.info.update({"model": args.model, "task": args.task, "ablation": task.ablation})
-    faith = circuits.faithfulness(model, found, c, x, m, graph=graph, ablation=task.ablation) if len(found) else {}
-    sizes = sorted({max(1, round(graph.n_edges * f)) for f in (0.01, 0.03, 0.1, 0.3, 1.0)} | {len(found) or 1})
-    curve = circuits.faithfulness_curve(model, [scores] if scores is not None else [], c, x, m, sizes=sizes,
-                                        n_random=args.n_random, extra={args.method: {len(found): found}}
-                                        if scores is None and len(found) else None, progress=progress,
-                                        ablation=task.ablation)
+    n_edges = circuits.build_graph(model).n_edges
+    n_keep = args.edges or max(1, round(args.fraction * n_edges))
+    if not 1 <= n_keep <= n_edges:
+        raise CliError(f"--edges {n_keep} must be in [1, {n_edges}] (the edges of {args.model})")
+    run = circuits.find_circuit(model, task, args.method, n_keep=n_keep, steps=args.steps, threshold=args.threshold,
+                                train_steps=args.steps_train, n_random=args.n_random,
+                                progress=not args.no_progress)
+    found, faith, curve = run.circuit, run.faithfulness, run.curve
+    found.info["model"] = args.model
     found.save(out / "circuit.json")
     from ._io import atomic_path
 
     with atomic_path(out / "curve.csv") as tmp:
         curve.to_csv(tmp, index=False)
     summary = {"method": args.method, "task": args.task, "model": args.model, "n_edges": len(found),
-               "n_edges_total": graph.n_edges, "faithfulness": faith.get("faithfulness"),
+               "n_edges_total": run.n_edges_total, "faithfulness": faith.get("faithfulness"),
                "normalized": faith.get("normalized"), "completeness": faith.get("completeness"),
                "ablation": task.ablation, "circuit": str(out / "circuit.json"),
                "curve": str(out / "curve.csv")}

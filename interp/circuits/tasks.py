@@ -21,9 +21,11 @@ from ..data.circuit_tasks import agreement_prompts, docstring_prompts, greater_t
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["TASKS", "CircuitTask", "circuit_task", "prob_diff_metric"]
+__all__ = ["TASKS", "TEXT_TASKS", "CircuitTask", "circuit_task", "prob_diff_metric"]
 
 TASKS = ("induction", "ioi", "greater-than", "agreement", "docstring")
+#: The tasks built from text, which need the model's text tokenizer (induction runs on any vocabulary).
+TEXT_TASKS = tuple(t for t in TASKS if t != "induction")
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
 

@@ -38,7 +38,9 @@ def _reference(method_circuit):
     model = interp.load("random-tiny")
     task = circuit_task(model, "induction", n=16, seed=0)
     found = method_circuit(model, task)
-    return found, circuits.faithfulness(model, found, task.clean, task.corrupted, task.metric)
+    # Under the task's own ablation (the induction task's is the mean), as the CLI and the page measure it.
+    return found, circuits.faithfulness(model, found, task.clean, task.corrupted, task.metric,
+                                        ablation=task.ablation)
 
 
 def test_eap_circuit_and_its_faithfulness_are_the_librarys(monkeypatch, tmp_path):
@@ -86,7 +88,8 @@ def test_acdc_keeps_what_its_threshold_keeps(monkeypatch, tmp_path):
     at.button(key="circuit_run").click()
     at.run()
     assert not at.exception and not at.error, [e.value for e in at.error]
-    found, faith = _reference(lambda m, t: circuits.acdc(m, t.clean, t.corrupted, t.metric, threshold=0.05))
+    found, faith = _reference(lambda m, t: circuits.acdc(m, t.clean, t.corrupted, t.metric, threshold=0.05,
+                                                            ablation=t.ablation))
     shown = {m.label: m.value for m in at.metric}
     assert shown["Edges kept"] == f"{len(found)} / {N_EDGES}"
     assert float(shown["Faithfulness"]) == pytest.approx(faith["faithfulness"], abs=1e-3)

@@ -17,10 +17,6 @@ from interp.viz.circuits import circuit_figure, faithfulness_figure
 #: The methods, as ``interp circuit --method`` names them.
 METHODS = {"eap": "EAP (two forwards, one backward)", "eap-ig": "EAP-IG (integrated gradients)",
            "acdc": "ACDC (greedy, exact patching)", "edge-pruning": "Edge Pruning (Hard-Concrete gates)"}
-#: Tasks that read text (a text tokenizer); induction works on any model.
-TEXT_TASKS = ("ioi", "greater-than", "agreement")
-#: Fractions of all edges the curve is measured at (and the circuit's own size).
-CURVE_FRACTIONS = (0.01, 0.03, 0.1, 0.3, 1.0)
 
 
 def available_tasks(model: interp.Transformer) -> list[str]:
@@ -32,7 +28,7 @@ def available_tasks(model: interp.Transformer) -> list[str]:
         >>> available_tasks(interp.load("random-tiny"))
         ['induction']
     """
-    from interp.circuits.tasks import TASKS
+    from interp.circuits.tasks import TASKS, TEXT_TASKS
 
     return [t for t in TASKS if t not in TEXT_TASKS or reads_text(model)]
 
@@ -40,7 +36,8 @@ def available_tasks(model: interp.Transformer) -> list[str]:
 def find_circuit(model: interp.Transformer, task_name: str, method: str, *, n_keep: int, steps: int = 5,
                  threshold: float = 0.05, train_steps: int = 100, n_prompts: int = 16, seed: int = 0,
                  n_random: int = 20) -> dict[str, Any]:
-    """Score, search and evaluate a circuit as ``interp circuit`` does.
+    """Score, search and evaluate a circuit as ``interp circuit`` does (:func:`interp.circuits.find_circuit` on the
+    named task).
 
     Args:
         model: the model.
@@ -74,27 +71,10 @@ def find_circuit(model: interp.Transformer, task_name: str, method: str, *, n_ke
     if method not in METHODS:
         raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
     task = circuit_task(model, task_name, n=n_prompts, seed=seed)
-    c, x, m = task.clean, task.corrupted, task.metric
-    graph = circuits.build_graph(model)
-    if not 1 <= n_keep <= graph.n_edges:
-        raise ValueError(f"n_keep={n_keep} must be in [1, {graph.n_edges}] (the edges of {model.name})")
-    scores = None
-    if method in ("eap", "eap-ig"):
-        scores = (circuits.eap(model, c, x, m, graph=graph) if method == "eap"
-                  else circuits.eap_ig(model, c, x, m, steps=steps, graph=graph))
-        found = circuits.top_n(scores, n_keep)
-    elif method == "acdc":
-        found = circuits.acdc(model, c, x, m, threshold=threshold, graph=graph)
-    else:
-        found = circuits.edge_pruning(model, c, x, m, target=1 - n_keep / graph.n_edges, steps=train_steps,
-                                      graph=graph)
-    found.info.update({"model": model.name, "task": task_name})
-    faith = circuits.faithfulness(model, found, c, x, m, graph=graph) if len(found) else {}
-    sizes = sorted({max(1, round(graph.n_edges * f)) for f in CURVE_FRACTIONS} | {len(found) or 1})
-    extra = {method: {len(found): found}} if scores is None and len(found) else None
-    curve = circuits.faithfulness_curve(model, [scores] if scores is not None else [], c, x, m, sizes=sizes,
-                                        n_random=n_random, extra=extra)
-    return {"circuit": found, "faithfulness": faith, "curve": curve, "n_edges_total": graph.n_edges}
+    run = circuits.find_circuit(model, task, method, n_keep=n_keep, steps=steps, threshold=threshold,
+                                train_steps=train_steps, n_random=n_random)
+    return {"circuit": run.circuit, "faithfulness": run.faithfulness, "curve": run.curve,
+            "n_edges_total": run.n_edges_total}
 
 
 @disk_cached("circuit", "Finding the circuit")

@@ -136,6 +136,8 @@ class AttnMask:
                 keep = keep | ~q_keep[:, None, :, None]  # [B, 1, T', S]
             allowed = keep if allowed is None else allowed & keep
             allowed = allowed.expand(-1, -1, len(q_pos), -1)  # [B, 1, T', S]
+        if allowed is None:  # neither causal nor padded: trivial, so not reached
+            return None
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
         if len(q_pos) == self.T:
             # Cache only whole-query masks (shared by all layers). Caching every query chunk's mask would keep
@@ -302,21 +304,23 @@ class Attention(_AttentionBase):
         torch.Size([2, 5, 32])
     """
 
+    kv_index: torch.Tensor | None  # [H] the K/V head of each query head (unequal groups only), a buffer
+
     def __init__(self, cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> None:
         super().__init__(cfg, cross=cross, layer=layer)
         H, D, M = self.n_heads, cfg.d_head, cfg.d_model
         K = cfg.n_kv_heads if self.shape is None else self.shape.n_kv_heads
         self.n_kv_heads = K
         self.W_qkv = nn.Linear(M, (H + 2 * K) * D, bias=cfg.attn_bias)
-        uniform = self.shape is None or self.shape.uniform_groups
+        shape = self.shape
         # Query head -> K/V head, only for unequal groups (None keeps the grouped, copy-free path).
-        self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
-                             persistent=False)
+        self.register_buffer("kv_index", None if shape is None or shape.uniform_groups
+                             else torch.tensor(shape.kv_map, dtype=torch.long), persistent=False)
         self.rotary = None
         nope = layer is not None and layer in (cfg.nope_layers or ())  # a NoPE layer rotates nothing
         if cfg.positional == "rotary" and not cross and not nope:
-            local = self.window is not None and cfg.local_rotary_base is not None
-            self.rotary = (Rotary(cfg.rotary_dim, cfg.local_rotary_base, float32=cfg.rotary_float32) if local
+            local_base = cfg.local_rotary_base if self.window is not None else None
+            self.rotary = (Rotary(cfg.rotary_dim, local_base, float32=cfg.rotary_float32) if local_base is not None
                            else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling, float32=cfg.rotary_float32))
         # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
         self.qk_norm = "none" if cross else cfg.qk_norm

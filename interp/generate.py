@@ -224,16 +224,17 @@ def generate(
     fill = out.new_zeros(B)  # what a done sequence gets from then on
     # The lock is held for the whole run: the laid-out weights must not meet another thread's pass.
     with model.lock:
-        held = getattr(model, "_decode_layout", None)  # decoding()'s layout, when inside that block
+        held = model._decode_layout  # decoding()'s layout, when inside that block
         own = None if held is not None else layout_for_generate(model, B, max_new_tokens, use_cache=use_cache,
                                                                  pack_weights=pack_weights)
         if held is not None and pack_weights is not None and not isinstance(pack_weights, bool):
             raise TypeError(f"pack_weights={pack_weights!r} must be True, False or None")
         try:
             # Past the prompt, a step skips the hooked forward while nothing could observe the difference.
-            decoder = LeanDecoder.for_generate(model, held if held is not None else own, B) if use_cache else None
+            layout = held if held is not None else own
+            decoder = LeanDecoder.for_generate(model, layout, B) if use_cache and layout is not None else None
             for _ in range(max_new_tokens):
-                if not use_cache:
+                if cache is None:  # use_cache=False
                     logits = _last_logits(model, out[:, :n], None)
                 elif n == T:
                     logits = prefill(model, out[:, :T], cache)  # [B, V]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,7 @@ from .moe import MoE
 from .norms import RMSNorm
 
 if TYPE_CHECKING:
+    from .decode import DecodeLayout
     from .trace import Trace
 
 
@@ -139,7 +140,7 @@ class Block(nn.Module):
     def forward(self, x, *, mask, positions, cache, context, context_mask) -> torch.Tensor:
         x = self.hook_resid_pre(x)
         attend = lambda h: self.attn(h, mask=mask, positions=positions, cache=cache)  # noqa: E731
-        if self.parallel:
+        if self.parallel and self.mlp is not None:  # (a parallel block always has its MLP: the config says so)
             # Both sublayers read the same residual; a one-norm block normalises it once for both.
             h = self.ln1(x)
             attn_out = self.hook_attn_out(attend(h))
@@ -173,6 +174,8 @@ class Transformer(HookedModule):
 
     #: The native route (interp's own forward); :class:`interp.zoo.hf_route.RouteModel` has False.
     native = True
+    #: The weight layout of an open :func:`interp.decode.decoding` block (None outside one).
+    _decode_layout: DecodeLayout | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -182,9 +185,10 @@ class Transformer(HookedModule):
         # The weight modules keep the names W_E / W_pos / W_U (state-dict keys "W_E.weight"...); the attributes of
         # those names are TransformerLens-style tensors (properties below), the modules are embed / pos_embed /
         # unembed. A model without the module simply has no entry (assigning None would hit the property).
-        self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        # nn.Module.__setattr__ registers the module: the attribute of that name is the read-only tensor property.
+        nn.Module.__setattr__(self, "W_E", nn.Embedding(cfg.d_vocab, cfg.d_model))
         if cfg.positional == "learned":
-            self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model)
+            nn.Module.__setattr__(self, "W_pos", nn.Embedding(cfg.n_ctx, cfg.d_model))
         self.W_tt = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
         self.embed_ln = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
         # Typed as the list of Blocks it holds (nn.ModuleList indexes to a bare Module for type checkers).
@@ -194,10 +198,11 @@ class Transformer(HookedModule):
         if cfg.unembed:
             # A tied unembedding shares W_E's weight: allocate none of its own (a [d_vocab, d_model] copy would
             # be built and initialised only to be dropped, a peak of twice the embedding's bytes).
-            self.W_U = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings,
-                                 device="meta" if cfg.tie_embeddings else None)
+            unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings,
+                                device="meta" if cfg.tie_embeddings else None)
+            nn.Module.__setattr__(self, "W_U", unembed)
             if cfg.tie_embeddings:
-                self.unembed.weight = self.embed.weight
+                unembed.weight = self.embed.weight
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         self.tokenizer: Any = None
@@ -557,17 +562,19 @@ class Transformer(HookedModule):
     @property
     def embed(self) -> nn.Embedding:
         """The token embedding module (its parameter is stored as ``W_E.weight``)."""
-        return self._modules["W_E"]
+        # Registered in __init__; a quantized model's is an interp.quantized.QuantizedEmbedding with the same
+        # weight / forward interface.
+        return cast(nn.Embedding, self._modules["W_E"])
 
     @property
     def pos_embed(self) -> nn.Embedding | None:
         """The learned position embedding module (``W_pos.weight``), or ``None`` (rotary / no positions)."""
-        return self._modules.get("W_pos")
+        return cast("nn.Embedding | None", self._modules.get("W_pos"))
 
     @property
     def unembed(self) -> nn.Linear | None:
         """The unembedding module (``W_U.weight`` ``[d_vocab, d_model]``), or ``None`` for an encoder."""
-        return self._modules.get("W_U")
+        return cast("nn.Linear | None", self._modules.get("W_U"))
 
     @property
     def W_E(self) -> torch.Tensor:
@@ -714,7 +721,7 @@ class Transformer(HookedModule):
                 if tokens.shape[0] != 1:
                     raise ValueError(f"to_str_tokens takes one sequence, got batch {tokens.shape[0]}")
                 tokens = tokens[0]
-            tokens = tokens.tolist()
+            return tok.to_str_tokens(tokens.tolist())
         return tok.to_str_tokens(tokens)
 
     def extra_repr(self) -> str:

@@ -138,6 +138,8 @@ class MoE(nn.Module):
         torch.Size([2, 3, 8])
     """
 
+    router_bias: torch.Tensor | None  # [E], a buffer
+
     def __init__(self, cfg: ModelConfig, shared: nn.Module | None, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
         E, M, Fe = cfg.n_experts, cfg.d_model, cfg.d_expert

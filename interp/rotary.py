@@ -307,6 +307,8 @@ class Rotary(nn.Module):
         torch.Size([1, 5, 2, 8])
     """
 
+    inv_freq: torch.Tensor  # [dim / 2], a buffer
+
     def __init__(self, dim: int, base: float = 10000.0, scaling: Mapping[str, Any] | None = None, *,
                  float32: bool = False) -> None:
         super().__init__()

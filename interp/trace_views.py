@@ -297,13 +297,13 @@ def _norm_for(model: Transformer, layer: int | None, mlp_input: bool) -> tuple[A
     if model.cfg.normalization not in ("pre", "rms"):
         raise ValueError(f"apply_ln needs a normalised model (normalization 'pre', 'rms' or 'post'), got "
                          f"normalization={model.cfg.normalization!r}")
-    if final:
+    if final or layer is None:
         return model.ln_final, (f"blocks.{n - 1}.hook_resid_post",)
     block = model.blocks[layer]
     if model.cfg.sublayer_norm == "output":
         raise ValueError(f"layer {layer} has no input norm (sublayer_norm='output'): nothing to apply")
     if mlp_input and model.cfg.parallel_block != "none":  # the MLP reads resid_pre, through ln2 or the shared ln1
-        return getattr(block, "ln2", block.ln1), f"blocks.{layer}.hook_resid_pre"
+        return getattr(block, "ln2", block.ln1), (f"blocks.{layer}.hook_resid_pre",)
     if mlp_input:
         return block.ln2, (f"blocks.{layer}.hook_resid_mid",)
     return block.ln1, (f"blocks.{layer}.hook_resid_pre",)

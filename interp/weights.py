@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .attention import Attention, LatentAttention
+from .attention import Attention, LatentAttention, _AttentionBase
 
 if TYPE_CHECKING:
     from .model import Transformer
@@ -127,7 +127,7 @@ class FactoredMatrix:
         return f"FactoredMatrix(shape={tuple(self.shape)}, rank={self.rank})"
 
 
-def _heads_of(attn: nn.Module) -> tuple[int, int]:
+def _heads_of(attn: _AttentionBase) -> tuple[int, int]:
     return attn.n_heads, attn.d_head
 
 
@@ -226,8 +226,9 @@ def stacked(model: Transformer, name: str, *, fold_norm: bool = False) -> torch.
     out = []
     for layer, block in enumerate(model.blocks):
         w = layer_weights(model, layer)[name]
-        if fold_norm and name in ("W_Q", "W_K", "W_V") and getattr(block.ln1, "weight", None) is not None:
-            w = w * block.ln1.weight.detach()[None, :, None]  # [H, M, D]: scale each residual direction
+        norm_weight = getattr(block.ln1, "weight", None)  # None: no input norm (nn.Identity)
+        if fold_norm and name in ("W_Q", "W_K", "W_V") and norm_weight is not None:
+            w = w * norm_weight.detach()[None, :, None]  # [H, M, D]: scale each residual direction
         out.append(w)
     return torch.stack(out)  # [L, ...]
 

@@ -163,7 +163,7 @@ def kv_variants(
     # MLA with rope_dim == 0 cannot be "rotary" (its RoPE lives only in the decoupled part).
     positional = "rotary" if rope else ("none" if cfg.positional == "rotary" else cfg.positional)
     # The variants are uniform what-ifs: drop the per-layer head counts of a pruned model.
-    uniform = {f: None for f in ("layer_n_heads", "layer_n_kv_heads", "layer_kv_map") if hasattr(cfg, f)}
+    uniform: dict[str, Any] = {f: None for f in ("layer_n_heads", "layer_n_kv_heads", "layer_kv_map") if hasattr(cfg, f)}
     std: dict[str, Any] = dict(attention="standard", kv_latent_dim=None, q_latent_dim=None, rope_dim=0, v_head_dim=None,
                                **uniform,
                positional=cfg.positional if cfg.attention == "standard" else "rotary",
@@ -174,7 +174,7 @@ def kv_variants(
     out["mqa"] = dataclasses.replace(cfg, n_kv_heads=1, **std)
     out["mla"] = dataclasses.replace(cfg, attention="latent", n_kv_heads=H, kv_latent_dim=latent, **uniform,
                                      q_latent_dim=cfg.q_latent_dim if cfg.attention == "latent" else None,
-                                     rope_dim=rope, positional=positional, rotary_dim=None)
+                                     rope_dim=rope, positional=positional, rotary_dim=0)
     return out
 
 
@@ -403,6 +403,7 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
         (True, True)
     """
     from .model import Transformer
+    from .moe import MoE
 
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -410,7 +411,7 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
     experts_total = experts_active = 0
     for layer, block in enumerate(model.blocks):
         mlp = block.mlp
-        if cfg.is_moe_layer(layer):
+        if isinstance(mlp, MoE):  # cfg.is_moe_layer(layer)
             per_expert = mlp.W_gate[0].numel() + mlp.W_in[0].numel() + mlp.W_out[0].numel()
             experts_total += cfg.n_experts * per_expert
             experts_active += cfg.n_experts_per_token * per_expert

@@ -25,6 +25,8 @@ from .moe import MoE
 from .norms import RMSNorm
 
 if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
     from .decode import DecodeLayout
     from .trace import Trace
 
@@ -176,6 +178,8 @@ class Transformer(HookedModule):
     native = True
     #: The weight layout of an open :func:`interp.decode.decoding` block (None outside one).
     _decode_layout: DecodeLayout | None = None
+    #: The device-hop hooks :func:`interp.placement.place` installed (absent on a model never placed).
+    _placement_handles: list[RemovableHandle]
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -512,19 +512,20 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
     dtype = next(model.parameters()).dtype
     n = len(model.blocks)
     if isinstance(devices, str):
-        caps = dict(capacities) if capacities is not None else available_memory()
+        caps = _capacities(capacities, None)
         plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve, sizes=_held_sizes(model))
     else:
         if len(devices) == n:
             plan = [torch.device(d) for d in devices]
         else:
-            caps = dict(capacities) if capacities is not None else available_memory(devices)
+            caps = _capacities(capacities, devices)
             plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve, sizes=_held_sizes(model))
     unplace(model)
     first = plan[0] if plan else (devices[0] if not isinstance(devices, str) else torch.device("cpu"))
-    for m in (model.embed, model.pos_embed, model.W_tt, model.embed_ln):
-        if m is not None:
-            m.to(first)
+    ends: list[nn.Module | None] = [model.embed, model.pos_embed, model.W_tt, model.embed_ln]
+    for end in ends:
+        if end is not None:
+            end.to(first)
     handles = []
     for block, dev in zip(model.blocks, plan):
         block.to(dev)
@@ -542,6 +543,14 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
         handles.append(last.register_forward_hook(_back_to_embedding_hook(model)))
     model._placement_handles = handles
     return model
+
+
+def _capacities(given: Mapping[DeviceLike, int] | None, devices: Sequence[DeviceLike] | None,
+                ) -> dict[DeviceLike, int]:
+    """The capacities :func:`place` plans with: those given, else what :func:`available_memory` finds."""
+    if given is not None:
+        return dict(given)
+    return {device: free for device, free in available_memory(devices).items()}
 
 
 def unplace(model: Transformer) -> None:

@@ -409,9 +409,9 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
         model = Transformer(cfg)
     total = sum(p.numel() for p in model.parameters())
     experts_total = experts_active = 0
-    for layer, block in enumerate(model.blocks):
+    for block in model.blocks:
         mlp = block.mlp
-        if isinstance(mlp, MoE):  # cfg.is_moe_layer(layer)
+        if isinstance(mlp, MoE):  # the layers cfg.is_moe_layer names
             per_expert = mlp.W_gate[0].numel() + mlp.W_in[0].numel() + mlp.W_out[0].numel()
             experts_total += cfg.n_experts * per_expert
             experts_active += cfg.n_experts_per_token * per_expert

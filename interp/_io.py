@@ -283,7 +283,7 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | Path,
         for k in names:
             flat = tensors[k].detach().contiguous().cpu().reshape(-1)  # [numel]
             if flat.numel():
-                f.write(flat.view(torch.uint8).numpy())  # [bytes]: written from the tensor's memory, no copy
+                f.write(flat.view(torch.uint8).numpy().data)  # [bytes]: written from the tensor's memory, no copy
     return Path(path)
 
 
@@ -296,7 +296,7 @@ def tensor_sha256(t: torch.Tensor) -> str:
         'af5570f5a181'
     """
     flat = t.detach().contiguous().cpu().reshape(-1)  # [numel]
-    return hashlib.sha256(flat.view(torch.uint8).numpy() if flat.numel() else b"").hexdigest()
+    return hashlib.sha256(flat.view(torch.uint8).numpy().data if flat.numel() else b"").hexdigest()
 
 
 def tensor_record(tensors: Mapping[str, torch.Tensor]) -> str:

@@ -180,6 +180,10 @@ class Transformer(HookedModule):
     _decode_layout: DecodeLayout | None = None
     #: The device-hop hooks :func:`interp.placement.place` installed (absent on a model never placed).
     _placement_handles: list[RemovableHandle]
+    #: A model read by :func:`interp.zoo.load_checkpoint`: the file's metadata (less config and tokenizer), and
+    #: whether its integrity record was there and matched.
+    checkpoint_metadata: dict[str, str]
+    checkpoint_verified: bool
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -335,9 +335,9 @@ def _treebank_stream(model: Transformer, conllu: Any, tok: Any, batch_size: int,
                      bucket: bool, stats: TreebankStats) -> Iterator[Batch]:
     pad_id = getattr(tok, "pad_token_id", None) or 0
     window = 16 * batch_size if bucket else 1
-    pending: list[tuple[Sentence, Sequence[int], Sequence[int | None]]] = []
+    pending: list[tuple[Sentence, torch.Tensor, Sequence[int | None]]] = []
 
-    def emit(items: list[tuple[Sentence, Sequence[int], Sequence[int | None]]]) -> Iterator[Batch]:
+    def emit(items: list[tuple[Sentence, torch.Tensor, Sequence[int | None]]]) -> Iterator[Batch]:
         for group in bucket_by_length([len(ids) for _, ids, _ in items], batch_size, window=window):
             rows = [items[i] for i in group]
             tokens, mask = pad([ids for _, ids, _ in rows], pad_id)

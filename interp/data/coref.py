@@ -39,7 +39,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import conllu
 import torch
@@ -197,6 +197,7 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
         ['Byron', 'his', 'he']
     """
     _check_limit("max_documents", max_documents)
+    handle: IO[bytes] | Iterator[str]
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
@@ -396,6 +397,7 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
         ('her', 'Cheryl Cassidy', 'A')
     """
     _check_limit("max_rows", max_rows)
+    handle: IO[bytes] | Iterator[str]
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
@@ -403,8 +405,9 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
         where, handle = str(path), path.open("rb")  # bytes: a decoding error names its line
         lines: Iterable[str] = _decoded(handle, where)
     else:
-        where, handle = "<gap>", iter(source)
-        lines = (line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(handle))
+        text = iter(source)
+        where, handle = "<gap>", text
+        lines = (line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(text))
     return _read_gap(where, handle, lines, max_rows)
 
 
@@ -651,9 +654,9 @@ def corefud_windows(docs: Iterable[CorefDocument], tokenizer: Any, *, max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens!r} must be a positive int")
     st = stats if stats is not None else {}
-    for k in ("documents", "mentions", "with_antecedent", "scored", "antecedent_outside_window",
-              "sentences_too_long"):
-        st.setdefault(k, 0)
+    for stat in ("documents", "mentions", "with_antecedent", "scored", "antecedent_outside_window",
+                 "sentences_too_long"):
+        st.setdefault(stat, 0)
     for doc in docs:
         st["documents"] += 1
         st["mentions"] += len(doc.mentions)

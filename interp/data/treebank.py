@@ -136,7 +136,9 @@ def _check_tree(heads: list[int], head_lines: list[tuple[int, str]], where: str)
                          f"(words {[r + 1 for r in roots]})")
     rooted = {-1}  # words known to reach the root: each walk stops at the first one (linear in the words)
     for i in range(len(heads)):
-        path, seen, j = [], set(), i
+        path: list[int] = []
+        seen: set[int] = set()
+        j = i
         while j not in rooted:
             if j in seen:
                 no, line = head_lines[i]

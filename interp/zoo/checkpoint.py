@@ -117,12 +117,12 @@ def check_fits(model: nn.Module, shapes: Mapping[str, tuple[int, ...]], *, sourc
     aliases = _aliases(model)
     missing = [k for k in own if k not in shapes and k not in aliases]
     unexpected = [k for k in shapes if k not in own]
-    shapes = [f"{k}: {source} has {tuple(shapes[k])}, model expects {tuple(own[k].shape)}"
-              for k in own if k in shapes and tuple(shapes[k]) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
+    mismatched = [f"{k}: {source} has {tuple(shapes[k])}, model expects {tuple(own[k].shape)}"
+                  for k in own if k in shapes and tuple(shapes[k]) != tuple(own[k].shape)]
+    if missing or unexpected or mismatched:
         parts = []
-        if shapes:
-            parts.append("shape mismatch: " + "; ".join(shapes))
+        if mismatched:
+            parts.append("shape mismatch: " + "; ".join(mismatched))
         if missing:
             parts.append(f"missing keys: {missing}")
         if unexpected:
@@ -357,7 +357,7 @@ def _read_some_tensors(path: Path, cfg: ModelConfig | None, keep: Callable[[str]
             if t.numel() * t.element_size() != end - begin:
                 raise ValueError(f"{where}: tensor {k!r} declares {dtype} {shape} over {end - begin} bytes")
             f.seek(start + begin)
-            if f.readinto(t.reshape(-1).view(torch.uint8).numpy()) != end - begin:
+            if f.readinto(t.reshape(-1).view(torch.uint8).numpy().data) != end - begin:  # into t's memory
                 raise ValueError(f"{where}: tensor {k!r} is cut short: the file ends inside its bytes")
             tensors[k] = t
     return header, tensors
@@ -492,8 +492,9 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
             continue  # the embedding's weight, tied again below
         mine = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
         assign_weights(modules[prefix], mine, dtype=dtype, device=target, source=where)
-    if tied and "W_U" in held:
-        model.unembed.weight = model.embed.weight
+    unembed = model.unembed
+    if tied and "W_U" in held and unembed is not None:
+        unembed.weight = model.embed.weight
     del tensors
     model.name = header.get("name", Path(path).stem)
     return model.eval()

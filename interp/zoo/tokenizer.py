@@ -135,7 +135,7 @@ class Tokenizer:
         return {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     # --- encoding -------------------------------------------------------------------------------------
-    def _encode(self, texts: list[str], max_length: int | None, is_pretokenized: bool = False,
+    def _encode(self, texts: list[str] | list[list[str]], max_length: int | None, is_pretokenized: bool = False,
                 add_special_tokens: bool = True):
         if max_length is not None:
             if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:

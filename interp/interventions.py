@@ -496,6 +496,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
         if missing:
             raise ValueError(f"values has no tensor for layer(s) {missing} of the ablated units (it has layers "
                              f"{sorted(values)[:8]})")
+    replacements = values if values is not None else {}  # read only by "mean" / "resample" (checked above)
     gen = torch.Generator().manual_seed(seed)
     draws: dict[int, torch.Tensor] = {}  # batch size -> reference rows, shared across layers in one forward
     ax = comp.unit_axis
@@ -519,7 +520,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             if method == "zero":
                 rep = torch.zeros(shape, dtype=t.dtype, device=t.device)
             elif method == "mean":
-                v = values[layer].to(device=t.device, dtype=t.dtype)
+                v = replacements[layer].to(device=t.device, dtype=t.dtype)
                 check_width(layer, v, t, 1 if v.dim() == t.dim() - 1 else 0, "means")
                 if v.dim() == t.dim() - 1:  # per position [T_ref, ...]
                     if v.shape[0] != T:
@@ -528,7 +529,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
                 else:  # [...] over all positions
                     rep = v[None, None][at].expand(shape)
             else:
-                v = values[layer].to(device=t.device, dtype=t.dtype)  # [R, T_ref, ...]
+                v = replacements[layer].to(device=t.device, dtype=t.dtype)  # [R, T_ref, ...]
                 check_width(layer, v, t, 2, "resample draws")
                 if v.shape[1] != T:
                     raise ValueError(f"resample reference has length {v.shape[1]}, the input has {T}")
@@ -555,7 +556,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
     def routed_hook_for(layer: int):
         targets = torch.tensor(by_layer[layer])
         if method == "mean":
-            v = values[layer]
+            v = replacements[layer]
             if v.dim() < 2 or v.shape[0] != comp.counts(model)[layer]:
                 raise ValueError(f"mean values of {comp.name} in layer {layer} have shape {tuple(v.shape)}; "
                                  f"expected [{comp.counts(model)[layer]}, ...] (one mean per unit, from unit_means)")
@@ -570,7 +571,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             hit = hit.view(*hit.shape, *[1] * (t.dim() - 3))  # [B, T, k, 1, ...]
             if method == "zero":
                 return t.masked_fill(hit, 0.0)
-            rep = values[layer].to(device=t.device, dtype=t.dtype)[ids]  # [U, ...] -> [B, T, k, ...]
+            rep = replacements[layer].to(device=t.device, dtype=t.dtype)[ids]  # [U, ...] -> [B, T, k, ...]
             return torch.where(hit, rep, t)
 
         return fn

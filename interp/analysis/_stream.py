@@ -121,7 +121,8 @@ class TargetReducer(Reducer):
                       "rows": zeros64(C, L, device=dev), "max_sum": zeros64(L, H, device=dev),
                       "max_rows": zeros64(L, device=dev)}
         self._batch: Batch | None = None
-        self._whole: dict[str, torch.Tensor] | None = None
+        # (codes, weights, valid rows, real rows) of the whole sequence, kept for the next layers
+        self._whole: tuple[list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def targets(self, batch: Batch, rows: slice) -> dict[str, torch.Tensor]:  # pragma: no cover - abstract
         """``{category: [B, T', S] bool}`` for the query ``rows`` of ``batch``."""
@@ -144,6 +145,8 @@ class TargetReducer(Reducer):
         whole = q0 == 0 and Tc == self._real.shape[1]
         if whole and self._whole is not None and self._whole[1].device == device:  # a split model: per device
             return self._whole
+        if self._batch is None:
+            raise RuntimeError(f"{type(self).__name__}: a pattern arrived before begin_batch gave its batch")
         targets = self.targets(self._batch, slice(q0, q0 + Tc))
         missing = [c for c in self.categories if c not in targets]
         if missing:

@@ -205,7 +205,7 @@ def compare_with_random(measure, target: Sequence[tuple[int, int]], model: Any, 
         >>> df = compare_with_random(lambda hs: sum(h for _, h in hs), [(1, 0), (1, 1)], model, n_draws=5)
         >>> df.attrs["rank"]   # 0: the target removes more gain than every random set
     """
-    target = [tuple(map(int, h)) for h in target]
+    target = [(int(layer), int(head)) for layer, head in target]
     k = len(target)
     if k == 0:
         raise ValueError("target is empty: name the heads the claim is about")

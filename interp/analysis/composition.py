@@ -18,7 +18,7 @@ shapes; a score is only interesting well above it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -142,7 +142,7 @@ def composition_table(model: Transformer, *, baseline: bool = True) -> pd.DataFr
             for h1 in range(H):
                 for l2 in range(l1 + 1, L):
                     for h2 in range(H):
-                        row = {"mode": mode, "src_layer": l1, "src_head": h1, "dst_layer": l2, "dst_head": h2,
+                        row: dict[str, Any] = {"mode": mode, "src_layer": l1, "src_head": h1, "dst_layer": l2, "dst_head": h2,
                                "score": float(s[l1, h1, l2, h2])}
                         if base is not None:
                             row.update(baseline=base, ratio=row["score"] / base)

@@ -26,7 +26,7 @@ changes the attention rows of the mentions (for GAP, the text after the pronoun 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +311,7 @@ def coreference_scores(
     else:
         windows = list(windows)
         groups = ["all"] + sorted({q.group for w in windows for q in w.queries} - {"all"})
-    baseline_names = {"gap": GAP_BASELINES, "corefud": COREFUD_BASELINES}.get(dataset)
+    baseline_names: Sequence[str] | None = {"gap": GAP_BASELINES, "corefud": COREFUD_BASELINES}.get(dataset)
     causal = bool(cfg.causal)
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
         raise ValueError(f"n_boot={n_boot!r} must be a non-negative int")
@@ -343,9 +343,9 @@ def coreference_scores(
             if causal and not backward:
                 not_scorable += 1  # a causal head cannot attend to a later name
                 continue
-            g = in_group(q, backward)
-            qs.append((q, g))
-            q_member.append(g)
+            q_groups = in_group(q, backward)
+            qs.append((q, q_groups))
+            q_member.append(q_groups)
             q_base.append([float(q.gold[q.baselines[b]]) for b in baseline_names] + [sum(q.gold) / len(q.gold)])
         if qs:
             items.append((w, qs, first, _run_length(w, qs) if causal else len(w.ids)))

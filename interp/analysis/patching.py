@@ -65,13 +65,20 @@ def logit_diff_metric(answer_tokens: torch.Tensor, pos: int = -1) -> Metric:
     if answers.dim() != 2 or answers.shape[1] != 2:
         raise ValueError(f"answer_tokens must be [batch, 2] (correct, wrong) ids, got shape {tuple(answers.shape)}")
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
-        lg = logits[:, pos]  # [B, V]
-        a = answers.to(lg.device).expand(lg.shape[0], 2)  # [B, 2]
-        return (lg.gather(1, a[:, :1]) - lg.gather(1, a[:, 1:])).mean()
+    return _LogitDiff(answers, pos)
 
-    metric.reads_last_only = pos == -1  # activation_patching then unembeds the last position only
-    return metric
+
+class _LogitDiff:
+    """:func:`logit_diff_metric`'s metric: a callable that also says which positions it reads."""
+
+    def __init__(self, answers: torch.Tensor, pos: int) -> None:
+        self.answers, self.pos = answers, pos
+        self.reads_last_only = pos == -1  # activation_patching then unembeds the last position only
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        lg = logits[:, self.pos]  # [B, V]
+        a = self.answers.to(lg.device).expand(lg.shape[0], 2)  # [B, 2]
+        return (lg.gather(1, a[:, :1]) - lg.gather(1, a[:, 1:])).mean()
 
 
 def in_context_metric(tokens: torch.Tensor, half_len: int, *, bos: bool) -> Metric:

@@ -112,7 +112,7 @@ class PositionalReducer(TargetReducer):
             row["confidence"] = float(res["confidence"][layer, head])
             freq = {o: row[f"argmax_{offset_label(o)}"] for o in self.offsets}
             freq = {o: f for o, f in freq.items() if f == f}  # drop NaN (no valid rows)
-            best = max(freq, key=freq.get) if freq else 0
+            best = max(freq, key=lambda o: freq[o]) if freq else 0
             row["best_offset"] = best
             row["best_argmax"] = freq.get(best, float("nan"))
             rows.append(row)

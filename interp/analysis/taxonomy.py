@@ -90,7 +90,9 @@ class HeadReport:
     model_name: str = "model"
     details: dict[str, pd.DataFrame] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)
-    layer_heads: list[int] | None = None  # heads per layer when layers differ (a pruned model); None: n_heads each
+    # Heads per layer (they differ on a pruned model); None (the default) resolves to n_heads each in __post_init__,
+    # so every reader sees a list (typed as what it holds after construction, as ModelConfig's derived fields).
+    layer_heads: list[int] = None  # type: ignore[assignment]
     probes: dict[str, str] = field(default_factory=dict)  # kind name -> the probe data it was measured on
     kinds_run: list[str] = field(default_factory=list)  # the registered kinds that were run
     extra: dict[str, Any] = field(default_factory=dict)  # extra_reducers' results, "{index}:{class name}"
@@ -289,11 +291,11 @@ def classify_heads(
     run.passes["treebank_stats"] = stats
 
     # --- one pass over the text (+ the treebank's sentences when the text is the treebank) --------------------
-    bars = dict(progress=run.show, desc="classify_heads: positional")
-    tree_bars = dict(progress=run.show, desc="classify_heads: treebank")
+    bars: dict[str, Any] = dict(progress=run.show, desc="classify_heads: positional")
+    tree_bars: dict[str, Any] = dict(progress=run.show, desc="classify_heads: treebank")
     if tokens is not None or texts is not None:
         if text_reds:
-            data = tokens if tokens is not None else text_batches(model, texts, batch_size=batch_size)
+            data = tokens if tokens is not None else text_batches(model, texts or [], batch_size=batch_size)
             run.passes["text"] = stream(model, data, text_reds, batch_size=batch_size, **bars)
         text_probe = "the given tokens" if tokens is not None else f"{len(texts or [])} given texts"
         if tree is not None and syn_reds:
@@ -339,8 +341,8 @@ def classify_heads(
         rows += with_intervals(found, bootstrap, seed=seed)
     # A kind's sure find replaces the labels it supersedes on that head (a sink is no first-token reader).
     for kind in selected:
-        found = {(r["layer"], r["head"]) for r in rows if r["kind"] in kind.labels and not r.get("uncertain")}
-        rows = [r for r in rows if r["kind"] not in kind.supersedes or (r["layer"], r["head"]) not in found]
+        sure = {(r["layer"], r["head"]) for r in rows if r["kind"] in kind.labels and not r.get("uncertain")}
+        rows = [r for r in rows if r["kind"] not in kind.supersedes or (r["layer"], r["head"]) not in sure]
     extra = {f"{i}:{type(r).__name__}": r.result() for i, r in enumerate(extra_reducers)}
 
     columns = _COLUMNS + (["low", "high", "uncertain"] if bootstrap else [])

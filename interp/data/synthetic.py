@@ -7,7 +7,7 @@ one, which is what induction heads do (Olsson et al., 2022; TransformerLens' ind
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 
@@ -98,6 +98,22 @@ def repeated_sequences(
     if bos_id is not None:
         parts.insert(0, torch.full((n_seqs, 1), bos_id, dtype=torch.long))
     return torch.cat(parts, dim=1)  # [N, (1) + 2n]
+
+
+@overload
+def induction_training_batch(
+    batch: int, seq_len: int, d_vocab: int, *, p_repeat: float = ..., min_span: int = ..., max_span: int | None = ...,
+    bos_id: int | None = ..., seed: int = ..., generator: torch.Generator | None = ...,
+    return_mask: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def induction_training_batch(
+    batch: int, seq_len: int, d_vocab: int, *, p_repeat: float = ..., min_span: int = ..., max_span: int | None = ...,
+    bos_id: int | None = ..., seed: int = ..., generator: torch.Generator | None = ...,
+    return_mask: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def induction_training_batch(

@@ -53,9 +53,19 @@ class L0Result:
     lam: float | None
     history: list[dict] = field(default_factory=list)
     last_step_sparsity: float | None = None
-    gates: torch.Tensor | None = None
+    # Omitted (None), they resolve in __post_init__ to the binarised gates of ``pruned`` and, at head level, the
+    # heads themselves: typed as what they hold after construction, as ModelConfig's derived fields.
+    gates: torch.Tensor = None  # type: ignore[assignment]
     level: str = "head"
-    pruned_units: torch.Tensor | None = None
+    pruned_units: torch.Tensor = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.gates is None:
+            self.gates = (~self.pruned).float()  # [L, H] 1 = open
+        if self.pruned_units is None:
+            if self.level != "head":
+                raise ValueError(f"L0Result at level={self.level!r} needs pruned_units (its closed K/V groups)")
+            self.pruned_units = self.pruned
 
     @property
     def n_pruned(self) -> int:
@@ -150,6 +160,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
     lambdas = torch.tensor([0.0, float(init_lambda2)], device=p.device, requires_grad=True)
     lag_opt = torch.optim.Adam([lambdas], lr=lagrangian_lr, maximize=True)  # ascent on the multipliers
     gen = torch.Generator().manual_seed(seed)
+    lam_value = 0.0 if lam is None else lam  # the fixed penalty (given when target is not)
     history: list[dict] = []
     logged: list[tuple[int, torch.Tensor]] = []
     avg_log_alpha, n_avg = torch.zeros_like(gate.log_alpha.detach()), 0
@@ -165,7 +176,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
                 t = target * min(1.0, (step + 1) / max(1.0, warmup * steps))
                 penalty = lambdas[0] * (s - t) + lambdas[1] * (s - t) ** 2
             else:
-                penalty = lam * gate.expected_l0().sum()
+                penalty = lam_value * gate.expected_l0().sum()
             opt.zero_grad()
             lag_opt.zero_grad()
             (loss + penalty).backward()

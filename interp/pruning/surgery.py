@@ -186,7 +186,7 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         attn, kept, pre = block.attn, kept_all[layer], f"blocks.{layer}.attn."
         H = attn.n_heads
         if latent:
-            R = attn.rope_dim
+            R = cfg.rope_dim
             q_name = "W_uq" if hasattr(attn, "W_uq") else "W_q"
             q_rows = _head_rows(kept, D + R)
             for suffix in ("weight", "bias"):
@@ -194,7 +194,7 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
                     state[pre + f"{q_name}.{suffix}"] = state[pre + f"{q_name}.{suffix}"][q_rows]
             state[pre + "W_ukv.weight"] = state[pre + "W_ukv.weight"][_head_rows(kept, D + cfg.v_head_dim)]
         else:
-            K = attn.n_kv_heads
+            K = cfg.layer(layer).n_kv_heads
             kv_kept, _ = _kept_kv(model, layer, kept)
             # W_qkv rows: [q heads (H*D) | k heads (K*D) | v heads (K*D)]
             rows = torch.cat([_head_rows(kept, D), H * D + _head_rows(kv_kept, D),

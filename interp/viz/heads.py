@@ -201,15 +201,15 @@ def positional_map(
             raise ValueError(f"layers={list(layers)} selects no head of the table")
     targets = [c[len(prefix):] if c.startswith(prefix) else c for c in columns]
     if aggregate:
-        z, heads, best = [], [], []
+        z_rows, heads, best = [], [], []
         for layer, g in df.groupby("layer", sort=True):
             vals = g[list(columns)].to_numpy(dtype=float)  # [heads of the layer, targets]
             filled = np.where(np.isnan(vals), -np.inf, vals)
             arg = filled.argmax(0)  # [targets]
-            z.append(np.where(np.isnan(vals).all(0), np.nan, filled[arg, np.arange(len(columns))]))
+            z_rows.append(np.where(np.isnan(vals).all(0), np.nan, filled[arg, np.arange(len(columns))]))
             best.append([f"H{int(g['head'].iloc[i])}" for i in arg])
             heads.append(f"L{int(layer)}")
-        z, custom, row_title = np.array(z), np.array(best, dtype=object), "layer (largest head)"
+        z, custom, row_title = np.array(z_rows), np.array(best, dtype=object), "layer (largest head)"
         hover = f"%{{y}} %{{customdata}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"
     else:
         z = df[list(columns)].to_numpy(dtype=float)  # [heads, targets]
@@ -415,15 +415,15 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
     missing = [c for c in ("layer", "head", "kind") if c not in df.columns]
     if missing:
         raise ValueError(f"head table lacks column(s) {missing}; it has {list(df.columns)}")
-    L = n_layers or getattr(report, "n_layers", None)
-    H = n_heads or getattr(report, "n_heads", None)
+    L = int(n_layers or getattr(report, "n_layers", None) or 0)  # 0: unknown, from the table below
+    H = int(n_heads or getattr(report, "n_heads", None) or 0)
     if df.empty and not (L and H):
         raise ValueError("head table is empty and n_layers/n_heads are unknown")
     table = (_kind_table(df) if not df.empty
              else pd.DataFrame(columns=["layer", "head", "kinds", "main", "all", "hover"]))
     if not df.empty:
-        L = max(int(L or 0), int(table["layer"].max()) + 1)
-        H = max(int(H or 0), int(table["head"].max()) + 1)
+        L = max(L, int(table["layer"].max()) + 1)
+        H = max(H, int(table["head"].max()) + 1)
     # A pruned model's layers may have fewer heads (HeadReport.layer_heads): the missing cells stay empty.
     given = getattr(report, "layer_heads", None)
     layer_heads = list(given) if given is not None and len(given) == L else [H] * L

@@ -108,7 +108,10 @@ def trace_transformer_lens(
         if name in cache:
             t = cache[name]
         elif name.endswith("hook_result"):
-            layer = int(_ATTN_RX.match(name).group(1))
+            matched = _ATTN_RX.match(name)
+            if matched is None:
+                raise ValueError(f"{name!r} is no attention hook name (blocks.<layer>.attn.hook_result)")
+            layer = int(matched.group(1))
             t = head_writes_from_z(cache[f"blocks.{layer}.attn.hook_z"], bridge.blocks[layer].attn.W_O)
         else:
             raise ValueError(f"the bridge did not record {name!r}")

@@ -10,7 +10,7 @@ traced, hook-free function over weights laid out for few-row products (:mod:`int
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -22,6 +22,23 @@ from .rotary import cache_needs_recompute
 if TYPE_CHECKING:
     from .model import Transformer
     from .trace import Trace
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`generate`, which :meth:`interp.Transformer.generate` passes on (a test
+    keeps the two lists equal)."""
+
+    use_cache: bool
+    eos_token_id: int | None
+    pack_weights: bool | None
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int | None
+    stop_tokens: int | Sequence[int] | None
+    pad_token_id: int | None
+    return_trace: bool
+    trace_filter: NamesFilter
 
 
 def prefill(model: Transformer, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +26,26 @@ from .norms import RMSNorm
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
+    from typing_extensions import Unpack
 
     from .decode import DecodeLayout
+    from .generate import GenerateOptions
+    from .streaming import Reducer
     from .trace import Trace
+
+
+class ForwardOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`Transformer.forward`, which the methods that run it pass on
+    (``run_with_cache``, ``run_with_hooks``); a test keeps the two lists equal."""
+
+    attention_mask: torch.Tensor | None
+    token_type_ids: torch.Tensor | None
+    position_ids: torch.Tensor | None
+    context: torch.Tensor | None
+    context_mask: torch.Tensor | None
+    kv_cache: KVCache | None
+    start_at_layer: int | None
+    stop_at_layer: int | None
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -441,7 +458,8 @@ class Transformer(HookedModule):
         device = p.device if all(d == p.device for d in devices) else devices
         return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=device)
 
-    def generate(self, tokens: torch.Tensor | str, max_new_tokens: int, **kwargs: Any) -> torch.Tensor | str | tuple:
+    def generate(self, tokens: torch.Tensor | str, max_new_tokens: int,
+                 **kwargs: Unpack[GenerateOptions]) -> torch.Tensor | str | tuple[torch.Tensor | str, Trace]:
         """Generate ``max_new_tokens`` after ``tokens``: :func:`interp.generate.generate` (greedy by default;
         sampling, stop tokens, hooks during generation and the trace of the result are documented there).
 
@@ -546,13 +564,17 @@ class Transformer(HookedModule):
     OV = property(lambda self: _weights.OV(self), doc="``W_V W_O`` per head, factored ``[L, H, M, M]``.")
 
     # --- recording ------------------------------------------------------------------------------------
-    def run_with_cache(self, *args: Any, names_filter: NamesFilter = None, **kwargs: Any) -> tuple[torch.Tensor, Trace]:
+    def run_with_cache(self, tokens: torch.Tensor, *, names_filter: NamesFilter = None,
+                       layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+                       device: torch.device | str | None = None, reducers: Sequence[Reducer] = (),
+                       offload: str | None = None, **kwargs: Unpack[ForwardOptions]) -> tuple[torch.Tensor, Trace]:
         """Run the model and record the selected hook points.
 
         Args:
+            tokens: as :meth:`forward`.
             names_filter: a hook name, glob pattern, list, or predicate; ``None`` records everything.
-            other arguments: as :meth:`forward`, plus the recording options of :func:`interp.streaming.record`
-                (``layers``, ``dtype``, ``device``, ``reducers``, ``offload``).
+            layers, dtype, device, reducers, offload: the recording options of :func:`interp.streaming.record`.
+            kwargs: the keyword arguments of :meth:`forward` (:class:`ForwardOptions`).
 
         Returns:
             ``(output, trace)``; ``trace[name]`` is the recorded tensor.
@@ -563,7 +585,8 @@ class Transformer(HookedModule):
         """
         from .streaming import record
 
-        return record(self, *args, names_filter=names_filter, **kwargs)
+        return record(self, tokens, names_filter=names_filter, layers=layers, dtype=dtype, device=device,
+                      reducers=reducers, offload=offload, **kwargs)
 
     # --- TransformerLens-style weights and tokens ----------------------------------------------------
     # The weights are views of the modules' parameters (no copy: editing one edits the other, gradients flow).

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .attention import _AttentionBase
 from .data.batches import Batch, check_length, iter_batches
 from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
 from .placement import is_split
@@ -422,9 +421,8 @@ def record(
 def gated_w_o(model: Transformer, result_name: str) -> torch.Tensor:
     """The per-head output weights ``[H, D, M]`` behind ``result_name`` (``blocks.i.attn.hook_result``), times each
     head's gate: head h writes ``z_h @ gated_w_o[h]`` (a view of the live weights when ungated: copy to keep it)."""
-    attn = model.get_submodule(result_name[: -len(".hook_result")])
-    if not isinstance(attn, _AttentionBase):
-        raise ValueError(f"{result_name!r} is not an attention module's hook_result")
+    # interp's attention, or a route model's adapter of an HF attention: both have W_O_heads and gate.
+    attn: Any = model.get_submodule(result_name[: -len(".hook_result")])
     w_o = attn.W_O_heads.detach()  # [H, D, M]
     if attn.gate is not None:
         w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]

@@ -20,6 +20,7 @@ Kept out of trace.py so the Trace class only gains thin accessor methods.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +28,12 @@ import torch
 if TYPE_CHECKING:
     from .model import Transformer
     from .trace import Trace
+
+#: The positions a view keeps: an int (drops the position axis, as TransformerLens' Slice does), a slice, a list
+#: or a tensor of positions, or None (all).
+PosSlice = int | slice | Sequence[int] | torch.Tensor | None
+#: A stack ``[C, B, T, M]``, with its ``C`` labels when ``return_labels=True``.
+Stack = torch.Tensor | tuple[torch.Tensor, list[str]]
 
 __all__ = [
     "ATTN_NAMES",
@@ -138,9 +145,9 @@ def _finish(trace, stack, labels, *, apply_ln, model, layer, mlp_input, pos_slic
     return (stack, labels) if return_labels else stack
 
 
-def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: Any = None,
+def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: PosSlice = None,
                        apply_ln: bool = False, model: Transformer | None = None,
-                       return_labels: bool = False) -> Any:
+                       return_labels: bool = False) -> Stack:
     """Every head's write ``z_h W_O[h]``, stacked: ``[n_heads_total, B, T, M]`` (TL's ``stack_head_results``).
 
     With a norm after attention (``sublayer_norm`` ``"sandwich"`` / ``"output"``) these are the heads' shares of
@@ -176,8 +183,8 @@ def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: Any
 
 
 def decompose_resid(trace: Trace, layer: int | None = None, *, mlp_input: bool = False, mode: str = "all",
-                    incl_embeds: bool = True, pos_slice: Any = None, apply_ln: bool = False,
-                    model: Transformer | None = None, return_labels: bool = False) -> Any:
+                    incl_embeds: bool = True, pos_slice: PosSlice = None, apply_ln: bool = False,
+                    model: Transformer | None = None, return_labels: bool = False) -> Stack:
     """The residual stream split into the outputs that were added to it (TL's ``decompose_resid``).
 
     Stacks ``hook_embed``, ``hook_pos_embed`` (when recorded), then ``attn_out`` and ``mlp_out`` of each layer
@@ -227,9 +234,9 @@ def decompose_resid(trace: Trace, layer: int | None = None, *, mlp_input: bool =
                    pos_slice=pos_slice, return_labels=return_labels)
 
 
-def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool = False, pos_slice: Any = None,
+def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool = False, pos_slice: PosSlice = None,
                       apply_ln: bool = False, model: Transformer | None = None,
-                      return_labels: bool = False) -> Any:
+                      return_labels: bool = False) -> Stack:
     """The residual stream at the input of each layer up to ``layer`` (TL's ``accumulated_resid``).
 
     Args:
@@ -318,7 +325,7 @@ def norm_scale(x: torch.Tensor, norm: Any) -> torch.Tensor:
 
 
 def apply_ln_to_stack(trace: Trace, stack: torch.Tensor, model: Transformer, *, layer: int | None = None,
-                      mlp_input: bool = False, pos_slice: Any = None, weight: bool = False) -> torch.Tensor:
+                      mlp_input: bool = False, pos_slice: PosSlice = None, weight: bool = False) -> torch.Tensor:
     """Normalise a stack of residual components with the norm's scale frozen at the recorded run.
 
     Each component ``c`` becomes ``(c - mean(c)) / scale`` (LayerNorm) or ``c / scale`` (RMSNorm), where

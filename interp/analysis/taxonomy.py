@@ -39,7 +39,7 @@ per token) gets an interval, and a head whose interval straddles the threshold i
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +54,12 @@ from .syntactic import run_treebank
 from .uncertainty import with_intervals
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import plotly.graph_objects as go
 
+    from ..data import Sentence
+    from ..data.batches import TokenData
     from ..model import Transformer
 
 __all__ = ["HeadReport", "classify_heads"]
@@ -145,10 +149,10 @@ class HeadReport:
 def classify_heads(
     model: Transformer,
     *,
-    tokens: Any = None,
+    tokens: TokenData | None = None,
     texts: list[str] | None = None,
-    conllu: Any = None,
-    induction_tokens: Any = None,
+    conllu: str | Path | Iterable[Sentence] | None = None,
+    induction_tokens: TokenData | None = None,
     definition: str = "interp",
     window: int = 3,
     positional_threshold: float = 0.9,
@@ -160,7 +164,7 @@ def classify_heads(
     copying_comparisons: int | None = 256,
     syntactic_margin: float = 0.1,
     syntactic_min_count: int = 100,
-    coref: Any = None,
+    coref: str | Path | Sequence[str | Path] | Mapping[str, str | Path] | None = None,
     coref_margin: float = 0.1,
     coref_min_count: int = 50,
     max_sentences: int | None = None,
@@ -287,7 +291,7 @@ def classify_heads(
     syn_reds = reducers_of("treebank")
     stats = TreebankStats()
     tree = (treebank_batches(model, conllu, batch_size=batch_size, max_sentences=max_sentences, stats=stats)
-            if syn_reds or (conllu is not None and text_reds and tokens is None and texts is None) else None)
+            if conllu is not None and (syn_reds or (text_reds and tokens is None and texts is None)) else None)
     run.passes["treebank_stats"] = stats
 
     # --- one pass over the text (+ the treebank's sentences when the text is the treebank) --------------------

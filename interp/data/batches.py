@@ -113,7 +113,13 @@ def as_batch(item: Any, where: str = "batch") -> Batch:
     return Batch(tokens.long(), mask, extras)
 
 
-def iter_batches(data: Any, *, batch_size: int = 32, name: str = "tokens") -> Iterator[Batch]:
+#: What an analysis takes as token ids (see :func:`iter_batches`): one LongTensor ``[N, T]``, a dict with
+#: ``tokens`` (and ``attention_mask``), a :class:`Batch`, or an iterable of batches (each one of those, or a
+#: ``(tokens, attention_mask)`` tuple).
+TokenData = torch.Tensor | Mapping[str, torch.Tensor] | Batch | Iterable[object]
+
+
+def iter_batches(data: TokenData, *, batch_size: int = 32, name: str = "tokens") -> Iterator[Batch]:
     """Normalise what a user passes as a dataset into :class:`Batch` objects.
 
     Args:

@@ -89,6 +89,8 @@ class AttnMask:
         """This mask for ``k`` copies of the batch stacked along it (rows ``j B .. (j + 1) B`` are copy ``j``).
 
         Example:
+            >>> import torch
+            >>> from interp import AttnMask
             >>> m = AttnMask(T=2, S=2, start=0, causal=True, key_keep=torch.tensor([[True, False]]))
             >>> m.repeated(3).key_keep.shape
             torch.Size([3, 2])
@@ -298,6 +300,8 @@ class Attention(_AttentionBase):
         cross: keys and values come from a second sequence (no causal mask, no rotary, no cache).
 
     Example:
+        >>> import torch
+        >>> from interp import Attention, AttnMask, ModelConfig
         >>> cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=10, n_ctx=8)
         >>> attn = Attention(cfg)
         >>> attn(torch.randn(2, 5, 32), mask=AttnMask(T=5, S=5, start=0, causal=True)).shape

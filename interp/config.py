@@ -196,6 +196,7 @@ class ModelConfig:
         ValueError: on any invalid value or combination, quoting the values.
 
     Example:
+        >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=64, n_heads=8, n_kv_heads=2, d_vocab=100, n_ctx=32)
         >>> cfg.group_size
         4
@@ -444,6 +445,7 @@ class ModelConfig:
         """Whether ``layer``'s MLP is a mixture of experts (False for dense configs and ``dense_mlp_layers``).
 
         Example:
+            >>> from interp import ModelConfig
             >>> cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu",
             ...                   n_experts=4, n_experts_per_token=2, dense_mlp_layers=[0])
             >>> [cfg.is_moe_layer(i) for i in range(2)]
@@ -549,6 +551,7 @@ class ModelConfig:
         """The sliding window of ``layer`` (``None``: global attention).
 
         Example:
+            >>> from interp import ModelConfig
             >>> ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=32, sliding_window=[4, None]).window(0)
             4
         """
@@ -562,6 +565,7 @@ class ModelConfig:
         how a code path that covers only the defaults says what it does not cover.
 
         Example:
+            >>> from interp import ModelConfig
             >>> ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4, d_mlp=16).set_features(
             ...     ("d_mlp", "d_expert", "attn_softcap"))
             'd_mlp=16'
@@ -633,6 +637,7 @@ class ModelConfig:
             ValueError: ``layer`` is out of range.
 
         Example:
+            >>> from interp import ModelConfig
             >>> ModelConfig(n_layers=2, d_model=64, n_heads=8, n_kv_heads=2, d_vocab=10, n_ctx=8).layer(1)
             LayerShape(n_heads=8, n_kv_heads=2, d_head=8, kv_map=(0, 0, 0, 0, 1, 1, 1, 1))
         """
@@ -716,6 +721,7 @@ class ModelConfig:
         """Every field and its value, defaults included (``repr`` shows only what differs from them).
 
         Example:
+            >>> from interp import ModelConfig
             >>> "router_groups=1" in ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4).full_repr()
             True
         """

@@ -264,6 +264,8 @@ def decoding(model: Transformer, batch_size: int = 1) -> Iterator[Transformer]:
         ValueError: ``batch_size`` < 1.
 
     Example:
+        >>> import torch
+        >>> from interp.decode import decoding
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16,
         ...                                 positional="rotary", normalization="rms"))
@@ -460,6 +462,8 @@ class LeanDecoder:
     Build with :meth:`build` (``None`` for a model it does not cover); check :meth:`usable` before each run.
 
     Example:
+        >>> import torch
+        >>> from interp.decode import DecodeLayout, LeanDecoder
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16,
         ...                                 positional="rotary", normalization="rms")).eval()

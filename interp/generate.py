@@ -46,6 +46,8 @@ def prefill(model: Transformer, tokens: torch.Tensor, cache: KVCache) -> torch.T
     logits ``[B, d_vocab]`` (the others are not unembedded).
 
     Example:
+        >>> import torch
+        >>> from interp.generate import prefill
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
         >>> cache = model.make_cache(batch_size=1)
@@ -65,6 +67,8 @@ def decode_one_token(model: Transformer, token: torch.Tensor, cache: KVCache,
             the step then runs as its traced, hook-free function. ``None``: the hooked forward pass.
 
     Example:
+        >>> import torch
+        >>> from interp.generate import decode_one_token, prefill
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
         >>> cache = model.make_cache(batch_size=1)
@@ -100,6 +104,8 @@ def process_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int
     and the maximum stays 0 even where ``T`` rounds to 0 in float32, so a tiny temperature samples the argmax.
 
     Example:
+        >>> import torch
+        >>> from interp.generate import process_logits
         >>> process_logits(torch.tensor([[1.0, 3.0, 2.0]]), top_k=2)
         tensor([[-inf, 3., 2.]])
         >>> process_logits(torch.tensor([[1.0, 3.0, 2.0]]), temperature=1e-45).softmax(-1)
@@ -135,6 +141,8 @@ def sample(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None 
         ``[B]`` token ids.
 
     Example:
+        >>> import torch
+        >>> from interp.generate import sample
         >>> sample(torch.tensor([[0.0, 5.0, 1.0]]))
         tensor([1])
         >>> sample(torch.tensor([[0.0, 5.0, 1.0]]), temperature=1.0, top_k=1)
@@ -205,6 +213,8 @@ def generate(
             outside ``[-2**63, 2**64)``, a stop token outside the vocabulary).
 
     Example:
+        >>> import torch
+        >>> from interp.generate import generate
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
         >>> prompt = torch.tensor([[1, 2, 3]])

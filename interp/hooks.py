@@ -38,6 +38,8 @@ class QueryChunkHook:
     signature.
 
     Example:
+        >>> from interp.hooks import QueryChunkHook
+        >>> from interp.examples import model, tokens
         >>> seen = []
         >>> with model.hooks([("blocks.0.attn.hook_pattern", QueryChunkHook(lambda p, h, q0: seen.append(q0)))]):
         ...     model(tokens)
@@ -218,6 +220,7 @@ class HookedModule(nn.Module):
             ValueError: a hook name matches no hook point (nothing is attached then).
 
         Example:
+            >>> from interp.examples import model, tokens
             >>> with model.hooks([("blocks.0.attn.hook_pattern", lambda p, hook: print(p.shape))]):
             ...     model(tokens)
         """

@@ -32,6 +32,8 @@ Ablation methods:
   position (Chan et al. 2022, causal scrubbing): on-distribution values carrying the wrong information.
 
 Example:
+    >>> import torch
+    >>> from interp.interventions import ablate, head_mask
     >>> import interp
     >>> model = interp.load("random-tiny")
     >>> tokens = torch.randint(1, 64, (2, 8))
@@ -155,6 +157,7 @@ def check_units(model: Any, units: Units, component: str = "heads") -> dict[int,
         ValueError: a unit outside the model (the counts per layer are named), or an unknown component.
 
     Example:
+        >>> from interp.interventions import check_units
         >>> from interp import load
         >>> check_units(load("random-tiny"), [(1, 2), (0, 1), (1, 0)])
         {0: [1], 1: [0, 2]}
@@ -190,6 +193,8 @@ def head_mask(model: Transformer, pruned: torch.Tensor | Sequence[torch.Tensor] 
         ValueError: ``pruned`` does not match the model's heads (see :meth:`Transformer.set_head_gates`).
 
     Example:
+        >>> import torch
+        >>> from interp.interventions import head_mask
         >>> from interp import load
         >>> model = load("random-tiny")
         >>> pruned = torch.zeros(2, 4, dtype=torch.bool)
@@ -224,6 +229,8 @@ def gates_only(model: Transformer) -> Iterator[None]:
     gates and the ``requires_grad`` flags on exit, also when the body raises.
 
     Example:
+        >>> import torch
+        >>> from interp.interventions import gates_only
         >>> from interp import load
         >>> model = load("random-tiny")
         >>> gates = torch.ones(2, 4, requires_grad=True)
@@ -349,6 +356,9 @@ def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, 
         TypeError: a reference batch that is not token ids.
 
     Example:
+        >>> import torch
+        >>> from interp.interventions import unit_means
+        >>> from interp.examples import moe_model, moe_tokens
         >>> from interp import load
         >>> unit_means(load("random-tiny"), torch.randint(1, 64, (4, 6)))[1].shape   # [H, D]
         torch.Size([4, 8])
@@ -469,6 +479,8 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             means for routed units.
 
     Example:
+        >>> import torch
+        >>> from interp.interventions import ablate
         >>> from interp import load
         >>> model = load("random-tiny")
         >>> reference = torch.randint(1, 64, (8, 6), generator=torch.Generator().manual_seed(0))

@@ -106,6 +106,7 @@ class KVCache:
             devices keeps each layer's cache with its block).
 
     Example:
+        >>> from interp.examples import model, tokens
         >>> cache = model.make_cache(batch_size=2)
         >>> logits = model(tokens, kv_cache=cache)          # prefill
         >>> logits = model(logits[:, -1:].argmax(-1), kv_cache=cache)      # one step

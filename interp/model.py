@@ -184,6 +184,8 @@ class Transformer(HookedModule):
         cfg: a :class:`ModelConfig`.
 
     Example:
+        >>> import torch
+        >>> from interp import ModelConfig, Transformer
         >>> cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, d_vocab=50, n_ctx=32, positional="rotary")
         >>> model = Transformer(cfg)
         >>> logits, trace = model.run_with_cache(torch.tensor([[1, 2, 3]]), names_filter="*hook_pattern")
@@ -278,6 +280,8 @@ class Transformer(HookedModule):
                 ``kv_cache`` with a pass that skips layers (their caches would fall behind).
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> model = Transformer(ModelConfig(n_layers=3, d_model=16, n_heads=2, d_vocab=11, n_ctx=8))
             >>> tokens = torch.tensor([[1, 2, 3]])
             >>> resid = model(tokens, stop_at_layer=1)                      # the residual entering block 1
@@ -380,6 +384,8 @@ class Transformer(HookedModule):
             hidden states ``[..., d_model]``.
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> model = Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=11, n_ctx=8))
             >>> tokens = torch.tensor([[1, 2, 3]])
             >>> resid = model(tokens, stop_at_layer=2)
@@ -477,6 +483,8 @@ class Transformer(HookedModule):
             ValueError: text for a model without a tokenizer, and the errors of :func:`interp.generate.generate`.
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
             >>> model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0.8, seed=0).shape
@@ -500,6 +508,8 @@ class Transformer(HookedModule):
         block: :func:`interp.decode.decoding`.
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
             >>> with model.decoding(batch_size=1):
             ...     outs = [model.generate(torch.tensor([p]), 4) for p in ([1, 2], [3, 4])]
@@ -580,6 +590,7 @@ class Transformer(HookedModule):
             ``(output, trace)``; ``trace[name]`` is the recorded tensor.
 
         Example:
+            >>> from interp.examples import model, tokens
             >>> logits, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_pattern"])
             >>> cache["blocks.0.attn.hook_pattern"].shape
         """
@@ -612,6 +623,7 @@ class Transformer(HookedModule):
         """Token embeddings ``[d_vocab, d_model]`` (TransformerLens' ``W_E``; the embedding's own parameter).
 
         Example:
+            >>> from interp import ModelConfig, Transformer
             >>> Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4)).W_E.shape
             torch.Size([11, 8])
         """
@@ -628,6 +640,7 @@ class Transformer(HookedModule):
         less ``b_U``), a transposed view of the linear's weight; ``None`` for a model without unembedding.
 
         Example:
+            >>> from interp import ModelConfig, Transformer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
             >>> model.W_U.shape, model.W_U.data_ptr() == model.unembed.weight.data_ptr()
             (torch.Size([8, 11]), True)
@@ -658,6 +671,7 @@ class Transformer(HookedModule):
             ValueError: the model has no tokenizer, or ``string`` is not exactly one token (the pieces named).
 
         Example:
+            >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
             >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
@@ -685,6 +699,8 @@ class Transformer(HookedModule):
             ValueError: the model has no tokenizer, or ``tokens`` has more than 2 dimensions.
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
             >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
@@ -719,6 +735,7 @@ class Transformer(HookedModule):
                 ``False``: drop the leading special token the tokenizer adds (trailing ones, BERT's ``[SEP]``, stay).
 
         Example:
+            >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
             >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)

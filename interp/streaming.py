@@ -106,6 +106,8 @@ class MeanReducer(Reducer):
     :meth:`result`; ``"{name}#n"`` counts the rows.
 
     Example:
+        >>> from interp import MeanReducer, stream
+        >>> from interp.examples import model, tokens
         >>> r = MeanReducer("blocks.*.attn.hook_pattern")
         >>> stream(model, tokens, [r])
         >>> r.result()["blocks.0.attn.hook_pattern"].shape   # [H, T, S]
@@ -251,6 +253,9 @@ def stream(
             that matches nothing, or ranks that disagree on the model or the data.
 
     Example:
+        >>> import torch
+        >>> from interp import MeanReducer, stream
+        >>> from interp.examples import model
         >>> r = MeanReducer("blocks.0.attn.hook_pattern")
         >>> stream(model, torch.randint(0, 100, (64, 16)), [r], batch_size=16)
         64

@@ -111,6 +111,8 @@ class Trace:
         stats: results of reducers, by reducer index.
 
     Example:
+        >>> from interp import Trace
+        >>> from interp.examples import model, tokens, tmp
         >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
         >>> trace.pattern(0).shape      # [batch, n_heads, query_pos, key_pos]
         >>> trace.save(tmp / "run.safetensors"); Trace.load(tmp / "run.safetensors")
@@ -210,6 +212,7 @@ class Trace:
         :func:`trace_views.stack_head_results` for the arguments.
 
         Example:
+            >>> from interp.examples import model, tokens
             >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_result")
             >>> heads, labels = trace.stack_head_results(return_labels=True)
             >>> labels[:2]
@@ -294,6 +297,8 @@ class Trace:
             ValueError: a recorded tensor uses the reserved name ``__tokens__``, or ``meta`` is not JSON.
 
         Example:
+            >>> from interp import Trace
+            >>> from interp.examples import trace, tmp
             >>> trace.save(tmp / "run.safetensors"); Trace.load(tmp / "run.safetensors")
         """
         path = Path(path)
@@ -350,6 +355,8 @@ class Trace:
                 activations); the message names the file.
 
         Example:
+            >>> from interp import Trace
+            >>> from interp.examples import trace, tmp
             >>> trace = Trace.load(trace.save(tmp / "run.safetensors"))
         """
         path = Path(path)

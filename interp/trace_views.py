@@ -87,6 +87,8 @@ def act_name(trace: Trace, key: tuple) -> str:
         TypeError: the key is not a 1- or 2-tuple of (str, int).
 
     Example:
+        >>> from interp.trace_views import act_name
+        >>> from interp.examples import trace
         >>> act_name(trace, ("resid_post", -1))
         'blocks.1.hook_resid_post'
     """
@@ -168,6 +170,7 @@ def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: Pos
         KeyError: a layer's ``hook_result`` was not recorded.
 
     Example:
+        >>> from interp.examples import trace
         >>> heads, labels = trace.stack_head_results(return_labels=True)
     """
     upto = _upto(trace, layer)
@@ -206,6 +209,7 @@ def decompose_resid(trace: Trace, layer: int | None = None, *, mlp_input: bool =
         ValueError: an unknown mode.
 
     Example:
+        >>> from interp.examples import trace
         >>> parts, labels = trace.decompose_resid(return_labels=True)
     """
     if mode not in ("all", "attn", "mlp"):
@@ -253,6 +257,7 @@ def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool 
         ``[n, B, T, M]``, or ``(stack, labels)``.
 
     Example:
+        >>> from interp.examples import trace
         >>> resids, labels = trace.accumulated_resid(return_labels=True)   # logit lens: apply_ln=True, model=model
     """
     n = _n_layers(trace)
@@ -350,6 +355,7 @@ def apply_ln_to_stack(trace: Trace, stack: torch.Tensor, model: Transformer, *, 
         ValueError: a norm-free model, a mid-model norm of a post-norm model, or shapes that do not match.
 
     Example:
+        >>> from interp.examples import model, trace
         >>> parts = trace.apply_ln_to_stack(trace.decompose_resid(), model)
     """
     norm, hooks = _norm_for(model, layer, mlp_input)

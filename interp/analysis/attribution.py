@@ -72,6 +72,9 @@ def logit_direction(model: Transformer, answer_tokens: torch.Tensor) -> torch.Te
         answer_tokens: ``[B, 2]`` (correct, wrong) ids.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.attribution import logit_direction
+        >>> from interp.examples import model
         >>> logit_direction(model, torch.tensor([[5, 7]])).shape   # [1, d_model]
     """
     W = _unembedding(model).weight.detach()  # [V, M]
@@ -105,6 +108,9 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
         ValueError: no unembedding, a post-norm model, bad answer tokens or positions.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.attribution import direct_logit_attribution
+        >>> from interp.examples import model, tokens
         >>> df = direct_logit_attribution(model, tokens, torch.tensor([[5, 7], [5, 7]]))
         >>> df.sort_values("attribution").tail()
     """

@@ -62,6 +62,7 @@ def wilson_interval(hits: Any, n: Any, z: float = 1.96) -> tuple[Any, Any]:
         ``(low, high)`` of the same type as ``hits``.
 
     Example:
+        >>> from interp.analysis.coreference import wilson_interval
         >>> wilson_interval(65.0, 100.0)   # (0.553..., 0.736...)
     """
     if isinstance(hits, torch.Tensor) or isinstance(n, torch.Tensor):
@@ -291,6 +292,8 @@ def coreference_scores(
         FileNotFoundError: the file does not exist.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.coreference import coreference_scores
         >>> df = coreference_scores(interp.load("minilm-l6"), "../shared/data/gap/gap-development.tsv", max_items=10, n_boot=0)
         >>> df[df.group == "all"].sort_values("gain", ascending=False).head()
     """
@@ -491,6 +494,8 @@ def coreference_kinds(df: pd.DataFrame, name: str, *, margin: float = 0.1, min_c
         ValueError: ``margin`` or ``min_count`` out of range.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.coreference import coreference_kinds, coreference_scores
         >>> df = coreference_scores(interp.load("minilm-l6"), "../shared/data/gap/gap-development.tsv", max_items=10, n_boot=0)
         >>> coreference_kinds(df, "gap", min_count=1, margin=0)[0]["kind"]
         'coreference:gap'

@@ -417,6 +417,8 @@ def induction_scores(
         ValueError: unknown definition, an empty dataset, or sequences longer than the model's context.
 
     Example:
+        >>> from interp.analysis.induction import induction_scores
+        >>> from interp.examples import model
         >>> df = induction_scores(model)
         >>> df.sort_values("induction").tail(3)
     """

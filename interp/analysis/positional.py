@@ -60,6 +60,9 @@ class PositionalReducer(TargetReducer):
         tie_tol: an argmax is unique when the top weight beats the runner-up by more than this.
 
     Example:
+        >>> from interp import stream
+        >>> from interp.analysis.positional import PositionalReducer
+        >>> from interp.examples import model, tokens
         >>> red = PositionalReducer(model)
         >>> stream(model, tokens, [red]); red.table()
     """
@@ -161,6 +164,9 @@ def positional_scores(
         TypeError: the data are not token ids.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.positional import positional_scores
+        >>> from interp.examples import model
         >>> df = positional_scores(model, torch.randint(0, 100, (16, 32)))
         >>> df.loc[df.best_argmax >= 0.9, ["layer", "head", "best_offset"]]
     """

@@ -337,6 +337,8 @@ def syntactic_scores(
         FileNotFoundError: the file does not exist.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.syntactic import syntactic_scores
         >>> df = syntactic_scores(interp.load("minilm-l6"), "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=20)
         >>> df[df.gain > 0.1].sort_values("gain", ascending=False).head()
     """

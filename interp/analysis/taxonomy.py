@@ -83,6 +83,8 @@ class HeadReport:
         extra: the results of ``extra_reducers``.
 
     Example:
+        >>> from interp import classify_heads
+        >>> from interp.examples import model
         >>> report = classify_heads(model)
         >>> report.df[report.df.kind == "induction"]
         >>> report.figure().show()
@@ -234,6 +236,8 @@ def classify_heads(
             analyzers.
 
     Example:
+        >>> import interp
+        >>> from interp import classify_heads
         >>> report = classify_heads(interp.load("minilm-l6"), conllu="../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=20)
         >>> report
         >>> report.heads("syntactic:")

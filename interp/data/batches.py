@@ -44,6 +44,8 @@ class Batch:
             model's sentence embeddings); scorers that need other annotations document their keys.
 
     Example:
+        >>> import torch
+        >>> from interp.data.batches import Batch
         >>> b = Batch(torch.tensor([[1, 2, 3]]))
         >>> b.real.tolist()
         [[True, True, True]]
@@ -76,6 +78,8 @@ def as_batch(item: Any, where: str = "batch") -> Batch:
         TypeError: ids that are not integers.
 
     Example:
+        >>> import torch
+        >>> from interp.data.batches import as_batch
         >>> as_batch({"tokens": torch.tensor([[1, 2]]), "loss_mask": torch.tensor([[0, 1]])}).annotations["loss_mask"]
         tensor([[0, 1]])
     """
@@ -137,6 +141,8 @@ def iter_batches(data: TokenData, *, batch_size: int = 32, name: str = "tokens")
         TypeError: a batch is not made of integer ids.
 
     Example:
+        >>> import torch
+        >>> from interp.data.batches import iter_batches
         >>> [tuple(b.tokens.shape) for b in iter_batches(torch.zeros(5, 3, dtype=torch.long), batch_size=2)]
         [(2, 3), (2, 3), (1, 3)]
     """
@@ -181,6 +187,8 @@ def pad(seqs: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, to
         ValueError: no sequence, or an empty sequence.
 
     Example:
+        >>> import torch
+        >>> from interp.data.batches import pad
         >>> tokens, mask = pad([torch.tensor([5, 6]), torch.tensor([7])], pad_id=0)
         >>> tokens.tolist(), mask.tolist()
         ([[5, 6], [7, 0]], [[1, 1], [1, 0]])
@@ -211,6 +219,7 @@ def bucket_by_length(lengths: Sequence[int], batch_size: int, *, window: int | N
         Lists of indices into ``lengths``; every index appears exactly once.
 
     Example:
+        >>> from interp.data.batches import bucket_by_length
         >>> bucket_by_length([5, 1, 4, 2], 2)
         [[1, 3], [2, 0]]
     """
@@ -245,6 +254,8 @@ def text_batches(model: Transformer, texts: Sequence[str], *, batch_size: int = 
         ValueError: no text tokenizer, or ``texts`` is not a non-empty list of str.
 
     Example:
+        >>> import interp
+        >>> from interp.data.batches import text_batches
         >>> text_batches(interp.load("minilm-l6"), ["The cat sat.", "A dog."])[0].tokens.shape   # [2, T]
     """
     tok = getattr(model, "tokenizer", None)
@@ -317,6 +328,8 @@ def treebank_batches(
         ValueError: the model has no word-aware tokenizer, or a CoNLL-U line is malformed.
 
     Example:
+        >>> import interp
+        >>> from interp.data.batches import treebank_batches
         >>> b = next(treebank_batches(interp.load("minilm-l6"), "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", batch_size=8))
         >>> b.annotations["member"].shape    # [8, W, T]
     """

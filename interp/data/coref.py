@@ -192,6 +192,7 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
             ``file:line``); a negative or non-int ``max_documents``.
 
     Example:
+        >>> from interp.data.coref import read_corefud
         >>> doc = next(read_corefud("../shared/data/gum-coref/en_gum-ud-dev.ccby.conllu"))
         >>> [doc.text(m) for m in doc.entities["3"]][:3]
         ['Byron', 'his', 'he']
@@ -392,6 +393,7 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
             inside a name); the message starts with ``file:line``. A negative or non-int ``max_rows``.
 
     Example:
+        >>> from interp.data.coref import read_gap
         >>> ex = next(read_gap("../shared/data/gap/gap-development.tsv"))
         >>> ex.pronoun.string, ex.a.string, ex.label
         ('her', 'Cheryl Cassidy', 'A')
@@ -577,6 +579,8 @@ def gap_windows(examples: Iterable[GapExample], tokenizer: Any, *, max_tokens: i
         Windows with one query each: the pronoun's words -> candidates ``[A's words, B's words]``.
 
     Example:
+        >>> import interp
+        >>> from interp.data.coref import gap_windows, read_gap
         >>> w = next(gap_windows(read_gap("../shared/data/gap/gap-development.tsv"), interp.load("minilm-l6").tokenizer))
         >>> [w.words[i] for i in w.queries[0].candidates[0]]
         ['Cheryl', 'Cassidy']
@@ -648,6 +652,8 @@ def corefud_windows(docs: Iterable[CorefDocument], tokenizer: Any, *, max_tokens
         ValueError: ``max_tokens`` is not a positive int.
 
     Example:
+        >>> import interp
+        >>> from interp.data.coref import corefud_windows, read_corefud
         >>> docs = read_corefud("../shared/data/gum-coref/en_gum-ud-dev.ccby.conllu", max_documents=1)
         >>> n = sum(len(w.queries) for w in corefud_windows(docs, interp.load("minilm-l6").tokenizer, max_tokens=512))
     """

@@ -166,6 +166,7 @@ def read_conllu(source: str | Path | Sequence[str], *, max_sentences: int | None
             sentence, a self-loop, a cycle, no root or several roots); the message starts with ``file:line``.
 
     Example:
+        >>> from interp.data.treebank import read_conllu
         >>> for sent in read_conllu("../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=2):
         ...     print(sent.words, sent.heads, sent.deprels)
     """
@@ -233,6 +234,7 @@ def align_words(word_index: Sequence[int | None], n_words: int) -> torch.Tensor:
         ValueError: a word has no token (the tokenizer dropped it) or an index is out of range.
 
     Example:
+        >>> from interp.data.treebank import align_words
         >>> align_words([None, 0, 0, 1, None], 2).tolist()
         [[0.0, 1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0]]
     """

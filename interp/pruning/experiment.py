@@ -105,6 +105,8 @@ def run_experiment(config: dict | str | Path, *, model: Transformer, out_dir: st
         ValueError: a bad config (see :func:`load_config`) or empty data.
 
     Example:
+        >>> from interp.pruning.experiment import run_experiment
+        >>> from interp.examples import model
         >>> curves = run_experiment({"model": "induction-2l", "methods": ["importance", "random"]}, model=model)
         >>> curves["importance"].auc() > curves["random"].auc()
     """
@@ -180,6 +182,7 @@ def config_hash(obj: Any) -> str:
     """A short, stable hash of a JSON-able configuration (key order does not matter).
 
     Example:
+        >>> from interp.pruning.experiment import config_hash
         >>> config_hash({"a": 1, "b": [2, 3]}) == config_hash({"b": [2, 3], "a": 1})
         True
     """

@@ -146,6 +146,8 @@ def head_importance(model: Transformer, batches: Sequence[Batch], objective: Obj
             or per_example with an objective that has no ``example_losses``.
 
     Example:
+        >>> from interp.pruning.importance import head_importance
+        >>> from interp.examples import model, train, objective
         >>> imp = head_importance(model, train, objective)
         >>> imp.shape
         torch.Size([2, 4])
@@ -246,6 +248,8 @@ def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Ob
         ValueError: empty data, a bad step, threshold outside (0, 1], an unknown level.
 
     Example:
+        >>> from interp.pruning.importance import importance_curve
+        >>> from interp.examples import model, train, held_out, objective
         >>> curve = importance_curve(model, train, objective, eval_batches=held_out, step=1)
     """
     batches = check_batches(batches)

@@ -131,6 +131,8 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
             unknown deterministic mode or level.
 
     Example:
+        >>> from interp.pruning.l0 import train_l0_gates
+        >>> from interp.examples import model, objective, batches
         >>> res = train_l0_gates(model, batches, objective, target=0.5, steps=20)
         >>> res.n_pruned   # within one head of 0.5 * L * H
     """
@@ -242,6 +244,8 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
         ValueError: both targets and lams given, a target outside [0, 1], empty data.
 
     Example:
+        >>> from interp.pruning.l0 import l0_curve
+        >>> from interp.examples import model, train, held_out, objective
         >>> curve = l0_curve(model, train, objective, targets=[0.25, 0.5], eval_batches=held_out, steps=20)
     """
     batches = check_batches(batches)

@@ -56,6 +56,8 @@ def score_map(
         ValueError: a DataFrame without ``value``, or scores that are not 2-D.
 
     Example:
+        >>> from interp.viz.heads import score_map
+        >>> from interp.examples import model
         >>> from interp.analysis import induction_scores
         >>> score_map(induction_scores(model), value="induction", zmin=0, zmax=1)
     """
@@ -100,6 +102,8 @@ def score_maps(
         ValueError: no columns, or a column is missing.
 
     Example:
+        >>> from interp.viz.heads import score_maps
+        >>> from interp.examples import model
         >>> from interp.analysis import induction_scores
         >>> score_maps(induction_scores(model), ["previous_token", "induction"])
     """
@@ -145,6 +149,9 @@ def induction_map(df: pd.DataFrame, columns: Sequence[str] | None = None, *, tit
         ValueError: none of the score columns are present.
 
     Example:
+        >>> import interp
+        >>> from interp.viz.heads import induction_map
+        >>> from interp.examples import model
         >>> induction_map(interp.analysis.induction_scores(model))
     """
     df = as_frame(df, "df")
@@ -186,6 +193,8 @@ def positional_map(
         ValueError: no matching score column, or ``layers`` selects no head.
 
     Example:
+        >>> import pandas as pd
+        >>> from interp.viz.heads import positional_map
         >>> positional_map(pd.DataFrame({"layer": [0, 0], "head": [0, 1], "mass_-1": [0.9, 0.1]}))
     """
     df = as_frame(df, "df")
@@ -252,6 +261,8 @@ def head_write_norms(trace: Any, *, attention_mask: Any = None) -> np.ndarray:
         ValueError: the mask does not match the recorded shape.
 
     Example:
+        >>> from interp.viz.heads import head_write_norms
+        >>> from interp.examples import model, tokens
         >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_result")
         >>> head_write_norms(trace).shape
         (2, 4)
@@ -285,6 +296,7 @@ def head_norms_figure(norms: Any, *, title: str = "per-head residual-write norm"
         A ``go.Figure``.
 
     Example:
+        >>> from interp.viz.heads import head_norms_figure
         >>> fig = head_norms_figure([[0.1, 40.0], [3.0, 500.0], [30.0, 20.0]])
         >>> fig.data[0].zmax < 500
         True
@@ -373,6 +385,7 @@ def kind_colours(kinds: Sequence[str]) -> dict[str, str]:
         ``{label: "#rrggbb"}``.
 
     Example:
+        >>> from interp.viz.heads import kind_colours
         >>> kind_colours(["induction", "sink", "syntactic:nsubj"])["induction"]
         '#d62728'
     """
@@ -406,6 +419,8 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
         ValueError: required columns are missing or the table is empty.
 
     Example:
+        >>> import pandas as pd
+        >>> from interp.viz.heads import head_map
         >>> fig = head_map(pd.DataFrame({"layer": [0, 1, 1], "head": [0, 0, 0],
         ...                              "kind": ["previous-token", "induction", "positional:first"]}))
         >>> sorted(t.name for t in fig.data if t.type == "scatter" and t.name)

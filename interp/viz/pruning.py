@@ -61,6 +61,8 @@ def pruning_curves(
         TypeError: an input that is not a curve.
 
     Example:
+        >>> import pandas as pd
+        >>> from interp.viz.pruning import pruning_curves
         >>> df = pd.DataFrame({"method": ["random"] * 3, "fraction_pruned": [0, .5, 1], "metric": [1, .6, .1]})
         >>> pruning_curves(df)
     """

@@ -81,6 +81,9 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, torch.Tens
         ValueError: missing keys, unexpected keys, or shape mismatches; all of them are listed.
 
     Example:
+        >>> from interp import Transformer
+        >>> from interp.zoo.checkpoint import load_state_dict_strict
+        >>> from interp.examples import model
         >>> fresh = Transformer(model.cfg)
         >>> load_state_dict_strict(fresh, model.state_dict(), source="weights.pt")
     """
@@ -111,6 +114,8 @@ def check_fits(model: nn.Module, shapes: Mapping[str, tuple[int, ...]], *, sourc
         ValueError: missing keys, unexpected keys, or shape mismatches; all of them are listed.
 
     Example:
+        >>> from interp.zoo.checkpoint import check_fits
+        >>> from interp.examples import model
         >>> check_fits(model, {k: tuple(v.shape) for k, v in model.state_dict().items()}, source="weights.pt")
     """
     own = model.state_dict()
@@ -143,6 +148,8 @@ def check_finite(tensor: torch.Tensor, name: str, source: str) -> None:
         ValueError: the tensor holds NaN or infinite values.
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.checkpoint import check_finite
         >>> check_finite(torch.tensor([1.0, float("nan"), float("inf")]), "model.norm.weight", "my-folder")
         Traceback (most recent call last):
         ...
@@ -188,6 +195,9 @@ def assign_weights(model: nn.Module, weights: Mapping[str, torch.Tensor], *, dty
         ValueError: the weights do not fit (:func:`check_fits`), or a parameter got no weight.
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.checkpoint import assign_weights
+        >>> from interp.examples import model
         >>> from interp.placement import build
         >>> fresh = assign_weights(build(model.cfg, meta_weights=True), model.state_dict(), dtype=torch.float32,
         ...                        device="cpu", source="a copy", copy=True)
@@ -242,6 +252,8 @@ def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[s
         ValueError: ``metadata`` uses a reserved key.
 
     Example:
+        >>> from interp.zoo.checkpoint import save_checkpoint
+        >>> from interp.examples import model, tmp
         >>> save_checkpoint(model, tmp / "ckpt" / "induction.safetensors", metadata={"steps": "2000"})
     """
     if not isinstance(model, Transformer):
@@ -393,6 +405,9 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             record written with them (``model.checkpoint_verified`` says whether there was a record).
 
     Example:
+        >>> from interp.examples import model
+        >>> from interp.zoo.checkpoint import load_checkpoint, save_checkpoint
+        >>> from interp.examples import tmp
         >>> model = load_checkpoint(save_checkpoint(model, tmp / "induction.safetensors"))
     """
     check_dtype(dtype)
@@ -457,6 +472,8 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
         ValueError: as :func:`load_checkpoint` (bad header, shapes, damaged bytes), or more ranks than layers.
 
     Example:
+        >>> from interp.zoo.checkpoint import load_checkpoint_stage, save_checkpoint
+        >>> from interp.examples import model, tmp
         >>> path = save_checkpoint(model, tmp / "m.safetensors")
         >>> stage = load_checkpoint_stage(path, rank=1, world=2)
         >>> stage.blocks[0].attn.W_O.weight.is_meta, stage.blocks[1].attn.W_O.weight.is_meta

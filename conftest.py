@@ -1,17 +1,12 @@
 """Names every docstring example may use without defining them (pytest's ``doctest_namespace``).
 
 The doctests (``--doctest-modules`` over ``interp/``, see pyproject.toml) run each docstring's ``>>>`` lines in
-its module's namespace plus these, so that a short example can say ``model`` the way a reader would:
-
-- ``torch``, ``interp``;
-- ``model``: a fresh ``interp.load("induction-2l")`` (2 layers x 4 heads, vocabulary 128, BOS id 0);
-- ``tokens``: ``[2, 21]`` repeated random sequences for it (``[bos] x x``, 10 tokens repeated once);
-- ``trace``: ``model.run_with_cache(tokens)``'s trace (every hook recorded);
-- ``clean`` (= ``tokens``), ``corrupted`` (its repeated half replaced), ``answers`` (``[2, 2]`` correct / wrong
-  next tokens at the last position) and ``metric`` (the in-context advantage) for patching;
-- ``train``, ``held_out``, ``objective``: ``build_task(model, data={"n_seqs": 8, "batch_size": 4})``, and
-  ``batches`` (= ``train``) for pruning;
-- ``tok``: MiniLM's :class:`interp.zoo.tokenizer.Tokenizer`; ``tmp``: a fresh temporary folder (a ``Path``).
+its module's namespace plus ``torch``, ``interp``, ``tmp`` (a fresh temporary folder, a ``Path``) and the
+ready-made inputs of :mod:`interp.examples` the example names (``model``, ``tokens``, ``trace``, ``clean``,
+``corrupted``, ``answers``, ``metric``, ``train``, ``held_out``, ``objective``, ``batches``, ``moe_model``,
+``moe_tokens``, ``tok``), built there. The examples import what they use, so they also run pasted into a new
+notebook (``tests/docs/test_docstring_examples_fresh.py`` runs them so); these names serve the modules that test
+does not cover yet.
 
 ``fig.show()`` draws nothing during the doctests.
 
@@ -80,37 +75,13 @@ def _doctest_names(request, doctest_namespace):
     import torch
 
     import interp
-    from interp.data import repeated_sequences
+    import interp.examples
 
     doctest_namespace.update(torch=torch, interp=interp, tmp=request.getfixturevalue("tmp_path"))
-    if re.search(r"\b(model|trace|clean|corrupted|answers|metric|train|held_out|objective|batches)\b", source):
-        from interp.analysis import corrupt_repeats, in_context_metric
-        from interp.pruning import build_task
-
-        torch.manual_seed(0)
-        model = interp.load("induction-2l")
-        tokens = repeated_sequences(2, 10, model.cfg.d_vocab, seed=0, bos_id=model.tokenizer.bos_id)  # [2, 21]
-        train, held_out, objective = build_task(model, data={"n_seqs": 8, "batch_size": 4})
-        doctest_namespace.update(
-            model=model, tokens=tokens, clean=tokens,
-            corrupted=corrupt_repeats(tokens, 10, model.cfg.d_vocab, bos_id=model.tokenizer.bos_id, seed=1),
-            answers=torch.stack([tokens[:, 11], (tokens[:, 11] + 1) % model.cfg.d_vocab], dim=1),  # [2, 2]
-            metric=in_context_metric(tokens, 10, bos=True),
-            train=train, held_out=held_out, objective=objective, batches=train)
-        if re.search(r"\btrace\b", source):
-            doctest_namespace["trace"] = model.run_with_cache(tokens)[1]
-    if re.search(r"\bmoe_(model|tokens)\b", source):
-        torch.manual_seed(0)  # a tiny mixture-of-experts decoder: 2 layers of 4 experts, top-2
-        doctest_namespace.update(
-            moe_model=interp.Transformer(interp.ModelConfig(
-                n_layers=2, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, activation="swiglu", positional="rotary",
-                normalization="rms", causal=True, n_experts=4, n_experts_per_token=2)).eval(),
-            moe_tokens=torch.randint(0, 20, (4, 8)))
-    if re.search(r"\btok\b", source):
-        from interp.zoo.minilm import minilm_path
-        from interp.zoo.tokenizer import Tokenizer
-
-        doctest_namespace["tok"] = Tokenizer.from_file(os.path.join(minilm_path(), "tokenizer.json"))
+    # The ready-made inputs an example names (interp.examples builds each, seeded; an example that imports them
+    # itself, as every covered one does, gets equal ones).
+    used = [name for name in dir(interp.examples) if name != "tmp" and re.search(rf"\b{name}\b", source)]
+    doctest_namespace.update({name: getattr(interp.examples, name) for name in used})
     import plotly.basedatatypes
 
     request.getfixturevalue("monkeypatch").setattr(plotly.basedatatypes.BaseFigure, "show", lambda self, *a, **k: None)

@@ -93,6 +93,8 @@ def remove_stale_temporaries(path: str | Path) -> list[Path]:
         The paths removed.
 
     Example:
+        >>> from pathlib import Path
+        >>> from interp._io import _host_tag, remove_stale_temporaries
         >>> import tempfile, os
         >>> target = Path(tempfile.mkdtemp()) / "out.txt"
         >>> dead_pid = 999999999  # above any pid_max: no such process
@@ -164,6 +166,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         OSError: the folder cannot be created or written; the destination is then left as it was.
 
     Example:
+        >>> from interp._io import atomic_path
         >>> import tempfile, os
         >>> target = os.path.join(tempfile.mkdtemp(), "out.txt")
         >>> with atomic_path(target) as tmp:
@@ -197,6 +200,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_path`); returns ``path`` as a Path.
 
     Example:
+        >>> from interp._io import atomic_write_bytes
         >>> import tempfile, os
         >>> p = atomic_write_bytes(os.path.join(tempfile.mkdtemp(), "b.bin"), b"x")
         >>> p.read_bytes()
@@ -211,6 +215,7 @@ def atomic_write_text(path: str | Path, text: str, encoding: str = "utf-8") -> P
     """Write ``text`` to ``path`` atomically (see :func:`atomic_path`); returns ``path`` as a Path.
 
     Example:
+        >>> from interp._io import atomic_write_text
         >>> import tempfile, os
         >>> atomic_write_text(os.path.join(tempfile.mkdtemp(), "r.json"), "{}").read_text()
         '{}'
@@ -251,6 +256,8 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | Path,
         TypeError: a metadata entry that is not str -> str, or a tensor of a dtype safetensors has no name for.
 
     Example:
+        >>> import torch
+        >>> from interp._io import write_safetensors
         >>> import tempfile, os
         >>> from safetensors.torch import load_file
         >>> p = write_safetensors({"w": torch.arange(3.0)}, os.path.join(tempfile.mkdtemp(), "w.safetensors"))
@@ -283,7 +290,7 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: str | Path,
         for k in names:
             flat = tensors[k].detach().contiguous().cpu().reshape(-1)  # [numel]
             if flat.numel():
-                f.write(flat.view(torch.uint8).numpy())  # [bytes]: written from the tensor's memory, no copy
+                f.write(flat.view(torch.uint8).numpy().data)  # [bytes]: written from the tensor's memory, no copy
     return Path(path)
 
 
@@ -292,11 +299,13 @@ def tensor_sha256(t: torch.Tensor) -> str:
     """sha256 of a tensor's raw bytes (any dtype, bfloat16 included).
 
     Example:
+        >>> import torch
+        >>> from interp._io import tensor_sha256
         >>> tensor_sha256(torch.zeros(2))[:12]   # the 8 zero bytes of two float32 zeros
         'af5570f5a181'
     """
     flat = t.detach().contiguous().cpu().reshape(-1)  # [numel]
-    return hashlib.sha256(flat.view(torch.uint8).numpy() if flat.numel() else b"").hexdigest()
+    return hashlib.sha256(flat.view(torch.uint8).numpy().data if flat.numel() else b"").hexdigest()
 
 
 def tensor_record(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -306,6 +315,9 @@ def tensor_record(tensors: Mapping[str, torch.Tensor]) -> str:
     I32 reinterprets the same bytes) then fails :func:`check_tensor_record` instead of loading garbage.
 
     Example:
+        >>> import json
+        >>> import torch
+        >>> from interp._io import tensor_record
         >>> json.loads(tensor_record({"w": torch.zeros(2)}))["w"][:2]
         ['float32', [2]]
     """
@@ -324,6 +336,8 @@ def check_tensor_record(record: str, tensors: Mapping[str, torch.Tensor], where:
             differ from it; the message names the file and the tensors.
 
     Example:
+        >>> import torch
+        >>> from interp._io import check_tensor_record, tensor_record
         >>> t = {"w": torch.ones(3)}
         >>> check_tensor_record(tensor_record(t), t, "x.safetensors")
     """

@@ -98,6 +98,8 @@ class AttnMask:
         """This mask for ``k`` copies of the batch stacked along it (rows ``j B .. (j + 1) B`` are copy ``j``).
 
         Example:
+            >>> import torch
+            >>> from interp import AttnMask
             >>> m = AttnMask(T=2, S=2, start=0, causal=True, key_keep=torch.tensor([[True, False]]))
             >>> m.repeated(3).key_keep.shape
             torch.Size([3, 2])
@@ -145,6 +147,8 @@ class AttnMask:
                 keep = keep | ~q_keep[:, None, :, None]  # [B, 1, T', S]
             allowed = keep if allowed is None else allowed & keep
             allowed = allowed.expand(-1, -1, len(q_pos), -1)  # [B, 1, T', S]
+        if allowed is None:  # neither causal nor padded: trivial, so not reached
+            return None
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
         if len(q_pos) == self.T:
             # Cache only whole-query masks (shared by all layers). Caching every query chunk's mask would keep
@@ -253,6 +257,7 @@ class _AttentionBase(nn.Module):
         extra dimension adds 0 to every real score and ``scale * sinks[h] / scale`` to the sink's."""
         B, H, T, Dq = q.shape
         K, S = k.shape[1], k.shape[2]
+        assert self.sinks is not None  # only called for a layer with sinks
         sink = (self.sinks.to(q.dtype) / scale).view(1, H, 1, 1).expand(B, H, T, 1)  # [B, H, T, 1]
         q = torch.cat([q, sink], dim=-1)  # [B, H, T, Dq+1]
         corner = F.pad(k.new_ones(B, K, 1, 1), (Dq, 0, S, 0))  # [B, K, S+1, Dq+1]: 1 at the sink key's new dim
@@ -355,11 +360,15 @@ class Attention(_AttentionBase):
         cross: keys and values come from a second sequence (no causal mask, no rotary, no cache).
 
     Example:
+        >>> import torch
+        >>> from interp import Attention, AttnMask, ModelConfig
         >>> cfg = ModelConfig(n_layers=1, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=10, n_ctx=8)
         >>> attn = Attention(cfg)
         >>> attn(torch.randn(2, 5, 32), mask=AttnMask(T=5, S=5, start=0, causal=True)).shape
         torch.Size([2, 5, 32])
     """
+
+    kv_index: torch.Tensor | None  # [H] the K/V head of each query head (unequal groups only), a buffer
 
     def __init__(self, cfg: ModelConfig, *, cross: bool = False, layer: int | None = None) -> None:
         super().__init__(cfg, cross=cross, layer=layer)
@@ -367,15 +376,15 @@ class Attention(_AttentionBase):
         K = cfg.n_kv_heads if self.shape is None else self.shape.n_kv_heads
         self.n_kv_heads = K
         self.W_qkv = nn.Linear(M, (H + 2 * K) * D, bias=cfg.attn_bias)
-        uniform = self.shape is None or self.shape.uniform_groups
+        shape = self.shape
         # Query head -> K/V head, only for unequal groups (None keeps the grouped, copy-free path).
-        self.register_buffer("kv_index", None if uniform else torch.tensor(self.shape.kv_map, dtype=torch.long),
-                             persistent=False)
+        self.register_buffer("kv_index", None if shape is None or shape.uniform_groups
+                             else torch.tensor(shape.kv_map, dtype=torch.long), persistent=False)
         self.rotary = None
         nope = layer is not None and layer in (cfg.nope_layers or ())  # a NoPE layer rotates nothing
         if cfg.positional == "rotary" and not cross and not nope:
-            local = self.window is not None and cfg.local_rotary_base is not None
-            self.rotary = (Rotary(cfg.rotary_dim, cfg.local_rotary_base, float32=cfg.rotary_float32) if local
+            local_base = cfg.local_rotary_base if self.window is not None else None
+            self.rotary = (Rotary(cfg.rotary_dim, local_base, float32=cfg.rotary_float32) if local_base is not None
                            else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling, float32=cfg.rotary_float32))
         # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
         self.qk_norm = "none" if cross else cfg.qk_norm

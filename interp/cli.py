@@ -161,6 +161,7 @@ def check_nproc(nproc: int, model: str, *, cores: int | None = None, available: 
         CliError: too many ranks; the message says what ``--nproc`` should be at most, and why.
 
     Example:
+        >>> from interp.cli import check_nproc
         >>> check_nproc(2, "induction-2l", cores=2, available=8 << 30)
     """
     from .distributed import check_ranks_fit
@@ -316,6 +317,8 @@ def check_out_folder(folder: Path, option: str) -> None:
         CliError: ``folder`` is a file, or cannot be created or written (the OS reason is quoted).
 
     Example:
+        >>> from pathlib import Path
+        >>> from interp.cli import check_out_folder
         >>> import tempfile
         >>> check_out_folder(Path(tempfile.mkdtemp()) / "prune_run", "--out")
     """
@@ -397,6 +400,8 @@ def check_writable(path: Path, option: str) -> None:
         CliError: the file cannot be opened for writing (the OS reason is quoted).
 
     Example:
+        >>> from pathlib import Path
+        >>> from interp.cli import check_writable
         >>> check_writable(Path("model.safetensors"), "--out")
     """
     existed = path.exists()
@@ -466,6 +471,7 @@ def dashboard_env(host: str = "127.0.0.1", files: str | Path | None = None) -> d
         CliError: ``files`` is not a folder.
 
     Example:
+        >>> from interp.cli import dashboard_env
         >>> dashboard_env()
         {'STREAMLIT_SERVER_ADDRESS': '127.0.0.1'}
     """
@@ -521,6 +527,7 @@ def kv_cache_table(*, layers: int, heads: int, d_head: int, kv_heads: int | None
             ModelConfig rejects (quoted), an unknown dtype, or batch/tokens < 1.
 
     Example:
+        >>> from interp.cli import kv_cache_table
         >>> kv_cache_table(layers=80, heads=64, d_head=128)[0]["bytes_per_token"]
         2621440
     """
@@ -691,6 +698,7 @@ def plain_text(rst: str) -> str:
     """Docstring reST made readable in a terminal: ``code`` -> code, :func:`a.b` -> a.b, ``::`` -> ``:``.
 
     Example:
+        >>> from interp.cli import plain_text
         >>> plain_text("see :func:`interp.load` and ``--json``::")
         'see interp.load and --json:'
     """
@@ -925,6 +933,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupted (Ctrl-C, also during the start-up imports).
 
     Example:
+        >>> from interp.cli import main
         >>> main(["kv-cache", "--layers", "2", "--heads", "4", "--d-head", "8"])
         KV cache, 2 layers x 4 heads x d_head 8, fp16
         ...

@@ -84,13 +84,15 @@ class ModelConfig:
             between that divides ``n_heads`` is grouped-query attention. Defaults to ``n_heads``.
             Ignored (must stay ``None`` or equal ``n_heads``) for ``attention="latent"``.
         attention: ``"standard"`` (MHA/GQA/MQA) or ``"latent"`` (multi-head latent attention, DeepSeek-V2).
-        kv_latent_dim: MLA only: width of the compressed K/V latent, the only K/V state the cache keeps.
+        kv_latent_dim: MLA only: width of the compressed K/V latent, the only K/V state the cache keeps
+            (0 once resolved for standard attention, which has no latent).
         q_latent_dim: MLA only: width of the compressed query latent; ``None`` projects queries directly.
         rope_dim: MLA only: width of the decoupled rotary part of queries and keys (0 disables it).
         causal: ``True`` for a decoder (causal mask), ``False`` for a bidirectional encoder.
         positional: ``"learned"`` absolute embeddings, ``"rotary"`` (RoPE on queries and keys) or ``"none"``.
         rotary_base: RoPE base frequency.
-        rotary_dim: how many dims of each head RoPE rotates (standard attention); defaults to ``d_head``.
+        rotary_dim: how many dims of each head RoPE rotates (standard attention); defaults to ``d_head`` (0 once
+            resolved when nothing rotates: another ``positional``, or MLA, whose rotary width is ``rope_dim``).
         rope_scaling: optional RoPE scaling, a dict in Hugging Face's ``rope_parameters`` vocabulary:
             ``rope_type`` one of ``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope`` and the keys
             :data:`interp.rotary.ROPE_SCALING_KEYS` lists for it (e.g. ``{"rope_type": "llama3", "factor": 8.0,
@@ -173,20 +175,24 @@ class ModelConfig:
 
     Args:
         v_head_dim: MLA only: width of one head's value (and of its slice of ``W_O``); defaults to ``d_head``,
-            which for MLA is the no-position part of the query/key head (DeepSeek's ``qk_nope_head_dim``).
+            which for MLA is the no-position part of the query/key head (DeepSeek's ``qk_nope_head_dim``) and for
+            standard attention the only value width there is (another value is refused).
 
     Mixture of experts (``n_experts > 0``; see :mod:`interp.moe`):
 
     Args:
         n_experts: routed experts per MoE layer (E); 0 means every MLP is dense.
-        n_experts_per_token: experts each token is routed to (top-k), ``1 <= k <= n_experts``.
-        d_expert: hidden width of one routed expert; defaults to ``d_mlp``.
+        n_experts_per_token: experts each token is routed to (top-k), ``1 <= k <= n_experts``; 0 once resolved
+            for a dense model.
+        d_expert: hidden width of one routed expert; defaults to ``d_mlp`` (also for a dense model, where no
+            other value is accepted).
         router_score: ``"softmax"`` (Mixtral, Qwen, OLMoE, DeepSeek-V2) or ``"sigmoid"`` (DeepSeek-V3) of the
             router logits.
         router_renormalize: divide the k chosen scores by their sum.
         router_groups: DeepSeek's ``n_group``: experts fall in this many equal groups and a token first picks
             ``router_topk_groups`` groups, then its top-k experts inside them.
-        router_topk_groups: groups a token may use (``topk_group``); defaults to ``router_groups``.
+        router_topk_groups: groups a token may use (``topk_group``); defaults to ``router_groups`` (also for a
+            dense model, where no other value is accepted).
         router_group_score: a group's score, ``"max"`` of its scores (DeepSeek-V2) or ``"top2_sum"``, the sum of
             its two best (DeepSeek-V3).
         router_choice_bias: a per-expert bias added to the scores for choosing only, never to the weights
@@ -206,6 +212,7 @@ class ModelConfig:
         ValueError: on any invalid value or combination, quoting the values.
 
     Example:
+        >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=64, n_heads=8, n_kv_heads=2, d_vocab=100, n_ctx=32)
         >>> cfg.group_size
         4
@@ -214,18 +221,20 @@ class ModelConfig:
     n_layers: int
     d_model: int
     n_heads: int
-    # d_head, n_kv_heads and d_mlp accept None (derive the default) and are ints once __post_init__ has run:
-    # typed as what every reader sees.
+    # The config is resolved: a field typed ``int`` whose default is None ("derive it") accepts None and holds
+    # an int once __post_init__ has run (d_head, n_kv_heads, d_mlp, rotary_dim, kv_latent_dim, v_head_dim,
+    # n_experts_per_token, d_expert, router_topk_groups): typed as what every reader sees. A field typed
+    # ``X | None`` keeps None as a meaning of its own (no soft-cap, global attention, ...).
     d_head: int = None  # type: ignore[assignment]
     n_kv_heads: int = None  # type: ignore[assignment]
     attention: AttentionKind = "standard"
-    kv_latent_dim: int | None = None
+    kv_latent_dim: int = None  # type: ignore[assignment]
     q_latent_dim: int | None = None
     rope_dim: int = 0
     causal: bool = True
     positional: Positional = "learned"
     rotary_base: float = 10000.0
-    rotary_dim: int | None = None
+    rotary_dim: int = None  # type: ignore[assignment]
     rope_scaling: dict[str, Any] | None = None
     local_rotary_base: float | None = None
     sliding_window: int | list[int | None] | None = None
@@ -264,15 +273,15 @@ class ModelConfig:
     layer_n_kv_heads: list[int] | None = None
     layer_kv_map: list[list[int] | None] | None = None
     # --- multi-head latent attention (DeepSeek) ---
-    v_head_dim: int | None = None
+    v_head_dim: int = None  # type: ignore[assignment]
     # --- mixture of experts ---
     n_experts: int = 0
-    n_experts_per_token: int | None = None
-    d_expert: int | None = None
+    n_experts_per_token: int = None  # type: ignore[assignment]
+    d_expert: int = None  # type: ignore[assignment]
     router_score: RouterScore = "softmax"
     router_renormalize: bool = False
     router_groups: int = 1
-    router_topk_groups: int | None = None
+    router_topk_groups: int = None  # type: ignore[assignment]
     router_group_score: RouterGroupScore = "max"
     router_choice_bias: bool = False
     routed_scaling: float = 1.0
@@ -350,9 +359,11 @@ class ModelConfig:
             if self.positional == "rotary" and not self.rope_dim:
                 raise ValueError("attention='latent' with positional='rotary' needs rope_dim > 0 (decoupled RoPE)")
         else:
-            for name in ("kv_latent_dim", "q_latent_dim"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name}={getattr(self, name)} only applies to attention='latent'")
+            if self.kv_latent_dim not in (None, 0):
+                raise ValueError(f"kv_latent_dim={self.kv_latent_dim} only applies to attention='latent'")
+            self.kv_latent_dim = 0
+            if self.q_latent_dim is not None:
+                raise ValueError(f"q_latent_dim={self.q_latent_dim} only applies to attention='latent'")
             if self.rope_dim:
                 raise ValueError(f"rope_dim={self.rope_dim} only applies to attention='latent'")
         if self.positional == "rotary" and self.attention == "standard":
@@ -362,8 +373,13 @@ class ModelConfig:
                 raise ValueError(
                     f"rotary_dim={self.rotary_dim} must be even and in (0, d_head={self.d_head}]"
                 )
-        elif self.rotary_dim is not None and self.positional != "rotary":
-            raise ValueError(f"rotary_dim={self.rotary_dim} needs positional='rotary', got {self.positional!r}")
+        else:
+            if self.rotary_dim and self.positional != "rotary":
+                raise ValueError(f"rotary_dim={self.rotary_dim} needs positional='rotary', got {self.positional!r}")
+            if self.rotary_dim:
+                raise ValueError(f"rotary_dim={self.rotary_dim} applies to attention='standard'; MLA's rotary "
+                                 f"width is rope_dim={self.rope_dim}")
+            self.rotary_dim = 0
         self._check_rope_scaling()
         self._check_block_features()
         if self.tie_embeddings and not self.unembed:
@@ -378,8 +394,10 @@ class ModelConfig:
         """Validate the DeepSeek MLA field (value width)."""
         _int_or_none("v_head_dim", self.v_head_dim)
         if self.attention != "latent":
-            if self.v_head_dim is not None:
-                raise ValueError(f"v_head_dim={self.v_head_dim} only applies to attention='latent'")
+            if self.v_head_dim not in (None, self.d_head):
+                raise ValueError(f"v_head_dim={self.v_head_dim} only applies to attention='latent' (standard "
+                                 f"attention's value width is d_head={self.d_head})")
+            self.v_head_dim = self.d_head
             return
         if self.v_head_dim is None:
             self.v_head_dim = self.d_head
@@ -397,10 +415,13 @@ class ModelConfig:
         if self.n_experts < 0:
             raise ValueError(f"n_experts={self.n_experts} must be >= 0 (0: dense MLPs)")
         if not self.n_experts:
+            # The derived fields also take their resolved dense values (what to_dict wrote).
+            resolved = {"n_experts_per_token": 0, "d_expert": self.d_mlp, "router_topk_groups": self.router_groups}
             set_fields = [f"{name}={getattr(self, name)!r}" for name, default in _MOE_DEFAULTS.items()
-                          if getattr(self, name) != default]
+                          if getattr(self, name) not in (default, resolved.get(name, default))]
             if set_fields:
                 raise ValueError(f"{', '.join(set_fields)} only apply to a mixture of experts (n_experts > 0)")
+            self.n_experts_per_token, self.d_expert, self.router_topk_groups = 0, self.d_mlp, self.router_groups
             return
         if self.attn_only:
             raise ValueError(f"n_experts={self.n_experts} needs MLPs, but attn_only=True")
@@ -408,8 +429,8 @@ class ModelConfig:
             raise ValueError(f"experts are gated MLPs: activation={self.activation!r} must be 'swiglu', 'geglu' "
                              "or 'swiglu_clamped'")
         E, k = self.n_experts, self.n_experts_per_token
-        if k is None:
-            raise ValueError(f"n_experts={E} needs n_experts_per_token (the router's top-k)")
+        if not k:
+            raise ValueError(f"n_experts={E} needs n_experts_per_token (the router's top-k), got {k!r}")
         _positive_int("n_experts_per_token", k)
         if k > E:
             raise ValueError(f"router top-k n_experts_per_token={k} is larger than the number of experts "
@@ -453,6 +474,7 @@ class ModelConfig:
         """Whether ``layer``'s MLP is a mixture of experts (False for dense configs and ``dense_mlp_layers``).
 
         Example:
+            >>> from interp import ModelConfig
             >>> cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu",
             ...                   n_experts=4, n_experts_per_token=2, dense_mlp_layers=[0])
             >>> [cfg.is_moe_layer(i) for i in range(2)]
@@ -566,16 +588,42 @@ class ModelConfig:
         """The sliding window of ``layer`` (``None``: global attention).
 
         Example:
+            >>> from interp import ModelConfig
             >>> ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=32, sliding_window=[4, None]).window(0)
             4
         """
-        return None if self.sliding_window is None else self.sliding_window[layer]
+        windows = self.sliding_window
+        if windows is None or isinstance(windows, int):  # an int (every layer) set after construction
+            return windows
+        return windows[layer]
 
     def set_features(self, names: tuple[str, ...]) -> str:
-        """``"name=value, ..."`` for those of ``names`` whose value is not the field's default ("" when none):
-        how a code path that covers only the defaults says what it does not cover."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        return ", ".join(f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n])
+        """``"name=value, ..."`` for those of ``names`` whose value is not what omitting them gives ("" when none):
+        how a code path that covers only the defaults says what it does not cover.
+
+        Example:
+            >>> from interp import ModelConfig
+            >>> ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4, d_mlp=16).set_features(
+            ...     ("d_mlp", "d_expert", "attn_softcap"))
+            'd_mlp=16'
+        """
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in names if self._differs_from_default(n))
+
+    def _differs_from_default(self, name: str) -> bool:
+        """Whether field ``name`` holds something other than what omitting it gives: its default, or for a field
+        resolved in ``__post_init__`` (default None) what the other values derive (a dense model's ``d_expert``
+        equal to its ``d_mlp`` is not set)."""
+        default = self.__dataclass_fields__[name].default
+        value = getattr(self, name)
+        if default is not None:
+            return bool(value != default)
+        if value is None:
+            return False
+        others = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != name}
+        try:
+            return bool(value != getattr(type(self)(**others), name))
+        except (TypeError, ValueError):  # the others alone are no valid config: the value is needed
+            return True
 
     def _check_layer_heads(self) -> None:
         """Validate the optional per-layer head counts and query-to-K/V maps (pruned models)."""
@@ -626,6 +674,7 @@ class ModelConfig:
             ValueError: ``layer`` is out of range.
 
         Example:
+            >>> from interp import ModelConfig
             >>> ModelConfig(n_layers=2, d_model=64, n_heads=8, n_kv_heads=2, d_vocab=10, n_ctx=8).layer(1)
             LayerShape(n_heads=8, n_kv_heads=2, d_head=8, kv_map=(0, 0, 0, 0, 1, 1, 1, 1))
         """
@@ -636,8 +685,9 @@ class ModelConfig:
             k = h
         else:
             k = self.n_kv_heads if self.layer_n_kv_heads is None else self.layer_n_kv_heads[layer]
-        if self.layer_kv_map is not None and self.layer_kv_map[layer] is not None:
-            kv_map = tuple(self.layer_kv_map[layer])
+        given = None if self.layer_kv_map is None else self.layer_kv_map[layer]
+        if given is not None:
+            kv_map = tuple(given)
         else:
             kv_map = tuple(i // (h // k) for i in range(h)) if h else ()
         return LayerShape(n_heads=h, n_kv_heads=k, d_head=self.d_head, kv_map=kv_map)
@@ -699,27 +749,16 @@ class ModelConfig:
             ModelConfig(n_layers=2, d_model=64, n_heads=4, d_vocab=50, n_ctx=32, positional='rotary')
         """
         required = ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx")
-        fields = [f for f in dataclasses.fields(self) if f.name not in required]
-        # Fields with a fixed default show when they leave it; the "derive later" ones (default None: d_head,
-        # n_kv_heads, rotary_dim, d_mlp...) show when they differ from what the other values derive.
-        fixed = {f.name: getattr(self, f.name) for f in fields
-                 if f.default is not None and getattr(self, f.name) != f.default}
-        try:
-            derived: ModelConfig | None = type(self)(**{n: getattr(self, n) for n in required}, **fixed)
-        except (TypeError, ValueError):
-            derived = None
         shown = [f"{n}={getattr(self, n)!r}" for n in required]
-        for f in fields:
-            value = getattr(self, f.name)
-            if f.name in fixed or (f.default is None and value is not None
-                                   and (derived is None or value != getattr(derived, f.name))):
-                shown.append(f"{f.name}={value!r}")
+        shown += [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                  if f.name not in required and self._differs_from_default(f.name)]
         return f"{type(self).__name__}({', '.join(shown)})"
 
     def full_repr(self) -> str:
         """Every field and its value, defaults included (``repr`` shows only what differs from them).
 
         Example:
+            >>> from interp import ModelConfig
             >>> "router_groups=1" in ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4).full_repr()
             True
         """

@@ -29,7 +29,7 @@ import functools
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 import torch.fx
@@ -40,6 +40,9 @@ from .attention import AttnMask
 from .kv_cache import KVCache
 from .norms import RMSNorm
 from .rotary import Rotary
+
+if TYPE_CHECKING:
+    from .model import Transformer
 
 # generate() multiplies each decode step's B rows by MKL-packed weights from this many rows (measured on a
 # Xeon, 1 thread, SmolLM2-135M: 4-16 rows run ~1.5x faster) and for runs of at least this many steps (packing
@@ -65,12 +68,13 @@ def _mkl_packing_available() -> bool:
         return False
 
 
-def _eligible(mod: nn.Module) -> bool:
+def _eligible(mod: nn.Module) -> TypeGuard[nn.Linear]:
     # Inference tensors (a model built under torch.inference_mode) can be neither re-laid-out in place nor
     # checked by version: they keep their own layout.
-    w = getattr(mod, "weight", None)
-    return (type(mod) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu"
-            and not w.is_inference())
+    if type(mod) is not nn.Linear:
+        return False
+    w = mod.weight
+    return w.dtype == torch.float32 and w.device.type == "cpu" and not w.is_inference()
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
@@ -116,7 +120,7 @@ class DecodeLayout:
     rows: int
     packed: dict[nn.Linear, _Packed] = field(default_factory=dict)
     transposed: dict[nn.Linear, tuple[torch.Tensor, int, int, torch.Tensor]] = field(default_factory=dict)
-    relaid: list[nn.Parameter] = field(default_factory=list)
+    relaid: list[torch.Tensor] = field(default_factory=list)
     probe: torch.Tensor | None = None
     trace: _Traced | None = field(default=None, repr=False)  # the lean step's trace, kept for the next call
 
@@ -186,7 +190,8 @@ class DecodeLayout:
             w = mod.weight
             if w is not laid.weight or w._version != laid.version or w.data_ptr() != laid.ptr:
                 return True
-            return laid.print is not None and not torch.equal(_fingerprint(w, self.probe), laid.print)
+            return (laid.print is not None and self.probe is not None
+                    and not torch.equal(_fingerprint(w, self.probe), laid.print))
         t = self.transposed.get(mod)
         if t is not None:
             w = mod.weight
@@ -233,7 +238,7 @@ def layout_for_generate(model: nn.Module, rows: int, new_tokens: int, *, use_cac
 
 
 @contextlib.contextmanager
-def decoding(model: nn.Module, batch_size: int = 1) -> Iterator[nn.Module]:
+def decoding(model: Transformer, batch_size: int = 1) -> Iterator[Transformer]:
     """Lay the weights out for decoding ``batch_size`` sequences once, for every generate() in the block.
 
     Below ``PACK_MIN_ROWS`` sequences every float32 CPU linear weight is stored transposed (``[in, out]``
@@ -259,6 +264,8 @@ def decoding(model: nn.Module, batch_size: int = 1) -> Iterator[nn.Module]:
         ValueError: ``batch_size`` < 1.
 
     Example:
+        >>> import torch
+        >>> from interp.decode import decoding
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16,
         ...                                 positional="rotary", normalization="rms"))
@@ -271,10 +278,8 @@ def decoding(model: nn.Module, batch_size: int = 1) -> Iterator[nn.Module]:
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     with model.lock:  # no pass of another thread sees half the layers switched
-        if getattr(model, "_decode_layout", None) is not None:  # nested: the outer block's layout serves
-            outer = True
-        else:
-            outer = False
+        outer = model._decode_layout is not None  # nested: the outer block's layout serves
+        if not outer:
             model._decode_layout = DecodeLayout.build(model, batch_size, held=True)
     if outer:
         yield model
@@ -284,7 +289,8 @@ def decoding(model: nn.Module, batch_size: int = 1) -> Iterator[nn.Module]:
     finally:
         with model.lock:
             layout, model._decode_layout = model._decode_layout, None
-            layout.release()
+            if layout is not None:
+                layout.release()
 
 
 # --- the traced decode step ----------------------------------------------------------------------------------
@@ -343,7 +349,10 @@ def _submodule(root: nn.Module, path: str) -> nn.Module:
     TransformerLens-style tensors; the modules of those names are reached through ``_modules``)."""
     mod = root
     for part in path.split("."):
-        mod = mod._modules[part]
+        child = mod._modules[part]
+        if child is None:  # a name registered as None holds no module
+            raise KeyError(f"{path}: {part!r} is None")
+        mod = child
     return mod
 
 
@@ -359,7 +368,7 @@ class _StepRoot(nn.Module):
     embedding norm), every block as its own forward defines it, and the model's own output head
     (``Transformer.unembed_residual``: final norm, unembedding, soft-cap) on the last position."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Transformer) -> None:
         super().__init__()
         self.model = model
 
@@ -383,12 +392,12 @@ class _Traced:
 
     run: Callable[..., torch.Tensor]
     param_paths: list[str]
-    linears: list[nn.Module]
+    linears: list[nn.Linear]
     leaves: list[nn.Module]
     modules: tuple[nn.Module, ...]
 
 
-def _trace(model: nn.Module) -> _Traced:
+def _trace(model: Transformer) -> _Traced:
     """Trace the decode step of ``model``'s blocks and rewrite it to take everything it reads as arguments."""
     root = _StepRoot(model)
     with torch.no_grad():  # the blocks' no-autograd branches (the in-place MLP) are the ones a step runs
@@ -402,12 +411,13 @@ def _trace(model: nn.Module) -> _Traced:
     with graph.inserting_after(last_ph):
         params_ph = graph.placeholder("params")
     param_paths: list[str] = []
-    linears: list[nn.Module] = []
+    linears: list[nn.Linear] = []
     leaves: list[nn.Module] = []
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in (torch._C._nn.linear, F.linear):
             x, w = node.args[0], node.args[1]
-            if not (isinstance(w, torch.fx.Node) and w.op == "get_attr" and w.target.endswith(".weight")):
+            if not (isinstance(w, torch.fx.Node) and w.op == "get_attr" and isinstance(w.target, str)
+                    and w.target.endswith(".weight")):
                 raise _Untraceable(f"a linear product of something other than a layer's weight: {node.format_node()}")
             mod = _submodule(root, w.target.rsplit(".", 1)[0])
             bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
@@ -454,6 +464,8 @@ class LeanDecoder:
     Build with :meth:`build` (``None`` for a model it does not cover); check :meth:`usable` before each run.
 
     Example:
+        >>> import torch
+        >>> from interp.decode import DecodeLayout, LeanDecoder
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16,
         ...                                 positional="rotary", normalization="rms")).eval()
@@ -465,7 +477,7 @@ class LeanDecoder:
         torch.Size([1, 11])
     """
 
-    def __init__(self, model: nn.Module, layout: DecodeLayout, traced: _Traced) -> None:
+    def __init__(self, model: Transformer, layout: DecodeLayout, traced: _Traced) -> None:
         self.model, self.layout, self.rows, self.traced = model, layout, layout.rows, traced
         root = _StepRoot(model)
         self._params = [getattr(_submodule(root, path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1])
@@ -474,7 +486,7 @@ class LeanDecoder:
         self._leaves = [leaf.forward for leaf in traced.leaves]  # usable() made sure no torch hook is skipped
 
     @staticmethod
-    def unsupported(model: nn.Module) -> str | None:
+    def unsupported(model: Transformer) -> str | None:
         """Why :class:`LeanDecoder` does not cover ``model`` (``None`` when it does; a model that fails to
         trace is refused by :meth:`build` too)."""
         cfg = getattr(model, "cfg", None)
@@ -495,7 +507,7 @@ class LeanDecoder:
         return None
 
     @classmethod
-    def build(cls, model: nn.Module, layout: DecodeLayout, traced: _Traced | None = None) -> LeanDecoder | None:
+    def build(cls, model: Transformer, layout: DecodeLayout, traced: _Traced | None = None) -> LeanDecoder | None:
         """A decoder over ``layout``, or ``None`` when the model is not covered (see :meth:`unsupported`) or
         its blocks do not trace."""
         if cls.unsupported(model) is not None:
@@ -508,7 +520,7 @@ class LeanDecoder:
         return cls(model, layout, traced)
 
     @classmethod
-    def for_generate(cls, model: nn.Module, layout: DecodeLayout, rows: int) -> LeanDecoder | None:
+    def for_generate(cls, model: Transformer, layout: DecodeLayout, rows: int) -> LeanDecoder | None:
         """The decoder a ``rows``-sequence generate() runs past its prompt (over ``layout`` where it serves
         ``rows`` rows, else over the weights themselves); ``None`` when the model is not covered or a step
         could be observed (see :meth:`usable`). The trace is kept with a held layout for the next call."""
@@ -546,7 +558,7 @@ class LeanDecoder:
             raise
 
 
-def _unobserved(model: nn.Module) -> bool:
+def _unobserved(model: Transformer) -> bool:
     """No interp hook, head gate or torch module hook anywhere: nothing could see a step skip the modules."""
     from torch.nn.modules import module as torch_module
 

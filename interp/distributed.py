@@ -181,6 +181,7 @@ def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str]:
         The command line, starting with this Python interpreter.
 
     Example:
+        >>> from interp.distributed import torchrun_command
         >>> torchrun_command(2, ["heads", "--model", "induction-2l", "--nproc", "2"])[-4:]
         ['interp', 'heads', '--model', 'induction-2l']
     """
@@ -220,6 +221,7 @@ def check_ranks_fit(nproc: int, weight_bytes: int, *, what: str = "the model", c
         ValueError: too many ranks; the message says what ``--nproc`` should be at most, and why.
 
     Example:
+        >>> from interp.distributed import check_ranks_fit
         >>> check_ranks_fit(2, 1 << 20, cores=2, available=8 << 30)
         >>> try:
         ...     check_ranks_fit(8, 1 << 30, cores=2, available=8 << 30)  # 8 ranks x ~2.4 GiB in 8 GiB
@@ -264,6 +266,7 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None) ->
         ValueError: an unknown backend, or a non-positive timeout.
 
     Example:
+        >>> from interp.distributed import init_from_env
         >>> init_from_env()   # under torchrun --nproc_per_node 2: True; in a plain python: False
     """
     if active():
@@ -309,6 +312,7 @@ def shutdown(*, wait: bool = True) -> None:
             never arrive (a failed barrier is ignored either way; the run's own outcome stands).
 
     Example:
+        >>> from interp.distributed import init_from_env, shutdown
         >>> init_from_env(); ...; shutdown()   # at the end of a torchrun job
     """
     dist = torch.distributed
@@ -352,6 +356,7 @@ def exit_after_failure(status: int) -> NoReturn:
         status: the process exit status.
 
     Example:
+        >>> from interp.distributed import exit_after_failure
         >>> exit_after_failure(1)   # doctest: +SKIP
     """
     for stream in (sys.stdout, sys.stderr):
@@ -377,6 +382,7 @@ def rank_device() -> torch.device | None:
         The current CUDA device when the process group runs on nccl, else ``None``.
 
     Example:
+        >>> from interp.distributed import rank_device
         >>> rank_device() is None  # not distributed
         True
     """
@@ -401,6 +407,7 @@ def shard(items: Sequence[Any]) -> Sequence[Any]:
     :func:`replicated`).
 
     Example:
+        >>> from interp.distributed import shard
         >>> shard(list(range(5)))   # rank 1 of 2: [1, 3]
     """
     return items[rank()::world_size()] if data_parallel() else items
@@ -499,6 +506,8 @@ def describe_batches(batches: Sequence[Any]) -> str:
     :class:`~interp.data.Batch`'s tokens, mask and tensor annotations, a batch dict's tensors by key, or a bare tensor of ids).
 
     Example:
+        >>> import torch
+        >>> from interp.distributed import describe_batches
         >>> describe_batches([torch.zeros(2, 3, dtype=torch.long)])   # 16 hex digits
     """
     def chunks() -> Iterable[bytes]:
@@ -525,6 +534,8 @@ def check_same(model: torch.nn.Module | None = None, data: str | None = None) ->
         DistributedError: a peer rank died or timed out.
 
     Example:
+        >>> from interp.distributed import check_same, describe_batches
+        >>> from interp.examples import model, batches
         >>> check_same(model, describe_batches(batches))
     """
     if not active():

@@ -36,6 +36,7 @@ def dtype_bytes(dtype: str | int) -> int:
         ValueError: unknown name or a non-positive int.
 
     Example:
+        >>> from interp.flops import dtype_bytes
         >>> dtype_bytes("bf16")
         2
     """
@@ -55,6 +56,7 @@ def worked_example_config(**overrides) -> ModelConfig:
     """The worked example: 80 layers, 64 heads, d_head 128 (d_model 8192), MHA.
 
     Example:
+        >>> from interp.flops import worked_example_config
         >>> worked_example_config(n_kv_heads=8).kind
         'gqa'
     """
@@ -81,6 +83,7 @@ def rotary_decoder_config(*, layers: int, heads: int, d_head: int, kv_heads: int
             or a value ModelConfig rejects (quoted).
 
     Example:
+        >>> from interp.flops import rotary_decoder_config
         >>> rotary_decoder_config(layers=80, heads=64, d_head=128, kv_heads=8).kind
         'gqa'
     """
@@ -98,6 +101,7 @@ def gqa_group_options(n_heads: int) -> list[int]:
     1 and ``n_heads``).
 
     Example:
+        >>> from interp.flops import gqa_group_options
         >>> gqa_group_options(12)
         [2, 3, 4, 6]
     """
@@ -109,6 +113,7 @@ def default_kv_groups(n_heads: int) -> int | None:
     64 query heads, as Llama-2-70B); ``None`` when no such divisor exists (GQA would equal MHA or MQA).
 
     Example:
+        >>> from interp.flops import default_kv_groups
         >>> default_kv_groups(64), default_kv_groups(7)
         (8, None)
     """
@@ -143,6 +148,7 @@ def kv_variants(
         ValueError: ``n_kv_groups`` does not divide ``n_heads``, or an odd ``rope_dim`` (RoPE rotates pairs).
 
     Example:
+        >>> from interp.flops import kv_variants, worked_example_config
         >>> sorted(kv_variants(worked_example_config()))
         ['gqa', 'mha', 'mla', 'mqa']
     """
@@ -163,7 +169,7 @@ def kv_variants(
     # MLA with rope_dim == 0 cannot be "rotary" (its RoPE lives only in the decoupled part).
     positional = "rotary" if rope else ("none" if cfg.positional == "rotary" else cfg.positional)
     # The variants are uniform what-ifs: drop the per-layer head counts of a pruned model.
-    uniform = {f: None for f in ("layer_n_heads", "layer_n_kv_heads", "layer_kv_map") if hasattr(cfg, f)}
+    uniform: dict[str, Any] = {f: None for f in ("layer_n_heads", "layer_n_kv_heads", "layer_kv_map") if hasattr(cfg, f)}
     std: dict[str, Any] = dict(attention="standard", kv_latent_dim=None, q_latent_dim=None, rope_dim=0, v_head_dim=None,
                                **uniform,
                positional=cfg.positional if cfg.attention == "standard" else "rotary",
@@ -174,7 +180,7 @@ def kv_variants(
     out["mqa"] = dataclasses.replace(cfg, n_kv_heads=1, **std)
     out["mla"] = dataclasses.replace(cfg, attention="latent", n_kv_heads=H, kv_latent_dim=latent, **uniform,
                                      q_latent_dim=cfg.q_latent_dim if cfg.attention == "latent" else None,
-                                     rope_dim=rope, positional=positional, rotary_dim=None)
+                                     rope_dim=rope, positional=positional, rotary_dim=0)
     return out
 
 
@@ -187,6 +193,7 @@ def kv_cache_bytes(cfg: ModelConfig, *, batch: int = 1, tokens: int = 1, dtype: 
         ValueError: batch or tokens < 1, or an unknown dtype.
 
     Example:
+        >>> from interp.flops import kv_cache_bytes, worked_example_config
         >>> round(kv_cache_bytes(worked_example_config(), batch=32, tokens=4096) / 1e9)
         344
     """
@@ -222,6 +229,7 @@ def kv_cache_table(
         ``"<kind> (pruned)"``, with its own cache (``n_kv_heads`` is then the mean per layer).
 
     Example:
+        >>> from interp.flops import kv_cache_table, worked_example_config
         >>> t = kv_cache_table(worked_example_config(), batch=32, tokens=4096)
         >>> float(t.set_index("kind").loc["gqa", "vs_mha"])
         0.125
@@ -256,6 +264,7 @@ def format_bytes(n: float) -> str:
     """Decimal (SI) units, as the worked example quotes them: ``2621440 -> '2.62 MB'``.
 
     Example:
+        >>> from interp.flops import format_bytes
         >>> format_bytes(343597383680)
         '343.6 GB'
     """
@@ -306,6 +315,8 @@ def flops_per_layer(
         ValueError: non-positive sizes, ``kv_len < seq_len``, or a pruned model without ``layer``.
 
     Example:
+        >>> from interp import ModelConfig
+        >>> from interp.flops import flops_per_layer
         >>> cfg = ModelConfig(n_layers=1, d_model=64, n_heads=4, d_vocab=10, n_ctx=16, attn_only=True)
         >>> int(flops_per_layer(cfg, seq_len=16).set_index("operation").loc["q_proj", "flops"])  # 2*16*64*64
         131072
@@ -378,6 +389,7 @@ def format_flops(n: float) -> str:
     """``1.5e12 -> '1.50 TFLOP'`` (decimal units).
 
     Example:
+        >>> from interp.flops import format_flops
         >>> format_flops(131072)
         '131.1 kFLOP'
     """
@@ -396,6 +408,8 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
         ``{"total": int, "active": int, "experts_total": int, "experts_active": int}``.
 
     Example:
+        >>> from interp import ModelConfig
+        >>> from interp.flops import parameter_counts
         >>> cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=50, n_ctx=8, activation="swiglu",
         ...                   mlp_bias=False, n_experts=8, n_experts_per_token=2, d_expert=32)
         >>> c = parameter_counts(cfg)
@@ -403,14 +417,15 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
         (True, True)
     """
     from .model import Transformer
+    from .moe import MoE
 
     with torch.device("meta"):
         model = Transformer(cfg)
     total = sum(p.numel() for p in model.parameters())
     experts_total = experts_active = 0
-    for layer, block in enumerate(model.blocks):
+    for block in model.blocks:
         mlp = block.mlp
-        if cfg.is_moe_layer(layer):
+        if isinstance(mlp, MoE):  # the layers cfg.is_moe_layer names
             per_expert = mlp.W_gate[0].numel() + mlp.W_in[0].numel() + mlp.W_out[0].numel()
             experts_total += cfg.n_experts * per_expert
             experts_active += cfg.n_experts_per_token * per_expert

@@ -10,7 +10,7 @@ traced, hook-free function over weights laid out for few-row products (:mod:`int
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -24,11 +24,30 @@ if TYPE_CHECKING:
     from .trace import Trace
 
 
+class GenerateOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`generate`, which :meth:`interp.Transformer.generate` passes on (a test
+    keeps the two lists equal)."""
+
+    use_cache: bool
+    eos_token_id: int | None
+    pack_weights: bool | None
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int | None
+    stop_tokens: int | Sequence[int] | None
+    pad_token_id: int | None
+    return_trace: bool
+    trace_filter: NamesFilter
+
+
 def prefill(model: Transformer, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run the prompt ``tokens`` ``[B, T]`` through the model into ``cache``; returns the last position's
     logits ``[B, d_vocab]`` (the others are not unembedded).
 
     Example:
+        >>> import torch
+        >>> from interp.generate import prefill
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
         >>> cache = model.make_cache(batch_size=1)
@@ -48,6 +67,8 @@ def decode_one_token(model: Transformer, token: torch.Tensor, cache: KVCache,
             the step then runs as its traced, hook-free function. ``None``: the hooked forward pass.
 
     Example:
+        >>> import torch
+        >>> from interp.generate import decode_one_token, prefill
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
         >>> cache = model.make_cache(batch_size=1)
@@ -83,6 +104,8 @@ def process_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int
     and the maximum stays 0 even where ``T`` rounds to 0 in float32, so a tiny temperature samples the argmax.
 
     Example:
+        >>> import torch
+        >>> from interp.generate import process_logits
         >>> process_logits(torch.tensor([[1.0, 3.0, 2.0]]), top_k=2)
         tensor([[-inf, 3., 2.]])
         >>> process_logits(torch.tensor([[1.0, 3.0, 2.0]]), temperature=1e-45).softmax(-1)
@@ -118,6 +141,8 @@ def sample(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None 
         ``[B]`` token ids.
 
     Example:
+        >>> import torch
+        >>> from interp.generate import sample
         >>> sample(torch.tensor([[0.0, 5.0, 1.0]]))
         tensor([1])
         >>> sample(torch.tensor([[0.0, 5.0, 1.0]]), temperature=1.0, top_k=1)
@@ -188,6 +213,8 @@ def generate(
             outside ``[-2**63, 2**64)``, a stop token outside the vocabulary).
 
     Example:
+        >>> import torch
+        >>> from interp.generate import generate
         >>> from interp import ModelConfig, Transformer
         >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
         >>> prompt = torch.tensor([[1, 2, 3]])
@@ -224,16 +251,17 @@ def generate(
     fill = out.new_zeros(B)  # what a done sequence gets from then on
     # The lock is held for the whole run: the laid-out weights must not meet another thread's pass.
     with model.lock:
-        held = getattr(model, "_decode_layout", None)  # decoding()'s layout, when inside that block
+        held = model._decode_layout  # decoding()'s layout, when inside that block
         own = None if held is not None else layout_for_generate(model, B, max_new_tokens, use_cache=use_cache,
                                                                  pack_weights=pack_weights)
         if held is not None and pack_weights is not None and not isinstance(pack_weights, bool):
             raise TypeError(f"pack_weights={pack_weights!r} must be True, False or None")
         try:
             # Past the prompt, a step skips the hooked forward while nothing could observe the difference.
-            decoder = LeanDecoder.for_generate(model, held if held is not None else own, B) if use_cache else None
+            layout = held if held is not None else own
+            decoder = LeanDecoder.for_generate(model, layout, B) if use_cache and layout is not None else None
             for _ in range(max_new_tokens):
-                if not use_cache:
+                if cache is None:  # use_cache=False
                     logits = _last_logits(model, out[:, :n], None)
                 elif n == T:
                     logits = prefill(model, out[:, :T], cache)  # [B, V]

@@ -16,10 +16,15 @@ import fnmatch
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .model import ForwardOptions
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]  # noqa: UP007 - a runtime alias, Python 3.10
@@ -33,6 +38,8 @@ class QueryChunkHook:
     signature.
 
     Example:
+        >>> from interp.hooks import QueryChunkHook
+        >>> from interp.examples import model, tokens
         >>> seen = []
         >>> with model.hooks([("blocks.0.attn.hook_pattern", QueryChunkHook(lambda p, h, q0: seen.append(q0)))]):
         ...     model(tokens)
@@ -213,6 +220,7 @@ class HookedModule(nn.Module):
             ValueError: a hook name matches no hook point (nothing is attached then).
 
         Example:
+            >>> from interp.examples import model, tokens
             >>> with model.hooks([("blocks.0.attn.hook_pattern", lambda p, hook: print(p.shape))]):
             ...     model(tokens)
         """
@@ -229,7 +237,25 @@ class HookedModule(nn.Module):
                 for remove in reversed(removers):
                     remove()
 
-    def run_with_hooks(self, *args: Any, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = (), **kwargs: Any):
-        """Run ``self(*args, **kwargs)`` with hooks attached; they are removed afterwards, also on error."""
+    def run_with_hooks(self, tokens: torch.Tensor, *, fwd_hooks: Sequence[tuple[NamesFilter, HookFn]] = (),
+                       **kwargs: Unpack[ForwardOptions]) -> torch.Tensor:
+        """Run ``self(tokens, **kwargs)`` with hooks attached; they are removed afterwards, also on error.
+
+        Args:
+            tokens: the model's input (``[B, T]`` ids).
+            fwd_hooks: ``(names, fn)`` pairs, as :meth:`hooks` takes them.
+            kwargs: the keyword arguments of the model's forward (:class:`interp.model.ForwardOptions`).
+
+        Returns:
+            What the forward pass returns (the logits).
+
+        Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
+            >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
+            >>> zero = lambda x, hook: x * 0  # the embedding written as zeros
+            >>> model.run_with_hooks(torch.tensor([[1, 2]]), fwd_hooks=[("hook_embed", zero)]).shape
+            torch.Size([1, 2, 11])
+        """
         with self.hooks(fwd_hooks):
-            return self(*args, **kwargs)
+            return self(tokens, **kwargs)

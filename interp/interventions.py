@@ -32,6 +32,8 @@ Ablation methods:
   position (Chan et al. 2022, causal scrubbing): on-distribution values carrying the wrong information.
 
 Example:
+    >>> import torch
+    >>> from interp.interventions import ablate, head_mask
     >>> import interp
     >>> model = interp.load("random-tiny")
     >>> tokens = torch.randint(1, 64, (2, 8))
@@ -155,6 +157,7 @@ def check_units(model: Any, units: Units, component: str = "heads") -> dict[int,
         ValueError: a unit outside the model (the counts per layer are named), or an unknown component.
 
     Example:
+        >>> from interp.interventions import check_units
         >>> from interp import load
         >>> check_units(load("random-tiny"), [(1, 2), (0, 1), (1, 0)])
         {0: [1], 1: [0, 2]}
@@ -190,6 +193,8 @@ def head_mask(model: Transformer, pruned: torch.Tensor | Sequence[torch.Tensor] 
         ValueError: ``pruned`` does not match the model's heads (see :meth:`Transformer.set_head_gates`).
 
     Example:
+        >>> import torch
+        >>> from interp.interventions import head_mask
         >>> from interp import load
         >>> model = load("random-tiny")
         >>> pruned = torch.zeros(2, 4, dtype=torch.bool)
@@ -224,6 +229,8 @@ def gates_only(model: Transformer) -> Iterator[None]:
     gates and the ``requires_grad`` flags on exit, also when the body raises.
 
     Example:
+        >>> import torch
+        >>> from interp.interventions import gates_only
         >>> from interp import load
         >>> model = load("random-tiny")
         >>> gates = torch.ones(2, 4, requires_grad=True)
@@ -349,6 +356,9 @@ def unit_means(model: Any, reference: Any, layers: Sequence[int] | None = None, 
         TypeError: a reference batch that is not token ids.
 
     Example:
+        >>> import torch
+        >>> from interp.interventions import unit_means
+        >>> from interp.examples import moe_model, moe_tokens
         >>> from interp import load
         >>> unit_means(load("random-tiny"), torch.randint(1, 64, (4, 6)))[1].shape   # [H, D]
         torch.Size([4, 8])
@@ -469,6 +479,8 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             means for routed units.
 
     Example:
+        >>> import torch
+        >>> from interp.interventions import ablate
         >>> from interp import load
         >>> model = load("random-tiny")
         >>> reference = torch.randint(1, 64, (8, 6), generator=torch.Generator().manual_seed(0))
@@ -496,6 +508,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
         if missing:
             raise ValueError(f"values has no tensor for layer(s) {missing} of the ablated units (it has layers "
                              f"{sorted(values)[:8]})")
+    replacements = values if values is not None else {}  # read only by "mean" / "resample" (checked above)
     gen = torch.Generator().manual_seed(seed)
     draws: dict[int, torch.Tensor] = {}  # batch size -> reference rows, shared across layers in one forward
     ax = comp.unit_axis
@@ -519,7 +532,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             if method == "zero":
                 rep = torch.zeros(shape, dtype=t.dtype, device=t.device)
             elif method == "mean":
-                v = values[layer].to(device=t.device, dtype=t.dtype)
+                v = replacements[layer].to(device=t.device, dtype=t.dtype)
                 check_width(layer, v, t, 1 if v.dim() == t.dim() - 1 else 0, "means")
                 if v.dim() == t.dim() - 1:  # per position [T_ref, ...]
                     if v.shape[0] != T:
@@ -528,7 +541,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
                 else:  # [...] over all positions
                     rep = v[None, None][at].expand(shape)
             else:
-                v = values[layer].to(device=t.device, dtype=t.dtype)  # [R, T_ref, ...]
+                v = replacements[layer].to(device=t.device, dtype=t.dtype)  # [R, T_ref, ...]
                 check_width(layer, v, t, 2, "resample draws")
                 if v.shape[1] != T:
                     raise ValueError(f"resample reference has length {v.shape[1]}, the input has {T}")
@@ -555,7 +568,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
     def routed_hook_for(layer: int):
         targets = torch.tensor(by_layer[layer])
         if method == "mean":
-            v = values[layer]
+            v = replacements[layer]
             if v.dim() < 2 or v.shape[0] != comp.counts(model)[layer]:
                 raise ValueError(f"mean values of {comp.name} in layer {layer} have shape {tuple(v.shape)}; "
                                  f"expected [{comp.counts(model)[layer]}, ...] (one mean per unit, from unit_means)")
@@ -570,7 +583,7 @@ def ablate(model: Any, units: Units, method: str = "mean", *, component: str = "
             hit = hit.view(*hit.shape, *[1] * (t.dim() - 3))  # [B, T, k, 1, ...]
             if method == "zero":
                 return t.masked_fill(hit, 0.0)
-            rep = values[layer].to(device=t.device, dtype=t.dtype)[ids]  # [U, ...] -> [B, T, k, ...]
+            rep = replacements[layer].to(device=t.device, dtype=t.dtype)[ids]  # [U, ...] -> [B, T, k, ...]
             return torch.where(hit, rep, t)
 
         return fn

@@ -106,6 +106,7 @@ class KVCache:
             devices keeps each layer's cache with its block).
 
     Example:
+        >>> from interp.examples import model, tokens
         >>> cache = model.make_cache(batch_size=2)
         >>> logits = model(tokens, kv_cache=cache)          # prefill
         >>> logits = model(logits[:, -1:].argmax(-1), kv_cache=cache)      # one step
@@ -134,6 +135,7 @@ class KVCache:
         if len(devices) != cfg.n_layers:
             raise ValueError(f"device lists {len(devices)} devices for a model with {cfg.n_layers} layers")
         for layer in range(cfg.n_layers):
+            shapes: list[tuple[int, ...]]
             if cfg.attention == "latent":
                 width = 1 if cfg.layer(layer).n_heads else 0  # a layer without heads caches nothing
                 shapes = [(batch_size, max_len, width * cfg.kv_latent_dim), (batch_size, max_len, width * cfg.rope_dim)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,27 @@ from .moe import MoE, gated_unit
 from .norms import RMSNorm
 
 if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+    from typing_extensions import Unpack
+
+    from .decode import DecodeLayout
+    from .generate import GenerateOptions
+    from .streaming import Reducer
     from .trace import Trace
+
+
+class ForwardOptions(TypedDict, total=False):
+    """The keyword arguments of :meth:`Transformer.forward`, which the methods that run it pass on
+    (``run_with_cache``, ``run_with_hooks``); a test keeps the two lists equal."""
+
+    attention_mask: torch.Tensor | None
+    token_type_ids: torch.Tensor | None
+    position_ids: torch.Tensor | None
+    context: torch.Tensor | None
+    context_mask: torch.Tensor | None
+    kv_cache: KVCache | None
+    start_at_layer: int | None
+    stop_at_layer: int | None
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
@@ -150,7 +170,7 @@ class Block(nn.Module):
     def forward(self, x, *, mask, positions, cache, context, context_mask) -> torch.Tensor:
         x = self.hook_resid_pre(x)
         attend = lambda h: self.attn(h, mask=mask, positions=positions, cache=cache)  # noqa: E731
-        if self.parallel:
+        if self.parallel and self.mlp is not None:  # (a parallel block always has its MLP: the config says so)
             # Both sublayers read the same residual; a one-norm block normalises it once for both.
             h = self.ln1(x)
             attn_out = self.hook_attn_out(attend(h))
@@ -175,6 +195,8 @@ class Transformer(HookedModule):
         cfg: a :class:`ModelConfig`.
 
     Example:
+        >>> import torch
+        >>> from interp import ModelConfig, Transformer
         >>> cfg = ModelConfig(n_layers=2, d_model=64, n_heads=4, d_vocab=50, n_ctx=32, positional="rotary")
         >>> model = Transformer(cfg)
         >>> logits, trace = model.run_with_cache(torch.tensor([[1, 2, 3]]), names_filter="*hook_pattern")
@@ -186,6 +208,14 @@ class Transformer(HookedModule):
     native = True
     #: A hub model's branch, tag or commit (``interp.load("hf:ID", revision=...)``); recordings store it.
     revision: str | None = None
+    #: The weight layout of an open :func:`interp.decode.decoding` block (None outside one).
+    _decode_layout: DecodeLayout | None = None
+    #: The device-hop hooks :func:`interp.placement.place` installed (absent on a model never placed).
+    _placement_handles: list[RemovableHandle]
+    #: A model read by :func:`interp.zoo.load_checkpoint`: the file's metadata (less config and tokenizer), and
+    #: whether its integrity record was there and matched.
+    checkpoint_metadata: dict[str, str]
+    checkpoint_verified: bool
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -195,9 +225,10 @@ class Transformer(HookedModule):
         # The weight modules keep the names W_E / W_pos / W_U (state-dict keys "W_E.weight"...); the attributes of
         # those names are TransformerLens-style tensors (properties below), the modules are embed / pos_embed /
         # unembed. A model without the module simply has no entry (assigning None would hit the property).
-        self.W_E = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        # nn.Module.__setattr__ registers the module: the attribute of that name is the read-only tensor property.
+        nn.Module.__setattr__(self, "W_E", nn.Embedding(cfg.d_vocab, cfg.d_model))
         if cfg.positional == "learned":
-            self.W_pos = nn.Embedding(cfg.n_ctx, cfg.d_model)
+            nn.Module.__setattr__(self, "W_pos", nn.Embedding(cfg.n_ctx, cfg.d_model))
         self.W_tt = nn.Embedding(cfg.n_token_types, cfg.d_model) if cfg.n_token_types else None
         self.embed_ln = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
         # Typed as the list of Blocks it holds (nn.ModuleList indexes to a bare Module for type checkers).
@@ -207,10 +238,11 @@ class Transformer(HookedModule):
         if cfg.unembed:
             # A tied unembedding shares W_E's weight: allocate none of its own (a [d_vocab, d_model] copy would
             # be built and initialised only to be dropped, a peak of twice the embedding's bytes).
-            self.W_U = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings,
-                                 device="meta" if cfg.tie_embeddings else None)
+            unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=not cfg.tie_embeddings,
+                                device="meta" if cfg.tie_embeddings else None)
+            nn.Module.__setattr__(self, "W_U", unembed)
             if cfg.tie_embeddings:
-                self.unembed.weight = self.embed.weight
+                unembed.weight = self.embed.weight
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         self.tokenizer: Any = None
@@ -261,6 +293,8 @@ class Transformer(HookedModule):
                 ``kv_cache`` with a pass that skips layers (their caches would fall behind).
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> model = Transformer(ModelConfig(n_layers=3, d_model=16, n_heads=2, d_vocab=11, n_ctx=8))
             >>> tokens = torch.tensor([[1, 2, 3]])
             >>> resid = model(tokens, stop_at_layer=1)                      # the residual entering block 1
@@ -367,6 +401,8 @@ class Transformer(HookedModule):
             hidden states ``[..., d_model]``.
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> model = Transformer(ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=11, n_ctx=8))
             >>> tokens = torch.tensor([[1, 2, 3]])
             >>> resid = model(tokens, stop_at_layer=2)
@@ -445,7 +481,8 @@ class Transformer(HookedModule):
         device = p.device if all(d == p.device for d in devices) else devices
         return KVCache(self.cfg, batch_size=batch_size, max_len=max_len, dtype=p.dtype, device=device)
 
-    def generate(self, tokens: torch.Tensor | str, max_new_tokens: int, **kwargs: Any) -> torch.Tensor | str | tuple:
+    def generate(self, tokens: torch.Tensor | str, max_new_tokens: int,
+                 **kwargs: Unpack[GenerateOptions]) -> torch.Tensor | str | tuple[torch.Tensor | str, Trace]:
         """Generate ``max_new_tokens`` after ``tokens``: :func:`interp.generate.generate` (greedy by default;
         sampling, stop tokens, hooks during generation and the trace of the result are documented there).
 
@@ -463,6 +500,8 @@ class Transformer(HookedModule):
             ValueError: text for a model without a tokenizer, and the errors of :func:`interp.generate.generate`.
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
             >>> model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0.8, seed=0).shape
@@ -486,6 +525,8 @@ class Transformer(HookedModule):
         block: :func:`interp.decode.decoding`.
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
             >>> with model.decoding(batch_size=1):
             ...     outs = [model.generate(torch.tensor([p]), 4) for p in ([1, 2], [3, 4])]
@@ -550,47 +591,56 @@ class Transformer(HookedModule):
     OV = property(lambda self: _weights.OV(self), doc="``W_V W_O`` per head, factored ``[L, H, M, M]``.")
 
     # --- recording ------------------------------------------------------------------------------------
-    def run_with_cache(self, *args: Any, names_filter: NamesFilter = None, **kwargs: Any) -> tuple[torch.Tensor, Trace]:
+    def run_with_cache(self, tokens: torch.Tensor, *, names_filter: NamesFilter = None,
+                       layers: Sequence[int] | None = None, dtype: torch.dtype | None = None,
+                       device: torch.device | str | None = None, reducers: Sequence[Reducer] = (),
+                       offload: str | None = None, **kwargs: Unpack[ForwardOptions]) -> tuple[torch.Tensor, Trace]:
         """Run the model and record the selected hook points.
 
         Args:
+            tokens: as :meth:`forward`.
             names_filter: a hook name, glob pattern, list, or predicate; ``None`` records everything.
-            other arguments: as :meth:`forward`, plus the recording options of :func:`interp.streaming.record`
-                (``layers``, ``dtype``, ``device``, ``reducers``, ``offload``).
+            layers, dtype, device, reducers, offload: the recording options of :func:`interp.streaming.record`.
+            kwargs: the keyword arguments of :meth:`forward` (:class:`ForwardOptions`).
 
         Returns:
             ``(output, trace)``; ``trace[name]`` is the recorded tensor.
 
         Example:
+            >>> from interp.examples import model, tokens
             >>> logits, cache = model.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_pattern"])
             >>> cache["blocks.0.attn.hook_pattern"].shape
         """
         from .streaming import record
 
-        return record(self, *args, names_filter=names_filter, **kwargs)
+        return record(self, tokens, names_filter=names_filter, layers=layers, dtype=dtype, device=device,
+                      reducers=reducers, offload=offload, **kwargs)
 
     # --- TransformerLens-style weights and tokens ----------------------------------------------------
     # The weights are views of the modules' parameters (no copy: editing one edits the other, gradients flow).
     @property
     def embed(self) -> nn.Embedding:
         """The token embedding module (its parameter is stored as ``W_E.weight``)."""
-        return self._modules["W_E"]
+        # Registered in __init__; a quantized model's is an interp.quantized.QuantizedEmbedding with the same
+        # weight / forward interface.
+        return cast(nn.Embedding, self._modules["W_E"])
 
     @property
     def pos_embed(self) -> nn.Embedding | None:
         """The learned position embedding module (``W_pos.weight``), or ``None`` (rotary / no positions)."""
-        return self._modules.get("W_pos")
+        return cast("nn.Embedding | None", self._modules.get("W_pos"))
 
     @property
     def unembed(self) -> nn.Linear | None:
         """The unembedding module (``W_U.weight`` ``[d_vocab, d_model]``), or ``None`` for an encoder."""
-        return self._modules.get("W_U")
+        return cast("nn.Linear | None", self._modules.get("W_U"))
 
     @property
     def W_E(self) -> torch.Tensor:
         """Token embeddings ``[d_vocab, d_model]`` (TransformerLens' ``W_E``; the embedding's own parameter).
 
         Example:
+            >>> from interp import ModelConfig, Transformer
             >>> Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4)).W_E.shape
             torch.Size([11, 8])
         """
@@ -607,6 +657,7 @@ class Transformer(HookedModule):
         less ``b_U``), a transposed view of the linear's weight; ``None`` for a model without unembedding.
 
         Example:
+            >>> from interp import ModelConfig, Transformer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
             >>> model.W_U.shape, model.W_U.data_ptr() == model.unembed.weight.data_ptr()
             (torch.Size([8, 11]), True)
@@ -637,6 +688,7 @@ class Transformer(HookedModule):
             ValueError: the model has no tokenizer, or ``string`` is not exactly one token (the pieces named).
 
         Example:
+            >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
             >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
@@ -664,6 +716,8 @@ class Transformer(HookedModule):
             ValueError: the model has no tokenizer, or ``tokens`` has more than 2 dimensions.
 
         Example:
+            >>> import torch
+            >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
             >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
@@ -698,6 +752,7 @@ class Transformer(HookedModule):
                 ``False``: drop the leading special token the tokenizer adds (trailing ones, BERT's ``[SEP]``, stay).
 
         Example:
+            >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=11, n_ctx=4))
             >>> model.tokenizer = TokenIdTokenizer(11, bos_id=0)
@@ -731,7 +786,7 @@ class Transformer(HookedModule):
                 if tokens.shape[0] != 1:
                     raise ValueError(f"to_str_tokens takes one sequence, got batch {tokens.shape[0]}")
                 tokens = tokens[0]
-            tokens = tokens.tolist()
+            return tok.to_str_tokens(tokens.tolist())
         return tok.to_str_tokens(tokens)
 
     def extra_repr(self) -> str:

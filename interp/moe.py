@@ -86,6 +86,9 @@ def route(logits: torch.Tensor, cfg: ModelConfig,
         float32 ``weights`` and int64 ``ids``, ids in order of decreasing choice score.
 
     Example:
+        >>> import torch
+        >>> from interp import ModelConfig
+        >>> from interp.moe import route
         >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu",
         ...                   n_experts=4, n_experts_per_token=2, router_renormalize=True)
         >>> w, ids = route(torch.tensor([[0.0, 3.0, 1.0, 2.0]]), cfg)
@@ -171,11 +174,17 @@ class MoE(nn.Module):
     ``[1, M]`` when ``cfg.shared_expert_gate``.
 
     Example:
+        >>> import torch
+        >>> import torch.nn.functional as F
+        >>> from interp import ModelConfig
+        >>> from interp.moe import MoE
         >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu",
         ...                   n_experts=4, n_experts_per_token=2)
         >>> MoE(cfg, None, F.silu)(torch.randn(2, 3, 8)).shape
         torch.Size([2, 3, 8])
     """
+
+    router_bias: torch.Tensor | None  # [E], a buffer
 
     def __init__(self, cfg: ModelConfig, shared: nn.Module | None, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()

@@ -34,6 +34,8 @@ class RMSNorm(nn.RMSNorm):
             float32, where both orders are the same numbers.
 
     Example:
+        >>> import torch
+        >>> from interp.norms import RMSNorm
         >>> x = torch.randn(2, 8).bfloat16()
         >>> norm = RMSNorm(8, eps=1e-6).bfloat16()
         >>> xf = x.float()

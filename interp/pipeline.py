@@ -77,6 +77,7 @@ def stage_bounds(n_layers: int, world: int) -> list[tuple[int, int]]:
         ValueError: ``world`` < 1, or more ranks than blocks (a rank would hold nothing).
 
     Example:
+        >>> from interp.pipeline import stage_bounds
         >>> stage_bounds(6, 4)
         [(0, 2), (2, 4), (4, 5), (5, 6)]
     """
@@ -110,6 +111,7 @@ def stage_prefixes(model: Transformer, rank: int, world: int) -> list[str]:
         Module names, e.g. ``["W_E", "blocks.0", "blocks.1"]``.
 
     Example:
+        >>> from interp.pipeline import stage_prefixes
         >>> from interp import ModelConfig
         >>> from interp.placement import build
         >>> skeleton = build(ModelConfig(n_layers=4, d_model=8, n_heads=2, d_vocab=11, n_ctx=4), device="meta")
@@ -140,6 +142,7 @@ def gpipe_schedule(world: int, micro_batches: int) -> list[list[int | None]]:
         or None (idle: the bubble).
 
     Example:
+        >>> from interp.pipeline import gpipe_schedule
         >>> gpipe_schedule(2, 3)
         [[0, None], [1, 0], [2, 1], [None, 2]]
     """
@@ -151,6 +154,7 @@ def bubble_fraction(world: int, micro_batches: int) -> float:
     """The share of rank-ticks idle in :func:`gpipe_schedule` (stages of equal cost): ``(W - 1) / (m + W - 1)``.
 
     Example:
+        >>> from interp.pipeline import bubble_fraction
         >>> bubble_fraction(4, 8)
         0.2727272727272727
     """
@@ -172,6 +176,9 @@ class Pipeline:
         DistributedError: a peer rank died or timed out while the ranks compared configs.
 
     Example:
+        >>> import torch
+        >>> from interp.pipeline import Pipeline
+        >>> from interp.examples import model, tokens
         >>> pipe = Pipeline(model, micro_batches=2)   # not distributed: one rank runs every block
         >>> torch.equal(pipe(tokens), model(tokens))
         True
@@ -329,6 +336,8 @@ class Pipeline:
             DistributedError: a peer rank died or timed out.
 
         Example:
+            >>> from interp.pipeline import Pipeline
+            >>> from interp.examples import model, tokens
             >>> logits, trace = Pipeline(model).run_with_cache(tokens, names_filter="*hook_pattern")
             >>> trace.pattern(0).shape == model.run_with_cache(tokens)[1].pattern(0).shape
             True
@@ -406,6 +415,8 @@ class Pipeline:
             DistributedError: a peer rank died or timed out.
 
         Example:
+            >>> from interp.pipeline import Pipeline
+            >>> from interp.examples import model, tokens
             >>> from interp.streaming import MeanReducer
             >>> r = MeanReducer("blocks.0.attn.hook_pattern")
             >>> Pipeline(model).stream(tokens, [r], batch_size=1)

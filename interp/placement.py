@@ -75,6 +75,7 @@ def check_dtype(dtype: object, what: str = "dtype") -> None:
         TypeError: ``dtype`` is not None and not a floating ``torch.dtype``.
 
     Example:
+        >>> from interp.placement import check_dtype
         >>> check_dtype("bf16")
         Traceback (most recent call last):
         ...
@@ -109,6 +110,8 @@ def build(cfg: ModelConfig, *, device: DeviceLike | None = None, dtype: torch.dt
         TypeError: ``dtype`` is not a floating-point dtype.
 
     Example:
+        >>> import torch
+        >>> from interp.placement import build
         >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
         >>> build(cfg, dtype=torch.bfloat16, seed=0).W_E.dtype
@@ -138,6 +141,8 @@ def block_bytes(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> tuple[i
         ``(embedding_bytes, [bytes of block 0, ...], head_bytes)``.
 
     Example:
+        >>> import torch
+        >>> from interp.placement import block_bytes
         >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
         >>> emb, blocks, head = block_bytes(cfg, torch.float32)
@@ -190,6 +195,7 @@ def plan_layers(cfg: ModelConfig, capacities: Mapping[DeviceLike, int], *, dtype
             (the message gives the bytes needed and available).
 
     Example:
+        >>> from interp.placement import plan_layers
         >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=4, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
         >>> [d.type for d in plan_layers(cfg, {"cpu": 10**9})]
@@ -302,6 +308,7 @@ def plan_memory(cfg: ModelConfig, capacities: Mapping[DeviceLike, int], *, dtype
         ValueError: ``tokens`` or ``batch`` < 1, or weights that do not fit (bytes needed and available named).
 
     Example:
+        >>> from interp.placement import plan_memory
         >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
         >>> p = plan_memory(cfg, {"cpu": 10**9}, tokens=16)
@@ -333,6 +340,7 @@ def available_memory(devices: Sequence[DeviceLike] | None = None) -> dict[torch.
         ``{device: free bytes}`` in the order given.
 
     Example:
+        >>> from interp.placement import available_memory
         >>> list(available_memory(["cpu"]))[0].type
         'cpu'
     """
@@ -421,6 +429,7 @@ def layer_devices(model: Transformer) -> list[torch.device]:
     """The device of each block's weights.
 
     Example:
+        >>> from interp.placement import build, layer_devices
         >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
         >>> layer_devices(build(cfg))
@@ -449,6 +458,7 @@ def check_devices(devices: Sequence[DeviceLike] | str) -> list[torch.device] | s
             no weights: a model placed there would compute nothing); the message names ``devices`` and the entry.
 
     Example:
+        >>> from interp.placement import check_devices
         >>> check_devices(["cpu", "cpu"])
         [device(type='cpu'), device(type='cpu')]
         >>> try:
@@ -502,6 +512,8 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
         ValueError: a bad ``devices`` (see :func:`check_devices`), or weights that do not fit.
 
     Example:
+        >>> import torch
+        >>> from interp.placement import build, place
         >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
         >>> m = place(build(cfg, seed=0), ["cpu", "cpu"])
@@ -512,19 +524,20 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
     dtype = next(model.parameters()).dtype
     n = len(model.blocks)
     if isinstance(devices, str):
-        caps = dict(capacities) if capacities is not None else available_memory()
+        caps = _capacities(capacities, None)
         plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve, sizes=_held_sizes(model))
     else:
         if len(devices) == n:
             plan = [torch.device(d) for d in devices]
         else:
-            caps = dict(capacities) if capacities is not None else available_memory(devices)
+            caps = _capacities(capacities, devices)
             plan = plan_layers(model.cfg, caps, dtype=dtype, reserve=reserve, sizes=_held_sizes(model))
     unplace(model)
     first = plan[0] if plan else (devices[0] if not isinstance(devices, str) else torch.device("cpu"))
-    for m in (model.embed, model.pos_embed, model.W_tt, model.embed_ln):
-        if m is not None:
-            m.to(first)
+    ends: list[nn.Module | None] = [model.embed, model.pos_embed, model.W_tt, model.embed_ln]
+    for end in ends:
+        if end is not None:
+            end.to(first)
     handles = []
     for block, dev in zip(model.blocks, plan):
         block.to(dev)
@@ -544,10 +557,19 @@ def place(model: Transformer, devices: Sequence[DeviceLike] | str = "auto", *,
     return model
 
 
+def _capacities(given: Mapping[DeviceLike, int] | None, devices: Sequence[DeviceLike] | None,
+                ) -> dict[DeviceLike, int]:
+    """The capacities :func:`place` plans with: those given, else what :func:`available_memory` finds."""
+    if given is not None:
+        return dict(given)
+    return {device: free for device, free in available_memory(devices).items()}
+
+
 def unplace(model: Transformer) -> None:
     """Remove the device hops that :func:`place` installed (the weights stay where they are).
 
     Example:
+        >>> from interp.placement import build, is_split, place, unplace
         >>> from interp import ModelConfig
         >>> cfg = ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary")
         >>> m = place(build(cfg), ["cpu", "cpu"]); unplace(m); is_split(m)

@@ -75,6 +75,7 @@ def listen(callback: Callable[[Event], None]) -> Iterator[None]:
         callback: called with an :class:`Event` when a bar starts and after each step.
 
     Example:
+        >>> from interp.progress import bar, listen
         >>> seen = []
         >>> with listen(lambda e: seen.append((e.desc, e.done, e.total))):
         ...     sum(bar(range(3), desc="demo", progress=None))
@@ -94,6 +95,7 @@ def enabled(progress: bool | None) -> bool:
     :func:`listen`.
 
     Example:
+        >>> from interp.progress import enabled
         >>> enabled(False), enabled(True)
         (False, True)
     """
@@ -150,6 +152,7 @@ def bar(iterable: Iterable[Any] | None = None, *, desc: str, progress: bool | No
     filling in); the text bar itself is then drawn only where a terminal or a notebook watches.
 
     Example:
+        >>> from interp.progress import bar
         >>> sum(bar(range(3), desc="demo", progress=False))
         3
     """

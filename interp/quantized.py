@@ -128,6 +128,7 @@ def row_bytes(kind: str, cols: int) -> int:
         ValueError: an unknown type, or ``cols`` not a multiple of the type's block (both named).
 
     Example:
+        >>> from interp.quantized import row_bytes
         >>> row_bytes("Q4_0", 64)
         36
     """
@@ -158,6 +159,8 @@ def dequantize(blocks: torch.Tensor, kind: str, cols: int) -> torch.Tensor:
         TypeError: ``blocks`` is not uint8.
 
     Example:
+        >>> import torch
+        >>> from interp.quantized import dequantize
         >>> b = torch.zeros(1, 34, dtype=torch.uint8); b[0, 1] = 0x3C; b[0, 2] = 3  # d = 1.0, q[0] = 3
         >>> dequantize(b, "Q8_0", 32)[0, :3]
         tensor([3., 0., 0.])
@@ -191,6 +194,8 @@ class QuantizedWeight(nn.Module):
         ValueError: no parts, an unknown block type, or a part whose row length does not match ``cols``.
 
     Example:
+        >>> import torch
+        >>> from interp.quantized import QuantizedWeight
         >>> w = QuantizedWeight([("Q8_0", torch.zeros(3, 34, dtype=torch.uint8))], cols=32)
         >>> w.shape, w.nbytes, w.dequantize().shape
         ((3, 32), 102, torch.Size([3, 32]))
@@ -314,6 +319,8 @@ class QuantizedLinear(_Dequantizing):
         bias: an ``[out_features]`` parameter, or None.
 
     Example:
+        >>> import torch
+        >>> from interp.quantized import QuantizedLinear, QuantizedWeight
         >>> q = QuantizedWeight([("Q8_0", torch.zeros(3, 34, dtype=torch.uint8))], cols=32)
         >>> QuantizedLinear(q, None)(torch.ones(2, 32)).shape
         torch.Size([2, 3])
@@ -345,6 +352,8 @@ class QuantizedEmbedding(_Dequantizing):
         weight: the stored table ``[num_embeddings, embedding_dim]``.
 
     Example:
+        >>> import torch
+        >>> from interp.quantized import QuantizedEmbedding, QuantizedWeight
         >>> q = QuantizedWeight([("Q8_0", torch.zeros(5, 34, dtype=torch.uint8))], cols=32)
         >>> QuantizedEmbedding(q)(torch.tensor([[1, 4]])).shape
         torch.Size([1, 2, 32])
@@ -367,6 +376,9 @@ def unembed_rows(module: nn.Module, index: torch.Tensor) -> torch.Tensor:
     only those rows are dequantised.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from interp.quantized import unembed_rows
         >>> unembed_rows(nn.Linear(4, 10), torch.tensor([2, 7])).shape
         torch.Size([2, 4])
     """
@@ -380,6 +392,8 @@ def quantized_weights(model: nn.Module) -> list[tuple[str, QuantizedWeight]]:
     """Every distinct quantised weight of ``model`` with its module path (a tied one once).
 
     Example:
+        >>> from torch import nn
+        >>> from interp.quantized import quantized_weights
         >>> quantized_weights(nn.Linear(2, 2))
         []
     """
@@ -396,6 +410,8 @@ def has_quantized(model: nn.Module) -> bool:
     """True when any of ``model``'s weights stays quantised.
 
     Example:
+        >>> from torch import nn
+        >>> from interp.quantized import has_quantized
         >>> has_quantized(nn.Linear(2, 2))
         False
     """
@@ -413,6 +429,8 @@ def refuse_quantized(model: nn.Module, what: str) -> None:
         ValueError: ``model`` has quantised weights (the first is named, with how to get a float model).
 
     Example:
+        >>> from torch import nn
+        >>> from interp.quantized import refuse_quantized
         >>> refuse_quantized(nn.Linear(2, 2), "training")  # a float model passes
     """
     found = quantized_weights(model)
@@ -436,6 +454,9 @@ def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.M
         ``model``.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from interp.quantized import QuantizedLinear, QuantizedWeight, dequantize_model
         >>> q = QuantizedWeight([("Q8_0", torch.zeros(3, 34, dtype=torch.uint8))], cols=32)
         >>> m = nn.Sequential(QuantizedLinear(q, None)); type(dequantize_model(m)[0]).__name__
         'Linear'

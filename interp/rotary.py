@@ -58,6 +58,8 @@ def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.
         ``(cos, sin)``, each ``[B|1, T, 1, dim]``.
 
     Example:
+        >>> import torch
+        >>> from interp.rotary import Rotary, rotary_angles
         >>> cos, sin = rotary_angles(torch.arange(5), Rotary(8).inv_freq, torch.float32)  # [1, 5, 1, 8] each
     """
     freqs = positions.to(torch.float32)[..., None] * inv_freq  # [(B,) T, dim/2]
@@ -77,6 +79,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     tables; the rest pass through unchanged (partial rotary). Returns a new tensor of ``x``'s shape.
 
     Example:
+        >>> import torch
+        >>> from interp.rotary import Rotary, apply_rotary, rotary_angles
         >>> cos, sin = rotary_angles(torch.arange(5), Rotary(8).inv_freq, torch.float32)
         >>> apply_rotary(torch.randn(1, 5, 2, 8), cos, sin).shape
         torch.Size([1, 5, 2, 8])
@@ -91,6 +95,7 @@ def default_inv_freq(dim: int, base: float) -> torch.Tensor:
     """Plain RoPE inverse frequencies ``base ** (-2i / dim)`` for ``i < dim / 2`` (``[dim / 2]``, float32).
 
     Example:
+        >>> from interp.rotary import default_inv_freq
         >>> default_inv_freq(4, 10000.0)
         tensor([1.0000, 0.0100])
     """
@@ -109,6 +114,7 @@ def llama3_inv_freq(dim: int, base: float, *, factor: float, low_freq_factor: fl
     blend (in ``original / wavelength``) of the two.
 
     Example:
+        >>> from interp.rotary import llama3_inv_freq
         >>> llama3_inv_freq(8, 500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         ...                 original_max_position_embeddings=16).shape
         torch.Size([4])
@@ -130,6 +136,8 @@ def dynamic_ntk_inv_freq(dim: int, base: float, *, factor: float, original_max_p
     (up to the original context the frequencies are the plain ones).
 
     Example:
+        >>> import torch
+        >>> from interp.rotary import default_inv_freq, dynamic_ntk_inv_freq
         >>> torch.equal(dynamic_ntk_inv_freq(8, 1e4, factor=2.0, original_max_position_embeddings=16, seq_len=9),
         ...             default_inv_freq(8, 1e4))
         True
@@ -150,6 +158,7 @@ def yarn_inv_freq(dim: int, base: float, *, factor: float, original_max_position
     :func:`yarn_attention_factor`.
 
     Example:
+        >>> from interp.rotary import yarn_inv_freq
         >>> yarn_inv_freq(8, 10000.0, factor=4.0, original_max_position_embeddings=16).shape
         torch.Size([4])
     """
@@ -177,6 +186,7 @@ def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all
     ``m(s, k) = 0.1 * k * ln(s) + 1`` when both are given (1 for ``factor <= 1``).
 
     Example:
+        >>> from interp.rotary import yarn_attention_factor
         >>> round(yarn_attention_factor(4.0), 6)
         1.138629
         >>> yarn_attention_factor(40.0, mscale=1.0, mscale_all_dim=1.0)
@@ -194,6 +204,7 @@ def longrope_attention_factor(factor: float, original_max_position_embeddings: i
     """LongRoPE's attention factor ``sqrt(1 + ln(factor) / ln(original))`` (1 for ``factor <= 1``).
 
     Example:
+        >>> from interp.rotary import longrope_attention_factor
         >>> round(longrope_attention_factor(32.0, 4096), 6)
         1.190238
     """
@@ -220,6 +231,8 @@ def rope_frequencies(dim: int, base: float, scaling: Mapping[str, Any] | None = 
         ValueError: an unknown ``rope_type``.
 
     Example:
+        >>> import torch
+        >>> from interp.rotary import default_inv_freq, rope_frequencies
         >>> inv, att = rope_frequencies(8, 1e4, {"rope_type": "linear", "factor": 2.0})
         >>> torch.allclose(inv, default_inv_freq(8, 1e4) / 2), att
         (True, 1.0)
@@ -275,6 +288,7 @@ def cache_needs_recompute(scaling: Mapping[str, Any] | None, cached: int, total:
         total: positions after the pass.
 
     Example:
+        >>> from interp.rotary import cache_needs_recompute
         >>> s = {"rope_type": "longrope", "original_max_position_embeddings": 16}
         >>> cache_needs_recompute(s, 16, 17), cache_needs_recompute(s, 15, 16), cache_needs_recompute(s, 17, 18)
         (True, False, False)
@@ -302,10 +316,14 @@ class Rotary(nn.Module):
             ``longrope``); each pass then uses those of ``max(positions) + 1``, as Hugging Face does.
 
     Example:
+        >>> import torch
+        >>> from interp.rotary import Rotary
         >>> rot = Rotary(8)
         >>> rot(torch.randn(1, 5, 2, 8), torch.arange(5)).shape
         torch.Size([1, 5, 2, 8])
     """
+
+    inv_freq: torch.Tensor  # [dim / 2], a buffer
 
     def __init__(self, dim: int, base: float = 10000.0, scaling: Mapping[str, Any] | None = None, *,
                  float32: bool = False) -> None:

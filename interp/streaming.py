@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,6 +118,8 @@ class MeanReducer(Reducer):
     :meth:`result`; ``"{name}#n"`` counts the rows.
 
     Example:
+        >>> from interp import MeanReducer, stream
+        >>> from interp.examples import model, tokens
         >>> r = MeanReducer("blocks.*.attn.hook_pattern")
         >>> stream(model, tokens, [r])
         >>> r.result()["blocks.0.attn.hook_pattern"].shape   # [H, T, S]
@@ -154,8 +156,14 @@ class MeanReducer(Reducer):
 
 def _reducer_hooks(model: Transformer, reducers: Sequence[Reducer]) -> list[tuple[list[str], QueryChunkHook]]:
     """The one place where reducers meet hooks: each gets its hook points, with the query offset."""
-    return [(resolve_names(r.names, model.hook_names),
-             QueryChunkHook(lambda t, hook, q0, r=r: r.update(hook.name, t, q_start=q0))) for r in reducers]
+    return [(resolve_names(r.names, model.hook_names), QueryChunkHook(_updating(r))) for r in reducers]
+
+
+def _updating(reducer: Reducer) -> Callable[[torch.Tensor, HookPoint, int], None]:
+    """The hook function that feeds ``reducer`` what a hook point sees (and the query offset of the chunk)."""
+    def update(t: torch.Tensor, hook: HookPoint, q0: int) -> None:
+        reducer.update(hook.name, t, q_start=q0)
+    return update
 
 
 class _StopForward(Exception):
@@ -181,10 +189,12 @@ def _stop_point(names: Sequence[str]) -> tuple[str, bool] | None:
     last = (-1, 0)  # (layer, 0 = up to the pattern / 1 = hook_z)
     for n in names:
         m, z = _UP_TO_PATTERN.fullmatch(n), _HEAD_OUTPUT.fullmatch(n)
-        if m is None and z is None:
+        if z is not None:
+            last = max(last, (int(z.group(1)), 1))
+        elif m is not None:
+            last = max(last, (int(m.group(1)) if m.group(1) is not None else -1, 0))
+        else:
             return None
-        last = max(last, (int(z.group(1)), 1) if z is not None else
-                   (int(m.group(1)) if m.group(1) is not None else -1, 0))
     if last[0] < 0:
         return None
     return (f"blocks.{last[0]}.attn.hook_z", False) if last[1] else (f"blocks.{last[0]}.attn.hook_pattern", True)
@@ -202,8 +212,14 @@ def _layer_ticks(names: Sequence[str], order: Sequence[str], within: Any) -> lis
     if not last:
         return []
     n_blocks = max(last) + 1  # the pass stops after the last block any reducer reads, or runs them all
-    return [([n], QueryChunkHook(lambda t, hook, q0, f=(layer + 1) / n_blocks: within(f)))
-            for layer, n in sorted(last.items())]
+    return [([n], QueryChunkHook(_ticking(within, (layer + 1) / n_blocks))) for layer, n in sorted(last.items())]
+
+
+def _ticking(within: Callable[[float], Any], fraction: float) -> Callable[[torch.Tensor, HookPoint, int], None]:
+    """The hook function that reports ``within(fraction)`` (how much of the pass is done)."""
+    def tick(t: torch.Tensor, hook: HookPoint, q0: int) -> None:
+        within(fraction)
+    return tick
 
 
 _ROW_HOOKS = re.compile(r".*attn\.hook_(?:attn_scores|pattern)")
@@ -234,7 +250,7 @@ def _pass_query_chunk(model: Any, reducers: Sequence[Reducer], names: Sequence[s
     if query_chunk != "auto":
         return int(query_chunk)
     attns = [getattr(b, "attn", None) for b in getattr(model, "blocks", ())]
-    own = attns and all(hasattr(a, "query_chunk") and a.query_chunk is None for a in attns)
+    own = bool(attns) and all(a is not None and getattr(a, "query_chunk", 0) is None for a in attns)
     return AUTO_QUERY_CHUNK if reading and not whole and own else None
 
 
@@ -306,6 +322,9 @@ def stream(
             that matches nothing, ranks that disagree on the model or the data, or a bad ``query_chunk``.
 
     Example:
+        >>> import torch
+        >>> from interp import MeanReducer, stream
+        >>> from interp.examples import model
         >>> r = MeanReducer("blocks.0.attn.hook_pattern")
         >>> stream(model, torch.randint(0, 100, (64, 16)), [r], batch_size=16)
         64
@@ -317,7 +336,7 @@ def stream(
     device = param.device if param is not None else torch.device("cpu")
     total = (-(-data.shape[0] // batch_size) if isinstance(data, torch.Tensor) and data.dim() == 2
              else len(data) if isinstance(data, Sequence) else None)  # batches, for the progress bar
-    batches = iter_batches(data, batch_size=batch_size, name=name)
+    batches: Iterable[Batch] = iter_batches(data, batch_size=batch_size, name=name)
     reported = None
     single = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     if progress_listening() and progress_enabled(progress) and single:
@@ -332,14 +351,15 @@ def stream(
 
         sharded = distributed.data_parallel()  # not when the ranks split one model (distributed.replicated)
     if sharded:  # data parallel under torchrun: check that the ranks agree, then run this rank's batches only
-        batches = list(batches)
-        for b in batches:  # fail on every rank alike, not on one while the others wait in the all-reduce
+        listed = list(batches)
+        for b in listed:  # fail on every rank alike, not on one while the others wait in the all-reduce
             check_length(model, b.tokens.shape[1])
-        distributed.check_same(model, distributed.describe_batches(batches))
-        batches = distributed.shard(batches)
+        distributed.check_same(model, distributed.describe_batches(listed))
+        batches = own = distributed.shard(listed)
+        total = len(own)
         progress = progress_enabled(progress) and distributed.rank() == 0
     if progress_enabled(progress) and reported is None:
-        batches = progress_bar(batches, desc=desc, progress=True, total=len(batches) if sharded else total)
+        batches = progress_bar(batches, desc=desc, progress=True, total=total)
     n = 0
     # Hooks are shared state: hold the model's lock for the whole stream, so no other thread's pass sees them.
     with getattr(model, "lock", contextlib.nullcontext()), torch.no_grad(), model.hooks(hooks), \
@@ -477,7 +497,8 @@ def record(
 def gated_w_o(model: Transformer, result_name: str) -> torch.Tensor:
     """The per-head output weights ``[H, D, M]`` behind ``result_name`` (``blocks.i.attn.hook_result``), times each
     head's gate: head h writes ``z_h @ gated_w_o[h]`` (a view of the live weights when ungated: copy to keep it)."""
-    attn = model.get_submodule(result_name[: -len(".hook_result")])
+    # interp's attention, or a route model's adapter of an HF attention: both have W_O_heads and gate.
+    attn: Any = model.get_submodule(result_name[: -len(".hook_result")])
     w_o = attn.W_O_heads.detach()  # [H, D, M]
     if attn.gate is not None:
         w_o = w_o * attn.gate.detach().to(w_o.dtype)[:, None, None]  # gated head h writes gate_h z_h W_O[h]

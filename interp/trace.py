@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import torch
 from safetensors import safe_open
@@ -22,6 +22,13 @@ from ._io import atomic_path, check_tensor_record, tensor_record, write_safetens
 
 if TYPE_CHECKING:
     from .model import Transformer
+    from .trace_views import PosSlice, Stack
+
+
+class StrTokenizer(Protocol):
+    """What a trace needs of a tokenizer: the token strings of one sequence of ids."""
+
+    def to_str_tokens(self, ids: list[int]) -> list[str]: ...
 
 _LAYER_RX = re.compile(r"^blocks\.(\d+)\.")
 _TRACE_FORMAT = "interp.trace/1"
@@ -104,6 +111,8 @@ class Trace:
         stats: results of reducers, by reducer index.
 
     Example:
+        >>> from interp import Trace
+        >>> from interp.examples import model, tokens, tmp
         >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
         >>> trace.pattern(0).shape      # [batch, n_heads, query_pos, key_pos]
         >>> trace.save(tmp / "run.safetensors"); Trace.load(tmp / "run.safetensors")
@@ -112,7 +121,7 @@ class Trace:
     def __init__(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any] | None = None,
                  tokens: torch.Tensor | None = None, stats: list[Any] | None = None, *,
                  head_writes: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: StrTokenizer | None = None) -> None:
         if meta is not None and not isinstance(meta, dict):
             raise TypeError(f"meta must be a dict (str -> JSON value), got {type(meta).__name__}: {meta!r:.80}")
         self.tensors = dict(tensors)
@@ -192,21 +201,75 @@ class Trace:
         return torch.stack([self.head_out(layer) for layer in layers])
 
     # --- TransformerLens-style residual views (interp/trace_views.py) ------------------------------------
-    def stack_head_results(self, layer: int | None = None, **kwargs: Any) -> Any:
-        """Every head's write stacked ``[n_heads_total, B, T, M]``, labels ``"L3H5"``; see :func:`trace_views.stack_head_results`."""
-        return trace_views.stack_head_results(self, layer, **kwargs)
+    # The stacks return a tensor, or (tensor, labels) with return_labels=True: overloads say which.
+    @overload
+    def stack_head_results(self, layer: int | None = None, *, pos_slice: PosSlice = None, apply_ln: bool = False,
+                           model: Transformer | None = None, return_labels: Literal[False] = False) -> torch.Tensor: ...
 
-    def decompose_resid(self, layer: int | None = None, **kwargs: Any) -> Any:
-        """Embeddings, attention and MLP outputs stacked ``[C, B, T, M]``; see :func:`trace_views.decompose_resid`."""
-        return trace_views.decompose_resid(self, layer, **kwargs)
+    @overload
+    def stack_head_results(self, layer: int | None = None, *, pos_slice: PosSlice = None, apply_ln: bool = False,
+                           model: Transformer | None = None,
+                           return_labels: Literal[True]) -> tuple[torch.Tensor, list[str]]: ...
 
-    def accumulated_resid(self, layer: int | None = None, **kwargs: Any) -> Any:
-        """Residual stream at each layer's input ``[C, B, T, M]``; see :func:`trace_views.accumulated_resid`."""
-        return trace_views.accumulated_resid(self, layer, **kwargs)
+    def stack_head_results(self, layer: int | None = None, *, pos_slice: PosSlice = None, apply_ln: bool = False,
+                           model: Transformer | None = None, return_labels: bool = False) -> Stack:
+        """Every head's write stacked ``[n_heads_total, B, T, M]``, labels ``"L3H5"``; see
+        :func:`trace_views.stack_head_results` for the arguments.
 
-    def apply_ln_to_stack(self, stack: torch.Tensor, model: Transformer, **kwargs: Any) -> torch.Tensor:
-        """A stack normalised by the recorded run's norm scale; see :func:`trace_views.apply_ln_to_stack`."""
-        return trace_views.apply_ln_to_stack(self, stack, model, **kwargs)
+        Example:
+            >>> from interp.examples import model, tokens
+            >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_result")
+            >>> heads, labels = trace.stack_head_results(return_labels=True)
+            >>> labels[:2]
+            ['L0H0', 'L0H1']
+        """
+        return trace_views.stack_head_results(self, layer, pos_slice=pos_slice, apply_ln=apply_ln, model=model,
+                                              return_labels=return_labels)
+
+    @overload
+    def decompose_resid(self, layer: int | None = None, *, mlp_input: bool = False, mode: str = "all",
+                        incl_embeds: bool = True, pos_slice: PosSlice = None, apply_ln: bool = False,
+                        model: Transformer | None = None, return_labels: Literal[False] = False) -> torch.Tensor: ...
+
+    @overload
+    def decompose_resid(self, layer: int | None = None, *, mlp_input: bool = False, mode: str = "all",
+                        incl_embeds: bool = True, pos_slice: PosSlice = None, apply_ln: bool = False,
+                        model: Transformer | None = None,
+                        return_labels: Literal[True]) -> tuple[torch.Tensor, list[str]]: ...
+
+    def decompose_resid(self, layer: int | None = None, *, mlp_input: bool = False, mode: str = "all",
+                        incl_embeds: bool = True, pos_slice: PosSlice = None, apply_ln: bool = False,
+                        model: Transformer | None = None, return_labels: bool = False) -> Stack:
+        """Embeddings, attention and MLP outputs stacked ``[C, B, T, M]``; see :func:`trace_views.decompose_resid`
+        for the arguments."""
+        return trace_views.decompose_resid(self, layer, mlp_input=mlp_input, mode=mode, incl_embeds=incl_embeds,
+                                           pos_slice=pos_slice, apply_ln=apply_ln, model=model,
+                                           return_labels=return_labels)
+
+    @overload
+    def accumulated_resid(self, layer: int | None = None, *, incl_mid: bool = False, pos_slice: PosSlice = None,
+                          apply_ln: bool = False, model: Transformer | None = None,
+                          return_labels: Literal[False] = False) -> torch.Tensor: ...
+
+    @overload
+    def accumulated_resid(self, layer: int | None = None, *, incl_mid: bool = False, pos_slice: PosSlice = None,
+                          apply_ln: bool = False, model: Transformer | None = None,
+                          return_labels: Literal[True]) -> tuple[torch.Tensor, list[str]]: ...
+
+    def accumulated_resid(self, layer: int | None = None, *, incl_mid: bool = False, pos_slice: PosSlice = None,
+                          apply_ln: bool = False, model: Transformer | None = None,
+                          return_labels: bool = False) -> Stack:
+        """Residual stream at each layer's input ``[C, B, T, M]``; see :func:`trace_views.accumulated_resid` for
+        the arguments."""
+        return trace_views.accumulated_resid(self, layer, incl_mid=incl_mid, pos_slice=pos_slice, apply_ln=apply_ln,
+                                             model=model, return_labels=return_labels)
+
+    def apply_ln_to_stack(self, stack: torch.Tensor, model: Transformer, *, layer: int | None = None,
+                          mlp_input: bool = False, pos_slice: PosSlice = None, weight: bool = False) -> torch.Tensor:
+        """A stack normalised by the recorded run's norm scale; see :func:`trace_views.apply_ln_to_stack` for the
+        arguments."""
+        return trace_views.apply_ln_to_stack(self, stack, model, layer=layer, mlp_input=mlp_input,
+                                             pos_slice=pos_slice, weight=weight)
 
     def _layers_with(self, suffix: str) -> list[int]:
         layers = [layer for layer in self.layers if f"blocks.{layer}.{suffix}" in self]
@@ -239,6 +302,8 @@ class Trace:
             ValueError: a recorded tensor uses the reserved name ``__tokens__``, or ``meta`` is not JSON.
 
         Example:
+            >>> from interp import Trace
+            >>> from interp.examples import trace, tmp
             >>> trace.save(tmp / "run.safetensors"); Trace.load(tmp / "run.safetensors")
         """
         path = Path(path)
@@ -295,6 +360,8 @@ class Trace:
                 activations); the message names the file.
 
         Example:
+            >>> from interp import Trace
+            >>> from interp.examples import trace, tmp
             >>> trace = Trace.load(trace.save(tmp / "run.safetensors"))
         """
         path = Path(path)

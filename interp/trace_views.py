@@ -20,6 +20,7 @@ Kept out of trace.py so the Trace class only gains thin accessor methods.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,6 +28,12 @@ import torch
 if TYPE_CHECKING:
     from .model import Transformer
     from .trace import Trace
+
+#: The positions a view keeps: an int (drops the position axis, as TransformerLens' Slice does), a slice, a list
+#: or a tensor of positions, or None (all).
+PosSlice = int | slice | Sequence[int] | torch.Tensor | None
+#: A stack ``[C, B, T, M]``, with its ``C`` labels when ``return_labels=True``.
+Stack = torch.Tensor | tuple[torch.Tensor, list[str]]
 
 __all__ = [
     "ATTN_NAMES",
@@ -80,6 +87,8 @@ def act_name(trace: Trace, key: tuple) -> str:
         TypeError: the key is not a 1- or 2-tuple of (str, int).
 
     Example:
+        >>> from interp.trace_views import act_name
+        >>> from interp.examples import trace
         >>> act_name(trace, ("resid_post", -1))
         'blocks.1.hook_resid_post'
     """
@@ -138,9 +147,9 @@ def _finish(trace, stack, labels, *, apply_ln, model, layer, mlp_input, pos_slic
     return (stack, labels) if return_labels else stack
 
 
-def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: Any = None,
+def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: PosSlice = None,
                        apply_ln: bool = False, model: Transformer | None = None,
-                       return_labels: bool = False) -> Any:
+                       return_labels: bool = False) -> Stack:
     """Every head's write ``z_h W_O[h]``, stacked: ``[n_heads_total, B, T, M]`` (TL's ``stack_head_results``).
 
     With a norm after attention (``sublayer_norm`` ``"sandwich"`` / ``"output"``) these are the heads' shares of
@@ -161,6 +170,7 @@ def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: Any
         KeyError: a layer's ``hook_result`` was not recorded.
 
     Example:
+        >>> from interp.examples import trace
         >>> heads, labels = trace.stack_head_results(return_labels=True)
     """
     upto = _upto(trace, layer)
@@ -176,8 +186,8 @@ def stack_head_results(trace: Trace, layer: int | None = None, *, pos_slice: Any
 
 
 def decompose_resid(trace: Trace, layer: int | None = None, *, mlp_input: bool = False, mode: str = "all",
-                    incl_embeds: bool = True, pos_slice: Any = None, apply_ln: bool = False,
-                    model: Transformer | None = None, return_labels: bool = False) -> Any:
+                    incl_embeds: bool = True, pos_slice: PosSlice = None, apply_ln: bool = False,
+                    model: Transformer | None = None, return_labels: bool = False) -> Stack:
     """The residual stream split into the outputs that were added to it (TL's ``decompose_resid``).
 
     Stacks ``hook_embed``, ``hook_pos_embed`` (when recorded), then ``attn_out`` and ``mlp_out`` of each layer
@@ -199,6 +209,7 @@ def decompose_resid(trace: Trace, layer: int | None = None, *, mlp_input: bool =
         ValueError: an unknown mode.
 
     Example:
+        >>> from interp.examples import trace
         >>> parts, labels = trace.decompose_resid(return_labels=True)
     """
     if mode not in ("all", "attn", "mlp"):
@@ -227,9 +238,9 @@ def decompose_resid(trace: Trace, layer: int | None = None, *, mlp_input: bool =
                    pos_slice=pos_slice, return_labels=return_labels)
 
 
-def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool = False, pos_slice: Any = None,
+def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool = False, pos_slice: PosSlice = None,
                       apply_ln: bool = False, model: Transformer | None = None,
-                      return_labels: bool = False) -> Any:
+                      return_labels: bool = False) -> Stack:
     """The residual stream at the input of each layer up to ``layer`` (TL's ``accumulated_resid``).
 
     Args:
@@ -246,6 +257,7 @@ def accumulated_resid(trace: Trace, layer: int | None = None, *, incl_mid: bool 
         ``[n, B, T, M]``, or ``(stack, labels)``.
 
     Example:
+        >>> from interp.examples import trace
         >>> resids, labels = trace.accumulated_resid(return_labels=True)   # logit lens: apply_ln=True, model=model
     """
     n = _n_layers(trace)
@@ -297,13 +309,13 @@ def _norm_for(model: Transformer, layer: int | None, mlp_input: bool) -> tuple[A
     if model.cfg.normalization not in ("pre", "rms"):
         raise ValueError(f"apply_ln needs a normalised model (normalization 'pre', 'rms' or 'post'), got "
                          f"normalization={model.cfg.normalization!r}")
-    if final:
+    if final or layer is None:
         return model.ln_final, (f"blocks.{n - 1}.hook_resid_post",)
     block = model.blocks[layer]
     if model.cfg.sublayer_norm == "output":
         raise ValueError(f"layer {layer} has no input norm (sublayer_norm='output'): nothing to apply")
     if mlp_input and model.cfg.parallel_block != "none":  # the MLP reads resid_pre, through ln2 or the shared ln1
-        return getattr(block, "ln2", block.ln1), f"blocks.{layer}.hook_resid_pre"
+        return getattr(block, "ln2", block.ln1), (f"blocks.{layer}.hook_resid_pre",)
     if mlp_input:
         return block.ln2, (f"blocks.{layer}.hook_resid_mid",)
     return block.ln1, (f"blocks.{layer}.hook_resid_pre",)
@@ -318,7 +330,7 @@ def norm_scale(x: torch.Tensor, norm: Any) -> torch.Tensor:
 
 
 def apply_ln_to_stack(trace: Trace, stack: torch.Tensor, model: Transformer, *, layer: int | None = None,
-                      mlp_input: bool = False, pos_slice: Any = None, weight: bool = False) -> torch.Tensor:
+                      mlp_input: bool = False, pos_slice: PosSlice = None, weight: bool = False) -> torch.Tensor:
     """Normalise a stack of residual components with the norm's scale frozen at the recorded run.
 
     Each component ``c`` becomes ``(c - mean(c)) / scale`` (LayerNorm) or ``c / scale`` (RMSNorm), where
@@ -343,6 +355,7 @@ def apply_ln_to_stack(trace: Trace, stack: torch.Tensor, model: Transformer, *, 
         ValueError: a norm-free model, a mid-model norm of a post-norm model, or shapes that do not match.
 
     Example:
+        >>> from interp.examples import model, trace
         >>> parts = trace.apply_ln_to_stack(trace.decompose_resid(), model)
     """
     norm, hooks = _norm_for(model, layer, mlp_input)

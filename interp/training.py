@@ -59,6 +59,8 @@ def evaluate_induction(model: Transformer, *, n_seqs: int = 64, half_len: int = 
         ``(head, score)`` in layer 1 (the last layer, for deeper models).
 
     Example:
+        >>> from interp.training import evaluate_induction
+        >>> from interp.examples import model
         >>> stats = evaluate_induction(model)
         >>> stats["repeated"] < 0.3 * stats["first"]
         True
@@ -123,6 +125,7 @@ def train_induction_model(
         ValueError: non-positive ``steps`` / ``batch_size`` / ``eval_every``.
 
     Example:
+        >>> from interp.training import train_induction_model
         >>> model, hist = train_induction_model(steps=20, eval_every=10, progress=False)
         >>> list(hist.step)
         [0, 10, 20]

@@ -26,9 +26,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
-from .attention import Attention, LatentAttention
+from .attention import Attention, LatentAttention, _AttentionBase
 
 if TYPE_CHECKING:
     from .model import Transformer
@@ -50,6 +49,8 @@ class FactoredMatrix:
         ValueError: the inner dimensions differ.
 
     Example:
+        >>> import torch
+        >>> from interp.weights import FactoredMatrix
         >>> fm = FactoredMatrix(torch.randn(64, 8), torch.randn(8, 64))
         >>> fm.shape, fm.rank
         (torch.Size([64, 64]), 8)
@@ -127,7 +128,7 @@ class FactoredMatrix:
         return f"FactoredMatrix(shape={tuple(self.shape)}, rank={self.rank})"
 
 
-def _heads_of(attn: nn.Module) -> tuple[int, int]:
+def _heads_of(attn: _AttentionBase) -> tuple[int, int]:
     return attn.n_heads, attn.d_head
 
 
@@ -145,6 +146,8 @@ def layer_weights(model: Transformer, layer: int) -> dict[str, torch.Tensor]:
         ValueError: layer out of range.
 
     Example:
+        >>> from interp.weights import layer_weights
+        >>> from interp.examples import model
         >>> layer_weights(model, 0)["W_K"].shape   # [H, M, D], K/V heads repeated per query head
     """
     L = model.cfg.n_layers
@@ -215,6 +218,8 @@ def stacked(model: Transformer, name: str, *, fold_norm: bool = False) -> torch.
         ValueError: an unknown name, or layers with different head counts.
 
     Example:
+        >>> from interp.weights import stacked
+        >>> from interp.examples import model
         >>> stacked(model, "W_K").shape      # [L, H, M, D]
     """
     names = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
@@ -226,8 +231,9 @@ def stacked(model: Transformer, name: str, *, fold_norm: bool = False) -> torch.
     out = []
     for layer, block in enumerate(model.blocks):
         w = layer_weights(model, layer)[name]
-        if fold_norm and name in ("W_Q", "W_K", "W_V") and getattr(block.ln1, "weight", None) is not None:
-            w = w * block.ln1.weight.detach()[None, :, None]  # [H, M, D]: scale each residual direction
+        norm_weight = getattr(block.ln1, "weight", None)  # None: no input norm (nn.Identity)
+        if fold_norm and name in ("W_Q", "W_K", "W_V") and norm_weight is not None:
+            w = w * norm_weight.detach()[None, :, None]  # [H, M, D]: scale each residual direction
         out.append(w)
     return torch.stack(out)  # [L, ...]
 
@@ -238,6 +244,7 @@ def QK(model: Transformer, *, fold_norm: bool = False) -> FactoredMatrix:
     ``x_q @ QK[l, h] @ x_k^T`` is head (l, h)'s attention score before scaling (no rotation, no biases).
 
     Example:
+        >>> from interp.examples import model
         >>> model.QK[1, 0].norm()
     """
     return FactoredMatrix(stacked(model, "W_Q", fold_norm=fold_norm),
@@ -249,6 +256,7 @@ def OV(model: Transformer, *, fold_norm: bool = False) -> FactoredMatrix:
     writes for an attended position x (bias-free).
 
     Example:
+        >>> from interp.examples import model
         >>> model.OV[0, 2].svd()[1]      # singular values
     """
     return FactoredMatrix(stacked(model, "W_V", fold_norm=fold_norm), stacked(model, "W_O"))

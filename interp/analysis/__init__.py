@@ -1,6 +1,7 @@
 """Head analyzers: positional, induction-family, syntactic and coreference scores, and the taxonomy that names heads.
 
 Example:
+    >>> from interp.examples import model
     >>> from interp.analysis import classify_heads
     >>> report = classify_heads(model)          # HeadReport: .df, .figure(), Jupyter table
 """

@@ -57,6 +57,9 @@ def head_z_means(model: Any, reference: Any, layers: Sequence[int] | None = None
         TypeError: a reference batch that is not token ids.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.ablate import head_z_means
+        >>> from interp.examples import model
         >>> means = head_z_means(model, interp.data.repeated_sequences(64, 25, 128, seed=7, bos_id=0))
         >>> means[1].shape
         torch.Size([4, 32])
@@ -92,6 +95,8 @@ def ablate_heads(model: Any, heads: Heads, method: str = "mean", *, reference: A
             length does not match a per-position / resample reference.
 
     Example:
+        >>> from interp.analysis.ablate import ablate_heads
+        >>> from interp.examples import model, tokens
         >>> with ablate_heads(model, [(1, 0), (1, 2)], "mean", reference=tokens):
         ...     logits = model(tokens)
     """
@@ -117,6 +122,8 @@ def random_head_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclude
         ValueError: k < 1, n_draws < 1, or fewer than k heads to draw from.
 
     Example:
+        >>> from interp.analysis.ablate import random_head_sets
+        >>> from interp.examples import model
         >>> random_head_sets(model, 4, 20, seed=0)[0]
         [(1, 0), (0, 0), (1, 3), (0, 3)]
     """
@@ -140,6 +147,8 @@ def random_expert_sets(model: Any, k: int, n_draws: int, *, seed: int = 0, exclu
         ValueError: k < 1, n_draws < 1, a model without experts, or fewer than k experts to draw from.
 
     Example:
+        >>> from interp.analysis.ablate import random_expert_sets
+        >>> from interp.examples import moe_model
         >>> sets = random_expert_sets(moe_model, 2, 20, seed=0)   # 20 distinct pairs of (layer, expert)
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -202,10 +211,12 @@ def compare_with_random(measure, target: Sequence[tuple[int, int]], model: Any, 
         lowers the measure more than every random set).
 
     Example:
+        >>> from interp.analysis.ablate import compare_with_random
+        >>> from interp.examples import model
         >>> df = compare_with_random(lambda hs: sum(h for _, h in hs), [(1, 0), (1, 1)], model, n_draws=5)
         >>> df.attrs["rank"]   # 0: the target removes more gain than every random set
     """
-    target = [tuple(map(int, h)) for h in target]
+    target = [(int(layer), int(head)) for layer, head in target]
     k = len(target)
     if k == 0:
         raise ValueError("target is empty: name the heads the claim is about")
@@ -249,6 +260,8 @@ def repeated_text_sequences(model: Any, texts: Iterable[str], n_seqs: int, half_
         ValueError: not enough text for ``n_seqs`` runs, or non-positive sizes.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.ablate import repeated_text_sequences
         >>> toks = repeated_text_sequences(interp.load("minilm-l6"), ["The cat sat on the mat."] * 20, 4, 8)
     """
     if n_seqs < 1 or half_len < 1:
@@ -350,6 +363,8 @@ def ablation_table(model: Transformer, induction_heads: Iterable[tuple[int, int]
         ``ablated`` column is ``"none"``, ``"induction heads"`` or ``"L{l}H{h}"``.
 
     Example:
+        >>> from interp.analysis.ablate import ablation_table
+        >>> from interp.examples import model
         >>> ablation_table(model, [(1, 0), (1, 1), (1, 2), (1, 3)])
     """
     if bos_id is None:

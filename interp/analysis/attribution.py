@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
+from torch import nn
 
 from ..trace_views import norm_scale
 
@@ -23,10 +24,17 @@ if TYPE_CHECKING:
 __all__ = ["direct_logit_attribution", "logit_direction"]
 
 
+def _unembedding(model: Transformer) -> nn.Linear:
+    """The model's unembedding, refused by name when it has none."""
+    unembed = model.unembed
+    if unembed is None:
+        raise ValueError(f"model {model.name!r} has no unembedding (cfg.unembed=False): there are no logits")
+    return unembed
+
+
 def _check_model(model: Transformer) -> None:
     cfg = model.cfg
-    if not cfg.unembed:
-        raise ValueError(f"model {model.name!r} has no unembedding (cfg.unembed=False): there are no logits")
+    _unembedding(model)
     if cfg.normalization == "post":
         raise ValueError("direct logit attribution needs a pre-norm (or norm-free) model: with post-norm "
                          "(BERT) the final residual is not a sum of the layers' outputs")
@@ -64,9 +72,12 @@ def logit_direction(model: Transformer, answer_tokens: torch.Tensor) -> torch.Te
         answer_tokens: ``[B, 2]`` (correct, wrong) ids.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.attribution import logit_direction
+        >>> from interp.examples import model
         >>> logit_direction(model, torch.tensor([[5, 7]])).shape   # [1, d_model]
     """
-    W = model.unembed.weight.detach()  # [V, M]
+    W = _unembedding(model).weight.detach()  # [V, M]
     return W[answer_tokens[:, 0]] - W[answer_tokens[:, 1]]  # [B, M]
 
 
@@ -97,6 +108,9 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
         ValueError: no unembedding, a post-norm model, bad answer tokens or positions.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.attribution import direct_logit_attribution
+        >>> from interp.examples import model, tokens
         >>> df = direct_logit_attribution(model, tokens, torch.tensor([[5, 7], [5, 7]]))
         >>> df.sort_values("attribution").tail()
     """
@@ -122,7 +136,7 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
     if split_experts:
         for layer, block in enumerate(model.blocks):
             if block.mlp is not None and model.cfg.is_moe_layer(layer):
-                hooks = ("hook_expert_out", "hook_expert_weights", "hook_expert_ids")
+                hooks: tuple[str, ...] = ("hook_expert_out", "hook_expert_weights", "hook_expert_ids")
                 hooks += ("hook_shared_out",) if block.mlp.shared is not None else ()
                 names += [f"blocks.{layer}.mlp.{h}" for h in hooks]
     logits, trace = model.run_with_cache(tokens, attention_mask=attention_mask, names_filter=names)
@@ -170,14 +184,17 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
         if isinstance(norm, torch.nn.LayerNorm):
             stack = stack - stack.mean(-1, keepdim=True)
         stack = stack / scale
-        if getattr(norm, "weight", None) is not None:
-            stack = stack * norm.weight.detach()
+        norm_weight = getattr(norm, "weight", None)  # an RMSNorm / LayerNorm's, None without a weight
+        if norm_weight is not None:
+            stack = stack * norm_weight.detach()
     attr = (stack * direction).sum(-1)  # [C, B]
     extra = []
-    if norm is not None and getattr(norm, "bias", None) is not None:
-        extra.append(((norm.bias.detach() * direction).sum(-1), ("ln_final bias", "bias", -1, -1)))
-    if model.unembed.bias is not None:
-        b = model.unembed.bias.detach()
+    norm_bias = getattr(norm, "bias", None)
+    if norm_bias is not None:
+        extra.append(((norm_bias.detach() * direction).sum(-1), ("ln_final bias", "bias", -1, -1)))
+    unembed_bias = _unembedding(model).bias
+    if unembed_bias is not None:
+        b = unembed_bias.detach()
         extra.append((b[answers[:, 0]] - b[answers[:, 1]], ("unembed bias", "bias", -1, -1)))
     if extra:
         attr = torch.cat([attr, torch.stack([e[0] for e in extra])])  # [C', B]

@@ -18,7 +18,7 @@ shapes; a score is only interesting well above it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -73,6 +73,8 @@ def composition_scores(model: Transformer, mode: str = "K") -> torch.Tensor:
         ValueError: an unknown mode.
 
     Example:
+        >>> from interp.analysis.composition import composition_scores
+        >>> from interp.examples import model
         >>> k = composition_scores(model, "K")
         >>> k[0, 2, 1, 0]          # previous-token head L0H2 -> induction head L1H0
     """
@@ -103,6 +105,8 @@ def composition_baseline(model: Transformer, mode: str = "K", *, n_samples: int 
         ValueError: an unknown ``mode``, or ``n_samples`` that is not a positive int.
 
     Example:
+        >>> from interp.analysis.composition import composition_baseline
+        >>> from interp.examples import model
         >>> composition_baseline(model, "K")
     """
     if mode not in _MODES:
@@ -131,6 +135,8 @@ def composition_table(model: Transformer, *, baseline: bool = True) -> pd.DataFr
         mode and descending score.
 
     Example:
+        >>> from interp.analysis.composition import composition_table
+        >>> from interp.examples import model
         >>> composition_table(model).query("mode == 'K'").head(3)
     """
     rows = []
@@ -142,7 +148,7 @@ def composition_table(model: Transformer, *, baseline: bool = True) -> pd.DataFr
             for h1 in range(H):
                 for l2 in range(l1 + 1, L):
                     for h2 in range(H):
-                        row = {"mode": mode, "src_layer": l1, "src_head": h1, "dst_layer": l2, "dst_head": h2,
+                        row: dict[str, Any] = {"mode": mode, "src_layer": l1, "src_head": h1, "dst_layer": l2, "dst_head": h2,
                                "score": float(s[l1, h1, l2, h2])}
                         if base is not None:
                             row.update(baseline=base, ratio=row["score"] / base)

@@ -47,6 +47,8 @@ def copy_suppression_scores(model: Any, *, n_tokens: int = 512, comparisons: int
         ValueError: a model without an unembedding, or ``n_tokens`` / ``comparisons`` < 1.
 
     Example:
+        >>> from interp.analysis.copy_suppression import copy_suppression_scores
+        >>> from interp.examples import model
         >>> per_token = copy_suppression_scores(model, n_tokens=64)
         >>> per_token.mean(-1).shape       # [L, H]
     """

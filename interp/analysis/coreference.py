@@ -26,7 +26,7 @@ changes the attention rows of the mentions (for GAP, the text after the pronoun 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ def wilson_interval(hits: Any, n: Any, z: float = 1.96) -> tuple[Any, Any]:
         ``(low, high)`` of the same type as ``hits``.
 
     Example:
+        >>> from interp.analysis.coreference import wilson_interval
         >>> wilson_interval(65.0, 100.0)   # (0.553..., 0.736...)
     """
     if isinstance(hits, torch.Tensor) or isinstance(n, torch.Tensor):
@@ -292,6 +293,8 @@ def coreference_scores(
         FileNotFoundError: the file does not exist.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.coreference import coreference_scores
         >>> df = coreference_scores(interp.load("minilm-l6"), "../shared/data/gap/gap-development.tsv", max_items=10, n_boot=0)
         >>> df[df.group == "all"].sort_values("gain", ascending=False).head()
     """
@@ -312,7 +315,7 @@ def coreference_scores(
     else:
         windows = list(windows)
         groups = ["all"] + sorted({q.group for w in windows for q in w.queries} - {"all"})
-    baseline_names = {"gap": GAP_BASELINES, "corefud": COREFUD_BASELINES}.get(dataset)
+    baseline_names: Sequence[str] | None = {"gap": GAP_BASELINES, "corefud": COREFUD_BASELINES}.get(dataset)
     causal = bool(cfg.causal)
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 0:
         raise ValueError(f"n_boot={n_boot!r} must be a non-negative int")
@@ -344,9 +347,9 @@ def coreference_scores(
             if causal and not backward:
                 not_scorable += 1  # a causal head cannot attend to a later name
                 continue
-            g = in_group(q, backward)
-            qs.append((q, g))
-            q_member.append(g)
+            q_groups = in_group(q, backward)
+            qs.append((q, q_groups))
+            q_member.append(q_groups)
             q_base.append([float(q.gold[q.baselines[b]]) for b in baseline_names] + [sum(q.gold) / len(q.gold)])
         if qs:
             items.append((w, qs, first, _run_length(w, qs) if causal else len(w.ids)))
@@ -492,6 +495,8 @@ def coreference_kinds(df: pd.DataFrame, name: str, *, margin: float = 0.1, min_c
         ValueError: ``margin`` or ``min_count`` out of range.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.coreference import coreference_kinds, coreference_scores
         >>> df = coreference_scores(interp.load("minilm-l6"), "../shared/data/gap/gap-development.tsv", max_items=10, n_boot=0)
         >>> coreference_kinds(df, "gap", min_count=1, margin=0)[0]["kind"]
         'coreference:gap'

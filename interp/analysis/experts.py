@@ -98,6 +98,9 @@ class RoutingStats(Reducer):
         model: an interp Transformer with MoE layers.
 
     Example:
+        >>> from interp import stream
+        >>> from interp.analysis.experts import RoutingStats
+        >>> from interp.examples import moe_model, moe_tokens
         >>> r = RoutingStats(moe_model)
         >>> stream(moe_model, moe_tokens, [r])
         >>> r.result().share.shape   # [MoE layers, E]
@@ -181,6 +184,8 @@ def expert_stats(model: Any, data: Any, *, batch_size: int = 32) -> ExpertStats:
         ValueError: the model has no MoE layer, or the data is empty.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.experts import expert_stats
         >>> from interp import ModelConfig, Transformer
         >>> cfg = ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, activation="swiglu",
         ...                   n_experts=4, n_experts_per_token=2)
@@ -211,6 +216,8 @@ def expert_out_means(model: Any, reference: Any, layers: Sequence[int] | None = 
         ValueError: the model has no MoE layer, or the reference is empty.
 
     Example:
+        >>> from interp.analysis.experts import expert_out_means
+        >>> from interp.examples import moe_model, moe_tokens
         >>> means = expert_out_means(moe_model, moe_tokens)   # {layer: [E, M]}
     """
     layers = moe_layers(model) if layers is None else list(layers)
@@ -238,6 +245,8 @@ def ablate_experts(model: Any, experts: Experts, method: str = "mean", *, refere
         ValueError: unknown method, a model without MoE layers, an expert out of range, or a missing reference.
 
     Example:
+        >>> from interp.analysis.experts import ablate_experts
+        >>> from interp.examples import moe_model, moe_tokens
         >>> with ablate_experts(moe_model, [(1, 3)], "zero"):
         ...     logits = moe_model(moe_tokens)
     """

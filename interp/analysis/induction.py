@@ -206,7 +206,7 @@ class CopyingReducer(Reducer):
         comparisons: comparison tokens drawn per row; None: the whole vocabulary (exact).
 
     Raises:
-        ValueError: ``max_rows`` or ``comparisons`` < 1.
+        ValueError: ``max_rows`` or ``comparisons`` < 1, or a model without unembedding.
     """
 
     reads_query_chunks = True
@@ -214,6 +214,11 @@ class CopyingReducer(Reducer):
     def __init__(self, model: Transformer, *, max_rows: int | None = None, seed: int = 0,
                  comparisons: int | None = 256) -> None:
         super().__init__()
+        unembed = model.unembed
+        if unembed is None:
+            raise ValueError(f"the copying score reads the unembedding: model {model.name!r} has none "
+                             "(cfg.unembed=False)")
+        self._unembed = unembed
         for name, v in (("max_rows", max_rows), ("comparisons", comparisons)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"{name}={v!r} must be an int >= 1 or None")
@@ -319,18 +324,19 @@ class CopyingReducer(Reducer):
         attended = torch.cat([self._attended[layer] for layer in layers], dim=1)  # [N, A]: every scored head
         compare = self._compare
         if compare is None:
-            W_U = self.model.unembed.weight.detach().to(dev, f32)  # [V, M]
+            W_U = self._unembed.weight.detach().to(dev, f32)  # [V, M]
         else:
             # Only the columns compared are read (row-wise the same numbers): a quantised unembedding
             # dequantises those rows, never the whole [V, M] table.
             needed, where = torch.unique(torch.cat([attended.flatten(), compare.flatten()]), return_inverse=True)
             attended = where[:attended.numel()].view_as(attended)  # [N, A] rows of W_U below
             compare = where[attended.numel():].view_as(compare)  # [N, K]
-            W_U = unembed_rows(self.model.unembed, needed).detach().to(dev, f32)  # [u, M]
+            W_U = unembed_rows(self._unembed, needed).detach().to(dev, f32)  # [u, M]
         U = self._readout(W_U)  # [V or u, M], once a batch: cheaper than on every gathered column
         first = 0  # the group's first column of `attended`
         for group in self._layer_groups(layers):
-            w_o, flat = [], []
+            heads_w_o: list[torch.Tensor] = []
+            flat = []
             for layer in group:
                 attn = self.model.blocks[layer].attn
                 w = attn.W_O_heads.detach().to(dev, f32)  # [H, D, M]
@@ -339,9 +345,9 @@ class CopyingReducer(Reducer):
                 # A norm after attention (sandwich / output) reaches the residual: its weight (and centring) acts on
                 # each head's share of the sum; its scale rms(sum) is one positive number a row, as the final one.
                 w = self._through(getattr(self.model.blocks[layer], "ln1_post", None), w)  # [H, D, M]
-                w_o.append(w)
+                heads_w_o.append(w)
                 flat.append(layer * self._H + torch.arange(w.shape[0], device=dev))
-            w_o = torch.cat(w_o)  # [A, D, M]: every scored head of the group's layers (A heads)
+            w_o = torch.cat(heads_w_o)  # [A, D, M]: every scored head of the group's layers (A heads)
             z = torch.cat([self._z[layer] for layer in group], dim=1)  # [N, A, D]
             A, M = w_o.shape[0], U.shape[1]
             att_group = attended[:, first:first + A]  # [N, A]
@@ -414,6 +420,8 @@ def induction_scores(
         ValueError: unknown definition, an empty dataset, or sequences longer than the model's context.
 
     Example:
+        >>> from interp.analysis.induction import induction_scores
+        >>> from interp.examples import model
         >>> df = induction_scores(model)
         >>> df.sort_values("induction").tail(3)
     """
@@ -466,7 +474,7 @@ def induction_table(model: Transformer, reducers: list[Reducer], n_sequences: in
         cols = scores.result()
     rows = []
     for layer, head in heads_of(model):
-        row = {"layer": layer, "head": head}
+        row: dict[str, float] = {"layer": layer, "head": head}
         row.update({k: float(v[layer, head]) for k, v in cols.items() if k in _KINDS})
         row["copying"] = float(copy[layer, head])
         row.update({k: float(v[layer, head]) for k, v in cols.items() if k not in _KINDS})

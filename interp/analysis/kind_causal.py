@@ -72,6 +72,9 @@ def paired_random_test(model: Any, target: Sequence[tuple[int, int]], per_exampl
         ValueError: an empty target, or per-example values of different lengths.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.kind_causal import paired_random_test
+        >>> from interp.examples import model
         >>> df = paired_random_test(model, [(1, 0)], lambda hs: torch.full((8,), float(len(hs))), n_draws=5)
         >>> df.attrs["target_effect"]
         1.0
@@ -125,6 +128,7 @@ def ordinal_prompts(sequences: dict[str, list[int]] | list[list[int]], *, contex
         ValueError: no sequence longer than ``context``.
 
     Example:
+        >>> from interp.analysis.kind_causal import ordinal_prompts
         >>> ordinal_prompts([[5, 6, 7, 8, 9]])[1]
         tensor([8, 9])
     """
@@ -166,6 +170,8 @@ def kind_metric(model: Transformer, kind: str, tokens: torch.Tensor, *, answers:
         ValueError: an unknown kind, or a missing ``answers`` / ``half_len``.
 
     Example:
+        >>> from interp.analysis.kind_causal import kind_metric
+        >>> from interp.examples import model, tokens
         >>> per = kind_metric(model, "induction", tokens, half_len=10)
         >>> per([]).shape, per([(1, 0)]).shape
         (torch.Size([2]), torch.Size([2]))

@@ -7,6 +7,7 @@ calls :func:`register_kind`; the report, the figure legend (:func:`interp.viz.he
 --kinds`` read this registry.
 
 Example:
+    >>> from interp.analysis.kinds import head_kinds
     >>> sorted(head_kinds())[:3]
     ['copy-suppression', 'coreference', 'duplicate-token']
     >>> head_kinds()["induction"].data
@@ -132,6 +133,7 @@ def register_kind(kind: HeadKind) -> HeadKind:
         ValueError: another kind already has that name, or its ``data`` is not one of :data:`DATA`.
 
     Example:
+        >>> from interp.analysis.kinds import head_kinds, register_kind
         >>> k = head_kinds()["induction"]
         >>> register_kind(k) is k
         True
@@ -154,6 +156,7 @@ def head_kinds() -> dict[str, HeadKind]:
         ``{name: HeadKind}``.
 
     Example:
+        >>> from interp.analysis.kinds import head_kinds
         >>> "sink" in head_kinds()
         True
     """
@@ -175,6 +178,7 @@ def resolve_kinds(names: str | Iterable[str] | None) -> list[HeadKind]:
             empty selection.
 
     Example:
+        >>> from interp.analysis.kinds import resolve_kinds
         >>> [k.name for k in resolve_kinds(["induction", "sink"])]
         ['induction', 'sink']
     """
@@ -196,6 +200,7 @@ def kind_of_label(label: str) -> HeadKind | None:
     """The registered kind a report row's ``kind`` label belongs to (None for a label no kind writes).
 
     Example:
+        >>> from interp.analysis.kinds import kind_of_label
         >>> kind_of_label("positional:-1").name
         'positional'
     """

@@ -44,6 +44,9 @@ def effective_embeddings(model: Transformer, tokens: torch.Tensor) -> tuple[torc
         output; equal to the first for a 1-layer model).
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.ov_circuit import effective_embeddings
+        >>> from interp.examples import model
         >>> e0, e1 = effective_embeddings(model, torch.arange(5))
         >>> e0.shape
         torch.Size([5, 128])
@@ -74,6 +77,9 @@ def ov_logits(model: Transformer, tokens: torch.Tensor, columns: torch.Tensor, *
         ValueError: the model has no unembedding.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.ov_circuit import ov_logits
+        >>> from interp.examples import model
         >>> logits = ov_logits(model, torch.arange(4), torch.arange(4))   # [L, H, 4, 4]
     """
     unembed = model.unembed

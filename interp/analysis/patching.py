@@ -57,6 +57,8 @@ def logit_diff_metric(answer_tokens: torch.Tensor, pos: int = -1) -> Metric:
         ValueError: answer_tokens is not ``[B, 2]`` or ``[2]``.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.patching import logit_diff_metric
         >>> metric = logit_diff_metric(torch.tensor([[12, 40]]))
     """
     answers = torch.as_tensor(answer_tokens).long()
@@ -65,13 +67,20 @@ def logit_diff_metric(answer_tokens: torch.Tensor, pos: int = -1) -> Metric:
     if answers.dim() != 2 or answers.shape[1] != 2:
         raise ValueError(f"answer_tokens must be [batch, 2] (correct, wrong) ids, got shape {tuple(answers.shape)}")
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
-        lg = logits[:, pos]  # [B, V]
-        a = answers.to(lg.device).expand(lg.shape[0], 2)  # [B, 2]
-        return (lg.gather(1, a[:, :1]) - lg.gather(1, a[:, 1:])).mean()
+    return _LogitDiff(answers, pos)
 
-    metric.reads_last_only = pos == -1  # activation_patching then unembeds the last position only
-    return metric
+
+class _LogitDiff:
+    """:func:`logit_diff_metric`'s metric: a callable that also says which positions it reads."""
+
+    def __init__(self, answers: torch.Tensor, pos: int) -> None:
+        self.answers, self.pos = answers, pos
+        self.reads_last_only = pos == -1  # activation_patching then unembeds the last position only
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        lg = logits[:, self.pos]  # [B, V]
+        a = self.answers.to(lg.device).expand(lg.shape[0], 2)  # [B, 2]
+        return (lg.gather(1, a[:, :1]) - lg.gather(1, a[:, 1:])).mean()
 
 
 def in_context_metric(tokens: torch.Tensor, half_len: int, *, bos: bool) -> Metric:
@@ -93,6 +102,8 @@ def in_context_metric(tokens: torch.Tensor, half_len: int, *, bos: bool) -> Metr
         ValueError: tokens of the wrong length for ``half_len``.
 
     Example:
+        >>> from interp.analysis.patching import in_context_metric
+        >>> from interp.examples import clean
         >>> metric = in_context_metric(clean, 10, bos=True)
     """
     T = (1 if bos else 0) + 2 * half_len
@@ -127,6 +138,8 @@ def corrupt_repeats(tokens: torch.Tensor, half_len: int, d_vocab: int, *, bos_id
         ValueError: tokens of the wrong length.
 
     Example:
+        >>> from interp.analysis.patching import corrupt_repeats
+        >>> from interp.examples import model, clean
         >>> corrupted = corrupt_repeats(clean, 10, model.cfg.d_vocab, bos_id=0)
     """
     off = 0 if bos_id is None else 1
@@ -348,6 +361,9 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
             the vocabulary, a metric that returns more than one number or a NaN.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.patching import activation_patching
+        >>> from interp.examples import model, clean, corrupted, answers
         >>> df = activation_patching(model, clean, corrupted, act="z", answer_tokens=answers)
         >>> interp.viz.patching_heatmap(df)
     """
@@ -420,6 +436,8 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
         DataFrame as :func:`activation_patching`, with ``attrs["method"] = "attribution"``.
 
     Example:
+        >>> from interp.analysis.patching import attribution_patching
+        >>> from interp.examples import model, clean, corrupted, answers
         >>> est = attribution_patching(model, clean, corrupted, act="z", answer_tokens=answers)
     """
     checks.check_clean_corrupted(clean, corrupted)
@@ -472,6 +490,8 @@ def patch_heads_together(model: Transformer, clean: torch.Tensor, corrupted: tor
         ValueError: a head out of range, or the errors of :func:`activation_patching`.
 
     Example:
+        >>> from interp.analysis.patching import patch_heads_together
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> patch_heads_together(model, clean, corrupted, [(1, h) for h in range(4)], metric=metric)["normalized"]
     """
     heads = checks.check_heads(heads)

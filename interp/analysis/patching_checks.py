@@ -20,6 +20,7 @@ def check_batch_size(batch_size: Any) -> int:
     """``batch_size`` as a positive int; 0, -1, 1.5 and True are refused by name.
 
     Example:
+        >>> from interp.analysis.patching_checks import check_batch_size
         >>> check_batch_size(8)
         8
     """
@@ -32,6 +33,8 @@ def check_clean_corrupted(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
     """Refuse identical clean and corrupted inputs: every site would score 0 / 0 (a NaN table).
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.patching_checks import check_clean_corrupted
         >>> check_clean_corrupted(torch.tensor([[1, 2]]), torch.tensor([[1, 3]]))
     """
     if isinstance(clean, torch.Tensor) and isinstance(corrupted, torch.Tensor) and \
@@ -44,6 +47,8 @@ def check_answer_tokens(answer_tokens: Any, clean: torch.Tensor, d_vocab: int) -
     """``answer_tokens``: ``[B, 2]`` (or one pair ``[2]``) integer ids in ``[0, d_vocab)``, ``B`` = the batch.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.patching_checks import check_answer_tokens
         >>> check_answer_tokens(torch.tensor([[1, 2]]), torch.zeros(1, 4, dtype=torch.long), 10)
     """
     if answer_tokens is None:
@@ -69,6 +74,8 @@ def checked_metric(metric: Metric | None) -> Metric | None:
     element tensors can be converted" or a table of NaN.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.patching_checks import checked_metric
         >>> float(checked_metric(lambda lg: lg.sum())(torch.ones(1, 2, 3)))
         6.0
     """
@@ -94,6 +101,7 @@ def check_heads(heads: Any) -> list[tuple[int, int]]:
     """``heads`` as a list of ``(layer, head)`` int pairs; ``[(0.5, 0)]`` and ``[0]`` are refused by name.
 
     Example:
+        >>> from interp.analysis.patching_checks import check_heads
         >>> check_heads([(1, 0), (1, 2)])
         [(1, 0), (1, 2)]
     """
@@ -113,6 +121,7 @@ def check_n_samples(n_samples: Any) -> int:
     """``n_samples`` as a positive int (0 would average nothing: NaN).
 
     Example:
+        >>> from interp.analysis.patching_checks import check_n_samples
         >>> check_n_samples(16)
         16
     """

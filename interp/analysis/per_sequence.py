@@ -32,6 +32,9 @@ class PerSequenceMass(Reducer):
         targets: ``targets(batch, rows) -> {category: [B, T', S] bool}`` (the same function the scorer uses).
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.per_sequence import PerSequenceMass
+        >>> from interp.examples import model, tokens
         >>> from interp.analysis.induction import induction_targets
         >>> red = PerSequenceMass(model, ["induction"],
         ...                       lambda b, rows: induction_targets(b.tokens, b.mask, True, rows))

@@ -60,6 +60,9 @@ class PositionalReducer(TargetReducer):
         tie_tol: an argmax is unique when the top weight beats the runner-up by more than this.
 
     Example:
+        >>> from interp import stream
+        >>> from interp.analysis.positional import PositionalReducer
+        >>> from interp.examples import model, tokens
         >>> red = PositionalReducer(model)
         >>> stream(model, tokens, [red]); red.table()
     """
@@ -112,7 +115,7 @@ class PositionalReducer(TargetReducer):
             row["confidence"] = float(res["confidence"][layer, head])
             freq = {o: row[f"argmax_{offset_label(o)}"] for o in self.offsets}
             freq = {o: f for o, f in freq.items() if f == f}  # drop NaN (no valid rows)
-            best = max(freq, key=freq.get) if freq else 0
+            best = max(freq, key=lambda o: freq[o]) if freq else 0
             row["best_offset"] = best
             row["best_argmax"] = freq.get(best, float("nan"))
             rows.append(row)
@@ -161,6 +164,9 @@ def positional_scores(
         TypeError: the data are not token ids.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.positional import positional_scores
+        >>> from interp.examples import model
         >>> df = positional_scores(model, torch.randint(0, 100, (16, 32)))
         >>> df.loc[df.best_argmax >= 0.9, ["layer", "head", "best_offset"]]
     """

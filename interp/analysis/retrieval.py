@@ -33,6 +33,9 @@ class RetrievalReducer(TargetReducer):
     ``needle`` and ``answer`` annotations of :func:`~interp.data.needle.needle_batches`).
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.retrieval import RetrievalReducer
+        >>> from interp.examples import model
         >>> red = RetrievalReducer(model)
         >>> _ = interp.streaming.stream(model, interp.data.needle.needle_batches(128, 4, 40, 6, bos_id=0), [red])
         >>> red.result()["retrieval"]["argmax"].shape      # [L, H]

@@ -51,6 +51,9 @@ class SinkReducer(Reducer):
     per-sequence values are also kept (``per_sequence()``) for the bootstrap interval over sequences.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.sink import SinkReducer
+        >>> from interp.examples import model, tokens
         >>> red = SinkReducer(model)
         >>> n = interp.streaming.stream(model, tokens, [red])
         >>> red.result()["mass"].shape     # [L, H]

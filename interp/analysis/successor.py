@@ -41,6 +41,8 @@ def succession_scores(model: Any, sequences: dict[str, list[int]] | list[list[in
             unembedding.
 
     Example:
+        >>> from interp.analysis.successor import succession_scores
+        >>> from interp.examples import model
         >>> hits = succession_scores(model, [[3, 4, 5, 6]])
         >>> hits.mean(-1)                 # [L, H] succession scores
     """

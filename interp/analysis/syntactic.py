@@ -73,6 +73,11 @@ def _argmax_or_none(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.where(torch.isfinite(best), idx, torch.full_like(idx, -1))  # -1: nothing to attend
 
 
+def _best_offset(hits: Sequence[float] | torch.Tensor, offsets: Sequence[int]) -> int:
+    """The index of the offset with the most ``hits``, ties to the smaller ``|offset|`` (then the first listed)."""
+    return max(range(len(offsets)), key=lambda i: (float(hits[i]), -abs(offsets[i])))
+
+
 class SyntacticReducer(Reducer):
     """The streaming piece of :func:`syntactic_scores`: folds token patterns into word-to-word attention
     and scores each gold arc of the batch's sentences.
@@ -173,7 +178,7 @@ class SyntacticReducer(Reducer):
         # exact zeros after every real word (attention weights are >= 0, and the argmax takes the first of
         # equal values), and a sentence with a scored arc has a second word. A decoder's zeros above the
         # diagonal come before the real candidates of a column, so there the whole mask is applied.
-        if self.causal:
+        if self.causal and self._invalid is not None:  # (begin_batch sets it for a decoder)
             words.masked_fill_(self._invalid.to(words.device), float("-inf"))  # in place: the map is ours
         else:
             words.diagonal(dim1=-2, dim2=-1).fill_(float("-inf"))  # [B, H, W] view
@@ -265,8 +270,7 @@ class SyntacticReducer(Reducer):
             n = sum(res[k]["n"] for k in keys)
             n_ok = sum(res[k]["n_scorable"] for k in keys)
             # best offset per full relation: most hits, ties to the smaller |offset| (then the first listed)
-            best = {k: max(range(len(offsets)), key=lambda i, k=k: (float(res[k]["offset_hits"][i]), -abs(offsets[i])))
-                    for k in sorted(keys)}
+            best = {k: _best_offset(res[k]["offset_hits"], offsets) for k in sorted(keys)}
             hits = sum(float(res[k]["offset_hits"][best[k]]) for k in keys)
             offs = {offsets[i] for i in best.values()}
             off: int | str = offs.pop() if len(offs) == 1 else " ".join(
@@ -334,6 +338,8 @@ def syntactic_scores(
         FileNotFoundError: the file does not exist.
 
     Example:
+        >>> import interp
+        >>> from interp.analysis.syntactic import syntactic_scores
         >>> df = syntactic_scores(interp.load("minilm-l6"), "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=20)
         >>> df[df.gain > 0.1].sort_values("gain", ascending=False).head()
     """

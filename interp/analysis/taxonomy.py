@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +63,12 @@ from .syntactic import run_treebank
 from .uncertainty import with_intervals
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import plotly.graph_objects as go
 
+    from ..data import Sentence
+    from ..data.batches import TokenData
     from ..model import Transformer
 
 __all__ = ["HeadReport", "classify_heads"]
@@ -88,6 +92,8 @@ class HeadReport:
         extra: the results of ``extra_reducers``.
 
     Example:
+        >>> from interp import classify_heads
+        >>> from interp.examples import model
         >>> report = classify_heads(model)
         >>> report.df[report.df.kind == "induction"]
         >>> report.figure().show()
@@ -99,7 +105,9 @@ class HeadReport:
     model_name: str = "model"
     details: dict[str, pd.DataFrame] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)
-    layer_heads: list[int] | None = None  # heads per layer when layers differ (a pruned model); None: n_heads each
+    # Heads per layer (they differ on a pruned model); None (the default) resolves to n_heads each in __post_init__,
+    # so every reader sees a list (typed as what it holds after construction, as ModelConfig's derived fields).
+    layer_heads: list[int] = None  # type: ignore[assignment]
     probes: dict[str, str] = field(default_factory=dict)  # kind name -> the probe data it was measured on
     kinds_run: list[str] = field(default_factory=list)  # the registered kinds that were run
     extra: dict[str, Any] = field(default_factory=dict)  # extra_reducers' results, "{index}:{class name}"
@@ -152,10 +160,10 @@ class HeadReport:
 def classify_heads(
     model: Transformer | HeadParallel,
     *,
-    tokens: Any = None,
+    tokens: TokenData | None = None,
     texts: list[str] | None = None,
-    conllu: Any = None,
-    induction_tokens: Any = None,
+    conllu: str | Path | Iterable[Sentence] | None = None,
+    induction_tokens: TokenData | None = None,
     definition: str = "interp",
     window: int = 3,
     positional_threshold: float = 0.9,
@@ -167,7 +175,7 @@ def classify_heads(
     copying_comparisons: int | None = 256,
     syntactic_margin: float = 0.1,
     syntactic_min_count: int = 100,
-    coref: Any = None,
+    coref: str | Path | Sequence[str | Path] | Mapping[str, str | Path] | None = None,
     coref_margin: float = 0.1,
     coref_min_count: int = 50,
     max_sentences: int | None = None,
@@ -238,6 +246,8 @@ def classify_heads(
             analyzers.
 
     Example:
+        >>> import interp
+        >>> from interp import classify_heads
         >>> report = classify_heads(interp.load("minilm-l6"), conllu="../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=20)
         >>> report
         >>> report.heads("syntactic:")
@@ -298,15 +308,15 @@ def classify_heads(
     syn_reds = reducers_of("treebank")
     stats = TreebankStats()
     tree = (treebank_batches(model, conllu, batch_size=batch_size, max_sentences=max_sentences, stats=stats)
-            if syn_reds or (conllu is not None and text_reds and tokens is None and texts is None) else None)
+            if conllu is not None and (syn_reds or (text_reds and tokens is None and texts is None)) else None)
     run.passes["treebank_stats"] = stats
 
     # --- one pass over the text (+ the treebank's sentences when the text is the treebank) --------------------
-    bars = dict(progress=run.show, desc="classify_heads: positional")
-    tree_bars = dict(progress=run.show, desc="classify_heads: treebank")
+    bars: dict[str, Any] = dict(progress=run.show, desc="classify_heads: positional")
+    tree_bars: dict[str, Any] = dict(progress=run.show, desc="classify_heads: treebank")
     if tokens is not None or texts is not None:
         if text_reds:
-            data = tokens if tokens is not None else text_batches(model, texts, batch_size=batch_size)
+            data = tokens if tokens is not None else text_batches(model, texts or [], batch_size=batch_size)
             run.passes["text"] = stream(model, data, text_reds, batch_size=batch_size, **bars)
         text_probe = "the given tokens" if tokens is not None else f"{len(texts or [])} given texts"
         if tree is not None and syn_reds:
@@ -354,8 +364,8 @@ def classify_heads(
         rows += with_intervals(found, bootstrap, seed=seed)
     # A kind's sure find replaces the labels it supersedes on that head (a sink is no first-token reader).
     for kind in selected:
-        found = {(r["layer"], r["head"]) for r in rows if r["kind"] in kind.labels and not r.get("uncertain")}
-        rows = [r for r in rows if r["kind"] not in kind.supersedes or (r["layer"], r["head"]) not in found]
+        sure = {(r["layer"], r["head"]) for r in rows if r["kind"] in kind.labels and not r.get("uncertain")}
+        rows = [r for r in rows if r["kind"] not in kind.supersedes or (r["layer"], r["head"]) not in sure]
     extra = {f"{i}:{type(r).__name__}": r.result() for i, r in enumerate(extra_reducers)}
 
     columns = _COLUMNS + (["low", "high", "uncertain"] if bootstrap else [])

@@ -40,6 +40,7 @@ def bootstrap_interval(samples: Any, n_resamples: int = 1000, *, ci: float = 0.9
         ValueError: ``n_resamples < 1`` or ``ci`` outside (0, 1).
 
     Example:
+        >>> from interp.analysis.uncertainty import bootstrap_interval
         >>> low, high = bootstrap_interval([0.0, 1.0] * 50, 500)
         >>> 0.35 < low < 0.5 < high < 0.65
         True
@@ -70,6 +71,7 @@ def with_intervals(rows: list[dict[str, Any]], n_resamples: int, *, seed: int = 
         The rows that passed, plus (with intervals) those whose interval reaches the threshold.
 
     Example:
+        >>> from interp.analysis.uncertainty import with_intervals
         >>> rows = [{"layer": 0, "head": 0, "kind": "k", "score": 0.48, "samples": [0.0, 1.0] * 25,
         ...          "threshold": 0.5, "passed": False}]
         >>> with_intervals(rows, 200)[0]["uncertain"]

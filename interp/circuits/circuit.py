@@ -33,6 +33,7 @@ class Circuit:
         info: anything else (the model's name, the task, the metric of the full model...).
 
     Example:
+        >>> from interp.circuits.circuit import Circuit
         >>> c = Circuit([("input", "a0.h0<v>"), ("a0.h0", "logits")], {("input", "a0.h0<v>"): -1.0,
         ...             ("a0.h0", "logits"): -2.0}, method="eap", n_edges_total=81)
         >>> c.nodes
@@ -75,6 +76,7 @@ class Circuit:
             ``edge_overlap`` and ``node_overlap`` (Jaccard: shared / either), ``shared_edges``, ``shared_nodes``.
 
         Example:
+            >>> from interp.circuits.circuit import Circuit
             >>> a = Circuit([("input", "logits")]); b = Circuit([("input", "logits"), ("a0.h0", "logits")])
             >>> a.compare(b)["edge_overlap"]
             0.5
@@ -93,6 +95,8 @@ class Circuit:
         """Write the circuit as JSON (atomically: a crash leaves the old file or the new one).
 
         Example:
+            >>> from interp.circuits.circuit import Circuit
+            >>> from interp.examples import tmp
             >>> Circuit([("input", "logits")], method="eap").save(tmp / "c.json").name
             'c.json'
         """
@@ -106,6 +110,8 @@ class Circuit:
             ValueError: a file that is not a saved circuit (naming the file and what is wrong).
 
         Example:
+            >>> from interp.circuits.circuit import Circuit
+            >>> from interp.examples import tmp
             >>> Circuit.load(Circuit([("input", "logits")]).save(tmp / "c.json")).edges
             [('input', 'logits')]
         """

@@ -39,6 +39,8 @@ def ablation_source(model: Transformer, graph: Graph, corrupted: torch.Tensor, a
         ValueError: an unknown ablation.
 
     Example:
+        >>> from interp.circuits.evaluate import ablation_source
+        >>> from interp.examples import model, corrupted
         >>> from interp.circuits import build_graph
         >>> ablation_source(model, build_graph(model), corrupted, "mean").shape
         torch.Size([9, 1, 21, 128])
@@ -56,6 +58,8 @@ def circuit_metrics(model: Transformer, graph: Graph, clean: torch.Tensor, sourc
     to ``source``. Circuits share forward passes, ``batch_size // B`` at a time.
 
     Example:
+        >>> from interp.circuits.evaluate import ablation_source, circuit_metrics
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> from interp.circuits import build_graph
         >>> g = build_graph(model); src = ablation_source(model, g, corrupted)
         >>> full = circuit_metrics(model, g, clean, src, g.allowed[None], metric)  # every edge kept: the model
@@ -104,6 +108,8 @@ def faithfulness(model: Transformer, circuit: Circuit, clean: torch.Tensor, corr
             different shapes.
 
     Example:
+        >>> from interp.circuits.evaluate import Circuit, faithfulness
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> c = Circuit([("a1.h0", "logits"), ("a1.h1", "logits")])
         >>> round(faithfulness(model, c, clean, corrupted, metric)["faithfulness"], 2) < 1
         True
@@ -241,6 +247,8 @@ def faithfulness_curve(model: Transformer, scores: Sequence[EdgeScores] | EdgeSc
         ValueError: scores of different graphs, an empty size list, a size outside [1, n_edges].
 
     Example:
+        >>> from interp.circuits.evaluate import faithfulness_curve
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> from interp.circuits import eap
         >>> df = faithfulness_curve(model, eap(model, clean, corrupted, metric), clean, corrupted, metric,
         ...                         sizes=[5, 20], n_random=2)

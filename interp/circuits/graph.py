@@ -36,6 +36,8 @@ def check_decomposable(model: Transformer) -> None:
         ValueError: post-norm blocks, sublayer output norms, cross-attention, latent attention, or no unembedding.
 
     Example:
+        >>> from interp.circuits.graph import check_decomposable
+        >>> from interp.examples import model
         >>> check_decomposable(model)  # induction-2l: pre-norm, attention only
     """
     cfg = model.cfg
@@ -68,6 +70,8 @@ class Graph:
             its group's heads, an MLP input its MLP; the logits none).
 
     Example:
+        >>> from interp.circuits.graph import build_graph
+        >>> from interp.examples import model
         >>> g = build_graph(model)
         >>> g.n_edges, g.upstream[:2], g.downstream[-1]
         (81, ('input', 'a0.h0'), 'logits')
@@ -121,6 +125,8 @@ class Graph:
                 reads).
 
         Example:
+            >>> from interp.circuits.graph import build_graph
+            >>> from interp.examples import model
             >>> int(build_graph(model).edge_mask([("input", "logits")]).sum())
             1
         """
@@ -185,6 +191,8 @@ def build_graph(model: Transformer) -> Graph:
         ValueError: a model that does not decompose (see :func:`check_decomposable`).
 
     Example:
+        >>> from interp.circuits.graph import build_graph
+        >>> from interp.examples import model
         >>> g = build_graph(model)
         >>> len(g.upstream), len(g.downstream)
         (9, 25)

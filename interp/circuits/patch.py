@@ -225,6 +225,8 @@ def edge_pass(model: Transformer, graph: Graph, *, source: torch.Tensor | None =
         ValueError: ``ablate`` without ``source``, or of the wrong shape.
 
     Example:
+        >>> from interp.circuits.patch import edge_pass
+        >>> from interp.examples import model, clean
         >>> from interp.circuits import build_graph
         >>> g = build_graph(model)
         >>> with edge_pass(model, g, record=True) as run:
@@ -275,6 +277,8 @@ def node_writes(model: Transformer, graph: Graph, tokens: torch.Tensor,
         ``(logits [B, T, V], writes [U, B, T, M])``.
 
     Example:
+        >>> from interp.circuits.patch import node_writes
+        >>> from interp.examples import model, clean
         >>> from interp.circuits import build_graph
         >>> logits, writes = node_writes(model, build_graph(model), clean)
         >>> writes.shape  # input, 2 x 4 heads

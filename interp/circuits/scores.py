@@ -64,6 +64,8 @@ def check_pair(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor,
         TypeError: a metric that is not callable.
 
     Example:
+        >>> from interp.circuits.scores import check_pair
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> m = check_pair(model, clean, corrupted, metric)
     """
     clean, corrupted = model._check_tokens(clean), model._check_tokens(corrupted)
@@ -109,6 +111,8 @@ def eap(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric
             logits, or a model that does not decompose.
 
     Example:
+        >>> from interp.circuits.scores import eap
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> s = eap(model, clean, corrupted, metric)
         >>> s.scores.shape
         torch.Size([9, 25])
@@ -148,6 +152,8 @@ def eap_ig(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, met
         ValueError: as :func:`eap`, or ``steps`` < 1.
 
     Example:
+        >>> from interp.circuits.scores import eap_ig
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> s = eap_ig(model, clean, corrupted, metric, steps=3)
         >>> s.method
         'eap-ig'
@@ -218,6 +224,8 @@ def exact_scores(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
         ValueError: as :func:`eap`, an empty ``edges``, an edge that does not exist, a bad ``batch_size``.
 
     Example:
+        >>> from interp.circuits.scores import exact_scores
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> s = exact_scores(model, clean, corrupted, metric, edges=[("a0.h0", "a1.h0<k>")])
         >>> s.scores.count_nonzero().item()
         1
@@ -293,6 +301,8 @@ def exact_scores_naive(model: Transformer, clean: torch.Tensor, corrupted: torch
     Args and Returns: as :func:`exact_scores`.
 
     Example:
+        >>> from interp.circuits.scores import exact_scores_naive
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> s = exact_scores_naive(model, clean, corrupted, metric, edges=[("a0.h0", "a1.h0<k>")])
     """
     metric = check_pair(model, clean, corrupted, metric)

@@ -51,6 +51,8 @@ def top_n(scores: EdgeScores, n: int, *, connected: bool = False) -> Circuit:
         ValueError: ``n`` outside [1, number of edges].
 
     Example:
+        >>> from interp.circuits.search import top_n
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> from interp.circuits import eap
         >>> len(top_n(eap(model, clean, corrupted, metric), 8))
         8
@@ -111,6 +113,8 @@ def acdc(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metri
         ValueError: a negative threshold, or the errors of :func:`~interp.circuits.evaluate.faithfulness`.
 
     Example:
+        >>> from interp.circuits.search import acdc
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> c = acdc(model, clean, corrupted, metric, threshold=0.5)
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0:
@@ -171,6 +175,8 @@ def edge_pruning(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
             :func:`~interp.circuits.evaluate.faithfulness`.
 
     Example:
+        >>> from interp.circuits.search import edge_pruning
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> c = edge_pruning(model, clean, corrupted, metric, target=0.9, steps=10)
     """
     target = check_target(target)

@@ -48,6 +48,8 @@ def prob_diff_metric(good: torch.Tensor, bad: torch.Tensor) -> Metric:
         good, bad: ``[B, V]`` bool masks.
 
     Example:
+        >>> import torch
+        >>> from interp.circuits.tasks import prob_diff_metric
         >>> m = prob_diff_metric(torch.eye(4, dtype=torch.bool)[:1], torch.eye(4, dtype=torch.bool)[1:2])
         >>> round(float(m(torch.tensor([[[2.0, 0.0, 0.0, 0.0]]]))), 3)
         0.615
@@ -76,6 +78,8 @@ def circuit_task(model: Transformer, name: str, *, n: int = 16, seed: int = 0, h
         ValueError: an unknown task, a text task on a model without a text tokenizer.
 
     Example:
+        >>> from interp.circuits.tasks import circuit_task
+        >>> from interp.examples import model
         >>> task = circuit_task(model, "induction", n=4)
         >>> task.clean.shape
         torch.Size([4, 21])

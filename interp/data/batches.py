@@ -44,6 +44,8 @@ class Batch:
             model's sentence embeddings); scorers that need other annotations document their keys.
 
     Example:
+        >>> import torch
+        >>> from interp.data.batches import Batch
         >>> b = Batch(torch.tensor([[1, 2, 3]]))
         >>> b.real.tolist()
         [[True, True, True]]
@@ -76,6 +78,8 @@ def as_batch(item: Any, where: str = "batch") -> Batch:
         TypeError: ids that are not integers.
 
     Example:
+        >>> import torch
+        >>> from interp.data.batches import as_batch
         >>> as_batch({"tokens": torch.tensor([[1, 2]]), "loss_mask": torch.tensor([[0, 1]])}).annotations["loss_mask"]
         tensor([[0, 1]])
     """
@@ -113,7 +117,13 @@ def as_batch(item: Any, where: str = "batch") -> Batch:
     return Batch(tokens.long(), mask, extras)
 
 
-def iter_batches(data: Any, *, batch_size: int = 32, name: str = "tokens") -> Iterator[Batch]:
+#: What an analysis takes as token ids (see :func:`iter_batches`): one LongTensor ``[N, T]``, a dict with
+#: ``tokens`` (and ``attention_mask``), a :class:`Batch`, or an iterable of batches (each one of those, or a
+#: ``(tokens, attention_mask)`` tuple).
+TokenData = torch.Tensor | Mapping[str, torch.Tensor] | Batch | Iterable[object]
+
+
+def iter_batches(data: TokenData, *, batch_size: int = 32, name: str = "tokens") -> Iterator[Batch]:
     """Normalise what a user passes as a dataset into :class:`Batch` objects.
 
     Args:
@@ -131,6 +141,8 @@ def iter_batches(data: Any, *, batch_size: int = 32, name: str = "tokens") -> It
         TypeError: a batch is not made of integer ids.
 
     Example:
+        >>> import torch
+        >>> from interp.data.batches import iter_batches
         >>> [tuple(b.tokens.shape) for b in iter_batches(torch.zeros(5, 3, dtype=torch.long), batch_size=2)]
         [(2, 3), (2, 3), (1, 3)]
     """
@@ -175,6 +187,8 @@ def pad(seqs: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, to
         ValueError: no sequence, or an empty sequence.
 
     Example:
+        >>> import torch
+        >>> from interp.data.batches import pad
         >>> tokens, mask = pad([torch.tensor([5, 6]), torch.tensor([7])], pad_id=0)
         >>> tokens.tolist(), mask.tolist()
         ([[5, 6], [7, 0]], [[1, 1], [1, 0]])
@@ -205,6 +219,7 @@ def bucket_by_length(lengths: Sequence[int], batch_size: int, *, window: int | N
         Lists of indices into ``lengths``; every index appears exactly once.
 
     Example:
+        >>> from interp.data.batches import bucket_by_length
         >>> bucket_by_length([5, 1, 4, 2], 2)
         [[1, 3], [2, 0]]
     """
@@ -239,6 +254,8 @@ def text_batches(model: Transformer, texts: Sequence[str], *, batch_size: int = 
         ValueError: no text tokenizer, or ``texts`` is not a non-empty list of str.
 
     Example:
+        >>> import interp
+        >>> from interp.data.batches import text_batches
         >>> text_batches(interp.load("minilm-l6"), ["The cat sat.", "A dog."])[0].tokens.shape   # [2, T]
     """
     tok = getattr(model, "tokenizer", None)
@@ -311,6 +328,8 @@ def treebank_batches(
         ValueError: the model has no word-aware tokenizer, or a CoNLL-U line is malformed.
 
     Example:
+        >>> import interp
+        >>> from interp.data.batches import treebank_batches
         >>> b = next(treebank_batches(interp.load("minilm-l6"), "../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", batch_size=8))
         >>> b.annotations["member"].shape    # [8, W, T]
     """
@@ -335,9 +354,9 @@ def _treebank_stream(model: Transformer, conllu: Any, tok: Any, batch_size: int,
                      bucket: bool, stats: TreebankStats) -> Iterator[Batch]:
     pad_id = getattr(tok, "pad_token_id", None) or 0
     window = 16 * batch_size if bucket else 1
-    pending: list[tuple[Sentence, Sequence[int], Sequence[int | None]]] = []
+    pending: list[tuple[Sentence, torch.Tensor, Sequence[int | None]]] = []
 
-    def emit(items: list[tuple[Sentence, Sequence[int], Sequence[int | None]]]) -> Iterator[Batch]:
+    def emit(items: list[tuple[Sentence, torch.Tensor, Sequence[int | None]]]) -> Iterator[Batch]:
         for group in bucket_by_length([len(ids) for _, ids, _ in items], batch_size, window=window):
             rows = [items[i] for i in group]
             tokens, mask = pad([ids for _, ids, _ in rows], pad_id)

@@ -112,6 +112,8 @@ def ioi_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompt
         ValueError: a model without a text tokenizer, fewer than 5 single-token names, ``n`` < 1.
 
     Example:
+        >>> import interp
+        >>> from interp.data.circuit_tasks import ioi_prompts
         >>> p = ioi_prompts(interp.load("smollm2-135m"), 4)
         >>> p.clean.shape == p.corrupted.shape
         True
@@ -149,6 +151,8 @@ def greater_than_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> T
         ValueError: a model without a text tokenizer, ``n`` < 1.
 
     Example:
+        >>> import interp
+        >>> from interp.data.circuit_tasks import greater_than_prompts
         >>> p = greater_than_prompts(interp.load("smollm2-135m"), 4)
         >>> p.good.shape[0]
         4
@@ -189,6 +193,8 @@ def agreement_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> Task
         ValueError: a model without a text tokenizer, " is" / " are" not single tokens, ``n`` < 1.
 
     Example:
+        >>> import interp
+        >>> from interp.data.circuit_tasks import agreement_prompts
         >>> p = agreement_prompts(interp.load("smollm2-135m"), 4)
         >>> p.answers.shape
         torch.Size([4, 2])

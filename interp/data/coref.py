@@ -39,7 +39,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import conllu
 import torch
@@ -192,11 +192,13 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
             ``file:line``); a negative or non-int ``max_documents``.
 
     Example:
+        >>> from interp.data.coref import read_corefud
         >>> doc = next(read_corefud("../shared/data/gum-coref/en_gum-ud-dev.ccby.conllu"))
         >>> [doc.text(m) for m in doc.entities["3"]][:3]
         ['Byron', 'his', 'he']
     """
     _check_limit("max_documents", max_documents)
+    handle: IO[bytes] | Iterator[str]
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
@@ -391,11 +393,13 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
             inside a name); the message starts with ``file:line``. A negative or non-int ``max_rows``.
 
     Example:
+        >>> from interp.data.coref import read_gap
         >>> ex = next(read_gap("../shared/data/gap/gap-development.tsv"))
         >>> ex.pronoun.string, ex.a.string, ex.label
         ('her', 'Cheryl Cassidy', 'A')
     """
     _check_limit("max_rows", max_rows)
+    handle: IO[bytes] | Iterator[str]
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
@@ -403,8 +407,9 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
         where, handle = str(path), path.open("rb")  # bytes: a decoding error names its line
         lines: Iterable[str] = _decoded(handle, where)
     else:
-        where, handle = "<gap>", iter(source)
-        lines = (line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(handle))
+        text = iter(source)
+        where, handle = "<gap>", text
+        lines = (line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(text))
     return _read_gap(where, handle, lines, max_rows)
 
 
@@ -574,6 +579,8 @@ def gap_windows(examples: Iterable[GapExample], tokenizer: Any, *, max_tokens: i
         Windows with one query each: the pronoun's words -> candidates ``[A's words, B's words]``.
 
     Example:
+        >>> import interp
+        >>> from interp.data.coref import gap_windows, read_gap
         >>> w = next(gap_windows(read_gap("../shared/data/gap/gap-development.tsv"), interp.load("minilm-l6").tokenizer))
         >>> [w.words[i] for i in w.queries[0].candidates[0]]
         ['Cheryl', 'Cassidy']
@@ -645,15 +652,17 @@ def corefud_windows(docs: Iterable[CorefDocument], tokenizer: Any, *, max_tokens
         ValueError: ``max_tokens`` is not a positive int.
 
     Example:
+        >>> import interp
+        >>> from interp.data.coref import corefud_windows, read_corefud
         >>> docs = read_corefud("../shared/data/gum-coref/en_gum-ud-dev.ccby.conllu", max_documents=1)
         >>> n = sum(len(w.queries) for w in corefud_windows(docs, interp.load("minilm-l6").tokenizer, max_tokens=512))
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens!r} must be a positive int")
     st = stats if stats is not None else {}
-    for k in ("documents", "mentions", "with_antecedent", "scored", "antecedent_outside_window",
-              "sentences_too_long"):
-        st.setdefault(k, 0)
+    for stat in ("documents", "mentions", "with_antecedent", "scored", "antecedent_outside_window",
+                 "sentences_too_long"):
+        st.setdefault(stat, 0)
     for doc in docs:
         st["documents"] += 1
         st["mentions"] += len(doc.mentions)

@@ -40,6 +40,7 @@ def needle_batches(d_vocab: int, n_seqs: int, context: int, needle_len: int, *, 
             the haystack.
 
     Example:
+        >>> from interp.data.needle import needle_batches
         >>> b = needle_batches(100, 4, 32, 6, seed=0)[0]
         >>> b.tokens.shape, b.annotations["answer"].tolist()
         (torch.Size([4, 32]), [26, 26, 26, 26])

@@ -39,6 +39,8 @@ def ordinal_token_sequences(tokenizer: Any, *, prefix: str = " ",
         ValueError: no task has 3 single-token items in a row.
 
     Example:
+        >>> from interp.data.ordinal import ordinal_token_sequences
+        >>> from interp.examples import tok
         >>> sorted(ordinal_token_sequences(tok))     # MiniLM's word pieces
         ['days', 'letters', 'months', 'number words', 'numbers']
     """

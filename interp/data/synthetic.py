@@ -7,7 +7,7 @@ one, which is what induction heads do (Olsson et al., 2022; TransformerLens' ind
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 
@@ -83,6 +83,7 @@ def repeated_sequences(
         ValueError: a size is not positive, or ``bos_id`` is outside the vocabulary.
 
     Example:
+        >>> from interp.data.synthetic import repeated_sequences
         >>> toks = repeated_sequences(2, 5, 50, seed=1, bos_id=0)
         >>> toks.shape
         torch.Size([2, 11])
@@ -98,6 +99,22 @@ def repeated_sequences(
     if bos_id is not None:
         parts.insert(0, torch.full((n_seqs, 1), bos_id, dtype=torch.long))
     return torch.cat(parts, dim=1)  # [N, (1) + 2n]
+
+
+@overload
+def induction_training_batch(
+    batch: int, seq_len: int, d_vocab: int, *, p_repeat: float = ..., min_span: int = ..., max_span: int | None = ...,
+    bos_id: int | None = ..., seed: int = ..., generator: torch.Generator | None = ...,
+    return_mask: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def induction_training_batch(
+    batch: int, seq_len: int, d_vocab: int, *, p_repeat: float = ..., min_span: int = ..., max_span: int | None = ...,
+    bos_id: int | None = ..., seed: int = ..., generator: torch.Generator | None = ...,
+    return_mask: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def induction_training_batch(
@@ -144,6 +161,7 @@ def induction_training_batch(
             probability outside [0, 1], or ``bos_id`` outside the vocabulary.
 
     Example:
+        >>> from interp.data.synthetic import induction_training_batch
         >>> toks, pred = induction_training_batch(4, 32, 64, p_repeat=1.0, seed=0, return_mask=True)
         >>> toks.shape, pred.shape
         (torch.Size([4, 32]), torch.Size([4, 32]))
@@ -205,6 +223,7 @@ def first_occurrence_mask(n_seqs: int, half_len: int, *, bos: bool = False) -> t
         ``(first, repeated)`` bool masks ``[n_seqs, (1 if bos) + 2 * half_len - 1]``.
 
     Example:
+        >>> from interp.data.synthetic import first_occurrence_mask
         >>> first, rep = first_occurrence_mask(1, 3)
         >>> first.int().tolist(), rep.int().tolist()
         ([[1, 1, 0, 0, 0]], [[0, 0, 0, 1, 1]])
@@ -253,6 +272,8 @@ def repeated_tokens_for(model: Transformer, n_seqs: int = 32, half_len: int | No
         LongTensor ``[n_seqs, T]``.
 
     Example:
+        >>> from interp.data.synthetic import repeated_tokens_for
+        >>> from interp.examples import model
         >>> toks = repeated_tokens_for(model, 8, 10)
     """
     cfg = model.cfg
@@ -279,6 +300,8 @@ def random_tokens_for(model: Transformer, n: int, T: int, *, seed: int = 0) -> t
         LongTensor ``[n, T]``.
 
     Example:
+        >>> from interp.data.synthetic import random_tokens_for
+        >>> from interp.examples import model
         >>> random_tokens_for(model, 4, 16).shape
         torch.Size([4, 16])
     """

@@ -136,7 +136,9 @@ def _check_tree(heads: list[int], head_lines: list[tuple[int, str]], where: str)
                          f"(words {[r + 1 for r in roots]})")
     rooted = {-1}  # words known to reach the root: each walk stops at the first one (linear in the words)
     for i in range(len(heads)):
-        path, seen, j = [], set(), i
+        path: list[int] = []
+        seen: set[int] = set()
+        j = i
         while j not in rooted:
             if j in seen:
                 no, line = head_lines[i]
@@ -164,6 +166,7 @@ def read_conllu(source: str | Path | Sequence[str], *, max_sentences: int | None
             sentence, a self-loop, a cycle, no root or several roots); the message starts with ``file:line``.
 
     Example:
+        >>> from interp.data.treebank import read_conllu
         >>> for sent in read_conllu("../shared/data/ud-english-ewt/en_ewt-ud-dev.conllu", max_sentences=2):
         ...     print(sent.words, sent.heads, sent.deprels)
     """
@@ -231,6 +234,7 @@ def align_words(word_index: Sequence[int | None], n_words: int) -> torch.Tensor:
         ValueError: a word has no token (the tokenizer dropped it) or an index is out of range.
 
     Example:
+        >>> from interp.data.treebank import align_words
         >>> align_words([None, 0, 0, 1, None], 2).tolist()
         [[0.0, 1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0]]
     """

@@ -2,6 +2,7 @@
 and ``remove_heads`` for a physically smaller model.
 
 Example:
+    >>> from interp.examples import model, batches
     >>> from interp.pruning import importance_curve, random_curve, LanguageModelObjective, remove_heads
     >>> obj = LanguageModelObjective()
     >>> imp = importance_curve(model, batches, obj, step=0.5)

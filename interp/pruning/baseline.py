@@ -45,6 +45,8 @@ def random_curve(model: Transformer, batches: Sequence[Batch], objective: Object
         ValueError: empty data or no seeds.
 
     Example:
+        >>> from interp.pruning.baseline import random_curve
+        >>> from interp.examples import model, held_out, objective
         >>> rand = random_curve(model, held_out, objective, seeds=range(2))
     """
     batches = check_batches(batches)

@@ -51,6 +51,7 @@ class PruningCurve:
         config: the method's settings (kept with the results).
 
     Example:
+        >>> from interp.examples import model, objective, batches
         >>> from interp.pruning import importance_curve, random_curve
         >>> curve = importance_curve(model, batches, objective, step=0.5)
         >>> curve.auc(), curve.to_frame().head()

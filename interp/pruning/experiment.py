@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,8 @@ def run_experiment(config: dict | str | Path, *, model: Transformer, out_dir: st
         ValueError: a bad config (see :func:`load_config`) or empty data.
 
     Example:
+        >>> from interp.pruning.experiment import run_experiment
+        >>> from interp.examples import model
         >>> curves = run_experiment({"model": "induction-2l", "methods": ["importance", "random"]}, model=model)
         >>> curves["importance"].auc() > curves["random"].auc()
     """
@@ -158,23 +161,28 @@ def run_experiment(config: dict | str | Path, *, model: Transformer, out_dir: st
                 **opts)
         else:
             resume = ours(part.glob("l0_*.json")) if part is not None else []
-
-            def save_l0(c: PruningCurve) -> None:
-                key = "target" if "target" in c.config else "lam"
-                c.save(part / f"l0_{key}{c.config[key]}.json")
-
             curves[method] = l0_curve(model, train, objective, eval_batches=held, resume=resume,
-                                      on_point=None if part is None else keyed(save_l0), progress=progress, **opts)
+                                      on_point=None if part is None else keyed(_l0_saver(part)), progress=progress,
+                                      **opts)
         curves[method].model_name = config["name"]
     if out is not None:
         write_results(curves, out, config)
     return curves
 
 
+def _l0_saver(folder: Path) -> Callable[[PruningCurve], None]:
+    """Saves each point of an L0 sweep as ``l0_<target|lam><value>.json`` in ``folder``."""
+    def save(c: PruningCurve) -> None:
+        key = "target" if "target" in c.config else "lam"
+        c.save(folder / f"l0_{key}{c.config[key]}.json")
+    return save
+
+
 def config_hash(obj: Any) -> str:
     """A short, stable hash of a JSON-able configuration (key order does not matter).
 
     Example:
+        >>> from interp.pruning.experiment import config_hash
         >>> config_hash({"a": 1, "b": [2, 3]}) == config_hash({"b": [2, 3], "a": 1})
         True
     """

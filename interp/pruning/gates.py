@@ -46,6 +46,7 @@ class HardConcreteGate(nn.Module):
     (``"expected"``, ``"threshold"``, see :meth:`deterministic`).
 
     Example:
+        >>> from interp.pruning.gates import HardConcreteGate, VOITA_TEMPERATURE
         >>> gate = HardConcreteGate(2, 4, temperature=VOITA_TEMPERATURE)
         >>> gate.sample().shape, float(gate.expected_l0().sum()) <= 8
         (torch.Size([2, 4]), True)

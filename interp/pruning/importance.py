@@ -61,7 +61,7 @@ def unit_matrix(model: Transformer, level: str) -> torch.Tensor:
 
 
 def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Objective, *, pruned: torch.Tensor | None,
-                    per_example: bool, units: torch.Tensor, progress: bool) -> torch.Tensor:
+                    per_example: bool, units: torch.Tensor, progress: bool | None) -> torch.Tensor:
     """Mean |d loss / d gate| per unit ``[L, U]``; a unit is a set of heads sharing one gate (``units``
     ``[L, H, U]`` one-hot: the identity for heads, :func:`group_matrix` for K/V groups).
 
@@ -77,7 +77,8 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
     if pruned is not None:
         base = base * (~pruned.to(p.device)).to(p.dtype)
     units = units.to(device=p.device, dtype=p.dtype)
-    if per_example and not hasattr(objective, "example_losses"):
+    example_losses = getattr(objective, "example_losses", None)  # an optional method beside the Objective protocol
+    if per_example and example_losses is None:
         raise ValueError(f"per_example=True needs an objective with example_losses(model, batch); "
                          f"{type(objective).__name__} has none (pass per_example=False)")
     # Summed on the model's device (no host sync per batch); moved to the CPU once, at the end.
@@ -85,7 +86,7 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
     n = 0
     with gates_only(model):  # only the gates need gradients
         for batch in tqdm(distributed.shard(batches), desc="importance", disable=not progress_enabled(progress), leave=False):
-            if per_example:
+            if per_example and example_losses is not None:  # (checked above: per_example has it)
                 model.set_head_gates(None)
                 B = batch.tokens.shape[0]
                 gates = base.expand(B, L, H).clone().requires_grad_(True)  # [B, L, H]
@@ -96,7 +97,7 @@ def _gate_gradients(model: Transformer, batches: Sequence[Batch], objective: Obj
                     return fn
 
                 with model.hooks([(f"blocks.{layer}.attn.hook_z", gate_hook(layer)) for layer in range(L)]):
-                    losses = objective.example_losses(model, batch)  # [B]
+                    losses = example_losses(model, batch)  # [B]
                 (grad,) = torch.autograd.grad(losses.sum(), gates)  # [B, L, H]
                 unit_grad = torch.einsum("blh,lhu->blu", grad, units)  # [B, L, U]
                 total += unit_grad.detach().abs().sum(0).double()
@@ -145,6 +146,8 @@ def head_importance(model: Transformer, batches: Sequence[Batch], objective: Obj
             or per_example with an objective that has no ``example_losses``.
 
     Example:
+        >>> from interp.pruning.importance import head_importance
+        >>> from interp.examples import model, train, objective
         >>> imp = head_importance(model, train, objective)
         >>> imp.shape
         torch.Size([2, 4])
@@ -245,6 +248,8 @@ def importance_curve(model: Transformer, batches: Sequence[Batch], objective: Ob
         ValueError: empty data, a bad step, threshold outside (0, 1], an unknown level.
 
     Example:
+        >>> from interp.pruning.importance import importance_curve
+        >>> from interp.examples import model, train, held_out, objective
         >>> curve = importance_curve(model, train, objective, eval_batches=held_out, step=1)
     """
     batches = check_batches(batches)

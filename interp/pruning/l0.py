@@ -53,9 +53,19 @@ class L0Result:
     lam: float | None
     history: list[dict] = field(default_factory=list)
     last_step_sparsity: float | None = None
-    gates: torch.Tensor | None = None
+    # Omitted (None), they resolve in __post_init__ to the binarised gates of ``pruned`` and, at head level, the
+    # heads themselves: typed as what they hold after construction, as ModelConfig's derived fields.
+    gates: torch.Tensor = None  # type: ignore[assignment]
     level: str = "head"
-    pruned_units: torch.Tensor | None = None
+    pruned_units: torch.Tensor = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.gates is None:
+            self.gates = (~self.pruned).float()  # [L, H] 1 = open
+        if self.pruned_units is None:
+            if self.level != "head":
+                raise ValueError(f"L0Result at level={self.level!r} needs pruned_units (its closed K/V groups)")
+            self.pruned_units = self.pruned
 
     @property
     def n_pruned(self) -> int:
@@ -121,6 +131,8 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
             unknown deterministic mode or level.
 
     Example:
+        >>> from interp.pruning.l0 import train_l0_gates
+        >>> from interp.examples import model, objective, batches
         >>> res = train_l0_gates(model, batches, objective, target=0.5, steps=20)
         >>> res.n_pruned   # within one head of 0.5 * L * H
     """
@@ -150,6 +162,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
     lambdas = torch.tensor([0.0, float(init_lambda2)], device=p.device, requires_grad=True)
     lag_opt = torch.optim.Adam([lambdas], lr=lagrangian_lr, maximize=True)  # ascent on the multipliers
     gen = torch.Generator().manual_seed(seed)
+    lam_value = 0.0 if lam is None else lam  # the fixed penalty (given when target is not)
     history: list[dict] = []
     logged: list[tuple[int, torch.Tensor]] = []
     avg_log_alpha, n_avg = torch.zeros_like(gate.log_alpha.detach()), 0
@@ -165,7 +178,7 @@ def train_l0_gates(model, batches: Sequence[Batch], objective: Objective, *, tar
                 t = target * min(1.0, (step + 1) / max(1.0, warmup * steps))
                 penalty = lambdas[0] * (s - t) + lambdas[1] * (s - t) ** 2
             else:
-                penalty = lam * gate.expected_l0().sum()
+                penalty = lam_value * gate.expected_l0().sum()
             opt.zero_grad()
             lag_opt.zero_grad()
             (loss + penalty).backward()
@@ -231,6 +244,8 @@ def l0_curve(model, batches: Sequence[Batch], objective: Objective, *, targets: 
         ValueError: both targets and lams given, a target outside [0, 1], empty data.
 
     Example:
+        >>> from interp.pruning.l0 import l0_curve
+        >>> from interp.examples import model, train, held_out, objective
         >>> curve = l0_curve(model, train, objective, targets=[0.25, 0.5], eval_batches=held_out, steps=20)
     """
     batches = check_batches(batches)

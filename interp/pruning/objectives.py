@@ -50,6 +50,8 @@ def check_batches(batches: Sequence[Any] | Any, name: str = "batches") -> list[B
         TypeError: a batch is neither a tensor, a Batch nor a dict with ``tokens``.
 
     Example:
+        >>> import torch
+        >>> from interp.pruning.objectives import check_batches
         >>> check_batches(torch.tensor([[1, 2, 3]]))[0].tokens.shape
         torch.Size([1, 3])
     """
@@ -88,6 +90,8 @@ class LanguageModelObjective:
     A batch's optional ``loss_mask`` ``[B, T]`` says which tokens are scored as targets (position 0 never is).
 
     Example:
+        >>> from interp.pruning.objectives import LanguageModelObjective
+        >>> from interp.examples import model, tokens
         >>> obj = LanguageModelObjective()
         >>> obj.loss(model, {"tokens": tokens}).backward()
     """
@@ -178,6 +182,8 @@ class SentenceSimilarityObjective:
         ValueError: the model has an unembedding, the batches are empty, or an unknown loss.
 
     Example:
+        >>> import interp
+        >>> from interp.pruning.objectives import SentenceSimilarityObjective, sentence_batches
         >>> model = interp.load("minilm-l6")
         >>> batches = sentence_batches(model, ["The cat sat.", "A dog ran after the ball."], batch_size=2)
         >>> obj = SentenceSimilarityObjective(model, batches)

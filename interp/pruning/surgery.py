@@ -77,6 +77,8 @@ def kv_cache_savings(model: Transformer, heads: HeadSpec, *, bytes_per_element: 
         "bytes_per_token_after", "bytes_saved_per_token", "fraction_saved"}``.
 
     Example:
+        >>> import interp
+        >>> from interp.pruning.surgery import kv_cache_savings
         >>> gqa = interp.Transformer(interp.ModelConfig(n_layers=1, d_model=64, n_heads=8, n_kv_heads=2, d_vocab=10, n_ctx=8))
         >>> kv_cache_savings(gqa, {0: [0, 1, 2, 3]})["kv_heads_removed"]   # a whole group of 4
         1
@@ -141,6 +143,8 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         UserWarning: every head of a layer is removed (that attention layer then adds only W_O's bias).
 
     Example:
+        >>> from interp.pruning.surgery import remove_heads
+        >>> from interp.examples import model
         >>> small = remove_heads(model, {0: [1, 3], 1: [0]})
         >>> sum(p.numel() for p in small.parameters()) < sum(p.numel() for p in model.parameters())
         True
@@ -186,7 +190,7 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         attn, kept, pre = block.attn, kept_all[layer], f"blocks.{layer}.attn."
         H = attn.n_heads
         if latent:
-            R = attn.rope_dim
+            R = cfg.rope_dim
             q_name = "W_uq" if hasattr(attn, "W_uq") else "W_q"
             q_rows = _head_rows(kept, D + R)
             for suffix in ("weight", "bias"):
@@ -194,7 +198,7 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
                     state[pre + f"{q_name}.{suffix}"] = state[pre + f"{q_name}.{suffix}"][q_rows]
             state[pre + "W_ukv.weight"] = state[pre + "W_ukv.weight"][_head_rows(kept, D + cfg.v_head_dim)]
         else:
-            K = attn.n_kv_heads
+            K = cfg.layer(layer).n_kv_heads
             kv_kept, _ = _kept_kv(model, layer, kept)
             # W_qkv rows: [q heads (H*D) | k heads (K*D) | v heads (K*D)]
             rows = torch.cat([_head_rows(kept, D), H * D + _head_rows(kv_kept, D),

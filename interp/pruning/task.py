@@ -73,6 +73,8 @@ def build_task(model: Transformer, *, data: dict[str, Any] | None = None) -> Pru
         FileNotFoundError: the CoNLL-U file is missing.
 
     Example:
+        >>> import interp
+        >>> from interp.pruning.task import build_task
         >>> train, held, objective = build_task(interp.load("induction-2l"), data={"n_seqs": 32})
     """
     data = dict(data or {})

@@ -4,6 +4,7 @@ No Streamlit here: notebooks display the figures inline (``fig`` as the last exp
 ``fig.show()``), the dashboard (interp/app/dashboard.py) embeds them with ``st.plotly_chart``.
 
 Example:
+    >>> from interp.examples import model, tokens
     >>> from interp import viz
     >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
     >>> viz.attention_heatmap(trace.pattern(0)[0, 1], model.to_str_tokens(tokens[0]))

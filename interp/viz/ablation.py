@@ -26,6 +26,9 @@ def ablation_vs_random_figure(tables: Mapping[str, Any], *, title: str = "ablati
         ValueError: no tables, or a table without the ``none`` / ``target`` / random rows.
 
     Example:
+        >>> import interp
+        >>> from interp.viz.ablation import ablation_vs_random_figure
+        >>> from interp.examples import model
         >>> df = interp.analysis.compare_with_random(lambda hs: sum(h for _, h in hs), [(1, 3)], model, n_draws=3)
         >>> ablation_vs_random_figure({"random/sum of head indices": df}).show()
     """

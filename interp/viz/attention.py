@@ -55,6 +55,8 @@ def attention_heatmap(
         ValueError: ``pattern`` is not 2-D or a label list has the wrong length.
 
     Example:
+        >>> from interp.viz.attention import attention_heatmap
+        >>> from interp.examples import model, tokens
         >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
         >>> attention_heatmap(trace.pattern(1)[0, 3], model.to_str_tokens(tokens[0])).show()
     """
@@ -104,6 +106,8 @@ def layer_heads(
         ValueError: ``patterns`` is not 3-D or ``cols`` < 1.
 
     Example:
+        >>> from interp.viz.attention import layer_heads
+        >>> from interp.examples import model, tokens, trace
         >>> layer_heads(trace.pattern(0)[0], model.to_str_tokens(tokens[0]), layer=0)
     """
     z = to_numpy(patterns, "patterns", 3)
@@ -186,6 +190,8 @@ def head_grid(
         ValueError: wrong rank or ``batch`` out of range.
 
     Example:
+        >>> from interp.viz.attention import head_grid
+        >>> from interp.examples import model, tokens
         >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_pattern")
         >>> head_grid(trace)
     """

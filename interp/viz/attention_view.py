@@ -253,6 +253,7 @@ def attention_view(
             or ``n_kv_heads`` not dividing a layer's heads.
 
     Example:
+        >>> from interp.viz.attention_view import attention_view
         >>> from interp.zoo.induction import build_induction_model
         >>> model = build_induction_model()
         >>> view = attention_view(model, "t3 t9 t4 t3 t9", top_k=4)

@@ -58,6 +58,7 @@ def circuit_figure(circuit: Any, *, report: Any = None, title: str | None = None
         ValueError: an empty circuit.
 
     Example:
+        >>> from interp.viz.circuits import circuit_figure
         >>> from interp.circuits import Circuit
         >>> fig = circuit_figure(Circuit([("input", "a0.h1<v>"), ("a0.h1", "a1.h0<k>"), ("a1.h0", "logits")],
         ...                              {("a1.h0", "logits"): -2.0}, method="eap"))
@@ -104,6 +105,8 @@ def faithfulness_figure(df: pd.DataFrame, *, title: str = "faithfulness over cir
         ValueError: a frame without ``method``, ``n_edges`` and ``faithfulness`` columns.
 
     Example:
+        >>> import pandas as pd
+        >>> from interp.viz.circuits import faithfulness_figure
         >>> df = pd.DataFrame({"method": ["eap", "eap", "random", "random"], "n_edges": [1, 2, 1, 2],
         ...                    "faithfulness": [0.5, 1.0, 0.1, 0.2]})
         >>> len(faithfulness_figure(df).data)

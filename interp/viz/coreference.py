@@ -32,6 +32,8 @@ def coreference_figure(df: pd.DataFrame, *, group: str = "all", top: int = 10, t
         ValueError: a missing column, or a group the table does not hold.
 
     Example:
+        >>> import interp
+        >>> from interp.viz.coreference import coreference_figure
         >>> from interp.analysis import coreference_scores
     >>> df = coreference_scores(interp.load("minilm-l6"), "../shared/data/gap/gap-development.tsv", max_items=10, n_boot=0)
     >>> coreference_figure(df, group="all")

@@ -33,6 +33,8 @@ def kv_cache_figure(
         A ``go.Figure``; each bar is labelled with its size (SI units) and its fraction of MHA.
 
     Example:
+        >>> import interp
+        >>> from interp.viz.cost import kv_cache_figure
         >>> kv_cache_figure(interp.flops.worked_example_config(), batch=32, tokens=4096, per_token=False)
     """
     table = cfg if isinstance(cfg, pd.DataFrame) else kv_cache_table(
@@ -71,6 +73,8 @@ def flops_figure(
         A ``go.Figure`` with one bar per operation (attention operations blue, MLP orange).
 
     Example:
+        >>> import interp
+        >>> from interp.viz.cost import flops_figure
         >>> flops_figure(interp.flops.worked_example_config(), seq_len=4096)
     """
     table = cfg if isinstance(cfg, pd.DataFrame) else flops_per_layer(cfg, seq_len=seq_len, batch=batch,

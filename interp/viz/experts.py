@@ -23,6 +23,7 @@ def expert_share_figure(stats: Any, *, title: str = "token share per expert") ->
         ValueError: ``stats`` holds no layer.
 
     Example:
+        >>> from interp.viz.experts import expert_share_figure
         >>> import torch
         >>> from interp.analysis.experts import ExpertStats
         >>> stats = ExpertStats(layers=[1], share=torch.full((1, 4), 0.25), token_entropy=torch.tensor([1.2]),

@@ -31,6 +31,10 @@ def save_figure(fig: go.Figure, path: str | Path, **image_kwargs: Any) -> Path:
         ValueError: an unknown suffix.
 
     Example:
+        >>> import interp
+        >>> import torch
+        >>> from interp.viz.export import save_figure
+        >>> from interp.examples import tmp
         >>> save_figure(interp.viz.attention_heatmap(torch.rand(3, 3)), tmp / "head.html")
     """
     path = Path(path)

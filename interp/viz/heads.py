@@ -56,6 +56,8 @@ def score_map(
         ValueError: a DataFrame without ``value``, or scores that are not 2-D.
 
     Example:
+        >>> from interp.viz.heads import score_map
+        >>> from interp.examples import model
         >>> from interp.analysis import induction_scores
         >>> score_map(induction_scores(model), value="induction", zmin=0, zmax=1)
     """
@@ -100,6 +102,8 @@ def score_maps(
         ValueError: no columns, or a column is missing.
 
     Example:
+        >>> from interp.viz.heads import score_maps
+        >>> from interp.examples import model
         >>> from interp.analysis import induction_scores
         >>> score_maps(induction_scores(model), ["previous_token", "induction"])
     """
@@ -145,6 +149,9 @@ def induction_map(df: pd.DataFrame, columns: Sequence[str] | None = None, *, tit
         ValueError: none of the score columns are present.
 
     Example:
+        >>> import interp
+        >>> from interp.viz.heads import induction_map
+        >>> from interp.examples import model
         >>> induction_map(interp.analysis.induction_scores(model))
     """
     df = as_frame(df, "df")
@@ -186,6 +193,8 @@ def positional_map(
         ValueError: no matching score column, or ``layers`` selects no head.
 
     Example:
+        >>> import pandas as pd
+        >>> from interp.viz.heads import positional_map
         >>> positional_map(pd.DataFrame({"layer": [0, 0], "head": [0, 1], "mass_-1": [0.9, 0.1]}))
     """
     df = as_frame(df, "df")
@@ -201,15 +210,15 @@ def positional_map(
             raise ValueError(f"layers={list(layers)} selects no head of the table")
     targets = [c[len(prefix):] if c.startswith(prefix) else c for c in columns]
     if aggregate:
-        z, heads, best = [], [], []
+        z_rows, heads, best = [], [], []
         for layer, g in df.groupby("layer", sort=True):
             vals = g[list(columns)].to_numpy(dtype=float)  # [heads of the layer, targets]
             filled = np.where(np.isnan(vals), -np.inf, vals)
             arg = filled.argmax(0)  # [targets]
-            z.append(np.where(np.isnan(vals).all(0), np.nan, filled[arg, np.arange(len(columns))]))
+            z_rows.append(np.where(np.isnan(vals).all(0), np.nan, filled[arg, np.arange(len(columns))]))
             best.append([f"H{int(g['head'].iloc[i])}" for i in arg])
             heads.append(f"L{int(layer)}")
-        z, custom, row_title = np.array(z), np.array(best, dtype=object), "layer (largest head)"
+        z, custom, row_title = np.array(z_rows), np.array(best, dtype=object), "layer (largest head)"
         hover = f"%{{y}} %{{customdata}}<br>target %{{x}}<br>{stat} %{{z:.3f}}<extra></extra>"
     else:
         z = df[list(columns)].to_numpy(dtype=float)  # [heads, targets]
@@ -252,6 +261,8 @@ def head_write_norms(trace: Any, *, attention_mask: Any = None) -> np.ndarray:
         ValueError: the mask does not match the recorded shape.
 
     Example:
+        >>> from interp.viz.heads import head_write_norms
+        >>> from interp.examples import model, tokens
         >>> _, trace = model.run_with_cache(tokens, names_filter="*hook_result")
         >>> head_write_norms(trace).shape
         (2, 4)
@@ -285,6 +296,7 @@ def head_norms_figure(norms: Any, *, title: str = "per-head residual-write norm"
         A ``go.Figure``.
 
     Example:
+        >>> from interp.viz.heads import head_norms_figure
         >>> fig = head_norms_figure([[0.1, 40.0], [3.0, 500.0], [30.0, 20.0]])
         >>> fig.data[0].zmax < 500
         True
@@ -375,6 +387,7 @@ def kind_colours(kinds: Sequence[str]) -> dict[str, str]:
         ``{label: "#rrggbb"}``.
 
     Example:
+        >>> from interp.viz.heads import kind_colours
         >>> kind_colours(["induction", "sink", "syntactic:nsubj"])["induction"]
         '#d62728'
     """
@@ -408,6 +421,8 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
         ValueError: required columns are missing or the table is empty.
 
     Example:
+        >>> import pandas as pd
+        >>> from interp.viz.heads import head_map
         >>> fig = head_map(pd.DataFrame({"layer": [0, 1, 1], "head": [0, 0, 0],
         ...                              "kind": ["previous-token", "induction", "positional:first"]}))
         >>> sorted(t.name for t in fig.data if t.type == "scatter" and t.name)
@@ -417,15 +432,15 @@ def head_map(report: Any, *, n_layers: int | None = None, n_heads: int | None = 
     missing = [c for c in ("layer", "head", "kind") if c not in df.columns]
     if missing:
         raise ValueError(f"head table lacks column(s) {missing}; it has {list(df.columns)}")
-    L = n_layers or getattr(report, "n_layers", None)
-    H = n_heads or getattr(report, "n_heads", None)
+    L = int(n_layers or getattr(report, "n_layers", None) or 0)  # 0: unknown, from the table below
+    H = int(n_heads or getattr(report, "n_heads", None) or 0)
     if df.empty and not (L and H):
         raise ValueError("head table is empty and n_layers/n_heads are unknown")
     table = (_kind_table(df) if not df.empty
              else pd.DataFrame(columns=["layer", "head", "kinds", "main", "all", "hover"]))
     if not df.empty:
-        L = max(int(L or 0), int(table["layer"].max()) + 1)
-        H = max(int(H or 0), int(table["head"].max()) + 1)
+        L = max(L, int(table["layer"].max()) + 1)
+        H = max(H, int(table["head"].max()) + 1)
     # A pruned model's layers may have fewer heads (HeadReport.layer_heads): the missing cells stay empty.
     given = getattr(report, "layer_heads", None)
     layer_heads = list(given) if given is not None and len(given) == L else [H] * L

@@ -40,6 +40,8 @@ def patching_heatmap(df: Any, *, value: str = "normalized", title: str | None = 
         ValueError: the table lacks ``layer`` or ``value``.
 
     Example:
+        >>> from interp.viz.patching import patching_heatmap
+        >>> from interp.examples import model, clean, corrupted, answers
         >>> from interp.analysis import activation_patching
         >>> patching_heatmap(activation_patching(model, clean, corrupted, act="z", answer_tokens=answers))
     """
@@ -93,6 +95,8 @@ def logit_attribution_bar(df: Any, *, title: str | None = None, top: int | None 
         ValueError: a required column is missing.
 
     Example:
+        >>> from interp.viz.patching import logit_attribution_bar
+        >>> from interp.examples import model, tokens, answers
         >>> from interp.analysis import direct_logit_attribution
         >>> logit_attribution_bar(direct_logit_attribution(model, tokens, answers), top=10)
     """
@@ -126,6 +130,8 @@ def composition_heatmap(scores: Any, *, title: str = "composition", zmin: float 
         ValueError: scores is not ``[L, H, L, H]``.
 
     Example:
+        >>> from interp.viz.patching import composition_heatmap
+        >>> from interp.examples import model
         >>> from interp.analysis import composition_scores
         >>> composition_heatmap(composition_scores(model, "K"), title="K-composition")
     """

@@ -61,10 +61,13 @@ def pruning_curves(
         TypeError: an input that is not a curve.
 
     Example:
+        >>> import pandas as pd
+        >>> from interp.viz.pruning import pruning_curves
         >>> df = pd.DataFrame({"method": ["random"] * 3, "fraction_pruned": [0, .5, 1], "metric": [1, .6, .1]})
         >>> pruning_curves(df)
     """
-    items = curves if isinstance(curves, Iterable) and not isinstance(curves, pd.DataFrame) else [curves]
+    # A list, so a generator of curves is read once and still there for the labels and the title.
+    items = list(curves) if isinstance(curves, Iterable) and not isinstance(curves, pd.DataFrame) else [curves]
     frames = [_frame(c) for c in items]
     if not frames:
         raise ValueError("no pruning curves given")

@@ -27,6 +27,8 @@ def pruning_kv_figure(curves: Sequence[Any], *, title: str | None = None) -> go.
         ValueError: no curves.
 
     Example:
+        >>> from interp.viz.pruning_kv import pruning_kv_figure
+        >>> from interp.examples import model, train, objective
         >>> from interp.pruning import importance_curve
     >>> pruning_kv_figure([importance_curve(model, train, objective, step=0.5)]).show()
     """

@@ -78,6 +78,7 @@ def list_models(details: bool = False) -> dict[str, str] | dict[str, dict[str, s
         ``{name: description}``, or with ``details`` ``{name: {"description", "size", "license", "origin"}}``.
 
     Example:
+        >>> from interp import list_models
         >>> list_models(details=True)["smollm2-135m"]["license"]
         'Apache-2.0'
     """
@@ -141,6 +142,9 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
         ImportError: a missing optional dependency (the message names the extra to install).
 
     Example:
+        >>> from interp import load
+        >>> from interp.zoo import save_checkpoint
+        >>> from interp.examples import tmp
         >>> load("random-tiny").name
         'random-tiny'
         >>> model = load("induction-2l")
@@ -283,6 +287,7 @@ def hub_source(ref: str, prefix: str = "hf:", *, revision: str | None = None) ->
         ImportError: ``huggingface_hub`` is missing (``pip install 'interp[hf]'``).
 
     Example:
+        >>> from interp.zoo import hub_source
         >>> hub_source("../secret")
         Traceback (most recent call last):
         ...

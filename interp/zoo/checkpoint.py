@@ -81,6 +81,9 @@ def load_state_dict_strict(model: nn.Module, state_dict: Mapping[str, torch.Tens
         ValueError: missing keys, unexpected keys, or shape mismatches; all of them are listed.
 
     Example:
+        >>> from interp import Transformer
+        >>> from interp.zoo.checkpoint import load_state_dict_strict
+        >>> from interp.examples import model
         >>> fresh = Transformer(model.cfg)
         >>> load_state_dict_strict(fresh, model.state_dict(), source="weights.pt")
     """
@@ -111,18 +114,20 @@ def check_fits(model: nn.Module, shapes: Mapping[str, tuple[int, ...]], *, sourc
         ValueError: missing keys, unexpected keys, or shape mismatches; all of them are listed.
 
     Example:
+        >>> from interp.zoo.checkpoint import check_fits
+        >>> from interp.examples import model
         >>> check_fits(model, {k: tuple(v.shape) for k, v in model.state_dict().items()}, source="weights.pt")
     """
     own = model.state_dict()
     aliases = _aliases(model)
     missing = [k for k in own if k not in shapes and k not in aliases]
     unexpected = [k for k in shapes if k not in own]
-    shapes = [f"{k}: {source} has {tuple(shapes[k])}, model expects {tuple(own[k].shape)}"
-              for k in own if k in shapes and tuple(shapes[k]) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
+    mismatched = [f"{k}: {source} has {tuple(shapes[k])}, model expects {tuple(own[k].shape)}"
+                  for k in own if k in shapes and tuple(shapes[k]) != tuple(own[k].shape)]
+    if missing or unexpected or mismatched:
         parts = []
-        if shapes:
-            parts.append("shape mismatch: " + "; ".join(shapes))
+        if mismatched:
+            parts.append("shape mismatch: " + "; ".join(mismatched))
         if missing:
             parts.append(f"missing keys: {missing}")
         if unexpected:
@@ -143,6 +148,8 @@ def check_finite(tensor: torch.Tensor, name: str, source: str) -> None:
         ValueError: the tensor holds NaN or infinite values.
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.checkpoint import check_finite
         >>> check_finite(torch.tensor([1.0, float("nan"), float("inf")]), "model.norm.weight", "my-folder")
         Traceback (most recent call last):
         ...
@@ -188,6 +195,9 @@ def assign_weights(model: nn.Module, weights: Mapping[str, torch.Tensor], *, dty
         ValueError: the weights do not fit (:func:`check_fits`), or a parameter got no weight.
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.checkpoint import assign_weights
+        >>> from interp.examples import model
         >>> from interp.placement import build
         >>> fresh = assign_weights(build(model.cfg, meta_weights=True), model.state_dict(), dtype=torch.float32,
         ...                        device="cpu", source="a copy", copy=True)
@@ -242,6 +252,8 @@ def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[s
         ValueError: ``metadata`` uses a reserved key.
 
     Example:
+        >>> from interp.zoo.checkpoint import save_checkpoint
+        >>> from interp.examples import model, tmp
         >>> save_checkpoint(model, tmp / "ckpt" / "induction.safetensors", metadata={"steps": "2000"})
     """
     if not isinstance(model, Transformer):
@@ -357,7 +369,7 @@ def _read_some_tensors(path: Path, cfg: ModelConfig | None, keep: Callable[[str]
             if t.numel() * t.element_size() != end - begin:
                 raise ValueError(f"{where}: tensor {k!r} declares {dtype} {shape} over {end - begin} bytes")
             f.seek(start + begin)
-            if f.readinto(t.reshape(-1).view(torch.uint8).numpy()) != end - begin:
+            if f.readinto(t.reshape(-1).view(torch.uint8).numpy().data) != end - begin:  # into t's memory
                 raise ValueError(f"{where}: tensor {k!r} is cut short: the file ends inside its bytes")
             tensors[k] = t
     return header, tensors
@@ -393,6 +405,9 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             record written with them (``model.checkpoint_verified`` says whether there was a record).
 
     Example:
+        >>> from interp.examples import model
+        >>> from interp.zoo.checkpoint import load_checkpoint, save_checkpoint
+        >>> from interp.examples import tmp
         >>> model = load_checkpoint(save_checkpoint(model, tmp / "induction.safetensors"))
     """
     check_dtype(dtype)
@@ -457,6 +472,8 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
         ValueError: as :func:`load_checkpoint` (bad header, shapes, damaged bytes), or more ranks than layers.
 
     Example:
+        >>> from interp.zoo.checkpoint import load_checkpoint_stage, save_checkpoint
+        >>> from interp.examples import model, tmp
         >>> path = save_checkpoint(model, tmp / "m.safetensors")
         >>> stage = load_checkpoint_stage(path, rank=1, world=2)
         >>> stage.blocks[0].attn.W_O.weight.is_meta, stage.blocks[1].attn.W_O.weight.is_meta
@@ -492,8 +509,9 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
             continue  # the embedding's weight, tied again below
         mine = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
         assign_weights(modules[prefix], mine, dtype=dtype, device=target, source=where)
-    if tied and "W_U" in held:
-        model.unembed.weight = model.embed.weight
+    unembed = model.unembed
+    if tied and "W_U" in held and unembed is not None:
+        unembed.weight = model.embed.weight
     del tensors
     model.name = header.get("name", Path(path).stem)
     return model.eval()

@@ -168,6 +168,7 @@ def transformers_reads(model: Any) -> set[str]:
     """Every config key the classes of a transformers ``model`` read (see the module docstring).
 
     Example:
+        >>> from interp.zoo.config_audit import transformers_reads
         >>> from transformers import LlamaConfig, LlamaForCausalLM
         >>> keys = transformers_reads(LlamaForCausalLM(LlamaConfig(hidden_size=16, num_attention_heads=2,
         ...                           num_hidden_layers=1, intermediate_size=32, vocab_size=11)))
@@ -222,6 +223,7 @@ def converter_reads(hf_cfg: Mapping[str, Any]) -> set[str]:
     """The keys interp's converter reads from ``hf_cfg`` while converting it (config and state-dict choice).
 
     Example:
+        >>> from interp.zoo.config_audit import converter_reads
         >>> reads = converter_reads({"model_type": "gpt2", "n_embd": 32, "n_layer": 1, "n_head": 4,
         ...                          "vocab_size": 11, "n_positions": 16, "summary_type": "cls_index"})
         >>> "scale_attn_weights" in reads, "is_causal" in reads, "summary_type" in reads

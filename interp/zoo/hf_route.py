@@ -56,6 +56,7 @@ def refuse(what: str) -> ValueError:
     """The error for a feature the route does not offer (named, with the way to the native route).
 
     Example:
+        >>> from interp.zoo.hf_route import refuse
         >>> str(refuse("remove_heads")).startswith("remove_heads is not available")
         True
     """
@@ -104,6 +105,7 @@ def uses_attention_interface(hf_model: nn.Module) -> bool:
     """Whether a transformers model's attention goes through ``AttentionInterface`` (what the route needs).
 
     Example:
+        >>> from interp.zoo.hf_route import uses_attention_interface
         >>> from transformers import OlmoConfig, OlmoForCausalLM
         >>> uses_attention_interface(OlmoForCausalLM(OlmoConfig(num_hidden_layers=1, hidden_size=16,
         ...     intermediate_size=32, num_attention_heads=2, vocab_size=20)))
@@ -267,6 +269,7 @@ class RouteConfig:
     """What analyses read of ``model.cfg``, for a model on the route (head counts per layer, windows, sizes).
 
     Example:
+        >>> from interp.zoo.hf_route import RouteConfig
         >>> cfg = RouteConfig(n_layers=2, d_model=16, d_vocab=20, n_ctx=32, layer_n_heads=[4, 0],
         ...                   layer_n_kv_heads=[2, 0], d_head=4, windows=[None, None])
         >>> cfg.n_heads, cfg.layer(0).kv_map, cfg.layer(1).n_heads
@@ -413,6 +416,8 @@ class RouteModel(HookedModule):
     transformers model (its weights are the route's, not copies).
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.hf_route import wrap
         >>> from transformers import OlmoConfig, OlmoForCausalLM
         >>> hf = OlmoForCausalLM(OlmoConfig(num_hidden_layers=2, hidden_size=16, intermediate_size=32,
         ...                                 num_attention_heads=4, vocab_size=40))
@@ -816,6 +821,7 @@ def wrap(hf_model: nn.Module, *, name: str | None = None, tokenizer: Any = None,
             implementation, a model already wrapped, or decoder layers that cannot be told apart.
 
     Example:
+        >>> from interp.zoo.hf_route import wrap
         >>> from transformers import OlmoConfig, OlmoForCausalLM
         >>> model = wrap(OlmoForCausalLM(OlmoConfig(num_hidden_layers=1, hidden_size=16, intermediate_size=32,
         ...                                         num_attention_heads=2, vocab_size=20)))

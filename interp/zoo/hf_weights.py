@@ -74,6 +74,9 @@ def read_safetensors_header(path: str | Path) -> dict[str, StoredTensor]:
             a tensor whose byte range does not match its shape or lies past the end of the file (each named).
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.hf_weights import read_safetensors_header
+        >>> from interp.examples import tmp
         >>> from safetensors.torch import save_file
         >>> save_file({"w": torch.zeros(2, 3, dtype=torch.bfloat16)}, str(tmp / "w.safetensors"))
         >>> t = read_safetensors_header(tmp / "w.safetensors")["w"]
@@ -218,6 +221,9 @@ def open_weights(folder: str | Path) -> StoredWeights:
             twice, or a pickle that torch's safe loader refuses (named with the file).
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.hf_weights import open_weights
+        >>> from interp.examples import tmp
         >>> from safetensors.torch import save_file
         >>> save_file({"w": torch.ones(2)}, str(tmp / "model.safetensors"))
         >>> weights = open_weights(tmp)
@@ -283,6 +289,7 @@ def layer_indices(names: Mapping[str, Any] | set[str]) -> set[int]:
     """The transformer layer indices that HF tensor names hold weights for.
 
     Example:
+        >>> from interp.zoo.hf_weights import layer_indices
         >>> sorted(layer_indices({"model.layers.0.mlp.up_proj.weight", "model.layers.2.x", "model.norm.weight"}))
         [0, 2]
     """
@@ -304,6 +311,7 @@ def check_layers(hf_cfg: Mapping[str, Any], n_layers: int, names: Mapping[str, A
         ValueError: the layer counts disagree (both named).
 
     Example:
+        >>> from interp.zoo.hf_weights import check_layers
         >>> check_layers({}, 1000000, {"h.0.ln_1.weight"}, source="my-folder")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -346,6 +354,8 @@ def check_weights(hf_cfg: Mapping[str, Any], cfg: Any, make_sd: Callable, meta: 
             (each tensor named with both shapes).
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.hf_weights import check_weights
         >>> from interp.zoo.hf import converter
         >>> hf_cfg = {"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2, "vocab_size": 10, "n_positions": 4}
         >>> make_cfg, make_sd = converter(hf_cfg)

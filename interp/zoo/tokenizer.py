@@ -33,6 +33,7 @@ class Tokenizer:
         TypeError: ``tokenizer`` is not a ``tokenizers.Tokenizer``.
 
     Example:
+        >>> from interp.zoo.tokenizer import Tokenizer
         >>> import os; from interp.zoo.minilm import minilm_path
         >>> tok = Tokenizer.from_file(os.path.join(minilm_path(), "tokenizer.json"))
         >>> ids, mask = tok.encode_batch_with_mask(["a short one", "a slightly longer sentence"])
@@ -135,7 +136,7 @@ class Tokenizer:
         return {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
 
     # --- encoding -------------------------------------------------------------------------------------
-    def _encode(self, texts: list[str], max_length: int | None, is_pretokenized: bool = False,
+    def _encode(self, texts: list[str] | list[list[str]], max_length: int | None, is_pretokenized: bool = False,
                 add_special_tokens: bool = True):
         if max_length is not None:
             if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:
@@ -201,6 +202,7 @@ class Tokenizer:
             ValueError: ``max_length`` is not a positive int.
 
         Example:
+            >>> from interp.examples import tok
             >>> ids, mask = tok.encode_batch_with_mask(["hi", "hello there"])
         """
         rows = self._encode_ids(self._texts(texts), max_length, prepend_bos, special_tokens)
@@ -220,6 +222,7 @@ class Tokenizer:
         ``prepend_bos`` and ``special_tokens`` as in :meth:`encode_batch_with_mask`.
 
         Example:
+            >>> from interp.examples import tok
             >>> tok.to_tokens("Hello world")       # MiniLM: [[101, 7592, 2088, 102]]
         """
         return self.encode_batch_with_mask(text, max_length, prepend_bos=prepend_bos,
@@ -250,6 +253,7 @@ class Tokenizer:
             ValueError: ``words`` is empty, or ``space_before`` is not one bool per word.
 
         Example:
+            >>> from interp.examples import tok
             >>> ids, where = tok.encode_words(["Unbelievable", "!"])   # where == [None, 0, 0, 0, 1, None]
         """
         space = None if space_before is None else [space_before]
@@ -274,6 +278,7 @@ class Tokenizer:
             ValueError: a sentence is empty, or ``space_before`` does not match the sentences.
 
         Example:
+            >>> from interp.examples import tok
             >>> [ids for ids, _ in tok.encode_words_batch([["Hi", "!"], ["Bye"]])]
         """
         if isinstance(sentences, str) or not isinstance(sentences, Sequence):

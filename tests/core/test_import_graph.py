@@ -37,6 +37,8 @@ ALLOWED = {
     "package": {"core", "data", "trace", "zoo", "analysis"},
     "app": {"core", "data", "trace", "zoo", "analysis", "pruning", "circuits", "training", "viz", "cli", "package",
             "app"},
+    # interp.examples: the ready-made inputs of the docstring examples (a model, its tokens, a pruning task...).
+    "examples": {"core", "data", "trace", "zoo", "analysis", "pruning", "package", "examples"},
 }
 # Deliberate deferred imports, each inside a function body and named here with its reason:
 DEFERRED = {

@@ -67,3 +67,16 @@ def test_post_norm_models_use_the_last_blocks_last_norm_as_the_final_norm():
     torch.testing.assert_close(lens[1], ln(tr["resid_pre", 1]), rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="post-norm model .* has no norm reading layer 1's input"):
         tr.apply_ln_to_stack(parts, model, layer=1)
+
+
+def test_parallel_block_mlp_input_norm_is_ln2_on_resid_pre():
+    # A two-norm parallel block (GPT-NeoX) feeds its MLP ln2(resid_pre): the scaled stack of resid_pre's parts sums
+    # to that norm's output less its bias.
+    model = tiny_model(0, n_layers=2, d_model=24, n_heads=3, d_vocab=30, n_ctx=12, parallel_block="two_norms")
+    for p in model.parameters():  # HF-style init leaves norms at 1 and biases at 0: draw them all
+        torch.nn.init.normal_(p, std=0.5)
+    _, tr = model.run_with_cache(torch.randint(0, 30, (2, 7)))
+    parts = tr.decompose_resid(layer=1)  # [C, B, T, M], summing to resid_pre of layer 1
+    scaled = tr.apply_ln_to_stack(parts, model, layer=1, mlp_input=True, weight=True)
+    ln2 = model.blocks[1].ln2
+    torch.testing.assert_close(scaled.sum(0), ln2(tr["resid_pre", 1]) - ln2.bias, rtol=0, atol=1e-4)

@@ -1,0 +1,78 @@
+"""Arcee: Llama with an ungated squared-ReLU MLP (``activation="relu2"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need
+from ._family import Family, fixed
+from ._positions import _rope
+from ._tensors import (
+    _llama_attention,
+    _lm_head,
+    _Source,
+)
+
+
+def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an Arcee (AFM) decoder: Llama with an ungated MLP (``up_proj`` / ``down_proj``)
+    whose activation is squared ReLU by default.
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = arcee_config({"model_type": "arcee", "hidden_size": 64, "num_attention_heads": 4,
+        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                     "max_position_embeddings": 64})
+        >>> cfg.activation, cfg.normalization
+        ('relu2', 'rms')
+    """
+    arch = "arcee"
+    _decoder_checks(hf_cfg, arch)
+    act = hf_cfg.get("hidden_act", "relu2")
+    acts = {"relu2": "relu2", "relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_new",
+            "gelu_new": "gelu_new"}
+    if act not in acts:
+        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, attn_bias=bias, out_bias=bias, mlp_bias=bool(hf_cfg.get("mlp_bias", False)),
+        unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+def arcee_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Arcee one (Llama keys; the MLP has no ``gate_proj``).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "Arcee")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    kinds = ("weight", "bias") if cfg.mlp_bias else ("weight",)
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
+        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        for kind in kinds:
+            out[b + f"mlp.W_in.{kind}"] = src(h + f"mlp.up_proj.{kind}")
+            out[b + f"mlp.W_out.{kind}"] = src(h + f"mlp.down_proj.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "Arcee"))
+    return out
+
+
+FAMILY = Family("arcee", ("arcee",), arcee_config, fixed(arcee_state_dict))

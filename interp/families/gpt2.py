@@ -1,0 +1,71 @@
+"""GPT-2: ``Conv1D`` weights stored ``[in, out]`` (transposed), tanh GELU, tied unembedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need
+from ._family import Family, fixed
+from ._tensors import (
+    _Source,
+)
+
+
+def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a GPT-2 decoder from its HF config dict.
+
+    Raises:
+        ValueError: unsupported settings (``scale_attn_by_inverse_layer_idx``, ``scale_attn_weights=False``,
+            cross-attention, an unknown activation) or a missing key.
+    """
+    arch = "GPT-2"
+    _decoder_checks(hf_cfg, "gpt2")
+    for key, bad in (("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
+                     ("add_cross_attention", True)):
+        if hf_cfg.get(key, not bad) == bad:
+            raise ValueError(f"GPT-2 {key}={bad} is not supported by the converter")
+    act = hf_cfg.get("activation_function", "gelu_new")
+    acts = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    if act not in acts:
+        raise ValueError(f"GPT-2 activation_function={act!r} is not supported ({sorted(acts)})")
+    d_model = _need(hf_cfg, "n_embd", arch)
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "n_layer", arch), d_model=d_model, n_heads=_need(hf_cfg, "n_head", arch),
+        d_mlp=hf_cfg.get("n_inner") or 4 * d_model, activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        n_ctx=_need(hf_cfg, "n_positions", arch), normalization="pre", positional="learned", causal=True,
+        norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5), unembed=True,
+        tie_embeddings=hf_cfg.get("tie_word_embeddings", True), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF GPT-2 one (``GPT2LMHeadModel`` or ``GPT2Model`` keys).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("transformer.",), "GPT-2")
+    out = {"W_E.weight": src("wte.weight"), "W_pos.weight": src("wpe.weight"),
+           "ln_final.weight": src("ln_f.weight"), "ln_final.bias": src("ln_f.bias")}
+    for i in range(cfg.n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        # Conv1D weights are [in, out]; nn.Linear wants [out, in]. c_attn's columns are [q | k | v], each
+        # split by head in order, which is our W_qkv row order once transposed.
+        for ours, theirs in (("attn.W_qkv", "attn.c_attn"), ("attn.W_O", "attn.c_proj"),
+                             ("mlp.W_in", "mlp.c_fc"), ("mlp.W_out", "mlp.c_proj")):
+            out[b + ours + ".weight"] = src(h + theirs + ".weight").T.contiguous()  # [in, out] -> [out, in]
+            out[b + ours + ".bias"] = src(h + theirs + ".bias")
+        for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            out[b + ours + ".weight"] = src(h + theirs + ".weight")
+            out[b + ours + ".bias"] = src(h + theirs + ".bias")
+    if not cfg.tie_embeddings:
+        out["W_U.weight"] = hf_sd["lm_head.weight"] if "lm_head.weight" in hf_sd else src("wte.weight")
+        out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
+    return out
+
+
+FAMILY = Family("gpt2", ("gpt2",), gpt2_config, fixed(gpt2_state_dict), title="GPT-2", headline=True)

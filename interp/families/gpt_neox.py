@@ -1,0 +1,82 @@
+"""GPT-NeoX / Pythia: parallel attention and MLP with two LayerNorms, partial rotary, a fused QKV whose rows
+are grouped per head (``[q_h, k_h, v_h]``), reordered into our ``[q | k | v]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need
+from ._family import Family, fixed
+from ._positions import _rope
+from ._tensors import (
+    _lm_head,
+    _per_head_qkv,
+    _shaped,
+    _Source,
+)
+
+
+def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a GPT-NeoX / Pythia decoder (parallel block, partial rotary).
+
+    Raises:
+        ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
+    """
+    arch = "gpt_neox"
+    act = hf_cfg.get("hidden_act", "gelu")
+    acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
+    if act not in acts:
+        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = d_model // n_heads
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
+    rope = hf_cfg.get("rope_parameters") or {}
+    pct = rope.get("partial_rotary_factor", hf_cfg.get("rotary_pct", 1.0))
+    legacy_base = hf_cfg.get("rotary_emb_base")
+    theta, scaling = _rope(hf_cfg, arch, default_theta=legacy_base or 10000.0)
+    bias = bool(hf_cfg.get("attention_bias", True))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rotary_dim=int(d_head * pct), rope_scaling=scaling,
+        parallel_block="two_norms" if hf_cfg.get("use_parallel_residual", True) else "none",
+        attn_bias=bias, out_bias=bias, mlp_bias=True, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+def gpt_neox_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF GPT-NeoX one; the fused QKV's per-head row groups are reordered.
+
+    Raises:
+        ValueError: a tensor is absent or the fused QKV's shape disagrees with the config (both named).
+    """
+    src = _Source(hf_sd, ("gpt_neox.",), "GPT-NeoX")
+    H, D, M = cfg.n_heads, cfg.d_head, cfg.d_model
+    out = {"W_E.weight": src("embed_in.weight"), "ln_final.weight": src("final_layer_norm.weight"),
+           "ln_final.bias": src("final_layer_norm.bias")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out[b + "attn.W_qkv.weight"] = _per_head_qkv(
+            _shaped(src, h + "attention.query_key_value.weight", (3 * H * D, M)), H, D)
+        if cfg.attn_bias:
+            out[b + "attn.W_qkv.bias"] = _per_head_qkv(
+                _shaped(src, h + "attention.query_key_value.bias", (3 * H * D,)), H, D)
+            out[b + "attn.W_O.bias"] = src(h + "attention.dense.bias")
+        out[b + "attn.W_O.weight"] = src(h + "attention.dense.weight")
+        for ours, theirs in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"),
+                             ("mlp.W_in", "mlp.dense_h_to_4h"), ("mlp.W_out", "mlp.dense_4h_to_h")):
+            for kind in ("weight", "bias"):
+                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    key = "embed_out.weight" if "embed_out.weight" in hf_sd else "lm_head.weight"
+    out.update(_lm_head(hf_sd, src, cfg, "GPT-NeoX", key))
+    return out
+
+
+FAMILY = Family("gpt_neox", ("gpt_neox",), gpt_neox_config, fixed(gpt_neox_state_dict))

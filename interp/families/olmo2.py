@@ -1,0 +1,80 @@
+"""OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``), QK-norm over all heads,
+float32 norm weights and rotary (``norm_weight_float32``, ``rotary_float32``); OLMo 3 adds sliding layers with
+their own RoPE base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._family import Family, fixed
+from ._positions import _per_type_rope, sliding_windows
+from ._tensors import (
+    _dense_weights,
+    _llama_attention,
+    _lm_head,
+    _Source,
+)
+
+
+def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an OLMo 2 or OLMo 3 decoder: norms after each sublayer only, QK-norm over all
+    heads; OLMo 3 adds sliding-window layers (``layer_types``) with their own RoPE base.
+
+    Raises:
+        ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
+
+    Example:
+        >>> cfg = olmo2_config({"model_type": "olmo3", "hidden_size": 64, "num_attention_heads": 4,
+        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                     "max_position_embeddings": 64, "sliding_window": 8,
+        ...                     "layer_types": ["sliding_attention", "full_attention"],
+        ...                     "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        ...                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+        >>> cfg.sliding_window, cfg.rotary_base, cfg.local_rotary_base
+        ([8, None], 500000.0, 10000.0)
+    """
+    arch = hf_cfg.get("model_type", "olmo2")
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("attention_bias", False, False)))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    windows = sliding_windows(hf_cfg, arch)
+    theta, scaling, local_base = _per_type_rope(hf_cfg, arch, windows)
+    return ModelConfig(
+        sliding_window=windows, local_rotary_base=local_base,
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, qk_norm="full", sublayer_norm="output", norm_weight_float32=True, rotary_float32=True,
+        attn_bias=False, out_bias=False, mlp_bias=False, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+def olmo2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF OLMo 2 one.
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "OLMo 2/3")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        out[b + "attn.q_norm.weight"] = src(h + "self_attn.q_norm.weight")
+        out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")
+        out[b + "ln1_post.weight"] = src(h + "post_attention_layernorm.weight")
+        out[b + "ln2_post.weight"] = src(h + "post_feedforward_layernorm.weight")
+        out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
+    out.update(_lm_head(hf_sd, src, cfg, "OLMo 2/3"))
+    return out
+
+
+FAMILY = Family("olmo2", ("olmo2", "olmo3"), olmo2_config, fixed(olmo2_state_dict))

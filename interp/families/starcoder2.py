@@ -1,0 +1,79 @@
+"""Starcoder 2: pre-LayerNorm, ``use_bias`` on every projection, tanh-GELU MLP, one window on every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need
+from ._family import Family, fixed
+from ._positions import _rope, sliding_windows
+from ._tensors import (
+    _llama_attention,
+    _lm_head,
+    _Source,
+)
+
+
+def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Starcoder 2 decoder: pre-LayerNorm, biased projections (``use_bias``), a
+    tanh-GELU MLP, grouped K/V, RoPE and one sliding window on every layer.
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = starcoder2_config({"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4,
+        ...                          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96,
+        ...                          "vocab_size": 50, "max_position_embeddings": 64, "sliding_window": 8})
+        >>> cfg.sliding_window, cfg.activation, cfg.n_kv_heads
+        ([8, 8], 'gelu_new', 2)
+    """
+    arch = "starcoder2"
+    _decoder_checks(hf_cfg, arch)
+    act = hf_cfg.get("hidden_act", "gelu_pytorch_tanh")
+    acts = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    if act not in acts:
+        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("use_bias", True))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="pre", norm_eps=hf_cfg.get("norm_epsilon", 1e-5), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch), attn_bias=bias, out_bias=bias,
+        mlp_bias=bias, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+def starcoder2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Starcoder 2 one (separate q/k/v/o, ``mlp.c_fc`` / ``mlp.c_proj``).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "Starcoder 2")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight"),
+           "ln_final.bias": src("norm.bias")}
+    kinds = ("weight", "bias") if cfg.mlp_bias else ("weight",)
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        for kind in ("weight", "bias"):
+            out[b + f"ln1.{kind}"] = src(h + f"input_layernorm.{kind}")
+            out[b + f"ln2.{kind}"] = src(h + f"post_attention_layernorm.{kind}")
+        for kind in kinds:
+            out[b + f"mlp.W_in.{kind}"] = src(h + f"mlp.c_fc.{kind}")
+            out[b + f"mlp.W_out.{kind}"] = src(h + f"mlp.c_proj.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "Starcoder 2"))
+    return out
+
+
+FAMILY = Family("starcoder2", ("starcoder2",), starcoder2_config, fixed(starcoder2_state_dict))

@@ -11,9 +11,7 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
-from ._tensors import (
-    _Source,
-)
+from ._mapping import Rule, both, map_tensors, transpose
 
 
 def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -42,28 +40,28 @@ def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=hf_cfg.get("tie_word_embeddings", True), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+#: GPT-2's tensors: ``Conv1D`` weights are ``[in, out]`` (transposed to ``nn.Linear``'s ``[out, in]``); ``c_attn``'s
+#: columns are ``[q | k | v]``, each split by head in order: our ``W_qkv`` row order once transposed.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "wte"), Rule("W_pos", "wpe"), Rule("ln_final", "ln_f", kinds=both),
+    *(Rule(f"blocks.{{i}}.{ours}", f"h.{{i}}.{theirs}", kinds=both, transform=transpose)
+      for ours, theirs in (("attn.W_qkv", "attn.c_attn"), ("attn.W_O", "attn.c_proj"), ("mlp.W_in", "mlp.c_fc"),
+                           ("mlp.W_out", "mlp.c_proj"))),
+    Rule("blocks.{i}.ln1", "h.{i}.ln_1", kinds=both), Rule("blocks.{i}.ln2", "h.{i}.ln_2", kinds=both),
+)
+
+
 def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF GPT-2 one (``GPT2LMHeadModel`` or ``GPT2Model`` keys).
+    """Our state dict from a HF GPT-2 one (``GPT2LMHeadModel`` or ``GPT2Model`` keys): :data:`TABLE`, plus an
+    untied unembedding when the config unties it.
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    src = _Source(hf_sd, ("transformer.",), "GPT-2")
-    out = {"W_E.weight": src("wte.weight"), "W_pos.weight": src("wpe.weight"),
-           "ln_final.weight": src("ln_f.weight"), "ln_final.bias": src("ln_f.bias")}
-    for i in range(cfg.n_layers):
-        h, b = f"h.{i}.", f"blocks.{i}."
-        # Conv1D weights are [in, out]; nn.Linear wants [out, in]. c_attn's columns are [q | k | v], each
-        # split by head in order, which is our W_qkv row order once transposed.
-        for ours, theirs in (("attn.W_qkv", "attn.c_attn"), ("attn.W_O", "attn.c_proj"),
-                             ("mlp.W_in", "mlp.c_fc"), ("mlp.W_out", "mlp.c_proj")):
-            out[b + ours + ".weight"] = src(h + theirs + ".weight").T.contiguous()  # [in, out] -> [out, in]
-            out[b + ours + ".bias"] = src(h + theirs + ".bias")
-        for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
-            out[b + ours + ".weight"] = src(h + theirs + ".weight")
-            out[b + ours + ".bias"] = src(h + theirs + ".bias")
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("transformer.",), arch="GPT-2")
     if not cfg.tie_embeddings:
-        out["W_U.weight"] = hf_sd["lm_head.weight"] if "lm_head.weight" in hf_sd else src("wte.weight")
+        # An untied GPT-2 without lm_head keeps wte's values (read again: the table consumed it as W_E).
+        out["W_U.weight"] = hf_sd["lm_head.weight"] if "lm_head.weight" in hf_sd else out["W_E.weight"]
         out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
     return out
 

@@ -12,11 +12,10 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
+from ._mapping import Rule, biased_if, both, map_tensors, per_head_qkv
 from ._positions import _rope
 from ._tensors import (
     _lm_head,
-    _per_head_qkv,
-    _shaped,
     _Source,
 )
 
@@ -51,31 +50,33 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+def _qkv_shape(cfg: ModelConfig, kind: str) -> tuple[int, ...]:
+    rows = 3 * cfg.n_heads * cfg.d_head
+    return (rows, cfg.d_model) if kind == "weight" else (rows,)
+
+
+#: GPT-NeoX's tensors: a fused QKV grouped per head (reordered to ``[q | k | v]``), biased projections, two norms.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "embed_in"), Rule("ln_final", "final_layer_norm", kinds=both),
+    Rule("blocks.{i}.attn.W_qkv", "layers.{i}.attention.query_key_value", transform=per_head_qkv, shape=_qkv_shape,
+         kinds=biased_if("attn_bias")),
+    Rule("blocks.{i}.attn.W_O", "layers.{i}.attention.dense",
+         kinds=biased_if("attn_bias")),
+    *(Rule(f"blocks.{{i}}.{ours}", f"layers.{{i}}.{theirs}", kinds=both)
+      for ours, theirs in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"),
+                           ("mlp.W_in", "mlp.dense_h_to_4h"), ("mlp.W_out", "mlp.dense_4h_to_h"))),
+)
+
+
 def gpt_neox_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF GPT-NeoX one; the fused QKV's per-head row groups are reordered.
+    """Our state dict from a HF GPT-NeoX one (:data:`TABLE` and the unembedding).
 
     Raises:
         ValueError: a tensor is absent or the fused QKV's shape disagrees with the config (both named).
     """
-    src = _Source(hf_sd, ("gpt_neox.",), "GPT-NeoX")
-    H, D, M = cfg.n_heads, cfg.d_head, cfg.d_model
-    out = {"W_E.weight": src("embed_in.weight"), "ln_final.weight": src("final_layer_norm.weight"),
-           "ln_final.bias": src("final_layer_norm.bias")}
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out[b + "attn.W_qkv.weight"] = _per_head_qkv(
-            _shaped(src, h + "attention.query_key_value.weight", (3 * H * D, M)), H, D)
-        if cfg.attn_bias:
-            out[b + "attn.W_qkv.bias"] = _per_head_qkv(
-                _shaped(src, h + "attention.query_key_value.bias", (3 * H * D,)), H, D)
-            out[b + "attn.W_O.bias"] = src(h + "attention.dense.bias")
-        out[b + "attn.W_O.weight"] = src(h + "attention.dense.weight")
-        for ours, theirs in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"),
-                             ("mlp.W_in", "mlp.dense_h_to_4h"), ("mlp.W_out", "mlp.dense_4h_to_h")):
-            for kind in ("weight", "bias"):
-                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("gpt_neox.",), arch="GPT-NeoX")
     key = "embed_out.weight" if "embed_out.weight" in hf_sd else "lm_head.weight"
-    out.update(_lm_head(hf_sd, src, cfg, "GPT-NeoX", key))
+    out.update(_lm_head(hf_sd, _Source(hf_sd, ("gpt_neox.",), "GPT-NeoX"), cfg, "GPT-NeoX", key))
     return out
 
 

@@ -13,10 +13,9 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
+from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, map_tensors
 from ._positions import _per_type_rope, sliding_windows
 from ._tensors import (
-    _dense_weights,
-    _llama_attention,
     _lm_head,
     _Source,
 )
@@ -57,23 +56,24 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+#: OLMo 2 / 3's tensors: Llama's attention and MLP, QK-norm over all heads, norms after each sublayer only.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "embed_tokens"), Rule("ln_final", "norm"), *LLAMA_ATTENTION, *SWIGLU_MLP,
+    Rule("blocks.{i}.attn.q_norm", "layers.{i}.self_attn.q_norm"),
+    Rule("blocks.{i}.attn.k_norm", "layers.{i}.self_attn.k_norm"),
+    Rule("blocks.{i}.ln1_post", "layers.{i}.post_attention_layernorm"),
+    Rule("blocks.{i}.ln2_post", "layers.{i}.post_feedforward_layernorm"),
+)
+
+
 def olmo2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF OLMo 2 one.
+    """Our state dict from a HF OLMo 2 / 3 (or EXAONE 4) one: :data:`TABLE` and the unembedding.
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    src = _Source(hf_sd, ("model.",), "OLMo 2/3")
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out.update(_llama_attention(src, h, b, cfg))
-        out[b + "attn.q_norm.weight"] = src(h + "self_attn.q_norm.weight")
-        out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")
-        out[b + "ln1_post.weight"] = src(h + "post_attention_layernorm.weight")
-        out[b + "ln2_post.weight"] = src(h + "post_feedforward_layernorm.weight")
-        out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
-    out.update(_lm_head(hf_sd, src, cfg, "OLMo 2/3"))
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="OLMo 2/3")
+    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "OLMo 2/3"), cfg, "OLMo 2/3"))
     return out
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -11,10 +11,10 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
+from ._mapping import Rule, halves, map_tensors
 from ._positions import _rope, sliding_windows
 from ._tensors import (
     _lm_head,
-    _shaped,
     _Source,
 )
 
@@ -58,26 +58,34 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+def _fused_shape(rows: str) -> Callable[[ModelConfig, str], tuple[int, ...]]:
+    def shape(cfg: ModelConfig, kind: str) -> tuple[int, ...]:
+        n = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.d_head if rows == "qkv" else 2 * cfg.d_mlp
+        return (n, cfg.d_model)
+    return shape
+
+
+#: Phi-3's tensors: ``qkv_proj`` rows are already ``[q | k | v]``; ``gate_up_proj`` rows are ``[gate | up]``.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "embed_tokens"), Rule("ln_final", "norm"),
+    Rule("blocks.{i}.attn.W_qkv", "layers.{i}.self_attn.qkv_proj", shape=_fused_shape("qkv")),
+    Rule("blocks.{i}.attn.W_O", "layers.{i}.self_attn.o_proj"),
+    Rule("blocks.{i}.ln1", "layers.{i}.input_layernorm"),
+    Rule("blocks.{i}.ln2", "layers.{i}.post_attention_layernorm"),
+    Rule(("blocks.{i}.mlp.W_gate", "blocks.{i}.mlp.W_in"), "layers.{i}.mlp.gate_up_proj", transform=halves,
+         shape=_fused_shape("gate_up")),
+    Rule("blocks.{i}.mlp.W_out", "layers.{i}.mlp.down_proj"),
+)
+
+
 def phi3_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF Phi-3 one: ``qkv_proj`` rows are already ``[q | k | v]``; ``gate_up_proj``
-    rows are ``[gate | up]``.
+    """Our state dict from a HF Phi-3 one (:data:`TABLE` and the unembedding).
 
     Raises:
         ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
     """
-    src = _Source(hf_sd, ("model.",), "Phi-3")
-    H, K, D, M, F = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out[b + "attn.W_qkv.weight"] = _shaped(src, h + "self_attn.qkv_proj.weight", ((H + 2 * K) * D, M))
-        out[b + "attn.W_O.weight"] = src(h + "self_attn.o_proj.weight")
-        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
-        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
-        gate, up = _shaped(src, h + "mlp.gate_up_proj.weight", (2 * F, M)).split([F, F], dim=0)  # [F, M] each
-        out[b + "mlp.W_gate.weight"], out[b + "mlp.W_in.weight"] = gate, up
-        out[b + "mlp.W_out.weight"] = src(h + "mlp.down_proj.weight")
-    out.update(_lm_head(hf_sd, src, cfg, "Phi-3"))
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="Phi-3")
+    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "Phi-3"), cfg, "Phi-3"))
     return out
 
 

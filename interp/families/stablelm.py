@@ -11,10 +11,9 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
+from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, both, map_tensors
 from ._positions import _rope
 from ._tensors import (
-    _dense_weights,
-    _llama_attention,
     _lm_head,
     _Source,
 )
@@ -64,25 +63,23 @@ def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+#: StableLM's tensors: Llama's names with LayerNorm biases; a parallel block has one norm per layer.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "embed_tokens"), Rule("ln_final", "norm", kinds=both), *LLAMA_ATTENTION, *SWIGLU_MLP,
+    Rule("blocks.{i}.ln1", "layers.{i}.input_layernorm", kinds=both),
+    Rule("blocks.{i}.ln2", "layers.{i}.post_attention_layernorm", kinds=both,
+         when=lambda cfg: cfg.parallel_block == "none"),
+)
+
+
 def stablelm_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF StableLM one (Llama keys, LayerNorms with biases).
+    """Our state dict from a HF StableLM one (:data:`TABLE` and the unembedding).
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    src = _Source(hf_sd, ("model.",), "StableLM")
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight"),
-           "ln_final.bias": src("norm.bias")}
-    norms = (("ln1", "input_layernorm"),) if cfg.parallel_block != "none" else (
-        ("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out.update(_llama_attention(src, h, b, cfg))
-        for ours, theirs in norms:
-            for kind in ("weight", "bias"):
-                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
-        out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
-    out.update(_lm_head(hf_sd, src, cfg, "StableLM"))
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="StableLM")
+    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "StableLM"), cfg, "StableLM"))
     return out
 
 

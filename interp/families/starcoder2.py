@@ -11,9 +11,9 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
+from ._mapping import LLAMA_ATTENTION, Rule, biased_if, both, map_tensors
 from ._positions import _rope, sliding_windows
 from ._tensors import (
-    _llama_attention,
     _lm_head,
     _Source,
 )
@@ -53,26 +53,24 @@ def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+#: Starcoder 2's tensors: Llama's attention names, LayerNorms with biases, an ungated ``c_fc`` / ``c_proj`` MLP.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "embed_tokens"), Rule("ln_final", "norm", kinds=both), *LLAMA_ATTENTION,
+    Rule("blocks.{i}.ln1", "layers.{i}.input_layernorm", kinds=both),
+    Rule("blocks.{i}.ln2", "layers.{i}.post_attention_layernorm", kinds=both),
+    Rule("blocks.{i}.mlp.W_in", "layers.{i}.mlp.c_fc", kinds=biased_if("mlp_bias")),
+    Rule("blocks.{i}.mlp.W_out", "layers.{i}.mlp.c_proj", kinds=biased_if("mlp_bias")),
+)
+
+
 def starcoder2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF Starcoder 2 one (separate q/k/v/o, ``mlp.c_fc`` / ``mlp.c_proj``).
+    """Our state dict from a HF Starcoder 2 one (:data:`TABLE` and the unembedding).
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    src = _Source(hf_sd, ("model.",), "Starcoder 2")
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight"),
-           "ln_final.bias": src("norm.bias")}
-    kinds = ("weight", "bias") if cfg.mlp_bias else ("weight",)
-    for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out.update(_llama_attention(src, h, b, cfg))
-        for kind in ("weight", "bias"):
-            out[b + f"ln1.{kind}"] = src(h + f"input_layernorm.{kind}")
-            out[b + f"ln2.{kind}"] = src(h + f"post_attention_layernorm.{kind}")
-        for kind in kinds:
-            out[b + f"mlp.W_in.{kind}"] = src(h + f"mlp.c_fc.{kind}")
-            out[b + f"mlp.W_out.{kind}"] = src(h + f"mlp.c_proj.{kind}")
-    out.update(_lm_head(hf_sd, src, cfg, "Starcoder 2"))
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="Starcoder 2")
+    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "Starcoder 2"), cfg, "Starcoder 2"))
     return out
 
 

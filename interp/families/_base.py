@@ -19,6 +19,7 @@ def _need(hf_cfg: Mapping[str, Any], key: str, arch: str) -> Any:
         raise ValueError(f"{arch} config has no {key!r}; got keys {sorted(hf_cfg)}")
     return hf_cfg[key]
 
+
 def _refuse(arch: str, hf_cfg: Mapping[str, Any], settings: tuple[tuple[str, Any, Any], ...]) -> None:
     """Raise naming the first setting whose value is not the one the converter reproduces."""
     for key, default, supported in settings:
@@ -26,6 +27,7 @@ def _refuse(arch: str, hf_cfg: Mapping[str, Any], settings: tuple[tuple[str, Any
         value = default if value is None else value
         if value != supported:
             raise ValueError(f"{arch} {key}={value!r} is not supported by the converter (only {supported!r})")
+
 
 def _decoder_checks(hf_cfg: Mapping[str, Any], arch: str, *, rotary_head_dim: int | None = None) -> None:
     """Settings every decoder's transformers mask and RoPE code reads that interp does not reproduce.
@@ -47,10 +49,12 @@ def _decoder_checks(hf_cfg: Mapping[str, Any], arch: str, *, rotary_head_dim: in
         raise ValueError(f"{arch} head_dim={head_dim!r} is not supported: transformers' {arch} attention uses "
                          f"{rotary_head_dim} per head while its RoPE would read head_dim")
 
+
 def _where(hf_cfg: Mapping[str, Any]) -> str:
     """`` (in <folder>/config.json)`` when the config knows the folder or hub id it came from, else ``""``."""
     origin = hf_cfg.get("_name_or_path") or hf_cfg.get("name_or_path")
     return f" (in {origin}/config.json)" if origin else ""
+
 
 def _positive(value: Any, what: str, arch: str, hf_cfg: Mapping[str, Any], *, integer: bool = False,
               zero: bool = False) -> float:
@@ -68,6 +72,7 @@ def _positive(value: Any, what: str, arch: str, hf_cfg: Mapping[str, Any], *, in
         need = "an integer >= 1" if integer else f"a finite number {'>=' if zero else '>'} 0"
         raise ValueError(f"model_type={arch!r}: {what}={value!r} must be {need}{_where(hf_cfg)}")
     return float(value)
+
 
 #: The families whose dense MLP reads ``mlp_bias`` (the others hard-code no bias).
 _MLP_BIAS_KEY = ("llama", "deepseek_v2", "seed_oss", "granite")

@@ -151,6 +151,7 @@ LLAMA_ATTENTION: tuple[Rule, ...] = (
     Rule("blocks.{i}.attn.W_O", "layers.{i}.self_attn.o_proj", kinds=biased_if("out_bias")),
 )
 
+
 #: A gated MLP's ``mlp.{gate,up,down}_proj`` as ``W_gate`` / ``W_in`` / ``W_out``, biases where ``mlp_bias``.
 SWIGLU_MLP: tuple[Rule, ...] = tuple(
     Rule(f"blocks.{{i}}.mlp.{ours}", f"layers.{{i}}.mlp.{theirs}", kinds=biased_if("mlp_bias"))

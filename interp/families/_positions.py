@@ -25,12 +25,24 @@ WINDOW_RULES: dict[str, str] = {
     "ministral": "layer_types", "olmo3": "every_fourth_full", "starcoder2": "every",
 }
 
+
 #: The families whose config class keeps ``sliding_window`` only when ``use_sliding_window`` (default False).
 _USE_SLIDING_WINDOW = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
 
-def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | None:
+
+def sliding_windows(hf_cfg: Mapping[str, Any], arch: str, *, rule: str | None = None,
+                    gated: bool | None = None) -> list[int | None] | None:
     """Each layer's sliding window from a HF config, by the rule of family ``arch`` (:data:`WINDOW_RULES`);
     ``None`` when no layer slides.
+
+    Args:
+        hf_cfg: the HF config dict.
+        arch: its ``model_type`` (named in errors; picks the rule unless ``rule`` is given).
+        rule: the window rule (a value of :data:`WINDOW_RULES`), for a family file that declares its own.
+        gated: windows exist only when ``use_sliding_window`` is set (default: ``arch`` in ``_USE_SLIDING_WINDOW``).
+
+    Returns:
+        One window (or None) per layer, or None.
 
     Raises:
         ValueError: a layer type other than sliding or full attention (named with its layer), or a
@@ -41,12 +53,13 @@ def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | 
         >>> sliding_windows(cfg, "qwen2"), sliding_windows(cfg, "qwen3_moe"), sliding_windows(cfg, "llama")
         ([None, 4, 4], [4, 4, 4], None)
     """
-    rule = WINDOW_RULES.get(arch)
+    rule = rule or WINDOW_RULES.get(arch)
     if rule is None:
         return None
     # Every key the family's rule reads is read, whatever the branch (the config-key audit records reads).
     window = hf_cfg.get("sliding_window")
-    use = hf_cfg.get("use_sliding_window", False) if arch in _USE_SLIDING_WINDOW else True
+    gated = arch in _USE_SLIDING_WINDOW if gated is None else gated
+    use = hf_cfg.get("use_sliding_window", False) if gated else True
     max_layers = hf_cfg.get("max_window_layers", 28) if "max_window_layers" in rule else None
     types = hf_cfg.get("layer_types")
     if not window or not use:  # Qwen2-MoE's config stores 0 for "no window"
@@ -82,6 +95,7 @@ def sliding_windows(hf_cfg: Mapping[str, Any], arch: str) -> list[int | None] | 
     windows = [window if s else None for s in slides]
     return windows if any(w is not None for w in windows) else None
 
+
 def _typed_windows(hf_cfg: Mapping[str, Any], arch: str, default_types: list[str],
                    use: bool = True) -> tuple[list[str], list[int | None] | None]:
     """``(layer_types, windows)``: the config's ``layer_types`` (else ``default_types``, what the config class
@@ -102,10 +116,13 @@ def _typed_windows(hf_cfg: Mapping[str, Any], arch: str, default_types: list[str
     windows = [window if use and window and kind == "sliding_attention" else None for kind in types]
     return list(types), windows if any(w is not None for w in windows) else None
 
+
 _ROPE_KINDS_HF = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+
 
 #: The families whose attention rotates ``partial_rotary_factor`` of each head (the others rotate whole heads).
 _PARTIAL_ROTARY = ("gpt_neox", "phi", "phi3")
+
 
 def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None = None, *,
           default_theta: float = 10000.0) -> tuple[float, dict | None]:
@@ -203,11 +220,13 @@ def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None
             scaling["attention_factor"] = need("attention_factor")
     return theta, scaling
 
+
 def _rope_context(n_ctx: int, scaling: dict | None) -> int:
     """Dynamic NTK exists to run past ``max_position_embeddings``: allow ``factor`` times that."""
     if scaling is not None and scaling["rope_type"] == "dynamic":
         return int(n_ctx * scaling["factor"])
     return n_ctx
+
 
 def _per_type_rope(hf_cfg: Mapping[str, Any], arch: str,
                    windows: list[int | None] | None) -> tuple[float, dict | None, float | None]:
@@ -233,6 +252,7 @@ def _per_type_rope(hf_cfg: Mapping[str, Any], arch: str,
                              f"rope_theta={local_theta!r} differs from the full layers' {theta!r}: not supported")
         return theta, scaling, None
     return theta, scaling, local_theta
+
 
 def _yarn_mscale(factor: float, mscale: float) -> float:
     """YaRN's attention-temperature factor ``0.1 * mscale * ln(factor) + 1`` (1 without stretching)."""

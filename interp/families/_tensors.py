@@ -32,6 +32,7 @@ class _Source:
     def has(self, key: str) -> bool:
         return self.prefix + key in self.sd
 
+
 def _shaped(src: _Source, key: str, shape: tuple[int, ...]) -> torch.Tensor:
     """``src(key)`` after checking its shape (a fused tensor is split by the config's sizes)."""
     t = src(key)
@@ -40,15 +41,18 @@ def _shaped(src: _Source, key: str, shape: tuple[int, ...]) -> torch.Tensor:
                          f"implies {shape}")
     return t
 
+
 def _shape_check(arch: str, key: str, tensor: torch.Tensor, want: tuple[int, ...], why: str) -> None:
     if tuple(tensor.shape) != want:
         raise ValueError(f"{arch}: {key!r} has shape {tuple(tensor.shape)}, but the config's {why} "
                          f"need {want}")
 
+
 def _per_head_qkv(w: torch.Tensor, H: int, D: int) -> torch.Tensor:
     """Rows grouped per head ``[q_h, k_h, v_h]`` (GPT-NeoX, BigCode MHA, Falcon MHA) -> ``[q | k | v]``."""
     rest = w.shape[1:]
     return w.reshape(H, 3, D, *rest).transpose(0, 1).reshape(3 * H * D, *rest)  # [H, 3, D, ..] -> [3HD, ..]
+
 
 def _deinterleave(w: torch.Tensor, heads: int, width: int, rope: int) -> torch.Tensor:
     """Rows ``[heads * width, .]`` whose last ``rope`` rows per head hold interleaved rotary pairs
@@ -63,6 +67,7 @@ def _deinterleave(w: torch.Tensor, heads: int, width: int, rope: int) -> torch.T
     rows = torch.cat([rows[:, :width - rope], rows[:, width - rope:][:, perm]], dim=1)
     return rows.reshape(w.shape)
 
+
 def _leading_pairs_to_halves(w: torch.Tensor, heads: int, width: int, rope: int) -> torch.Tensor:
     """Rows ``[heads * width, ..]`` whose first ``rope`` rows per head hold interleaved rotary pairs
     ``(x0, x1), (x2, x3), ..`` -> the half-split layout ``(x0, x2, ..), (x1, x3, ..)`` our RoPE rotates.
@@ -70,6 +75,7 @@ def _leading_pairs_to_halves(w: torch.Tensor, heads: int, width: int, rope: int)
     are unchanged."""
     perm = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2), torch.arange(rope, width)])  # [width]
     return w.reshape(heads, width, *w.shape[1:])[:, perm].reshape(w.shape)  # [heads, width, ..] -> [heads * width, ..]
+
 
 def _lm_head(hf_sd: StateDict, src: _Source, cfg: ModelConfig, arch: str, key: str = "lm_head.weight",
              bias: str | None = None) -> dict[str, torch.Tensor]:
@@ -83,6 +89,7 @@ def _lm_head(hf_sd: StateDict, src: _Source, cfg: ModelConfig, arch: str, key: s
     out["W_U.bias"] = hf_sd[bias] if bias is not None else torch.zeros(cfg.d_vocab, dtype=hf_sd[key].dtype)
     return out
 
+
 def _llama_attention(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Separate q/k/v/o projections (``self_attn.{q,k,v,o}_proj``) stacked into our ``W_qkv`` and ``W_O``."""
     out = {}
@@ -95,11 +102,13 @@ def _llama_attention(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str
         out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
     return out
 
+
 def _mlp_weights(src: _Source, h: str, b: str, cfg: ModelConfig, layer: int) -> dict[str, torch.Tensor]:
     """Layer ``layer``'s MLP: a dense SwiGLU MLP (``mlp.gate_proj/up_proj/down_proj``) or the experts."""
     if cfg.is_moe_layer(layer):
         return _moe_weights(src, h, b, cfg, layer)
     return _dense_weights(src, h + "mlp.", b, cfg)
+
 
 def _dense_weights(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A SwiGLU MLP's ``{h}gate_proj/up_proj/down_proj`` (with biases when ``cfg.mlp_bias``) as ``{b}W_gate/W_in/W_out``."""
@@ -109,10 +118,12 @@ def _dense_weights(src: _Source, h: str, b: str, cfg: ModelConfig) -> dict[str, 
             out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
     return out
 
+
 def _expert_count_check(arch: str, key: str, tensor: torch.Tensor, axis: int, want: int, what: str) -> None:
     if tensor.shape[axis] != want:
         raise ValueError(f"{arch}: the config says {what}={want}, but {key!r} has shape {tuple(tensor.shape)} "
                          f"({tensor.shape[axis]} along axis {axis})")
+
 
 def _moe_weights(src: _Source, h: str, b: str, cfg: ModelConfig, layer: int) -> dict[str, torch.Tensor]:
     """The router, experts and shared expert of one MoE layer.

@@ -54,6 +54,7 @@ def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def arcee_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF Arcee one (Llama keys; the MLP has no ``gate_proj``).
 

@@ -49,6 +49,7 @@ def bert_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def bert_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF BERT one (keys with or without the ``bert.`` prefix).
 

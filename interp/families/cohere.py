@@ -65,6 +65,7 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
     """The state-dict function of a Cohere config: Llama's keys, LayerNorm biases 0, query and key rows
     reordered from interleaved pairs to halves, ``W_U = lm_head * logit_scale`` (the embedding when tied).

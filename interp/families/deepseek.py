@@ -113,6 +113,7 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         dense_mlp_layers=list(range(min(first_dense, L))) or None,
     )
 
+
 def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool = True,
                         arch: str = "deepseek_v3") -> dict[str, torch.Tensor]:
     """Our state dict from a HF DeepSeek-V2 / V3 one.
@@ -173,6 +174,7 @@ def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool
         out["W_U.weight"] = hf_sd["lm_head.weight"]
         out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
     return out
+
 
 def _deepseek_state_dict(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict]:
     mtype = str(hf_cfg.get("model_type"))

@@ -49,6 +49,7 @@ def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def ernie4_5_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF ERNIE 4.5 one: Llama's keys, query and key rows reordered from interleaved
     pairs to halves (the same scores).

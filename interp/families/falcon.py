@@ -59,6 +59,7 @@ def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def falcon_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF Falcon one; the fused QKV is reordered into ``[q | k | v]``.
 

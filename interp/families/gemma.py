@@ -85,6 +85,7 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def gemma_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF Gemma / Gemma 2 / Gemma 3 text one; every RMSNorm weight ``w`` becomes ``1 + w``.
 

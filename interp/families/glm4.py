@@ -62,6 +62,7 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF GLM-4 one: sandwich norms, ``gate_up_proj`` split into ``[gate | up]``, and the
     rotary rows of each query and key head reordered from interleaved pairs to halves.

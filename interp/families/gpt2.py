@@ -40,6 +40,7 @@ def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=hf_cfg.get("tie_word_embeddings", True), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 #: GPT-2's tensors: ``Conv1D`` weights are ``[in, out]`` (transposed to ``nn.Linear``'s ``[out, in]``); ``c_attn``'s
 #: columns are ``[q | k | v]``, each split by head in order: our ``W_qkv`` row order once transposed.
 TABLE: tuple[Rule, ...] = (

@@ -43,6 +43,7 @@ def gpt_bigcode_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def gpt_bigcode_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF GPT-BigCode one: MQA's ``c_attn`` rows are ``[q | k | v]`` already, MHA's are
     grouped per head and reordered.

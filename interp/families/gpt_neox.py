@@ -50,6 +50,7 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def _qkv_shape(cfg: ModelConfig, kind: str) -> tuple[int, ...]:
     rows = 3 * cfg.n_heads * cfg.d_head
     return (rows, cfg.d_model) if kind == "weight" else (rows,)

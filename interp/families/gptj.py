@@ -54,6 +54,7 @@ def gptj_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def gptj_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF GPT-J one: the query and key rows reordered from interleaved pairs to halves.
 

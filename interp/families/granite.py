@@ -27,6 +27,7 @@ def _granite_multiplier(hf_cfg: Mapping[str, Any], key: str, arch: str = "granit
         raise ValueError(f"{arch} {key}={value!r} must be a finite number > 0")
     return float(value)
 
+
 def granite_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a Granite (3.x) decoder: Llama with four scalars. ``embedding_multiplier`` is
     ``embed_scale`` and ``attention_multiplier`` the score scale (``attn_scale``); ``residual_multiplier`` and
@@ -48,6 +49,7 @@ def granite_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     cfg = llama_config(hf_cfg)
     return dataclasses.replace(cfg, embed_scale=_granite_multiplier(hf_cfg, "embedding_multiplier"),
                                attn_scale=_granite_multiplier(hf_cfg, "attention_multiplier"), tie_embeddings=False)
+
 
 def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
     """The state-dict function of a Granite config: Llama's, with ``residual_multiplier`` folded into every

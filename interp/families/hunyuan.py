@@ -62,6 +62,7 @@ def hunyuan_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def hunyuan_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF Hunyuan v1 dense one (Llama keys plus ``query_layernorm`` / ``key_layernorm``).
 

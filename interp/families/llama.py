@@ -31,19 +31,29 @@ ATTENTION_BIASES: dict[str, tuple[str | bool, str | bool]] = {
     "granite": ("attention_bias", "attention_bias"),
 }
 
+
 #: transformers' defaults for keys it reads with a default (``qkv_bias`` of Qwen2-MoE is True).
 _BIAS_DEFAULTS = {"qkv_bias": True}
 
-def _biases(hf_cfg: Mapping[str, Any], arch: str) -> tuple[bool, bool]:
-    """``(attn_bias, out_bias)`` of family ``arch`` (:data:`ATTENTION_BIASES`)."""
-    rules = ATTENTION_BIASES[arch]
+
+#: A family's bias rule: ``(q/k/v, output projection)``, each a config key or a constant.
+BiasRule = tuple[str | bool, str | bool]
+
+
+def _biases(hf_cfg: Mapping[str, Any], arch: str, rules: BiasRule | None = None) -> tuple[bool, bool]:
+    """``(attn_bias, out_bias)`` of family ``arch`` (:data:`ATTENTION_BIASES`, unless ``rules`` is given)."""
+    rules = rules or ATTENTION_BIASES[arch]
     return tuple(rule if isinstance(rule, bool) else bool(hf_cfg.get(rule, _BIAS_DEFAULTS.get(rule, False)))
                  for rule in rules)  # type: ignore[return-value]
 
-def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
-    """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2 / qwen3) from its HF config dict.
 
-    Sliding windows come per layer (:func:`sliding_windows`); Qwen3 adds per-head QK-norm.
+def llama_config(hf_cfg: Mapping[str, Any], *, biases: BiasRule | None = None, window_rule: str | None = None,
+                 gated_window: bool | None = None) -> ModelConfig:
+    """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2 / ...) from its HF config dict.
+
+    Sliding windows come per layer (:func:`sliding_windows`). A child family passes its own values: ``biases``
+    (see :data:`ATTENTION_BIASES`), ``window_rule`` and ``gated_window`` (see :func:`sliding_windows`); by default
+    they are looked up by ``model_type``.
 
     ``rotary_base`` comes from ``rope_parameters["rope_theta"]`` (transformers 5) or ``rope_theta`` (4.x), and
     RoPE scaling (``linear``, ``dynamic``, ``llama3``, ``yarn``, ``longrope``) becomes ``rope_scaling``.
@@ -59,7 +69,7 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
     n_ctx = _need(hf_cfg, "max_position_embeddings", arch)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
-    attn_bias, out_bias = _biases(hf_cfg, mtype)
+    attn_bias, out_bias = _biases(hf_cfg, mtype, biases)
     theta, scaling = _rope(hf_cfg, mtype)
     n_ctx = _rope_context(n_ctx, scaling)
     return ModelConfig(
@@ -72,8 +82,9 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         causal=True, attn_bias=attn_bias, out_bias=out_bias,
         mlp_bias=mtype in _MLP_BIAS_KEY and bool(hf_cfg.get("mlp_bias", False)), unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
-        sliding_window=sliding_windows(hf_cfg, mtype), qk_norm="head" if mtype == "qwen3" else "none",
+        sliding_window=sliding_windows(hf_cfg, mtype, rule=window_rule, gated=gated_window), qk_norm="head" if mtype == "qwen3" else "none",
     )
+
 
 def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama") -> dict[str, torch.Tensor]:
     """Our state dict from a HF Llama-style one (``LlamaForCausalLM`` or ``LlamaModel`` keys), with or

@@ -53,6 +53,7 @@ def olmo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def olmo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF OLMo (1) one; every LayerNorm gets weight 1 and bias 0 (OLMo's have none).
 

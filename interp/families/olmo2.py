@@ -56,6 +56,7 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 #: OLMo 2 / 3's tensors: Llama's attention and MLP, QK-norm over all heads, norms after each sublayer only.
 TABLE: tuple[Rule, ...] = (
     Rule("W_E", "embed_tokens"), Rule("ln_final", "norm"), *LLAMA_ATTENTION, *SWIGLU_MLP,

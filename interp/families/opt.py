@@ -51,6 +51,7 @@ def opt_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def opt_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
     """The state-dict function of an OPT config: positions from row 2 of ``embed_positions`` (OPT's offset);
     LayerNorms without weights (``layer_norm_elementwise_affine=False``) get weight 1 and bias 0.

@@ -49,6 +49,7 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def phi_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Our state dict from a HF Phi-1 / Phi-2 one (its unembedding has a bias).
 

@@ -58,6 +58,7 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 def _fused_shape(rows: str) -> Callable[[ModelConfig, str], tuple[int, ...]]:
     def shape(cfg: ModelConfig, kind: str) -> tuple[int, ...]:
         n = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.d_head if rows == "qkv" else 2 * cfg.d_mlp

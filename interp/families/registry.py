@@ -43,6 +43,7 @@ from ._family import ConfigFn, Family, StateDictFn
 _MODULES = (bert, gpt2, llama, qwen2, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
             starcoder2, arcee, hunyuan, smollm3, exaone4, granite, glm4, stablelm, ernie4_5, cohere, gptj, opt)
 
+
 #: Every family, in help-text order.
 FAMILIES: tuple[Family, ...] = tuple(m.FAMILY for m in _MODULES)
 
@@ -61,6 +62,7 @@ def _index(key: str, values: Any) -> dict[str, Family]:
 BY_MODEL_TYPE: dict[str, Family] = _index("model_type", lambda f: f.model_types)
 #: llama.cpp ``general.architecture`` -> its family.
 BY_GGUF_ARCH: dict[str, Family] = _index("GGUF architecture", lambda f: f.gguf_archs)
+
 
 #: The families in short, for help texts (:func:`family_for` lists every ``model_type`` when it refuses one).
 HEADLINE = ", ".join(f.title for f in FAMILIES if f.headline) + " and other families"

@@ -63,6 +63,7 @@ def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 #: StableLM's tensors: Llama's names with LayerNorm biases; a parallel block has one norm per layer.
 TABLE: tuple[Rule, ...] = (
     Rule("W_E", "embed_tokens"), Rule("ln_final", "norm", kinds=both), *LLAMA_ATTENTION, *SWIGLU_MLP,

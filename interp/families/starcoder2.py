@@ -53,6 +53,7 @@ def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
 
+
 #: Starcoder 2's tensors: Llama's attention names, LayerNorms with biases, an ungated ``c_fc`` / ``c_proj`` MLP.
 TABLE: tuple[Rule, ...] = (
     Rule("W_E", "embed_tokens"), Rule("ln_final", "norm", kinds=both), *LLAMA_ATTENTION,

@@ -20,14 +20,14 @@ from ._base import _need, _positive, _where
 #: attention never slides in transformers' eager / SDPA paths (Llama, OLMoE, DeepSeek), whatever its config says.
 WINDOW_RULES: dict[str, str] = {
     "mistral": "every", "mixtral": "every", "phi3": "every", "qwen3_moe": "every",
-    "qwen2": "above_max_window_layers", "qwen3": "above_max_window_layers",
+    "qwen2": "above_max_window_layers",
     "qwen2_moe": "even_below_max_window_layers", "gemma2": "alternate", "gemma3_text": "pattern",
     "ministral": "layer_types", "olmo3": "every_fourth_full", "starcoder2": "every",
 }
 
 
 #: The families whose config class keeps ``sliding_window`` only when ``use_sliding_window`` (default False).
-_USE_SLIDING_WINDOW = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+_USE_SLIDING_WINDOW = ("qwen2", "qwen2_moe", "qwen3_moe")
 
 
 def sliding_windows(hf_cfg: Mapping[str, Any], arch: str, *, rule: str | None = None,

@@ -24,7 +24,7 @@ from ._tensors import (
 #: Which q/k/v and output-projection biases each family's transformers attention has: a config key it reads, or
 #: a constant it hard-codes (Qwen2: q/k/v always biased, whatever ``attention_bias`` says; Mistral, Mixtral: never).
 ATTENTION_BIASES: dict[str, tuple[str | bool, str | bool]] = {
-    "llama": ("attention_bias", "attention_bias"), "qwen3": ("attention_bias", "attention_bias"),
+    "llama": ("attention_bias", "attention_bias"),
     "qwen3_moe": ("attention_bias", "attention_bias"), "olmoe": ("attention_bias", "attention_bias"),
     "qwen2": (True, False), "qwen2_moe": ("qkv_bias", False), "mistral": (False, False), "mixtral": (False, False),
     "ministral": (False, False), "seed_oss": ("attention_bias", "attention_out_bias"),
@@ -82,7 +82,7 @@ def llama_config(hf_cfg: Mapping[str, Any], *, biases: BiasRule | None = None, w
         causal=True, attn_bias=attn_bias, out_bias=out_bias,
         mlp_bias=mtype in _MLP_BIAS_KEY and bool(hf_cfg.get("mlp_bias", False)), unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
-        sliding_window=sliding_windows(hf_cfg, mtype, rule=window_rule, gated=gated_window), qk_norm="head" if mtype == "qwen3" else "none",
+        sliding_window=sliding_windows(hf_cfg, mtype, rule=window_rule, gated=gated_window), qk_norm="none",
     )
 
 
@@ -118,5 +118,5 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
     return out
 
 
-FAMILY = Family("llama", ("llama", "mistral", "ministral", "seed_oss", "qwen3"), llama_config, named(llama_state_dict),
+FAMILY = Family("llama", ("llama", "mistral", "ministral", "seed_oss"), llama_config, named(llama_state_dict),
                 gguf_archs=("llama",), title="Llama", headline=True)

@@ -33,6 +33,7 @@ from . import (
     phi,
     phi3,
     qwen2,
+    qwen3,
     smollm3,
     stablelm,
     starcoder2,
@@ -40,7 +41,7 @@ from . import (
 from ._family import ConfigFn, Family, StateDictFn
 
 # The help text lists the headline families in this order.
-_MODULES = (bert, gpt2, llama, qwen2, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
+_MODULES = (bert, gpt2, llama, qwen2, qwen3, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
             starcoder2, arcee, hunyuan, smollm3, exaone4, granite, glm4, stablelm, ernie4_5, cohere, gptj, opt)
 
 

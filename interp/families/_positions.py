@@ -83,10 +83,12 @@ def sliding_windows(hf_cfg: Mapping[str, Any], arch: str, *, rule: str | None = 
         slides = [True] * n_layers
     elif rule == "every_fourth_full":
         slides = [(i + 1) % 4 != 0 for i in range(n_layers)]
+    elif max_layers is None and "max_window_layers" in rule:
+        raise ValueError(f"{arch} max_window_layers=None must be an integer (the layer where windows start / stop)")
     elif rule == "above_max_window_layers":
-        slides = [i >= max_layers for i in range(n_layers)]
+        slides = [i >= int(max_layers or 0) for i in range(n_layers)]
     elif rule == "even_below_max_window_layers":
-        slides = [i % 2 == 0 and i < max_layers for i in range(n_layers)]
+        slides = [i % 2 == 0 and i < int(max_layers or 0) for i in range(n_layers)]
     elif rule == "alternate":
         slides = [i % 2 == 0 for i in range(n_layers)]
     else:  # pattern

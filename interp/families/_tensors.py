@@ -133,6 +133,8 @@ def _moe_weights(src: _Source, h: str, b: str, cfg: ModelConfig, layer: int) -> 
     (``mlp.experts.{e}.gate_proj/up_proj/down_proj``; Mixtral's ``block_sparse_moe.experts.{e}.w1/w3/w2``).
     """
     E, F_ = cfg.n_experts, cfg.d_expert
+    if F_ is None:
+        raise ValueError(f"{src.arch}: an expert layer needs d_expert, but the config has d_expert=None")
     arch = src.arch
     mlp = h + ("block_sparse_moe." if src.has(h + "block_sparse_moe.gate.weight") else "mlp.")
     router = src(mlp + "gate.weight")  # [E, M]

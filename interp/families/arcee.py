@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
 from ._positions import _rope
@@ -36,7 +36,7 @@ def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "arcee"
     _decoder_checks(hf_cfg, arch)
     act = hf_cfg.get("hidden_act", "relu2")
-    acts = {"relu2": "relu2", "relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_new",
+    acts: dict[str, Activation] = {"relu2": "relu2", "relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_new",
             "gelu_new": "gelu_new"}
     if act not in acts:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")

@@ -40,7 +40,7 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         >>> deepseek_config(DeepseekV3Config().to_dict()).kind
         'mla'
     """
-    mtype = hf_cfg.get("model_type")
+    mtype = str(hf_cfg.get("model_type"))
     arch = mtype
     _decoder_checks(hf_cfg, mtype)
     act = hf_cfg.get("hidden_act", "silu")
@@ -114,6 +114,14 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
+def _mla_size(cfg: ModelConfig, name: str) -> int:
+    """An MLA size of the config (set by :func:`deepseek_config`), refused by name when absent."""
+    value = getattr(cfg, name)
+    if value is None:
+        raise ValueError(f"a DeepSeek state dict needs an MLA config, but {name}=None")
+    return int(value)
+
+
 def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool = True,
                         arch: str = "deepseek_v3") -> dict[str, torch.Tensor]:
     """Our state dict from a HF DeepSeek-V2 / V3 one.
@@ -129,7 +137,8 @@ def deepseek_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, interleaved: bool
         ValueError: a missing tensor, or MLA ranks / head widths / expert counts that do not match the tensors.
     """
     src = _Source(hf_sd, ("model.",), arch)
-    H, D, R, C, Dv, M = (cfg.n_heads, cfg.d_head, cfg.rope_dim, cfg.kv_latent_dim, cfg.v_head_dim, cfg.d_model)
+    H, D, M = cfg.n_heads, cfg.d_head, cfg.d_model
+    R, C, Dv = (_mla_size(cfg, name) for name in ("rope_dim", "kv_latent_dim", "v_head_dim"))
     Cq = cfg.q_latent_dim
     out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import ModelConfig, ParallelBlock
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
 from ._positions import _rope
@@ -43,7 +43,7 @@ def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             raise ValueError(f"{arch} new_decoder_architecture=True with parallel_attn=False is not supported")
         n_kv = hf_cfg.get("num_kv_heads") or n_heads
         n_ln = hf_cfg.get("num_ln_in_parallel_attn") or 2
-        block = "two_norms" if n_ln == 2 else "one_norm"
+        block: ParallelBlock = "two_norms" if n_ln == 2 else "one_norm"
     else:
         n_kv = 1 if multi_query else n_heads
         block = "one_norm" if parallel else "none"
@@ -97,7 +97,7 @@ def falcon_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Ten
             out[b + "mlp.W_in.bias"] = src(h + "mlp.dense_h_to_4h.bias")
             out[b + "mlp.W_out.bias"] = src(h + "mlp.dense_4h_to_h.bias")
         if cfg.parallel_block == "two_norms":
-            norms = (("ln1", "ln_attn"), ("ln2", "ln_mlp"))
+            norms: tuple[tuple[str, str], ...] = (("ln1", "ln_attn"), ("ln2", "ln_mlp"))
         elif cfg.parallel_block == "one_norm":
             norms = (("ln1", "input_layernorm"),)
         else:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
 from ._positions import _rope, sliding_windows
@@ -45,7 +45,7 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     act = hf_cfg.get("hidden_activation") or hf_cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if mtype == "gemma" and act == "gelu":
         act = "gelu_pytorch_tanh"  # transformers reads Gemma 1's legacy "gelu" as the tanh approximation
-    acts = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu": "geglu"}
+    acts: dict[str, Activation] = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu": "geglu"}
     if act not in acts:
         raise ValueError(f"{arch} hidden_activation={act!r} is not supported ({sorted(acts)})")
     _refuse(arch, hf_cfg, (("use_bidirectional_attention", False, False),))

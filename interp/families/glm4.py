@@ -71,7 +71,7 @@ def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
         ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
     """
     src = _Source(hf_sd, ("model.",), "GLM-4")
-    H, K, D, M, F, R = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp, cfg.rotary_dim
+    H, K, D, M, F, R = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp, cfg.rotary_dim or cfg.d_head
     out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."
@@ -80,7 +80,7 @@ def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
             q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
             out[b + f"attn.W_qkv.{kind}"] = torch.cat(
                 [_leading_pairs_to_halves(q, H, D, R), _leading_pairs_to_halves(k, K, D, R), v])  # [(H+2K)*D(, M)]
-        norms = (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
+        norms: tuple[tuple[str, str], ...] = (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
         if cfg.sublayer_norm == "sandwich":  # GLM-4-0414; GLM normalises the sublayers' inputs only
             norms += (("ln1_post", "post_self_attn_layernorm"), ("ln2_post", "post_mlp_layernorm"))
         for ours, theirs in norms:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
 from ._mapping import Rule, both, map_tensors, transpose
@@ -28,7 +28,7 @@ def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         if hf_cfg.get(key, not bad) == bad:
             raise ValueError(f"GPT-2 {key}={bad} is not supported by the converter")
     act = hf_cfg.get("activation_function", "gelu_new")
-    acts = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    acts: dict[str, Activation] = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
     if act not in acts:
         raise ValueError(f"GPT-2 activation_function={act!r} is not supported ({sorted(acts)})")
     d_model = _need(hf_cfg, "n_embd", arch)

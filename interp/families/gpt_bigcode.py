@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
 from ._tensors import (
@@ -29,7 +29,7 @@ def gpt_bigcode_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("add_cross_attention", False, False),))
     act = hf_cfg.get("activation_function", "gelu_pytorch_tanh")
-    acts = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    acts: dict[str, Activation] = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
     if act not in acts:
         raise ValueError(f"{arch} activation_function={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "n_embd", arch), _need(hf_cfg, "n_head", arch)

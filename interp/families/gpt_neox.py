@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
 from ._mapping import Rule, biased_if, both, map_tensors, per_head_qkv
@@ -28,7 +28,7 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "gpt_neox"
     act = hf_cfg.get("hidden_act", "gelu")
-    acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
+    acts: dict[str, Activation] = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
     if act not in acts:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
 from ._tensors import (
@@ -38,7 +38,7 @@ def gptj_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("add_cross_attention", False, False),))
     act = hf_cfg.get("activation_function", "gelu_new")
-    acts = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    acts: dict[str, Activation] = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
     if act not in acts:
         raise ValueError(f"{arch} activation_function={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "n_embd", arch), _need(hf_cfg, "n_head", arch)
@@ -62,7 +62,7 @@ def gptj_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
     src = _Source(hf_sd, ("transformer.",), "GPT-J")
-    H, D, R = cfg.n_heads, cfg.d_head, cfg.rotary_dim
+    H, D, R = cfg.n_heads, cfg.d_head, cfg.rotary_dim or cfg.d_head
     out = {"W_E.weight": src("wte.weight"), "ln_final.weight": src("ln_f.weight"), "ln_final.bias": src("ln_f.bias")}
     for i in range(cfg.n_layers):
         h, b = f"h.{i}.", f"blocks.{i}."

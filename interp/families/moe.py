@@ -31,7 +31,7 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         >>> moe_config(MixtralConfig(num_local_experts=8).to_dict()).n_experts
         8
     """
-    mtype = hf_cfg.get("model_type")
+    mtype = str(hf_cfg.get("model_type"))
     arch = mtype
     if hf_cfg.get("clip_qkv") is not None:
         raise ValueError(f"{mtype} clip_qkv={hf_cfg['clip_qkv']!r} is not supported (only None)")

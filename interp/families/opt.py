@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family
 from ._tensors import (
@@ -39,7 +39,7 @@ def opt_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     _refuse(arch, hf_cfg, (("word_embed_proj_dim", d_model, d_model), ("do_layer_norm_before", True, True),
                            ("_remove_final_layer_norm", False, False)))
     act = hf_cfg.get("activation_function", "relu")
-    acts = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_new", "silu": "silu"}
+    acts: dict[str, Activation] = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_new", "silu": "silu"}
     if act not in acts:
         raise ValueError(f"{arch} activation_function={act!r} is not supported ({sorted(acts)})")
     bias = bool(hf_cfg.get("enable_bias", True))

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
 from ._positions import _rope
@@ -28,7 +28,7 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "phi"
     _refuse(arch, hf_cfg, (("qk_layernorm", False, False),))
     act = hf_cfg.get("hidden_act", "gelu_new")
-    acts = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    acts: dict[str, Activation] = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
     if act not in acts:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
 from ._mapping import LLAMA_ATTENTION, Rule, biased_if, both, map_tensors
@@ -36,7 +36,7 @@ def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "starcoder2"
     _decoder_checks(hf_cfg, arch)
     act = hf_cfg.get("hidden_act", "gelu_pytorch_tanh")
-    acts = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    acts: dict[str, Activation] = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
     if act not in acts:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)

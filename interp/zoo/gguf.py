@@ -220,7 +220,7 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
     """
     spec = _architecture(reader, source)
     n_layers = int(hf_cfg["num_hidden_layers"] if "num_hidden_layers" in hf_cfg else hf_cfg["n_layer"])
-    blocks = {}
+    blocks: dict[int, list[str]] = {}
     for t in reader.tensors:
         i = _block_index(t.name)
         if i is not None:
@@ -699,7 +699,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
                       quantized=quantized)
     model.name = name or meta.get("general.name") or Path(path).stem
     model.tokenizer = tok
-    model.gguf_metadata = {k: v for k, v in meta.items() if not isinstance(v, list)}
+    # A plain attribute (nn.Module's __setattr__ stub types every attribute as Tensor | Module).
+    model.gguf_metadata = {k: v for k, v in meta.items() if not isinstance(v, list)}  # type: ignore[assignment]
     return model.eval()
 
 

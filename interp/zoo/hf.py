@@ -123,9 +123,10 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
     source = source or f"Hugging Face {mtype} weights"
     make_cfg, make_sd = converter(hf_cfg)
     cfg = make_cfg(hf_cfg)
-    lazy = isinstance(hf_sd, StoredWeights)
+    stored = hf_sd if isinstance(hf_sd, StoredWeights) else None  # a folder's weights, read lazily
+    lazy = stored is not None
     check_layers(hf_cfg, cfg.n_layers, set(hf_sd), source=source)
-    meta = hf_sd.meta() if lazy else {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in hf_sd.items()}
+    meta = stored.meta() if stored is not None else {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in hf_sd.items()}
     if dtype is None:
         dtype = source_dtype(meta) or torch.float32
     if device is None:  # where the source weights are (a HF model on a GPU converts on that GPU)
@@ -140,8 +141,8 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
     try:
         ours = make_sd(hf_sd, cfg)
     finally:
-        if lazy:
-            hf_sd.close()
+        if stored is not None:
+            stored.close()
     # A model object's tensors are copied (our weights never share storage with it); a folder's are ours.
     assign_weights(model, ours, dtype=dtype, device=target, source=source, copy=not lazy)
     del ours
@@ -303,10 +304,7 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
         hf_model = model_or_path
         name = name or getattr(hf_model.config, "name_or_path", "") or hf_model.config.model_type
         if hf_model.config.model_type not in CONVERTERS:  # no native converter: the attention-level route
-            from .hf_route import wrap
-
-            return wrap(hf_model.to(device=device, dtype=dtype), name=name, tokenizer=_wrap_tokenizer(tokenizer),
-                        warn=True)
+            return _route_model(hf_model.to(device=device, dtype=dtype), name=name, tokenizer=tokenizer)
         model = convert(hf_model.config.to_dict(), hf_model.state_dict(), name=name, dtype=dtype, device=device,
                         source=f"Hugging Face {type(hf_model).__name__} ({name})")
     else:
@@ -314,6 +312,13 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
                         f"got {type(model_or_path).__name__}")
     model.tokenizer = _wrap_tokenizer(tokenizer)
     return model
+
+
+def _route_model(hf_model: Any, *, name: str, tokenizer: Any) -> Any:
+    """A model object of a family without a converter, on the attention-level route (a ``RouteModel``)."""
+    from .hf_route import wrap
+
+    return wrap(hf_model, name=name, tokenizer=_wrap_tokenizer(tokenizer), warn=True)
 
 
 def _route_folder(folder: Path, hf_cfg: Mapping[str, Any], *, name: str, tokenizer: Any,

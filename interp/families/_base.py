@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ..config import Activation
+
 StateDict = Mapping[str, torch.Tensor]
 
 
@@ -76,3 +78,26 @@ def _positive(value: Any, what: str, arch: str, hf_cfg: Mapping[str, Any], *, in
 
 #: The families whose dense MLP reads ``mlp_bias`` (the others hard-code no bias).
 _MLP_BIAS_KEY = ("llama", "deepseek_v2", "seed_oss", "granite")
+
+
+#: GPT-style ``activation_function`` / ``hidden_act`` values, as our activations (``gelu_pytorch_tanh`` and
+#: ``gelu_new`` are both the tanh approximation).
+GPT_ACTIVATIONS: dict[str, Activation] = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu",
+                                          "relu": "relu"}
+
+
+def _activation(hf_cfg: Mapping[str, Any], key: str, default: str, arch: str,
+                table: Mapping[str, Activation]) -> Activation:
+    """Our activation for the config's ``key`` (``default`` when absent), through the family's ``table``.
+
+    Raises:
+        ValueError: a value the table does not hold, named with the supported ones.
+
+    Example:
+        >>> _activation({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act", "gelu", "phi", GPT_ACTIVATIONS)
+        'gelu_new'
+    """
+    act = hf_cfg.get(key, default)
+    if act not in table:
+        raise ValueError(f"{arch} {key}={act!r} is not supported ({sorted(table)})")
+    return table[act]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import Activation, ModelConfig
-from ._base import StateDict, _decoder_checks, _need
+from ._base import StateDict, _activation, _decoder_checks, _need
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -17,6 +17,10 @@ from ._tensors import (
     _lm_head,
     _Source,
 )
+
+#: The ``hidden_act`` values this family's transformers code accepts, as our activations.
+_ACTIVATIONS: dict[str, Activation] = {"relu2": "relu2", "relu": "relu", "silu": "silu", "gelu": "gelu",
+                                       "gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new"}
 
 
 def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -35,18 +39,14 @@ def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "arcee"
     _decoder_checks(hf_cfg, arch)
-    act = hf_cfg.get("hidden_act", "relu2")
-    acts: dict[str, Activation] = {"relu2": "relu2", "relu": "relu", "silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_new",
-            "gelu_new": "gelu_new"}
-    if act not in acts:
-        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    activation = _activation(hf_cfg, "hidden_act", "relu2", arch, _ACTIVATIONS)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rope_scaling=scaling, attn_bias=bias, out_bias=bias, mlp_bias=bool(hf_cfg.get("mlp_bias", False)),

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from ..config import Activation, ModelConfig
-from ._base import StateDict, _decoder_checks, _need
+from ..config import ModelConfig
+from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
 from ._family import Family, fixed
 from ._mapping import Rule, both, map_tensors, transpose
 
@@ -27,14 +27,11 @@ def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
                      ("add_cross_attention", True)):
         if hf_cfg.get(key, not bad) == bad:
             raise ValueError(f"GPT-2 {key}={bad} is not supported by the converter")
-    act = hf_cfg.get("activation_function", "gelu_new")
-    acts: dict[str, Activation] = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-    if act not in acts:
-        raise ValueError(f"GPT-2 activation_function={act!r} is not supported ({sorted(acts)})")
+    activation = _activation(hf_cfg, "activation_function", "gelu_new", "GPT-2", GPT_ACTIVATIONS)
     d_model = _need(hf_cfg, "n_embd", arch)
     return ModelConfig(
         n_layers=_need(hf_cfg, "n_layer", arch), d_model=d_model, n_heads=_need(hf_cfg, "n_head", arch),
-        d_mlp=hf_cfg.get("n_inner") or 4 * d_model, activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        d_mlp=hf_cfg.get("n_inner") or 4 * d_model, activation=activation, d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "n_positions", arch), normalization="pre", positional="learned", causal=True,
         norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5), unembed=True,
         tie_embeddings=hf_cfg.get("tie_word_embeddings", True), pad_token_id=hf_cfg.get("pad_token_id"),

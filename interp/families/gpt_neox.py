@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..config import Activation, ModelConfig
-from ._base import StateDict, _decoder_checks, _need
+from ._base import StateDict, _activation, _decoder_checks, _need
 from ._family import Family, fixed
 from ._mapping import Rule, biased_if, both, map_tensors, per_head_qkv
 from ._positions import _rope
@@ -18,6 +18,9 @@ from ._tensors import (
     _lm_head,
     _Source,
 )
+
+#: The ``hidden_act`` values this family's transformers code accepts, as our activations.
+_ACTIVATIONS: dict[str, Activation] = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
 
 
 def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -27,10 +30,7 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
     """
     arch = "gpt_neox"
-    act = hf_cfg.get("hidden_act", "gelu")
-    acts: dict[str, Activation] = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
-    if act not in acts:
-        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    activation = _activation(hf_cfg, "hidden_act", "gelu", arch, _ACTIVATIONS)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
     _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
@@ -41,7 +41,7 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     bias = bool(hf_cfg.get("attention_bias", True))
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rotary_dim=int(d_head * pct), rope_scaling=scaling,

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from ..config import Activation, ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ..config import ModelConfig
+from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
 from ._tensors import (
     _leading_pairs_to_halves,
@@ -37,17 +37,14 @@ def gptj_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "gptj"
     _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("add_cross_attention", False, False),))
-    act = hf_cfg.get("activation_function", "gelu_new")
-    acts: dict[str, Activation] = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-    if act not in acts:
-        raise ValueError(f"{arch} activation_function={act!r} is not supported ({sorted(acts)})")
+    activation = _activation(hf_cfg, "activation_function", "gelu_new", arch, GPT_ACTIVATIONS)
     d_model, n_heads = _need(hf_cfg, "n_embd", arch), _need(hf_cfg, "n_head", arch)
     rotary_dim = hf_cfg.get("rotary_dim")
     if rotary_dim is None:
         raise ValueError(f"{arch} rotary_dim=None is not supported (give the rotated dims of each head)")
     return ModelConfig(
         n_layers=_need(hf_cfg, "n_layer", arch), d_model=d_model, n_heads=n_heads,
-        d_mlp=hf_cfg.get("n_inner") or 4 * d_model, activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        d_mlp=hf_cfg.get("n_inner") or 4 * d_model, activation=activation, d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "n_positions", arch), normalization="pre", norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5),
         positional="rotary", rotary_base=10000.0, rotary_dim=rotary_dim, parallel_block="one_norm",
         attn_bias=False, out_bias=False, mlp_bias=True, unembed=True, tie_embeddings=False,

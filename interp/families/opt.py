@@ -10,12 +10,15 @@ from typing import Any
 import torch
 
 from ..config import Activation, ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._base import StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import Family
 from ._tensors import (
     _lm_head,
     _Source,
 )
+
+#: The ``activation_function`` values this family's transformers code accepts, as our activations.
+_ACTIVATIONS: dict[str, Activation] = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_new", "silu": "silu"}
 
 
 def opt_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -38,14 +41,11 @@ def opt_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     _refuse(arch, hf_cfg, (("word_embed_proj_dim", d_model, d_model), ("do_layer_norm_before", True, True),
                            ("_remove_final_layer_norm", False, False)))
-    act = hf_cfg.get("activation_function", "relu")
-    acts: dict[str, Activation] = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_new", "silu": "silu"}
-    if act not in acts:
-        raise ValueError(f"{arch} activation_function={act!r} is not supported ({sorted(acts)})")
+    activation = _activation(hf_cfg, "activation_function", "relu", arch, _ACTIVATIONS)
     bias = bool(hf_cfg.get("enable_bias", True))
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
-        d_mlp=_need(hf_cfg, "ffn_dim", arch), activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        d_mlp=_need(hf_cfg, "ffn_dim", arch), activation=activation, d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre", norm_eps=1e-5,
         positional="learned", attn_bias=bias, out_bias=bias, mlp_bias=bias, unembed=True,
         tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from ..config import Activation, ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ..config import ModelConfig
+from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -27,10 +27,7 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "phi"
     _refuse(arch, hf_cfg, (("qk_layernorm", False, False),))
-    act = hf_cfg.get("hidden_act", "gelu_new")
-    acts: dict[str, Activation] = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-    if act not in acts:
-        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    activation = _activation(hf_cfg, "hidden_act", "gelu_new", arch, GPT_ACTIVATIONS)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
     _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
@@ -40,7 +37,7 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
+        activation=activation, d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre",
         norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rotary_dim=int(d_head * partial), rope_scaling=scaling, parallel_block="one_norm", unembed=True,

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from ..config import Activation, ModelConfig
-from ._base import StateDict, _decoder_checks, _need
+from ..config import ModelConfig
+from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
 from ._family import Family, fixed
 from ._mapping import LLAMA_ATTENTION, Rule, biased_if, both, map_tensors
 from ._positions import _rope, sliding_windows
@@ -35,17 +35,14 @@ def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "starcoder2"
     _decoder_checks(hf_cfg, arch)
-    act = hf_cfg.get("hidden_act", "gelu_pytorch_tanh")
-    acts: dict[str, Activation] = {"gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new", "gelu": "gelu", "relu": "relu"}
-    if act not in acts:
-        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
+    activation = _activation(hf_cfg, "hidden_act", "gelu_pytorch_tanh", arch, GPT_ACTIVATIONS)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("use_bias", True))
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=acts[act],
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="pre", norm_eps=hf_cfg.get("norm_epsilon", 1e-5), positional="rotary", rotary_base=theta,
         rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch), attn_bias=bias, out_bias=bias,

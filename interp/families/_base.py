@@ -101,3 +101,36 @@ def _activation(hf_cfg: Mapping[str, Any], key: str, default: str, arch: str,
     if act not in table:
         raise ValueError(f"{arch} {key}={act!r} is not supported ({sorted(table)})")
     return table[act]
+
+
+def llama_sizes(hf_cfg: Mapping[str, Any], arch: str, *, d_head: int | None = None,
+                tie_default: bool = False) -> dict[str, Any]:
+    """The size fields of a config that names them as Llama does (``hidden_size``, ``num_attention_heads``,
+    ``num_key_value_heads``, ``head_dim``, ``intermediate_size``, ...), as :class:`ModelConfig` keywords.
+
+    Args:
+        hf_cfg: the HF config dict.
+        arch: its ``model_type``, named in errors.
+        d_head: the head width when the family derives it otherwise (default ``head_dim``, else
+            ``hidden_size / num_attention_heads``).
+        tie_default: the family's ``tie_word_embeddings`` default.
+
+    Returns:
+        ``n_layers``, ``d_model``, ``n_heads``, ``d_head``, ``n_kv_heads``, ``d_mlp``, ``d_vocab``, ``n_ctx``,
+        ``unembed``, ``tie_embeddings`` and ``pad_token_id``.
+
+    Raises:
+        ValueError: a required key is missing (named, with the keys the config has).
+
+    Example:
+        >>> llama_sizes({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 96,
+        ...              "vocab_size": 50, "max_position_embeddings": 32}, "toy")["d_head"]
+        16
+    """
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    return dict(n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+                d_head=d_head or hf_cfg.get("head_dim") or d_model // n_heads,
+                n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
+                d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+                unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", tie_default)),
+                pad_token_id=hf_cfg.get("pad_token_id"))

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import Activation, ModelConfig
-from ._base import StateDict, _activation, _decoder_checks, _need
+from ._base import StateDict, _activation, _decoder_checks, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -40,18 +40,12 @@ def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "arcee"
     _decoder_checks(hf_cfg, arch)
     activation = _activation(hf_cfg, "hidden_act", "relu2", arch, _ACTIVATIONS)
-    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
     return ModelConfig(
-        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
-        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
-        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
-        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rope_scaling=scaling, attn_bias=bias, out_bias=bias, mlp_bias=bool(hf_cfg.get("mlp_bias", False)),
-        unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
-        pad_token_id=hf_cfg.get("pad_token_id"),
+        **llama_sizes(hf_cfg, arch), activation=activation, normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps",
+        1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling, attn_bias=bias, out_bias=bias,
+        mlp_bias=bool(hf_cfg.get("mlp_bias", False))
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._base import StateDict, _decoder_checks, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -36,17 +36,12 @@ def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "ernie4_5"
     _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
-    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("use_bias", False))
     return ModelConfig(
-        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
-        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
-        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
-        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rope_scaling=scaling, rotary_float32=True, attn_bias=bias, out_bias=bias, mlp_bias=bias, unembed=True,
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
+        **llama_sizes(hf_cfg, arch, tie_default=True), activation="swiglu", normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
+        rotary_float32=True, attn_bias=bias, out_bias=bias, mlp_bias=bias
     )
 
 

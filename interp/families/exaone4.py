@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
-from ._base import _decoder_checks, _need, _refuse
+from ._base import _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope, _typed_windows
 from .olmo2 import olmo2_state_dict
@@ -45,19 +45,14 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     else:
         default = []
     types, windows = _typed_windows(hf_cfg, arch, default)
-    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     # transformers rotates every layer when sliding_window is None, else only the sliding ones.
     nope = [] if window is None else [i for i, kind in enumerate(types) if kind != "sliding_attention"]
     return ModelConfig(
-        n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=hf_cfg.get("head_dim") or d_model // n_heads,
-        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
-        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
-        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
-        nope_layers=nope or None, sliding_window=windows, qk_norm="head", sublayer_norm="output",
-        norm_weight_float32=True, attn_bias=False, out_bias=False, mlp_bias=False, unembed=True,
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        **llama_sizes(hf_cfg, arch), activation="swiglu", normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps",
+        1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling, nope_layers=nope or None,
+        sliding_window=windows, qk_norm="head", sublayer_norm="output", norm_weight_float32=True, attn_bias=False,
+        out_bias=False, mlp_bias=False
     )
 
 

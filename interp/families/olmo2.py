@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._base import StateDict, _decoder_checks, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, map_tensors
 from ._positions import _per_type_rope, sliding_windows
@@ -41,19 +41,13 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = hf_cfg.get("model_type", "olmo2")
     _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("attention_bias", False, False)))
-    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     windows = sliding_windows(hf_cfg, arch)
     theta, scaling, local_base = _per_type_rope(hf_cfg, arch, windows)
     return ModelConfig(
-        sliding_window=windows, local_rotary_base=local_base,
-        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
-        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
-        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        **llama_sizes(hf_cfg, arch), sliding_window=windows, local_rotary_base=local_base, activation="swiglu",
         normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta,
         rope_scaling=scaling, qk_norm="full", sublayer_norm="output", norm_weight_float32=True, rotary_float32=True,
-        attn_bias=False, out_bias=False, mlp_bias=False, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)),
-        pad_token_id=hf_cfg.get("pad_token_id"),
+        attn_bias=False, out_bias=False, mlp_bias=False
     )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
-from ._base import _decoder_checks, _need, _refuse
+from ._base import _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, named
 from ._positions import _rope, _typed_windows
 from .llama import llama_state_dict
@@ -45,18 +45,13 @@ def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     default = ["sliding_attention" if use and window is not None and not rope else "full_attention"
                for rope in has_rope]
     _, windows = _typed_windows(hf_cfg, arch, default, use)
-    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
     return ModelConfig(
-        n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=hf_cfg.get("head_dim") or d_model // n_heads,
-        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
-        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
+        **llama_sizes(hf_cfg, arch, tie_default=True), activation="swiglu", normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
-        nope_layers=[i for i, rope in enumerate(has_rope) if not rope] or None, sliding_window=windows,
-        attn_bias=bias, out_bias=bias, mlp_bias=bool(hf_cfg.get("mlp_bias", False)), unembed=True,
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
+        nope_layers=[i for i, rope in enumerate(has_rope) if not rope] or None, sliding_window=windows, attn_bias=bias,
+        out_bias=bias, mlp_bias=bool(hf_cfg.get("mlp_bias", False))
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..config import Activation, ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope, sliding_windows
 from ._tensors import (
@@ -69,20 +69,13 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     scalar = hf_cfg.get("query_pre_attn_scalar") if later else None
     attn_bias = bool(hf_cfg.get("attention_bias", False))
     return ModelConfig(
-        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
-        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation=acts[act], d_vocab=_need(hf_cfg, "vocab_size", arch),
-        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
+        **llama_sizes(hf_cfg, arch, d_head=d_head, tie_default=True), activation=acts[act], normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
-        local_rotary_base=local_base, sliding_window=windows,
-        attn_scale=None if scalar is None else float(scalar) ** -0.5,
-        # Gemma 3's config class carries attn_logit_softcapping, but its attention never applies it.
-        attn_softcap=hf_cfg.get("attn_logit_softcapping") if mtype == "gemma2" else None,
-        final_softcap=hf_cfg.get("final_logit_softcapping") if later else None,
-        qk_norm="head" if mtype == "gemma3_text" else "none",
-        sublayer_norm="sandwich" if later else "input", embed_scale=d_model ** 0.5, norm_weight_float32=True,
-        attn_bias=attn_bias, out_bias=attn_bias, mlp_bias=False, unembed=True,
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)), pad_token_id=hf_cfg.get("pad_token_id"),
+        local_rotary_base=local_base, sliding_window=windows, attn_scale=None if scalar is None else float(scalar) **
+        -0.5, attn_softcap=hf_cfg.get("attn_logit_softcapping") if mtype == "gemma2" else None,
+        final_softcap=hf_cfg.get("final_logit_softcapping") if later else None, qk_norm="head" if mtype == "gemma3_text"
+        else "none", sublayer_norm="sandwich" if later else "input", embed_scale=d_model ** 0.5,
+        norm_weight_float32=True, attn_bias=attn_bias, out_bias=attn_bias, mlp_bias=False
     )
 
 

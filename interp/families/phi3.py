@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._mapping import Rule, halves, map_tensors
 from ._positions import _rope, sliding_windows
@@ -48,14 +48,10 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
                                  f"{d_head} x partial_rotary_factor={partial} rotates {rotary_dim} dims, which need "
                                  f"{rotary_dim // 2}")
     return ModelConfig(
-        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
-        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
-        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
-        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rotary_dim=rotary_dim, rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch),
-        attn_bias=False, out_bias=False, mlp_bias=False, unembed=True,
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rotary_dim=rotary_dim,
+        rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch), attn_bias=False, out_bias=False,
+        mlp_bias=False
     )
 
 

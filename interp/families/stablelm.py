@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, both, map_tensors
 from ._positions import _rope
@@ -52,15 +52,10 @@ def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': StableLM "
                          "rotates part of each head)")
     return ModelConfig(
-        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
-        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
-        n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre",
-        norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rotary_dim=int(d_head * partial),
-        parallel_block="one_norm" if hf_cfg.get("use_parallel_residual", False) else "none",
-        attn_bias=bool(hf_cfg.get("use_qkv_bias", False)), out_bias=False, mlp_bias=False, unembed=True,
-        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="pre",
+        norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rotary_dim=int(d_head *
+        partial), parallel_block="one_norm" if hf_cfg.get("use_parallel_residual", False) else "none",
+        attn_bias=bool(hf_cfg.get("use_qkv_bias", False)), out_bias=False, mlp_bias=False
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
+from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
 from ._family import Family, fixed
 from ._mapping import LLAMA_ATTENTION, Rule, biased_if, both, map_tensors
 from ._positions import _rope, sliding_windows
@@ -36,18 +36,12 @@ def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "starcoder2"
     _decoder_checks(hf_cfg, arch)
     activation = _activation(hf_cfg, "hidden_act", "gelu_pytorch_tanh", arch, GPT_ACTIVATIONS)
-    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("use_bias", True))
     return ModelConfig(
-        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
-        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
-        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
-        normalization="pre", norm_eps=hf_cfg.get("norm_epsilon", 1e-5), positional="rotary", rotary_base=theta,
-        rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch), attn_bias=bias, out_bias=bias,
-        mlp_bias=bias, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)),
-        pad_token_id=hf_cfg.get("pad_token_id"),
+        **llama_sizes(hf_cfg, arch, tie_default=True), activation=activation, normalization="pre",
+        norm_eps=hf_cfg.get("norm_epsilon", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
+        sliding_window=sliding_windows(hf_cfg, arch), attn_bias=bias, out_bias=bias, mlp_bias=bias
     )
 
 

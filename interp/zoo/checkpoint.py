@@ -433,7 +433,7 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     del tensors
     model.name = header.get("name", Path(path).stem)
     if header.get("tokenizer_kind") == "token-id":
-        from .induction import token_id_tokenizer  # a token-id model: its tokenizer is rebuilt from the header
+        from .token_ids import token_id_tokenizer  # a token-id model: its tokenizer is rebuilt from the header
 
         model.tokenizer = token_id_tokenizer(header, cfg.d_vocab, where)
     elif "tokenizer" in header:

@@ -178,7 +178,7 @@ TABLE_ONLY: dict[str, tuple[str, dict[str, Any]]] = {
 TABLE: dict[str, tuple[str, dict[str, Any]]] = {**FAMILIES, **TABLE_ONLY}
 
 
-def _seed_init(model: torch.nn.Module) -> torch.nn.Module:
+def _seed_init(model: Any) -> Any:  # a transformers PreTrainedModel (untyped)
     """Random init with non-trivial norms and biases, larger than HF's so greedy decoding varies."""
     torch.manual_seed(1)
     with torch.no_grad():
@@ -315,8 +315,9 @@ def compat_rows(names: list[str] | None = None, *, reps: int = 5, timing: bool =
         prompt = ids[:1, :PROMPT]
         want = hf.generate(prompt, max_new_tokens=NEW, do_sample=False, attention_mask=torch.ones_like(prompt),
                            eos_token_id=None, pad_token_id=0)
-        got = model.generate(prompt, max_new_tokens=NEW)
-        greedy = bool(torch.equal(got, want)) and bool(torch.equal(model.generate(prompt, NEW, use_cache=False), got))
+        got, uncached = model.generate(prompt, max_new_tokens=NEW), model.generate(prompt, NEW, use_cache=False)
+        assert isinstance(got, torch.Tensor) and isinstance(uncached, torch.Tensor)  # token ids in, token ids out
+        greedy = bool(torch.equal(got, want)) and bool(torch.equal(uncached, got))
         ratio, against = None, None
         if timing:
             try:

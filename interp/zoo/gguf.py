@@ -34,28 +34,19 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..families import converter
 from ..model import Transformer
 from ..placement import block_bytes, build
 from ..quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
 from . import gguf_experts, gguf_quantized
 from .checkpoint import assign_weights, check_finite, check_fits
 from .gguf_archs import ARCHITECTURES, Architecture, Meta, shown, unpermute_rotary
-from .gguf_file import GGUFError, GGUFFile, read_gguf
-from .hf import converter
+from .gguf_file import GGUFError, GGUFFile, _gguf, read_gguf
 from .tokenizer import Tokenizer
 
-_GGUF_EXTRA = "pip install interp[gguf]"
 SUPPORTED_ARCHITECTURES = (*ARCHITECTURES, *gguf_experts.ARCHITECTURES)
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
-
-
-def _gguf():
-    try:
-        import gguf
-    except ImportError as e:
-        raise ImportError(f"reading GGUF files needs the gguf package: {_GGUF_EXTRA}") from e
-    return gguf
 
 
 def _reader(path: str | Path) -> GGUFFile:
@@ -229,7 +220,7 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
     """
     spec = _architecture(reader, source)
     n_layers = int(hf_cfg["num_hidden_layers"] if "num_hidden_layers" in hf_cfg else hf_cfg["n_layer"])
-    blocks = {}
+    blocks: dict[int, list[str]] = {}
     for t in reader.tensors:
         i = _block_index(t.name)
         if i is not None:
@@ -708,7 +699,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
                       quantized=quantized)
     model.name = name or meta.get("general.name") or Path(path).stem
     model.tokenizer = tok
-    model.gguf_metadata = {k: v for k, v in meta.items() if not isinstance(v, list)}
+    # A plain attribute (nn.Module's __setattr__ stub types every attribute as Tensor | Module).
+    model.gguf_metadata = {k: v for k, v in meta.items() if not isinstance(v, list)}  # type: ignore[assignment]
     return model.eval()
 
 

@@ -24,6 +24,21 @@ from typing import Any
 
 import numpy as np
 
+_GGUF_EXTRA = "pip install interp[gguf]"
+
+
+def _gguf() -> Any:
+    """The ``gguf`` package (llama.cpp's reader and quantisation code).
+
+    Raises:
+        ImportError: it is not installed (naming the extra that installs it).
+    """
+    try:
+        import gguf
+    except ImportError as e:
+        raise ImportError(f"reading GGUF files needs the gguf package: {_GGUF_EXTRA}") from e
+    return gguf
+
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
@@ -132,8 +147,6 @@ def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
 
 
 def _quant_types():
-    from .gguf import _gguf
-
     g = _gguf()
     return g.GGMLQuantizationType, g.GGML_QUANT_SIZES, g.quants.quant_shape_to_byte_shape
 

@@ -1,5 +1,5 @@
 """gpt-oss GGUF files (``general.architecture = "gpt-oss"``) as llama.cpp's ``convert_hf_to_gguf.py`` writes
-them, mapped onto the Hugging Face config and tensor names that :mod:`interp.zoo.gpt_oss` converts.
+them, mapped onto the Hugging Face config and tensor names that :mod:`interp.families.gpt_oss` converts.
 
 What the converter writes, and how it maps back:
 
@@ -15,7 +15,7 @@ What the converter writes, and how it maps back:
   experts split out of HF's interleaved ``gate_up_proj``: ``ffn_gate_exps`` / ``ffn_up_exps`` ``[E, F, M]`` and
   ``ffn_down_exps`` ``[E, M, F]`` (torch order; MXFP4 as the release, or any type ``gguf`` dequantises), each with
   its ``.bias``. Gate and up come back as ``mlp.experts.gate_proj`` / ``up_proj`` ``[E, M, F]``, which
-  :func:`interp.zoo.gpt_oss.gpt_oss_state_dict` reads in place of ``gate_up_proj``.
+  :func:`interp.families.gpt_oss.gpt_oss_state_dict` reads in place of ``gate_up_proj``.
 
 Refused by name with the value: a RoPE scaling other than YaRN, an expert or router tensor whose shape the metadata
 contradicts, and a tensor no gpt-oss model has.
@@ -53,7 +53,7 @@ def hf_config(meta: Mapping[str, Any], tensor_names: set[str], *, source: str = 
         source: named in errors.
 
     Returns:
-        a ``config.json``-style dict for :func:`interp.zoo.gpt_oss.gpt_oss_config`.
+        a ``config.json``-style dict for :func:`interp.families.gpt_oss.gpt_oss_config`.
 
     Raises:
         GGUFError: a missing or malformed key, a RoPE scaling other than YaRN, or a top-k above the expert count

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..families import converter
 from ..quantized import QUANT_TYPES, QuantizedWeight, row_bytes
 from . import gguf_experts
 from .gguf_file import GGUFError, GGUFFile, GGUFTensor
@@ -135,8 +136,6 @@ def stored_bytes(reader: GGUFFile, hf_cfg: Mapping[str, Any], floats: dict[str, 
     Raises:
         GGUFError: as :func:`quantized_state_dict`.
     """
-    from .hf import converter
-
     check_keepable(reader, source)
     tagged = [t for t in reader.tensors if len(t.shape) == 2]
     make_cfg, make_sd = converter(hf_cfg)
@@ -184,8 +183,6 @@ def quantized_state_dict(reader: GGUFFile, hf_cfg: Mapping[str, Any], floats: di
             does more than reorder the rows of a weight matrix, or a parameter whose rows come from tensors of
             different widths (each named).
     """
-    from .hf import converter
-
     check_keepable(reader, source)
     tagged = [t for t in reader.tensors if len(t.shape) == 2]
     make_cfg, make_sd = converter(hf_cfg)

@@ -828,7 +828,7 @@ def wrap(hf_model: nn.Module, *, name: str | None = None, tokenizer: Any = None,
         >>> model.cfg.layer_n_heads
         [2]
     """
-    from .hf import _wrap_tokenizer
+    from .tokenizer import as_tokenizer as _wrap_tokenizer
 
     model = RouteModel(hf_model, name=name, tokenizer=_wrap_tokenizer(tokenizer))
     mtype = model.cfg.model_type

@@ -372,7 +372,7 @@ def check_weights(hf_cfg: Mapping[str, Any], cfg: Any, make_sd: Callable, meta: 
     if cfg.unembed and cfg.tie_embeddings:
         ignored |= {k for k in meta if k.endswith("lm_head.weight")}  # a tied copy some checkpoints store
     if (hf_cfg.get("quantization_config") or {}).get("quant_method") == "mxfp4":
-        # MXFP4 experts (gpt-oss): uint8 codes and exponents the converter decodes (interp.zoo.gpt_oss).
+        # MXFP4 experts (gpt-oss): uint8 codes and exponents the converter decodes (interp.families.gpt_oss).
         packed = {k for k, t in meta.items() if t.dtype == torch.uint8 and k.endswith(("_blocks", "_scales"))}
     else:
         packed = set()

@@ -173,7 +173,8 @@ def from_transformer_lens(bridge: Any) -> Transformer:
         >>> model = from_transformer_lens(TransformerBridge.boot_transformers("gpt2"))   # with hub access  # doctest: +SKIP
     """
     _require_bridge(bridge)
-    from .hf import _wrap_tokenizer, convert
+    from .hf import convert
+    from .tokenizer import as_tokenizer as _wrap_tokenizer
 
     hf_model = bridge.original_model
     # The bridge wraps each HF submodule, which inserts "._original_component" into the state-dict keys.

@@ -337,3 +337,25 @@ def _has_byte_level(pre_tokenizer: Any) -> bool:
     if isinstance(pre_tokenizer, list):
         return any(_has_byte_level(v) for v in pre_tokenizer)
     return False
+
+
+def as_tokenizer(tokenizer: Any) -> Tokenizer | None:
+    """An interp :class:`Tokenizer` for ``tokenizer``: None and ours as they are, a ``tokenizers.Tokenizer`` or a HF
+    fast tokenizer (its backend) wrapped.
+
+    Raises:
+        TypeError: anything else (its type named).
+
+    Example:
+        >>> as_tokenizer(None) is None
+        True
+    """
+    if tokenizer is None or isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if isinstance(tokenizer, _HFTokenizer):
+        return Tokenizer(tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(backend, _HFTokenizer):
+        return Tokenizer(backend, pad_token_id=getattr(tokenizer, "pad_token_id", None))
+    raise TypeError(f"tokenizer must be an interp Tokenizer, a tokenizers.Tokenizer or a HF fast tokenizer, "
+                    f"got {type(tokenizer).__name__}")

@@ -2,7 +2,8 @@
 
 core (config, hooks, rotary, norms, attention, kv_cache, decode, generate, model, flops, weights, placement, quantized) -> data -> trace (trace, trace_views, streaming, interventions, pipeline) -> analysis / pruning ->
 viz -> cli / app; zoo/ (models and their loading) sits on core, data and trace; training uses zoo and
-analysis. Every import statement of every module under interp/ is parsed (function-level imports included;
+analysis; families/ (one file per model family, :mod:`interp.families`) sits on core only, and zoo's drivers
+look families up there. Every import statement of every module under interp/ is parsed (function-level imports included;
 ``if TYPE_CHECKING:`` blocks excluded, they never run), and fresh interpreters check what importing a layer
 really loads.
 """
@@ -26,16 +27,17 @@ ALLOWED = {
     "core": {"core"},
     "data": {"core", "data"},
     "trace": {"core", "data", "trace"},
-    "zoo": {"core", "data", "trace", "zoo"},
+    "families": {"core", "families"},
+    "zoo": {"core", "data", "trace", "families", "zoo"},
     "analysis": {"core", "data", "trace", "analysis"},
     "pruning": {"core", "data", "trace", "pruning"},
     # circuits sits beside analysis; it reuses pruning's Hard-Concrete gates for Edge Pruning.
     "circuits": {"core", "data", "trace", "analysis", "pruning", "circuits"},
-    "training": {"core", "data", "trace", "analysis", "zoo", "training"},
+    "training": {"core", "data", "trace", "analysis", "families", "zoo", "training"},
     "viz": {"core", "data", "trace", "analysis", "pruning", "circuits", "viz"},
-    "cli": {"core", "data", "trace", "zoo", "analysis", "pruning", "circuits", "training", "viz", "cli", "package"},
-    "package": {"core", "data", "trace", "zoo", "analysis"},
-    "app": {"core", "data", "trace", "zoo", "analysis", "pruning", "circuits", "training", "viz", "cli", "package",
+    "cli": {"core", "data", "trace", "families", "zoo", "analysis", "pruning", "circuits", "training", "viz", "cli", "package"},
+    "package": {"core", "data", "trace", "families", "zoo", "analysis"},
+    "app": {"core", "data", "trace", "families", "zoo", "analysis", "pruning", "circuits", "training", "viz", "cli", "package",
             "app"},
     # interp.examples: the ready-made inputs of the docstring examples (a model, its tokens, a pruning task...).
     "examples": {"core", "data", "trace", "zoo", "analysis", "pruning", "package", "examples"},
@@ -175,3 +177,74 @@ def test_gguf_expert_loader_loads_only_core_and_zoo():
     mods = _loaded("import interp.zoo.gguf")
     assert "interp.zoo.gguf_experts" in mods
     assert not {m for m in mods if m.startswith(("interp.analysis", "interp.pruning", "interp.viz", "interp.training"))}
+
+
+# --- no import circles inside the model-loading packages ------------------------------------------------------
+CIRCLE_FREE = ("interp.zoo", "interp.families")
+
+
+def _module_of(target: str, modules: set[str]) -> str:
+    """The module an import statement loads: ``interp.zoo.hub_source`` (a name) is ``interp.zoo`` (a module)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def import_circles(packages: tuple[str, ...] = CIRCLE_FREE, root: Path = PKG) -> list[list[str]]:
+    """Groups of modules under ``packages`` that import each other, directly or through others (strongly
+    connected components of the import graph with more than one module, or a module importing itself).
+
+    Every runtime import counts, function-level ones included: a deferred import still makes two modules depend
+    on each other (what the old ``hf.py`` / ``hf_families.py`` pair did). A submodule's implicit import of its
+    parent package is not an edge (every package would then be a circle with its ``__init__``).
+    """
+    paths = {module_name(p): p for p in root.rglob("*.py")}
+    modules = set(paths)
+    graph: dict[str, set[str]] = {}
+    for mod, path in paths.items():
+        if not mod.startswith(packages):
+            continue
+        graph[mod] = {dst for t, _, _ in imports(path) if t.startswith("interp")
+                      for dst in [_module_of(t, modules)] if dst.startswith(packages)}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = [stack.pop()]
+            while comp[-1] != v:
+                comp.append(stack.pop())
+            if len(comp) > 1 or v in graph.get(v, ()):
+                circles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle_inside_zoo_or_families():
+    assert len([m for m in map(module_name, PKG.rglob("*.py")) if m.startswith("interp.families.")]) >= 20
+    assert import_circles() == []
+
+
+def test_the_circle_checker_finds_a_deferred_circle():
+    # hf.py and hf_families.py used to import each other, one of the two deferred: such a pair must be found.
+    a, b = PKG / "zoo" / "_probe_circle_a.py", PKG / "zoo" / "_probe_circle_b.py"
+    try:
+        a.write_text("from . import _probe_circle_b\n")
+        b.write_text("def f():\n    from ._probe_circle_a import x\n")
+        assert ["interp.zoo._probe_circle_a", "interp.zoo._probe_circle_b"] in import_circles()
+    finally:
+        a.unlink()
+        b.unlink()

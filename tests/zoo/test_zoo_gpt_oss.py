@@ -1,4 +1,4 @@
-"""gpt-oss natively (interp.zoo.gpt_oss) against transformers, beyond the family test of test_zoo_families.py
+"""gpt-oss natively (interp.families.gpt_oss) against transformers, beyond the family test of test_zoo_families.py
 (logits on both attention paths, eager patterns, greedy 32, cached decoding past the window): every feature
 changes the logits, the sink mass completes HF's pattern rows, an MXFP4 checkpoint written as the release is
 loads with transformers' logits, bad weights and settings are refused by name, and classify_heads reports each
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from interp.zoo.compat import SEQ, V, hf_test_model
-from interp.zoo.gpt_oss import gpt_oss_config, mxfp4_dequantize
+from interp.families.gpt_oss import gpt_oss_config, mxfp4_dequantize
 from interp.zoo.hf import convert, from_hf
 
 transformers = pytest.importorskip("transformers")

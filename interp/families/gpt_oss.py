@@ -37,7 +37,10 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .hf import StateDict, _decoder_checks, _llama_attention, _need, _rope, _Source
+from ._base import StateDict, _decoder_checks, _need
+from ._family import Family, fixed
+from ._positions import _rope
+from ._tensors import _llama_attention, _Source
 
 __all__ = ["FP4_VALUES", "gpt_oss_config", "gpt_oss_state_dict", "mxfp4_dequantize"]
 
@@ -221,3 +224,6 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
         out["W_U.weight"] = hf_sd["lm_head.weight"]
         out["W_U.bias"] = torch.zeros(cfg.d_vocab, dtype=hf_sd["lm_head.weight"].dtype)
     return out
+
+
+FAMILY = Family("gpt_oss", ("gpt_oss",), gpt_oss_config, fixed(gpt_oss_state_dict), title="gpt-oss")

@@ -1,0 +1,40 @@
+"""The family layer: one file per model family, one registry, one strict weight-mapping driver.
+
+A family file (``interp/families/<family>.py``) holds everything interp knows about one family of models:
+
+* its config mapping, ``<family>_config(hf_cfg) -> ModelConfig``, written as a diff over its parent family where
+  one exists (``qwen2.py`` is ``llama.py`` with other values; ``granite_config`` is ``llama_config`` plus four
+  scalars), refusing by name every setting it does not reproduce;
+* its weight mapping, HF state dict -> ours, as a state-dict function (``fixed`` / ``named`` wrap it into the
+  factory the registry stores) or a declarative tensor table run by :func:`map_tensors`;
+* the llama.cpp architectures whose GGUF files hold its weights (``gguf_archs``);
+* and a ``FAMILY = Family(...)`` record tying these together (:class:`Family`).
+
+Shared helpers live once: :mod:`._base` (required keys, refused settings, decoder checks), :mod:`._positions`
+(RoPE and sliding windows), :mod:`._tensors` (tensor readers, fused-projection splits, rotary-row reorders,
+the Llama attention / MLP / expert blocks) and :mod:`._mapping` (the declarative tables' driver).
+
+Adding a family: write ``interp/families/<family>.py`` ending in ``FAMILY = Family(...)``, add the module to
+``registry._MODULES`` and its test config to :mod:`interp.zoo.compat`. Nothing else names families:
+:func:`interp.zoo.hf.converter`, ``CONVERTERS`` and the help text ``FAMILIES`` are derived from the registry.
+A family that needs a new mechanism adds a :class:`~interp.ModelConfig` field and its code in the core.
+
+The layer imports the core only (never :mod:`interp.zoo`); :mod:`interp.zoo.hf` and :mod:`interp.zoo.gguf` are
+drivers that look families up here.
+
+Example:
+    >>> from interp.families import family_for
+    >>> fam = family_for("qwen2")
+    >>> fam.name, fam.config({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
+    ...                       "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+    ...                       "max_position_embeddings": 64}).attn_bias
+    ('qwen2', True)
+"""
+
+from __future__ import annotations
+
+from ._family import Family, fixed, named
+from .registry import BY_GGUF_ARCH, BY_MODEL_TYPE, FAMILIES, HEADLINE, converter, family_for
+
+__all__ = ["BY_GGUF_ARCH", "BY_MODEL_TYPE", "FAMILIES", "HEADLINE", "Family", "converter", "family_for", "fixed",
+           "named"]

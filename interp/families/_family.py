@@ -1,0 +1,72 @@
+"""What a model family is: the record each ``interp/families/<family>.py`` file declares as ``FAMILY``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict
+
+#: An HF config dict -> our :class:`ModelConfig`.
+ConfigFn = Callable[[Mapping[str, Any]], ModelConfig]
+#: An HF state dict and our config -> our state dict.
+StateDictFn = Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]
+#: An HF config dict -> the state-dict function for it (config scalars folded into the weights, the errors' name).
+StateDictFactory = Callable[[Mapping[str, Any]], StateDictFn]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model family: the HF ``model_type`` values it converts, its config mapping and weight mapping.
+
+    Attributes:
+        name: the family's name (its file's name in :mod:`interp.families`).
+        model_types: the HF ``model_type`` values this family converts (each in exactly one family).
+        config: HF config dict -> :class:`ModelConfig` (raises ``ValueError`` naming a refused setting).
+        state_dict_for: HF config dict -> state-dict function (see :func:`fixed` and :func:`named`).
+        gguf_archs: llama.cpp's ``general.architecture`` values whose files hold this family's weights.
+        title: the family's name in help texts (``"GPT-2"``), when ``headline``.
+        headline: named in the help texts' short list (:data:`interp.zoo.hf.FAMILIES`).
+        tests: the random tiny test configs of :mod:`interp.zoo.compat` (row name -> (model_type, config kwargs)).
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    config: ConfigFn
+    state_dict_for: StateDictFactory
+    gguf_archs: tuple[str, ...] = ()
+    title: str = ""
+    headline: bool = False
+    tests: Mapping[str, tuple[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    def converter(self, hf_cfg: Mapping[str, Any]) -> tuple[ConfigFn, StateDictFn]:
+        """``(config function, state-dict function)`` for ``hf_cfg`` (one of this family's model types)."""
+        return self.config, self.state_dict_for(hf_cfg)
+
+
+def fixed(fn: StateDictFn) -> StateDictFactory:
+    """A state-dict factory that returns ``fn`` whatever the config (most families).
+
+    Example:
+        >>> def sd(hf_sd, cfg): return {}
+        >>> fixed(sd)({"model_type": "x"}) is sd
+        True
+    """
+    return lambda hf_cfg: fn
+
+
+def named(fn: Callable[..., dict[str, torch.Tensor]]) -> StateDictFactory:
+    """A state-dict factory for a function shared by several model types: ``fn`` with ``arch`` set to the config's
+    ``model_type``, so its errors name the real one.
+
+    Example:
+        >>> def sd(hf_sd, cfg, *, arch): return {}
+        >>> named(sd)({"model_type": "mistral"}).keywords
+        {'arch': 'mistral'}
+    """
+    return lambda hf_cfg: functools.partial(fn, arch=hf_cfg.get("model_type"))

@@ -1,0 +1,73 @@
+"""Arcee: Llama with an ungated squared-ReLU MLP (``activation="relu2"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import Activation, ModelConfig
+from ._base import StateDict, _activation, _decoder_checks, llama_sizes
+from ._family import Family, fixed
+from ._positions import _rope
+from ._tensors import (
+    _llama_attention,
+    _lm_head,
+    _Source,
+)
+
+#: The ``hidden_act`` values this family's transformers code accepts, as our activations.
+_ACTIVATIONS: dict[str, Activation] = {"relu2": "relu2", "relu": "relu", "silu": "silu", "gelu": "gelu",
+                                       "gelu_pytorch_tanh": "gelu_new", "gelu_new": "gelu_new"}
+
+
+def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an Arcee (AFM) decoder: Llama with an ungated MLP (``up_proj`` / ``down_proj``)
+    whose activation is squared ReLU by default.
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = arcee_config({"model_type": "arcee", "hidden_size": 64, "num_attention_heads": 4,
+        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                     "max_position_embeddings": 64})
+        >>> cfg.activation, cfg.normalization
+        ('relu2', 'rms')
+    """
+    arch = "arcee"
+    _decoder_checks(hf_cfg, arch)
+    activation = _activation(hf_cfg, "hidden_act", "relu2", arch, _ACTIVATIONS)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        **llama_sizes(hf_cfg, arch), activation=activation, normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps",
+        1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling, attn_bias=bias, out_bias=bias,
+        mlp_bias=bool(hf_cfg.get("mlp_bias", False))
+    )
+
+
+def arcee_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Arcee one (Llama keys; the MLP has no ``gate_proj``).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "Arcee")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    kinds = ("weight", "bias") if cfg.mlp_bias else ("weight",)
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
+        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        for kind in kinds:
+            out[b + f"mlp.W_in.{kind}"] = src(h + f"mlp.up_proj.{kind}")
+            out[b + f"mlp.W_out.{kind}"] = src(h + f"mlp.down_proj.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "Arcee"))
+    return out
+
+
+FAMILY = Family("arcee", ("arcee",), arcee_config, fixed(arcee_state_dict))

@@ -1,0 +1,104 @@
+"""Cohere (Command-R): parallel block with one bias-free LayerNorm (bias 0), interleaved RoPE reordered to
+halves, ``logit_scale`` folded into an untied ``W_U``; ``use_qk_norm`` refused. Cohere 2: sliding layers rotate,
+global ones have no positions (``nope_layers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._family import Family
+from ._positions import _rope, _typed_windows
+from ._tensors import (
+    _dense_weights,
+    _leading_pairs_to_halves,
+    _llama_attention,
+    _Source,
+)
+from .granite import _granite_multiplier
+
+
+def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Cohere (Command-R) decoder: parallel block with one LayerNorm without bias
+    (stored with bias 0), RoPE on interleaved pairs rotated in float32 (rows reordered to halves), and logits
+    times ``logit_scale``, folded into an untied ``W_U`` by :func:`cohere_state_dict_for`. Cohere 2 adds
+    sliding layers (``layer_types``, else all but every 4th); only they rotate, the others have no positions.
+
+    Raises:
+        ValueError: ``use_qk_norm`` (per-head LayerNorms, not implemented), ``logit_scale`` not a finite number
+            > 0, an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = cohere_config({"model_type": "cohere", "hidden_size": 64, "num_attention_heads": 4,
+        ...                      "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                      "max_position_embeddings": 64})
+        >>> cfg.parallel_block, cfg.normalization, cfg.tie_embeddings
+        ('one_norm', 'pre', False)
+    """
+    arch = hf_cfg.get("model_type", "cohere")
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),) + ((("use_qk_norm", False, False),) if arch == "cohere"
+                                                               else ()))
+    _granite_multiplier(hf_cfg, "logit_scale", arch, 0.0625)
+    windows, nope = None, None
+    if arch == "cohere2":  # sliding layers rotate; the others (all of them without a window) have no positions
+        n_layers = _need(hf_cfg, "num_hidden_layers", arch)
+        default = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n_layers)]
+        _, windows = _typed_windows(hf_cfg, arch, default)
+        nope = [i for i in range(n_layers) if windows is None or windows[i] is None] or None
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rope_scaling=scaling, rotary_float32=True, sliding_window=windows, nope_layers=nope,
+        parallel_block="one_norm", attn_bias=bias, out_bias=bias, mlp_bias=False, unembed=True,
+        tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
+    """The state-dict function of a Cohere config: Llama's keys, LayerNorm biases 0, query and key rows
+    reordered from interleaved pairs to halves, ``W_U = lm_head * logit_scale`` (the embedding when tied).
+
+    Raises:
+        ValueError: ``logit_scale`` not a finite number > 0.
+    """
+    scale = _granite_multiplier(hf_cfg, "logit_scale", "cohere", 0.0625)
+    tied = bool(hf_cfg.get("tie_word_embeddings", True))
+
+    def convert(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        src = _Source(hf_sd, ("model.",), "Cohere")
+        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+        embed = src("embed_tokens.weight")
+        zero = torch.zeros(cfg.d_model, dtype=embed.dtype)
+        if "lm_head.weight" not in hf_sd and not tied:
+            raise ValueError("Cohere state dict has no 'lm_head.weight' and tie_word_embeddings is False "
+                             "(pass a *ForCausalLM model, not the bare *Model)")
+        head = hf_sd["lm_head.weight"] if "lm_head.weight" in hf_sd else embed
+        out = {"W_E.weight": embed, "ln_final.weight": src("norm.weight"), "ln_final.bias": zero,
+               "W_U.weight": head * scale, "W_U.bias": torch.zeros(cfg.d_vocab, dtype=embed.dtype)}
+        for i in range(cfg.n_layers):
+            h, b = f"layers.{i}.", f"blocks.{i}."
+            out.update(_llama_attention(src, h, b, cfg))
+            for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+                q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
+                out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+                    [_leading_pairs_to_halves(q, H, D, D), _leading_pairs_to_halves(k, K, D, D), v])
+            out[b + "ln1.weight"], out[b + "ln1.bias"] = src(h + "input_layernorm.weight"), zero.clone()
+            out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
+        return out
+
+    return convert
+
+
+FAMILY = Family("cohere", ("cohere", "cohere2"), cohere_config, cohere_state_dict_for)

@@ -1,0 +1,112 @@
+"""Falcon: parallel block with one shared LayerNorm (7B: MQA) or two (``new_decoder_architecture``: grouped K/V,
+fused QKV ordered per K/V group as ``[q_1 .. q_G, k, v]``); ALiBi is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig, ParallelBlock
+from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._family import Family, fixed
+from ._positions import _rope
+from ._tensors import (
+    _lm_head,
+    _per_head_qkv,
+    _shaped,
+    _Source,
+)
+
+
+def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Falcon decoder: MQA (7B) or grouped K/V (``new_decoder_architecture``).
+
+    Raises:
+        ValueError: ALiBi, a non-parallel new decoder architecture, an activation other than gelu/relu, or a
+            missing key.
+    """
+    arch = "falcon"
+    _refuse(arch, hf_cfg, (("alibi", False, False),))
+    act = hf_cfg.get("activation", "gelu")
+    if act not in ("gelu", "relu"):
+        raise ValueError(f"{arch} activation={act!r} is not supported (gelu, relu)")
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_model // n_heads)
+    new_arch = bool(hf_cfg.get("new_decoder_architecture", False))
+    parallel = bool(hf_cfg.get("parallel_attn", True))
+    multi_query = bool(hf_cfg.get("multi_query", True))  # read by the old architecture only
+    if new_arch:
+        if not parallel:
+            raise ValueError(f"{arch} new_decoder_architecture=True with parallel_attn=False is not supported")
+        n_kv = hf_cfg.get("num_kv_heads") or n_heads
+        n_ln = hf_cfg.get("num_ln_in_parallel_attn") or 2
+        block: ParallelBlock = "two_norms" if n_ln == 2 else "one_norm"
+    else:
+        n_kv = 1 if multi_query else n_heads
+        block = "one_norm" if parallel else "none"
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("bias", False))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
+        d_mlp=hf_cfg.get("ffn_hidden_size") or 4 * d_model, activation=act,
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=hf_cfg.get("max_position_embeddings") or 2048,
+        normalization="pre", norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5), positional="rotary",
+        rotary_base=theta, rope_scaling=scaling, parallel_block=block, attn_bias=bias, out_bias=bias,
+        mlp_bias=bias, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)),
+        pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def falcon_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Falcon one; the fused QKV is reordered into ``[q | k | v]``.
+
+    Raises:
+        ValueError: a tensor is absent or the fused QKV's shape disagrees with the config (both named).
+    """
+    src = _Source(hf_sd, ("transformer.",), "Falcon")
+    H, K, D, M = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+    G = H // K
+    out = {"W_E.weight": src("word_embeddings.weight"), "ln_final.weight": src("ln_f.weight"),
+           "ln_final.bias": src("ln_f.bias")}
+    # Per-group rows [q_1 .. q_G, k, v] coincide with per-head [q, k, v] for G = 1 and with [q | k | v] for K = 1.
+    grouped = K not in (1, H)
+
+    def qkv(t: torch.Tensor) -> torch.Tensor:
+        rest = t.shape[1:]
+        if grouped:  # per K/V group [q_1 .. q_G, k, v]
+            g = t.reshape(K, G + 2, D, *rest)  # [K, G + 2, D, ..]
+            return torch.cat([g[:, :G].reshape(H * D, *rest), g[:, G].reshape(K * D, *rest),
+                              g[:, G + 1].reshape(K * D, *rest)])  # [(H + 2K) D, ..]
+        if K == H:
+            return _per_head_qkv(t, H, D)
+        return t  # MQA: [q | k | v] already
+
+    for i in range(cfg.n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        out[b + "attn.W_qkv.weight"] = qkv(_shaped(src, h + "self_attention.query_key_value.weight",
+                                                   ((H + 2 * K) * D, M)))
+        out[b + "attn.W_O.weight"] = src(h + "self_attention.dense.weight")
+        out[b + "mlp.W_in.weight"] = src(h + "mlp.dense_h_to_4h.weight")
+        out[b + "mlp.W_out.weight"] = src(h + "mlp.dense_4h_to_h.weight")
+        if cfg.attn_bias:
+            out[b + "attn.W_qkv.bias"] = qkv(src(h + "self_attention.query_key_value.bias"))
+            out[b + "attn.W_O.bias"] = src(h + "self_attention.dense.bias")
+            out[b + "mlp.W_in.bias"] = src(h + "mlp.dense_h_to_4h.bias")
+            out[b + "mlp.W_out.bias"] = src(h + "mlp.dense_4h_to_h.bias")
+        if cfg.parallel_block == "two_norms":
+            norms: tuple[tuple[str, str], ...] = (("ln1", "ln_attn"), ("ln2", "ln_mlp"))
+        elif cfg.parallel_block == "one_norm":
+            norms = (("ln1", "input_layernorm"),)
+        else:
+            norms = (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
+        for ours, theirs in norms:
+            for kind in ("weight", "bias"):
+                out[b + f"{ours}.{kind}"] = src(h + f"{theirs}.{kind}")
+    out.update(_lm_head(hf_sd, src, cfg, "Falcon"))
+    return out
+
+
+FAMILY = Family("falcon", ("falcon",), falcon_config, fixed(falcon_state_dict), gguf_archs=("falcon",))

@@ -1,0 +1,91 @@
+"""GLM / GLM-4: (GLM-4 only) sandwich norms; fused ``gate_up_proj``, partial rotary on interleaved pairs (query
+and key rows reordered to halves: the same scores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
+from ._family import Family, fixed
+from ._positions import _rope
+from ._tensors import (
+    _leading_pairs_to_halves,
+    _llama_attention,
+    _lm_head,
+    _shaped,
+    _Source,
+)
+
+
+def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a GLM-4 (0414) decoder: sandwich norms, fused ``gate_up_proj``, biased q/k/v, and
+    partial rotary (``partial_rotary_factor``, 0.5 by default) on interleaved pairs, which
+    :func:`glm4_state_dict` turns into our half-split layout by permuting the query and key rows. GLM
+    (``model_type="glm"``, GLM-4-9B) is the same without the norms after each sublayer.
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = glm4_config({"model_type": "glm4", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
+        ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                    "max_position_embeddings": 64,
+        ...                    "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+        ...                                        "partial_rotary_factor": 0.5}})
+        >>> cfg.rotary_dim, cfg.sublayer_norm, cfg.attn_bias, cfg.out_bias
+        (8, 'sandwich', True, False)
+    """
+    arch = hf_cfg.get("model_type", "glm4")
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = hf_cfg.get("head_dim") or d_model // n_heads
+    rope = hf_cfg.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.5))
+    theta, scaling = _rope(hf_cfg, arch)
+    if scaling is not None:
+        raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': GLM-4 "
+                         "rotates part of each head)")
+    return ModelConfig(
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rotary_dim=int(d_head *
+        partial), sublayer_norm="sandwich" if arch == "glm4" else "input", attn_bias=bool(hf_cfg.get("attention_bias",
+        True)), out_bias=False, mlp_bias=False
+    )
+
+
+def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF GLM-4 one: sandwich norms, ``gate_up_proj`` split into ``[gate | up]``, and the
+    rotary rows of each query and key head reordered from interleaved pairs to halves.
+
+    Raises:
+        ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
+    """
+    src = _Source(hf_sd, ("model.",), "GLM-4")
+    H, K, D, M, F, R = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp, cfg.rotary_dim or cfg.d_head
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+            q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
+            out[b + f"attn.W_qkv.{kind}"] = torch.cat(
+                [_leading_pairs_to_halves(q, H, D, R), _leading_pairs_to_halves(k, K, D, R), v])  # [(H+2K)*D(, M)]
+        norms: tuple[tuple[str, str], ...] = (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
+        if cfg.sublayer_norm == "sandwich":  # GLM-4-0414; GLM normalises the sublayers' inputs only
+            norms += (("ln1_post", "post_self_attn_layernorm"), ("ln2_post", "post_mlp_layernorm"))
+        for ours, theirs in norms:
+            out[b + f"{ours}.weight"] = src(h + f"{theirs}.weight")
+        gate, up = _shaped(src, h + "mlp.gate_up_proj.weight", (2 * F, M)).split([F, F], dim=0)  # [F, M] each
+        out[b + "mlp.W_gate.weight"], out[b + "mlp.W_in.weight"] = gate, up
+        out[b + "mlp.W_out.weight"] = src(h + "mlp.down_proj.weight")
+    out.update(_lm_head(hf_sd, src, cfg, "GLM-4"))
+    return out
+
+
+FAMILY = Family("glm4", ("glm", "glm4"), glm4_config, fixed(glm4_state_dict))

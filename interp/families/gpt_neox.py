@@ -1,0 +1,84 @@
+"""GPT-NeoX / Pythia: parallel attention and MLP with two LayerNorms, partial rotary, a fused QKV whose rows
+are grouped per head (``[q_h, k_h, v_h]``), reordered into our ``[q | k | v]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import Activation, ModelConfig
+from ._base import StateDict, _activation, _decoder_checks, _need
+from ._family import Family, fixed
+from ._mapping import Rule, biased_if, both, map_tensors, per_head_qkv
+from ._positions import _rope
+from ._tensors import (
+    _lm_head,
+    _Source,
+)
+
+#: The ``hidden_act`` values this family's transformers code accepts, as our activations.
+_ACTIVATIONS: dict[str, Activation] = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
+
+
+def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a GPT-NeoX / Pythia decoder (parallel block, partial rotary).
+
+    Raises:
+        ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
+    """
+    arch = "gpt_neox"
+    activation = _activation(hf_cfg, "hidden_act", "gelu", arch, _ACTIVATIONS)
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = d_model // n_heads
+    _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
+    rope = hf_cfg.get("rope_parameters") or {}
+    pct = rope.get("partial_rotary_factor", hf_cfg.get("rotary_pct", 1.0))
+    legacy_base = hf_cfg.get("rotary_emb_base")
+    theta, scaling = _rope(hf_cfg, arch, default_theta=legacy_base or 10000.0)
+    bias = bool(hf_cfg.get("attention_bias", True))
+    return ModelConfig(
+        n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
+        d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
+        normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
+        rotary_dim=int(d_head * pct), rope_scaling=scaling,
+        parallel_block="two_norms" if hf_cfg.get("use_parallel_residual", True) else "none",
+        attn_bias=bias, out_bias=bias, mlp_bias=True, unembed=True,
+        tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", False)), pad_token_id=hf_cfg.get("pad_token_id"),
+    )
+
+
+def _qkv_shape(cfg: ModelConfig, kind: str) -> tuple[int, ...]:
+    rows = 3 * cfg.n_heads * cfg.d_head
+    return (rows, cfg.d_model) if kind == "weight" else (rows,)
+
+
+#: GPT-NeoX's tensors: a fused QKV grouped per head (reordered to ``[q | k | v]``), biased projections, two norms.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "embed_in"), Rule("ln_final", "final_layer_norm", kinds=both),
+    Rule("blocks.{i}.attn.W_qkv", "layers.{i}.attention.query_key_value", transform=per_head_qkv, shape=_qkv_shape,
+         kinds=biased_if("attn_bias")),
+    Rule("blocks.{i}.attn.W_O", "layers.{i}.attention.dense",
+         kinds=biased_if("attn_bias")),
+    *(Rule(f"blocks.{{i}}.{ours}", f"layers.{{i}}.{theirs}", kinds=both)
+      for ours, theirs in (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"),
+                           ("mlp.W_in", "mlp.dense_h_to_4h"), ("mlp.W_out", "mlp.dense_4h_to_h"))),
+)
+
+
+def gpt_neox_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF GPT-NeoX one (:data:`TABLE` and the unembedding).
+
+    Raises:
+        ValueError: a tensor is absent or the fused QKV's shape disagrees with the config (both named).
+    """
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("gpt_neox.",), arch="GPT-NeoX")
+    key = "embed_out.weight" if "embed_out.weight" in hf_sd else "lm_head.weight"
+    out.update(_lm_head(hf_sd, _Source(hf_sd, ("gpt_neox.",), "GPT-NeoX"), cfg, "GPT-NeoX", key))
+    return out
+
+
+FAMILY = Family("gpt_neox", ("gpt_neox",), gpt_neox_config, fixed(gpt_neox_state_dict))

@@ -1,0 +1,80 @@
+"""Granite: Llama with ``embedding_multiplier`` (``embed_scale``), ``attention_multiplier`` (``attn_scale``) and
+``residual_multiplier`` / ``logits_scaling`` folded into the output projections and the unembedding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import ChainMap
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict
+from ._family import Family
+from ._tensors import (
+    _Source,
+)
+from .llama import llama_config, llama_state_dict
+
+
+def _granite_multiplier(hf_cfg: Mapping[str, Any], key: str, arch: str = "granite", default: float = 1.0) -> float:
+    """A scalar multiplier of the config, checked to be a finite number > 0."""
+    value = hf_cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ValueError(f"{arch} {key}={value!r} must be a finite number > 0")
+    return float(value)
+
+
+def granite_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Granite (3.x) decoder: Llama with four scalars. ``embedding_multiplier`` is
+    ``embed_scale`` and ``attention_multiplier`` the score scale (``attn_scale``); ``residual_multiplier`` and
+    ``logits_scaling`` are folded into the weights by :func:`granite_state_dict_for` (each sublayer's output
+    projection times the multiplier, the unembedding divided by the scaling), so the unembedding is always a
+    separate ``W_U`` (a tied one holds the embedding divided by ``logits_scaling``).
+
+    Raises:
+        ValueError: a multiplier that is not a finite number > 0, an activation other than silu, or a missing key.
+
+    Example:
+        >>> cfg = granite_config({"model_type": "granite", "hidden_size": 64, "num_attention_heads": 4,
+        ...                       "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                       "max_position_embeddings": 64, "embedding_multiplier": 12.0,
+        ...                       "attention_multiplier": 0.0078125, "tie_word_embeddings": True})
+        >>> cfg.embed_scale, cfg.attn_scale, cfg.tie_embeddings
+        (12.0, 0.0078125, False)
+    """
+    cfg = llama_config(hf_cfg)
+    return dataclasses.replace(cfg, embed_scale=_granite_multiplier(hf_cfg, "embedding_multiplier"),
+                               attn_scale=_granite_multiplier(hf_cfg, "attention_multiplier"), tie_embeddings=False)
+
+
+def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
+    """The state-dict function of a Granite config: Llama's, with ``residual_multiplier`` folded into every
+    ``W_O`` and ``W_out`` (weights and biases) and ``W_U = lm_head / logits_scaling`` (the embedding when tied
+    and the checkpoint has no ``lm_head.weight``).
+
+    Raises:
+        ValueError: ``residual_multiplier`` or ``logits_scaling`` not a finite number > 0.
+    """
+    residual = _granite_multiplier(hf_cfg, "residual_multiplier")
+    logits = _granite_multiplier(hf_cfg, "logits_scaling")
+    tied = bool(hf_cfg.get("tie_word_embeddings", False))
+
+    def convert(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        if "lm_head.weight" not in hf_sd and tied:
+            hf_sd = ChainMap({"lm_head.weight": _Source(hf_sd, ("model.",), "granite")("embed_tokens.weight")},
+                             hf_sd)  # type: ignore[arg-type]
+        out = llama_state_dict(hf_sd, cfg, arch="granite")
+        for key in out:
+            if ".attn.W_O." in key or ".mlp.W_out." in key:
+                out[key] = out[key] * residual  # the block adds residual_multiplier x each sublayer's output
+        out["W_U.weight"] = out["W_U.weight"] / logits
+        return out
+
+    return convert
+
+
+FAMILY = Family("granite", ("granite",), granite_config, granite_state_dict_for)

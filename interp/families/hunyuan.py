@@ -1,0 +1,82 @@
+"""Hunyuan v1 dense: Llama with per-head QK-norm after RoPE (``qk_norm="head_after_rotary"``) and NTK-alpha
+RoPE folded into the base.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
+from ._family import Family, fixed
+from ._positions import _rope
+from ._tensors import (
+    _dense_weights,
+    _llama_attention,
+    _lm_head,
+    _Source,
+)
+
+
+def hunyuan_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Hunyuan v1 dense decoder: Llama with per-head QK-norm applied after RoPE
+    (``qk_norm="head_after_rotary"``); its "dynamic" RoPE with a fixed ``alpha`` is plain RoPE with the base
+    ``rope_theta * alpha ** (d_head / (d_head - 2))``, as transformers computes it.
+
+    Raises:
+        ValueError: an unsupported activation or RoPE kind, or a missing key.
+
+    Example:
+        >>> cfg = hunyuan_config({"model_type": "hunyuan_v1_dense", "hidden_size": 64, "num_attention_heads": 4,
+        ...                       "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 96,
+        ...                       "vocab_size": 50, "max_position_embeddings": 64,
+        ...                       "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 2.0}})
+        >>> cfg.qk_norm, round(cfg.rotary_base, 1), cfg.rope_scaling
+        ('head_after_rotary', 22081.8, None)
+    """
+    arch = "hunyuan_v1_dense"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = hf_cfg.get("head_dim") or d_model // n_heads
+    rope = hf_cfg.get("rope_parameters") or {}
+    if rope.get("rope_type") == "dynamic" and rope.get("alpha"):
+        theta, _ = _rope(hf_cfg, arch, {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)})
+        alpha = rope["alpha"]
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
+            raise ValueError(f"{arch} rope_parameters['alpha']={alpha!r} must be a number > 0")
+        theta, scaling = theta * alpha ** (d_head / (d_head - 2)), None
+    else:
+        theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
+        qk_norm="head_after_rotary", attn_bias=bias, out_bias=bias, mlp_bias=False
+    )
+
+
+def hunyuan_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Hunyuan v1 dense one (Llama keys plus ``query_layernorm`` / ``key_layernorm``).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "Hunyuan")
+    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        out[b + "attn.q_norm.weight"] = src(h + "self_attn.query_layernorm.weight")
+        out[b + "attn.k_norm.weight"] = src(h + "self_attn.key_layernorm.weight")
+        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
+        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
+    out.update(_lm_head(hf_sd, src, cfg, "Hunyuan"))
+    return out
+
+
+FAMILY = Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), hunyuan_config, fixed(hunyuan_state_dict))

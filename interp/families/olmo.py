@@ -1,0 +1,71 @@
+"""OLMo (1): Llama with non-parametric LayerNorms, stored as weight 1 and bias 0; ``clip_qkv`` is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _refuse, llama_sizes
+from ._family import Family, fixed
+from ._positions import _rope
+from ._tensors import (
+    _dense_weights,
+    _llama_attention,
+    _lm_head,
+    _Source,
+)
+
+
+def olmo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of an OLMo (1) decoder: Llama with non-parametric LayerNorms (eps 1e-5, which
+    transformers hard-codes), optionally biased attention.
+
+    The LayerNorms have no weights in the checkpoint; the state dict gives ours weight 1 and bias 0, which
+    computes the same numbers with no new norm kind.
+
+    Raises:
+        ValueError: ``clip_qkv`` (not implemented), an activation other than silu, or a missing key.
+
+    Example:
+        >>> cfg = olmo_config({"model_type": "olmo", "hidden_size": 64, "num_attention_heads": 4,
+        ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                    "max_position_embeddings": 64, "attention_bias": True})
+        >>> cfg.normalization, cfg.norm_eps, cfg.attn_bias, cfg.out_bias
+        ('pre', 1e-05, True, True)
+    """
+    arch = "olmo"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("clip_qkv", None, None)))
+    theta, scaling = _rope(hf_cfg, arch)
+    bias = bool(hf_cfg.get("attention_bias", False))
+    return ModelConfig(
+        **llama_sizes(hf_cfg, arch), activation="swiglu", normalization="pre", norm_eps=1e-5, positional="rotary",
+        rotary_base=theta, rope_scaling=scaling, attn_bias=bias, out_bias=bias, mlp_bias=False
+    )
+
+
+def olmo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF OLMo (1) one; every LayerNorm gets weight 1 and bias 0 (OLMo's have none).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    src = _Source(hf_sd, ("model.",), "OLMo")
+    embed = src("embed_tokens.weight")
+    one, zero = torch.ones(cfg.d_model, dtype=embed.dtype), torch.zeros(cfg.d_model, dtype=embed.dtype)
+    out = {"W_E.weight": embed, "ln_final.weight": one, "ln_final.bias": zero}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out.update(_llama_attention(src, h, b, cfg))
+        for ln in ("ln1", "ln2"):
+            out[b + f"{ln}.weight"], out[b + f"{ln}.bias"] = one.clone(), zero.clone()
+        out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
+    out.update(_lm_head(hf_sd, src, cfg, "OLMo"))
+    return out
+
+
+FAMILY = Family("olmo", ("olmo",), olmo_config, fixed(olmo_state_dict))

@@ -1,0 +1,89 @@
+"""Phi-3: Llama with fused ``qkv_proj`` and ``gate_up_proj``, optional sliding window and LongRoPE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
+from ._family import Family, fixed
+from ._mapping import Rule, halves, map_tensors
+from ._positions import _rope, sliding_windows
+from ._tensors import (
+    _lm_head,
+    _Source,
+)
+
+
+def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Phi-3 decoder (fused projections, optional sliding window and LongRoPE).
+
+    Raises:
+        ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
+    """
+    arch = "phi3"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    # transformers' Phi-3 attention and rotary read head_dim when the config has one (else hidden / heads).
+    d_head = hf_cfg.get("head_dim") or d_model // n_heads
+    theta, scaling = _rope(hf_cfg, arch)
+    rope = hf_cfg.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(d_head * partial)
+    # transformers' Phi-3 drops its generation cache at the top-level original_max_position_embeddings while its
+    # RoPE switches factors at rope_parameters': interp does both at one boundary, so the two must agree.
+    top = hf_cfg.get("original_max_position_embeddings")
+    if scaling is not None and top is not None and top != scaling["original_max_position_embeddings"]:
+        raise ValueError(f"{arch} original_max_position_embeddings={top!r} differs from rope_parameters' "
+                         f"{scaling['original_max_position_embeddings']!r}: not supported")
+    if scaling is not None and scaling["rope_type"] == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if len(scaling[key]) != rotary_dim // 2:
+                raise ValueError(f"{arch} rope_parameters[{key!r}] has {len(scaling[key])} factors, but head_dim="
+                                 f"{d_head} x partial_rotary_factor={partial} rotates {rotary_dim} dims, which need "
+                                 f"{rotary_dim // 2}")
+    return ModelConfig(
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="rms",
+        norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rotary_dim=rotary_dim,
+        rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch), attn_bias=False, out_bias=False,
+        mlp_bias=False
+    )
+
+
+def _fused_shape(rows: str) -> Callable[[ModelConfig, str], tuple[int, ...]]:
+    def shape(cfg: ModelConfig, kind: str) -> tuple[int, ...]:
+        n = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.d_head if rows == "qkv" else 2 * cfg.d_mlp
+        return (n, cfg.d_model)
+    return shape
+
+
+#: Phi-3's tensors: ``qkv_proj`` rows are already ``[q | k | v]``; ``gate_up_proj`` rows are ``[gate | up]``.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "embed_tokens"), Rule("ln_final", "norm"),
+    Rule("blocks.{i}.attn.W_qkv", "layers.{i}.self_attn.qkv_proj", shape=_fused_shape("qkv")),
+    Rule("blocks.{i}.attn.W_O", "layers.{i}.self_attn.o_proj"),
+    Rule("blocks.{i}.ln1", "layers.{i}.input_layernorm"),
+    Rule("blocks.{i}.ln2", "layers.{i}.post_attention_layernorm"),
+    Rule(("blocks.{i}.mlp.W_gate", "blocks.{i}.mlp.W_in"), "layers.{i}.mlp.gate_up_proj", transform=halves,
+         shape=_fused_shape("gate_up")),
+    Rule("blocks.{i}.mlp.W_out", "layers.{i}.mlp.down_proj"),
+)
+
+
+def phi3_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF Phi-3 one (:data:`TABLE` and the unembedding).
+
+    Raises:
+        ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
+    """
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="Phi-3")
+    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "Phi-3"), cfg, "Phi-3"))
+    return out
+
+
+FAMILY = Family("phi3", ("phi3",), phi3_config, fixed(phi3_state_dict), gguf_archs=("phi3",))

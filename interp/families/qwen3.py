@@ -1,0 +1,35 @@
+"""Qwen3: Llama with per-head QK-norm (RMSNorm of each query and key head before RoPE), its own bias keys and
+Qwen's sliding layers (from ``max_window_layers`` on, only when ``use_sliding_window``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import ModelConfig
+from . import llama
+
+
+def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a Qwen3 decoder: :func:`~interp.families.llama.llama_config` with Qwen3's values.
+
+    Raises:
+        ValueError: as :func:`~interp.families.llama.llama_config`.
+
+    Example:
+        >>> cfg = qwen3_config({"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
+        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                     "max_position_embeddings": 64, "sliding_window": 8, "use_sliding_window": True,
+        ...                     "max_window_layers": 1})
+        >>> cfg.qk_norm, cfg.sliding_window
+        ('head', [None, 8])
+    """
+    cfg = llama.llama_config(hf_cfg, biases=("attention_bias", "attention_bias"),
+                             window_rule="above_max_window_layers", gated_window=True)
+    return dataclasses.replace(cfg, qk_norm="head")
+
+
+FAMILY = dataclasses.replace(llama.FAMILY, name="qwen3", model_types=("qwen3",), config=qwen3_config,
+                             gguf_archs=("qwen3",), headline=False)

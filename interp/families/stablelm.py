@@ -1,0 +1,82 @@
+"""StableLM: pre-LayerNorm, partial rotary, optional q/k/v biases and parallel block; ``qk_layernorm`` refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..config import ModelConfig
+from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
+from ._family import Family, fixed
+from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, both, map_tensors
+from ._positions import _rope
+from ._tensors import (
+    _lm_head,
+    _Source,
+)
+
+
+def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
+    """:class:`ModelConfig` of a StableLM (2) decoder: pre-LayerNorm, partial rotary (``partial_rotary_factor``,
+    0.25 by default), optional q/k/v biases (``use_qkv_bias``) and parallel block with one norm
+    (``use_parallel_residual``).
+
+    Raises:
+        ValueError: ``qk_layernorm`` (per-head LayerNorms, not implemented), an unsupported activation or RoPE
+            kind, or a missing key.
+
+    Example:
+        >>> cfg = stablelm_config({"model_type": "stablelm", "hidden_size": 64, "num_attention_heads": 4,
+        ...                        "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
+        ...                        "max_position_embeddings": 64, "use_qkv_bias": True,
+        ...                        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+        ...                                            "partial_rotary_factor": 0.25}})
+        >>> cfg.rotary_dim, cfg.attn_bias, cfg.out_bias, cfg.parallel_block
+        (4, True, False, 'none')
+    """
+    arch = "stablelm"
+    _decoder_checks(hf_cfg, arch)
+    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("qk_layernorm", False, False)))
+    d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
+    d_head = d_model // n_heads  # StableLM's attention ignores head_dim; only its RoPE init would read one
+    if hf_cfg.get("head_dim") not in (None, d_head):
+        raise ValueError(f"{arch} head_dim={hf_cfg['head_dim']!r} is not supported (StableLM's attention uses "
+                         f"hidden_size / num_attention_heads = {d_head})")
+    rope = hf_cfg.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.25))
+    theta, scaling = _rope(hf_cfg, arch)
+    if scaling is not None:
+        raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': StableLM "
+                         "rotates part of each head)")
+    return ModelConfig(
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="pre",
+        norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rotary_dim=int(d_head *
+        partial), parallel_block="one_norm" if hf_cfg.get("use_parallel_residual", False) else "none",
+        attn_bias=bool(hf_cfg.get("use_qkv_bias", False)), out_bias=False, mlp_bias=False
+    )
+
+
+#: StableLM's tensors: Llama's names with LayerNorm biases; a parallel block has one norm per layer.
+TABLE: tuple[Rule, ...] = (
+    Rule("W_E", "embed_tokens"), Rule("ln_final", "norm", kinds=both), *LLAMA_ATTENTION, *SWIGLU_MLP,
+    Rule("blocks.{i}.ln1", "layers.{i}.input_layernorm", kinds=both),
+    Rule("blocks.{i}.ln2", "layers.{i}.post_attention_layernorm", kinds=both,
+         when=lambda cfg: cfg.parallel_block == "none"),
+)
+
+
+def stablelm_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from a HF StableLM one (:data:`TABLE` and the unembedding).
+
+    Raises:
+        ValueError: a tensor the conversion needs is absent (named in the message).
+    """
+    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="StableLM")
+    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "StableLM"), cfg, "StableLM"))
+    return out
+
+
+FAMILY = Family("stablelm", ("stablelm",), stablelm_config, fixed(stablelm_state_dict))

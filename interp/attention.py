@@ -13,6 +13,11 @@ softmax(QK^T / sqrt(d) + mask) so that ``hook_attn_scores`` and ``hook_pattern``
 can process queries in chunks (``query_chunk``) so that a 16k-token pattern is never held at once.
 Head gates and ``hook_z`` / ``hook_result`` act on z and work on both paths.
 
+ALiBi (``cfg.alibi_slopes``) adds ``slope_h * (k - q)`` to head h's scores on both paths (in SDPA as part of
+its float mask). Keys always end at the last query's position (the cache returns its keys up to the newest), so
+the distances come from the query and key counts alone, never from the pass's absolute positions: the traced
+decode step keeps them.
+
 Precision: in a bf16 / fp16 model the explicit path computes scores, mask, soft-cap and softmax in float32 (the
 fused SDPA kernels keep them in float32 too), so ``hook_attn_scores`` and ``hook_pattern`` carry float32; only
 the product with v uses the pattern rounded to the model's dtype. float32 and float64 models run it uncast.
@@ -172,6 +177,9 @@ class _AttentionBase(nn.Module):
         # Sliding window of this layer (None: global); cross-attention never slides.
         self.window = None if cross or layer is None else cfg.window(layer)
         self.softcap = cfg.attn_softcap
+        # ALiBi slopes of this layer's heads: a plain tuple, not a buffer, so model.to(bf16) cannot round them.
+        slopes = None if cross or layer is None else cfg.layer_alibi_slopes(layer)
+        self.alibi_slopes: tuple[float, ...] | None = None if slopes is None else tuple(slopes)
 
     # --- per-head views of the output projection -----------------------------------------------------
     @property
@@ -217,10 +225,17 @@ class _AttentionBase(nn.Module):
             v = v.index_select(1, kv_index)  # [B, H, S, Dv]
         if not self._needs_explicit():
             n_kv = k.shape[1]
+            attn_mask = None if mask.sdpa_is_causal else mask.additive(q.dtype, q.device)
+            is_causal = mask.sdpa_is_causal
+            if self.alibi_slopes is not None:
+                bias = self._alibi(slice(0, mask.T), mask.T, k.shape[2], q.device).to(q.dtype)
+                causal = mask.additive(q.dtype, q.device)  # the causal rule, built out: SDPA takes one mask
+                attn_mask = bias if causal is None else bias + causal  # [B or 1, H, T, S]
+                is_causal = False
             return F.scaled_dot_product_attention(
                 q, k, v,
-                attn_mask=None if mask.sdpa_is_causal else mask.additive(q.dtype, q.device),
-                is_causal=mask.sdpa_is_causal,
+                attn_mask=attn_mask,
+                is_causal=is_causal,
                 scale=scale,
                 enable_gqa=n_kv != q.shape[1],
             )
@@ -231,6 +246,17 @@ class _AttentionBase(nn.Module):
         zs = [self._attend_explicit(q[:, :, i:i + chunk], k, v, mask, slice(i, min(i + chunk, T)), scale)
               for i in range(0, T, chunk)]
         return torch.cat(zs, dim=2)  # [B, H, T, Dv]
+
+    def _alibi(self, q_slice: slice, T: int, S: int, device: torch.device) -> torch.Tensor:
+        """ALiBi bias ``[1, H, T', S]`` in float32, ``slope_h * (k - q)``, for the queries ``q_slice`` of ``T``.
+
+        The keys end at the last query, so query i sits ``T - 1 - i`` places before the last of the ``S`` keys.
+        """
+        slopes = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=device)  # [H]
+        k_off = torch.arange(S, device=device, dtype=torch.float32) - (S - 1)  # [S] offset from the last key
+        q_off = torch.arange(q_slice.start, q_slice.stop, device=device, dtype=torch.float32) - (T - 1)  # [T']
+        distance = k_off[None, :] - q_off[:, None]  # [T', S]
+        return (slopes[:, None, None] * distance)[None]  # [H, T', S] -> [1, H, T', S]
 
     def _attend_explicit(self, q, k, v, mask: AttnMask, q_slice: slice, scale: float) -> torch.Tensor:
         B, H, T, Dq = q.shape
@@ -250,6 +276,8 @@ class _AttentionBase(nn.Module):
         scores = scores.view(B, H, T, -1)  # [B, H, T, S]
         if self.softcap is not None:
             scores = torch.tanh(scores.div_(self.softcap)) * self.softcap  # before the mask, as Gemma 2
+        if self.alibi_slopes is not None:
+            scores = scores.add_(self._alibi(q_slice, mask.T, k.shape[2], scores.device))
         add = mask.additive(scores.dtype, scores.device, q_slice)
         if add is not None:
             scores = scores.add_(add)  # in place: scores is this pass's own buffer (add's backward needs neither)

@@ -176,6 +176,9 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         cfg, layer_n_heads=layer_heads,
         layer_n_kv_heads=None if latent else layer_kv,
         layer_kv_map=None if latent or all(m is None for m in layer_map) else layer_map,
+        # ALiBi: each kept head keeps its own slope (the formula for the smaller head count would give others).
+        alibi_slopes=None if cfg.alibi_slopes is None else [
+            [cfg.layer_alibi_slopes(layer)[h] for h in kept] for layer, kept in enumerate(kept_all)],
     )
     p = next(model.parameters())
     with warnings.catch_warnings():

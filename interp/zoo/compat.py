@@ -136,6 +136,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "opt": ("opt", dict(hidden_size=80, ffn_dim=96, num_attention_heads=5, word_embed_proj_dim=80)),
     "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                       num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
+    # ALiBi with 6 heads (not a power of two: the interleaved extra slopes) and with 12
+    "bloom": ("bloom", dict(hidden_size=96, n_head=6, n_layer=2)),
+    "bloom_12_heads": ("bloom", dict(hidden_size=96, n_head=12, n_layer=2)),
+    "mpt": ("mpt", dict(d_model=72, n_heads=6, n_layers=2, max_seq_len=64)),
+    "mpt_12_heads": ("mpt", dict(d_model=96, n_heads=12, n_layers=2, max_seq_len=64,
+                                 attn_config={"softmax_scale": 0.2})),
+    "gpt_neo": ("gpt_neo", dict(hidden_size=80, intermediate_size=96, num_heads=5, num_layers=2,
+                                max_position_embeddings=64, window_size=WINDOW,
+                                attention_types=[[["local", "global"], 1]])),
 }
 
 _LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
@@ -206,7 +215,7 @@ def hf_test_model(name: str, attn_implementation: str = "eager", **overrides: An
         raise KeyError(f"unknown test family {name!r}; known: {sorted(TABLE)}")
     model_type, kw = TABLE[name]
     extra = {"vocab_size": V, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-    args = {**_COMMON, **kw} if model_type not in ("gpt_bigcode", "gptj") else {**kw, **extra}
+    args = {**_COMMON, **kw} if model_type not in ("gpt_bigcode", "gptj", "bloom", "mpt") else {**kw, **extra}
     args.update(overrides)
     cfg = transformers.AutoConfig.for_model(model_type, **args)
     cfg._attn_implementation = attn_implementation

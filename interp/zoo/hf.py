@@ -846,9 +846,13 @@ FAMILIES = "BERT, GPT-2, Llama, Qwen, Gemma, Phi, Mixtral, DeepSeek and other fa
 
 def _register_dense_families() -> None:
     # The other dense families live in their own module, which reads this one's helpers.
+    from . import native_bloom, native_gpt_neo, native_mpt
     from .hf_families import CONVERTERS_DENSE
 
     CONVERTERS.update(CONVERTERS_DENSE)
+    CONVERTERS["bloom"] = (native_bloom.bloom_config, native_bloom.bloom_state_dict)
+    CONVERTERS["mpt"] = (native_mpt.mpt_config, native_mpt.mpt_state_dict)
+    CONVERTERS["gpt_neo"] = (native_gpt_neo.gpt_neo_config, native_gpt_neo.gpt_neo_state_dict)
 
 
 def converter(hf_cfg: Mapping[str, Any]) -> Converter:

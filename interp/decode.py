@@ -326,6 +326,8 @@ _LEAN_COVERED = frozenset({
     # attention kinds and rotary (Rotary is called at each step, not traced: its scaling runs its own code)
     "attention", "kv_latent_dim", "q_latent_dim", "rope_dim", "positional", "rotary_base", "rotary_dim",
     "rope_scaling", "rotary_float32",
+    # ALiBi: the attention computes its distances from the query and key counts, not the pass's positions
+    "alibi_slopes",
     # norms, MLPs and biases
     "normalization", "norm_eps", "norm_weight_float32", "attn_only", "activation", "attn_bias", "out_bias",
     "mlp_bias",

@@ -157,18 +157,21 @@ def bert_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
 def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a GPT-2 decoder from its HF config dict.
 
+    ``scale_attn_by_inverse_layer_idx`` (layer i's scores divided by i + 1) is folded into that layer's query
+    rows by :func:`gpt2_state_dict_for`; ``reorder_and_upcast_attn`` computes the same scores in float32 (scaled
+    before the product instead of after: the same numbers up to rounding).
+
     Raises:
-        ValueError: unsupported settings (``scale_attn_by_inverse_layer_idx``, ``scale_attn_weights=False``,
-            cross-attention, an unknown activation) or a missing key.
+        ValueError: unsupported settings (``scale_attn_weights=False``, cross-attention, an unknown activation)
+            or a missing key.
     """
     arch = "GPT-2"
     _decoder_checks(hf_cfg, "gpt2")
-    for key, bad in (("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False),
-                     ("add_cross_attention", True)):
+    for key, bad in (("scale_attn_weights", False), ("add_cross_attention", True)):
         if hf_cfg.get(key, not bad) == bad:
             raise ValueError(f"GPT-2 {key}={bad} is not supported by the converter")
     act = hf_cfg.get("activation_function", "gelu_new")
-    acts = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+    acts = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
     if act not in acts:
         raise ValueError(f"GPT-2 activation_function={act!r} is not supported ({sorted(acts)})")
     d_model = _need(hf_cfg, "n_embd", arch)
@@ -181,8 +184,12 @@ def gpt2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, inverse_layer_scale: bool = False
+                    ) -> dict[str, torch.Tensor]:
     """Our state dict from a HF GPT-2 one (``GPT2LMHeadModel`` or ``GPT2Model`` keys).
+
+    ``inverse_layer_scale`` (``scale_attn_by_inverse_layer_idx``): layer i's query rows (weight and bias) are
+    divided by i + 1, which divides its scores by i + 1 as transformers does.
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
@@ -198,6 +205,12 @@ def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
                              ("mlp.W_in", "mlp.c_fc"), ("mlp.W_out", "mlp.c_proj")):
             out[b + ours + ".weight"] = src(h + theirs + ".weight").T.contiguous()  # [in, out] -> [out, in]
             out[b + ours + ".bias"] = src(h + theirs + ".bias")
+        if inverse_layer_scale and i:
+            q_rows = cfg.n_heads * cfg.d_head  # the first rows of W_qkv are the queries
+            for kind in ("weight", "bias"):
+                w = out[b + f"attn.W_qkv.{kind}"].clone()
+                w[:q_rows] /= i + 1
+                out[b + f"attn.W_qkv.{kind}"] = w
         for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
             out[b + ours + ".weight"] = src(h + theirs + ".weight")
             out[b + ours + ".bias"] = src(h + theirs + ".bias")
@@ -205,6 +218,17 @@ def gpt2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
         out["W_U.weight"] = hf_sd["lm_head.weight"] if "lm_head.weight" in hf_sd else src("wte.weight")
         out["W_U.bias"] = torch.zeros(cfg.d_vocab)  # an untied W_U has a bias in interp; lm_head has none
     return out
+
+
+def gpt2_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
+    """The state-dict function of a GPT-2 config: :func:`gpt2_state_dict` with ``scale_attn_by_inverse_layer_idx``.
+
+    Example:
+        >>> gpt2_state_dict_for({"scale_attn_by_inverse_layer_idx": True}).keywords
+        {'inverse_layer_scale': True}
+    """
+    return functools.partial(gpt2_state_dict,
+                             inverse_layer_scale=bool(hf_cfg.get("scale_attn_by_inverse_layer_idx", False)))
 
 
 # --- Llama-style ------------------------------------------------------------------------------------------
@@ -444,6 +468,12 @@ def _rope_context(n_ctx: int, scaling: dict | None) -> int:
     return n_ctx
 
 
+#: A Llama-style MLP's ``hidden_act`` on its gate -> the gated activation (``gelu_new`` and ``gelu_pytorch_tanh``
+#: are both the tanh approximation of GELU).
+_GATED_ACTIVATIONS: dict[str, Any] = {"silu": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh",
+                                      "gelu_new": "geglu_tanh"}
+
+
 def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2 / qwen3) from its HF config dict.
 
@@ -459,8 +489,8 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = mtype  # mistral, qwen2 and the MoE families come through here too: errors name the real one
     _decoder_checks(hf_cfg, mtype)
     act = hf_cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
+    if act not in _GATED_ACTIVATIONS:
+        raise ValueError(f"{mtype} hidden_act={act!r} is not supported ({sorted(_GATED_ACTIVATIONS)})")
     n_ctx = _need(hf_cfg, "max_position_embeddings", arch)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     attn_bias, out_bias = _biases(hf_cfg, mtype)
@@ -470,7 +500,7 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=_GATED_ACTIVATIONS[act],
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=n_ctx, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         causal=True, attn_bias=attn_bias, out_bias=out_bias,
@@ -611,6 +641,9 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if hf_cfg.get("clip_qkv") is not None:
         raise ValueError(f"{mtype} clip_qkv={hf_cfg['clip_qkv']!r} is not supported (only None)")
     base = llama_config(hf_cfg)
+    if base.activation not in ("swiglu", "geglu"):  # the experts' gated activations
+        raise ValueError(f"{mtype} hidden_act={hf_cfg.get('hidden_act')!r} is not supported for experts "
+                         "(only 'silu' and 'gelu')")
     L = base.n_layers
     # config.json names it num_experts (Qwen, OLMoE) or num_local_experts (Mixtral; also some to_dict() outputs).
     key = "num_local_experts" if hf_cfg.get("num_local_experts") is not None else "num_experts"

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .hf import StateDict, _decoder_checks, _dense_weights, _llama_attention, _need, _rope, _Source, llama_state_dict, sliding_windows
+from .hf import StateDict, _decoder_checks, _dense_weights, _llama_attention, _need, _rope, _Source, gpt2_state_dict_for, llama_state_dict, sliding_windows
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 
@@ -348,7 +348,8 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "gpt_neox"
     act = hf_cfg.get("hidden_act", "gelu")
-    acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
+    acts = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "gelu_pytorch_tanh": "gelu_new",
+            "relu": "relu"}
     if act not in acts:
         raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(acts)})")
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
@@ -1453,5 +1454,5 @@ CONVERTERS_DENSE = {
 
 #: The families whose state-dict function depends on config scalars folded into the weights: the dispatch
 #: (:func:`interp.zoo.hf.converter`) builds it from the config (the entries above hold the defaults' version).
-STATE_DICT_FOR_CONFIG = {"granite": granite_state_dict_for, "cohere": cohere_state_dict_for,
+STATE_DICT_FOR_CONFIG = {"gpt2": gpt2_state_dict_for, "granite": granite_state_dict_for, "cohere": cohere_state_dict_for,
                          "cohere2": cohere_state_dict_for, "opt": opt_state_dict_for}

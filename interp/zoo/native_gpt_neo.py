@@ -24,10 +24,10 @@ _ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu":
 
 def _attention_layers(hf_cfg: Mapping[str, Any], arch: str, n_layers: int) -> list[str]:
     """Each layer's attention kind, from ``attention_layers`` or the run-length ``attention_types``."""
-    layers = hf_cfg.get("attention_layers")
+    types = hf_cfg.get("attention_types") or [[["global", "local"], 12]]
+    layers = hf_cfg.get("attention_layers")  # what transformers builds from attention_types
     if not layers:
-        layers = [kind for kinds, repeat in hf_cfg.get("attention_types") or [[["global", "local"], 12]]
-                  for _ in range(repeat) for kind in kinds]
+        layers = [kind for kinds, repeat in types for _ in range(repeat) for kind in kinds]
     layers = list(layers)
     if len(layers) != n_layers or any(kind not in ("global", "local") for kind in layers):
         raise ValueError(f"{arch} attention_layers={layers!r} must give 'global' or 'local' for each of the "

@@ -55,7 +55,18 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from .hf import StateDict, _decoder_checks, _dense_weights, _llama_attention, _need, _rope, _Source, gpt2_state_dict_for, llama_state_dict, sliding_windows
+from .hf import (
+    StateDict,
+    _decoder_checks,
+    _dense_weights,
+    _llama_attention,
+    _need,
+    _rope,
+    _Source,
+    gpt2_state_dict_for,
+    llama_state_dict,
+    sliding_windows,
+)
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 

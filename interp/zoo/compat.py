@@ -80,6 +80,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                               parallel_attn=True, bias=False)),
     "falcon_new_arch": ("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=9, num_kv_heads=3,
                                        new_decoder_architecture=True, bias=True)),
+    "falcon_alibi": ("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=6, multi_query=False,
+                                    parallel_attn=False, bias=True, alibi=True)),
     "phi": ("phi", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                          "partial_rotary_factor": 0.5})),

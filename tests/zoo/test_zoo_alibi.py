@@ -200,7 +200,7 @@ def test_activations_that_used_to_be_refused_match_transformers(name, key, act):
     ("mpt", dict(expansion_ratio=2), "expansion_ratio=2"),
     ("bloom", dict(apply_residual_connection_post_layernorm=True), "apply_residual_connection_post_layernorm"),
     ("llama3", dict(hidden_act="relu"), "hidden_act='relu'"),
-    ("mixtral", dict(hidden_act="gelu_pytorch_tanh"), "hidden_act='gelu_pytorch_tanh'"),
+    ("mixtral", dict(hidden_act="gelu"), "mixtral hidden_act='gelu' is not supported"),
 ])
 def test_unsupported_settings_are_refused_by_name(name, change, message):
     from interp.zoo.hf import convert

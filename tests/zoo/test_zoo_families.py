@@ -211,7 +211,8 @@ def test_published_shapes_build_and_convert(label):
 
 # --- refusals -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,change,message", [
-    ("falcon", {"alibi": True}, r"falcon alibi=True is not supported"),
+    ("falcon", {"alibi": True, "num_attention_heads": 10}, r"falcon alibi=True with num_attention_heads=10 is not "
+                                                           r"supported"),
     ("phi", {"qk_layernorm": True}, r"phi qk_layernorm=True is not supported"),
     ("gpt_neox", {"hidden_act": "swish"}, r"gpt_neox hidden_act='swish' is not supported"),
     ("gpt_bigcode", {"activation_function": "tanh"}, r"gpt_bigcode activation_function='tanh' is not supported"),
@@ -232,7 +233,7 @@ def test_published_shapes_build_and_convert(label):
      r"olmo3 sliding_attention rope_type='linear' is not supported"),
     ("ministral", {"layer_types": ["chunked_attention", "full_attention"]},
      r"ministral layer_types\[0\]='chunked_attention' is not supported"),
-    ("seed_oss", {"hidden_act": "gelu"}, r"seed_oss hidden_act='gelu' is not supported"),
+    ("seed_oss", {"hidden_act": "relu"}, r"seed_oss hidden_act='relu' is not supported"),
     ("starcoder2", {"hidden_act": "swish"}, r"starcoder2 hidden_act='swish' is not supported"),
     ("arcee", {"hidden_act": "tanh"}, r"arcee hidden_act='tanh' is not supported"),
     ("hunyuan_v1_dense", {"hidden_act": "gelu"}, r"hunyuan_v1_dense hidden_act='gelu' is not supported"),

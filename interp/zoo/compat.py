@@ -251,8 +251,14 @@ def variants(cfg: Any) -> str:
         else:
             partial = f" {cfg.rotary_dim}/{cfg.d_head}" if cfg.rotary_dim != cfg.d_head else ""
         parts.append(f"{kind}{partial}" + (" + local base" if cfg.local_rotary_base else ""))
+    elif cfg.alibi_slopes is not None:
+        parts.append(f"ALiBi ({cfg.n_heads} heads)" + (" + learned positions" if cfg.positional == "learned" else ""))
     else:
         parts.append(f"{cfg.positional} positions")
+    if cfg.embed_norm:
+        parts.append("embedding norm")
+    if cfg.attn_scale == 1.0:
+        parts.append("unscaled scores")
     if cfg.embed_scale != 1.0:
         parts.append("embed scale")
     if cfg.n_experts:

@@ -211,3 +211,15 @@ def test_unsupported_settings_are_refused_by_name(name, change, message):
         cfg["attn_config"] = {**hf.config.attn_config.to_dict(), **change["attn_config"]}
     with pytest.raises(ValueError, match=message):
         convert(cfg, hf.state_dict())
+
+
+@pytest.mark.parametrize("name, claims", [
+    ("bloom", ["ALiBi", "embedding norm"]), ("mpt_12_heads", ["ALiBi"]), ("falcon_alibi", ["ALiBi"]),
+    ("gpt_neo", ["window 8 (1/2 layers)", "learned positions", "unscaled scores"]),
+])
+def test_compat_rows_claim_what_the_configs_have(name, claims):
+    from interp.zoo.compat import variants
+
+    text = variants(from_hf(hf_test_model(name)).cfg)
+    for claim in claims:
+        assert claim in text

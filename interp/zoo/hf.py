@@ -474,6 +474,18 @@ _GATED_ACTIVATIONS: dict[str, Any] = {"silu": "swiglu", "gelu": "geglu", "gelu_p
                                       "gelu_new": "geglu_tanh"}
 
 
+def _gated_activation(hf_cfg: Mapping[str, Any], arch: str) -> Any:
+    """The gated activation a Llama-style family's ``hidden_act`` names (SiLU: SwiGLU; GELU: GeGLU).
+
+    Raises:
+        ValueError: another ``hidden_act``, named with its value.
+    """
+    act = hf_cfg.get("hidden_act", "silu")
+    if act not in _GATED_ACTIVATIONS:
+        raise ValueError(f"{arch} hidden_act={act!r} is not supported ({sorted(_GATED_ACTIVATIONS)})")
+    return _GATED_ACTIVATIONS[act]
+
+
 def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a Llama-style decoder (llama / mistral / qwen2 / qwen3) from its HF config dict.
 
@@ -488,9 +500,7 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     mtype = hf_cfg.get("model_type", "llama")
     arch = mtype  # mistral, qwen2 and the MoE families come through here too: errors name the real one
     _decoder_checks(hf_cfg, mtype)
-    act = hf_cfg.get("hidden_act", "silu")
-    if act not in _GATED_ACTIVATIONS:
-        raise ValueError(f"{mtype} hidden_act={act!r} is not supported ({sorted(_GATED_ACTIVATIONS)})")
+    activation = _gated_activation(hf_cfg, mtype)
     n_ctx = _need(hf_cfg, "max_position_embeddings", arch)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     attn_bias, out_bias = _biases(hf_cfg, mtype)
@@ -500,7 +510,7 @@ def llama_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=_GATED_ACTIVATIONS[act],
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=n_ctx, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         causal=True, attn_bias=attn_bias, out_bias=out_bias,

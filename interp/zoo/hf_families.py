@@ -61,6 +61,7 @@ from .hf import (
     StateDict,
     _decoder_checks,
     _dense_weights,
+    _gated_activation,
     _llama_attention,
     _need,
     _rope,
@@ -251,7 +252,7 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = hf_cfg.get("model_type", "olmo2")
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("attention_bias", False, False)))
+    _refuse(arch, hf_cfg, (("attention_bias", False, False),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     windows = sliding_windows(hf_cfg, arch)
     theta, scaling, local_base = _per_type_rope(hf_cfg, arch, windows)
@@ -259,7 +260,7 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         sliding_window=windows, local_rotary_base=local_base,
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=_gated_activation(hf_cfg, arch),
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta,
         rope_scaling=scaling, qk_norm="full", sublayer_norm="output", norm_weight_float32=True, rotary_float32=True,
@@ -297,7 +298,6 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "phi3"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     # transformers' Phi-3 attention and rotary read head_dim when the config has one (else hidden / heads).
     d_head = hf_cfg.get("head_dim") or d_model // n_heads
@@ -320,7 +320,7 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        activation=_gated_activation(hf_cfg, arch), d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rotary_dim=rotary_dim, rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch),
@@ -711,14 +711,14 @@ def olmo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "olmo"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("clip_qkv", None, None)))
+    _refuse(arch, hf_cfg, (("clip_qkv", None, None),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=_gated_activation(hf_cfg, arch),
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="pre", norm_eps=1e-5, positional="rotary", rotary_base=theta, rope_scaling=scaling,
         attn_bias=bias, out_bias=bias, mlp_bias=False, unembed=True,
@@ -823,7 +823,6 @@ def hunyuan_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "hunyuan_v1_dense"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = hf_cfg.get("head_dim") or d_model // n_heads
     rope = hf_cfg.get("rope_parameters") or {}
@@ -839,7 +838,7 @@ def hunyuan_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        activation=_gated_activation(hf_cfg, arch), d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         qk_norm="head_after_rotary", attn_bias=bias, out_bias=bias, mlp_bias=False, unembed=True,
@@ -907,7 +906,6 @@ def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "smollm3"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     n_layers = _need(hf_cfg, "num_hidden_layers", arch)
     interval = hf_cfg.get("no_rope_layer_interval", 4)
     has_rope = hf_cfg.get("no_rope_layers")
@@ -927,7 +925,7 @@ def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=hf_cfg.get("head_dim") or d_model // n_heads,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        activation=_gated_activation(hf_cfg, arch), d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         nope_layers=[i for i, rope in enumerate(has_rope) if not rope] or None, sliding_window=windows,
@@ -953,7 +951,6 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "exaone4"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     n_layers = _need(hf_cfg, "num_hidden_layers", arch)
     window = hf_cfg.get("sliding_window")
     pattern = hf_cfg.get("sliding_window_pattern", 4)
@@ -974,7 +971,7 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=hf_cfg.get("head_dim") or d_model // n_heads,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        activation=_gated_activation(hf_cfg, arch), d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         nope_layers=nope or None, sliding_window=windows, qk_norm="head", sublayer_norm="output",
@@ -1064,7 +1061,6 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = hf_cfg.get("model_type", "glm4")
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = hf_cfg.get("head_dim") or d_model // n_heads
     rope = hf_cfg.get("rope_parameters") or {}
@@ -1076,7 +1072,7 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        activation=_gated_activation(hf_cfg, arch), d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rotary_dim=int(d_head * partial), sublayer_norm="sandwich" if arch == "glm4" else "input",
@@ -1144,7 +1140,7 @@ def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "stablelm"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("qk_layernorm", False, False)))
+    _refuse(arch, hf_cfg, (("qk_layernorm", False, False),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads  # StableLM's attention ignores head_dim; only its RoPE init would read one
     if hf_cfg.get("head_dim") not in (None, d_head):
@@ -1159,7 +1155,7 @@ def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, d_mlp=_need(hf_cfg, "intermediate_size", arch),
-        activation="swiglu", d_vocab=_need(hf_cfg, "vocab_size", arch),
+        activation=_gated_activation(hf_cfg, arch), d_vocab=_need(hf_cfg, "vocab_size", arch),
         n_ctx=_need(hf_cfg, "max_position_embeddings", arch), normalization="pre",
         norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rotary_dim=int(d_head * partial),
@@ -1209,14 +1205,13 @@ def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "ernie4_5"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("use_bias", False))
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=_gated_activation(hf_cfg, arch),
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rope_scaling=scaling, rotary_float32=True, attn_bias=bias, out_bias=bias, mlp_bias=bias, unembed=True,
@@ -1261,8 +1256,7 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = hf_cfg.get("model_type", "cohere")
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),) + ((("use_qk_norm", False, False),) if arch == "cohere"
-                                                               else ()))
+    _refuse(arch, hf_cfg, (("use_qk_norm", False, False),) if arch == "cohere" else ())
     _granite_multiplier(hf_cfg, "logit_scale", arch, 0.0625)
     windows, nope = None, None
     if arch == "cohere2":  # sliding layers rotate; the others (all of them without a window) have no positions
@@ -1276,7 +1270,7 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=_gated_activation(hf_cfg, arch),
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rope_scaling=scaling, rotary_float32=True, sliding_window=windows, nope_layers=nope,

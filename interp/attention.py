@@ -22,6 +22,11 @@ path gives SDPA one more key, exactly: each query gets one more dimension holdin
 real keys a 0 there and the extra key a 1 (its score is the sink logit), and the extra key's value is zero.
 That key is appended to a copy of K / V for the pass; the cache holds only the real keys.
 
+ALiBi (``cfg.alibi_slopes``) adds ``slope_h * (k - q)`` to head h's scores on both paths (in SDPA as part of
+its float mask). Keys always end at the last query's position (the cache returns its keys up to the newest), so
+the distances come from the query and key counts alone, never from the pass's absolute positions: the traced
+decode step keeps them.
+
 Precision: in a bf16 / fp16 model the explicit path computes scores, mask, soft-cap and softmax in float32 (the
 fused SDPA kernels keep them in float32 too), so ``hook_attn_scores`` and ``hook_pattern`` carry float32; only
 the product with v uses the pattern rounded to the model's dtype. float32 and float64 models run it uncast.
@@ -189,6 +194,9 @@ class _AttentionBase(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if cfg.attn_sinks and not cross else None
         if self.sinks is not None:
             self.hook_sink_mass = HookPoint()
+        # ALiBi slopes of this layer's heads: a plain tuple, not a buffer, so model.to(bf16) cannot round them.
+        slopes = None if cross or layer is None else cfg.layer_alibi_slopes(layer)
+        self.alibi_slopes: tuple[float, ...] | None = None if slopes is None else tuple(slopes)
 
     # --- per-head views of the output projection -----------------------------------------------------
     @property
@@ -234,12 +242,14 @@ class _AttentionBase(nn.Module):
             v = v.index_select(1, kv_index)  # [B, H, S, Dv]
         if not self._needs_explicit():
             n_kv = k.shape[1]
+            causal = mask.sdpa_is_causal and self.alibi_slopes is None and self.sinks is None
+            attn_mask = None if causal else self._sdpa_mask(mask, q, k.shape[2])  # [B or 1, 1 or H, T, S]
             if self.sinks is not None:
-                return self._attend_sdpa_sink(q, k, v, mask, scale)
+                return self._attend_sdpa_sink(q, k, v, attn_mask, scale)
             return F.scaled_dot_product_attention(
                 q, k, v,
-                attn_mask=None if mask.sdpa_is_causal else mask.additive(q.dtype, q.device),
-                is_causal=mask.sdpa_is_causal,
+                attn_mask=attn_mask,
+                is_causal=causal,
                 scale=scale,
                 enable_gqa=n_kv != q.shape[1],
             )
@@ -251,7 +261,7 @@ class _AttentionBase(nn.Module):
               for i in range(0, T, chunk)]
         return torch.cat(zs, dim=2)  # [B, H, T, Dv]
 
-    def _attend_sdpa_sink(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttnMask,
+    def _attend_sdpa_sink(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, add: torch.Tensor | None,
                           scale: float) -> torch.Tensor:
         """The fused kernel with each head's sink as one more key (see the module docstring): exact, since the
         extra dimension adds 0 to every real score and ``scale * sinks[h] / scale`` to the sink's."""
@@ -263,10 +273,29 @@ class _AttentionBase(nn.Module):
         corner = F.pad(k.new_ones(B, K, 1, 1), (Dq, 0, S, 0))  # [B, K, S+1, Dq+1]: 1 at the sink key's new dim
         k = F.pad(k, (0, 1, 0, 1)) + corner  # [B, K, S+1, Dq+1]
         v = F.pad(v, (0, 0, 0, 1))  # [B, K, S+1, Dv]: the sink writes nothing
-        add = mask.additive(q.dtype, q.device)  # the causal kernel would misplace the sink column: explicit mask
+        # ``add`` is the explicit mask (the causal kernel would misplace the sink column), ALiBi included.
         if add is not None:
             add = F.pad(add, (0, 1))  # [B or 1, 1, T, S+1]: every query sees its sink
         return F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale, enable_gqa=K != H)
+
+    def _sdpa_mask(self, mask: AttnMask, q: torch.Tensor, S: int) -> torch.Tensor | None:
+        """The fused path's additive mask ``[B or 1, 1 or H, T, S]``: the pass's mask plus ALiBi's bias, or None."""
+        add = mask.additive(q.dtype, q.device)
+        if self.alibi_slopes is None:
+            return add
+        bias = self._alibi(slice(0, mask.T), mask.T, S, q.device).to(q.dtype)  # [1, H, T, S]
+        return bias if add is None else bias + add
+
+    def _alibi(self, q_slice: slice, T: int, S: int, device: torch.device) -> torch.Tensor:
+        """ALiBi bias ``[1, H, T', S]`` in float32, ``slope_h * (k - q)``, for the queries ``q_slice`` of ``T``.
+
+        The keys end at the last query, so query i sits ``T - 1 - i`` places before the last of the ``S`` keys.
+        """
+        slopes = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=device)  # [H]
+        k_off = torch.arange(S, device=device, dtype=torch.float32) - (S - 1)  # [S] offset from the last key
+        q_off = torch.arange(q_slice.start, q_slice.stop, device=device, dtype=torch.float32) - (T - 1)  # [T']
+        distance = k_off[None, :] - q_off[:, None]  # [T', S]
+        return (slopes[:, None, None] * distance)[None]  # [H, T', S] -> [1, H, T', S]
 
     def _attend_explicit(self, q, k, v, mask: AttnMask, q_slice: slice, scale: float) -> torch.Tensor:
         B, H, T, Dq = q.shape
@@ -295,6 +324,9 @@ class _AttentionBase(nn.Module):
         scores = scores.view(B, H, T, -1)  # [B, H, T, S]
         if self.softcap is not None:
             scores = torch.tanh(scores.div_(self.softcap)) * self.softcap  # before the mask, as Gemma 2
+        if self.alibi_slopes is not None:
+            # the bias of all S keys, cut to the keys this chunk computes (k may be truncated to n_keys)
+            scores = scores.add_(self._alibi(q_slice, mask.T, S, scores.device)[..., :n_keys])
         add = mask.additive(scores.dtype, scores.device, q_slice)
         if add is not None:
             scores = scores.add_(add[..., :n_keys])  # in place: this pass's own buffer (add's backward needs neither)

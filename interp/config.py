@@ -105,6 +105,11 @@ class ModelConfig:
         sliding_window: sliding-window attention: an int (every layer) or one entry per layer, an int W (the
             query at position p sees keys p - W + 1 .. p) or ``None`` (global attention). ``n_ctx`` is not capped
             by it, and the KV cache keeps only the last W - 1 positions of a windowed layer.
+        alibi_slopes: ALiBi (BLOOM, MPT, Falcon with ``alibi=True``): head h adds ``slope_h * (k - q)`` to its
+            score of key position k from query position q (after the scale, before the mask). One slope per
+            query head, as the family computes them (:func:`alibi_slopes` gives the ALiBi paper's geometric
+            sequence, exact for head counts that are not powers of two), or one list per layer (a model with
+            heads removed keeps each remaining head's slope). ``None``: no ALiBi.
         attn_scale: the factor on ``q . k`` (default ``1 / sqrt(d_head)``; Gemma 2's ``query_pre_attn_scalar``
             gives ``query_pre_attn_scalar ** -0.5``).
         attn_sinks: learned attention sinks (gpt-oss): each query head has a parameter ``attn.sinks[h]``, a logit
@@ -239,6 +244,7 @@ class ModelConfig:
     local_rotary_base: float | None = None
     sliding_window: int | list[int | None] | None = None
     nope_layers: list[int] | None = None
+    alibi_slopes: list[float] | list[list[float]] | None = None
     attn_scale: float | None = None
     attn_sinks: bool = False
     attn_softcap: float | None = None
@@ -389,6 +395,50 @@ class ModelConfig:
         self._check_latent_extras()
         self._check_experts()
         self._check_layer_heads()
+        self._check_alibi()
+
+    def _check_alibi(self) -> None:
+        """Validate ``alibi_slopes``: one finite number per head, flat or per layer, in a causal decoder."""
+        slopes = self.alibi_slopes
+        if slopes is None:
+            return
+        if not isinstance(slopes, (list, tuple)):
+            raise TypeError(f"alibi_slopes={slopes!r} must be a list of numbers (one per head) or None")
+        per_layer = bool(slopes) and all(isinstance(s, (list, tuple)) for s in slopes)
+        rows: list[Any] = list(slopes) if per_layer else [slopes] * self.n_layers
+        if len(rows) != self.n_layers:
+            raise ValueError(f"alibi_slopes has {len(rows)} per-layer lists, expected one per layer "
+                             f"({self.n_layers})")
+        for layer, row in enumerate(rows):
+            want = self.layer(layer).n_heads
+            if (not isinstance(row, (list, tuple)) or len(row) != want
+                    or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                           for v in row)):
+                raise ValueError(f"alibi_slopes{f'[{layer}]' if per_layer else ''}={list(row)!r} must be {want} "
+                                 f"finite numbers (one per query head of layer {layer})")
+        if not self.causal or self.attention != "standard" or self.cross_attention:
+            raise ValueError(f"alibi_slopes needs a causal decoder with standard self-attention, got "
+                             f"causal={self.causal}, attention={self.attention!r}, "
+                             f"cross_attention={self.cross_attention}")
+        if self.sliding_window is not None:
+            # Not a combination any family uses; the bias reads key positions from the cache's length.
+            raise ValueError(f"alibi_slopes with sliding_window={self.sliding_window!r} is not supported")
+        self.alibi_slopes = ([[float(v) for v in row] for row in rows] if per_layer
+                             else [float(v) for v in rows[0]])
+
+    def layer_alibi_slopes(self, layer: int) -> list[float] | None:
+        """The ALiBi slopes of ``layer``'s query heads (``None`` without ALiBi).
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4, alibi_slopes=[0.5, 0.25])
+            >>> cfg.layer_alibi_slopes(0)
+            [0.5, 0.25]
+        """
+        slopes = self.alibi_slopes
+        if slopes is None:
+            return None
+        row = slopes[layer] if slopes and isinstance(slopes[0], list) else slopes
+        return list(row)  # type: ignore[arg-type]
 
     def _check_latent_extras(self) -> None:
         """Validate the DeepSeek MLA field (value width)."""
@@ -780,6 +830,39 @@ class ModelConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> list[float]:
+    """ALiBi's per-head slopes, as BLOOM, Falcon and MPT compute them.
+
+    For a power of two n: ``2 ** (-max_bias * i / n)``, i = 1 .. n. Otherwise the n' = largest power of two below
+    n heads get n'-head slopes and the rest take every other slope of the 2n'-head sequence (odd i), as the
+    ALiBi paper's reference code does (BLOOM's ``_get_alibi_slopes``; MPT's ``gen_slopes`` with
+    ``alibi_bias_max=max_bias`` gives the same numbers).
+
+    Args:
+        n_heads: query heads.
+        max_bias: the exponent span (8 in the paper and in every published BLOOM / Falcon / MPT checkpoint).
+
+    Returns:
+        ``n_heads`` floats.
+
+    Raises:
+        ValueError: ``n_heads < 1`` or ``max_bias <= 0``.
+
+    Example:
+        >>> alibi_slopes(4)
+        [0.25, 0.0625, 0.015625, 0.00390625]
+        >>> alibi_slopes(6)[4:]
+        [0.5, 0.125]
+    """
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"alibi_slopes: n_heads={n_heads!r} must be a positive int")
+    _positive_float("max_bias", max_bias)
+    power = 2 ** int(math.floor(math.log2(n_heads)))
+    slopes = [2.0 ** (-max_bias * i / power) for i in range(1, power + 1)]
+    extra = [2.0 ** (-max_bias * i / (2 * power)) for i in range(1, 2 * power + 1, 2)]
+    return slopes + extra[: n_heads - power]
 
 
 _MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": "softmax",

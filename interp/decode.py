@@ -334,6 +334,8 @@ _LEAN_COVERED = frozenset({
     "rope_scaling", "rotary_float32",
     # learned sinks: the fused path's extra key (tests/core/test_attn_sinks.py)
     "attn_sinks",
+    # ALiBi: the attention computes its distances from the query and key counts, not the pass's positions
+    "alibi_slopes",
     # norms, MLPs and biases
     "normalization", "norm_eps", "norm_weight_float32", "attn_only", "activation", "attn_bias", "out_bias",
     "mlp_bias",

@@ -84,6 +84,10 @@ _MLP_BIAS_KEY = ("llama", "deepseek_v2", "seed_oss", "granite")
 #: ``gelu_new`` are both the tanh approximation).
 GPT_ACTIVATIONS: dict[str, Activation] = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu",
                                           "relu": "relu"}
+#: A Llama-style MLP's ``hidden_act`` on its gate -> the gated activation (SiLU: SwiGLU; GELU: GeGLU; ``gelu_new`` and
+#: ``gelu_pytorch_tanh`` are both the tanh approximation).
+GATED_ACTIVATIONS: dict[str, Activation] = {"silu": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh",
+                                            "gelu_new": "geglu_tanh"}
 
 
 def _activation(hf_cfg: Mapping[str, Any], key: str, default: str, arch: str,

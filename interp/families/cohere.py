@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import Family
 from ._positions import _rope, _typed_windows
 from ._tensors import (
@@ -42,7 +42,7 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = hf_cfg.get("model_type", "cohere")
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),) + ((("use_qk_norm", False, False),) if arch == "cohere"
+    _refuse(arch, hf_cfg, ((("use_qk_norm", False, False),) if arch == "cohere"
                                                                else ()))
     _granite_multiplier(hf_cfg, "logit_scale", arch, 0.0625)
     windows, nope = None, None
@@ -54,10 +54,11 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads, n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
         rope_scaling=scaling, rotary_float32=True, sliding_window=windows, nope_layers=nope,

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -35,11 +35,11 @@ def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "ernie4_5"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("use_bias", False))
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch, tie_default=True), activation="swiglu", normalization="rms",
+        **llama_sizes(hf_cfg, arch, tie_default=True), activation=activation, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         rotary_float32=True, attn_bias=bias, out_bias=bias, mlp_bias=bias
     )

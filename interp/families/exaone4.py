@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
-from ._base import _decoder_checks, _need, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, _activation, _decoder_checks, _need, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope, _typed_windows
 from .olmo2 import olmo2_state_dict
@@ -31,7 +31,6 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "exaone4"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     n_layers = _need(hf_cfg, "num_hidden_layers", arch)
     window = hf_cfg.get("sliding_window")
     pattern = hf_cfg.get("sliding_window_pattern", 4)
@@ -48,8 +47,9 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     theta, scaling = _rope(hf_cfg, arch)
     # transformers rotates every layer when sliding_window is None, else only the sliding ones.
     nope = [] if window is None else [i for i, kind in enumerate(types) if kind != "sliding_attention"]
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch), activation="swiglu", normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps",
+        **llama_sizes(hf_cfg, arch), activation=activation, normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps",
         1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling, nope_layers=nope or None,
         sliding_window=windows, qk_norm="head", sublayer_norm="output", norm_weight_float32=True, attn_bias=False,
         out_bias=False, mlp_bias=False

@@ -1,16 +1,17 @@
 """Falcon: parallel block with one shared LayerNorm (7B: MQA) or two (``new_decoder_architecture``: grouped K/V,
-fused QKV ordered per K/V group as ``[q_1 .. q_G, k, v]``); ALiBi is refused.
+fused QKV ordered per K/V group as ``[q_1 .. q_G, k, v]``); ``alibi=True`` up to 8 heads.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ..config import ModelConfig, ParallelBlock
-from ._base import StateDict, _decoder_checks, _need, _refuse
+from ..config import ModelConfig, ParallelBlock, alibi_slopes
+from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -24,12 +25,14 @@ from ._tensors import (
 def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a Falcon decoder: MQA (7B) or grouped K/V (``new_decoder_architecture``).
 
+    ``alibi=True`` (up to 8 heads) replaces RoPE with ALiBi (``alibi_slopes``, divided by ``sqrt(d_head)`` as
+    transformers does).
+
     Raises:
-        ValueError: ALiBi, a non-parallel new decoder architecture, an activation other than gelu/relu, or a
-            missing key.
+        ValueError: ALiBi with more than 8 heads, a non-parallel new decoder architecture, an activation other
+            than gelu/relu, or a missing key.
     """
     arch = "falcon"
-    _refuse(arch, hf_cfg, (("alibi", False, False),))
     act = hf_cfg.get("activation", "gelu")
     if act not in ("gelu", "relu"):
         raise ValueError(f"{arch} activation={act!r} is not supported (gelu, relu)")
@@ -49,15 +52,36 @@ def falcon_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         block = "one_norm" if parallel else "none"
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("bias", False))
+    slopes = _falcon_alibi_slopes(n_heads, d_model // n_heads) if hf_cfg.get("alibi", False) else None
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
         d_mlp=hf_cfg.get("ffn_hidden_size") or 4 * d_model, activation=act,
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=hf_cfg.get("max_position_embeddings") or 2048,
-        normalization="pre", norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5), positional="rotary",
-        rotary_base=theta, rope_scaling=scaling, parallel_block=block, attn_bias=bias, out_bias=bias,
+        normalization="pre", norm_eps=hf_cfg.get("layer_norm_epsilon", 1e-5),
+        positional="none" if slopes else "rotary", alibi_slopes=slopes,  # ALiBi layers do not rotate
+        rotary_base=theta, rope_scaling=None if slopes else scaling, parallel_block=block, attn_bias=bias,
+        out_bias=bias,
         mlp_bias=bias, unembed=True, tie_embeddings=bool(hf_cfg.get("tie_word_embeddings", True)),
         pad_token_id=hf_cfg.get("pad_token_id"),
     )
+
+
+def _falcon_alibi_slopes(n_heads: int, d_head: int) -> list[float]:
+    """Falcon's ALiBi slopes as transformers applies them: divided by ``sqrt(d_head)`` (its bias is added after the
+    scores are scaled, and scaled itself).
+
+    transformers rounds each slope and each ``slope * key_position`` to bfloat16 before adding it. For up to 8
+    heads every slope is a power of two, so the products are exact up to key position 255; for more heads the
+    rounded slopes and products differ from exact ALiBi by up to 0.4 %, which interp does not reproduce: refused.
+
+    Raises:
+        ValueError: more than 8 heads with ``alibi=True``.
+    """
+    if n_heads > 8:
+        raise ValueError(f"falcon alibi=True with num_attention_heads={n_heads} is not supported: transformers rounds "
+                         "the slopes (not powers of two beyond 8 heads) and their products with key positions to "
+                         "bfloat16, which interp does not reproduce")
+    return [s / math.sqrt(d_head) for s in alibi_slopes(n_heads)]
 
 
 def falcon_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:

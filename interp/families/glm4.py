@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -42,7 +42,6 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = hf_cfg.get("model_type", "glm4")
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = hf_cfg.get("head_dim") or d_model // n_heads
     rope = hf_cfg.get("rope_parameters") or {}
@@ -51,8 +50,9 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if scaling is not None:
         raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': GLM-4 "
                          "rotates part of each head)")
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="rms",
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation=activation, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rotary_dim=int(d_head *
         partial), sublayer_norm="sandwich" if arch == "glm4" else "input", attn_bias=bool(hf_cfg.get("attention_bias",
         True)), out_bias=False, mlp_bias=False

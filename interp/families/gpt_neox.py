@@ -20,7 +20,8 @@ from ._tensors import (
 )
 
 #: The ``hidden_act`` values this family's transformers code accepts, as our activations.
-_ACTIVATIONS: dict[str, Activation] = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new", "relu": "relu"}
+_ACTIVATIONS: dict[str, Activation] = {"gelu": "gelu", "gelu_new": "gelu_new", "gelu_fast": "gelu_new",
+                                        "gelu_pytorch_tanh": "gelu_new", "relu": "relu"}
 
 
 def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -39,7 +39,6 @@ def hunyuan_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "hunyuan_v1_dense"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = hf_cfg.get("head_dim") or d_model // n_heads
     rope = hf_cfg.get("rope_parameters") or {}
@@ -52,8 +51,9 @@ def hunyuan_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     else:
         theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="rms",
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation=activation, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         qk_norm="head_after_rotary", attn_bias=bias, out_bias=bias, mlp_bias=False
     )

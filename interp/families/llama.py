@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import _MLP_BIAS_KEY, StateDict, _decoder_checks, _need
+from ._base import _MLP_BIAS_KEY, GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
 from ._family import Family, named
 from ._positions import _rope, _rope_context, sliding_windows
 from ._tensors import (
@@ -64,9 +64,6 @@ def llama_config(hf_cfg: Mapping[str, Any], *, biases: BiasRule | None = None, w
     mtype = hf_cfg.get("model_type", "llama")
     arch = mtype  # mistral, qwen2 and the MoE families come through here too: errors name the real one
     _decoder_checks(hf_cfg, mtype)
-    act = hf_cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"{mtype} hidden_act={act!r} is not supported (only 'silu', i.e. SwiGLU)")
     n_ctx = _need(hf_cfg, "max_position_embeddings", arch)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     attn_bias, out_bias = _biases(hf_cfg, mtype, biases)
@@ -76,7 +73,7 @@ def llama_config(hf_cfg: Mapping[str, Any], *, biases: BiasRule | None = None, w
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads,
         d_head=hf_cfg.get("head_dim") or d_model // n_heads,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
-        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation="swiglu",
+        d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=_activation(hf_cfg, "hidden_act", "silu", mtype, GATED_ACTIVATIONS),
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=n_ctx, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         causal=True, attn_bias=attn_bias, out_bias=out_bias,

@@ -36,6 +36,9 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if hf_cfg.get("clip_qkv") is not None:
         raise ValueError(f"{mtype} clip_qkv={hf_cfg['clip_qkv']!r} is not supported (only None)")
     base = llama_config(hf_cfg)
+    if base.activation != "swiglu":  # other expert activations are not checked against transformers
+        raise ValueError(f"{mtype} hidden_act={hf_cfg.get('hidden_act')!r} is not supported (only 'silu' for "
+                         "mixture-of-experts models)")
     L = base.n_layers
     # config.json names it num_experts (Qwen, OLMoE) or num_local_experts (Mixtral; also some to_dict() outputs).
     key = "num_local_experts" if hf_cfg.get("num_local_experts") is not None else "num_experts"

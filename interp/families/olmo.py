@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._positions import _rope
 from ._tensors import (
@@ -39,11 +39,12 @@ def olmo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "olmo"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("clip_qkv", None, None)))
+    _refuse(arch, hf_cfg, (("clip_qkv", None, None),))
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch), activation="swiglu", normalization="pre", norm_eps=1e-5, positional="rotary",
+        **llama_sizes(hf_cfg, arch), activation=activation, normalization="pre", norm_eps=1e-5, positional="rotary",
         rotary_base=theta, rope_scaling=scaling, attn_bias=bias, out_bias=bias, mlp_bias=False
     )
 

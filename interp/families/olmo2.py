@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, map_tensors
 from ._positions import _per_type_rope, sliding_windows
@@ -40,11 +40,12 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = hf_cfg.get("model_type", "olmo2")
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("attention_bias", False, False)))
+    _refuse(arch, hf_cfg, (("attention_bias", False, False),))
     windows = sliding_windows(hf_cfg, arch)
     theta, scaling, local_base = _per_type_rope(hf_cfg, arch, windows)
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch), sliding_window=windows, local_rotary_base=local_base, activation="swiglu",
+        **llama_sizes(hf_cfg, arch), sliding_window=windows, local_rotary_base=local_base, activation=activation,
         normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta,
         rope_scaling=scaling, qk_norm="full", sublayer_norm="output", norm_weight_float32=True, rotary_float32=True,
         attn_bias=False, out_bias=False, mlp_bias=False

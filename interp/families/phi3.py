@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
 from ._family import Family, fixed
 from ._mapping import Rule, halves, map_tensors
 from ._positions import _rope, sliding_windows
@@ -27,7 +27,6 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "phi3"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     # transformers' Phi-3 attention and rotary read head_dim when the config has one (else hidden / heads).
     d_head = hf_cfg.get("head_dim") or d_model // n_heads
@@ -47,8 +46,9 @@ def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
                 raise ValueError(f"{arch} rope_parameters[{key!r}] has {len(scaling[key])} factors, but head_dim="
                                  f"{d_head} x partial_rotary_factor={partial} rotates {rotary_dim} dims, which need "
                                  f"{rotary_dim // 2}")
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="rms",
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation=activation, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rotary_dim=rotary_dim,
         rope_scaling=scaling, sliding_window=sliding_windows(hf_cfg, arch), attn_bias=False, out_bias=False,
         mlp_bias=False

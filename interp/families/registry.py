@@ -12,6 +12,7 @@ from typing import Any
 from . import (
     arcee,
     bert,
+    bloom,
     cohere,
     deepseek,
     ernie4_5,
@@ -21,6 +22,7 @@ from . import (
     glm4,
     gpt2,
     gpt_bigcode,
+    gpt_neo,
     gpt_neox,
     gpt_oss,
     gptj,
@@ -28,6 +30,7 @@ from . import (
     hunyuan,
     llama,
     moe,
+    mpt,
     olmo,
     olmo2,
     opt,
@@ -44,7 +47,7 @@ from ._family import ConfigFn, Family, StateDictFn
 # The help text lists the headline families in this order.
 _MODULES = (bert, gpt2, llama, qwen2, qwen3, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
             starcoder2, arcee, hunyuan, smollm3, exaone4, granite, glm4, stablelm, ernie4_5, cohere, gptj, opt,
-            gpt_oss)
+            gpt_oss, bloom, mpt, gpt_neo)
 
 
 #: Every family, in help-text order.

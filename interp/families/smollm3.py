@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
-from ._base import _decoder_checks, _need, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, _activation, _decoder_checks, _need, llama_sizes
 from ._family import Family, named
 from ._positions import _rope, _typed_windows
 from .llama import llama_state_dict
@@ -31,7 +31,6 @@ def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "smollm3"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"),))
     n_layers = _need(hf_cfg, "num_hidden_layers", arch)
     interval = hf_cfg.get("no_rope_layer_interval", 4)
     has_rope = hf_cfg.get("no_rope_layers")
@@ -47,8 +46,9 @@ def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     _, windows = _typed_windows(hf_cfg, arch, default, use)
     theta, scaling = _rope(hf_cfg, arch)
     bias = bool(hf_cfg.get("attention_bias", False))
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch, tie_default=True), activation="swiglu", normalization="rms",
+        **llama_sizes(hf_cfg, arch, tie_default=True), activation=activation, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         nope_layers=[i for i, rope in enumerate(has_rope) if not rope] or None, sliding_window=windows, attn_bias=bias,
         out_bias=bias, mlp_bias=bool(hf_cfg.get("mlp_bias", False))

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
+from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, both, map_tensors
 from ._positions import _rope
@@ -39,7 +39,7 @@ def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """
     arch = "stablelm"
     _decoder_checks(hf_cfg, arch)
-    _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("qk_layernorm", False, False)))
+    _refuse(arch, hf_cfg, (("qk_layernorm", False, False),))
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads  # StableLM's attention ignores head_dim; only its RoPE init would read one
     if hf_cfg.get("head_dim") not in (None, d_head):
@@ -51,8 +51,9 @@ def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if scaling is not None:
         raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': StableLM "
                          "rotates part of each head)")
+    activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
-        **llama_sizes(hf_cfg, arch, d_head=d_head), activation="swiglu", normalization="pre",
+        **llama_sizes(hf_cfg, arch, d_head=d_head), activation=activation, normalization="pre",
         norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rotary_dim=int(d_head *
         partial), parallel_block="one_norm" if hf_cfg.get("use_parallel_residual", False) else "none",
         attn_bias=bool(hf_cfg.get("use_qkv_bias", False)), out_bias=False, mlp_bias=False

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..config import ModelConfig
 from ..model import Transformer
 from ..placement import build
 from ..quantized import refuse_quantized
@@ -114,6 +115,13 @@ def kv_cache_savings(model: Transformer, heads: HeadSpec, *, bytes_per_element: 
     }
 
 
+def _slopes(cfg: ModelConfig, layer: int) -> list[float]:
+    """``layer``'s ALiBi slopes (the config has them)."""
+    slopes = cfg.layer_alibi_slopes(layer)
+    assert slopes is not None
+    return slopes
+
+
 def _head_rows(heads: list[int], width: int) -> torch.Tensor:
     """Row indices of the given heads in a weight whose rows are [head 0 (width rows) | head 1 | ...]."""
     return torch.tensor([h * width + i for h in heads for i in range(width)], dtype=torch.long)
@@ -180,6 +188,9 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
         cfg, layer_n_heads=layer_heads,
         layer_n_kv_heads=None if latent else layer_kv,
         layer_kv_map=None if latent or all(m is None for m in layer_map) else layer_map,
+        # ALiBi: each kept head keeps its own slope (the formula for the smaller head count would give others).
+        alibi_slopes=None if cfg.alibi_slopes is None else [
+            [_slopes(cfg, layer)[h] for h in kept] for layer, kept in enumerate(kept_all)],
     )
     p = next(model.parameters())
     with warnings.catch_warnings():

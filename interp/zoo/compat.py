@@ -80,6 +80,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                               parallel_attn=True, bias=False)),
     "falcon_new_arch": ("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=9, num_kv_heads=3,
                                        new_decoder_architecture=True, bias=True)),
+    "falcon_alibi": ("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=6, multi_query=False,
+                                    parallel_attn=False, bias=True, alibi=True)),
     "phi": ("phi", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                          "partial_rotary_factor": 0.5})),
@@ -142,6 +144,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                 rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
                                                  "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                                  "original_max_position_embeddings": 16})),
+    # ALiBi with 6 heads (not a power of two: the interleaved extra slopes) and with 12
+    "bloom": ("bloom", dict(hidden_size=96, n_head=6, n_layer=2)),
+    "bloom_12_heads": ("bloom", dict(hidden_size=96, n_head=12, n_layer=2)),
+    "mpt": ("mpt", dict(d_model=72, n_heads=6, n_layers=2, max_seq_len=64)),
+    "mpt_12_heads": ("mpt", dict(d_model=96, n_heads=12, n_layers=2, max_seq_len=64,
+                                 attn_config={"softmax_scale": 0.2})),
+    "gpt_neo": ("gpt_neo", dict(hidden_size=80, intermediate_size=96, num_heads=5, num_layers=2,
+                                max_position_embeddings=64, window_size=WINDOW,
+                                attention_types=[[["local", "global"], 1]])),
 }
 
 _LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
@@ -214,7 +225,7 @@ def hf_test_model(name: str, attn_implementation: str = "eager", **overrides: An
         raise KeyError(f"unknown test family {name!r}; known: {sorted(TABLE)}")
     model_type, kw = TABLE[name]
     extra = {"vocab_size": V, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-    args = {**_COMMON, **kw} if model_type not in ("gpt_bigcode", "gptj") else {**kw, **extra}
+    args = {**_COMMON, **kw} if model_type not in ("gpt_bigcode", "gptj", "bloom", "mpt") else {**kw, **extra}
     args.update(overrides)
     cfg = transformers.AutoConfig.for_model(model_type, **args)
     cfg._attn_implementation = attn_implementation
@@ -252,8 +263,14 @@ def variants(cfg: Any) -> str:
         else:
             partial = f" {cfg.rotary_dim}/{cfg.d_head}" if cfg.rotary_dim != cfg.d_head else ""
         parts.append(f"{kind}{partial}" + (" + local base" if cfg.local_rotary_base else ""))
+    elif cfg.alibi_slopes is not None:
+        parts.append(f"ALiBi ({cfg.n_heads} heads)" + (" + learned positions" if cfg.positional == "learned" else ""))
     else:
         parts.append(f"{cfg.positional} positions")
+    if cfg.embed_norm:
+        parts.append("embedding norm")
+    if cfg.attn_scale == 1.0:
+        parts.append("unscaled scores")
     if cfg.embed_scale != 1.0:
         parts.append("embed scale")
     if cfg.n_experts:

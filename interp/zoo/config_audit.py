@@ -39,6 +39,7 @@ FAMILY_CONFIGS: dict[str, str] = {
     "granite": "granite", "glm": "glm", "glm4": "glm4", "stablelm": "stablelm",
     "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2", "gptj": "gptj", "opt": "opt",
     "gpt_oss": "gpt_oss",
+    "bloom": "bloom", "mpt": "mpt_12_heads", "gpt_neo": "gpt_neo",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"
@@ -89,6 +90,12 @@ IGNORED_BY_FAMILY: dict[str, dict[str, str]] = {
     },
     "opt": {"dropout": _DROPOUT, "layerdrop": "skips whole layers in training mode only"},
     "seed_oss": {"residual_dropout": _DROPOUT},
+    "bloom": {"pretraining_tp": "with slow_but_exact, splits the output projection's matmul into slices that are "
+                                "summed: the same product up to rounding",
+              "slow_but_exact": "see pretraining_tp: the same product up to rounding"},
+    "gpt_neo": {"embed_dropout": _DROPOUT, "resid_dropout": _DROPOUT,
+                "expand_attention_types_params": "the config class's method that expands attention_types into "
+                                                 "attention_layers (both read by interp)"},
     "starcoder2": {"residual_dropout": _DROPOUT, "embedding_dropout": _DROPOUT},
     "gpt2": {"reorder_and_upcast_attn": "scales before the product and upcasts to float32 (a half-precision "
                                         "overflow guard): the same scores up to rounding"},

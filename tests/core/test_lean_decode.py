@@ -13,6 +13,7 @@ from core_helpers import make
 from torch import nn
 
 import interp.decode as decode_mod
+from interp.config import alibi_slopes
 from interp.decode import DecodeLayout, LeanDecoder
 
 needs_mkl = pytest.mark.skipif(not decode_mod._mkl_packing_available(), reason="this torch build has no MKL packed sgemm")
@@ -32,6 +33,10 @@ SHAPES = {
     "layernorm-rotary": dict(normalization="pre"),
     "unequal-kv-groups": dict(n_heads=8, n_kv_heads=4, layer_n_heads=[5, 8], layer_n_kv_heads=[3, 4],
                               layer_kv_map=[[0, 0, 1, 2, 2], None]),
+    # ALiBi (BLOOM / MPT): 6 heads, so the slopes include the interleaved extra ones; per layer after surgery
+    "alibi": dict(positional="none", n_heads=6, n_kv_heads=6, alibi_slopes=alibi_slopes(6)),
+    "alibi-per-layer": dict(positional="none", n_heads=6, n_kv_heads=6, layer_n_heads=[4, 6],
+                            alibi_slopes=[alibi_slopes(6)[2:], alibi_slopes(6)]),
 }
 
 

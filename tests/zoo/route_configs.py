@@ -26,7 +26,7 @@ ISSUE_FAMILIES: dict[str, dict[str, Any]] = {
     "gpt_neo": dict(num_layers=2, num_heads=5, attention_types=[[["global", "local"], 1]], window_size=4),
     "opt": dict(ffn_dim=48, word_embed_proj_dim=40, enable_bias=True),
     "bloom": dict(n_layer=2, n_head=5),
-    "mpt": dict(d_model=40, n_heads=5, n_layers=2, max_seq_len=64, expansion_ratio=2),
+    "mpt": dict(d_model=40, n_heads=5, n_layers=2, max_seq_len=64),  # transformers ignores expansion_ratio
     "stablelm": dict(partial_rotary_factor=0.5, use_qkv_bias=True, qk_layernorm=True, num_key_value_heads=5),
     "starcoder2": dict(sliding_window=4, use_bias=True),
     "cohere": dict(use_qk_norm=True),

@@ -167,8 +167,8 @@ def test_conversion_errors():
     llama = llama_model().config.to_dict()
     with pytest.raises(ValueError, match="rope_type='proportional'"):
         convert({**llama, "rope_parameters": {"rope_type": "proportional", "rope_theta": 1.0, "factor": 2.0}}, {})
-    with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
-        convert({**cfg, "scale_attn_by_inverse_layer_idx": True}, gpt2.state_dict())
+    with pytest.raises(ValueError, match="scale_attn_weights=False"):
+        convert({**cfg, "scale_attn_weights": False}, gpt2.state_dict())
     with pytest.raises(TypeError, match="Hugging Face model"):
         from_hf(42)
 

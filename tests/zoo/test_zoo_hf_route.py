@@ -271,7 +271,7 @@ ROUTE_ONLY_SETTINGS = {"stablelm": "stablelm qk_layernorm=True is not supported"
 def test_every_family_of_the_issue_loads_natively_or_through_the_route(model_type):
     """Each of the 28 families (and the hybrid) loads natively or on the route, with transformers' logits; the
     three whose attention transformers computes in its own code (not through AttentionInterface) need a native
-    converter and are refused by name until they have one."""
+    converter (BLOOM, MPT and GPT-Neo have one) and would be refused by name without it."""
     _register_dense_families()
     assert len(ISSUE_FAMILIES) == 28
     hf = tiny_hf(model_type, "eager" if model_type in ("gpt_oss", *OWN_ATTENTION) else "sdpa")

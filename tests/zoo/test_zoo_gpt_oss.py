@@ -10,8 +10,8 @@ import warnings
 import pytest
 import torch
 
-from interp.zoo.compat import SEQ, V, hf_test_model
 from interp.families.gpt_oss import gpt_oss_config, mxfp4_dequantize
+from interp.zoo.compat import SEQ, V, hf_test_model
 from interp.zoo.hf import convert, from_hf
 
 transformers = pytest.importorskip("transformers")

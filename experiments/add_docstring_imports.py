@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 os.chdir(ROOT)
 import interp  # noqa: E402 - from this checkout (sys.path above)
 
-PROTECTED = ("interp.app", "interp.zoo.hf", "interp.zoo.hf_families", "interp.zoo.gguf", "interp.zoo.compat")
+PROTECTED = ("interp.app.dashboard",)
 FIXTURES = {
     "model",
     "tokens",

@@ -430,6 +430,7 @@ class ModelConfig:
         """The ALiBi slopes of ``layer``'s query heads (``None`` without ALiBi).
 
         Example:
+            >>> from interp import ModelConfig
             >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4, alibi_slopes=[0.5, 0.25])
             >>> cfg.layer_alibi_slopes(0)
             [0.5, 0.25]
@@ -851,6 +852,7 @@ def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> list[float]:
         ValueError: ``n_heads < 1`` or ``max_bias <= 0``.
 
     Example:
+        >>> from interp.config import alibi_slopes
         >>> alibi_slopes(4)
         [0.25, 0.0625, 0.015625, 0.00390625]
         >>> alibi_slopes(6)[4:]

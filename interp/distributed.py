@@ -118,6 +118,7 @@ def replicated() -> Iterator[None]:
     holds the whole dataset's statistics of its own heads.
 
     Example:
+        >>> from interp.distributed import data_parallel, replicated
         >>> with replicated():
         ...     data_parallel()
         False
@@ -134,6 +135,7 @@ def data_parallel() -> bool:
     """True when analyses shard their batches over the ranks: several processes, outside :func:`replicated`.
 
     Example:
+        >>> from interp.distributed import data_parallel
         >>> data_parallel()     # one process
         False
     """

@@ -58,9 +58,13 @@ def gated_unit(cfg: ModelConfig,
         a function of ``(gate, up)`` tensors of one shape.
 
     Example:
+        >>> import torch
+        >>> import torch.nn.functional as F
+        >>> from interp import ModelConfig
+        >>> from interp.moe import gated_unit
         >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu_clamped")
-        >>> gated_unit(cfg, F.silu)(torch.tensor([100.0]), torch.tensor([-100.0])).tolist()  # clamped to 7, -7
-        [-42.0]
+        >>> round(float(gated_unit(cfg, F.silu)(torch.tensor([100.0]), torch.tensor([-100.0]))), 3)  # clamped to 7, -7
+        -42.0
     """
     if cfg.activation != "swiglu_clamped":
         return lambda gate, up: act(gate) * up

@@ -81,6 +81,7 @@ def head_split(n_heads: int, world: int) -> list[list[int]]:
         ValueError: ``world`` < 1 or ``n_heads`` < 0.
 
     Example:
+        >>> from interp.tensor_parallel import head_split
         >>> head_split(6, 4)
         [[0, 1], [2, 3], [4], [5]]
     """
@@ -125,6 +126,7 @@ def shard_heads(model: Transformer, rank: int, world: int) -> Transformer:
         TypeError: not a native :class:`~interp.Transformer`, or weights kept quantised.
 
     Example:
+        >>> from interp.tensor_parallel import shard_heads
         >>> from interp import ModelConfig
         >>> from interp.placement import build
         >>> full = build(ModelConfig(n_layers=1, d_model=16, n_heads=4, n_kv_heads=2, d_vocab=8, n_ctx=8), seed=0)
@@ -171,7 +173,10 @@ def _narrow_dense_mlps(shard: Transformer, rank: int, world: int, dense: list[bo
     width = _dense_mlp_split(cfg.d_mlp, world)
     rows = slice(rank * width, (rank + 1) * width)
     p = next(shard.parameters())
-    narrow = build(dataclasses.replace(cfg, d_mlp=width), device=p.device, dtype=p.dtype)
+    # A dense model's d_expert is derived from d_mlp: derive it again (None) rather than keep the old width.
+    new_cfg = (dataclasses.replace(cfg, d_mlp=width) if cfg.n_experts
+               else dataclasses.replace(cfg, d_mlp=width, d_expert=None))  # type: ignore[arg-type]
+    narrow = build(new_cfg, device=p.device, dtype=p.dtype)
     state = shard.state_dict()
     for layer, is_dense in enumerate(dense):
         if not is_dense:
@@ -202,6 +207,7 @@ class HeadParallel:
         ValueError: ``shard`` is not a :func:`shard_heads` result.
 
     Example:
+        >>> from interp.tensor_parallel import HeadParallel, shard_heads
         >>> import torch
         >>> from interp import ModelConfig
         >>> from interp.placement import build
@@ -244,6 +250,7 @@ class HeadParallel:
             This rank's :class:`HeadParallel`.
 
         Example:
+            >>> from interp.tensor_parallel import HeadParallel
             >>> from interp import ModelConfig
             >>> from interp.placement import build
             >>> HeadParallel.from_model(build(ModelConfig(n_layers=1, d_model=16, n_heads=4, d_vocab=8,
@@ -286,6 +293,7 @@ class HeadParallel:
         """:meth:`interp.Transformer.generate` on every rank (greedy unless sampling with the same seed everywhere).
 
         Example:
+            >>> from interp.tensor_parallel import HeadParallel
             >>> import torch
             >>> from interp import ModelConfig
             >>> from interp.placement import build
@@ -304,6 +312,7 @@ class HeadParallel:
             ValueError: ``gates`` has another shape than ``[L, H]``.
 
         Example:
+            >>> from interp.tensor_parallel import HeadParallel
             >>> import torch
             >>> from interp import ModelConfig
             >>> from interp.placement import build
@@ -346,6 +355,7 @@ class HeadParallel:
             DistributedError: a peer rank died or timed out.
 
         Example:
+            >>> from interp.tensor_parallel import HeadParallel
             >>> import torch
             >>> from interp import ModelConfig
             >>> from interp.placement import build
@@ -409,6 +419,7 @@ class HeadParallel:
             DistributedError: a peer rank died or timed out.
 
         Example:
+            >>> from interp.tensor_parallel import HeadParallel, shard_heads
             >>> import pandas as pd
             >>> from interp import ModelConfig
             >>> from interp.placement import build
@@ -442,6 +453,7 @@ class HeadParallel:
         """Remove the reductions: the shard is a plain (partial) model again.
 
         Example:
+            >>> from interp.tensor_parallel import HeadParallel
             >>> import torch
             >>> from interp import ModelConfig
             >>> from interp.placement import build

@@ -67,6 +67,8 @@ def task_mean_z(model: Transformer, prompts: ICLPrompts) -> dict[str, dict[int, 
         ``{task: {layer: [H, D]}}`` float32 on the model's device (layers without heads are left out).
 
     Example:
+        >>> from interp.analysis.function_vector import task_mean_z
+        >>> from interp.examples import model
         >>> from interp.data.icl import icl_prompts
         >>> prompts = icl_prompts({"succ": [(i, i + 1) for i in range(2, 12)]}, 2, 3, bos_id=0)
         >>> task_mean_z(model, prompts)["succ"][0].shape      # [H, D]
@@ -146,6 +148,8 @@ def function_vector_effects(model: Transformer, prompts: ICLPrompts,
         ValueError: a prompt's task has no mean in ``means``.
 
     Example:
+        >>> from interp.analysis.function_vector import function_vector_effects
+        >>> from interp.examples import model
         >>> from interp.data.icl import icl_prompts
         >>> prompts = icl_prompts({"succ": [(i, i + 1) for i in range(2, 12)]}, 2, 3, bos_id=0)
         >>> function_vector_effects(model, prompts).mean(-1).shape     # [L, H]: the AIE of every head
@@ -203,6 +207,8 @@ def icl_accuracy(model: Transformer, prompts: ICLPrompts, *, method: str = "mean
         ValueError: a method other than ``"mean"`` / ``"zero"``.
 
     Example:
+        >>> from interp.analysis.function_vector import icl_accuracy
+        >>> from interp.examples import model
         >>> from interp.data.icl import icl_prompts
         >>> prompts = icl_prompts({"succ": [(i, i + 1) for i in range(2, 12)]}, 2, 3, bos_id=0)
         >>> per = icl_accuracy(model, prompts)

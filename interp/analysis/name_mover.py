@@ -55,6 +55,8 @@ def io_positions(prompts: TaskPrompts) -> torch.Tensor:
             message names the prompt and the token).
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.name_mover import TaskPrompts, io_positions
         >>> p = TaskPrompts("ioi", torch.tensor([[0, 5, 6, 6, 9]]), torch.tensor([[0, 1, 2, 3, 9]]),
         ...                 answers=torch.tensor([[5, 6]]))
         >>> io_positions(p).tolist()
@@ -79,6 +81,8 @@ def ioi_batches(prompts: TaskPrompts, batch_size: int = 32) -> list[Batch]:
         ValueError: as :func:`io_positions`.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.name_mover import TaskPrompts, ioi_batches
         >>> p = TaskPrompts("ioi", torch.tensor([[0, 5, 6, 6, 9]]), torch.tensor([[0, 1, 2, 3, 9]]),
         ...                 answers=torch.tensor([[5, 6]]))
         >>> ioi_batches(p)[0].annotations["io"].tolist()
@@ -97,6 +101,10 @@ class EndToIOReducer(Reducer):
     :meth:`per_sequence` (the rows of the bootstrap interval).
 
     Example:
+        >>> import interp
+        >>> import torch
+        >>> from interp.analysis.name_mover import EndToIOReducer, TaskPrompts, ioi_batches
+        >>> from interp.examples import model
         >>> p = TaskPrompts("ioi", torch.tensor([[0, 5, 6, 6, 9]]), torch.tensor([[0, 1, 2, 3, 9]]),
         ...                 answers=torch.tensor([[5, 6]]))
         >>> red = EndToIOReducer(model)
@@ -168,6 +176,9 @@ def name_copying_scores(model: Transformer, names: torch.Tensor, *, comparisons:
         ValueError: no name, ``comparisons`` < 1, or a model without an unembedding.
 
     Example:
+        >>> import torch
+        >>> from interp.analysis.name_mover import name_copying_scores
+        >>> from interp.examples import model
         >>> pos, neg = name_copying_scores(model, torch.tensor([3, 4]))
         >>> pos.mean(-1).shape           # [L, H]
         torch.Size([2, 4])

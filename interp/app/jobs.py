@@ -98,6 +98,7 @@ def start(key: str, label: str, fn: Callable[[Callable[[float, str], None]], Any
     (that job is returned). A finished job of the key is replaced (a rerun).
 
     Example:
+        >>> from interp.app.jobs import start
         >>> job = start("demo", "demo", lambda report: (report(0.5, "half"), 42)[1])
         >>> job.wait(10), job.result
         (True, 42)

@@ -82,6 +82,8 @@ def weights_hash(model: torch.nn.Module) -> str:
         32 hex digits.
 
     Example:
+        >>> import interp
+        >>> from interp.app.results_cache import weights_hash
         >>> m = interp.load("random-tiny")
         >>> weights_hash(m) == weights_hash(interp.load("random-tiny")), len(weights_hash(m))
         (True, 32)
@@ -182,6 +184,8 @@ def cached(kind: str, key: str, compute: Callable[[], Any]) -> tuple[Any, bool]:
         ``(result, hit)``: hit is True when it came from disk (also when another session computed it meanwhile).
 
     Example:
+        >>> import os
+        >>> from interp.app.results_cache import CACHE_ENV, cached, key_of
         >>> import tempfile
         >>> os.environ[CACHE_ENV] = tempfile.mkdtemp()
         >>> k = key_of("demo", "w", {"n": 1})

@@ -165,6 +165,8 @@ def heads_circuit(graph: Graph, heads: Sequence[tuple[int, int]], *, mlps: bool 
         ValueError: a head the graph does not have (naming it).
 
     Example:
+        >>> from interp.circuits.evaluate import heads_circuit
+        >>> from interp.examples import model
         >>> from interp.circuits import build_graph
         >>> len(heads_circuit(build_graph(model), [(0, 2), (1, 1)]))  # 3 x 3 q/k/v inputs, 3 into the logits
         12
@@ -201,6 +203,8 @@ def head_circuits(report: Any, graph: Graph, kinds: Sequence[str], counts: Seque
         ValueError: no head of ``kinds`` in the report.
 
     Example:
+        >>> from interp.circuits.evaluate import head_circuits
+        >>> from interp.examples import model
         >>> from interp.analysis import classify_heads
         >>> from interp.circuits import build_graph
         >>> cs = head_circuits(classify_heads(model), build_graph(model), ["induction", "previous-token"], [2])

@@ -51,6 +51,9 @@ class CleanRun:
         """One plain run of ``tokens`` recording what :func:`growing_exact` needs (call under no_grad).
 
         Example:
+            >>> import torch
+            >>> from interp.circuits.exact import CleanRun
+            >>> from interp.examples import model, clean
             >>> from interp.circuits import build_graph
             >>> with torch.no_grad():
             ...     run = CleanRun.record(model, build_graph(model), clean)
@@ -179,6 +182,9 @@ def growing_exact(model: Transformer, graph: Graph, base: CleanRun, source: torc
         One metric per edge, in the order of ``edges``.
 
     Example:
+        >>> import torch
+        >>> from interp.circuits.exact import CleanRun, growing_exact
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> from interp.circuits import build_graph, node_writes
         >>> g = build_graph(model); _, src = node_writes(model, g, corrupted)
         >>> with torch.no_grad():

@@ -269,6 +269,9 @@ def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metr
         ValueError: a metric that does not depend on the logits.
 
     Example:
+        >>> import torch
+        >>> from interp.circuits.gradients import gradient_scores
+        >>> from interp.examples import model, clean, corrupted, metric
         >>> from interp.circuits import build_graph, node_writes
         >>> g = build_graph(model); _, src = node_writes(model, g, corrupted)
         >>> s = torch.zeros(g.allowed.shape)

@@ -66,6 +66,8 @@ def qkv_weight(attn: Any, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]
     ``[n, D]`` (or None).
 
     Example:
+        >>> from interp.circuits.patch import qkv_weight
+        >>> from interp.examples import model
         >>> w, b = qkv_weight(model.blocks[0].attn, "k")
         >>> tuple(w.shape)
         (4, 32, 128)

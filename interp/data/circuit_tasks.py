@@ -240,6 +240,8 @@ def docstring_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> Task
         ValueError: a model without a text tokenizer, fewer than 6 single-token names, ``n`` < 1.
 
     Example:
+        >>> import interp
+        >>> from interp.data.circuit_tasks import docstring_prompts
         >>> p = docstring_prompts(interp.load("smollm2-135m"), 4)
         >>> p.clean.shape == p.corrupted.shape
         True

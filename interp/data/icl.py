@@ -111,6 +111,8 @@ def icl_token_pairs(tokenizer: Any, tasks: dict[str, list[tuple[str, str]]] | No
         ``{task: [(input ids, output ids), ...]}``.
 
     Example:
+        >>> from interp.data.icl import icl_token_pairs
+        >>> from interp.examples import tok
         >>> pairs = icl_token_pairs(tok)
         >>> sorted(pairs)[:2]
         ['antonym', 'country-capital']
@@ -133,6 +135,7 @@ def split_pairs(pairs: TokenPairs, n_parts: int) -> list[TokenPairs]:
         ValueError: ``n_parts`` < 1.
 
     Example:
+        >>> from interp.data.icl import split_pairs
         >>> [len(p["t"]) for p in split_pairs({"t": [([1], [2])] * 7}, 3)]
         [3, 2, 2]
     """
@@ -181,6 +184,7 @@ def icl_prompts(pairs: Mapping[str, Sequence[tuple[Any, Any]]], n_prompts: int, 
             (the message names the task and its number of examples).
 
     Example:
+        >>> from interp.data.icl import icl_prompts
         >>> p = icl_prompts({"succ": [(i, i + 1) for i in range(2, 12)]}, 2, 3, bos_id=0)
         >>> p.clean[0].shape, len(p.answers)
         (torch.Size([8]), 2)

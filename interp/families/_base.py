@@ -127,6 +127,7 @@ def llama_sizes(hf_cfg: Mapping[str, Any], arch: str, *, d_head: int | None = No
         ValueError: a required key is missing (named, with the keys the config has).
 
     Example:
+        >>> from interp.families._base import llama_sizes
         >>> llama_sizes({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 96,
         ...              "vocab_size": 50, "max_position_embeddings": 32}, "toy")["d_head"]
         16

@@ -53,6 +53,7 @@ def fixed(fn: StateDictFn) -> StateDictFactory:
     """A state-dict factory that returns ``fn`` whatever the config (most families).
 
     Example:
+        >>> from interp.families._family import fixed
         >>> def sd(hf_sd, cfg): return {}
         >>> fixed(sd)({"model_type": "x"}) is sd
         True
@@ -65,6 +66,7 @@ def named(fn: Callable[..., dict[str, torch.Tensor]]) -> StateDictFactory:
     ``model_type``, so its errors name the real one.
 
     Example:
+        >>> from interp.families._family import named
         >>> def sd(hf_sd, cfg, *, arch): return {}
         >>> named(sd)({"model_type": "mistral"}).keywords
         {'arch': 'mistral'}

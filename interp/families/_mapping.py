@@ -92,6 +92,9 @@ def map_tensors(table: Sequence[Rule], hf_sd: StateDict, cfg: ModelConfig, *, pr
         ValueError: a missing source tensor, a source consumed twice or one of the wrong shape (each named).
 
     Example:
+        >>> import torch
+        >>> from interp import ModelConfig
+        >>> from interp.families._mapping import Rule, map_tensors
         >>> cfg = ModelConfig(n_layers=1, d_model=4, n_heads=2, d_mlp=8, d_vocab=5, n_ctx=8)
         >>> sd = {"model.norm.weight": torch.ones(4), "model.extra": torch.ones(1)}
         >>> out, used = map_tensors((Rule("ln_final", "norm"),), sd, cfg, prefixes=("model.",), arch="toy")

@@ -49,6 +49,7 @@ def sliding_windows(hf_cfg: Mapping[str, Any], arch: str, *, rule: str | None = 
             ``layer_types`` whose length is not ``num_hidden_layers``.
 
     Example:
+        >>> from interp.families._positions import sliding_windows
         >>> cfg = {"num_hidden_layers": 3, "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}
         >>> sliding_windows(cfg, "qwen2"), sliding_windows(cfg, "qwen3_moe"), sliding_windows(cfg, "llama")
         ([None, 4, 4], [4, 4, 4], None)

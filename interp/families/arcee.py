@@ -31,6 +31,7 @@ def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported activation or RoPE kind, or a missing key.
 
     Example:
+        >>> from interp.families.arcee import arcee_config
         >>> cfg = arcee_config({"model_type": "arcee", "hidden_size": 64, "num_attention_heads": 4,
         ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                     "max_position_embeddings": 64})

@@ -25,6 +25,7 @@ def bert_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             activation other than gelu/relu/gelu_new) or a missing key.
 
     Example:
+        >>> from interp.families.bert import bert_config
         >>> import json, os; from interp.zoo.minilm import minilm_path
         >>> bert_config(json.load(open(os.path.join(minilm_path(), "config.json")))).normalization
         'post'

@@ -41,6 +41,7 @@ def bloom_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             input), bidirectional attention, or a missing key.
 
     Example:
+        >>> from interp.families.bloom import bloom_config
         >>> cfg = bloom_config({"model_type": "bloom", "hidden_size": 48, "n_head": 6, "n_layer": 2,
         ...                     "vocab_size": 50})
         >>> cfg.embed_norm, cfg.positional, cfg.alibi_slopes[4:]
@@ -78,6 +79,7 @@ def bloom_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
         ValueError: a tensor is absent or the fused QKV's shape disagrees with the config (both named).
 
     Example:
+        >>> from interp.families.bloom import bloom_config, bloom_state_dict
         >>> import transformers
         >>> hf = transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=48, n_head=6, n_layer=1,
         ...                                                             vocab_size=50))

@@ -34,6 +34,7 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             > 0, an unsupported activation or RoPE kind, or a missing key.
 
     Example:
+        >>> from interp.families.cohere import cohere_config
         >>> cfg = cohere_config({"model_type": "cohere", "hidden_size": 64, "num_attention_heads": 4,
         ...                      "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                      "max_position_embeddings": 64})

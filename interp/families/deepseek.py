@@ -36,6 +36,7 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: a setting this converter does not reproduce (named with its value), or a missing key.
 
     Example:
+        >>> from interp.families.deepseek import deepseek_config
         >>> from transformers import DeepseekV3Config
         >>> deepseek_config(DeepseekV3Config().to_dict()).kind
         'mla'

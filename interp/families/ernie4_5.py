@@ -27,6 +27,7 @@ def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported activation or RoPE kind, or a missing key.
 
     Example:
+        >>> from interp.families.ernie4_5 import ernie4_5_config
         >>> cfg = ernie4_5_config({"model_type": "ernie4_5", "hidden_size": 64, "num_attention_heads": 4,
         ...                        "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 96,
         ...                        "vocab_size": 50, "max_position_embeddings": 64, "use_bias": True})

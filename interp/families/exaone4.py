@@ -23,6 +23,7 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported activation, RoPE kind or layer type, or a missing key.
 
     Example:
+        >>> from interp.families.exaone4 import exaone4_config
         >>> cfg = exaone4_config({"model_type": "exaone4", "hidden_size": 64, "num_attention_heads": 4,
         ...                       "num_hidden_layers": 4, "intermediate_size": 96, "vocab_size": 50,
         ...                       "max_position_embeddings": 64, "sliding_window": 8, "sliding_window_pattern": 2})

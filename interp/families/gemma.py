@@ -31,6 +31,7 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             or a missing key.
 
     Example:
+        >>> from interp.families.gemma import gemma_config
         >>> cfg = gemma_config({"model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
         ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                     "max_position_embeddings": 64, "sliding_window": 8, "query_pre_attn_scalar": 16,

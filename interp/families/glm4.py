@@ -32,6 +32,7 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported activation or RoPE kind, or a missing key.
 
     Example:
+        >>> from interp.families.glm4 import glm4_config
         >>> cfg = glm4_config({"model_type": "glm4", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
         ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                    "max_position_embeddings": 64,

@@ -49,6 +49,7 @@ def gpt_neo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             activation, or a missing key.
 
     Example:
+        >>> from interp.families.gpt_neo import gpt_neo_config
         >>> cfg = gpt_neo_config({"model_type": "gpt_neo", "hidden_size": 48, "num_heads": 6, "num_layers": 2,
         ...                       "vocab_size": 50, "max_position_embeddings": 64, "window_size": 8,
         ...                       "attention_types": [[["global", "local"], 1]]})
@@ -89,6 +90,7 @@ def gpt_neo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
         ValueError: a tensor the conversion needs is absent (named in the message).
 
     Example:
+        >>> from interp.families.gpt_neo import gpt_neo_config, gpt_neo_state_dict
         >>> import transformers
         >>> hf = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(
         ...     hidden_size=48, num_heads=6, num_layers=2, vocab_size=50, max_position_embeddings=16,

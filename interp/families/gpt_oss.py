@@ -72,6 +72,7 @@ def gpt_oss_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             (each named with its value).
 
     Example:
+        >>> from interp.families.gpt_oss import gpt_oss_config
         >>> cfg = gpt_oss_config({"model_type": "gpt_oss", "num_hidden_layers": 2, "hidden_size": 64,
         ...                       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         ...                       "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
@@ -140,6 +141,8 @@ def mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor, *, name: str = 
             the last axis, named with both shapes.
 
     Example:
+        >>> import torch
+        >>> from interp.families.gpt_oss import mxfp4_dequantize
         >>> blocks = torch.tensor([[[0x21] + [0] * 15]], dtype=torch.uint8)  # codes 1 (0.5) then 2 (1.0)
         >>> mxfp4_dequantize(blocks, torch.tensor([[128]], dtype=torch.uint8))[0, :3].tolist()  # times 2 ** 1
         [1.0, 2.0, 0.0]

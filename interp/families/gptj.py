@@ -29,6 +29,7 @@ def gptj_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             unsupported activation, or a missing key.
 
     Example:
+        >>> from interp.families.gptj import gptj_config
         >>> cfg = gptj_config({"model_type": "gptj", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 50,
         ...                    "n_positions": 64, "rotary_dim": 8})
         >>> cfg.rotary_dim, cfg.parallel_block, cfg.d_mlp, cfg.activation

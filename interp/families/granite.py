@@ -39,6 +39,7 @@ def granite_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: a multiplier that is not a finite number > 0, an activation other than silu, or a missing key.
 
     Example:
+        >>> from interp.families.granite import granite_config
         >>> cfg = granite_config({"model_type": "granite", "hidden_size": 64, "num_attention_heads": 4,
         ...                       "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                       "max_position_embeddings": 64, "embedding_multiplier": 12.0,

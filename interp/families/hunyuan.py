@@ -30,6 +30,7 @@ def hunyuan_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported activation or RoPE kind, or a missing key.
 
     Example:
+        >>> from interp.families.hunyuan import hunyuan_config
         >>> cfg = hunyuan_config({"model_type": "hunyuan_v1_dense", "hidden_size": 64, "num_attention_heads": 4,
         ...                       "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 96,
         ...                       "vocab_size": 50, "max_position_embeddings": 64,

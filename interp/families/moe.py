@@ -27,6 +27,7 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: a setting this converter does not reproduce (named), or a missing key.
 
     Example:
+        >>> from interp.families.moe import moe_config
         >>> from transformers import MixtralConfig
         >>> moe_config(MixtralConfig(num_local_experts=8).to_dict()).n_experts
         8

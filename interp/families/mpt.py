@@ -43,6 +43,7 @@ def mpt_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             with its value, e.g. ``attn_config.clip_qkv=8.0``), or a missing key.
 
     Example:
+        >>> from interp.families.mpt import mpt_config
         >>> cfg = mpt_config({"model_type": "mpt", "d_model": 48, "n_heads": 6, "n_layers": 2, "vocab_size": 50,
         ...                   "max_seq_len": 64, "attn_config": {"softmax_scale": 0.3}})
         >>> cfg.attn_scale, cfg.attn_bias, cfg.activation, len(cfg.alibi_slopes)
@@ -85,6 +86,7 @@ def mpt_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor
         ValueError: a tensor is absent or ``Wqkv``'s shape disagrees with the config (both named).
 
     Example:
+        >>> from interp.families.mpt import mpt_config, mpt_state_dict
         >>> import transformers
         >>> hf = transformers.MptForCausalLM(transformers.MptConfig(d_model=48, n_heads=6, n_layers=1,
         ...                                                         vocab_size=50, max_seq_len=16))

@@ -31,6 +31,7 @@ def olmo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: ``clip_qkv`` (not implemented), an activation other than silu, or a missing key.
 
     Example:
+        >>> from interp.families.olmo import olmo_config
         >>> cfg = olmo_config({"model_type": "olmo", "hidden_size": 64, "num_attention_heads": 4,
         ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                    "max_position_embeddings": 64, "attention_bias": True})

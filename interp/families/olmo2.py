@@ -29,6 +29,7 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported setting (activation, RoPE kind) or a missing key.
 
     Example:
+        >>> from interp.families.olmo2 import olmo2_config
         >>> cfg = olmo2_config({"model_type": "olmo3", "hidden_size": 64, "num_attention_heads": 4,
         ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                     "max_position_embeddings": 64, "sliding_window": 8,

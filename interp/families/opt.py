@@ -31,6 +31,7 @@ def opt_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             ``do_layer_norm_before=False``, ``_remove_final_layer_norm``, an unsupported activation, or a missing key.
 
     Example:
+        >>> from interp.families.opt import opt_config
         >>> cfg = opt_config({"model_type": "opt", "hidden_size": 64, "num_attention_heads": 4, "ffn_dim": 96,
         ...                   "num_hidden_layers": 2, "vocab_size": 50, "max_position_embeddings": 64,
         ...                   "word_embed_proj_dim": 64})

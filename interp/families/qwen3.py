@@ -19,6 +19,7 @@ def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: as :func:`~interp.families.llama.llama_config`.
 
     Example:
+        >>> from interp.families.qwen3 import qwen3_config
         >>> cfg = qwen3_config({"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
         ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                     "max_position_embeddings": 64, "sliding_window": 8, "use_sliding_window": True,

@@ -81,6 +81,7 @@ def family_for(model_type: Any) -> Family:
         ValueError: an unsupported ``model_type`` (the supported ones are listed).
 
     Example:
+        >>> from interp.families.registry import family_for
         >>> family_for("mistral").name
         'llama'
     """
@@ -96,6 +97,7 @@ def converter(hf_cfg: Mapping[str, Any]) -> tuple[ConfigFn, StateDictFn]:
         ValueError: an unsupported ``model_type`` (the supported ones are listed).
 
     Example:
+        >>> from interp.families.registry import converter
         >>> make_cfg, make_sd = converter({"model_type": "qwen2_moe"})
         >>> make_cfg.__name__, make_sd.keywords
         ('moe_config', {'arch': 'qwen2_moe'})

@@ -23,6 +23,7 @@ def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             or a missing key.
 
     Example:
+        >>> from interp.families.smollm3 import smollm3_config
         >>> cfg = smollm3_config({"model_type": "smollm3", "hidden_size": 64, "num_attention_heads": 4,
         ...                       "num_hidden_layers": 4, "intermediate_size": 96, "vocab_size": 50,
         ...                       "max_position_embeddings": 64})

@@ -29,6 +29,7 @@ def stablelm_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
             kind, or a missing key.
 
     Example:
+        >>> from interp.families.stablelm import stablelm_config
         >>> cfg = stablelm_config({"model_type": "stablelm", "hidden_size": 64, "num_attention_heads": 4,
         ...                        "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
         ...                        "max_position_embeddings": 64, "use_qkv_bias": True,

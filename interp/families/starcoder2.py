@@ -27,6 +27,7 @@ def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         ValueError: an unsupported activation or RoPE kind, or a missing key.
 
     Example:
+        >>> from interp.families.starcoder2 import starcoder2_config
         >>> cfg = starcoder2_config({"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4,
         ...                          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96,
         ...                          "vocab_size": 50, "max_position_embeddings": 64, "sliding_window": 8})

@@ -252,6 +252,7 @@ def split_revision(ref: str, revision: str | None = None, prefix: str = "hf:") -
         ValueError: an empty revision, or ``@REV`` and ``revision=`` that disagree.
 
     Example:
+        >>> from interp.zoo import split_revision
         >>> split_revision("EleutherAI/pythia-160m@step3000")
         ('EleutherAI/pythia-160m', 'step3000')
         >>> split_revision("EleutherAI/pythia-160m", "step3000")

@@ -373,6 +373,7 @@ def readme_table(rows: list[dict[str, Any]] | None = None) -> str:
     """The README's family table, which ``python -m interp.zoo.compat`` prints (a test compares the two).
 
     Example:
+        >>> from interp.zoo.compat import readme_table
         >>> print(readme_table([dict(family="f", model_type="llama", variants="MHA, RoPE", max_logit_diff=3e-6,
         ...                          greedy_equal=True)]).splitlines()[-1])
         | f | `llama` | MHA, RoPE | yes | yes |

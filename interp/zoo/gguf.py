@@ -38,7 +38,7 @@ from ..families import converter
 from ..model import Transformer
 from ..placement import block_bytes, build
 from ..quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
-from . import gguf_experts, gguf_quantized
+from . import gguf_experts, gguf_gpt_oss, gguf_quantized
 from .checkpoint import assign_weights, check_finite, check_fits
 from .gguf_archs import ARCHITECTURES, Architecture, Meta, shown, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, _gguf, read_gguf
@@ -68,6 +68,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         GGUFError: (a ValueError) the file is not GGUF, or its header is corrupt (file and key named).
 
     Example:
+        >>> from interp.zoo.gguf import read_metadata
         >>> from interp.zoo.smollm2 import fetch_gguf
         >>> read_metadata(fetch_gguf())["llama.attention.head_count_kv"]
         3
@@ -114,12 +115,15 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
             not reproduce, partial rotary, or a missing key (each named with its value).
 
     Example:
+        >>> from interp.zoo.gguf import hf_config_from_gguf, read_metadata
         >>> from interp.zoo.smollm2 import fetch_gguf
         >>> cfg = hf_config_from_gguf(read_metadata(fetch_gguf()), {"token_embd.weight"})
         >>> cfg["model_type"], cfg["num_key_value_heads"]
         ('llama', 3)
     """
     arch = _check_architecture(meta, tensor_names, source)
+    if arch == "gpt-oss":  # its own module (it reads the experts module's helpers)
+        return gguf_gpt_oss.hf_config(meta, tensor_names, source=source)
     if arch in gguf_experts.ARCHITECTURES:
         return gguf_experts.hf_config(meta, None, tensor_names, source=source)
     cfg = ARCHITECTURES[arch].config(Meta(meta, arch, source), set(tensor_names))
@@ -176,7 +180,8 @@ def _hf_tensors(spec: Architecture | None, name: str, w: torch.Tensor, hf_cfg: M
     """The HF tensors one GGUF tensor becomes: one renamed tensor (its transform undone), or for a mixture of
     experts the pieces :func:`interp.zoo.gguf_experts.hf_tensors` makes (merged experts split per expert)."""
     if gguf_experts.is_expert_config(hf_cfg):
-        pieces = gguf_experts.hf_tensors(name, w, hf_cfg, source=source)
+        experts = gguf_gpt_oss if hf_cfg["model_type"] == "gpt_oss" else gguf_experts
+        pieces = experts.hf_tensors(name, w, hf_cfg, source=source)
         if pieces is not None:
             return pieces
     if spec is None:
@@ -215,6 +220,7 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
             (each named with both shapes).
 
     Example:
+        >>> from interp.zoo.gguf import check_tensor_table, hf_config_from_gguf, read_gguf
         >>> f = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
         >>> check_tensor_table(f, hf_config_from_gguf(f.metadata, {t.name for t in f.tensors}))  # doctest: +SKIP
     """
@@ -389,6 +395,7 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], *, source: str = "GGUF") -> Tok
             or a byte-level pre-tokenizer this loader does not know (both named).
 
     Example:
+        >>> from interp.zoo.gguf import read_metadata, tokenizer_from_gguf
         >>> from interp.zoo.smollm2 import fetch_gguf
         >>> tok = tokenizer_from_gguf(read_metadata(fetch_gguf()))
         >>> tok.to_str_tokens(tok.to_tokens("Hello world")[0].tolist())
@@ -599,6 +606,7 @@ def stored_sizes(path: str | Path, *, dtype: torch.dtype = torch.float32, keep_q
         GGUFError: (a ValueError) as :func:`load_gguf` for the header, the tensor table or the architecture.
 
     Example:
+        >>> from interp.zoo.gguf import stored_sizes
         >>> from interp.zoo.smollm2 import fetch_gguf
         >>> cfg, (emb, blocks, head), label = stored_sizes(fetch_gguf())
         >>> cfg.n_layers, len(blocks), label
@@ -669,6 +677,7 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
         ImportError: the ``gguf`` package is missing (``pip install interp[gguf]``).
 
     Example:
+        >>> from interp.zoo.gguf import load_gguf
         >>> from interp.zoo.smollm2 import fetch_gguf
         >>> model = load_gguf(fetch_gguf())  # ~1 min (dequantises every tensor)  # doctest: +SKIP
         >>> model.generate(model.to_tokens("The capital of France is"), 5)  # doctest: +SKIP

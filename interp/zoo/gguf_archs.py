@@ -49,6 +49,7 @@ def shown(value: Any, limit: int = 80) -> str:
     never echoes a 10^6-entry metadata array.
 
     Example:
+        >>> from interp.zoo.gguf_archs import shown
         >>> shown(list(range(10**6)))
         '[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, ... (1000000 entries)'
     """
@@ -65,6 +66,7 @@ class Meta:
     """Typed reads of one file's ``{arch}.*`` metadata; each bad value is refused naming the key and value.
 
     Example:
+        >>> from interp.zoo.gguf_archs import Meta
         >>> m = Meta({"llama.block_count": 2, "llama.rope.freq_base": 1e4}, "llama", "f.gguf")
         >>> m.count("block_count"), m.number("rope.freq_base", None), m.number("rope.scaling.factor", 1.0)
         (2, 10000.0, 1.0)
@@ -102,6 +104,7 @@ class Meta:
         one entry per layer, are refused by name (with a shortened copy of the array).
 
         Example:
+            >>> from interp.zoo.gguf_archs import Meta
             >>> m = Meta({"llama.attention.head_count_kv": [1, 1]}, "llama", "f.gguf")
             >>> m.layer_count("attention.head_count_kv", 4, n_layers=2)
             1
@@ -315,6 +318,8 @@ def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     interp keep the first half of the rotary dims, then the second half.
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.gguf_archs import unpermute_rotary
         >>> unpermute_rotary(torch.arange(8.0), 1)    # one head, D = 8
         tensor([0., 2., 4., 6., 1., 3., 5., 7.])
     """
@@ -395,6 +400,7 @@ class Architecture:
         """``(stem, HF name)`` of a GGUF tensor name, or None when this architecture has no such tensor.
 
         Example:
+            >>> from interp.zoo.gguf_archs import ARCHITECTURES
             >>> ARCHITECTURES["gemma2"].hf_name("blk.3.post_ffw_norm.weight", {})
             ('post_ffw_norm', 'model.layers.3.post_feedforward_layernorm.weight')
             >>> ARCHITECTURES["llama"].hf_name("blk.0.attn_qkv.weight", {}) is None

@@ -83,6 +83,7 @@ def is_expert_file(meta: Mapping[str, Any]) -> bool:
     """Whether a GGUF file's metadata describes a mixture of experts this module reads.
 
     Example:
+        >>> from interp.zoo.gguf_experts import is_expert_file
         >>> is_expert_file({"general.architecture": "llama", "llama.expert_count": 8})
         True
         >>> is_expert_file({"general.architecture": "llama"})
@@ -96,6 +97,7 @@ def is_expert_config(hf_cfg: Mapping[str, Any]) -> bool:
     """Whether an HF config dict (from :func:`hf_config`) is one whose tensors :func:`hf_tensors` names.
 
     Example:
+        >>> from interp.zoo.gguf_experts import is_expert_config
         >>> is_expert_config({"model_type": "deepseek_v3"}), is_expert_config({"model_type": "llama"})
         (True, False)
     """
@@ -156,6 +158,7 @@ def llama_experts_config(base: Mapping[str, Any], meta: Mapping[str, Any], tenso
             have (shared experts, dense leading layers, sigmoid gating, unnormalised weights), each named.
 
     Example:
+        >>> from interp.zoo.gguf_experts import llama_experts_config
         >>> meta = {"general.architecture": "llama", "llama.expert_count": 8, "llama.expert_used_count": 2}
         >>> cfg = llama_experts_config({"model_type": "llama", "num_hidden_layers": 2}, meta, set())
         >>> cfg["model_type"], cfg["num_local_experts"], cfg["num_experts_per_tok"]
@@ -196,6 +199,7 @@ def deepseek2_config(meta: Mapping[str, Any], tensor_names: set[str], *, source:
         GGUFError: a missing or malformed key, or a setting this loader does not reproduce (named with its value).
 
     Example:
+        >>> from interp.zoo.gguf_experts import deepseek2_config
         >>> meta = {"general.architecture": "deepseek2", "deepseek2.block_count": 2, "deepseek2.context_length": 64,
         ...         "deepseek2.embedding_length": 32, "deepseek2.feed_forward_length": 48,
         ...         "deepseek2.attention.head_count": 4, "deepseek2.vocab_size": 50,
@@ -328,6 +332,7 @@ def qwen_olmoe_config(meta: Mapping[str, Any], tensor_names: set[str], *, source
             width, or dense layers in OLMoE (each named with its value).
 
     Example:
+        >>> from interp.zoo.gguf_experts import qwen_olmoe_config
         >>> meta = {"general.architecture": "olmoe", "olmoe.block_count": 1, "olmoe.context_length": 64,
         ...         "olmoe.embedding_length": 32, "olmoe.feed_forward_length": 24, "olmoe.attention.head_count": 4,
         ...         "olmoe.vocab_size": 50, "olmoe.expert_count": 8, "olmoe.expert_used_count": 2}
@@ -387,14 +392,12 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
             and the metadata that implies another are named.
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.gguf_experts import hf_tensors
         >>> cfg = {"model_type": "mixtral", "num_local_experts": 4, "intermediate_size": 6, "hidden_size": 8}
         >>> sorted(hf_tensors("blk.0.ffn_up_exps.weight", torch.zeros(4, 6, 8), cfg))[0]
         'model.layers.0.mlp.experts.0.up_proj.weight'
     """
-    if hf_cfg["model_type"] == "gpt_oss":
-        from . import gguf_gpt_oss  # it reads this module's helpers
-
-        return gguf_gpt_oss.hf_tensors(name, w, hf_cfg, source=source)
     parts = name.split(".")
     if hf_cfg["model_type"] != "mixtral" and name in _GLOBAL:  # Mixtral: the llama table names these
         return {_GLOBAL[name]: w}
@@ -494,6 +497,8 @@ def join_split_tensors(hf_sd: dict[str, torch.Tensor]) -> dict[str, str]:
         GGUFError: one half without the other.
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.gguf_experts import join_split_tensors
         >>> sd = {"model.layers.0.self_attn.k_b_proj.weight": torch.zeros(2, 5, 3),
         ...       "model.layers.0.self_attn.v_b_proj.weight": torch.zeros(2, 4, 5)}
         >>> _ = join_split_tensors(sd); sd["model.layers.0.self_attn.kv_b_proj.weight"].shape
@@ -524,15 +529,12 @@ def hf_config(meta: Mapping[str, Any], base: Mapping[str, Any] | None, tensor_na
         GGUFError: see :func:`llama_experts_config` and :func:`deepseek2_config`.
 
     Example:
+        >>> from interp.zoo.gguf_experts import hf_config
         >>> hf_config({"general.architecture": "llama", "llama.expert_count": 4, "llama.expert_used_count": 2},
         ...           {"num_hidden_layers": 1}, set())["model_type"]
         'mixtral'
     """
     arch = meta.get("general.architecture")
-    if arch == "gpt-oss":
-        from . import gguf_gpt_oss  # it reads this module's helpers
-
-        return gguf_gpt_oss.hf_config(meta, tensor_names, source=source)
     if arch == "deepseek2":
         return deepseek2_config(meta, tensor_names, source=source)
     if arch in MODEL_TYPES:

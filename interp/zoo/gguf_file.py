@@ -172,6 +172,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
             bytes lie outside the file; the message names the file and the key or tensor.
 
     Example:
+        >>> from interp.zoo.gguf_file import read_gguf
         >>> import gguf, numpy as np, tempfile, os
         >>> p = os.path.join(tempfile.mkdtemp(), "t.gguf")
         >>> w = gguf.GGUFWriter(p, "llama"); w.add_block_count(1)

@@ -60,6 +60,7 @@ def hf_config(meta: Mapping[str, Any], tensor_names: set[str], *, source: str = 
             (each named with its value).
 
     Example:
+        >>> from interp.zoo.gguf_gpt_oss import hf_config
         >>> meta = {"general.architecture": "gpt-oss", "gpt-oss.block_count": 2, "gpt-oss.context_length": 64,
         ...         "gpt-oss.embedding_length": 64, "gpt-oss.feed_forward_length": 32, "gpt-oss.vocab_size": 50,
         ...         "gpt-oss.attention.head_count": 4, "gpt-oss.attention.key_length": 16,
@@ -109,6 +110,8 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
             contradicts (tensor, shape and metadata named).
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.gguf_gpt_oss import hf_tensors
         >>> cfg = {"num_local_experts": 4, "intermediate_size": 6, "hidden_size": 8}
         >>> {k: tuple(v.shape) for k, v in hf_tensors("blk.0.ffn_up_exps.weight", torch.zeros(4, 6, 8), cfg).items()}
         {'model.layers.0.mlp.experts.up_proj': (4, 8, 6)}

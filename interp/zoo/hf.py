@@ -67,6 +67,8 @@ def source_dtype(hf_sd: StateDict) -> torch.dtype | None:
     shapes and dtypes are all it reads).
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.hf import source_dtype
         >>> source_dtype({"w": torch.zeros(4, dtype=torch.bfloat16), "b": torch.zeros(1)})
         torch.bfloat16
     """
@@ -110,6 +112,7 @@ def convert(hf_cfg: Mapping[str, Any], hf_sd: StateDict, *, name: str = "hf-mode
             with both shapes), or a tensor holding NaN / infinite values (named with the count).
 
     Example:
+        >>> from interp.zoo.hf import convert
         >>> from transformers import GPT2Config, GPT2LMHeadModel
         >>> hf = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20, n_positions=8))
         >>> convert(hf.config.to_dict(), hf.state_dict()).cfg.n_layers
@@ -189,6 +192,8 @@ def read_hf_config(folder: str | Path) -> dict[str, Any]:
             message is quoted after the file's name).
 
     Example:
+        >>> from interp.zoo.hf import read_hf_config
+        >>> from interp.examples import tmp
         >>> import json; (tmp / "m").mkdir(); _ = (tmp / "m" / "config.json").write_text('{"model_type": 3')
         >>> read_hf_config(tmp / "m")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
@@ -278,6 +283,7 @@ def from_hf(model_or_path: Any, *, tokenizer: Any = None, name: str | None = Non
             do not fit (each tensor named with both shapes or dtypes).
 
     Example:
+        >>> from interp.zoo.hf import from_hf
         >>> from transformers import GPT2Config, GPT2LMHeadModel
         >>> model = from_hf(GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4)))
         >>> model = from_hf("gpt2")   # with hub access  # doctest: +SKIP

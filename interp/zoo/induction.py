@@ -63,6 +63,7 @@ def build_induction_model(cfg: ModelConfig | None = None, *, seed: int = 0, bos_
         A :class:`Transformer` named ``"induction-2l"`` with ``tokenizer`` set.
 
     Example:
+        >>> from interp.zoo.induction import build_induction_model
         >>> model = build_induction_model(seed=0)
         >>> model.cfg.n_layers, model.cfg.attn_only
         (2, True)
@@ -117,6 +118,8 @@ def load_induction_2l(path: str | Path | None = None, *, device: torch.device | 
             ``python experiments/train_induction.py --out DIR --replace-shipped``).
 
     Example:
+        >>> import torch
+        >>> from interp.zoo.induction import load_induction_2l
         >>> model = load_induction_2l()
         >>> model.to_str_tokens(torch.tensor([0, 5, 9]))
         ['<bos>', 't5', 't9']
@@ -140,6 +143,7 @@ def load_random_tiny(*, seed: int = 0) -> Transformer:
         A :class:`Transformer` in eval mode named ``"random-tiny"``.
 
     Example:
+        >>> from interp.zoo.induction import load_random_tiny
         >>> load_random_tiny().cfg.n_kv_heads
         2
     """

@@ -26,6 +26,7 @@ class TokenIdTokenizer:
         bos_id: the BOS id (or ``None``).
 
     Example:
+        >>> from interp.zoo.token_ids import TokenIdTokenizer
         >>> tok = TokenIdTokenizer(128, bos_id=0)
         >>> tok.to_str_tokens([0, 17, 5])
         ['<bos>', 't17', 't5']

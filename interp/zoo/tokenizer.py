@@ -347,6 +347,7 @@ def as_tokenizer(tokenizer: Any) -> Tokenizer | None:
         TypeError: anything else (its type named).
 
     Example:
+        >>> from interp.zoo.tokenizer import as_tokenizer
         >>> as_tokenizer(None) is None
         True
     """

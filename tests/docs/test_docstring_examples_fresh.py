@@ -25,7 +25,8 @@ import interp
 ROOT = Path(__file__).resolve().parents[2]
 # Not covered yet, each with its reason: the Streamlit app draws a page when imported; the Hugging Face / GGUF
 # converters and the compatibility table were being rewritten when this test was added.
-NOT_COVERED: tuple[str, ...] = ()
+# The dashboard is the Streamlit script: importing it runs the app (its modules in interp.app are covered).
+NOT_COVERED: tuple[str, ...] = ("interp.app.dashboard",)
 _DATA = re.compile(r"""["'](\.\./shared/data/[^"']+)["']""")
 _FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 

@@ -278,10 +278,7 @@ class HeadParallel:
 
         Example:
             >>> import torch
-            >>> from interp import ModelConfig
-            >>> from interp.placement import build
-            >>> model = build(ModelConfig(n_layers=2, d_model=16, n_heads=4, d_vocab=8, n_ctx=8), seed=0)
-            >>> tokens = torch.tensor([[1, 2, 3, 4]])
+            >>> from interp.examples import model, tokens    # induction-2l (2 layers, 4 heads), [2, 21] ids
             >>> torch.allclose(HeadParallel.from_model(model)(tokens), model(tokens), atol=1e-5)
             True
         """
@@ -295,12 +292,9 @@ class HeadParallel:
         Example:
             >>> from interp.tensor_parallel import HeadParallel
             >>> import torch
-            >>> from interp import ModelConfig
-            >>> from interp.placement import build
-            >>> model = build(ModelConfig(n_layers=2, d_model=16, n_heads=4, d_vocab=8, n_ctx=8), seed=0)
-            >>> tokens = torch.tensor([[1, 2, 3, 4]])
-            >>> HeadParallel.from_model(model).generate(tokens, 3).shape
-            torch.Size([1, 7])
+            >>> from interp.examples import model, tokens    # induction-2l (2 layers, 4 heads), [2, 21] ids
+            >>> HeadParallel.from_model(model).generate(tokens[:1], 3).shape
+            torch.Size([1, 24])
         """
         return self.model.generate(tokens, max_new_tokens, **kwargs)
 
@@ -314,10 +308,7 @@ class HeadParallel:
         Example:
             >>> from interp.tensor_parallel import HeadParallel
             >>> import torch
-            >>> from interp import ModelConfig
-            >>> from interp.placement import build
-            >>> model = build(ModelConfig(n_layers=2, d_model=16, n_heads=4, d_vocab=8, n_ctx=8), seed=0)
-            >>> tokens = torch.tensor([[1, 2, 3, 4]])
+            >>> from interp.examples import model, tokens    # induction-2l (2 layers, 4 heads), [2, 21] ids
             >>> tp = HeadParallel.from_model(model)
             >>> g = torch.ones(2, 4); g[0, 1] = 0
             >>> tp.set_head_gates(g); model.set_head_gates(g)
@@ -357,13 +348,10 @@ class HeadParallel:
         Example:
             >>> from interp.tensor_parallel import HeadParallel
             >>> import torch
-            >>> from interp import ModelConfig
-            >>> from interp.placement import build
-            >>> model = build(ModelConfig(n_layers=2, d_model=16, n_heads=4, d_vocab=8, n_ctx=8), seed=0)
-            >>> tokens = torch.tensor([[1, 2, 3, 4]])
+            >>> from interp.examples import model, tokens    # induction-2l (2 layers, 4 heads), [2, 21] ids
             >>> logits, trace = HeadParallel.from_model(model).run_with_cache(tokens, names_filter="*hook_pattern")
             >>> trace.pattern(0).shape
-            torch.Size([1, 4, 4, 4])
+            torch.Size([2, 4, 21, 21])
         """
         logits, trace = self.model.run_with_cache(tokens, names_filter=names_filter, **kwargs)
         mine = {name: trace[name] for name in trace.keys()}
@@ -455,13 +443,10 @@ class HeadParallel:
         Example:
             >>> from interp.tensor_parallel import HeadParallel
             >>> import torch
-            >>> from interp import ModelConfig
-            >>> from interp.placement import build
-            >>> model = build(ModelConfig(n_layers=2, d_model=16, n_heads=4, d_vocab=8, n_ctx=8), seed=0)
-            >>> tokens = torch.tensor([[1, 2, 3, 4]])
+            >>> from interp.examples import model, tokens    # induction-2l (2 layers, 4 heads), [2, 21] ids
             >>> tp = HeadParallel.from_model(model); tp.close()
-            >>> tp.model(tokens).shape
-            torch.Size([1, 4, 8])
+            >>> tp.model(tokens).shape == model(tokens).shape
+            True
         """
         for handle in self._handles:
             handle.remove()

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..streaming import Reducer
-from .kinds import HeadKind, KindRun, register_kind
+from .kinds import HeadKind, KindRun, register_kind, sampled_rows
 from .ov_circuit import has_unembedding, ov_logits
 
 __all__ = ["copy_suppression_scores"]
@@ -82,16 +82,10 @@ def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     threshold = run["copy_suppression_threshold"]
     run.probes["copy-suppression"] = (f"the weights: {per_token.shape[-1]} vocabulary tokens against {k} "
                                       "comparison tokens each")
-    rows = []
-    for layer in range(per_token.shape[0]):
-        for head in range(model.cfg.layer(layer).n_heads):
-            s = per_token[layer, head]
-            score = float(s.mean())
-            rows.append({"layer": layer, "head": head, "kind": "copy-suppression", "score": score,
-                         "evidence": f"attended token below {100 * score:.0f}% of the vocabulary in the head's "
-                                     f"effective OV logits ({len(s)} tokens)",
-                         "samples": s, "threshold": threshold, "passed": score >= threshold})
-    return rows
+    heads = [model.cfg.layer(layer).n_heads for layer in range(per_token.shape[0])]
+    return sampled_rows("copy-suppression", per_token, heads, threshold, lambda s, score: (
+        f"attended token below {100 * score:.0f}% of the vocabulary in the head's effective OV logits "
+        f"({len(s)} tokens)"))
 
 
 register_kind(HeadKind(

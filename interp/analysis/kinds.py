@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import torch
 
 from ..streaming import Reducer
 
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["BUILTIN_DATA", "DATA", "HeadKind", "KindRun", "head_kinds", "kind_of_label", "register_kind", "resolve_kinds"]
+__all__ = ["BUILTIN_DATA", "DATA", "HeadKind", "KindRun", "head_kinds", "kind_of_label", "register_kind", "resolve_kinds",
+           "sampled_rows"]
 
 #: The data a kind can be measured on: each is one streamed pass (or none, for weight circuits).
 DATA = {
@@ -118,6 +120,37 @@ class HeadKind:
 
 
 _REGISTRY: dict[str, HeadKind] = {}
+
+
+def sampled_rows(kind: str, samples: torch.Tensor, layer_heads: Iterable[int], threshold: float,
+                 evidence: Callable[[torch.Tensor, float], str]) -> list[dict[str, Any]]:
+    """One report row per head of a kind scored as the mean of per-item samples (the bootstrap interval's rows).
+
+    Args:
+        kind: the label of the rows.
+        samples: ``[L, H_max, n]`` one value per item and head.
+        layer_heads: each layer's head count (a pruned model's differ).
+        threshold: a head passes when its mean is at least this.
+        evidence: ``(the head's samples [n], its mean) -> the words of the report``.
+
+    Returns:
+        Rows with ``layer, head, kind, score, evidence, samples, threshold, passed``.
+
+    Example:
+        >>> import torch
+        >>> from interp.analysis.kinds import sampled_rows
+        >>> rows = sampled_rows("demo", torch.tensor([[[1.0, 0.0], [1.0, 1.0]]]), [2], 0.9, lambda s, m: f"{m:.1f}")
+        >>> [(r["head"], r["score"], r["passed"]) for r in rows]
+        [(0, 0.5, False), (1, 1.0, True)]
+    """
+    rows = []
+    for layer, n_heads in enumerate(layer_heads):
+        for head in range(n_heads):
+            s = samples[layer, head]
+            score = float(s.mean())
+            rows.append({"layer": layer, "head": head, "kind": kind, "score": score, "evidence": evidence(s, score),
+                         "samples": s, "threshold": threshold, "passed": score >= threshold})
+    return rows
 
 
 def register_kind(kind: HeadKind) -> HeadKind:

@@ -19,7 +19,7 @@ import torch
 
 from ..data.ordinal import ordinal_token_sequences
 from ..streaming import Reducer
-from .kinds import HeadKind, KindRun, register_kind
+from .kinds import HeadKind, KindRun, register_kind, sampled_rows
 from .ov_circuit import has_unembedding, ov_logits
 
 __all__ = ["succession_scores"]
@@ -85,16 +85,9 @@ def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     run.probes["successor"] = probe + " (the weights' effective OV circuit)"
     hits = succession_scores(model, seqs)  # [L, H, n]
     threshold = run["successor_threshold"]
-    rows = []
-    for layer in range(hits.shape[0]):
-        for head in range(model.cfg.layer(layer).n_heads):
-            s = hits[layer, head]
-            score = float(s.mean())
-            rows.append({"layer": layer, "head": head, "kind": "successor", "score": score,
-                         "evidence": f"successor ranked first among the ordinal tokens for {int(s.sum())} of "
-                                     f"{len(s)} items",
-                         "samples": s, "threshold": threshold, "passed": score >= threshold})
-    return rows
+    heads = [model.cfg.layer(layer).n_heads for layer in range(hits.shape[0])]
+    return sampled_rows("successor", hits, heads, threshold, lambda s, score: (
+        f"successor ranked first among the ordinal tokens for {int(s.sum())} of {len(s)} items"))
 
 
 register_kind(HeadKind(

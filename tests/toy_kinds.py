@@ -47,6 +47,20 @@ def _rows(kind: str, head: int, H: int, D: int) -> slice:
 
 
 @torch.no_grad()
+def _blank(cfg: ModelConfig, *, pos: int | None = None) -> Transformer:
+    """A model of ``cfg`` whose weights are all zero but one-hot token embeddings (dims ``0 .. V-1``) and, with
+    ``pos``, one-hot position embeddings from dim ``pos``: the start of every hand-built model here."""
+    model = Transformer(cfg)
+    for p in model.parameters():
+        p.zero_()
+    V, N = cfg.d_vocab, cfg.n_ctx
+    model.embed.weight[torch.arange(V), torch.arange(V)] = 1.0
+    if pos is not None:
+        model.pos_embed.weight[torch.arange(N), pos + torch.arange(N)] = 1.0
+    return model
+
+
+@torch.no_grad()
 def sink_model(d_vocab: int = 16, n_ctx: int = 24, *, sharpness: float = 20.0) -> Transformer:
     """The sink model of the module docstring (``d_model = V + N + 2``)."""
     V, N = d_vocab, n_ctx
@@ -55,11 +69,7 @@ def sink_model(d_vocab: int = 16, n_ctx: int = 24, *, sharpness: float = 20.0) -
     D = max(V, N)
     cfg = ModelConfig(n_layers=1, d_model=M, n_heads=H, d_head=D, attn_only=True, causal=True, positional="learned",
                       normalization="none", d_vocab=V, n_ctx=N, attn_bias=True, out_bias=False, use_sdpa=True)
-    model = Transformer(cfg)
-    for p in model.parameters():
-        p.zero_()
-    model.embed.weight[torch.arange(V), TOK + torch.arange(V)] = 1.0
-    model.pos_embed.weight[torch.arange(N), POS + torch.arange(N)] = 1.0
+    model = _blank(cfg, pos=POS)
     model.pos_embed.weight[1:, FLAG] = 1.0  # "not the first position"
     model.pos_embed.weight[:, CONST] = 1.0
     c = sharpness * D ** 0.5
@@ -97,10 +107,7 @@ def ov_model(d_vocab: int = 32, n_ctx: int = 16) -> Transformer:
     M, H, D = 2 * V, 4, V
     cfg = ModelConfig(n_layers=2, d_model=M, n_heads=H, d_head=D, attn_only=True, causal=True, positional="learned",
                       normalization="none", d_vocab=V, n_ctx=n_ctx, attn_bias=False, out_bias=False, use_sdpa=True)
-    model = Transformer(cfg)
-    for p in model.parameters():
-        p.zero_()
-    model.embed.weight[torch.arange(V), TOK + torch.arange(V)] = 1.0
+    model = _blank(cfg)
     a = model.blocks[1].attn
     W, W_O = a.W_qkv.weight, a.W_O.weight  # [3 H D, M], [M, H D]
     for head in range(H):
@@ -134,11 +141,7 @@ def fv_model(d_vocab: int = 32, n_ctx: int = 16, *, sharpness: float = 20.0) -> 
     D = V + N + 1  # query/key blocks: [token V | position N | bos 1]
     cfg = ModelConfig(n_layers=2, d_model=M, n_heads=H, d_head=D, attn_only=True, causal=True, positional="learned",
                       normalization="none", d_vocab=V, n_ctx=N, attn_bias=False, out_bias=False, use_sdpa=True)
-    model = Transformer(cfg)
-    for p in model.parameters():
-        p.zero_()
-    model.embed.weight[torch.arange(V), TOK + torch.arange(V)] = 1.0
-    model.pos_embed.weight[torch.arange(N), POS + torch.arange(N)] = 1.0
+    model = _blank(cfg, pos=POS)
     model.pos_embed.weight[:, CONST] = 1.0
     c = sharpness * D ** 0.5
     pairs = FV_PAIRS["shift"]
@@ -209,11 +212,7 @@ def name_mover_model(d_vocab: int = 24, n_ctx: int = 16, *, sharpness: float = 2
     M, H, D = 2 * V + N + 1, 4, V
     cfg = ModelConfig(n_layers=1, d_model=M, n_heads=H, d_head=D, attn_only=True, causal=True, positional="learned",
                       normalization="none", d_vocab=V, n_ctx=N, attn_bias=False, out_bias=False, use_sdpa=True)
-    model = Transformer(cfg)
-    for p in model.parameters():
-        p.zero_()
-    model.embed.weight[torch.arange(V), TOK + torch.arange(V)] = 1.0
-    model.pos_embed.weight[torch.arange(N), POS + torch.arange(N)] = 1.0
+    model = _blank(cfg, pos=POS)
     model.pos_embed.weight[:, CONST] = 1.0
     c = sharpness * D ** 0.5
     a = model.blocks[0].attn

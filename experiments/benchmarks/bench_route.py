@@ -16,12 +16,11 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import copy
 import warnings
 
 import torch
-from benchutil import fix_threads, machine_info, ratio_table, time_interleaved
+from benchutil import fix_threads, hf_side_by_side_args, machine_info, ratio_table, time_interleaved
 
 
 def build(layers: int, device: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
@@ -48,16 +47,7 @@ def build(layers: int, device: str) -> tuple[torch.nn.Module, torch.nn.Module, o
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--layers", type=int, default=10)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--quick", action="store_true", help="2 layers, 2 reps (a smoke run)")
-    args = ap.parse_args()
-    if args.quick:
-        args.layers, args.reps = 2, 2
+    args = hf_side_by_side_args(__doc__.splitlines()[0], layers=10)
     threads = fix_threads()
     eager, sdpa, route = build(args.layers, args.device)
     n_params = sum(p.numel() for p in sdpa.parameters())

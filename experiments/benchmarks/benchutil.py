@@ -7,6 +7,7 @@ follows the same one; the reported figure is the median over repetitions, after 
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import os
 import platform
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from results_file import cpu_model  # beside this file (experiments/ is not a package)
 
 DEFAULT_THREADS = 2
 
@@ -29,12 +31,7 @@ def fix_threads(n: int | None = None) -> int:
 
 def machine_info() -> str:
     """One line: date, CPU model, nproc, torch threads, torch and python versions, load average."""
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_model()
     load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     return (f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC | {cpu} | nproc {os.cpu_count()} | "
             f"torch threads {torch.get_num_threads()} | torch {torch.__version__} | python {platform.python_version()}"
@@ -83,3 +80,19 @@ def ratio_table(medians: dict[str, float], baseline: str, *, targets: dict[str, 
             row += f" {targets.get(n, '')} |"
         rows.append(row)
     return "\n".join(rows)
+
+
+def hf_side_by_side_args(description: str, *, layers: int) -> argparse.Namespace:
+    """The options every interp-vs-transformers timing script takes (``--batch``, ``--seq``, ``--reps``,
+    ``--layers``, ``--device``, ``--quick``: 2 layers and 2 repetitions), parsed from the command line."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="2 layers, 2 reps (a smoke run)")
+    args = ap.parse_args()
+    if args.quick:
+        args.layers, args.reps = 2, 2
+    return args

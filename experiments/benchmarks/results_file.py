@@ -69,14 +69,20 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
 
 
-def machine() -> dict[str, Any]:
-    """What the figures depend on: CPU model, cores, memory, accelerator, torch and python versions."""
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
     cpu = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    return cpu
+
+
+def machine() -> dict[str, Any]:
+    """What the figures depend on: CPU model, cores, memory, accelerator, torch and python versions."""
+    cpu = cpu_model()
     ram = None
     try:
         with open("/proc/meminfo") as f:

@@ -23,23 +23,6 @@ os.chdir(ROOT)
 import interp  # noqa: E402 - from this checkout (sys.path above)
 
 PROTECTED = ("interp.app.dashboard",)
-FIXTURES = {
-    "model",
-    "tokens",
-    "trace",
-    "clean",
-    "corrupted",
-    "answers",
-    "metric",
-    "train",
-    "held_out",
-    "objective",
-    "batches",
-    "tok",
-    "tmp",
-    "moe_model",
-    "moe_tokens",
-}
 ORDER = [
     "model",
     "tokens",
@@ -57,6 +40,8 @@ ORDER = [
     "tok",
     "tmp",
 ]
+#: The names interp.examples provides, in the order an example imports them.
+FIXTURES = set(ORDER)
 STD = {
     "torch": "import torch",
     "np": "import numpy as np",

@@ -358,6 +358,17 @@ def _submodule(root: nn.Module, path: str) -> nn.Module:
     return mod
 
 
+def _attr(root: nn.Module, node: Any) -> torch.Tensor | None:
+    """The tensor a ``get_attr`` node of the trace reads (``None`` for any other argument)."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "get_attr" and isinstance(node.target, str)):
+        return None
+    path, _, name = node.target.rpartition(".")
+    try:
+        return getattr(_submodule(root, path) if path else root, name)
+    except (KeyError, AttributeError):
+        return None
+
+
 class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, mod: nn.Module, qualname: str) -> bool:
         # Rotary memoises its angles by comparing position values, a branch on data: it is called, not traced.
@@ -415,17 +426,19 @@ def _trace(model: Transformer) -> _Traced:
     param_paths: list[str] = []
     linears: list[nn.Linear] = []
     leaves: list[nn.Module] = []
+    owners = {id(m.weight): m for m in root.modules() if type(m) is nn.Linear}
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in (torch._C._nn.linear, F.linear):
             x, w = node.args[0], node.args[1]
-            if not (isinstance(w, torch.fx.Node) and w.op == "get_attr" and isinstance(w.target, str)
-                    and w.target.endswith(".weight")):
-                raise _Untraceable(f"a linear product of something other than a layer's weight: {node.format_node()}")
-            mod = _submodule(root, w.target.rsplit(".", 1)[0])
             bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-            own_bias = getattr(bias, "op", None) == "get_attr" and bias.target == w.target[:-len("weight")] + "bias"
-            if type(mod) is not nn.Linear or (bias is not None and not own_bias):
-                raise _Untraceable(f"a linear product that is not an nn.Linear's own: {node.format_node()}")
+            # The layer whose product this is, found by its weight tensor: a tied unembedding's weight is traced
+            # under the embedding's name (the first a shared parameter is registered under).
+            mod = owners.get(id(_attr(root, w)))
+            bias_t = None if bias is None else _attr(root, bias)
+            if mod is None or bias_t is not mod.bias or (bias is not None and bias_t is None):
+                # Not a linear layer's own product: it stays a plain F.linear of the live tensors, which the loop
+                # below passes in as parameters.
+                continue
             with graph.inserting_before(node):
                 prod = graph.call_function(operator.getitem, (products_ph, len(linears)))
                 new = graph.call_function(_call, (prod, x))

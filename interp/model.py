@@ -503,6 +503,7 @@ class Transformer(HookedModule):
             >>> import torch
             >>> from interp import ModelConfig, Transformer
             >>> from interp.zoo.induction import TokenIdTokenizer
+            >>> _ = torch.manual_seed(0)  # the random weights; a continuation with the BOS id would print fewer words
             >>> model = Transformer(ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=11, n_ctx=16))
             >>> model.generate(torch.tensor([[1, 2, 3]]), 4, temperature=0.8, seed=0).shape
             torch.Size([1, 7])

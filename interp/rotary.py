@@ -28,9 +28,12 @@ from .config import ROPE_SCALING_KEYS
 from .norms import HALF_DTYPES
 
 # The last (positions, cos, sin) computed, shared by every Rotary: all layers of a forward pass (and q and k)
-# rotate by the same positions, so their angles are computed once per pass, not twice per layer. A copy of the
-# positions is kept and compared by value (inference tensors have no version counter to detect edits).
+# rotate by the same positions tensor, so their angles are computed once per pass, not twice per layer. Both the
+# positions and the frequencies are recognised without reading their values: a value comparison waits for the
+# device (on a GPU, one wait per layer stalls the whole pass), so the positions are matched by identity and
+# version counter, and the frequencies by the settings that made them (see Rotary._freq_key).
 _LAST: tuple | None = None
+_LAST_LENGTH: tuple | None = None  # (positions, version, max + 1) for length-dependent frequencies
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -299,6 +302,13 @@ def cache_needs_recompute(scaling: Mapping[str, Any] | None, cached: int, total:
     return cached <= original < total
 
 
+def _same_positions(kept: tuple[torch.Tensor, torch.Tensor | None], positions: torch.Tensor) -> bool:
+    """Whether ``positions`` is the tensor the last angles were computed for, with the same values (its version
+    is in the memo's key; an inference tensor's kept copy is compared instead)."""
+    ref, copy = kept
+    return ref is positions and (copy is None or torch.equal(copy, positions))
+
+
 class Rotary(nn.Module):
     """Rotate the first ``dim`` features of each head by position-dependent angles.
 
@@ -336,12 +346,20 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.length_dependent = self.scaling is not None and self.scaling["rope_type"] in ("dynamic", "longrope")
         self._by_length: tuple[int, torch.Tensor] | None = None  # the last (seq_len, inv_freq) computed
+        self._checked: tuple | None = None  # (inv_freq buffer, its version, whether it holds the settings' values)
 
     def frequencies(self, positions: torch.Tensor) -> torch.Tensor:
         """The inverse frequencies a pass over ``positions`` rotates with (``[dim / 2]``)."""
         if not self.length_dependent or positions.numel() == 0:
             return self.inv_freq
-        seq_len = int(positions.max()) + 1
+        global _LAST_LENGTH
+        version = None if positions.is_inference() else positions._version
+        known = _LAST_LENGTH  # every layer of a pass asks about the same positions: read their maximum once
+        if known is not None and known[0] is positions and known[1] == version:
+            seq_len = known[2]
+        else:
+            seq_len = int(positions.max()) + 1
+            _LAST_LENGTH = (positions, version, seq_len)
         last = self._by_length
         if last is not None and last[0] == seq_len and last[1].device == self.inv_freq.device:
             return last[1]  # the same tensor object, so the shared angle cache below recognises it
@@ -361,17 +379,38 @@ class Rotary(nn.Module):
         cos, sin = self._cos_sin(positions, x.dtype)  # [B|1, T, 1, dim] each
         return apply_rotary(x, cos, sin)
 
+    def _freq_key(self, inv_freq: torch.Tensor) -> tuple:
+        """A key for ``inv_freq``'s values that reads no value: the settings that computed them while the buffer
+        still holds them (checked once per buffer object and in-place edit), else this module's own tensor.
+        Layers with the same settings then share one set of angles; an edited layer gets its own."""
+        if inv_freq is not self.inv_freq and self._by_length is not None and inv_freq is self._by_length[1]:
+            # length-dependent frequencies, computed from the settings and the pass's length alone
+            return ("settings", self.dim, self.base, repr(self.scaling), self._by_length[0], inv_freq.dtype)
+        buf = self.inv_freq
+        stamp = (buf, None if buf.is_inference() else buf._version)
+        checked = self._checked
+        if checked is None or checked[0] is not stamp[0] or checked[1] != stamp[1]:
+            expected = rope_frequencies(self.dim, self.base, self.scaling)[0].to(buf.dtype)
+            pristine = (buf.device.type != "meta" and buf.shape == expected.shape
+                        and torch.equal(buf.cpu(), expected))  # one read per buffer object and edit
+            checked = self._checked = (*stamp, pristine)
+        if checked[2]:
+            return ("settings", self.dim, self.base, repr(self.scaling), None, buf.dtype)
+        return ("buffer", self, buf._version if not buf.is_inference() else None)
+
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         global _LAST
         inv_freq = self.frequencies(positions)
         # Inference-mode tensors cannot be saved for backward: a pass with autograd computes its own.
-        key = (self.dim, inv_freq.dtype, inv_freq.device, dtype, positions.device,
-               torch.is_inference_mode_enabled(), self.attention_factor)
+        key = (self._freq_key(inv_freq), inv_freq.device, dtype, positions.device, torch.is_inference_mode_enabled(),
+               self.attention_factor, None if positions.is_inference() else positions._version)
         last = _LAST  # one read: another thread may replace it meanwhile
-        if (last is not None and last[1] == key and last[0].shape == positions.shape
-                and torch.equal(last[0], positions)
-                and (last[2] is inv_freq or torch.equal(last[2], inv_freq))):
-            return last[3], last[4]
+        if last is not None and last[1] == key and _same_positions(last[0], positions):
+            return last[2], last[3]
         cos, sin = rotary_angles(positions, inv_freq, dtype, self.attention_factor)  # [B|1, T, 1, dim] each
-        _LAST = (positions.clone(), key, inv_freq, cos, sin)
+        # An inference tensor has no version counter: on the CPU a copy is kept and compared by value (no wait
+        # there); on a GPU its identity stands for its values (a tensor edited in place under inference mode
+        # between two calls is not noticed: pass a new one, as the model does every pass).
+        copy = positions.clone() if positions.is_inference() and positions.device.type == "cpu" else None
+        _LAST = ((positions, copy), key, cos, sin)
         return cos, sin

@@ -90,7 +90,10 @@ class LongContextScores(Reducer):
 
     def fold(self, layer: int, p: torch.Tensor, q0: int) -> None:
         B, H, t, S = p.shape
-        q = torch.arange(q0, q0 + t)  # absolute query positions [t]
+        if self.prev.device != p.device:  # the sums live where the patterns are: no copy back per chunk
+            self.prev, self.prev_hit, self.first, self.induction = (
+                x.to(p.device) for x in (self.prev, self.prev_hit, self.first, self.induction))
+        q = torch.arange(q0, q0 + t, device=p.device)  # absolute query positions [t]
         rows = q >= 1  # queries that have a previous token (and a first token other than themselves)
         prev_idx = (q - 1).clamp(min=0).view(1, 1, t, 1).expand(B, H, t, 1)  # [B, H, t, 1]
         prev = p.gather(-1, prev_idx).squeeze(-1)  # [B, H, t]
@@ -101,10 +104,11 @@ class LongContextScores(Reducer):
         ind_rows = q >= self.half  # second-half queries: token q first appeared at q - half
         ind_idx = (q - self.half + 1).clamp(min=0, max=S - 1).view(1, 1, t, 1).expand(B, H, t, 1)  # [B, H, t, 1]
         self.induction[layer] += (p.gather(-1, ind_idx).squeeze(-1) * ind_rows).sum((0, 2)).double()
-        if layer == 0:
-            self.n_prev += int(rows.sum()) * B
-            self.n_first += int(rows.sum()) * B
-            self.n_ind += int(ind_rows.sum()) * B
+        if layer == 0:  # counted on the host: reading the masks back would wait for the device
+            n_rows = q0 + t - max(q0, 1)
+            self.n_prev += n_rows * B
+            self.n_first += n_rows * B
+            self.n_ind += max(0, q0 + t - max(q0, self.half)) * B
 
     def result(self) -> dict[str, list]:
         return {"previous_token": (self.prev / self.n_prev).tolist(),

@@ -13,7 +13,8 @@ Steps (each one's figures go in the table and the JSON; a failed correctness che
    <= 1.0) and recording every pattern + per-head write / HF eager ``output_attentions`` (target <= 1.0), float32
    with TF32 off, logits checked within 1e-4.
 3. Greedy decoding tokens/s, interp ``generate`` / HF ``generate`` (static cache), batch 1 and 32 (target >= 1.2),
-   outputs checked equal. Neither side uses CUDA graphs or ``torch.compile``.
+   outputs checked equal. Neither side uses CUDA graphs or ``torch.compile`` (transformers' own automatic
+   compilation of a static-cache step on CUDA is turned off with ``disable_compile=True``).
 4. A random Llama-3-8B-shaped model in bf16 (no download; both sides from the same random weights): forward /
    HF sdpa on 4 x 2048 tokens, recording every pattern of 4 x 2048 tokens (peak
    ``torch.cuda.max_memory_allocated``), streaming per-head scores over 32k tokens by query chunks (no
@@ -180,8 +181,20 @@ def step_smollm2(rep: Report, device: torch.device, quick: bool, reps: int) -> N
         hf.set_attn_implementation("eager")
         _, trace = ours.run_with_cache(ids, names_filter=RECORD)
         att = hf(ids, output_attentions=True).attentions
-        pd = max((trace.pattern(i) - a).abs().max().item() for i, a in enumerate(att))
-        rep.add("SmolLM2 patterns: max |diff| vs HF eager", pd, "<= 1e-5", pd <= 1e-5, correctness=True)
+        # Layer 0 sees the same inputs on both sides: its patterns test the attention itself. Deeper layers see
+        # residual streams that differ by float32 rounding of earlier layers (as the logits do), so all layers
+        # are held to the logits' tolerance, beside transformers' own eager-vs-SDPA difference for scale.
+        per_layer = [(trace.pattern(i) - a).abs().max().item() for i, a in enumerate(att)]
+        rep.add("SmolLM2 patterns, layer 0: max |diff| vs HF eager", per_layer[0], "<= 1e-5", per_layer[0] <= 1e-5,
+                correctness=True)
+        pd = max(per_layer)
+        rep.add(f"SmolLM2 patterns, all {len(per_layer)} layers: max |diff| vs HF eager", pd, "<= 1e-4", pd <= 1e-4,
+                correctness=True)
+        eager_logits = hf(ids).logits
+        hf.set_attn_implementation("sdpa")
+        hf_floor = (hf(ids).logits - eager_logits).abs().max().item()
+        rep.add("HF eager vs HF sdpa: max |logit diff| (rounding floor, for scale)", hf_floor, "reported")
+        hf.set_attn_implementation("eager")
         med = interleaved({"hf": lambda: hf(ids, output_attentions=True),
                            "ours": lambda: ours.run_with_cache(ids, names_filter=RECORD)}, device, reps)
         rep.add("SmolLM2 recording (patterns + per-head writes) / HF eager", med["ours"] / med["hf"], "<= 1.0",
@@ -194,8 +207,11 @@ def step_smollm2(rep: Report, device: torch.device, quick: bool, reps: int) -> N
             mask = torch.ones_like(ids_b)
 
             def hf_gen(ids_b=ids_b, mask=mask):
+                # disable_compile: on CUDA, transformers otherwise compiles a static-cache decode step by itself
+                # (inductor with CUDA graphs); interp's side is not compiled either.
                 return hf.generate(ids_b, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                   do_sample=False, cache_implementation="static", pad_token_id=0)
+                                   do_sample=False, cache_implementation="static", pad_token_id=0,
+                                   disable_compile=True)
 
             def ours_gen(ids_b=ids_b):
                 return ours.generate(ids_b, new)
@@ -227,10 +243,18 @@ def step_llama8b(rep: Report, device: torch.device, quick: bool, reps: int) -> N
     B, T = (2, 64) if quick else (4, 2048)
     ids = torch.randint(0, shape["vocab_size"], (B, T), device=device)
     with torch.inference_mode():
-        a, b = ours(ids).float(), hf(ids).logits.float()
-        agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
-        rep.add("8B-shaped bf16: top-1 agreement with HF", agree, ">= 0.95", agree >= 0.95, correctness=True)
-        del a, b
+        a, b = ours(ids).argmax(-1), hf(ids).logits.argmax(-1)  # [B, T] each
+        # Random weights give near-flat logits, where any two bf16 summation orders disagree on some argmaxes: the
+        # test is which side stays closer to the float32 model (HF's own weights cast up exactly, then back).
+        hf.float()
+        ref = hf(ids).logits.argmax(-1)  # [B, T]
+        hf.to(dtype)
+        agree, ours_ref, hf_ref = ((x == y).float().mean().item() for x, y in ((a, b), (a, ref), (b, ref)))
+        rep.add("8B-shaped bf16: top-1 agreement with HF bf16", agree, "reported")
+        rep.add("8B-shaped bf16: top-1 agreement with float32, interp / HF", f"{ours_ref:.3f} / {hf_ref:.3f}",
+                ">= HF's - 0.02", ours_ref >= hf_ref - 0.02, correctness=True)
+        rep.data["8B-shaped bf16: top-1 agreement with float32"] = {"interp": ours_ref, "hf": hf_ref}
+        del a, b, ref
         med = interleaved({"hf": lambda: hf(ids), "ours": lambda: ours(ids)}, device, reps)
         rep.add(f"8B-shaped bf16 forward / HF sdpa ({B} x {T})", med["ours"] / med["hf"], "<= 1.0",
                 med["ours"] <= med["hf"])
@@ -315,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
+    p.add_argument("--steps", default="smollm2,llama8b,mla", help="which steps after the tests, comma-separated")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--skip-tests", action="store_true", help="skip step 1 (pytest -m cuda)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
@@ -332,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     steps += [("smollm2", lambda: step_smollm2(rep, device, a.quick, a.reps)),
               ("llama8b", lambda: step_llama8b(rep, device, a.quick, a.reps)),
               ("mla", lambda: step_mla(rep, device, a.quick))]
+    steps = [(n, f) for n, f in steps if n == "tests" or n in a.steps.split(",")]
     for name, fn in steps:
         t0 = time.perf_counter()
         try:

@@ -204,13 +204,30 @@ def test_rotary_angles_are_shared_only_for_the_same_positions_and_base():
         torch.testing.assert_close(yb[0, :, h], naive_rotary(x[0, :, h], pos, 8, 500.0), atol=1e-5, rtol=0)
     pos.add_(1)  # edited in place: the memoised angles are stale
     torch.testing.assert_close(a(x, pos)[0, :, 0], naive_rotary(x[0, :, 0], pos, 8, 10000.0), atol=1e-5, rtol=0)
-    assert torch.equal(rotary_mod._LAST[0], pos)
+    assert rotary_mod._LAST[0][0] is pos
     with torch.inference_mode():  # inference tensors (no version counter) edited in place, too
         ipos = torch.arange(5)
         a(x, ipos)
         ipos.add_(2)
         torch.testing.assert_close(a(x, ipos)[0, :, 1], naive_rotary(x[0, :, 1], ipos, 8, 10000.0), atol=1e-5,
                                    rtol=0)
+
+
+def test_rotary_angles_are_shared_across_layers_without_reading_values_but_not_after_an_edit():
+    x = torch.randn(1, 5, 2, 8)
+    pos = torch.arange(5)
+    a, b, c = Rotary(8), Rotary(8), Rotary(8)
+    a(x, pos)
+    kept = rotary_mod._LAST
+    b(x, pos)  # another layer, same settings and positions: the same angles, not recomputed
+    assert rotary_mod._LAST is kept
+    with torch.no_grad():
+        c.inv_freq.mul_(2.0)  # a researcher's edit of one layer's frequencies
+    edited = c(x, pos)
+    assert rotary_mod._LAST is not kept
+    for h in range(2):  # doubled frequencies rotate as doubled positions do
+        torch.testing.assert_close(edited[0, :, h], naive_rotary(x[0, :, h], 2 * pos, 8, 10000.0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(a(x, pos)[0, :, 0], naive_rotary(x[0, :, 0], pos, 8, 10000.0), atol=1e-5, rtol=0)
 
 
 def test_rotary_angles_from_inference_mode_are_not_reused_under_autograd():

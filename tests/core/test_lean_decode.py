@@ -29,6 +29,9 @@ SHAPES = {
     "attn-only": dict(attn_only=True),
     "per-layer-heads": dict(n_heads=8, n_kv_heads=4, layer_n_heads=[6, 2], layer_n_kv_heads=[3, 1]),
     "untied-geglu": dict(activation="geglu", tie_embeddings=False),
+    # The unembedding shares the embedding's weight (SmolLM2, Gemma): traced under the embedding's name, it is
+    # still the output head's own product over the layout.
+    "tied": dict(tie_embeddings=True),
     # Families a hand-written llama step did not cover: the traced blocks do.
     "layernorm-rotary": dict(normalization="pre"),
     "unequal-kv-groups": dict(n_heads=8, n_kv_heads=4, layer_n_heads=[5, 8], layer_n_kv_heads=[3, 4],

@@ -156,3 +156,32 @@ def test_moe_experts_in_bf16_make_no_host_sync_and_equal_the_one_by_one_path():
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(grouped, one_by_one, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_decode_steps_and_a_forward_never_wait_for_the_gpu(tied):
+    """A pass queues its kernels without waiting for the device (a wait per layer, such as a value comparison,
+    leaves the GPU idle while Python catches up): the lean decode step and the hooked forward, tied or not."""
+    from interp.decode import DecodeLayout, LeanDecoder
+
+    hf = hf_llama()
+    hf.config.tie_word_embeddings = tied
+    if tied:
+        hf.tie_weights()
+    ours = from_hf(hf)
+    cache = ours.make_cache(2, 16)
+    tokens = torch.randint(0, 211, (2, 8), device="cuda")
+    with torch.inference_mode():
+        ours(tokens[:, :4], kv_cache=cache)
+        decoder = LeanDecoder.build(ours, DecodeLayout.plain(ours, 2))
+        assert decoder is not None
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for t in range(4, 8):
+                decoder.step(tokens[:, t], cache)
+            positions = torch.arange(8, device="cuda")
+            for block in ours.blocks:  # the rotary angles of a pass, as the hooked forward computes them
+                block.attn.rotary(torch.randn(2, 8, 6, 16, device="cuda"), positions)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")

@@ -122,7 +122,6 @@ class DecodeLayout:
     transposed: dict[nn.Linear, tuple[torch.Tensor, int, int, torch.Tensor]] = field(default_factory=dict)
     relaid: list[torch.Tensor] = field(default_factory=list)
     probe: torch.Tensor | None = None
-    trace: _Traced | None = field(default=None, repr=False)  # the lean step's trace, kept for the next call
 
     def __len__(self) -> int:
         return len(self.packed) + len(self.transposed) + len(self.relaid)
@@ -394,6 +393,18 @@ class _StepRoot(nn.Module):
         return m.unembed_residual(x)[:, -1]  # [B, 1, V] -> [B, V]
 
 
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _settings(model: nn.Module) -> tuple:
+    """Each module's plain settings (flags, numbers, strings, its config): what a forward branches on besides its
+    submodules and tensors, and so what a trace freezes. A trace is reused only while they are unchanged (an MLA
+    block's ``decode_path`` switched, say, gets a new trace)."""
+    return tuple(tuple((k, v) for k, v in vars(mod).items()
+                       if not k.startswith("_") and (isinstance(v, _PLAIN) or dataclasses.is_dataclass(v)))
+                 for mod in model.modules())  # private names hold memos (rotary angles), not settings
+
+
 def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
@@ -408,6 +419,7 @@ class _Traced:
     linears: list[nn.Linear]
     leaves: list[nn.Module]
     modules: tuple[nn.Module, ...]
+    settings: tuple  # every module's plain settings when traced (see _settings)
 
 
 def _trace(model: Transformer) -> _Traced:
@@ -465,7 +477,7 @@ def _trace(model: Transformer) -> _Traced:
     graph.lint()
     module = torch.fx.GraphModule(nn.Module(), graph)  # nothing is read from the root: all comes as arguments
     return _Traced(run=module.forward, param_paths=param_paths, linears=linears, leaves=leaves,
-                   modules=tuple(model.modules()))
+                   modules=tuple(model.modules()), settings=_settings(model))
 
 
 class LeanDecoder:
@@ -538,21 +550,23 @@ class LeanDecoder:
     def for_generate(cls, model: Transformer, layout: DecodeLayout, rows: int) -> LeanDecoder | None:
         """The decoder a ``rows``-sequence generate() runs past its prompt (over ``layout`` where it serves
         ``rows`` rows, else over the weights themselves); ``None`` when the model is not covered or a step
-        could be observed (see :meth:`usable`). The trace is kept with a held layout for the next call."""
+        could be observed (see :meth:`usable`). The trace is kept on the model for the next call (tracing costs
+        far more than a step), and made again once a module or a module's setting has changed."""
         if cls.unsupported(model) is not None or not _unobserved(model):
             return None
         if layout.rows != rows:
             layout = DecodeLayout.plain(model, rows)
-        decoder = cls.build(model, layout, layout.trace)
+        decoder = cls.build(model, layout, model._decode_trace)
         if decoder is None:
             return None
-        layout.trace = decoder.traced
+        model._decode_trace = decoder.traced
         return decoder if decoder.usable(rows) else None
 
     @staticmethod
     def _same_modules(model: nn.Module, traced: _Traced) -> bool:
         mods = tuple(model.modules())
-        return len(mods) == len(traced.modules) and all(a is b for a, b in zip(mods, traced.modules))
+        return (len(mods) == len(traced.modules) and all(a is b for a, b in zip(mods, traced.modules))
+                and _settings(model) == traced.settings)
 
     def usable(self, rows: int) -> bool:
         """True when a step may skip the hooked forward: ``rows`` sequences, no autograd, no hook, head gate

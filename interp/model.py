@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
     from typing_extensions import Unpack
 
-    from .decode import DecodeLayout
+    from .decode import DecodeLayout, _Traced
     from .generate import GenerateOptions
     from .streaming import Reducer
     from .trace import Trace
@@ -210,6 +210,7 @@ class Transformer(HookedModule):
     revision: str | None = None
     #: The weight layout of an open :func:`interp.decode.decoding` block (None outside one).
     _decode_layout: DecodeLayout | None = None
+    _decode_trace: _Traced | None = None  # the traced decode step (interp.decode), kept for the next generate()
     #: The device-hop hooks :func:`interp.placement.place` installed (absent on a model never placed).
     _placement_handles: list[RemovableHandle]
     #: A model read by :func:`interp.zoo.load_checkpoint`: the file's metadata (less config and tokenizer), and

@@ -105,6 +105,22 @@ def test_latent_attention_steps_equal_the_hooked_cached_forward(variant):
     _step_equals_hooked(model, 2, DecodeLayout.plain(model, 2))
 
 
+def test_the_trace_is_kept_across_generate_calls_and_made_again_when_a_setting_changes(monkeypatch):
+    model = make("mla")
+    traces = []
+    real = decode_mod._trace
+    monkeypatch.setattr(decode_mod, "_trace", lambda m: traces.append(1) or real(m))
+    prompt = torch.randint(0, 37, (1, 4), generator=torch.Generator().manual_seed(3))
+    absorbed = model.generate(prompt, 6)
+    assert torch.equal(model.generate(prompt, 6), absorbed) and len(traces) == 1  # tracing costs more than a step
+    for block in model.blocks:  # the MLA switch between its two decode paths: a plain attribute of each block
+        block.attn.decode_path = "expanded"
+    expanded = model.generate(prompt, 6)
+    assert len(traces) == 2  # the switch is seen: a new trace, made with the expanded path
+    assert ("decode_path", "expanded") in model._decode_trace.settings[list(model.modules()).index(model.blocks[0].attn)]
+    assert torch.equal(expanded, absorbed)  # the same tokens by either path
+
+
 @needs_mkl
 @pytest.mark.parametrize("rows", [1, 5])
 def test_generate_inside_decoding_runs_lean_steps_and_equals_the_hooked_and_full_paths(rows, monkeypatch):

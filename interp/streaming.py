@@ -45,8 +45,8 @@ class Reducer:
     ``q_start`` is the chunk's first query position (0 otherwise).
 
     ``reads_query_chunks``: the reducer folds score / pattern rows chunk by chunk (it places them by
-    ``q_start``), so :func:`stream` may compute a long sequence's attention :data:`AUTO_QUERY_CHUNK` queries at
-    a time and no ``[B, H, T, T]`` pattern ever exists (memory linear in T). False by default: a reducer written
+    ``q_start``), so :func:`stream` may compute a long sequence's attention a chunk of queries at a time
+    (:func:`auto_query_chunk`) and no ``[B, H, T, T]`` pattern ever exists (memory linear in T). False by default: a reducer written
     for whole patterns keeps getting them.
     """
 
@@ -105,10 +105,44 @@ class Reducer:
         self.state[key] = self.state[key] + value if key in self.state else value.clone()
 
 
-#: Queries per chunk of :func:`stream`'s automatic query chunking: [B, H, 512, S] score rows at a time (SmolLM2 at
-#: 8,192 tokens: 151 MB a chunk, against 2.4 GB for a whole pattern), long enough that each chunk's QK^T is one
-#: efficient matrix product.
+#: The most queries per chunk of :func:`stream`'s automatic query chunking (a chunk's QK^T stays one efficient
+#: matrix product).
 AUTO_QUERY_CHUNK = 512
+#: Fewer queries per chunk when a chunk's float32 rows ``[B, H, rows, S]`` would pass this many bytes: a chunk is
+#: read several times (softmax, the hooks, every reducer), and on a CPU each read of a chunk that stays in the
+#: caches costs a fraction of one from memory (SmolLM2 at 4,096 tokens, 1 thread: a pass takes 1.7x one SDPA
+#: forward in chunks of 512 queries, 1.1x in chunks of 32). On a GPU the budget is wide: there each chunk costs
+#: kernel launches, and memory bandwidth is plentiful.
+AUTO_CHUNK_BYTES = {"cpu": 4 * 2**20, "other": 512 * 2**20}
+#: ... but never fewer queries than this (each chunk also costs Python and dispatch time per layer).
+AUTO_MIN_QUERY_CHUNK = 16
+
+
+def auto_query_chunk(model: Any, batch_size: int, n_keys: int, most: int = AUTO_QUERY_CHUNK) -> int:
+    """Queries per chunk for a pass of ``batch_size`` sequences over ``n_keys`` keys: at most ``most``, fewer
+    when a chunk's float32 pattern rows would pass :data:`AUTO_CHUNK_BYTES` for the model's device, never fewer
+    than :data:`AUTO_MIN_QUERY_CHUNK`.
+
+    Args:
+        model: an interp Transformer (its widest layer's head count and its device are read).
+        batch_size: sequences in the pass.
+        n_keys: keys each query row spans (the sequence length without a cache).
+        most: the largest chunk.
+
+    Returns:
+        The chunk's query count.
+
+    Example:
+        >>> from interp.streaming import auto_query_chunk
+        >>> from interp.examples import model
+        >>> auto_query_chunk(model, 1, 128), auto_query_chunk(model, 64, 65536)
+        (512, 16)
+    """
+    heads = max((getattr(b.attn, "n_heads", 0) for b in getattr(model, "blocks", ())), default=1) or 1
+    param = next(model.parameters(), None)
+    budget = AUTO_CHUNK_BYTES["cpu" if param is None or param.device.type == "cpu" else "other"]
+    rows = budget // max(1, batch_size * heads * n_keys * 4)
+    return int(max(min(most, AUTO_MIN_QUERY_CHUNK), min(most, rows)))
 
 
 class MeanReducer(Reducer):
@@ -229,7 +263,8 @@ def _pass_query_chunk(model: Any, reducers: Sequence[Reducer], names: Sequence[s
                       ) -> int | None:
     """The query chunk :func:`stream` sets for its passes, or None to leave the model's own setting.
 
-    ``"auto"``: :data:`AUTO_QUERY_CHUNK` when some reducer reads score / pattern rows, every such reducer
+    ``"auto"``: :data:`AUTO_QUERY_CHUNK` (at most; :func:`stream` sizes each batch's chunk with
+    :func:`auto_query_chunk`) when some reducer reads score / pattern rows, every such reducer
     declares :attr:`Reducer.reads_query_chunks`, and the model's attention layers are interp's own with no chunk
     of their own set (a chunk the caller set stays). An int is used as given.
 
@@ -309,7 +344,7 @@ def stream(
         progress: show a tqdm bar over batches (None: in terminals and notebooks, :mod:`interp.progress`).
         desc: the bar's label.
         query_chunk: queries per chunk of the attention pattern during these passes (see
-            :func:`_pass_query_chunk`): ``"auto"`` (default) chunks by :data:`AUTO_QUERY_CHUNK` when every
+            :func:`_pass_query_chunk`): ``"auto"`` (default) chunks by :func:`auto_query_chunk` when every
             reducer reading patterns folds them chunk by chunk, an int chunks by that, None leaves the model's
             setting. The scores do not change; a sequence's pattern is never held whole, and a causal chunk
             computes only the keys its queries may see.
@@ -331,6 +366,7 @@ def stream(
     """
     hooks = _reducer_hooks(model, reducers)
     chunk = _pass_query_chunk(model, reducers, model.hook_names, query_chunk)
+    sized = query_chunk == "auto" and chunk is not None  # each batch's chunk sized by auto_query_chunk
     stop = _stop_point([n for names, _ in hooks for n in names])
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
@@ -369,6 +405,10 @@ def stream(
             for r in reducers:
                 r.begin_batch(batch)
             kwargs = {} if batch.mask is None else {"attention_mask": batch.mask.to(device)}
+            if sized and chunk is not None:
+                rows = auto_query_chunk(model, batch.tokens.shape[0], batch.tokens.shape[1], chunk)
+                for block in model.blocks:
+                    block.attn.query_chunk = rows
             try:
                 model(batch.tokens.to(device), **kwargs)
             except _StopForward:

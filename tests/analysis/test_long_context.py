@@ -117,6 +117,21 @@ def test_stream_chunks_the_pattern_only_when_every_pattern_reducer_reads_chunks(
     assert [s[3] for s in explicit.shapes] == [6, 6, 6, 2]
 
 
+def test_automatic_chunks_are_sized_by_the_bytes_of_their_rows(monkeypatch):
+    monkeypatch.setitem(streaming.AUTO_CHUNK_BYTES, "cpu", 5 * 2 * 4 * 20 * 4)  # 5 rows of [2, 4, rows, 20] float32
+    monkeypatch.setattr(streaming, "AUTO_MIN_QUERY_CHUNK", 2)
+    model = tiny_model()
+    tokens = torch.randint(0, 20, (2, 20), generator=torch.Generator().manual_seed(4))
+    sized = Shapes(True)
+    stream(model, tokens, [sized])
+    assert [s[0] for s in sized.shapes] == [0, 5, 10, 15] and {s[3] for s in sized.shapes} == {5}
+    monkeypatch.setitem(streaming.AUTO_CHUNK_BYTES, "cpu", 1)  # the floor holds
+    floored = Shapes(True)
+    stream(model, tokens, [floored])
+    assert {s[3] for s in floored.shapes} == {2}
+    assert all(b.attn.query_chunk is None for b in model.blocks)
+
+
 def test_stream_refuses_a_chunk_for_a_whole_pattern_reducer_and_a_bad_chunk():
     model = tiny_model()
     tokens = torch.randint(0, 20, (1, 10))

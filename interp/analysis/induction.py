@@ -271,8 +271,16 @@ class CopyingReducer(Reducer):
                 self._chunk_rows[key] = ((self._q >= q_start) & (self._q < q_start + Tc)).nonzero().flatten().to(
                     self._dev)
             sel = self._chunk_rows[key]  # [n]
+            if not len(sel):
+                return
             b, q = self._at["b"][sel].to(tensor.device), self._at["q"][sel].to(tensor.device)
-            best = tensor.detach()[b, :, q - q_start].argmax(-1).to(self._dev)  # [n, H]: each row's argmax key
+            p = tensor.detach()
+            if self.model.cfg.causal:
+                p = p[..., :q_start + Tc]  # [B, H, Tc, q0 + Tc]: a causal row is 0 after its query (never the max)
+            if 2 * len(sel) > B * Tc:  # most rows scored: one argmax over the chunk beats copying its rows out
+                best = p.argmax(-1)[b, :, q - q_start].to(self._dev)  # [B, H, Tc] -> [n, H]
+            else:
+                best = p[b, :, q - q_start].argmax(-1).to(self._dev)  # [n, H, S'] -> [n, H]: each row's argmax key
             attended = self._tokens[self._at["b"][sel][:, None], best]  # [n, H]
             if layer not in self._attended:
                 self._attended[layer] = torch.zeros(len(self._b), H, dtype=torch.long, device=self._dev)

@@ -116,6 +116,24 @@ class AttnMask:
                         padded_queries_see_all=self.padded_queries_see_all, window=self.window,
                         key_start=self.key_start)
 
+    def chunk_triangle(self, q_slice: slice, n_keys: int, dtype: torch.dtype, device: torch.device
+                       ) -> torch.Tensor | None:
+        """The additive mask of a causal query chunk cut after its last query's key, as its last block: ``[c, c]``
+        (0 on and below the diagonal, finfo.min above) for the last ``c`` keys, every earlier key being seen by
+        every query of the chunk. None where that does not describe the mask (padding, a window, keys not cut
+        at the chunk's last query). One block per chunk size and dtype serves every chunk and layer of the pass,
+        where a ``[c, S]`` mask per chunk would be built and read again for every layer."""
+        if not self.causal or self.window is not None or self.key_keep is not None or q_slice.stop is None:
+            return None
+        c = q_slice.stop - (q_slice.start or 0)
+        if n_keys != self.start + q_slice.stop - self.key_start or n_keys < c:
+            return None
+        key = ("triangle", c, dtype, device)
+        if key not in self._cache:
+            upper = torch.ones(c, c, dtype=torch.bool, device=device).triu_(1)  # [c, c]: key after query
+            self._cache[key] = torch.zeros(c, c, dtype=dtype, device=device).masked_fill_(upper, torch.finfo(dtype).min)
+        return self._cache[key]
+
     @property
     def sdpa_is_causal(self) -> bool:
         """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset, no window)."""
@@ -327,8 +345,10 @@ class _AttentionBase(nn.Module):
         if self.alibi_slopes is not None:
             # the bias of all S keys, cut to the keys this chunk computes (k may be truncated to n_keys)
             scores = scores.add_(self._alibi(q_slice, mask.T, S, scores.device)[..., :n_keys])
-        add = mask.additive(scores.dtype, scores.device, q_slice)
-        if add is not None:
+        triangle = mask.chunk_triangle(q_slice, n_keys, scores.dtype, scores.device)
+        if triangle is not None:  # a causal chunk: only its last [c, c] block holds masked keys
+            scores[..., n_keys - triangle.shape[0]:].add_(triangle)  # in place, on this pass's own buffer
+        elif (add := mask.additive(scores.dtype, scores.device, q_slice)) is not None:
             scores = scores.add_(add[..., :n_keys])  # in place: this pass's own buffer (add's backward needs neither)
         # A hook's own padded tensor (edited in place or not) is read up to the chunk's keys; a new tensor a hook
         # returns may unmask any key, so it is used whole, with all of v.

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from ..data.batches import reads_text
 from ..data.icl import ICLPrompts, icl_prompts, icl_token_pairs
 from ..generate import prefill
 from ..streaming import Reducer
@@ -240,15 +241,12 @@ def icl_accuracy(model: Transformer, prompts: ICLPrompts, *, method: str = "mean
 def _prompts(run: KindRun) -> ICLPrompts | None:
     """The ICL prompts of a run: ``options["icl_prompts"]`` if given, else :data:`~interp.data.icl.ICL_TASKS`
     through the model's tokenizer as ``"input: output\\n"`` lines (None: no tokenizer)."""
-    given = run["icl_prompts"]
+    given = run.given("icl_prompts", ICLPrompts, "interp.data.icl.icl_prompts")
     if given is not None:
-        if not isinstance(given, ICLPrompts):
-            raise ValueError(f"icl_prompts={type(given).__name__}: give an interp.data.icl.ICLPrompts "
-                             "(interp.data.icl.icl_prompts builds one)")
         return given
-    tok = getattr(run.model, "tokenizer", None)
-    if tok is None or type(tok).__name__ == "TokenIdTokenizer":
+    if not reads_text(run.model):
         return None
+    tok = run.model.tokenizer
     colon, newline = (icl_token_pairs(tok, {"sep": [(":", "\n")]}, output_prefix="")["sep"][0])
     return icl_prompts(icl_token_pairs(tok), run["icl_n_prompts"], run["icl_shots"], seed=run["seed"],
                        bos_id=getattr(tok, "bos_token_id", None), between=colon, after=newline)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pandas as pd
 import torch
@@ -27,6 +27,8 @@ from ..streaming import Reducer
 
 if TYPE_CHECKING:
     from ..model import Transformer
+
+T = TypeVar("T")
 
 __all__ = ["BUILTIN_DATA", "DATA", "HeadKind", "KindRun", "head_kinds", "kind_of_label", "register_kind", "resolve_kinds",
            "sampled_rows"]
@@ -69,6 +71,37 @@ class KindRun:
 
     def __getitem__(self, name: str) -> Any:
         return self.options[name]
+
+    def given(self, name: str, kind: type[T], builder: str) -> T | None:
+        """The option ``name`` if the user gave it (None if not), refused unless it is a ``kind``.
+
+        Args:
+            name: the option (``"ioi_prompts"``).
+            kind: the type it must have.
+            builder: what builds one, for the error.
+
+        Returns:
+            The given value, or None.
+
+        Raises:
+            ValueError: a value of another type, naming the option, its type and ``builder``.
+
+        Example:
+            >>> from interp.analysis.kinds import KindRun
+            >>> from interp.data.icl import ICLPrompts
+            >>> from interp.examples import model
+            >>> run = KindRun(model, {"icl_prompts": None, "ioi_prompts": [1, 2]})
+            >>> run.given("icl_prompts", ICLPrompts, "interp.data.icl.icl_prompts") is None
+            True
+            >>> run.given("ioi_prompts", ICLPrompts, "interp.data.icl.icl_prompts")
+            Traceback (most recent call last):
+            ValueError: ioi_prompts=list: give an interp.data.icl.ICLPrompts (interp.data.icl.icl_prompts builds one)
+        """
+        value = self.options[name]
+        if value is not None and not isinstance(value, kind):  # interp's own types: "an interp..."
+            raise ValueError(f"{name}={type(value).__name__}: give an {kind.__module__}.{kind.__qualname__} "
+                             f"({builder} builds one)")
+        return value
 
 
 ReducerFactory = Callable[[KindRun], list[Reducer]]

@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from ..data import Batch
+from ..data.batches import reads_text
 from ..data.circuit_tasks import TaskPrompts, ioi_prompts
 from ..streaming import Reducer
 from ._stream import PATTERN_HOOKS, head_counts, layer_of, state_device, zeros64
@@ -210,14 +211,10 @@ def name_copying_scores(model: Transformer, names: torch.Tensor, *, comparisons:
 
 # --- the registry entry -------------------------------------------------------------------------------------------
 def _task(run: KindRun) -> TaskPrompts | None:
-    given = run["ioi_prompts"]
+    given = run.given("ioi_prompts", TaskPrompts, "ioi_prompts")
     if given is not None:
-        if not isinstance(given, TaskPrompts):
-            raise ValueError(f"ioi_prompts={type(given).__name__}: give an interp.data.circuit_tasks.TaskPrompts "
-                             "(ioi_prompts builds one)")
         return given
-    tok = getattr(run.model, "tokenizer", None)
-    if tok is None or type(tok).__name__ == "TokenIdTokenizer" or not has_unembedding(run.model):
+    if not reads_text(run.model) or not has_unembedding(run.model):
         return None  # the rows say why nothing was measured
     if "ioi:prompts" not in run.passes:  # built once: the data builder and the rows read the same prompts
         run.passes["ioi:prompts"] = ioi_prompts(run.model, run["ioi_n_prompts"], seed=run["seed"])

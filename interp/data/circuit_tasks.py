@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .batches import reads_text
+
 if TYPE_CHECKING:
     from ..model import Transformer
 
@@ -67,17 +69,25 @@ def _single(model: Transformer, word: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def _need_text(model: Transformer, task: str) -> None:
-    tok = getattr(model, "tokenizer", None)
-    if tok is None or type(tok).__name__ == "TokenIdTokenizer":
+def _start(model: Transformer, task: str, n: int) -> None:
+    """Refuse ``n`` that is not a positive int and a model without a text tokenizer, as every task does first."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int (the number of prompts), got {n!r}")
+    if not reads_text(model):
+        tok = getattr(model, "tokenizer", None)
         raise ValueError(f"task {task!r} needs a text tokenizer; model {model.name!r} has "
                          f"{type(tok).__name__ if tok is not None else 'none'} (use task 'induction')")
 
 
-def _check_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int (the number of prompts), got {n!r}")
-    return n
+def _single_words(model: Transformer, task: str, words: tuple[str, ...], need: int, what: str
+                  ) -> list[tuple[str, int]]:
+    """``(word, id)`` of the ``words`` that are one token after a space; at least ``need`` of them (the task
+    draws that many distinct ``what`` per prompt)."""
+    found = [(w, _single(model, " " + w)) for w in words]
+    kept = [(w, i) for w, i in found if i is not None]
+    if len(kept) < need:
+        raise ValueError(f"task {task!r} needs {need} {what} that are single tokens; this tokenizer has {len(kept)}")
+    return kept
 
 
 def _stack(model: Transformer, task: str, texts: list[str], corrupt: list[str]
@@ -118,12 +128,8 @@ def ioi_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompt
         >>> p.clean.shape == p.corrupted.shape
         True
     """
-    _check_n(n)
-    _need_text(model, "ioi")
-    names = [(name, _single(model, " " + name)) for name in NAMES]
-    names = [(s, i) for s, i in names if i is not None]
-    if len(names) < 5:
-        raise ValueError(f"task 'ioi' needs 5 names that are single tokens; this tokenizer has {len(names)}")
+    _start(model, "ioi", n)
+    names = _single_words(model, "ioi", NAMES, 5, "names")
     gen = torch.Generator().manual_seed(seed)
     texts, corrupt, answers = [], [], []
     for _ in range(n):
@@ -157,8 +163,7 @@ def greater_than_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> T
         >>> p.good.shape[0]
         4
     """
-    _check_n(n)
-    _need_text(model, "greater-than")
+    _start(model, "greater-than", n)
     two = [_single(model, f"{i:02d}") for i in range(100)]
     whole = all(i is not None for i in two)
     digits = [_single(model, str(i)) for i in range(10)]
@@ -199,8 +204,7 @@ def agreement_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> Task
         >>> p.answers.shape
         torch.Size([4, 2])
     """
-    _check_n(n)
-    _need_text(model, "agreement")
+    _start(model, "agreement", n)
     is_id, are_id = _single(model, " is"), _single(model, " are")
     if is_id is None or are_id is None:
         raise ValueError("task 'agreement' needs ' is' and ' are' as single tokens")
@@ -246,13 +250,8 @@ def docstring_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> Task
         >>> p.clean.shape == p.corrupted.shape
         True
     """
-    _check_n(n)
-    _need_text(model, "docstring")
-    names = [(w, _single(model, " " + w)) for w in ARG_NAMES]
-    names = [(w, i) for w, i in names if i is not None]
-    if len(names) < 6:
-        raise ValueError(f"task 'docstring' needs 6 argument names that are single tokens; this tokenizer has "
-                         f"{len(names)}")
+    _start(model, "docstring", n)
+    names = _single_words(model, "docstring", ARG_NAMES, 6, "argument names")
     gen = torch.Generator().manual_seed(seed)
     texts, corrupt, answers = [], [], []
     for _ in range(n):

@@ -165,11 +165,12 @@ def _check_limit(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
 
 
-def _decoded(handle: Iterable[bytes], where: str) -> Iterator[str]:
-    """Lines of a file read as bytes, decoded one by one so that an error names its line; a BOM is dropped."""
+def _decoded(handle: Iterable[bytes | str], where: str) -> Iterator[str]:
+    """Lines of a file read as bytes, decoded one by one so that an error names its line, or given lines as they
+    are; a BOM is dropped."""
     for no, raw in enumerate(handle, start=1):
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         except UnicodeDecodeError as e:
             raise ValueError(f"{where}:{no}: not UTF-8 text ({e.reason} at byte {e.start} of the line); GAP files "
                              f"are UTF-8") from e
@@ -384,9 +385,7 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
     """
     _check_limit("max_rows", max_rows)
     where, handle = open_source(source, "GAP", "<gap>")
-    lines: Iterable[str] = _decoded(handle, where) if isinstance(source, (str, Path)) else (
-        line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(handle))
-    return first_items(_read_gap(where, lines), handle, max_rows)
+    return first_items(_read_gap(where, _decoded(handle, where)), handle, max_rows)
 
 
 def _gap_rows(reader: Any, where: str) -> Iterator[tuple[int, list[str]]]:

@@ -38,7 +38,7 @@ from ..data import Batch
 from ..data.batches import reads_text
 from ..data.circuit_tasks import TaskPrompts, ioi_prompts
 from ..streaming import Reducer
-from ._stream import PATTERN_HOOKS, head_counts, layer_of, state_device, zeros64
+from ._stream import PATTERN_HOOKS, head_counts, head_grid, layer_of, state_device, zeros64
 from .kinds import HeadKind, KindRun, register_kind
 from .ov_circuit import has_unembedding, ov_logits
 
@@ -120,7 +120,7 @@ class EndToIOReducer(Reducer):
         super().__init__()
         self.model = model
         self.names = PATTERN_HOOKS
-        L, H = model.cfg.n_layers, max(head_counts(model), default=0)
+        L, H = head_grid(model)
         self._shape = (L, H)
         self._dev = state_device(model)
         self.state = {"sum": zeros64(L, H, device=self._dev), "n": zeros64(device=self._dev)}

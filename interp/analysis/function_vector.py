@@ -36,7 +36,7 @@ from ..generate import prefill
 from ..streaming import Reducer
 from ._stream import head_counts
 from .ablate import ablate_heads, head_z_means
-from .kinds import HeadKind, KindRun, register_kind
+from .kinds import HeadKind, KindRun, not_measured, register_kind
 from .ov_circuit import has_unembedding
 
 if TYPE_CHECKING:
@@ -254,12 +254,10 @@ def _prompts(run: KindRun) -> ICLPrompts | None:
 
 def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     if not has_unembedding(run.model):
-        run.probes["function-vector"] = "not measured: the model has no unembedding (no answer probability)"
-        return []
+        return not_measured(run, "function-vector", "the model has no unembedding (no answer probability)")
     prompts = _prompts(run)
     if prompts is None:
-        run.probes["function-vector"] = "not measured: no text tokenizer and no icl_prompts"
-        return []
+        return not_measured(run, "function-vector", "no text tokenizer and no icl_prompts")
     tasks = list(dict.fromkeys(prompts.tasks))
     run.probes["function-vector"] = (f"{len(prompts)} ICL prompts ({len(prompts) // len(tasks)} per task, "
                                      f"{prompts.n_shots} shots) of the tasks {tasks}, labels shuffled")

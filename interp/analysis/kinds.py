@@ -186,6 +186,29 @@ def sampled_rows(kind: str, samples: torch.Tensor, layer_heads: Iterable[int], t
     return rows
 
 
+def not_measured(run: KindRun, kind: str, why: str) -> list[dict[str, Any]]:
+    """No rows for ``kind``: its probe entry says ``"not measured: <why>"`` so that the report tells a kind that
+    could not run from one that found no head.
+
+    Args:
+        run: the classification run.
+        kind: the kind's name.
+        why: what is missing (``"the model has no unembedding"``).
+
+    Returns:
+        ``[]``, the kind's rows.
+
+    Example:
+        >>> from interp.analysis.kinds import KindRun, not_measured
+        >>> from interp.examples import model
+        >>> run = KindRun(model, {})
+        >>> not_measured(run, "name-mover", "no text tokenizer and no ioi_prompts"), run.probes["name-mover"]
+        ([], 'not measured: no text tokenizer and no ioi_prompts')
+    """
+    run.probes[kind] = f"not measured: {why}"
+    return []
+
+
 def register_kind(kind: HeadKind) -> HeadKind:
     """Add ``kind`` to the registry (re-registering the same object is a no-op).
 

@@ -39,7 +39,7 @@ from ..data.batches import reads_text
 from ..data.circuit_tasks import TaskPrompts, ioi_prompts
 from ..streaming import Reducer
 from ._stream import PATTERN_HOOKS, head_counts, head_grid, layer_of, state_device, zeros64
-from .kinds import HeadKind, KindRun, register_kind
+from .kinds import HeadKind, KindRun, not_measured, register_kind
 from .ov_circuit import has_unembedding, ov_logits
 
 if TYPE_CHECKING:
@@ -234,12 +234,10 @@ def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     red = reducers[0]
     assert isinstance(red, EndToIOReducer)
     if not has_unembedding(run.model):
-        run.probes["name-mover"] = "not measured: the model has no unembedding"
-        return []
+        return not_measured(run, "name-mover", "the model has no unembedding")
     task = _task(run)
     if task is None:
-        run.probes["name-mover"] = "not measured: no text tokenizer and no ioi_prompts"
-        return []
+        return not_measured(run, "name-mover", "no text tokenizer and no ioi_prompts")
     assert task.answers is not None
     names = torch.unique(task.answers.flatten())
     run.probes["name-mover"] = (f"{len(task.clean)} IOI prompts of {task.clean.shape[1]} tokens (attention from END "

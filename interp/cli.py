@@ -756,6 +756,15 @@ def _circuit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_output_flags(p: argparse.ArgumentParser, *, json_instead_of: str | None, progress: bool = True) -> None:
+    """The flags of every command that reports: ``--no-progress`` (its bars go to stderr) and ``--json`` (print
+    JSON instead of ``json_instead_of``; None: the command prints no report)."""
+    if progress:
+        p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    if json_instead_of is not None:
+        p.add_argument("--json", action="store_true", help=f"print JSON instead of {json_instead_of}")
+
+
 def _add_circuit_parser(sub: Any, fmt: Any) -> None:
     ci = sub.add_parser("circuit", help="find a task's circuit (edges between heads, MLPs, embedding, logits)",
                         formatter_class=fmt, description="Score the edges of a model on a task, keep a circuit, "
@@ -779,8 +788,7 @@ def _add_circuit_parser(sub: Any, fmt: Any) -> None:
     ci.add_argument("--n", type=_positive_int, default=16, help="prompts")
     ci.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     ci.add_argument("--n-random", type=int, default=20, help="random circuits per size on the curve")
-    ci.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
-    ci.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    _add_output_flags(ci, json_instead_of="lines")
     ci.set_defaults(func=_circuit)
 
 
@@ -814,8 +822,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "previous-token, duplicate-token, induction, and syntactic / coreference with their data); "
                         "the registry (interp.analysis.kinds.head_kinds) also holds sink, copy-suppression, "
                         "successor, retrieval and induction:natural (with --text)")
-    h.add_argument("--no-progress", action="store_true", help="no progress on stderr")
-    h.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_output_flags(h, json_instead_of="a table")
     h.add_argument("--nproc", type=_positive_int, default=1,
                    help="processes on this machine: launches torchrun --nproc_per_node N (data parallel)")
     h.set_defaults(func=_heads)
@@ -843,8 +850,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write the curve to DIR (<method>.json, .csv, curves.html, summary.json; the dashboard's "
                          "'Load a saved curve' opens DIR) and resume from DIR/partial when run again")
     pr.add_argument("--fresh", action="store_true", help="with --out: ignore DIR's partial results and start over")
-    pr.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
-    pr.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_output_flags(pr, json_instead_of="a table")
     pr.add_argument("--nproc", type=_positive_int, default=1,
                     help="processes on this machine: launches torchrun --nproc_per_node N (importance is data parallel)")
     pr.set_defaults(func=_prune)
@@ -856,7 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
     t.add_argument("--batch-size", type=_positive_int, default=64, help="sequences per step")
     t.add_argument("--eval-every", type=_positive_int, default=250, help="evaluate every this many steps")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _add_output_flags(t, json_instead_of=None)
     t.add_argument("--out", default="induction-2l.safetensors", help="checkpoint to write (safetensors)")
     t.set_defaults(func=_train_induction)
 
@@ -890,7 +896,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--tokens", type=_positive_int, default=1, help="context length held in the cache")
     k.add_argument("--latent", type=_positive_int, help="MLA: K/V latent width (default 4 x d_head)")
     k.add_argument("--rope-dim", type=int, help="MLA: decoupled rotary key width, even (default d_head / 2)")
-    k.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_output_flags(k, json_instead_of="a table", progress=False)
     k.set_defaults(func=_kv_cache)
 
     pl = sub.add_parser("plan", help="size a run from the config: weights per layer, KV cache and patterns per "
@@ -909,7 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dequantized", action="store_true",
                     help="a GGUF file's quantised weights counted as dtype floats (default: kept quantised)")
     pl.add_argument("--reserve", type=_reserve, default=0.1, help="share of each device kept free, in [0, 1)")
-    pl.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_output_flags(pl, json_instead_of="text", progress=False)
     pl.set_defaults(func=_plan)
 
     b = sub.add_parser("bench", help="run the side-by-side benchmarks in experiments/benchmarks/",

@@ -751,11 +751,7 @@ class ModelConfig:
     @property
     def kind(self) -> str:
         """``"mha"``, ``"gqa"``, ``"mqa"`` or ``"mla"``."""
-        if self.attention == "latent":
-            return "mla"
-        if self.n_kv_heads == self.n_heads:
-            return "mha"
-        return "mqa" if self.n_kv_heads == 1 else "gqa"
+        return "mla" if self.attention == "latent" else head_sharing(self.n_heads, self.n_kv_heads)
 
     def heads_in_layer(self, layer: int) -> int:
         """Query heads of ``layer`` (``cfg.layer(layer).n_heads``)."""
@@ -831,6 +827,26 @@ class ModelConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def head_sharing(n_heads: int, n_kv_heads: int) -> str:
+    """How query heads share K/V heads: ``"mha"`` (one each), ``"mqa"`` (one for all) or ``"gqa"`` (groups).
+
+    Args:
+        n_heads: query heads.
+        n_kv_heads: K/V heads.
+
+    Returns:
+        ``"mha"``, ``"mqa"`` or ``"gqa"``.
+
+    Example:
+        >>> from interp.config import head_sharing
+        >>> head_sharing(8, 8), head_sharing(8, 1), head_sharing(8, 2)
+        ('mha', 'mqa', 'gqa')
+    """
+    if n_kv_heads == n_heads:
+        return "mha"
+    return "mqa" if n_kv_heads == 1 else "gqa"
 
 
 def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> list[float]:

@@ -44,6 +44,12 @@ def head_counts(model: Transformer) -> list[int]:
     return [model.cfg.layer(layer).n_heads for layer in range(model.cfg.n_layers)]
 
 
+def head_grid(model: Transformer) -> tuple[int, int]:
+    """``(L, H)``: the shape of a per-head table, H the most heads of any layer (a pruned layer's missing heads
+    are padding)."""
+    return model.cfg.n_layers, max(head_counts(model), default=0)
+
+
 def heads_of(model: Transformer) -> Iterator[tuple[int, int]]:
     """Every ``(layer, head)`` of the model, layer by layer (pruned layers have fewer heads)."""
     for layer, n in enumerate(head_counts(model)):
@@ -107,7 +113,7 @@ class TargetReducer(Reducer):
 
     def __init__(self, model: Transformer, categories: list[str], *, tie_tol: float = 1e-6) -> None:
         super().__init__()
-        L, H = model.cfg.n_layers, max(head_counts(model), default=0)
+        L, H = head_grid(model)
         C = len(categories)
         self.model = model
         self.categories = list(categories)

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from ..streaming import Reducer
-from .kinds import HeadKind, KindRun, register_kind, sampled_rows
+from ._stream import head_counts
+from .kinds import HeadKind, KindRun, not_measured, register_kind, sampled_rows
 from .ov_circuit import has_unembedding, ov_logits
 
 __all__ = ["copy_suppression_scores"]
@@ -75,15 +76,13 @@ def copy_suppression_scores(model: Any, *, n_tokens: int = 512, comparisons: int
 def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     model = run.model
     if not has_unembedding(model):
-        run.probes["copy-suppression"] = "not measured: the model has no unembedding"
-        return []
+        return not_measured(run, "copy-suppression", "the model has no unembedding")
     n, k = run["copy_suppression_tokens"], run["copy_suppression_comparisons"]
     per_token = copy_suppression_scores(model, n_tokens=n, comparisons=k, seed=run["seed"])  # [L, H, n]
     threshold = run["copy_suppression_threshold"]
     run.probes["copy-suppression"] = (f"the weights: {per_token.shape[-1]} vocabulary tokens against {k} "
                                       "comparison tokens each")
-    heads = [model.cfg.layer(layer).n_heads for layer in range(per_token.shape[0])]
-    return sampled_rows("copy-suppression", per_token, heads, threshold, lambda s, score: (
+    return sampled_rows("copy-suppression", per_token, head_counts(model), threshold, lambda s, score: (
         f"attended token below {100 * score:.0f}% of the vocabulary in the head's effective OV logits "
         f"({len(s)} tokens)"))
 

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from ..data.batches import reads_text
 from ..data.icl import ICLPrompts, icl_prompts, icl_token_pairs
 from ..generate import prefill
 from ..streaming import Reducer
 from ._stream import head_counts
 from .ablate import ablate_heads, head_z_means
-from .kinds import HeadKind, KindRun, register_kind
+from .kinds import HeadKind, KindRun, not_measured, register_kind
 from .ov_circuit import has_unembedding
 
 if TYPE_CHECKING:
@@ -240,15 +241,12 @@ def icl_accuracy(model: Transformer, prompts: ICLPrompts, *, method: str = "mean
 def _prompts(run: KindRun) -> ICLPrompts | None:
     """The ICL prompts of a run: ``options["icl_prompts"]`` if given, else :data:`~interp.data.icl.ICL_TASKS`
     through the model's tokenizer as ``"input: output\\n"`` lines (None: no tokenizer)."""
-    given = run["icl_prompts"]
+    given = run.given("icl_prompts", ICLPrompts, "interp.data.icl.icl_prompts")
     if given is not None:
-        if not isinstance(given, ICLPrompts):
-            raise ValueError(f"icl_prompts={type(given).__name__}: give an interp.data.icl.ICLPrompts "
-                             "(interp.data.icl.icl_prompts builds one)")
         return given
-    tok = getattr(run.model, "tokenizer", None)
-    if tok is None or type(tok).__name__ == "TokenIdTokenizer":
+    if not reads_text(run.model):
         return None
+    tok = run.model.tokenizer
     colon, newline = (icl_token_pairs(tok, {"sep": [(":", "\n")]}, output_prefix="")["sep"][0])
     return icl_prompts(icl_token_pairs(tok), run["icl_n_prompts"], run["icl_shots"], seed=run["seed"],
                        bos_id=getattr(tok, "bos_token_id", None), between=colon, after=newline)
@@ -256,12 +254,10 @@ def _prompts(run: KindRun) -> ICLPrompts | None:
 
 def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     if not has_unembedding(run.model):
-        run.probes["function-vector"] = "not measured: the model has no unembedding (no answer probability)"
-        return []
+        return not_measured(run, "function-vector", "the model has no unembedding (no answer probability)")
     prompts = _prompts(run)
     if prompts is None:
-        run.probes["function-vector"] = "not measured: no text tokenizer and no icl_prompts"
-        return []
+        return not_measured(run, "function-vector", "no text tokenizer and no icl_prompts")
     tasks = list(dict.fromkeys(prompts.tasks))
     run.probes["function-vector"] = (f"{len(prompts)} ICL prompts ({len(prompts) // len(tasks)} per task, "
                                      f"{prompts.n_shots} shots) of the tasks {tasks}, labels shuffled")

@@ -29,7 +29,7 @@ import torch
 from ..data import Batch, repeated_tokens_for
 from ..quantized import unembed_rows
 from ..streaming import Reducer, stream
-from ._stream import PATTERN_HOOKS, TargetReducer, head_counts, heads_of, key_allowed, layer_of, offset_targets, state_device, zeros64
+from ._stream import PATTERN_HOOKS, TargetReducer, head_grid, heads_of, key_allowed, layer_of, offset_targets, state_device, zeros64
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -116,7 +116,7 @@ class TLHeadDetectorReducer(Reducer):
         super().__init__()
         self.exclude_bos = exclude_bos
         self.exclude_current = exclude_current_token
-        L, H = model.cfg.n_layers, max(head_counts(model), default=0)
+        L, H = head_grid(model)
         self._shape = (L, H)
         self._dev = state_device(model)
         self.state = {f"sum_{k}": zeros64(L, H, device=self._dev) for k in _KINDS}
@@ -230,7 +230,7 @@ class CopyingReducer(Reducer):
         L = model.cfg.n_layers
         self.model = model
         self.names = [PATTERN_HOOKS, "blocks.*.attn.hook_z"]
-        self._H = max(head_counts(model), default=0)
+        self._H = head_grid(model)[1]
         self._dev = state_device(model)
         self.state = {"sum": zeros64(L, self._H, device=self._dev), "rows": zeros64(device=self._dev)}
 
@@ -472,7 +472,7 @@ def induction_reducers(model: Transformer, *, definition: str = "interp", exclud
 def induction_table(model: Transformer, reducers: list[Reducer], n_sequences: int) -> pd.DataFrame:
     """The :func:`induction_scores` table from the reducers of :func:`induction_reducers`."""
     scores, copy_red = reducers[0], (reducers[1] if len(reducers) > 1 else None)
-    L, H = model.cfg.n_layers, max(head_counts(model), default=0)
+    L, H = head_grid(model)
     copy = copy_red.result() if copy_red is not None else torch.full((L, H), torch.nan)
     definition = "interp" if isinstance(scores, InductionReducer) else "transformer_lens"
     if definition == "interp":

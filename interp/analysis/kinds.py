@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pandas as pd
 import torch
@@ -27,6 +27,8 @@ from ..streaming import Reducer
 
 if TYPE_CHECKING:
     from ..model import Transformer
+
+T = TypeVar("T")
 
 __all__ = ["BUILTIN_DATA", "DATA", "HeadKind", "KindRun", "head_kinds", "kind_of_label", "register_kind", "resolve_kinds",
            "sampled_rows"]
@@ -69,6 +71,37 @@ class KindRun:
 
     def __getitem__(self, name: str) -> Any:
         return self.options[name]
+
+    def given(self, name: str, kind: type[T], builder: str) -> T | None:
+        """The option ``name`` if the user gave it (None if not), refused unless it is a ``kind``.
+
+        Args:
+            name: the option (``"ioi_prompts"``).
+            kind: the type it must have.
+            builder: what builds one, for the error.
+
+        Returns:
+            The given value, or None.
+
+        Raises:
+            ValueError: a value of another type, naming the option, its type and ``builder``.
+
+        Example:
+            >>> from interp.analysis.kinds import KindRun
+            >>> from interp.data.icl import ICLPrompts
+            >>> from interp.examples import model
+            >>> run = KindRun(model, {"icl_prompts": None, "ioi_prompts": [1, 2]})
+            >>> run.given("icl_prompts", ICLPrompts, "interp.data.icl.icl_prompts") is None
+            True
+            >>> run.given("ioi_prompts", ICLPrompts, "interp.data.icl.icl_prompts")
+            Traceback (most recent call last):
+            ValueError: ioi_prompts=list: give an interp.data.icl.ICLPrompts (interp.data.icl.icl_prompts builds one)
+        """
+        value = self.options[name]
+        if value is not None and not isinstance(value, kind):  # interp's own types: "an interp..."
+            raise ValueError(f"{name}={type(value).__name__}: give an {kind.__module__}.{kind.__qualname__} "
+                             f"({builder} builds one)")
+        return value
 
 
 ReducerFactory = Callable[[KindRun], list[Reducer]]
@@ -151,6 +184,29 @@ def sampled_rows(kind: str, samples: torch.Tensor, layer_heads: Iterable[int], t
             rows.append({"layer": layer, "head": head, "kind": kind, "score": score, "evidence": evidence(s, score),
                          "samples": s, "threshold": threshold, "passed": score >= threshold})
     return rows
+
+
+def not_measured(run: KindRun, kind: str, why: str) -> list[dict[str, Any]]:
+    """No rows for ``kind``: its probe entry says ``"not measured: <why>"`` so that the report tells a kind that
+    could not run from one that found no head.
+
+    Args:
+        run: the classification run.
+        kind: the kind's name.
+        why: what is missing (``"the model has no unembedding"``).
+
+    Returns:
+        ``[]``, the kind's rows.
+
+    Example:
+        >>> from interp.analysis.kinds import KindRun, not_measured
+        >>> from interp.examples import model
+        >>> run = KindRun(model, {})
+        >>> not_measured(run, "name-mover", "no text tokenizer and no ioi_prompts"), run.probes["name-mover"]
+        ([], 'not measured: no text tokenizer and no ioi_prompts')
+    """
+    run.probes[kind] = f"not measured: {why}"
+    return []
 
 
 def register_kind(kind: HeadKind) -> HeadKind:

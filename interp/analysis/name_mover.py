@@ -35,10 +35,11 @@ import pandas as pd
 import torch
 
 from ..data import Batch
+from ..data.batches import reads_text
 from ..data.circuit_tasks import TaskPrompts, ioi_prompts
 from ..streaming import Reducer
-from ._stream import PATTERN_HOOKS, head_counts, layer_of, state_device, zeros64
-from .kinds import HeadKind, KindRun, register_kind
+from ._stream import PATTERN_HOOKS, head_counts, head_grid, layer_of, state_device, zeros64
+from .kinds import HeadKind, KindRun, not_measured, register_kind
 from .ov_circuit import has_unembedding, ov_logits
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class EndToIOReducer(Reducer):
         super().__init__()
         self.model = model
         self.names = PATTERN_HOOKS
-        L, H = model.cfg.n_layers, max(head_counts(model), default=0)
+        L, H = head_grid(model)
         self._shape = (L, H)
         self._dev = state_device(model)
         self.state = {"sum": zeros64(L, H, device=self._dev), "n": zeros64(device=self._dev)}
@@ -210,14 +211,10 @@ def name_copying_scores(model: Transformer, names: torch.Tensor, *, comparisons:
 
 # --- the registry entry -------------------------------------------------------------------------------------------
 def _task(run: KindRun) -> TaskPrompts | None:
-    given = run["ioi_prompts"]
+    given = run.given("ioi_prompts", TaskPrompts, "ioi_prompts")
     if given is not None:
-        if not isinstance(given, TaskPrompts):
-            raise ValueError(f"ioi_prompts={type(given).__name__}: give an interp.data.circuit_tasks.TaskPrompts "
-                             "(ioi_prompts builds one)")
         return given
-    tok = getattr(run.model, "tokenizer", None)
-    if tok is None or type(tok).__name__ == "TokenIdTokenizer" or not has_unembedding(run.model):
+    if not reads_text(run.model) or not has_unembedding(run.model):
         return None  # the rows say why nothing was measured
     if "ioi:prompts" not in run.passes:  # built once: the data builder and the rows read the same prompts
         run.passes["ioi:prompts"] = ioi_prompts(run.model, run["ioi_n_prompts"], seed=run["seed"])
@@ -237,12 +234,10 @@ def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     red = reducers[0]
     assert isinstance(red, EndToIOReducer)
     if not has_unembedding(run.model):
-        run.probes["name-mover"] = "not measured: the model has no unembedding"
-        return []
+        return not_measured(run, "name-mover", "the model has no unembedding")
     task = _task(run)
     if task is None:
-        run.probes["name-mover"] = "not measured: no text tokenizer and no ioi_prompts"
-        return []
+        return not_measured(run, "name-mover", "no text tokenizer and no ioi_prompts")
     assert task.answers is not None
     names = torch.unique(task.answers.flatten())
     run.probes["name-mover"] = (f"{len(task.clean)} IOI prompts of {task.clean.shape[1]} tokens (attention from END "

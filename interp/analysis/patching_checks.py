@@ -16,17 +16,35 @@ import torch
 Metric = Callable[[torch.Tensor], torch.Tensor]
 
 
-def check_batch_size(batch_size: Any) -> int:
-    """``batch_size`` as a positive int; 0, -1, 1.5 and True are refused by name.
+def check_positive_int(name: str, value: Any) -> int:
+    """``value`` as a positive int; 0, -1, 1.5 and True are refused, naming the argument.
+
+    Args:
+        name: the argument, for the error.
+        value: what was passed.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: anything but an int >= 1 (a bool is no count).
 
     Example:
-        >>> from interp.analysis.patching_checks import check_batch_size
-        >>> check_batch_size(8)
-        8
+        >>> from interp.analysis.patching_checks import check_positive_int
+        >>> check_positive_int("n_samples", 16)
+        16
+        >>> check_positive_int("batch_size", 0)
+        Traceback (most recent call last):
+        ValueError: batch_size must be a positive int, got 0
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    return batch_size
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """``batch_size`` as a positive int (:func:`check_positive_int`), the check every patching tool starts with."""
+    return check_positive_int("batch_size", batch_size)
 
 
 def check_clean_corrupted(clean: torch.Tensor, corrupted: torch.Tensor) -> None:
@@ -118,17 +136,9 @@ def check_heads(heads: Any) -> list[tuple[int, int]]:
 
 
 def check_n_samples(n_samples: Any) -> int:
-    """``n_samples`` as a positive int (0 would average nothing: NaN).
-
-    Example:
-        >>> from interp.analysis.patching_checks import check_n_samples
-        >>> check_n_samples(16)
-        16
-    """
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-        raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
-    return n_samples
+    """``n_samples`` as a positive int (:func:`check_positive_int`; 0 would average nothing: NaN)."""
+    return check_positive_int("n_samples", n_samples)
 
 
 __all__ = ["check_answer_tokens", "check_batch_size", "check_clean_corrupted", "check_heads", "check_n_samples",
-           "checked_metric"]
+           "check_positive_int", "checked_metric"]

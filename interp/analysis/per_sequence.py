@@ -16,7 +16,7 @@ import torch
 
 from ..data import Batch
 from ..streaming import Reducer
-from ._stream import PATTERN_HOOKS, head_counts, layer_of
+from ._stream import PATTERN_HOOKS, head_grid, layer_of
 
 __all__ = ["PerSequenceMass"]
 
@@ -51,7 +51,7 @@ class PerSequenceMass(Reducer):
         self.model = model
         self.categories = list(categories)
         self._targets = targets
-        self._shape = (model.cfg.n_layers, max(head_counts(model), default=0))
+        self._shape = head_grid(model)
         self._seen: dict[str, list[torch.Tensor]] = {c: [] for c in self.categories}
 
     def begin_batch(self, batch: Batch) -> None:

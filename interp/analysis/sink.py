@@ -35,7 +35,7 @@ import torch
 
 from ..data import Batch
 from ..streaming import Reducer
-from ._stream import PATTERN_HOOKS, head_counts, layer_of, state_device, zeros64
+from ._stream import PATTERN_HOOKS, head_counts, head_grid, layer_of, state_device, zeros64
 from .kinds import HeadKind, KindRun, register_kind
 
 __all__ = ["SINK_MASS_HOOKS", "SinkReducer"]
@@ -67,7 +67,7 @@ class SinkReducer(Reducer):
         # A learned sink (gpt-oss) is the sink: its own mass hook, its value zero.
         self.learned = bool(getattr(model.cfg, "attn_sinks", False))
         self.names = [SINK_MASS_HOOKS] if self.learned else [PATTERN_HOOKS, "blocks.*.attn.hook_v"]
-        L, H = model.cfg.n_layers, max(head_counts(model), default=0)
+        L, H = head_grid(model)
         self._shape = (L, H)
         self._dev = state_device(model)
         self.state = {"mass": zeros64(L, H, device=self._dev), "ratio": zeros64(L, H, device=self._dev),

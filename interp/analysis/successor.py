@@ -19,6 +19,7 @@ import torch
 
 from ..data.ordinal import ordinal_token_sequences
 from ..streaming import Reducer
+from ._stream import head_counts
 from .kinds import HeadKind, KindRun, register_kind, sampled_rows
 from .ov_circuit import has_unembedding, ov_logits
 
@@ -85,8 +86,7 @@ def _rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any]]:
     run.probes["successor"] = probe + " (the weights' effective OV circuit)"
     hits = succession_scores(model, seqs)  # [L, H, n]
     threshold = run["successor_threshold"]
-    heads = [model.cfg.layer(layer).n_heads for layer in range(hits.shape[0])]
-    return sampled_rows("successor", hits, heads, threshold, lambda s, score: (
+    return sampled_rows("successor", hits, head_counts(model), threshold, lambda s, score: (
         f"successor ranked first among the ordinal tokens for {int(s.sum())} of {len(s)} items"))
 
 

@@ -42,7 +42,7 @@ import torch
 
 from ..data import Batch, Sentence, TreebankStats, treebank_batches
 from ..streaming import Reducer, stream
-from ._stream import PATTERN_HOOKS, head_counts, heads_of, layer_of, state_device, zeros64
+from ._stream import PATTERN_HOOKS, head_grid, heads_of, layer_of, state_device, zeros64
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -113,7 +113,7 @@ class SyntacticReducer(Reducer):
         self.strip_subtypes = strip_subtypes
         self.directions, self.offsets = _check_options(directions, offsets)
         self.causal = bool(model.cfg.causal)
-        self._L, self._H = model.cfg.n_layers, max(head_counts(model), default=0)
+        self._L, self._H = head_grid(model)
         self._dev = state_device(model)
         self.state["n_sentences"] = zeros64(device=self._dev)
         self._member: torch.Tensor | None = None

@@ -7,6 +7,7 @@ import streamlit as st
 import torch
 
 import interp
+from interp.data.batches import reads_text as reads_text  # the views' "sentences make sense as data"
 
 EXAMPLE_SENTENCES = {
     "Repetition": "The cat sat on the mat. The cat sat on the mat.",
@@ -33,11 +34,6 @@ LARGE_MODEL_PARAMS = 20_000_000
 def is_token_id_model(model: interp.Transformer) -> bool:
     """Whether the model reads ``t<id>`` strings (a toy model's token-id tokenizer) rather than text."""
     return type(model.tokenizer).__name__ == "TokenIdTokenizer"
-
-
-def reads_text(model: interp.Transformer) -> bool:
-    """Whether the model has a text tokenizer (sentences make sense as data)."""
-    return model.tokenizer is not None and not is_token_id_model(model)
 
 
 def example_texts(model: interp.Transformer) -> dict[str, str]:

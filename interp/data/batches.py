@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..model import Transformer
 
 __all__ = ["Batch", "as_batch", "iter_batches", "pad", "bucket_by_length", "text_batches", "treebank_batches",
-           "sentences", "check_length"]
+           "sentences", "check_length", "reads_text"]
 
 
 @dataclass
@@ -237,6 +237,26 @@ def check_length(model: Transformer, T: int, what: str = "sequence") -> None:
     """Raise ValueError when a batch is longer than the model's context."""
     if T > model.cfg.n_ctx:
         raise ValueError(f"{what} length {T} exceeds the model's n_ctx={model.cfg.n_ctx}")
+
+
+def reads_text(model: Transformer) -> bool:
+    """Whether ``model`` has a tokenizer for text: not none, and not the toy models' token-id tokenizer (which
+    reads ``"t5 t17"`` strings, so prompts written as sentences mean nothing to it).
+
+    Args:
+        model: any model (its ``tokenizer`` attribute is read; a missing one counts as none).
+
+    Returns:
+        True for a text tokenizer.
+
+    Example:
+        >>> import interp
+        >>> from interp.data.batches import reads_text
+        >>> reads_text(interp.load("minilm-l6")), reads_text(interp.load("induction-2l"))
+        (True, False)
+    """
+    tok = getattr(model, "tokenizer", None)
+    return tok is not None and type(tok).__name__ != "TokenIdTokenizer"
 
 
 def text_batches(model: Transformer, texts: Sequence[str], *, batch_size: int = 32,

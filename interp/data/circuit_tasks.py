@@ -17,10 +17,13 @@ Induction (repeated random tokens) needs no tokenizer: :func:`interp.data.repeat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
+
+from .batches import reads_text
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -39,6 +42,7 @@ _NOUNS = (("key", "keys"), ("dog", "dogs"), ("book", "books"), ("car", "cars"), 
 _PREPS = ("near", "behind", "with", "beside")
 ARG_NAMES = ("files", "data", "size", "name", "path", "key", "value", "user", "text", "mode", "item", "count",
              "index", "result", "source", "target", "config", "options", "model", "query", "token", "limit")
+A = TypeVar("A")  # what a task's metric reads of one prompt
 _FUNCTIONS = ("load", "update", "check", "parse", "send", "build", "read", "write")
 
 
@@ -67,17 +71,25 @@ def _single(model: Transformer, word: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
-def _need_text(model: Transformer, task: str) -> None:
-    tok = getattr(model, "tokenizer", None)
-    if tok is None or type(tok).__name__ == "TokenIdTokenizer":
+def _start(model: Transformer, task: str, n: int) -> None:
+    """Refuse ``n`` that is not a positive int and a model without a text tokenizer, as every task does first."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int (the number of prompts), got {n!r}")
+    if not reads_text(model):
+        tok = getattr(model, "tokenizer", None)
         raise ValueError(f"task {task!r} needs a text tokenizer; model {model.name!r} has "
                          f"{type(tok).__name__ if tok is not None else 'none'} (use task 'induction')")
 
 
-def _check_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int (the number of prompts), got {n!r}")
-    return n
+def _single_words(model: Transformer, task: str, words: tuple[str, ...], need: int, what: str
+                  ) -> list[tuple[str, int]]:
+    """``(word, id)`` of the ``words`` that are one token after a space; at least ``need`` of them (the task
+    draws that many distinct ``what`` per prompt)."""
+    found = [(w, _single(model, " " + w)) for w in words]
+    kept = [(w, i) for w, i in found if i is not None]
+    if len(kept) < need:
+        raise ValueError(f"task {task!r} needs {need} {what} that are single tokens; this tokenizer has {len(kept)}")
+    return kept
 
 
 def _stack(model: Transformer, task: str, texts: list[str], corrupt: list[str]
@@ -97,6 +109,19 @@ def _stack(model: Transformer, task: str, texts: list[str], corrupt: list[str]
     return torch.stack([pairs[i][0] for i in keep]), torch.stack([pairs[i][1] for i in keep]), keep
 
 
+def _drawn(model: Transformer, task: str, n: int, seed: int, draw: Callable[[torch.Generator], tuple[str, str, A]]
+           ) -> tuple[torch.Tensor, torch.Tensor, list[A]]:
+    """``n`` seeded draws of ``(clean text, corrupted text, what the metric reads)``, tokenized by :func:`_stack`.
+
+    Returns:
+        ``(clean [B, T], corrupted [B, T], the kept draws' third items)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    draws = [draw(gen) for _ in range(n)]
+    clean, corrupted, keep = _stack(model, task, [d[0] for d in draws], [d[1] for d in draws])
+    return clean, corrupted, [draws[i][2] for i in keep]
+
+
 def ioi_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompts:
     """Indirect-object identification prompts (Wang et al. 2022) and their "ABC" corruptions.
 
@@ -114,28 +139,25 @@ def ioi_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompt
     Example:
         >>> import interp
         >>> from interp.data.circuit_tasks import ioi_prompts
-        >>> p = ioi_prompts(interp.load("smollm2-135m"), 4)
+        >>> model = interp.load("smollm2-135m")
+        >>> p = ioi_prompts(model, 4)
+        >>> model.to_string(p.clean[0]), model.to_str_tokens(p.answers[0])
+        ('Then, Sam and James had a long argument, and afterwards James said to', [' Sam', ' James'])
         >>> p.clean.shape == p.corrupted.shape
         True
     """
-    _check_n(n)
-    _need_text(model, "ioi")
-    names = [(name, _single(model, " " + name)) for name in NAMES]
-    names = [(s, i) for s, i in names if i is not None]
-    if len(names) < 5:
-        raise ValueError(f"task 'ioi' needs 5 names that are single tokens; this tokenizer has {len(names)}")
-    gen = torch.Generator().manual_seed(seed)
-    texts, corrupt, answers = [], [], []
-    for _ in range(n):
+    _start(model, "ioi", n)
+    names = _single_words(model, "ioi", NAMES, 5, "names")
+
+    def draw(gen: torch.Generator) -> tuple[str, str, tuple[int, int]]:
         pick = torch.randperm(len(names), generator=gen)[:5].tolist()
         (io, io_id), (s, s_id), (x, _), (y, _), (z, _) = (names[i] for i in pick)
         template = _IOI_TEMPLATES[int(torch.randint(len(_IOI_TEMPLATES), (1,), generator=gen))]
         first, second = (io, s) if bool(torch.rand(1, generator=gen) < 0.5) else (s, io)
-        texts.append(template.format(A=first, B=second, C=s))
-        corrupt.append(template.format(A=x, B=y, C=z))
-        answers.append((io_id, s_id))
-    clean, corrupted, keep = _stack(model, "ioi", texts, corrupt)
-    return TaskPrompts("ioi", clean, corrupted, answers=torch.tensor([answers[i] for i in keep]))
+        return template.format(A=first, B=second, C=s), template.format(A=x, B=y, C=z), (io_id, s_id)
+
+    clean, corrupted, answers = _drawn(model, "ioi", n, seed, draw)
+    return TaskPrompts("ioi", clean, corrupted, answers=torch.tensor(answers))
 
 
 def greater_than_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompts:
@@ -157,30 +179,27 @@ def greater_than_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> T
         >>> p.good.shape[0]
         4
     """
-    _check_n(n)
-    _need_text(model, "greater-than")
+    _start(model, "greater-than", n)
     two = [_single(model, f"{i:02d}") for i in range(100)]
     whole = all(i is not None for i in two)
     digits = [_single(model, str(i)) for i in range(10)]
     if not whole and any(d is None for d in digits):
         raise ValueError("task 'greater-than' needs years' digits as tokens (two-digit tokens or single digits)")
-    gen = torch.Generator().manual_seed(seed)
     V = model.cfg.d_vocab
-    texts, corrupt, goods, bads = [], [], [], []
-    for _ in range(n):
+
+    def draw(gen: torch.Generator) -> tuple[str, str, tuple[torch.Tensor, torch.Tensor]]:
         yy = int(torch.randint(2, 99, (1,), generator=gen))
-        texts.append(f"The war lasted from the year 17{yy:02d} to the year 17")
-        corrupt.append("The war lasted from the year 1701 to the year 17")
         # The next token is the year's two digits (one token) or its first digit; an equal first digit is neither.
         ids, start = (two, yy) if whole else (digits, yy // 10)
         good, bad = torch.zeros(V, dtype=torch.bool), torch.zeros(V, dtype=torch.bool)
         good[[t for i, t in enumerate(ids) if i > start]] = True
         bad[[t for i, t in enumerate(ids) if i < start]] = True
-        goods.append(good)
-        bads.append(bad)
-    clean, corrupted, keep = _stack(model, "greater-than", texts, corrupt)
-    return TaskPrompts("greater-than", clean, corrupted, good=torch.stack([goods[i] for i in keep]),
-                       bad=torch.stack([bads[i] for i in keep]))
+        return (f"The war lasted from the year 17{yy:02d} to the year 17",
+                "The war lasted from the year 1701 to the year 17", (good, bad))
+
+    clean, corrupted, masks = _drawn(model, "greater-than", n, seed, draw)
+    return TaskPrompts("greater-than", clean, corrupted, good=torch.stack([g for g, _ in masks]),
+                       bad=torch.stack([b for _, b in masks]))
 
 
 def agreement_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> TaskPrompts:
@@ -199,22 +218,20 @@ def agreement_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> Task
         >>> p.answers.shape
         torch.Size([4, 2])
     """
-    _check_n(n)
-    _need_text(model, "agreement")
+    _start(model, "agreement", n)
     is_id, are_id = _single(model, " is"), _single(model, " are")
     if is_id is None or are_id is None:
         raise ValueError("task 'agreement' needs ' is' and ' are' as single tokens")
     nouns = [(s, p) for s, p in _NOUNS if _single(model, " " + s) is not None and _single(model, " " + p) is not None]
     if len(nouns) < 2:
         raise ValueError(f"task 'agreement' needs 2 nouns whose singular and plural are single tokens, got {nouns}")
-    gen = torch.Generator().manual_seed(seed)
-    texts, corrupt = [], []
-    for _ in range(n):
+
+    def draw(gen: torch.Generator) -> tuple[str, str, None]:
         i, j = torch.randperm(len(nouns), generator=gen)[:2].tolist()
         prep = _PREPS[int(torch.randint(len(_PREPS), (1,), generator=gen))]
-        texts.append(f"The {nouns[i][0]} {prep} the {nouns[j][1]}")
-        corrupt.append(f"The {nouns[i][1]} {prep} the {nouns[j][1]}")
-    clean, corrupted, _ = _stack(model, "agreement", texts, corrupt)
+        return f"The {nouns[i][0]} {prep} the {nouns[j][1]}", f"The {nouns[i][1]} {prep} the {nouns[j][1]}", None
+
+    clean, corrupted, _ = _drawn(model, "agreement", n, seed, draw)
     return TaskPrompts("agreement", clean, corrupted, answers=torch.tensor([[is_id, are_id]] * len(clean)))
 
 
@@ -242,30 +259,31 @@ def docstring_prompts(model: Transformer, n: int = 16, *, seed: int = 0) -> Task
     Example:
         >>> import interp
         >>> from interp.data.circuit_tasks import docstring_prompts
-        >>> p = docstring_prompts(interp.load("smollm2-135m"), 4)
-        >>> p.clean.shape == p.corrupted.shape
-        True
+        >>> model = interp.load("smollm2-135m")
+        >>> p = docstring_prompts(model, 4)
+        >>> print(model.to_string(p.clean[0]))
+        def write(self, item, path, target):
+            \"\"\"Write the item.
+        <BLANKLINE>
+            :param item: the first input
+            :param path: the second input
+            :param
+        >>> model.to_str_tokens(p.answers[0])
+        [' target', ' item']
     """
-    _check_n(n)
-    _need_text(model, "docstring")
-    names = [(w, _single(model, " " + w)) for w in ARG_NAMES]
-    names = [(w, i) for w, i in names if i is not None]
-    if len(names) < 6:
-        raise ValueError(f"task 'docstring' needs 6 argument names that are single tokens; this tokenizer has "
-                         f"{len(names)}")
-    gen = torch.Generator().manual_seed(seed)
-    texts, corrupt, answers = [], [], []
-    for _ in range(n):
+    _start(model, "docstring", n)
+    names = _single_words(model, "docstring", ARG_NAMES, 6, "argument names")
+
+    def draw(gen: torch.Generator) -> tuple[str, str, tuple[int, int]]:
         pick = torch.randperm(len(names), generator=gen)[:6].tolist()
         (a, a_id), (b, _), (c, c_id), (x, _), (y, _), (z, _) = (names[i] for i in pick)
         fn = _FUNCTIONS[int(torch.randint(len(_FUNCTIONS), (1,), generator=gen))]
 
-        def prompt(p: str, q: str, r: str, fn: str = fn, a: str = a, b: str = b) -> str:
+        def prompt(p: str, q: str, r: str) -> str:
             return (f'def {fn}(self, {p}, {q}, {r}):\n    """{fn.capitalize()} the {a}.\n\n'
                     f"    :param {a}: the first input\n    :param {b}: the second input\n    :param")
 
-        texts.append(prompt(a, b, c))
-        corrupt.append(prompt(x, y, z))
-        answers.append((c_id, a_id))
-    clean, corrupted, keep = _stack(model, "docstring", texts, corrupt)
-    return TaskPrompts("docstring", clean, corrupted, answers=torch.tensor([answers[i] for i in keep]))
+        return prompt(a, b, c), prompt(x, y, z), (c_id, a_id)
+
+    clean, corrupted, answers = _drawn(model, "docstring", n, seed, draw)
+    return TaskPrompts("docstring", clean, corrupted, answers=torch.tensor(answers))

@@ -39,11 +39,12 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import conllu
 import torch
 
+from ._sources import first_items, open_source
 from .treebank import _blocks
 
 __all__ = [
@@ -164,11 +165,12 @@ def _check_limit(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
 
 
-def _decoded(handle: Iterable[bytes], where: str) -> Iterator[str]:
-    """Lines of a file read as bytes, decoded one by one so that an error names its line; a BOM is dropped."""
+def _decoded(handle: Iterable[bytes | str], where: str) -> Iterator[str]:
+    """Lines of a file read as bytes, decoded one by one so that an error names its line, or given lines as they
+    are; a BOM is dropped."""
     for no, raw in enumerate(handle, start=1):
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         except UnicodeDecodeError as e:
             raise ValueError(f"{where}:{no}: not UTF-8 text ({e.reason} at byte {e.start} of the line); GAP files "
                              f"are UTF-8") from e
@@ -198,22 +200,11 @@ def read_corefud(source: str | Path | Sequence[str], *, max_documents: int | Non
         ['Byron', 'his', 'he']
     """
     _check_limit("max_documents", max_documents)
-    handle: IO[bytes] | Iterator[str]
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no CoNLL-U file at {str(path)!r}")
-        where, handle = str(path), path.open("rb")  # bytes: a decoding error names its line
-    else:
-        where, handle = "<conllu>", iter(source)
-    return _read_corefud(where, handle, max_documents)
+    where, handle = open_source(source, "CoNLL-U", "<conllu>")
+    return first_items(_read_corefud(where, handle), handle, max_documents)
 
 
-def _read_corefud(where: str, handle: Any, max_documents: int | None) -> Iterator[CorefDocument]:
-    if max_documents == 0:
-        if hasattr(handle, "close"):
-            handle.close()
-        return
+def _read_corefud(where: str, handle: Any) -> Iterator[CorefDocument]:
     fields = ["GRP", "etype", "infstat", "salience", "centering", "minspan", "link", "identity"]
     doc: CorefDocument | None = None
     open_: dict[str, list[tuple[int, int, tuple[int, ...]]]] = {}  # entity -> stack of (start, line, minspan)
@@ -236,86 +227,80 @@ def _read_corefud(where: str, handle: Any, max_documents: int | None) -> Iterato
         d.mentions = sorted(mentions, key=lambda m: (m.start, -m.end, m.line))
         return d
 
-    try:
-        for block in _blocks(handle, where):
-            comments = [(no, line) for no, line, _ in block if line.startswith("#")]
-            for no, line in comments:
-                if re.match(r"#\s*newdoc\b", line):
-                    if doc is not None and doc.words:
-                        yield finish(doc)
-                        n_docs += 1
-                        if max_documents is not None and n_docs >= max_documents:
-                            return
-                    m = re.search(r"id\s*=\s*(\S+)", line)
-                    doc = CorefDocument(m.group(1) if m else f"doc{n_docs}", line=no)
-                    open_.clear()
-                    raw.clear()
-                elif re.match(r"#\s*global\.Entity\s*=", line):
-                    fields = _fields_of(line)
-            if doc is None:
-                doc = CorefDocument("doc0", line=block[0][0])
-            token_lines = [(no, line) for no, line, _ in block if not line.startswith("#")]
-            if not token_lines:  # a block of comments only (a trailing "# newdoc", a stray "#"): no sentence
+    for block in _blocks(handle, where):
+        comments = [(no, line) for no, line, _ in block if line.startswith("#")]
+        for no, line in comments:
+            if re.match(r"#\s*newdoc\b", line):
+                if doc is not None and doc.words:
+                    yield finish(doc)
+                    n_docs += 1
+                m = re.search(r"id\s*=\s*(\S+)", line)
+                doc = CorefDocument(m.group(1) if m else f"doc{n_docs}", line=no)
+                open_.clear()
+                raw.clear()
+            elif re.match(r"#\s*global\.Entity\s*=", line):
+                fields = _fields_of(line)
+        if doc is None:
+            doc = CorefDocument("doc0", line=block[0][0])
+        token_lines = [(no, line) for no, line, _ in block if not line.startswith("#")]
+        if not token_lines:  # a block of comments only (a trailing "# newdoc", a stray "#"): no sentence
+            continue
+        text = "\n".join(line for _, line in token_lines) + "\n\n"
+        try:
+            (toks,) = conllu.parse(text)
+        except conllu.exceptions.ParseException as e:
+            for no, line in token_lines:
+                try:
+                    conllu.parse(line + "\n\n")
+                except conllu.exceptions.ParseException as e_line:
+                    raise ValueError(f"{where}:{no}: malformed CoNLL-U line ({e_line}): {line!r}") from e_line
+            raise ValueError(f"{where}:{block[0][0]}: malformed CoNLL-U sentence ({e})") from e
+        offset = len(doc.words)
+        words_here = [(t, ln) for t, ln in zip(toks, token_lines) if isinstance(t["id"], int)]
+        n_words = len(words_here)
+        for k, (t, (no, line)) in enumerate(words_here):
+            if t["id"] != k + 1:
+                raise ValueError(f"{where}:{no}: word ids must count 1, 2, 3...; expected {k + 1}, got "
+                                 f"{t['id']!r}: {line!r}")
+            h = t["head"]
+            if not isinstance(h, int) or not 0 <= h <= n_words:
+                raise ValueError(f"{where}:{no}: HEAD {h!r} is not a word of this {n_words}-word sentence: "
+                                 f"{line!r}")
+            doc.words.append(str(t["form"]))
+            doc.upos.append(str(t["upos"]))
+            doc.heads.append(-1 if h == 0 else offset + h - 1)
+            w = offset + k
+            misc = line.split("\t")[9]
+            value = next((p.split("=", 1)[1] for p in misc.split("|") if p.startswith("Entity=")), None)
+            if value is None:
                 continue
-            text = "\n".join(line for _, line in token_lines) + "\n\n"
-            try:
-                (toks,) = conllu.parse(text)
-            except conllu.exceptions.ParseException as e:
-                for no, line in token_lines:
-                    try:
-                        conllu.parse(line + "\n\n")
-                    except conllu.exceptions.ParseException as e_line:
-                        raise ValueError(f"{where}:{no}: malformed CoNLL-U line ({e_line}): {line!r}") from e_line
-                raise ValueError(f"{where}:{block[0][0]}: malformed CoNLL-U sentence ({e})") from e
-            offset = len(doc.words)
-            words_here = [(t, ln) for t, ln in zip(toks, token_lines) if isinstance(t["id"], int)]
-            n_words = len(words_here)
-            for k, (t, (no, line)) in enumerate(words_here):
-                if t["id"] != k + 1:
-                    raise ValueError(f"{where}:{no}: word ids must count 1, 2, 3...; expected {k + 1}, got "
-                                     f"{t['id']!r}: {line!r}")
-                h = t["head"]
-                if not isinstance(h, int) or not 0 <= h <= n_words:
-                    raise ValueError(f"{where}:{no}: HEAD {h!r} is not a word of this {n_words}-word sentence: "
-                                     f"{line!r}")
-                doc.words.append(str(t["form"]))
-                doc.upos.append(str(t["upos"]))
-                doc.heads.append(-1 if h == 0 else offset + h - 1)
-                w = offset + k
-                misc = line.split("\t")[9]
-                value = next((p.split("=", 1)[1] for p in misc.split("|") if p.startswith("Entity=")), None)
-                if value is None:
-                    continue
-                for kind, payload, closes in _entity_events(value, f"{where}:{no}"):
-                    if kind == "open":
-                        parts = payload.split("-", len(fields) - 1)
-                        eid = parts[0]
-                        if not eid or "[" in eid:
-                            raise ValueError(f"{where}:{no}: unsupported entity id {eid!r} in Entity={value!r} "
-                                             "(discontinuous mentions are not read)")
-                        mins: tuple[int, ...] = ()
-                        if "minspan" in fields and fields.index("minspan") < len(parts):
-                            spec = parts[fields.index("minspan")]
-                            if re.fullmatch(r"\d+(,\d+)*", spec):
-                                mins = tuple(w + int(x) - 1 for x in spec.split(","))  # 1-based, mention-relative
-                        if closes:
-                            raw.append((eid, w, w + 1, mins, no))
-                        else:
-                            open_.setdefault(eid, []).append((w, no, mins))
+            for kind, payload, closes in _entity_events(value, f"{where}:{no}"):
+                if kind == "open":
+                    parts = payload.split("-", len(fields) - 1)
+                    eid = parts[0]
+                    if not eid or "[" in eid:
+                        raise ValueError(f"{where}:{no}: unsupported entity id {eid!r} in Entity={value!r} "
+                                         "(discontinuous mentions are not read)")
+                    mins: tuple[int, ...] = ()
+                    if "minspan" in fields and fields.index("minspan") < len(parts):
+                        spec = parts[fields.index("minspan")]
+                        if re.fullmatch(r"\d+(,\d+)*", spec):
+                            mins = tuple(w + int(x) - 1 for x in spec.split(","))  # 1-based, mention-relative
+                    if closes:
+                        raw.append((eid, w, w + 1, mins, no))
                     else:
-                        stack = open_.get(payload)
-                        if not stack:
-                            raise ValueError(f"{where}:{no}: mention of entity {payload!r} closed but never opened "
-                                             f"(Entity={value!r})")
-                        a, line_open, mins = stack.pop()
-                        raw.append((payload, a, w + 1, mins, line_open))
-            if n_words:
-                doc.sentences.append((offset, offset + n_words))
-        if doc is not None and doc.words:
-            yield finish(doc)
-    finally:
-        if hasattr(handle, "close"):
-            handle.close()
+                        open_.setdefault(eid, []).append((w, no, mins))
+                else:
+                    stack = open_.get(payload)
+                    if not stack:
+                        raise ValueError(f"{where}:{no}: mention of entity {payload!r} closed but never opened "
+                                         f"(Entity={value!r})")
+                    a, line_open, mins = stack.pop()
+                    raw.append((payload, a, w + 1, mins, line_open))
+        if n_words:
+            doc.sentences.append((offset, offset + n_words))
+    if doc is not None and doc.words:
+        yield finish(doc)
 
 
 # --- GAP --------------------------------------------------------------------------------------------------
@@ -399,18 +384,8 @@ def read_gap(source: str | Path | Sequence[str], *, max_rows: int | None = None)
         ('her', 'Cheryl Cassidy', 'A')
     """
     _check_limit("max_rows", max_rows)
-    handle: IO[bytes] | Iterator[str]
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no GAP file at {str(path)!r}")
-        where, handle = str(path), path.open("rb")  # bytes: a decoding error names its line
-        lines: Iterable[str] = _decoded(handle, where)
-    else:
-        text = iter(source)
-        where, handle = "<gap>", text
-        lines = (line.removeprefix("\ufeff") if i == 0 else line for i, line in enumerate(text))
-    return _read_gap(where, handle, lines, max_rows)
+    where, handle = open_source(source, "GAP", "<gap>")
+    return first_items(_read_gap(where, _decoded(handle, where)), handle, max_rows)
 
 
 def _gap_rows(reader: Any, where: str) -> Iterator[tuple[int, list[str]]]:
@@ -439,40 +414,28 @@ def _check_gap_row(ex: GapExample, where: str) -> GapExample:
     return ex
 
 
-def _read_gap(where: str, handle: Any, lines: Iterable[str], max_rows: int | None) -> Iterator[GapExample]:
-    if max_rows == 0:
-        if hasattr(handle, "close"):
-            handle.close()
-        return
-    try:
-        reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next((row for _, row in _gap_rows(reader, where)), None)
-        if header is None:
-            raise ValueError(f"{where}:1: empty file, expected a GAP header {_GAP_COLUMNS}")
-        missing = [c for c in _GAP_COLUMNS if c not in header]
-        if missing:
-            raise ValueError(f"{where}:1: GAP header lacks columns {missing}: {header!r}")
-        col = {c: header.index(c) for c in _GAP_COLUMNS}
-        n = 0
-        for no, row in _gap_rows(reader, where):
-            if not row or all(not x.strip() for x in row):
-                continue
-            if len(row) < len(header):
-                raise ValueError(f"{where}:{no}: expected {len(header)} tab-separated fields, got {len(row)}")
-            at = f"{where}:{no}"
-            text = row[col["Text"]]
-            yield _check_gap_row(GapExample(
-                row[col["ID"]], text,
-                _span(text, row[col["Pronoun"]], row[col["Pronoun-offset"]], at, "Pronoun"),
-                _span(text, row[col["A"]], row[col["A-offset"]], at, "A"),
-                _span(text, row[col["B"]], row[col["B-offset"]], at, "B"),
-                _bool(row[col["A-coref"]], at, "A-coref"), _bool(row[col["B-coref"]], at, "B-coref"), no), at)
-            n += 1
-            if max_rows is not None and n >= max_rows:
-                return
-    finally:
-        if hasattr(handle, "close"):
-            handle.close()
+def _read_gap(where: str, lines: Iterable[str]) -> Iterator[GapExample]:
+    reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
+    header = next((row for _, row in _gap_rows(reader, where)), None)
+    if header is None:
+        raise ValueError(f"{where}:1: empty file, expected a GAP header {_GAP_COLUMNS}")
+    missing = [c for c in _GAP_COLUMNS if c not in header]
+    if missing:
+        raise ValueError(f"{where}:1: GAP header lacks columns {missing}: {header!r}")
+    col = {c: header.index(c) for c in _GAP_COLUMNS}
+    for no, row in _gap_rows(reader, where):
+        if not row or all(not x.strip() for x in row):
+            continue
+        if len(row) < len(header):
+            raise ValueError(f"{where}:{no}: expected {len(header)} tab-separated fields, got {len(row)}")
+        at = f"{where}:{no}"
+        text = row[col["Text"]]
+        yield _check_gap_row(GapExample(
+            row[col["ID"]], text,
+            _span(text, row[col["Pronoun"]], row[col["Pronoun-offset"]], at, "Pronoun"),
+            _span(text, row[col["A"]], row[col["A-offset"]], at, "A"),
+            _span(text, row[col["B"]], row[col["B-offset"]], at, "B"),
+            _bool(row[col["A-coref"]], at, "A-coref"), _bool(row[col["B-coref"]], at, "B-coref"), no), at)
 
 
 # --- windows: what the scorer consumes --------------------------------------------------------------------

@@ -16,6 +16,8 @@ import conllu
 import torch
 from conllu.parser import parse_id_value, parse_int_value
 
+from ._sources import first_items, open_source
+
 __all__ = ["Sentence", "read_conllu", "align_words", "check_max_sentences", "parse_text_with_spacy"]
 
 _N_FIELDS = 10
@@ -171,12 +173,8 @@ def read_conllu(source: str | Path | Sequence[str], *, max_sentences: int | None
         ...     print(sent.words, sent.heads, sent.deprels)
     """
     check_max_sentences(max_sentences)
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no CoNLL-U file at {str(path)!r}")
-        return _read(str(path), path.open("rb"), max_sentences)
-    return _read("<conllu>", iter(source), max_sentences)
+    where, handle = open_source(source, "CoNLL-U", "<conllu>")
+    return first_items(_read(where, handle), handle, max_sentences)
 
 
 def check_max_sentences(max_sentences: int | None) -> None:
@@ -187,20 +185,11 @@ def check_max_sentences(max_sentences: int | None) -> None:
         raise ValueError(f"max_sentences={max_sentences} must be >= 1 (or None for all)")
 
 
-def _read(where: str, handle: Any, max_sentences: int | None) -> Iterator[Sentence]:
-    try:
-        n = 0
-        for block in _blocks(handle, where):
-            sent = _parse_block(block, where)
-            if sent is None:
-                continue
+def _read(where: str, handle: Any) -> Iterator[Sentence]:
+    for block in _blocks(handle, where):
+        sent = _parse_block(block, where)
+        if sent is not None:
             yield sent
-            n += 1
-            if max_sentences is not None and n >= max_sentences:
-                return
-    finally:
-        if hasattr(handle, "close"):
-            handle.close()
 
 
 def check_word_index(word_index: Sequence[int | None], n_words: int) -> None:

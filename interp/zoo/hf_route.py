@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import _AttentionBase
-from ..config import LayerShape
+from ..config import LayerShape, head_sharing
 from ..hooks import HookedModule, HookPoint, NamesFilter
 from ..model import Transformer
 
@@ -311,9 +311,7 @@ class RouteConfig:
     @property
     def kind(self) -> str:
         """``"mha"``, ``"gqa"`` or ``"mqa"`` (as :attr:`interp.ModelConfig.kind`)."""
-        if self.n_kv_heads == self.n_heads:
-            return "mha"
-        return "mqa" if self.n_kv_heads == 1 else "gqa"
+        return head_sharing(self.n_heads, self.n_kv_heads)
 
     def heads_in_layer(self, layer: int) -> int:
         return self.layer(layer).n_heads

@@ -18,7 +18,7 @@ from interp.app.inputs import EXAMPLE_SENTENCES, PRUNING_SENTENCES, default_size
 from interp.app.model_picker import ModelKey, load_model
 from interp.app.page import Page, PageContext
 from interp.app.views.attention import pattern_data
-from interp.app.views.induction import partial_induction_map
+from interp.app.views.induction import with_partial_induction_map
 
 #: Above this many heads the mass-by-target panel shows one layer, or the largest head per layer.
 MAX_POSITIONAL_ROWS = 48
@@ -173,15 +173,11 @@ def render(ctx: PageContext) -> None:
                                 len(EXAMPLE_SENTENCES) + len(PRUNING_SENTENCES), sizes["head_texts"], key="head_texts")
         n_seqs = c2.slider("Repeated random sequences (induction, copying)", 4, 64, sizes["head_seqs"], step=4,
                            key="head_seqs")
-    slot = st.empty()
-    try:
-        result = head_report(key, tuple(kinds), treebank, 200, coref, n_texts, n_seqs, sizes["head_half"],
-                             sizes["batch"], partial=partial_induction_map(model, slot))
-    except Exception as e:  # noqa: BLE001 - shown to the user
-        slot.empty()
-        st.error(f"Could not classify the heads with the kinds {kinds}: {e}")
+    result = with_partial_induction_map(model, lambda partial: head_report(
+        key, tuple(kinds), treebank, 200, coref, n_texts, n_seqs, sizes["head_half"], sizes["batch"],
+        partial=partial), f"Could not classify the heads with the kinds {kinds}")
+    if result is None:
         return
-    slot.empty()
     report = result["value"]
     data_words = f"{n_texts} example sentences" if reads_text(model) else "random tokens"
     half = sizes["head_half"] or "default"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import streamlit as st
 
@@ -15,6 +15,8 @@ from interp.app.disk_cache import cost_caption, disk_cached
 from interp.app.inputs import default_sizes
 from interp.app.model_picker import ModelKey, load_model
 from interp.app.page import Page, PageContext
+
+T = TypeVar("T")
 
 
 @disk_cached("induction", "Scoring heads on repeated sequences")
@@ -66,6 +68,30 @@ def partial_induction_map(model: interp.Transformer, slot: Any) -> Callable[[pro
     return draw
 
 
+def with_partial_induction_map(model: interp.Transformer, compute: Callable[[Callable[[progress.Event], None]], T],
+                               failure: str) -> T | None:
+    """``compute(listener)``, drawing the induction scores folded so far while it runs (see
+    :func:`partial_induction_map`); the partial map is cleared when it ends. An error is shown, not raised.
+
+    Args:
+        model: the model being scored.
+        compute: the cached computation, given the progress listener.
+        failure: what the error message says could not be done (``"Could not score the heads"``).
+
+    Returns:
+        What ``compute`` returned, or None after showing ``failure: <error>``.
+    """
+    slot = st.empty()
+    try:
+        result = compute(partial_induction_map(model, slot))
+    except Exception as e:  # noqa: BLE001 - shown to the user
+        slot.empty()
+        st.error(f"{failure}: {e}")
+        return None
+    slot.empty()
+    return result
+
+
 def render(ctx: PageContext) -> None:
     """Draw the page (needs the model)."""
     from interp.app.views.attention import pattern_data
@@ -79,14 +105,10 @@ def render(ctx: PageContext) -> None:
     sizes = default_sizes(model)
     half_len = c1.slider("Length of the repeated half", 2, max_half, min(sizes["ind_half"], max_half), key="ind_half")
     n_seqs = c2.slider("Sequences", 4, 64, sizes["ind_seqs"], step=4, key="ind_n")
-    slot = st.empty()
-    try:
-        result = induction_data(key, n_seqs, half_len, sizes["batch"], partial=partial_induction_map(model, slot))
-    except Exception as e:  # noqa: BLE001 - shown to the user
-        slot.empty()
-        st.error(f"Could not score the heads: {e}")
+    result = with_partial_induction_map(model, lambda partial: induction_data(
+        key, n_seqs, half_len, sizes["batch"], partial=partial), "Could not score the heads")
+    if result is None:
         return
-    slot.empty()
     data = result["value"]
     st.caption(cost_caption(result, f"data: {n_seqs} random sequences of {half_len} tokens, each repeated once "
                                     f"(default {sizes['ind_seqs']} for this model)"))

@@ -7,7 +7,9 @@ A family file (``interp/families/<family>.py``) holds everything interp knows ab
   scalars), refusing by name every setting it does not reproduce;
 * its weight mapping, HF state dict -> ours, as a state-dict function (``fixed`` / ``named`` wrap it into the
   factory the registry stores) or a declarative tensor table run by :func:`map_tensors`;
-* the llama.cpp architectures whose GGUF files hold its weights (``gguf_archs``);
+* the llama.cpp architectures whose GGUF files hold its weights, each with its metadata and tensor-name mapping
+  (``gguf``: architecture -> :class:`~._gguf.GGUFSpec`, which :mod:`interp.zoo.gguf` looks up by
+  ``general.architecture``);
 * and a ``FAMILY = Family(...)`` record tying these together (:class:`Family`).
 
 Shared helpers live once: :mod:`._base` (required keys, refused settings, decoder checks), :mod:`._positions`

@@ -11,6 +11,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import StateDict
+from ._gguf import GGUFSpec
 
 #: An HF config dict -> our :class:`ModelConfig`.
 ConfigFn = Callable[[Mapping[str, Any]], ModelConfig]
@@ -29,7 +30,8 @@ class Family:
         model_types: the HF ``model_type`` values this family converts (each in exactly one family).
         config: HF config dict -> :class:`ModelConfig` (raises ``ValueError`` naming a refused setting).
         state_dict_for: HF config dict -> state-dict function (see :func:`fixed` and :func:`named`).
-        gguf_archs: llama.cpp's ``general.architecture`` values whose files hold this family's weights.
+        gguf: llama.cpp's ``general.architecture`` values whose files hold this family's weights, each with how
+            its metadata and tensors map onto this family's HF config and state dict (:class:`~._gguf.GGUFSpec`).
         title: the family's name in help texts (``"GPT-2"``), when ``headline``.
         headline: named in the help texts' short list (:data:`interp.zoo.hf.FAMILIES`).
         tests: the random tiny test configs of :mod:`interp.zoo.compat` (row name -> (model_type, config kwargs)).
@@ -39,10 +41,15 @@ class Family:
     model_types: tuple[str, ...]
     config: ConfigFn
     state_dict_for: StateDictFactory
-    gguf_archs: tuple[str, ...] = ()
+    gguf: Mapping[str, GGUFSpec] = dataclasses.field(default_factory=dict)
     title: str = ""
     headline: bool = False
     tests: Mapping[str, tuple[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def gguf_archs(self) -> tuple[str, ...]:
+        """The llama.cpp architectures this family reads (the keys of :attr:`gguf`)."""
+        return tuple(self.gguf)
 
     def converter(self, hf_cfg: Mapping[str, Any]) -> tuple[ConfigFn, StateDictFn]:
         """``(config function, state-dict function)`` for ``hf_cfg`` (one of this family's model types)."""

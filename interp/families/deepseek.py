@@ -12,6 +12,7 @@ import torch
 from ..config import ModelConfig
 from ._base import _MLP_BIAS_KEY, StateDict, _decoder_checks, _need
 from ._family import Family
+from ._gguf_experts import DEEPSEEK2
 from ._positions import _rope, _yarn_mscale
 from ._tensors import (
     _deinterleave,
@@ -193,4 +194,4 @@ def _deepseek_state_dict(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mode
 
 
 FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3"), deepseek_config, _deepseek_state_dict, title="DeepSeek",
-                headline=True)
+                headline=True, gguf={"deepseek2": DEEPSEEK2})

@@ -6,7 +6,7 @@ separate RoPE base for its local layers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -14,6 +14,19 @@ import torch
 from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, fixed
+from ._gguf import (
+    LLAMA_ATTN_MLP,
+    LLAMA_BLOCK,
+    LLAMA_GLOBAL,
+    GGUFSpec,
+    HFConfig,
+    Meta,
+    gguf_sizes,
+    no_window,
+    pattern_windows,
+    rope_parameters,
+    rotary_dim,
+)
 from ._positions import _rope, sliding_windows
 from ._tensors import (
     _dense_weights,
@@ -111,5 +124,53 @@ def gemma_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     return out
 
 
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(model_type: str) -> Callable[[Meta, set[str]], HFConfig]:
+    """GGUF metadata -> the HF config of ``model_type`` (llama.cpp's ``gemma`` / ``gemma2`` / ``gemma3``): Gemma 2 slides
+    on even layers and Gemma 3 on five layers of six (llama.cpp's fixed patterns), Gemma 3's local layers rotate with
+    base 10000; ``query_pre_attn_scalar`` is not in the file and is taken as llama.cpp does: the head dim, except
+    ``d_model / n_heads`` for the 27B shapes (46 layers for Gemma 2, 62 for Gemma 3)."""
+    def config(m: Meta, names: set[str]) -> HFConfig:
+        cfg = gguf_sizes(m, names)
+        rotary_dim(m, cfg["head_dim"])
+        n_layers = cfg["num_hidden_layers"]
+        cfg.update(model_type=model_type, hidden_activation="gelu_pytorch_tanh",
+                   rms_norm_eps=m.number("attention.layer_norm_rms_epsilon", 1e-6),
+                   attention_bias="blk.0.attn_q.bias" in names)
+        if model_type == "gemma":
+            no_window(m)
+            return {**cfg, "rope_parameters": rope_parameters(m, names, 10000.0)}
+        # llama.cpp's attention scale: 1/sqrt(head_dim), except the 27B shapes (by layer count, as llama.cpp).
+        big = n_layers == (46 if model_type == "gemma2" else 62)
+        cfg["query_pre_attn_scalar"] = cfg["hidden_size"] // cfg["num_attention_heads"] if big else cfg["head_dim"]
+        if model_type == "gemma2":
+            window, types = pattern_windows(m, n_layers, 2)
+            return {**cfg, "rope_parameters": rope_parameters(m, names, 10000.0), "sliding_window": window,
+                    "layer_types": types, "attn_logit_softcapping": m.number("attn_logit_softcapping", 50.0),
+                    "final_logit_softcapping": m.number("final_logit_softcapping", 30.0)}
+        window, types = pattern_windows(m, n_layers, 6)
+        local = {"rope_type": "default", "rope_theta": m.number("rope.freq_base_swa", 10000.0)}
+        return {**cfg, "rope_parameters": {"full_attention": rope_parameters(m, names, 1_000_000.0),
+                                           "sliding_attention": local},
+                "sliding_window": window, "layer_types": types, "attn_logit_softcapping": None,
+                "final_logit_softcapping": m.number("final_logit_softcapping", None)}
+    return config
+
+
+def _gguf_norm(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:
+    # llama.cpp's converter adds 1 to every tensor whose HF name ends in "norm.weight".
+    return w - 1 if hf_name.endswith("norm.weight") else w
+
+
+_SANDWICH_BLOCK = {**LLAMA_ATTN_MLP, "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                   "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+#: llama.cpp's ``gemma`` / ``gemma2`` / ``gemma3``: every RMSNorm weight is stored as ``1 + w`` (llama.cpp's
+#: RMSNorm has no ``1 +``); undone here, the Gemma converter adds it back.
+GGUF = {"gemma": GGUFSpec(_gguf_config("gemma"), LLAMA_GLOBAL, "model.layers.{}.", LLAMA_BLOCK, _gguf_norm),
+        "gemma2": GGUFSpec(_gguf_config("gemma2"), LLAMA_GLOBAL, "model.layers.{}.", _SANDWICH_BLOCK, _gguf_norm),
+        "gemma3": GGUFSpec(_gguf_config("gemma3_text"), LLAMA_GLOBAL, "model.layers.{}.", _SANDWICH_BLOCK,
+                           _gguf_norm)}
+
+
 FAMILY = Family("gemma", ("gemma", "gemma2", "gemma3_text"), gemma_config, fixed(gemma_state_dict),
-                gguf_archs=("gemma", "gemma2", "gemma3"), title="Gemma", headline=True)
+                gguf=GGUF, title="Gemma", headline=True)

@@ -17,7 +17,7 @@ What the family needs of the core, each a config value:
 Weight layouts (transformers 5): ``mlp.experts.gate_up_proj`` ``[E, M, 2F]`` (stored transposed, gate and up
 interleaved along the last axis: gate = columns 0, 2, 4 ..., up = 1, 3, 5 ...), ``gate_up_proj_bias`` ``[E, 2F]``
 (interleaved the same way), ``down_proj`` ``[E, F, M]``, ``down_proj_bias`` ``[E, M]``; ``mlp.router.weight``
-``[E, M]`` and ``mlp.router.bias`` ``[E]``. A GGUF file keeps gate and up apart; :mod:`interp.zoo.gguf_gpt_oss`
+``[E, M]`` and ``mlp.router.bias`` ``[E]``. A GGUF file keeps gate and up apart; :mod:`interp.families._gguf_gpt_oss`
 names them ``mlp.experts.gate_proj`` / ``up_proj`` ``[E, M, F]`` (and ``*_bias`` ``[E, F]``), which this
 converter takes in place of ``gate_up_proj``.
 
@@ -39,6 +39,7 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
+from ._gguf_gpt_oss import GPT_OSS
 from ._positions import _rope
 from ._tensors import _llama_attention, _Source
 
@@ -207,7 +208,7 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
         mlp = h + "mlp."
         out[b + "mlp.W_router"] = src(mlp + "router.weight")
         out[b + "mlp.b_router"] = src(mlp + "router.bias")
-        if src.has(mlp + "experts.gate_proj"):  # a GGUF file (interp.zoo.gguf_gpt_oss): gate and up apart
+        if src.has(mlp + "experts.gate_proj"):  # a GGUF file (interp.families._gguf_gpt_oss): gate and up apart
             out[b + "mlp.W_gate"] = _experts(src, mlp, "gate_proj", F_, M, E).transpose(1, 2)  # [E, F, M]
             out[b + "mlp.W_in"] = _experts(src, mlp, "up_proj", F_, M, E).transpose(1, 2)  # [E, F, M]
             out[b + "mlp.b_gate"] = src(mlp + "experts.gate_proj_bias")  # [E, F]
@@ -229,4 +230,5 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
-FAMILY = Family("gpt_oss", ("gpt_oss",), gpt_oss_config, fixed(gpt_oss_state_dict), title="gpt-oss")
+FAMILY = Family("gpt_oss", ("gpt_oss",), gpt_oss_config, fixed(gpt_oss_state_dict), title="gpt-oss",
+                gguf={"gpt-oss": GPT_OSS})

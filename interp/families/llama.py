@@ -14,6 +14,8 @@ import torch
 from ..config import ModelConfig
 from ._base import _MLP_BIAS_KEY, GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
 from ._family import Family, named
+from ._gguf import llama_spec
+from ._gguf_experts import with_experts
 from ._positions import _rope, _rope_context, sliding_windows
 from ._tensors import (
     _llama_attention,
@@ -115,5 +117,10 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
     return out
 
 
+#: llama.cpp's ``llama`` (Llama 1/2/3, Mistral, SmolLM, TinyLlama; Mixtral when the file has experts): the
+#: converter permuted ``attn_q`` / ``attn_k`` rows so that each head's rotary pairs are interleaved.
+GGUF = with_experts(llama_spec("llama", permuted=True))
+
+
 FAMILY = Family("llama", ("llama", "mistral", "ministral", "seed_oss"), llama_config, named(llama_state_dict),
-                gguf_archs=("llama",), title="Llama", headline=True)
+                gguf={"llama": GGUF}, title="Llama", headline=True)

@@ -11,6 +11,7 @@ from typing import Any
 from ..config import ModelConfig
 from ._base import _need
 from ._family import Family, named
+from ._gguf_experts import MODEL_TYPES, QWEN_OLMOE
 from .llama import llama_config, llama_state_dict
 
 
@@ -68,4 +69,5 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 FAMILY = Family("mixtral", ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), moe_config, named(llama_state_dict),
-                title="Mixtral", headline=True)
+                title="Mixtral", headline=True,
+                gguf=dict.fromkeys(MODEL_TYPES, QWEN_OLMOE))

@@ -11,6 +11,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
 from ._family import Family, fixed
+from ._gguf import LLAMA_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, rope_parameters, rotary_dim
 from ._mapping import Rule, halves, map_tensors
 from ._positions import _rope, sliding_windows
 from ._tensors import (
@@ -86,4 +87,25 @@ def phi3_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
-FAMILY = Family("phi3", ("phi3",), phi3_config, fixed(phi3_state_dict), gguf_archs=("phi3",))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Phi-3's HF config: partial rotary allowed; a ``sliding_window`` of 0 means none."""
+    cfg = gguf_sizes(m, names)
+    if cfg["head_dim"] * cfg["num_attention_heads"] != cfg["hidden_size"]:
+        raise m.fail(f"{m.key('attention.key_length')} = {cfg['head_dim']} is not embedding_length / head_count; "
+                     f"Phi-3's head dim is")
+    rot = rotary_dim(m, cfg["head_dim"], partial_ok=True)
+    window = m.get("attention.sliding_window", 0)
+    return {**cfg, "model_type": "phi3", "hidden_act": "silu",
+            "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-5),
+            "rope_parameters": {**rope_parameters(m, names, 10000.0), "partial_rotary_factor": rot / cfg["head_dim"]},
+            "sliding_window": m.count("attention.sliding_window") if window else None}
+
+
+#: llama.cpp's ``phi3``: fused ``attn_qkv`` (``[q | k | v]``) and ``ffn_up`` (``[gate | up]``) as in HF.
+GGUF = {"phi3": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"})}
+
+
+FAMILY = Family("phi3", ("phi3",), phi3_config, fixed(phi3_state_dict), gguf=GGUF)

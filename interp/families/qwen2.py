@@ -8,5 +8,6 @@ from __future__ import annotations
 import dataclasses
 
 from . import llama
+from ._gguf import llama_spec
 
-FAMILY = dataclasses.replace(llama.FAMILY, name="qwen2", model_types=("qwen2",), gguf_archs=("qwen2",), title="Qwen")
+FAMILY = dataclasses.replace(llama.FAMILY, name="qwen2", model_types=("qwen2",), gguf={"qwen2": llama_spec("qwen2")}, title="Qwen")

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from . import llama
+from ._gguf import llama_spec
 
 
 def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -33,4 +34,4 @@ def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 FAMILY = dataclasses.replace(llama.FAMILY, name="qwen3", model_types=("qwen3",), config=qwen3_config,
-                             gguf_archs=("qwen3",), headline=False)
+                             gguf={"qwen3": llama_spec("qwen3")}, headline=False)

@@ -26,6 +26,9 @@ import numpy as np
 import torch
 
 HFConfig = dict[str, Any]
+#: ``(GGUF stem, HF name, tensor, HF config) -> tensor``: undoes the converter's change to one tensor (on any
+#: device, the meta device included: the tensor-table check runs it on shapes only).
+Transform = Callable[[str, str, torch.Tensor, Mapping[str, Any]], torch.Tensor]
 
 
 class GGUFError(ValueError):
@@ -249,20 +252,65 @@ def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 
-#: ``(GGUF stem, HF name, tensor, HF config) -> tensor``: undoes the converter's change to one tensor (on any
-#: device, the meta device included: the tensor-table check runs it on shapes only).
-Transform = Callable[[str, str, torch.Tensor, Mapping[str, Any]], torch.Tensor]
 #: ``(GGUF name, tensor, HF config, source) -> {HF name: tensor}``, or None for a tensor the tables name.
 Special = Callable[..., "dict[str, torch.Tensor] | None"]
 
 #: Llama's names, which most architectures share (``blk.N.<stem>`` -> ``model.layers.N.<name>``).
 LLAMA_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-LLAMA_ATTN_MLP = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-LLAMA_BLOCK = {**LLAMA_ATTN_MLP, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+LLAMA_ATTN = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+              "attn_output": "self_attn.o_proj"}
+QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+GATED_MLP = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+LLAMA_BLOCK = {**LLAMA_ATTN, **GATED_MLP, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+
+#: GPT-2's names (``transformer.h.N.<name>``), which GPT-BigCode shares.
+GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
+               "output": "lm_head"}
+GPT2_BLOCK = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+              "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+#: The special-token ids :func:`gguf_sizes` reads, under their HF names.
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def gpt2_keys(m: Meta, sizes: HFConfig) -> HFConfig:
+    """:func:`gguf_sizes`' Llama-named sizes under GPT-2's HF names (``n_embd``, ``n_head``, ...), with the
+    LayerNorm epsilon and the tie (GPT-2 and GPT-BigCode configs).
+
+    Example:
+        >>> from interp.families._gguf import Meta, gguf_sizes, gpt2_keys
+        >>> meta = {f"gpt2.{k}": v for k, v in {"embedding_length": 8, "attention.head_count": 2, "block_count": 1,
+        ...         "feed_forward_length": 32, "context_length": 16, "vocab_size": 10}.items()}
+        >>> m = Meta(meta, "gpt2", "f.gguf")
+        >>> gpt2_keys(m, gguf_sizes(m, set()))["n_inner"]
+        32
+    """
+    return {"n_embd": sizes["hidden_size"], "n_head": sizes["num_attention_heads"], "n_layer": sizes["num_hidden_layers"],
+            "n_inner": sizes["intermediate_size"], "vocab_size": sizes["vocab_size"],
+            "n_positions": sizes["max_position_embeddings"],
+            "layer_norm_epsilon": m.number("attention.layer_norm_epsilon", 1e-5),
+            "tie_word_embeddings": sizes["tie_word_embeddings"], **{k: sizes[k] for k in TOKEN_IDS}}
+
+
+def partial_rope(m: Meta, names: set[str], head_dim: int) -> dict[str, Any]:
+    """HF ``rope_parameters`` with ``partial_rotary_factor`` from ``rope.dimension_count`` (Phi, GPT-NeoX, StableLM;
+    llama.cpp writes no RoPE base for these, so 10000, as their HF defaults)."""
+    rot = rotary_dim(m, head_dim, partial_ok=True)
+    return {**rope_parameters(m, names, 10000.0), "partial_rotary_factor": rot / head_dim}
+
+
+def one_head_width(m: Meta, sizes: HFConfig, family: str) -> None:
+    """Refuse a head dim other than ``embedding_length / head_count`` (families whose HF attention derives it)."""
+    if sizes["head_dim"] * sizes["num_attention_heads"] != sizes["hidden_size"]:
+        raise m.fail(f"{m.key('attention.key_length')} = {sizes['head_dim']} is not embedding_length / head_count; "
+                     f"{family}'s head dim is")
+
+
+def transposed(stems: tuple[str, ...]) -> Transform:
+    """A transform that transposes the 2-D weights of ``stems`` back (llama.cpp stored GPT-2's ``Conv1D``
+    ``[in, out]`` weights as ``[out, in]``; the HF mapping expects ``Conv1D``'s layout)."""
+    def transform(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:
+        return w.T if kind in stems and w.dim() == 2 else w
+    return transform
 
 
 def llama_unpermute(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:
@@ -351,12 +399,16 @@ class GGUFSpec:
             raise GGUFError(f"{source}: tensor {name!r} of shape {tuple(w.shape)}: {e}") from e
 
 
-def llama_spec(model_type: str, *, permuted: bool = False, **fixed: Any) -> GGUFSpec:
+def llama_spec(model_type: str, *, permuted: bool = False, qk_norm: bool = False, **fixed: Any) -> GGUFSpec:
     """The spec of a Llama-layout architecture (Llama's tensor names, :func:`llama_like` metadata); ``permuted``:
-    llama.cpp's converter permuted the Q/K rows (``LlamaModel.permute``), undone on reading."""
-    return GGUFSpec(llama_like(model_type, **fixed), LLAMA_GLOBAL, "model.layers.{}.", LLAMA_BLOCK,
+    llama.cpp's converter permuted the Q/K rows (``LlamaModel.permute``), undone on reading; ``qk_norm``: the
+    blocks also hold ``attn_q_norm`` / ``attn_k_norm``."""
+    block = {**LLAMA_BLOCK, **QK_NORM} if qk_norm else LLAMA_BLOCK
+    return GGUFSpec(llama_like(model_type, **fixed), LLAMA_GLOBAL, "model.layers.{}.", block,
                     llama_unpermute if permuted else None)
 
 
-__all__ = ["GGUFError", "GGUFSpec", "LLAMA_BLOCK", "LLAMA_GLOBAL", "Meta", "llama_like", "llama_spec",
-           "llama_unpermute", "shown", "unpermute_rotary"]
+__all__ = ["GPT2_BLOCK", "GPT2_GLOBAL", "GATED_MLP", "GGUFError", "GGUFSpec", "LLAMA_ATTN", "LLAMA_BLOCK", "LLAMA_GLOBAL", "Meta",
+           "QK_NORM", "gguf_sizes",
+           "gpt2_keys", "llama_like", "llama_spec", "llama_unpermute", "one_head_width", "partial_rope", "shown",
+           "transposed", "unpermute_rotary"]

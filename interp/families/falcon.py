@@ -13,7 +13,7 @@ import torch
 from ..config import ModelConfig, ParallelBlock, alibi_slopes
 from ._base import StateDict, _decoder_checks, _need
 from ._family import Family, fixed
-from ._gguf import GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, rope_parameters, rotary_dim
+from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, rope_parameters, rotary_dim
 from ._positions import _rope
 from ._tensors import (
     _lm_head,
@@ -143,8 +143,7 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
     if layout != "jploski":
         raise m.fail(f"{m.key('tensor_data_layout')} = {layout!r} is not supported (only 'jploski', the "
                      f"[q | k | v] layout llama.cpp's converter writes)")
-    if cfg["head_dim"] * cfg["num_attention_heads"] != cfg["hidden_size"]:
-        raise m.fail(f"{m.key('attention.key_length')} = {cfg['head_dim']} is not embedding_length / head_count")
+    one_head_width(m, cfg, "Falcon")
     rotary_dim(m, cfg["head_dim"])
     no_window(m)
     H, K = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -161,7 +160,7 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
             "rope_parameters": rope_parameters(m, names, 10000.0), "parallel_attn": True, "alibi": False,
             "bias": "blk.0.attn_qkv.bias" in names, "activation": "gelu",
             "tie_word_embeddings": cfg["tie_word_embeddings"], **layout_cfg,
-            **{k: cfg[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")}}
+            **{k: cfg[k] for k in TOKEN_IDS}}
 
 
 def _gguf_regroup(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:

@@ -15,9 +15,11 @@ from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, fixed
 from ._gguf import (
-    LLAMA_ATTN_MLP,
+    GATED_MLP,
+    LLAMA_ATTN,
     LLAMA_BLOCK,
     LLAMA_GLOBAL,
+    QK_NORM,
     GGUFSpec,
     HFConfig,
     Meta,
@@ -162,14 +164,17 @@ def _gguf_norm(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, An
     return w - 1 if hf_name.endswith("norm.weight") else w
 
 
-_SANDWICH_BLOCK = {**LLAMA_ATTN_MLP, "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-                   "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+#: Gemma never writes ``output`` (its unembedding is the embedding).
+_GLOBAL = {k: v for k, v in LLAMA_GLOBAL.items() if k != "output"}
+_SANDWICH_BLOCK = {**LLAMA_ATTN, **GATED_MLP, "attn_norm": "input_layernorm",
+                   "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                   "post_ffw_norm": "post_feedforward_layernorm"}
 #: llama.cpp's ``gemma`` / ``gemma2`` / ``gemma3``: every RMSNorm weight is stored as ``1 + w`` (llama.cpp's
-#: RMSNorm has no ``1 +``); undone here, the Gemma converter adds it back.
-GGUF = {"gemma": GGUFSpec(_gguf_config("gemma"), LLAMA_GLOBAL, "model.layers.{}.", LLAMA_BLOCK, _gguf_norm),
-        "gemma2": GGUFSpec(_gguf_config("gemma2"), LLAMA_GLOBAL, "model.layers.{}.", _SANDWICH_BLOCK, _gguf_norm),
-        "gemma3": GGUFSpec(_gguf_config("gemma3_text"), LLAMA_GLOBAL, "model.layers.{}.", _SANDWICH_BLOCK,
-                           _gguf_norm)}
+#: RMSNorm has no ``1 +``); undone here, the Gemma converter adds it back. Gemma 3 adds QK-norm.
+GGUF = {"gemma": GGUFSpec(_gguf_config("gemma"), _GLOBAL, "model.layers.{}.", LLAMA_BLOCK, _gguf_norm),
+        "gemma2": GGUFSpec(_gguf_config("gemma2"), _GLOBAL, "model.layers.{}.", _SANDWICH_BLOCK, _gguf_norm),
+        "gemma3": GGUFSpec(_gguf_config("gemma3_text"), LLAMA_GLOBAL, "model.layers.{}.",
+                           {**_SANDWICH_BLOCK, **QK_NORM}, _gguf_norm)}
 
 
 FAMILY = Family("gemma", ("gemma", "gemma2", "gemma3_text"), gemma_config, fixed(gemma_state_dict),

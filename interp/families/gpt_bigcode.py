@@ -11,7 +11,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import Family, fixed
-from ._gguf import GGUFSpec, HFConfig, Meta, gguf_sizes, no_window
+from ._gguf import GPT2_BLOCK, GPT2_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, gpt2_keys, no_window
 from ._tensors import (
     _lm_head,
     _per_head_qkv,
@@ -76,20 +76,12 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
         raise m.fail(f"{m.key('attention.head_count_kv')} = {cfg['num_key_value_heads']}: llama.cpp's starcoder is "
                      f"multi-query (1 K/V head); other counts are not supported")
     no_window(m)
-    return {"model_type": "gpt_bigcode", "n_embd": cfg["hidden_size"], "n_head": cfg["num_attention_heads"],
-            "n_layer": cfg["num_hidden_layers"], "n_inner": cfg["intermediate_size"], "vocab_size": cfg["vocab_size"],
-            "n_positions": cfg["max_position_embeddings"], "multi_query": True,
-            "layer_norm_epsilon": m.number("attention.layer_norm_epsilon", 1e-5),
-            "activation_function": "gelu_pytorch_tanh", "tie_word_embeddings": cfg["tie_word_embeddings"],
-            **{k: cfg[k] for k in ("pad_token_id", "bos_token_id", "eos_token_id")}}
+    return {"model_type": "gpt_bigcode", **gpt2_keys(m, cfg), "multi_query": True,
+            "activation_function": "gelu_pytorch_tanh"}
 
 
 #: llama.cpp's ``starcoder``: MQA, learned positions, GPT-2 names.
-GGUF = {"starcoder": GGUFSpec(_gguf_config, {
-    "token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
-    "output": "lm_head"}, "transformer.h.{}.", {
-    "attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
-    "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"})}
+GGUF = {"starcoder": GGUFSpec(_gguf_config, GPT2_GLOBAL, "transformer.h.{}.", GPT2_BLOCK)}
 
 
 FAMILY = Family("gpt_bigcode", ("gpt_bigcode",), gpt_bigcode_config, fixed(gpt_bigcode_state_dict),

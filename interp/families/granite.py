@@ -14,6 +14,7 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict
 from ._family import Family
+from ._gguf import HFConfig, Meta, llama_spec
 from ._tensors import (
     _Source,
 )
@@ -78,4 +79,23 @@ def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mo
     return convert
 
 
-FAMILY = Family("granite", ("granite",), granite_config, granite_state_dict_for)
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+_LLAMA_GGUF = llama_spec("granite", permuted=True)
+
+
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Granite's HF config: Llama's, with the four scalars (``attention.scale``, ``embedding_scale``,
+    ``residual_scale``, ``logit_scale``); a missing ``attention.scale`` is ``1 / sqrt(head_dim)``, as llama.cpp
+    reads it."""
+    cfg = _LLAMA_GGUF.config(m, names)
+    return {**cfg, "attention_multiplier": m.number("attention.scale", cfg["head_dim"] ** -0.5),
+            "embedding_multiplier": m.number("embedding_scale", 1.0),
+            "residual_multiplier": m.number("residual_scale", 1.0), "logits_scaling": m.number("logit_scale", 1.0),
+            "mlp_bias": "blk.0.ffn_up.bias" in names}
+
+
+#: llama.cpp's ``granite``: Llama's names and Q/K permutation, plus four scalars in the metadata.
+GGUF = {"granite": dataclasses.replace(_LLAMA_GGUF, config=_gguf_config)}
+
+
+FAMILY = Family("granite", ("granite",), granite_config, granite_state_dict_for, gguf=GGUF)

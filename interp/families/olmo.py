@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
 from ._family import Family, fixed
+from ._gguf import GATED_MLP, LLAMA_ATTN, HFConfig, Meta, llama_spec, llama_unpermute
 from ._positions import _rope
 from ._tensors import (
     _dense_weights,
@@ -70,4 +72,29 @@ def olmo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
-FAMILY = Family("olmo", ("olmo",), olmo_config, fixed(olmo_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+_LLAMA_GGUF = llama_spec("olmo", permuted=True)
+
+
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> OLMo's HF config (Llama's keys; ``attention.clamp_kqv``, HF's ``clip_qkv``, is refused)."""
+    if m.has("attention.clamp_kqv"):
+        raise m.fail(f"metadata {m.key('attention.clamp_kqv')!r} = {m.get('attention.clamp_kqv')!r} (clip_qkv) is not "
+                     f"supported")
+    return _LLAMA_GGUF.config(m, names)
+
+
+def _gguf_unpermute(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:
+    """Llama's Q/K unpermutation, of the weights only: OLMo's converter permutes ``q_proj`` / ``k_proj`` weights and
+    leaves their biases as they are."""
+    return llama_unpermute(kind, hf_name, w, hf_cfg) if hf_name.endswith(".weight") else w
+
+
+#: llama.cpp's ``olmo``: Llama's names and Q/K permutation (weights only); no norm tensors (OLMo's LayerNorms have
+#: no weights).
+GGUF = {"olmo": dataclasses.replace(_LLAMA_GGUF, config=_gguf_config, transform=_gguf_unpermute,
+                                    block={**LLAMA_ATTN, **GATED_MLP},
+                                    global_names={"token_embd": "model.embed_tokens", "output": "lm_head"})}
+
+
+FAMILY = Family("olmo", ("olmo",), olmo_config, fixed(olmo_state_dict), gguf=GGUF)

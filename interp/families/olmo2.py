@@ -13,6 +13,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
 from ._family import Family, fixed
+from ._gguf import GATED_MLP, LLAMA_ATTN, LLAMA_GLOBAL, QK_NORM, GGUFSpec, llama_like
 from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, map_tensors
 from ._positions import _per_type_rope, sliding_windows
 from ._tensors import (
@@ -74,4 +75,12 @@ def olmo2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     return out
 
 
-FAMILY = Family("olmo2", ("olmo2", "olmo3"), olmo2_config, fixed(olmo2_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+#: llama.cpp's ``olmo2`` (OLMo 2; OLMo 3's sliding layers are refused by name): Llama's names without the
+#: pre-norms, the two post-norms and QK-norm over all heads; RoPE rotate-half as HF (not permuted).
+GGUF = {"olmo2": GGUFSpec(llama_like("olmo2"), LLAMA_GLOBAL, "model.layers.{}.", {
+    **LLAMA_ATTN, **QK_NORM, **GATED_MLP, "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm"})}
+
+
+FAMILY = Family("olmo2", ("olmo2", "olmo3"), olmo2_config, fixed(olmo2_state_dict), gguf=GGUF)

@@ -11,7 +11,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
 from ._family import Family, fixed
-from ._gguf import LLAMA_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, rope_parameters, rotary_dim
+from ._gguf import LLAMA_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, one_head_width, partial_rope
 from ._mapping import Rule, halves, map_tensors
 from ._positions import _rope, sliding_windows
 from ._tensors import (
@@ -91,14 +91,11 @@ def phi3_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
 def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
     """GGUF metadata -> Phi-3's HF config: partial rotary allowed; a ``sliding_window`` of 0 means none."""
     cfg = gguf_sizes(m, names)
-    if cfg["head_dim"] * cfg["num_attention_heads"] != cfg["hidden_size"]:
-        raise m.fail(f"{m.key('attention.key_length')} = {cfg['head_dim']} is not embedding_length / head_count; "
-                     f"Phi-3's head dim is")
-    rot = rotary_dim(m, cfg["head_dim"], partial_ok=True)
+    one_head_width(m, cfg, "Phi-3")
     window = m.get("attention.sliding_window", 0)
     return {**cfg, "model_type": "phi3", "hidden_act": "silu",
             "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-5),
-            "rope_parameters": {**rope_parameters(m, names, 10000.0), "partial_rotary_factor": rot / cfg["head_dim"]},
+            "rope_parameters": partial_rope(m, names, cfg["head_dim"]),
             "sliding_window": m.count("attention.sliding_window") if window else None}
 
 

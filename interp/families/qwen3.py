@@ -34,4 +34,4 @@ def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 FAMILY = dataclasses.replace(llama.FAMILY, name="qwen3", model_types=("qwen3",), config=qwen3_config,
-                             gguf={"qwen3": llama_spec("qwen3")}, headline=False)
+                             gguf={"qwen3": llama_spec("qwen3", qk_norm=True)}, headline=False)

@@ -11,6 +11,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import Family, fixed
+from ._gguf import LLAMA_BLOCK, LLAMA_GLOBAL, TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, partial_rope
 from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, both, map_tensors
 from ._positions import _rope
 from ._tensors import (
@@ -81,4 +82,26 @@ def stablelm_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
     return out
 
 
-FAMILY = Family("stablelm", ("stablelm",), stablelm_config, fixed(stablelm_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> StableLM's HF config: partial rotary; no ``ffn_norm`` means the parallel residual (as
+    llama.cpp's graph decides); per-head QK LayerNorms (``attn_q_norm``) are refused by name."""
+    if "blk.0.attn_q_norm.weight" in names:
+        raise m.fail("tensor 'blk.0.attn_q_norm.weight': StableLM's per-head QK LayerNorm (qk_layernorm) is not "
+                     "supported")
+    sizes = gguf_sizes(m, names)
+    no_window(m)
+    return {"model_type": "stablelm", **{k: sizes[k] for k in (
+                "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "intermediate_size",
+                "vocab_size", "max_position_embeddings", "tie_word_embeddings", *TOKEN_IDS)},
+            "rope_parameters": partial_rope(m, names, sizes["head_dim"]), "hidden_act": "silu",
+            "layer_norm_eps": m.number("attention.layer_norm_epsilon", 1e-5),
+            "use_parallel_residual": "blk.0.ffn_norm.weight" not in names,
+            "use_qkv_bias": "blk.0.attn_q.bias" in names}
+
+
+#: llama.cpp's ``stablelm``: Llama's names, LayerNorms with biases, RoPE rotate-half as HF (not permuted).
+GGUF = {"stablelm": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", LLAMA_BLOCK)}
+
+
+FAMILY = Family("stablelm", ("stablelm",), stablelm_config, fixed(stablelm_state_dict), gguf=GGUF)

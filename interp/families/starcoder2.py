@@ -11,6 +11,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
 from ._family import Family, fixed
+from ._gguf import LLAMA_ATTN, LLAMA_GLOBAL, TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, rope_parameters, rotary_dim
 from ._mapping import LLAMA_ATTENTION, Rule, biased_if, both, map_tensors
 from ._positions import _rope, sliding_windows
 from ._tensors import (
@@ -67,4 +68,26 @@ def starcoder2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch
     return out
 
 
-FAMILY = Family("starcoder2", ("starcoder2",), starcoder2_config, fixed(starcoder2_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Starcoder 2's HF config; an ``attention.sliding_window`` slides every layer (as HF)."""
+    rope = rope_parameters(m, names, 10000.0)
+    sizes = gguf_sizes(m, names)
+    rotary_dim(m, sizes["head_dim"])
+    window = m.get("attention.sliding_window", 0)
+    return {"model_type": "starcoder2", **{k: sizes[k] for k in (
+                "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "intermediate_size",
+                "vocab_size", "max_position_embeddings", "tie_word_embeddings", *TOKEN_IDS)},
+            "rope_parameters": rope, "hidden_act": "gelu_pytorch_tanh",
+            "norm_epsilon": m.number("attention.layer_norm_epsilon", 1e-5), "use_bias": "blk.0.attn_q.bias" in names,
+            "sliding_window": m.count("attention.sliding_window") if window else None}
+
+
+#: llama.cpp's ``starcoder2``: Llama's attention names, LayerNorms with biases, an ungated ``c_fc`` / ``c_proj``
+#: MLP; RoPE rotate-half as HF (not permuted).
+GGUF = {"starcoder2": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
+    **LLAMA_ATTN, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"})}
+
+
+FAMILY = Family("starcoder2", ("starcoder2",), starcoder2_config, fixed(starcoder2_state_dict), gguf=GGUF)

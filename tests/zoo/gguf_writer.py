@@ -57,10 +57,37 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                         bias=False)),
     "falcon_new_arch": ("falcon", "falcon", dict(hidden_size=72, num_attention_heads=9, num_kv_heads=3,
                                                  new_decoder_architecture=True, bias=False)),
+    # llama.cpp writes no RoPE base for gptneox / phi2 / stablelm: their files rotate with base 10000.
+    "gpt2": ("gpt2", "gpt2", dict(n_embd=80, n_head=5, n_layer=2, n_positions=64)),
+    "gptneox": ("gptneox", "gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                             "partial_rotary_factor": 0.5})),
+    "gptneox_sequential": ("gptneox", "gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                       use_parallel_residual=False)),
+    "phi2": ("phi2", "phi", dict(hidden_size=80, intermediate_size=320, num_attention_heads=5,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                  "partial_rotary_factor": 0.4})),
+    "olmo": ("olmo", "olmo", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                  attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "olmo2": ("olmo2", "olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                     num_key_value_heads=1)),
+    "stablelm": ("stablelm", "stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                              num_key_value_heads=1, use_qkv_bias=True)),
+    "stablelm_parallel": ("stablelm", "stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                       num_key_value_heads=5, use_parallel_residual=True)),
+    "starcoder2": ("starcoder2", "starcoder2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                    num_key_value_heads=1, sliding_window=None)),
+    "granite": ("granite", "granite", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                           num_key_value_heads=1, attention_bias=True, embedding_multiplier=3.0,
+                                           attention_multiplier=0.3, residual_multiplier=0.6, logits_scaling=2.5)),
 }
 _COMMON = dict(num_hidden_layers=2, max_position_embeddings=64, vocab_size=V, bos_token_id=0, eos_token_id=0,
                pad_token_id=0, tie_word_embeddings=False)
-_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon")
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2")
+# llama.cpp's converters that permute the Q/K rows (LlamaModel.permute) and whether they permute the biases too.
+_PERMUTED = {"llama": True, "granite": True, "olmo": False}
+# GPT-2's Conv1D weights, stored transposed by the converter.
+_CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
 
 
 def hf_model(name: str, **overrides: Any):
@@ -69,7 +96,7 @@ def hf_model(name: str, **overrides: Any):
     common = dict(_COMMON)
     if model_type in _TIED_BY_DEFAULT:
         common.pop("tie_word_embeddings")
-    if model_type == "gpt_bigcode":
+    if model_type in ("gpt_bigcode", "gpt2"):
         common = {k: v for k, v in common.items() if k not in ("num_hidden_layers", "max_position_embeddings")}
     cfg = transformers.AutoConfig.for_model(model_type, **{**common, **kw, **overrides})
     cfg._attn_implementation = "eager"
@@ -105,6 +132,50 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
         w.add_head_count(c.n_head)
         w.add_head_count_kv(1)
         w.add_layer_norm_eps(c.layer_norm_epsilon)
+        return
+    if arch == "gpt2":
+        w.add_block_count(c.n_layer)
+        w.add_context_length(c.n_ctx if hasattr(c, "n_ctx") else c.n_positions)
+        w.add_embedding_length(c.n_embd)
+        w.add_feed_forward_length(4 * c.n_embd)
+        w.add_head_count(c.n_head)
+        w.add_layer_norm_eps(c.layer_norm_epsilon)
+        return
+    if arch in ("gptneox", "phi2", "stablelm"):
+        head_dim = c.hidden_size // c.num_attention_heads
+        w.add_context_length(c.max_position_embeddings)
+        w.add_embedding_length(c.hidden_size)
+        w.add_block_count(c.num_hidden_layers)
+        w.add_feed_forward_length(4 * c.hidden_size if arch == "phi2" else c.intermediate_size)
+        w.add_rope_dimension_count(int(rope_params().get("partial_rotary_factor", 1.0) * head_dim))
+        w.add_head_count(c.num_attention_heads)
+        if arch != "gptneox":
+            w.add_head_count_kv(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+        if arch != "phi2":
+            w.add_parallel_residual(c.use_parallel_residual)
+        w.add_layer_norm_eps(c.layer_norm_eps)
+        return
+    if arch in ("olmo", "olmo2", "starcoder2", "granite"):  # TextModel.set_gguf_parameters (+ the arch's own keys)
+        w.add_block_count(c.num_hidden_layers)
+        w.add_context_length(c.max_position_embeddings)
+        w.add_embedding_length(c.hidden_size)
+        w.add_feed_forward_length(c.intermediate_size)
+        w.add_head_count(c.num_attention_heads)
+        w.add_head_count_kv(c.num_key_value_heads)
+        w.add_rope_freq_base(rope_params()["rope_theta"])
+        if getattr(c, "rms_norm_eps", None) is not None:
+            w.add_layer_norm_rms_eps(c.rms_norm_eps)
+        if getattr(c, "norm_epsilon", None) is not None:
+            w.add_layer_norm_eps(c.norm_epsilon)
+        if arch == "olmo":
+            w.add_layer_norm_eps(1e-5)
+        if arch == "granite":  # LlamaModel's keys, then Granite's four scalars
+            w.add_vocab_size(c.vocab_size)
+            w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+            w.add_attention_scale(c.attention_multiplier)
+            w.add_embedding_scale(c.embedding_multiplier)
+            w.add_residual_scale(c.residual_multiplier)
+            w.add_logit_scale(c.logits_scaling)
         return
     if arch == "falcon":
         w.add_context_length(2048)  # not in config.json
@@ -254,18 +325,26 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] 
         a = t.detach().numpy().astype(np.float32)
         if a.ndim == 2:
             kind = cycle[n_2d % len(cycle)] if types == "mixed" or isinstance(types, tuple) else types
-            if a.shape[1] % block_size(kind):
+            conv1d = arch == "gpt2" and hf_name.endswith(_CONV1D)  # stored transposed: blocks run along its rows
+            stored_rows = a.T if conv1d else a
+            if stored_rows.shape[1] % block_size(kind):
                 kind = "f16"
             n_2d += 1
-            a = _round_trip(a, kind)  # the file's values become the HF model's own
+            a = _round_trip(np.ascontiguousarray(stored_rows), kind)  # the file's values become the HF model's own
+            a = a.T if conv1d else a
             with torch.no_grad():
                 params[hf_name].copy_(torch.from_numpy(a))
         else:
             kind = "f32"
-        if arch == "llama" and stem.endswith("q_proj"):
+        if arch in _PERMUTED and (suffix == "weight" or _PERMUTED[arch]) and stem.endswith("q_proj"):
             a = permute(a, c.num_attention_heads)
-        elif arch == "llama" and stem.endswith("k_proj"):
+        elif arch in _PERMUTED and (suffix == "weight" or _PERMUTED[arch]) and stem.endswith("k_proj"):
             a = permute(a, c.num_key_value_heads)
+        elif arch == "gpt2" and hf_name.endswith(_CONV1D):
+            a = a.T
+        elif arch == "gptneox" and "query_key_value" in stem:
+            H = c.num_attention_heads  # per-head [q_h, k_h, v_h] rows -> [q | k | v], as the converter
+            a = a.reshape(H, 3, -1, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
         elif arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             a = a + 1  # llama.cpp's RMSNorm has no (1 + w)
         elif arch == "falcon" and "query_key_value" in stem:

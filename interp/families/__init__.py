@@ -10,6 +10,8 @@ A family file (``interp/families/<family>.py``) holds everything interp knows ab
 * the llama.cpp architectures whose GGUF files hold its weights, each with its metadata and tensor-name mapping
   (``gguf``: architecture -> :class:`~._gguf.GGUFSpec`, which :mod:`interp.zoo.gguf` looks up by
   ``general.architecture``);
+* its random tiny test configs (``TESTS``: row -> :class:`~._family.CompatConfig`), which :mod:`interp.zoo.compat`
+  runs and prints as the README's compatibility table;
 * and a ``FAMILY = Family(...)`` record tying these together (:class:`Family`).
 
 Shared helpers live once: :mod:`._base` (required keys, refused settings, decoder checks), :mod:`._positions`
@@ -17,7 +19,8 @@ Shared helpers live once: :mod:`._base` (required keys, refused settings, decode
 the Llama attention / MLP / expert blocks) and :mod:`._mapping` (the declarative tables' driver).
 
 Adding a family: write ``interp/families/<family>.py`` ending in ``FAMILY = Family(...)``, add the module to
-``registry._MODULES`` and its test config to :mod:`interp.zoo.compat`. Nothing else names families:
+``registry._MODULES`` (its random tiny test configs go in the same file, ``tests=TESTS``, and
+:mod:`interp.zoo.compat` reads them through the registry). Nothing else names families:
 :func:`interp.zoo.hf.converter`, ``CONVERTERS`` and the help text ``FAMILIES`` are derived from the registry.
 A family that needs a new mechanism adds a :class:`~interp.ModelConfig` field and its code in the core.
 

@@ -10,7 +10,7 @@ import torch
 
 from ..config import Activation, ModelConfig
 from ._base import StateDict, _activation, _decoder_checks, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._positions import _rope
 from ._tensors import (
     _llama_attention,
@@ -71,4 +71,14 @@ def arcee_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     return out
 
 
-FAMILY = Family("arcee", ("arcee",), arcee_config, fixed(arcee_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "arcee": CompatConfig("arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                        attention_bias=True, mlp_bias=True,
+                                        rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                                         "original_max_position_embeddings": 16})),
+}
+
+
+FAMILY = Family("arcee", ("arcee",), arcee_config, fixed(arcee_state_dict), tests=TESTS)

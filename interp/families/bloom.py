@@ -19,7 +19,7 @@ import torch
 
 from ..config import ModelConfig, alibi_slopes
 from ._base import StateDict, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._tensors import _lm_head, _per_head_qkv, _shaped, _Source
 
 #: BLOOM has no position table: ALiBi extrapolates. The longest sequence a converted model accepts (the
@@ -108,4 +108,13 @@ def bloom_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     return out
 
 
-FAMILY = Family("bloom", ("bloom",), bloom_config, fixed(bloom_state_dict), title="BLOOM")
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    # ALiBi with 6 heads (not a power of two: the interleaved extra slopes) and with 12
+    "bloom": CompatConfig("bloom", dict(hidden_size=96, n_head=6, n_layer=2)),
+    "bloom_12_heads": CompatConfig("bloom", dict(hidden_size=96, n_head=12, n_layer=2)),
+}
+
+
+FAMILY = Family("bloom", ("bloom",), bloom_config, fixed(bloom_state_dict), title="BLOOM", tests=TESTS)

@@ -12,7 +12,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
-from ._family import Family
+from ._family import TEST_WINDOW, CompatConfig, Family
 from ._positions import _rope, _typed_windows
 from ._tensors import (
     _dense_weights,
@@ -103,4 +103,15 @@ def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mod
     return convert
 
 
-FAMILY = Family("cohere", ("cohere", "cohere2"), cohere_config, cohere_state_dict_for)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "cohere": CompatConfig("cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                          logit_scale=0.5, attention_bias=True)),
+    "cohere2": CompatConfig("cohere2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                            logit_scale=0.5, sliding_window=TEST_WINDOW,
+                                            layer_types=["sliding_attention", "full_attention"])),
+}
+
+
+FAMILY = Family("cohere", ("cohere", "cohere2"), cohere_config, cohere_state_dict_for, tests=TESTS)

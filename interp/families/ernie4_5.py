@@ -10,7 +10,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._positions import _rope
 from ._tensors import (
     _leading_pairs_to_halves,
@@ -63,4 +63,12 @@ def ernie4_5_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
     return out
 
 
-FAMILY = Family("ernie4_5", ("ernie4_5",), ernie4_5_config, fixed(ernie4_5_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "ernie4_5": CompatConfig("ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                              head_dim=8, use_bias=True, tie_word_embeddings=False)),
+}
+
+
+FAMILY = Family("ernie4_5", ("ernie4_5",), ernie4_5_config, fixed(ernie4_5_state_dict), tests=TESTS)

@@ -12,7 +12,7 @@ import torch
 
 from ..config import ModelConfig, ParallelBlock, alibi_slopes
 from ._base import StateDict, _decoder_checks, _need
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, rope_parameters, rotary_dim
 from ._positions import _rope
 from ._tensors import (
@@ -194,4 +194,16 @@ GGUF = {"falcon": GGUFSpec(_gguf_config, {
     "transformer.h.{}.", _gguf_block, _gguf_regroup)}
 
 
-FAMILY = Family("falcon", ("falcon",), falcon_config, fixed(falcon_state_dict), gguf=GGUF)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "falcon": CompatConfig("falcon", dict(hidden_size=80, ffn_hidden_size=96, num_attention_heads=5, multi_query=True,
+                                          parallel_attn=True, bias=False)),
+    "falcon_new_arch": CompatConfig("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=9, num_kv_heads=3,
+                                                   new_decoder_architecture=True, bias=True)),
+    "falcon_alibi": CompatConfig("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=6, multi_query=False,
+                                                parallel_attn=False, bias=True, alibi=True)),
+}
+
+
+FAMILY = Family("falcon", ("falcon",), falcon_config, fixed(falcon_state_dict), gguf=GGUF, tests=TESTS)

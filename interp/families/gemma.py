@@ -13,7 +13,7 @@ import torch
 
 from ..config import Activation, ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
-from ._family import Family, fixed
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf import (
     GATED_MLP,
     LLAMA_ATTN,
@@ -177,5 +177,24 @@ GGUF = {"gemma": GGUFSpec(_gguf_config("gemma"), _GLOBAL, "model.layers.{}.", LL
                            {**_SANDWICH_BLOCK, **QK_NORM}, _gguf_norm)}
 
 
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gemma": CompatConfig("gemma", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                        head_dim=16)),
+    "gemma2": CompatConfig("gemma2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                          head_dim=16, sliding_window=TEST_WINDOW, query_pre_attn_scalar=12,
+                                          attn_logit_softcapping=3.0, final_logit_softcapping=4.0)),
+    "gemma3_text": CompatConfig("gemma3_text", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                    num_key_value_heads=1, head_dim=16, sliding_window=TEST_WINDOW,
+                                                    query_pre_attn_scalar=12, final_logit_softcapping=4.0,
+                                                    layer_types=["sliding_attention", "full_attention"],
+                                                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                                        "rope_theta": 10000.0},
+                                                                     "sliding_attention": {"rope_type": "default",
+                                                                                           "rope_theta": 100.0}})),
+}
+
+
 FAMILY = Family("gemma", ("gemma", "gemma2", "gemma3_text"), gemma_config, fixed(gemma_state_dict),
-                gguf=GGUF, title="Gemma", headline=True)
+                gguf=GGUF, title="Gemma", headline=True, tests=TESTS)

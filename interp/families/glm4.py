@@ -11,7 +11,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._positions import _rope
 from ._tensors import (
     _leading_pairs_to_halves,
@@ -89,4 +89,18 @@ def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
-FAMILY = Family("glm4", ("glm", "glm4"), glm4_config, fixed(glm4_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "glm": CompatConfig("glm", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                    head_dim=8, attention_bias=True,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.5})),
+    "glm4": CompatConfig("glm4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                      head_dim=16, attention_bias=True,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                       "partial_rotary_factor": 0.5})),
+}
+
+
+FAMILY = Family("glm4", ("glm", "glm4"), glm4_config, fixed(glm4_state_dict), tests=TESTS)

@@ -10,7 +10,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._gguf import GPT2_BLOCK, GPT2_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, gpt2_keys, no_window
 from ._tensors import (
     _lm_head,
@@ -84,5 +84,15 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
 GGUF = {"starcoder": GGUFSpec(_gguf_config, GPT2_GLOBAL, "transformer.h.{}.", GPT2_BLOCK)}
 
 
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gpt_bigcode": CompatConfig("gpt_bigcode", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64,
+                                                    multi_query=True)),
+    "gpt_bigcode_mha": CompatConfig("gpt_bigcode", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64,
+                                                        multi_query=False)),
+}
+
+
 FAMILY = Family("gpt_bigcode", ("gpt_bigcode",), gpt_bigcode_config, fixed(gpt_bigcode_state_dict),
-                gguf=GGUF)
+                gguf=GGUF, tests=TESTS)

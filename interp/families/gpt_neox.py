@@ -11,7 +11,7 @@ import torch
 
 from ..config import Activation, ModelConfig
 from ._base import StateDict, _activation, _decoder_checks, _need
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, partial_rope
 from ._mapping import Rule, biased_if, both, map_tensors, per_head_qkv
 from ._positions import _rope
@@ -122,4 +122,15 @@ GGUF = {"gptneox": GGUFSpec(_gguf_config, {
     _gguf_per_head)}
 
 
-FAMILY = Family("gpt_neox", ("gpt_neox",), gpt_neox_config, fixed(gpt_neox_state_dict), gguf=GGUF)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gpt_neox": CompatConfig("gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                               "partial_rotary_factor": 0.5})),
+    "gpt_neox_sequential": CompatConfig("gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                         use_parallel_residual=False)),
+}
+
+
+FAMILY = Family("gpt_neox", ("gpt_neox",), gpt_neox_config, fixed(gpt_neox_state_dict), gguf=GGUF, tests=TESTS)

@@ -38,7 +38,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need
-from ._family import Family, fixed
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf_gpt_oss import GPT_OSS
 from ._positions import _rope
 from ._tensors import _llama_attention, _Source
@@ -230,5 +230,17 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gpt_oss": CompatConfig("gpt_oss", dict(hidden_size=72, intermediate_size=32, num_attention_heads=9, num_key_value_heads=3,
+                                            head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=TEST_WINDOW,
+                                            layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.5,
+                                            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                             "original_max_position_embeddings": 16})),
+}
+
+
 FAMILY = Family("gpt_oss", ("gpt_oss",), gpt_oss_config, fixed(gpt_oss_state_dict), title="gpt-oss",
-                gguf={"gpt-oss": GPT_OSS})
+                gguf={"gpt-oss": GPT_OSS}, tests=TESTS)

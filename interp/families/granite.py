@@ -13,7 +13,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import StateDict
-from ._family import Family
+from ._family import CompatConfig, Family
 from ._gguf import HFConfig, Meta, llama_spec
 from ._tensors import (
     _Source,
@@ -98,4 +98,13 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
 GGUF = {"granite": dataclasses.replace(_LLAMA_GGUF, config=_gguf_config)}
 
 
-FAMILY = Family("granite", ("granite",), granite_config, granite_state_dict_for, gguf=GGUF)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "granite": CompatConfig("granite", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                            embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5,
+                                            logits_scaling=4.0, tie_word_embeddings=True, attention_bias=True)),
+}
+
+
+FAMILY = Family("granite", ("granite",), granite_config, granite_state_dict_for, gguf=GGUF, tests=TESTS)

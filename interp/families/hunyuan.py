@@ -11,7 +11,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._positions import _rope
 from ._tensors import (
     _dense_weights,
@@ -80,4 +80,14 @@ def hunyuan_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
-FAMILY = Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), hunyuan_config, fixed(hunyuan_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "hunyuan_v1_dense": CompatConfig("hunyuan_v1_dense", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                              num_key_value_heads=1, head_dim=16, attention_bias=True,
+                                                              rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0,
+                                                                               "alpha": 3.0, "factor": 1.0})),
+}
+
+
+FAMILY = Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), hunyuan_config, fixed(hunyuan_state_dict), tests=TESTS)

@@ -13,7 +13,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import _MLP_BIAS_KEY, GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
-from ._family import Family, named
+from ._family import TEST_WINDOW, CompatConfig, Family, named
 from ._gguf import llama_spec
 from ._gguf_experts import with_experts
 from ._positions import _rope, _rope_context, sliding_windows
@@ -122,5 +122,25 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
 GGUF = with_experts(llama_spec("llama", permuted=True))
 
 
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "llama3": CompatConfig("llama", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                         rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                          "original_max_position_embeddings": 16})),
+    "llama_yarn": CompatConfig("llama", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                             rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
+                                                              "original_max_position_embeddings": 16})),
+    "mistral": CompatConfig("mistral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                            sliding_window=TEST_WINDOW)),
+    "ministral": CompatConfig("ministral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                                num_key_value_heads=3, head_dim=8, sliding_window=TEST_WINDOW,
+                                                layer_types=["sliding_attention", "full_attention"])),
+    "seed_oss": CompatConfig("seed_oss", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                              head_dim=16, attention_bias=True, attention_out_bias=True, mlp_bias=True)),
+}
+
+
 FAMILY = Family("llama", ("llama", "mistral", "ministral", "seed_oss"), llama_config, named(llama_state_dict),
-                gguf={"llama": GGUF}, title="Llama", headline=True)
+                gguf={"llama": GGUF}, title="Llama", headline=True, tests=TESTS)

@@ -20,7 +20,7 @@ import torch
 
 from ..config import ModelConfig, alibi_slopes
 from ._base import StateDict, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._tensors import _lm_head, _shaped, _Source
 
 #: attn_config settings: (key, default, the one value converted).
@@ -111,4 +111,13 @@ def mpt_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor
     return out
 
 
-FAMILY = Family("mpt", ("mpt",), mpt_config, fixed(mpt_state_dict), title="MPT")
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "mpt": CompatConfig("mpt", dict(d_model=72, n_heads=6, n_layers=2, max_seq_len=64)),
+    "mpt_12_heads": CompatConfig("mpt", dict(d_model=96, n_heads=12, n_layers=2, max_seq_len=64,
+                                             attn_config={"softmax_scale": 0.2})),
+}
+
+
+FAMILY = Family("mpt", ("mpt",), mpt_config, fixed(mpt_state_dict), title="MPT", tests=TESTS)

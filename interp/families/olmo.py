@@ -11,7 +11,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._gguf import GATED_MLP, LLAMA_ATTN, HFConfig, Meta, llama_spec, llama_unpermute
 from ._positions import _rope
 from ._tensors import (
@@ -97,4 +97,12 @@ GGUF = {"olmo": dataclasses.replace(_LLAMA_GGUF, config=_gguf_config, transform=
                                     global_names={"token_embd": "model.embed_tokens", "output": "lm_head"})}
 
 
-FAMILY = Family("olmo", ("olmo",), olmo_config, fixed(olmo_state_dict), gguf=GGUF)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "olmo": CompatConfig("olmo", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                      attention_bias=True)),
+}
+
+
+FAMILY = Family("olmo", ("olmo",), olmo_config, fixed(olmo_state_dict), gguf=GGUF, tests=TESTS)

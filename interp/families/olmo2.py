@@ -12,7 +12,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
-from ._family import Family, fixed
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf import GATED_MLP, LLAMA_ATTN, LLAMA_GLOBAL, QK_NORM, GGUFSpec, llama_like
 from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, map_tensors
 from ._positions import _per_type_rope, sliding_windows
@@ -83,4 +83,15 @@ GGUF = {"olmo2": GGUFSpec(llama_like("olmo2"), LLAMA_GLOBAL, "model.layers.{}.",
     "post_ffw_norm": "post_feedforward_layernorm"})}
 
 
-FAMILY = Family("olmo2", ("olmo2", "olmo3"), olmo2_config, fixed(olmo2_state_dict), gguf=GGUF)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "olmo2": CompatConfig("olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1)),
+    "olmo3": CompatConfig("olmo3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                        sliding_window=TEST_WINDOW, layer_types=["sliding_attention", "full_attention"],
+                                        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                                                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+}
+
+
+FAMILY = Family("olmo2", ("olmo2", "olmo3"), olmo2_config, fixed(olmo2_state_dict), gguf=GGUF, tests=TESTS)

@@ -11,7 +11,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, partial_rope
 from ._positions import _rope
 from ._tensors import (
@@ -96,4 +96,13 @@ GGUF = {"phi2": GGUFSpec(_gguf_config, {
         "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"})}
 
 
-FAMILY = Family("phi", ("phi",), phi_config, fixed(phi_state_dict), title="Phi", headline=True, gguf=GGUF)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "phi": CompatConfig("phi", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.5})),
+}
+
+
+FAMILY = Family("phi", ("phi",), phi_config, fixed(phi_state_dict), title="Phi", headline=True, gguf=GGUF, tests=TESTS)

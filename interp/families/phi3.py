@@ -10,7 +10,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, fixed
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf import LLAMA_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, one_head_width, partial_rope
 from ._mapping import Rule, halves, map_tensors
 from ._positions import _rope, sliding_windows
@@ -105,4 +105,18 @@ GGUF = {"phi3": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
     "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"})}
 
 
-FAMILY = Family("phi3", ("phi3",), phi3_config, fixed(phi3_state_dict), gguf=GGUF)
+_LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits (table-only rows are in the README table, not the family tests).
+TESTS = {
+    "phi3": CompatConfig("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                      sliding_window=TEST_WINDOW)),
+    "phi3_longrope": CompatConfig("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                               original_max_position_embeddings=16,
+                                               rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **_LONG}), table_only=True),
+}
+
+
+FAMILY = Family("phi3", ("phi3",), phi3_config, fixed(phi3_state_dict), gguf=GGUF, tests=TESTS)

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from . import llama
+from ._family import TEST_WINDOW, CompatConfig
 from ._gguf import llama_spec
 
 
@@ -33,5 +34,15 @@ def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return dataclasses.replace(cfg, qk_norm="head")
 
 
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "qwen3": CompatConfig("qwen3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                        head_dim=16, use_sliding_window=True, sliding_window=TEST_WINDOW, max_window_layers=1,
+                                        rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                                         "original_max_position_embeddings": 16})),
+}
+
+
 FAMILY = dataclasses.replace(llama.FAMILY, name="qwen3", model_types=("qwen3",), config=qwen3_config,
-                             gguf={"qwen3": llama_spec("qwen3", qk_norm=True)}, headline=False)
+                             gguf={"qwen3": llama_spec("qwen3", qk_norm=True)}, headline=False, tests=TESTS)

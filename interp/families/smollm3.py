@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, named
+from ._family import TEST_WINDOW, CompatConfig, Family, named
 from ._positions import _rope, _typed_windows
 from .llama import llama_state_dict
 
@@ -56,4 +56,13 @@ def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-FAMILY = Family("smollm3", ("smollm3",), smollm3_config, named(llama_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "smollm3": CompatConfig("smollm3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                            no_rope_layers=[1, 0], use_sliding_window=True,
+                                            sliding_window=TEST_WINDOW, tie_word_embeddings=False)),
+}
+
+
+FAMILY = Family("smollm3", ("smollm3",), smollm3_config, named(llama_state_dict), tests=TESTS)

@@ -10,7 +10,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._gguf import LLAMA_BLOCK, LLAMA_GLOBAL, TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, partial_rope
 from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, both, map_tensors
 from ._positions import _rope
@@ -104,4 +104,14 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
 GGUF = {"stablelm": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", LLAMA_BLOCK)}
 
 
-FAMILY = Family("stablelm", ("stablelm",), stablelm_config, fixed(stablelm_state_dict), gguf=GGUF)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "stablelm": CompatConfig("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                              use_qkv_bias=True, partial_rotary_factor=0.25)),
+    "stablelm_parallel": CompatConfig("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                       num_key_value_heads=1, use_parallel_residual=True)),
+}
+
+
+FAMILY = Family("stablelm", ("stablelm",), stablelm_config, fixed(stablelm_state_dict), gguf=GGUF, tests=TESTS)

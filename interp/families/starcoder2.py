@@ -10,7 +10,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
-from ._family import Family, fixed
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf import LLAMA_ATTN, LLAMA_GLOBAL, TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, rope_parameters, rotary_dim
 from ._mapping import LLAMA_ATTENTION, Rule, biased_if, both, map_tensors
 from ._positions import _rope, sliding_windows
@@ -90,4 +90,12 @@ GGUF = {"starcoder2": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
     "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"})}
 
 
-FAMILY = Family("starcoder2", ("starcoder2",), starcoder2_config, fixed(starcoder2_state_dict), gguf=GGUF)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "starcoder2": CompatConfig("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                                  num_key_value_heads=3, sliding_window=TEST_WINDOW, use_bias=True)),
+}
+
+
+FAMILY = Family("starcoder2", ("starcoder2",), starcoder2_config, fixed(starcoder2_state_dict), gguf=GGUF, tests=TESTS)

@@ -28,18 +28,17 @@ The layer imports the core only (never :mod:`interp.zoo`); :mod:`interp.zoo.hf` 
 drivers that look families up here.
 
 Example:
-    >>> from interp.families import family_for
+    >>> from interp.families import family_for, tiny_hf_config
     >>> fam = family_for("qwen2")
-    >>> fam.name, fam.config({"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
-    ...                       "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-    ...                       "max_position_embeddings": 64}).attn_bias
+    >>> fam.name, fam.config(tiny_hf_config("qwen2")).attn_bias
     ('qwen2', True)
 """
 
 from __future__ import annotations
 
+from ._base import tiny_hf_config
 from ._family import Family, fixed, named
 from .registry import BY_GGUF_ARCH, BY_MODEL_TYPE, FAMILIES, HEADLINE, converter, family_for
 
 __all__ = ["BY_GGUF_ARCH", "BY_MODEL_TYPE", "FAMILIES", "HEADLINE", "Family", "converter", "family_for", "fixed",
-           "named"]
+           "named", "tiny_hf_config"]

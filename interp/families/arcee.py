@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from ..config import Activation, ModelConfig
-from ._base import StateDict, _activation, _decoder_checks, llama_sizes
+from ._base import StateDict, llama_sizes
 from ._family import CompatConfig, Family, fixed
-from ._positions import _rope
+from ._positions import rotary_basics
 from ._tensors import (
     _llama_attention,
     _lm_head,
@@ -32,16 +32,13 @@ def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.arcee import arcee_config
-        >>> cfg = arcee_config({"model_type": "arcee", "hidden_size": 64, "num_attention_heads": 4,
-        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                     "max_position_embeddings": 64})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = arcee_config(tiny_hf_config("arcee"))
         >>> cfg.activation, cfg.normalization
         ('relu2', 'rms')
     """
     arch = "arcee"
-    _decoder_checks(hf_cfg, arch)
-    activation = _activation(hf_cfg, "hidden_act", "relu2", arch, _ACTIVATIONS)
-    theta, scaling = _rope(hf_cfg, arch)
+    activation, theta, scaling = rotary_basics(hf_cfg, arch, "relu2", _ACTIVATIONS)
     bias = bool(hf_cfg.get("attention_bias", False))
     return ModelConfig(
         **llama_sizes(hf_cfg, arch), activation=activation, normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps",

@@ -16,8 +16,8 @@ from ._family import TEST_WINDOW, CompatConfig, Family
 from ._positions import _rope, _typed_windows
 from ._tensors import (
     _dense_weights,
-    _leading_pairs_to_halves,
     _llama_attention,
+    _qk_pairs_to_halves,
     _Source,
 )
 from .granite import _granite_multiplier
@@ -35,9 +35,8 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.cohere import cohere_config
-        >>> cfg = cohere_config({"model_type": "cohere", "hidden_size": 64, "num_attention_heads": 4,
-        ...                      "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                      "max_position_embeddings": 64})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = cohere_config(tiny_hf_config("cohere"))
         >>> cfg.parallel_block, cfg.normalization, cfg.tie_embeddings
         ('one_norm', 'pre', False)
     """
@@ -80,7 +79,6 @@ def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mod
 
     def convert(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         src = _Source(hf_sd, ("model.",), "Cohere")
-        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         embed = src("embed_tokens.weight")
         zero = torch.zeros(cfg.d_model, dtype=embed.dtype)
         if "lm_head.weight" not in hf_sd and not tied:
@@ -92,10 +90,7 @@ def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mod
         for i in range(cfg.n_layers):
             h, b = f"layers.{i}.", f"blocks.{i}."
             out.update(_llama_attention(src, h, b, cfg))
-            for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
-                q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
-                out[b + f"attn.W_qkv.{kind}"] = torch.cat(
-                    [_leading_pairs_to_halves(q, H, D, D), _leading_pairs_to_halves(k, K, D, D), v])
+            _qk_pairs_to_halves(out, b, cfg, cfg.d_head)
             out[b + "ln1.weight"], out[b + "ln1.bias"] = src(h + "input_layernorm.weight"), zero.clone()
             out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
         return out

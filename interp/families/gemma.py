@@ -47,11 +47,10 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.gemma import gemma_config
-        >>> cfg = gemma_config({"model_type": "gemma2", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
-        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                     "max_position_embeddings": 64, "sliding_window": 8, "query_pre_attn_scalar": 16,
-        ...                     "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
-        ...                     "layer_types": ["sliding_attention", "full_attention"]})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = gemma_config(tiny_hf_config("gemma2", head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+        ...     attn_logit_softcapping=50.0, final_logit_softcapping=30.0, layer_types=["sliding_attention",
+        ...     "full_attention"]))
         >>> cfg.sliding_window, cfg.attn_softcap, cfg.sublayer_norm
         ([8, None], 50.0, 'sandwich')
     """

@@ -77,14 +77,14 @@ def gpt_neo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 def gpt_neo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF GPT-Neo one (``GPTNeoForCausalLM`` or ``GPTNeoModel`` keys).
+    """Our state dict from a HF GPT-Neo one, whose separate q, k and v projections ``W_qkv`` stacks.
 
     Args:
-        hf_sd: the HF state dict.
-        cfg: the config :func:`gpt_neo_config` made.
+        hf_sd: ``GPTNeoForCausalLM`` or ``GPTNeoModel`` weights.
+        cfg: from :func:`gpt_neo_config`.
 
     Returns:
-        Our tensors by name; ``W_qkv`` stacks q, k and v.
+        Our tensors by name.
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).

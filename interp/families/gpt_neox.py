@@ -14,7 +14,7 @@ from ._base import StateDict, _activation, _decoder_checks, _need
 from ._family import CompatConfig, Family, fixed
 from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, partial_rope
 from ._mapping import Rule, biased_if, both, map_tensors, per_head_qkv
-from ._positions import _rope
+from ._positions import _partial_factor, _rope
 from ._tensors import (
     _lm_head,
     _Source,
@@ -36,8 +36,7 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
     _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
-    rope = hf_cfg.get("rope_parameters") or {}
-    pct = rope.get("partial_rotary_factor", hf_cfg.get("rotary_pct", 1.0))
+    pct = _partial_factor(hf_cfg, 1.0, legacy="rotary_pct")
     legacy_base = hf_cfg.get("rotary_emb_base")
     theta, scaling = _rope(hf_cfg, arch, default_theta=legacy_base or 10000.0)
     bias = bool(hf_cfg.get("attention_bias", True))

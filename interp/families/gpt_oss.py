@@ -40,8 +40,8 @@ from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf_gpt_oss import GPT_OSS
-from ._positions import _rope
-from ._tensors import _llama_attention, _Source
+from ._positions import _check_layer_types, _rope
+from ._tensors import _llama_ends, _llama_layer, _Source
 
 __all__ = ["FP4_VALUES", "gpt_oss_config", "gpt_oss_state_dict", "mxfp4_dequantize"]
 
@@ -91,12 +91,7 @@ def gpt_oss_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     window = hf_cfg.get("sliding_window", 128)
     types = hf_cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
                                           for i in range(n_layers)]
-    if len(types) != n_layers:
-        raise ValueError(f"{ARCH} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
-    for i, kind in enumerate(types):
-        if kind not in ("sliding_attention", "full_attention"):
-            raise ValueError(f"{ARCH} layer_types[{i}]={kind!r} is not supported (only 'sliding_attention' and "
-                             "'full_attention')")
+    _check_layer_types(types, n_layers, ARCH)
     windows = [window if kind == "sliding_attention" and window else None for kind in types]
     params = hf_cfg.get("rope_parameters") or {}
     if not params.get("rope_type") and not hf_cfg.get("rope_scaling"):
@@ -198,13 +193,11 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     src = _Source(hf_sd, ("model.",), ARCH)
     E, M = cfg.n_experts, cfg.d_model
     F_ = cfg.d_expert if cfg.d_expert is not None else cfg.d_mlp  # set for every MoE config
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    out = _llama_ends(src)
     for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out.update(_llama_attention(src, h, b, cfg))
+        h, b, layer = _llama_layer(src, cfg, i)
+        out.update(layer)
         out[b + "attn.sinks"] = src(h + "self_attn.sinks")
-        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
-        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
         mlp = h + "mlp."
         out[b + "mlp.W_router"] = src(mlp + "router.weight")
         out[b + "mlp.b_router"] = src(mlp + "router.bias")

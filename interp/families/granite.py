@@ -41,10 +41,9 @@ def granite_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.granite import granite_config
-        >>> cfg = granite_config({"model_type": "granite", "hidden_size": 64, "num_attention_heads": 4,
-        ...                       "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                       "max_position_embeddings": 64, "embedding_multiplier": 12.0,
-        ...                       "attention_multiplier": 0.0078125, "tie_word_embeddings": True})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = granite_config(tiny_hf_config("granite", embedding_multiplier=12.0, attention_multiplier=0.0078125,
+        ...     tie_word_embeddings=True))
         >>> cfg.embed_scale, cfg.attn_scale, cfg.tie_embeddings
         (12.0, 0.0078125, False)
     """

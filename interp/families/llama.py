@@ -18,7 +18,8 @@ from ._gguf import llama_spec
 from ._gguf_experts import with_experts
 from ._positions import _rope, _rope_context, sliding_windows
 from ._tensors import (
-    _llama_attention,
+    _llama_ends,
+    _llama_layer,
     _mlp_weights,
     _Source,
 )
@@ -98,12 +99,10 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
     src = _Source(hf_sd, ("model.",), arch)
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    out = _llama_ends(src)
     for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out.update(_llama_attention(src, h, b, cfg))
-        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
-        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        h, b, layer = _llama_layer(src, cfg, i)
+        out.update(layer)
         if cfg.qk_norm != "none":  # Qwen3 (per head), Qwen3-MoE (per head), OLMoE (all heads)
             out[b + "attn.q_norm.weight"] = src(h + "self_attn.q_norm.weight")
             out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")

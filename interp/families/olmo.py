@@ -34,9 +34,8 @@ def olmo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.olmo import olmo_config
-        >>> cfg = olmo_config({"model_type": "olmo", "hidden_size": 64, "num_attention_heads": 4,
-        ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                    "max_position_embeddings": 64, "attention_bias": True})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = olmo_config(tiny_hf_config("olmo", attention_bias=True))
         >>> cfg.normalization, cfg.norm_eps, cfg.attn_bias, cfg.out_bias
         ('pre', 1e-05, True, True)
     """

@@ -13,7 +13,7 @@ from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import CompatConfig, Family, fixed
 from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, partial_rope
-from ._positions import _rope
+from ._positions import _partial_factor, _rope
 from ._tensors import (
     _lm_head,
     _Source,
@@ -32,8 +32,7 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
     _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
-    rope = hf_cfg.get("rope_parameters") or {}
-    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.5))
+    partial = _partial_factor(hf_cfg, 0.5)
     theta, scaling = _rope(hf_cfg, arch)
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,

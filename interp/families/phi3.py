@@ -12,12 +12,8 @@ from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf import LLAMA_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, one_head_width, partial_rope
-from ._mapping import Rule, halves, map_tensors
+from ._mapping import Rule, halves, with_head
 from ._positions import _rope, sliding_windows
-from ._tensors import (
-    _lm_head,
-    _Source,
-)
 
 
 def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -82,9 +78,7 @@ def phi3_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     Raises:
         ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
     """
-    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="Phi-3")
-    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "Phi-3"), cfg, "Phi-3"))
-    return out
+    return with_head(TABLE, hf_sd, cfg, arch="Phi-3")
 
 
 # --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------

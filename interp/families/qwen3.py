@@ -22,10 +22,8 @@ def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.qwen3 import qwen3_config
-        >>> cfg = qwen3_config({"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
-        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                     "max_position_embeddings": 64, "sliding_window": 8, "use_sliding_window": True,
-        ...                     "max_window_layers": 1})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = qwen3_config(tiny_hf_config("qwen3", sliding_window=8, use_sliding_window=True, max_window_layers=1))
         >>> cfg.qk_norm, cfg.sliding_window
         ('head', [None, 8])
     """

@@ -210,8 +210,9 @@ def pattern_windows(m: Meta, n_layers: int, period: int) -> tuple[int | None, li
 
 def llama_like(model_type: str, **fixed: Any) -> Callable[[Meta, set[str]], HFConfig]:
     """The config function of a Llama-layout architecture (``llama``, ``qwen2``, ``olmo``, ...): the shared sizes,
-    RMSNorm epsilon, plain or linear RoPE over the whole head, no sliding window; ``fixed`` adds the
-    architecture's own HF keys.
+    RMSNorm epsilon, plain or linear RoPE over the whole head, no sliding window, the biases the tensors have
+    (``attention_bias``, ``attention_out_bias``, ``mlp_bias``: each family reads those its HF config has);
+    ``fixed`` adds the architecture's own HF keys.
 
     Example:
         >>> from interp.families._gguf import Meta, llama_like
@@ -227,7 +228,9 @@ def llama_like(model_type: str, **fixed: Any) -> Callable[[Meta, set[str]], HFCo
         no_window(m)
         return {**cfg, "model_type": model_type, "hidden_act": "silu",
                 "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-5), "rope_parameters": rope,
-                "attention_bias": "blk.0.attn_q.bias" in names, **fixed}
+                "attention_bias": "blk.0.attn_q.bias" in names,
+                "attention_out_bias": "blk.0.attn_output.bias" in names, "mlp_bias": "blk.0.ffn_up.bias" in names,
+                **fixed}
     return config
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 from ..config import Activation, ModelConfig
 from ._base import StateDict, llama_sizes
 from ._family import CompatConfig, Family, fixed
+from ._gguf import LLAMA_ATTN, LLAMA_GLOBAL, llama_spec
 from ._positions import rotary_basics
 from ._tensors import (
     _llama_attention,
@@ -68,6 +70,15 @@ def arcee_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     return out
 
 
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+#: llama.cpp's ``arcee`` (AFM): Llama's names and Q/K permutation, an ungated ``ffn_up`` / ``ffn_down`` MLP whose
+#: activation llama.cpp fixes to squared ReLU.
+GGUF = {"arcee": dataclasses.replace(
+    llama_spec("arcee", permuted=True, hidden_act="relu2"), global_names=LLAMA_GLOBAL,
+    block={**LLAMA_ATTN, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+           "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"})}
+
+
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
 #: feature changes the logits.
 TESTS = {
@@ -78,4 +89,4 @@ TESTS = {
 }
 
 
-FAMILY = Family("arcee", ("arcee",), arcee_config, fixed(arcee_state_dict), tests=TESTS)
+FAMILY = Family("arcee", ("arcee",), arcee_config, fixed(arcee_state_dict), gguf=GGUF, tests=TESTS)

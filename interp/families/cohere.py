@@ -13,6 +13,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import TEST_WINDOW, CompatConfig, Family
+from ._gguf import GATED_MLP, LLAMA_ATTN, LLAMA_GLOBAL, QK_NORM, GGUFSpec, HFConfig, Meta, llama_like
 from ._positions import _rope, _typed_windows
 from ._tensors import (
     _dense_weights,
@@ -98,6 +99,21 @@ def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mod
     return convert
 
 
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Cohere's HF config: Llama's keys with the LayerNorm epsilon and ``logit_scale``; QK-norm
+    (``attn_q_norm``) is refused by name, as the HF mapping refuses ``use_qk_norm``."""
+    cfg = llama_like("cohere")(m, names)
+    return {**cfg, "layer_norm_eps": m.number("attention.layer_norm_epsilon", 1e-5),
+            "logit_scale": m.number("logit_scale", 0.0625), "use_qk_norm": "blk.0.attn_q_norm.weight" in names}
+
+
+#: llama.cpp's ``command-r`` (Command-R, Aya 23): Llama's names with one LayerNorm per parallel block, RoPE on
+#: interleaved pairs as HF (not permuted; the HF mapping reorders them to halves).
+GGUF = {"command-r": GGUFSpec(_gguf_config, {k: v for k, v in LLAMA_GLOBAL.items() if k != "output"},
+                              "model.layers.{}.", {**LLAMA_ATTN, **QK_NORM, **GATED_MLP, "attn_norm": "input_layernorm"})}
+
+
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
 #: feature changes the logits.
 TESTS = {
@@ -109,4 +125,4 @@ TESTS = {
 }
 
 
-FAMILY = Family("cohere", ("cohere", "cohere2"), cohere_config, cohere_state_dict_for, tests=TESTS)
+FAMILY = Family("cohere", ("cohere", "cohere2"), cohere_config, cohere_state_dict_for, gguf=GGUF, tests=TESTS)

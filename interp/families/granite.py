@@ -89,8 +89,7 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
     cfg = _LLAMA_GGUF.config(m, names)
     return {**cfg, "attention_multiplier": m.number("attention.scale", cfg["head_dim"] ** -0.5),
             "embedding_multiplier": m.number("embedding_scale", 1.0),
-            "residual_multiplier": m.number("residual_scale", 1.0), "logits_scaling": m.number("logit_scale", 1.0),
-            "mlp_bias": "blk.0.ffn_up.bias" in names}
+            "residual_multiplier": m.number("residual_scale", 1.0), "logits_scaling": m.number("logit_scale", 1.0)}
 
 
 #: llama.cpp's ``granite``: Llama's names and Q/K permutation, plus four scalars in the metadata.

@@ -6,6 +6,7 @@ families here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from ..config import ModelConfig
 from ._base import _MLP_BIAS_KEY, GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
 from ._family import TEST_WINDOW, CompatConfig, Family, named
-from ._gguf import llama_spec
+from ._gguf import GATED_MLP, LLAMA_ATTN, llama_spec
 from ._gguf_experts import with_experts
 from ._positions import _rope, _rope_context, sliding_windows
 from ._tensors import (
@@ -119,6 +120,10 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
 #: llama.cpp's ``llama`` (Llama 1/2/3, Mistral, SmolLM, TinyLlama; Mixtral when the file has experts): the
 #: converter permuted ``attn_q`` / ``attn_k`` rows so that each head's rotary pairs are interleaved.
 GGUF = with_experts(llama_spec("llama", permuted=True))
+#: llama.cpp's ``seed_oss``: Llama's names (the second norm is ``post_attention_norm``), not permuted; ``head_dim``
+#: from ``attention.key_length``.
+SEED_OSS_GGUF = dataclasses.replace(llama_spec("seed_oss"), block={
+    **LLAMA_ATTN, **GATED_MLP, "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm"})
 
 
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
@@ -142,4 +147,4 @@ TESTS = {
 
 
 FAMILY = Family("llama", ("llama", "mistral", "ministral", "seed_oss"), llama_config, named(llama_state_dict),
-                gguf={"llama": GGUF}, title="Llama", headline=True, tests=TESTS)
+                gguf={"llama": GGUF, "seed_oss": SEED_OSS_GGUF}, title="Llama", headline=True, tests=TESTS)

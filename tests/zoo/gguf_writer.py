@@ -77,15 +77,22 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                                        num_key_value_heads=5, use_parallel_residual=True)),
     "starcoder2": ("starcoder2", "starcoder2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                                     num_key_value_heads=1, sliding_window=None)),
+    "command_r": ("command-r", "cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                              num_key_value_heads=1, logit_scale=0.5, attention_bias=True)),
+    "arcee": ("arcee", "arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                     attention_bias=True)),
+    "seed_oss": ("seed_oss", "seed_oss", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                              num_key_value_heads=1, head_dim=24, attention_bias=True,
+                                              attention_out_bias=True, mlp_bias=True)),
     "granite": ("granite", "granite", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                            num_key_value_heads=1, attention_bias=True, embedding_multiplier=3.0,
                                            attention_multiplier=0.3, residual_multiplier=0.6, logits_scaling=2.5)),
 }
 _COMMON = dict(num_hidden_layers=2, max_position_embeddings=64, vocab_size=V, bos_token_id=0, eos_token_id=0,
                pad_token_id=0, tie_word_embeddings=False)
-_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2")
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2", "cohere")
 # llama.cpp's converters that permute the Q/K rows (LlamaModel.permute) and whether they permute the biases too.
-_PERMUTED = {"llama": True, "granite": True, "olmo": False}
+_PERMUTED = {"llama": True, "granite": True, "arcee": True, "olmo": False}
 # GPT-2's Conv1D weights, stored transposed by the converter.
 _CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
 
@@ -155,7 +162,8 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
             w.add_parallel_residual(c.use_parallel_residual)
         w.add_layer_norm_eps(c.layer_norm_eps)
         return
-    if arch in ("olmo", "olmo2", "starcoder2", "granite"):  # TextModel.set_gguf_parameters (+ the arch's own keys)
+    if arch in ("olmo", "olmo2", "starcoder2", "granite", "command-r", "arcee", "seed_oss"):
+        # TextModel.set_gguf_parameters, then the architecture's own keys
         w.add_block_count(c.num_hidden_layers)
         w.add_context_length(c.max_position_embeddings)
         w.add_embedding_length(c.hidden_size)
@@ -165,13 +173,21 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
         w.add_rope_freq_base(rope_params()["rope_theta"])
         if getattr(c, "rms_norm_eps", None) is not None:
             w.add_layer_norm_rms_eps(c.rms_norm_eps)
-        if getattr(c, "norm_epsilon", None) is not None:
-            w.add_layer_norm_eps(c.norm_epsilon)
+        for eps in ("norm_epsilon", "layer_norm_eps"):
+            if getattr(c, eps, None) is not None:
+                w.add_layer_norm_eps(getattr(c, eps))
+        if getattr(c, "head_dim", None) is not None and arch != "granite":  # Granite's converter drops head_dim
+            w.add_key_length(c.head_dim)
+            w.add_value_length(c.head_dim)
+        if arch == "command-r":
+            w.add_logit_scale(c.logit_scale)
+            w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
         if arch == "olmo":
             w.add_layer_norm_eps(1e-5)
-        if arch == "granite":  # LlamaModel's keys, then Granite's four scalars
+        if arch in ("granite", "arcee"):  # LlamaModel's keys
             w.add_vocab_size(c.vocab_size)
             w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+        if arch == "granite":  # Granite's four scalars
             w.add_attention_scale(c.attention_multiplier)
             w.add_embedding_scale(c.embedding_multiplier)
             w.add_residual_scale(c.residual_multiplier)

@@ -242,6 +242,7 @@ def rotary_basics(hf_cfg: Mapping[str, Any], arch: str, act_default: str,
 
     Example:
         >>> from interp.families._base import GATED_ACTIVATIONS
+        >>> from interp.families._positions import rotary_basics
         >>> rotary_basics({"rope_theta": 500.0}, "toy", "silu", GATED_ACTIVATIONS)
         ('swiglu', 500.0, None)
     """
@@ -256,6 +257,7 @@ def _partial_factor(hf_cfg: Mapping[str, Any], default: float, legacy: str = "pa
     top-level ``legacy`` key (4.x: ``partial_rotary_factor``, GPT-NeoX's ``rotary_pct``), else ``default``.
 
     Example:
+        >>> from interp.families._positions import _partial_factor
         >>> _partial_factor({"rotary_pct": 0.25}, 1.0, legacy="rotary_pct")
         0.25
     """

@@ -604,7 +604,7 @@ def stored_sizes(path: str | Path, *, dtype: torch.dtype = torch.float32, keep_q
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer: bool = True,
               name: str | None = None, progress: bool = False,
               device: torch.device | str | None = None, keep_quantized: bool = False) -> Transformer:
-    """Load a GGUF file (llama, qwen2/3, gemma/2/3, phi3, starcoder, falcon) as an :class:`interp.Transformer`
+    """Load a GGUF file (any architecture of :data:`SUPPORTED_ARCHITECTURES`) as an :class:`interp.Transformer`
     with its tokenizer.
 
     Args:

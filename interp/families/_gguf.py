@@ -308,6 +308,51 @@ def one_head_width(m: Meta, sizes: HFConfig, family: str) -> None:
                      f"{family}'s head dim is")
 
 
+def fixed_heads_sizes(m: Meta, names: set[str], family: str, *, kv_heads: int | None = None) -> HFConfig:
+    """:func:`gguf_sizes` of a family whose head width is ``embedding_length / head_count``, whose K/V head count
+    is fixed (``kv_heads``; default one per query head) and which has no sliding window (GPT-2, GPT-NeoX, BLOOM,
+    StarCoder); each other value is refused by name.
+
+    Example:
+        >>> from interp.families._gguf import Meta, fixed_heads_sizes
+        >>> meta = {f"gpt2.{k}": v for k, v in {"embedding_length": 8, "attention.head_count": 2, "block_count": 1,
+        ...         "feed_forward_length": 32, "context_length": 16, "vocab_size": 10,
+        ...         "attention.head_count_kv": 1}.items()}
+        >>> fixed_heads_sizes(Meta(meta, "gpt2", "f.gguf"), set(), "GPT-2")
+        Traceback (most recent call last):
+        ...
+        interp.families._gguf.GGUFError: f.gguf: gpt2.attention.head_count_kv = 1: GPT-2 has 2 K/V head(s) ...
+    """
+    sizes = gguf_sizes(m, names)
+    one_head_width(m, sizes, family)
+    want = sizes["num_attention_heads"] if kv_heads is None else kv_heads
+    if sizes["num_key_value_heads"] != want:
+        why = "one per query head" if kv_heads is None else "multi-query" if kv_heads == 1 else "fixed"
+        raise m.fail(f"{m.key('attention.head_count_kv')} = {sizes['num_key_value_heads']}: {family} has {want} K/V "
+                     f"head(s) ({why}); other counts are not supported")
+    no_window(m)
+    return sizes
+
+
+def per_head_rows(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:
+    """Undo llama.cpp's ``[q | k | v]`` reorder of a fused ``attn_qkv`` whose HF rows are grouped per head
+    (``[q_h, k_h, v_h]``: GPT-NeoX, BLOOM); other tensors pass.
+
+    Example:
+        >>> import torch
+        >>> from interp.families._gguf import per_head_rows
+        >>> per_head_rows("attn_qkv", "", torch.arange(6.0), {"num_attention_heads": 2})  # D = 1
+        tensor([0., 2., 4., 1., 3., 5.])
+    """
+    if kind != "attn_qkv":
+        return w
+    H = hf_cfg.get("num_attention_heads") or hf_cfg["n_head"]
+    if w.shape[0] % (3 * H):
+        raise ValueError(f"has {w.shape[0]} rows, not 3 x {H} heads")
+    return (w.reshape(3, H, w.shape[0] // (3 * H), *w.shape[1:])  # [3, H, D, ..]
+            .transpose(0, 1).reshape(w.shape))  # [H, 3, D, ..] -> [H * 3 * D, ..]
+
+
 def transposed(stems: tuple[str, ...]) -> Transform:
     """A transform that transposes the 2-D weights of ``stems`` back (llama.cpp stored GPT-2's ``Conv1D``
     ``[in, out]`` weights as ``[out, in]``; the HF mapping expects ``Conv1D``'s layout)."""

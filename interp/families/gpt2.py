@@ -12,7 +12,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
 from ._family import Family
-from ._gguf import GPT2_BLOCK, GPT2_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, gpt2_keys, no_window, transposed
+from ._gguf import GPT2_BLOCK, GPT2_GLOBAL, GGUFSpec, HFConfig, Meta, fixed_heads_sizes, gpt2_keys, transposed
 from ._mapping import Rule, both, map_tensors, transpose
 
 
@@ -95,11 +95,7 @@ def gpt2_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Model
 # --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
 def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
     """GGUF metadata -> GPT-2's HF config (multi-head attention, learned positions, tanh GELU)."""
-    sizes = gguf_sizes(m, names)
-    if sizes["num_key_value_heads"] != sizes["num_attention_heads"]:
-        raise m.fail(f"{m.key('attention.head_count_kv')} = {sizes['num_key_value_heads']}: GPT-2 has one K/V head "
-                     f"per query head ({sizes['num_attention_heads']})")
-    no_window(m)
+    sizes = fixed_heads_sizes(m, names, "GPT-2")
     return {"model_type": "gpt2", **gpt2_keys(m, sizes), "activation_function": "gelu_new"}
 
 

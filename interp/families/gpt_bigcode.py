@@ -11,7 +11,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import CompatConfig, Family, fixed
-from ._gguf import GPT2_BLOCK, GPT2_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, gpt2_keys, no_window
+from ._gguf import GPT2_BLOCK, GPT2_GLOBAL, GGUFSpec, HFConfig, Meta, fixed_heads_sizes, gpt2_keys
 from ._tensors import (
     _lm_head,
     _per_head_qkv,
@@ -71,11 +71,7 @@ def gpt_bigcode_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torc
 # --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
 def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
     """GGUF metadata -> GPT-BigCode's HF config: llama.cpp's ``starcoder`` is multi-query only."""
-    cfg = gguf_sizes(m, names)
-    if cfg["num_key_value_heads"] != 1:
-        raise m.fail(f"{m.key('attention.head_count_kv')} = {cfg['num_key_value_heads']}: llama.cpp's starcoder is "
-                     f"multi-query (1 K/V head); other counts are not supported")
-    no_window(m)
+    cfg = fixed_heads_sizes(m, names, "llama.cpp's starcoder", kv_heads=1)
     return {"model_type": "gpt_bigcode", **gpt2_keys(m, cfg), "multi_query": True,
             "activation_function": "gelu_pytorch_tanh"}
 

@@ -12,7 +12,15 @@ import torch
 from ..config import Activation, ModelConfig
 from ._base import StateDict, _activation, _decoder_checks, _need
 from ._family import CompatConfig, Family, fixed
-from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, partial_rope
+from ._gguf import (
+    TOKEN_IDS,
+    GGUFSpec,
+    HFConfig,
+    Meta,
+    fixed_heads_sizes,
+    partial_rope,
+    per_head_rows,
+)
 from ._mapping import Rule, biased_if, both, map_tensors, per_head_qkv
 from ._positions import _partial_factor, _rope
 from ._tensors import (
@@ -85,12 +93,7 @@ def gpt_neox_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
 # --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
 def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
     """GGUF metadata -> GPT-NeoX's HF config (partial rotary from ``rope.dimension_count``, ``use_parallel_residual``)."""
-    sizes = gguf_sizes(m, names)
-    one_head_width(m, sizes, "GPT-NeoX")
-    if sizes["num_key_value_heads"] != sizes["num_attention_heads"]:
-        raise m.fail(f"{m.key('attention.head_count_kv')} = {sizes['num_key_value_heads']}: GPT-NeoX has one K/V "
-                     f"head per query head ({sizes['num_attention_heads']})")
-    no_window(m)
+    sizes = fixed_heads_sizes(m, names, "GPT-NeoX")
     parallel = m.get("use_parallel_residual", True)
     return {"model_type": "gpt_neox", **{k: sizes[k] for k in (
                 "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
@@ -100,17 +103,6 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
             "attention_bias": "blk.0.attn_qkv.bias" in names}
 
 
-def _gguf_per_head(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:
-    """``[q | k | v]`` rows (llama.cpp) back to GPT-NeoX's per-head ``[q_h, k_h, v_h]`` groups."""
-    if kind != "attn_qkv":
-        return w
-    H = hf_cfg["num_attention_heads"]
-    if w.shape[0] % (3 * H):
-        raise ValueError(f"has {w.shape[0]} rows, not 3 x {H} heads")
-    rest = w.shape[1:]
-    return w.reshape(3, H, w.shape[0] // (3 * H), *rest).transpose(0, 1).reshape(w.shape)  # [3, H, D, ..] -> [H, 3, D, ..]
-
-
 #: llama.cpp's ``gptneox`` (Pythia, GPT-NeoX): the converter reordered the fused QKV from per-head groups to
 #: ``[q | k | v]``; regrouped here.
 GGUF = {"gptneox": GGUFSpec(_gguf_config, {
@@ -118,7 +110,7 @@ GGUF = {"gptneox": GGUFSpec(_gguf_config, {
     "gpt_neox.layers.{}.", {
         "attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
         "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
-    _gguf_per_head)}
+    per_head_rows)}
 
 
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each

@@ -77,6 +77,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                                        num_key_value_heads=5, use_parallel_residual=True)),
     "starcoder2": ("starcoder2", "starcoder2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                                     num_key_value_heads=1, sliding_window=None)),
+    "bloom": ("bloom", "bloom", dict(hidden_size=96, n_head=6, n_layer=2)),  # 6 heads: ALiBi's interleaved slopes
     "command_r": ("command-r", "cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                               num_key_value_heads=1, logit_scale=0.5, attention_bias=True)),
     "arcee": ("arcee", "arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
@@ -90,7 +91,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 _COMMON = dict(num_hidden_layers=2, max_position_embeddings=64, vocab_size=V, bos_token_id=0, eos_token_id=0,
                pad_token_id=0, tie_word_embeddings=False)
-_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2", "cohere")
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2", "cohere", "bloom")
 # llama.cpp's converters that permute the Q/K rows (LlamaModel.permute) and whether they permute the biases too.
 _PERMUTED = {"llama": True, "granite": True, "arcee": True, "olmo": False}
 # GPT-2's Conv1D weights, stored transposed by the converter.
@@ -103,7 +104,7 @@ def hf_model(name: str, **overrides: Any):
     common = dict(_COMMON)
     if model_type in _TIED_BY_DEFAULT:
         common.pop("tie_word_embeddings")
-    if model_type in ("gpt_bigcode", "gpt2"):
+    if model_type in ("gpt_bigcode", "gpt2", "bloom"):
         common = {k: v for k, v in common.items() if k not in ("num_hidden_layers", "max_position_embeddings")}
     cfg = transformers.AutoConfig.for_model(model_type, **{**common, **kw, **overrides})
     cfg._attn_implementation = "eager"
@@ -192,6 +193,15 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
             w.add_embedding_scale(c.embedding_multiplier)
             w.add_residual_scale(c.residual_multiplier)
             w.add_logit_scale(c.logits_scaling)
+        return
+    if arch == "bloom":
+        w.add_context_length(getattr(c, "seq_length", None) or c.hidden_size)  # the converter's fallback
+        w.add_embedding_length(c.hidden_size)
+        w.add_feed_forward_length(4 * c.hidden_size)
+        w.add_block_count(c.n_layer)
+        w.add_head_count(c.n_head)
+        w.add_head_count_kv(c.n_head)
+        w.add_layer_norm_eps(c.layer_norm_epsilon)
         return
     if arch == "falcon":
         w.add_context_length(2048)  # not in config.json
@@ -336,7 +346,7 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] 
         if hf_name == "lm_head.weight" and (tied or arch.startswith("gemma")):
             continue  # the converter skips tied (and Gemma's) lm_head
         stem, suffix = hf_name.rsplit(".", 1)
-        gguf_name = names.get_name(stem)
+        gguf_name = names.get_name(stem.removeprefix("transformer.") if arch == "bloom" else stem)  # as BLOOM's converter
         assert gguf_name is not None, f"gguf's tensor map has no name for {hf_name!r} ({arch})"
         a = t.detach().numpy().astype(np.float32)
         if a.ndim == 2:
@@ -358,7 +368,7 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] 
             a = permute(a, c.num_key_value_heads)
         elif arch == "gpt2" and hf_name.endswith(_CONV1D):
             a = a.T
-        elif arch == "gptneox" and "query_key_value" in stem:
+        elif arch in ("gptneox", "bloom") and "query_key_value" in stem:
             H = c.num_attention_heads  # per-head [q_h, k_h, v_h] rows -> [q | k | v], as the converter
             a = a.reshape(H, 3, -1, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
         elif arch.startswith("gemma") and hf_name.endswith("norm.weight"):
@@ -367,6 +377,8 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] 
             a = _jploski(a, c.num_attention_heads, _falcon_kv(c), c.hidden_size // c.num_attention_heads)
         stored, raw = _store(np.ascontiguousarray(a), kind)
         w.add_tensor(f"{gguf_name}.{suffix}", stored, raw_dtype=raw)
+        if arch == "bloom" and gguf_name == "token_embd":  # the converter writes the tied head out as a copy
+            w.add_tensor("output.weight", stored, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -5,7 +5,7 @@
 * Every architecture a family declares is one llama.cpp knows, and every tensor stem its table names is in
   llama.cpp's own tensor list for that architecture (``gguf.MODEL_TENSORS``): an independent check of the names.
 * The families added to the GGUF path (GPT-2, GPT-NeoX, Phi-2, OLMo, OLMo 2, StableLM, Starcoder 2, Granite,
-  Command-R, Arcee, Seed-OSS):
+  Command-R, Arcee, Seed-OSS, BLOOM):
   a float32 file written from a random transformers model as llama.cpp's converter writes it (GPT-2's transposed
   ``Conv1D`` weights, GPT-NeoX's QKV regrouped to ``[q | k | v]``, OLMo's and Granite's Q/K permutation, Granite's
   four scalars; tests/zoo/gguf_writer.py) loads with ``interp.load`` within 1e-4 of transformers' logits.
@@ -29,7 +29,8 @@ from interp.zoo import gguf as zgguf  # noqa: E402
 #: The families whose GGUF files interp reads through the registry since this change (writer name -> family).
 NEW = {"gpt2": "gpt2", "gptneox": "gpt_neox", "gptneox_sequential": "gpt_neox", "phi2": "phi", "olmo": "olmo",
        "olmo2": "olmo2", "stablelm": "stablelm", "stablelm_parallel": "stablelm", "starcoder2": "starcoder2",
-       "granite": "granite", "command_r": "cohere", "arcee": "arcee", "seed_oss": "llama"}
+       "granite": "granite", "command_r": "cohere", "arcee": "arcee", "seed_oss": "llama",
+       "bloom": "bloom"}
 _ARCH_ENUM = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 
 
@@ -54,6 +55,7 @@ def test_new_family_float32_gguf_matches_transformers(tmp_path, name):
     ("gpt2", "blk.0.attn_qkv.weight", "transformer.h.0.attn.c_attn.weight", True),  # transposed
     ("gptneox", "blk.1.attn_qkv.weight", "gpt_neox.layers.1.attention.query_key_value.weight", True),  # regrouped
     ("gptneox", "blk.1.attn_qkv.bias", "gpt_neox.layers.1.attention.query_key_value.bias", True),
+    ("bloom", "blk.0.attn_qkv.weight", "transformer.h.0.self_attention.query_key_value.weight", True),  # regrouped
     ("olmo", "blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight", True),  # permuted
     ("olmo", "blk.0.attn_q.bias", "model.layers.0.self_attn.q_proj.bias", False),  # OLMo's converter leaves it
     ("granite", "blk.1.attn_k.weight", "model.layers.1.self_attn.k_proj.weight", True),  # permuted
@@ -98,7 +100,7 @@ def test_an_unknown_architecture_is_refused_with_the_known_ones():
 @pytest.mark.parametrize("meta, names, match", [
     (_meta("olmo", **{"attention.clamp_kqv": 8.0}), set(), r"'olmo.attention.clamp_kqv' = 8.0 \(clip_qkv\)"),
     (_meta("stablelm", **{"rope.dimension_count": 4}), {"blk.0.attn_q_norm.weight"}, "qk_layernorm"),
-    (_meta("gpt2", **{"attention.head_count_kv": 1}), set(), "gpt2.attention.head_count_kv = 1: GPT-2 has one K/V head per query head"),
+    (_meta("gpt2", **{"attention.head_count_kv": 1}), set(), "gpt2.attention.head_count_kv = 1: GPT-2 has 4 K/V head\\(s\\) \\(one per query head\\)"),
     (_meta("phi2", **{"expert_count": 4}), set(), "4 experts per layer .* not supported for 'phi2'"),
     (_meta("starcoder2", **{"rope.scaling.type": "yarn"}), set(), "RoPE scaling 'yarn'"),
 ])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
 from ._family import CompatConfig, Family, fixed
+from ._gguf import HFConfig, Meta, llama_spec
 from ._positions import _rope
 from ._tensors import (
     _qk_pairs_to_halves,
@@ -58,6 +60,20 @@ def ernie4_5_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
     return out
 
 
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+_LLAMA_GGUF = llama_spec("ernie4_5")
+
+
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> ERNIE 4.5's HF config: Llama's keys and ``use_bias`` from the tensors."""
+    return {**_LLAMA_GGUF.config(m, names), "use_bias": "blk.0.attn_q.bias" in names}
+
+
+#: llama.cpp's ``ernie4_5``: Llama's names, not permuted (both rotate interleaved pairs; the HF mapping reorders
+#: them to halves).
+GGUF = {"ernie4_5": dataclasses.replace(_LLAMA_GGUF, config=_gguf_config)}
+
+
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
 #: feature changes the logits.
 TESTS = {
@@ -66,4 +82,4 @@ TESTS = {
 }
 
 
-FAMILY = Family("ernie4_5", ("ernie4_5",), ernie4_5_config, fixed(ernie4_5_state_dict), tests=TESTS)
+FAMILY = Family("ernie4_5", ("ernie4_5",), ernie4_5_config, fixed(ernie4_5_state_dict), gguf=GGUF, tests=TESTS)

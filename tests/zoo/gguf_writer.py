@@ -78,6 +78,10 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "starcoder2": ("starcoder2", "starcoder2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                                     num_key_value_heads=1, sliding_window=None)),
     "bloom": ("bloom", "bloom", dict(hidden_size=96, n_head=6, n_layer=2)),  # 6 heads: ALiBi's interleaved slopes
+    "smollm3": ("smollm3", "smollm3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                           num_key_value_heads=1, num_hidden_layers=4)),  # layer 3 has no RoPE
+    "ernie4_5": ("ernie4_5", "ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                              num_key_value_heads=3, head_dim=8, use_bias=True)),
     "command_r": ("command-r", "cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                               num_key_value_heads=1, logit_scale=0.5, attention_bias=True)),
     "arcee": ("arcee", "arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
@@ -93,7 +97,7 @@ _COMMON = dict(num_hidden_layers=2, max_position_embeddings=64, vocab_size=V, bo
                pad_token_id=0, tie_word_embeddings=False)
 _TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2", "cohere", "bloom")
 # llama.cpp's converters that permute the Q/K rows (LlamaModel.permute) and whether they permute the biases too.
-_PERMUTED = {"llama": True, "granite": True, "arcee": True, "olmo": False}
+_PERMUTED = {"llama": True, "granite": True, "arcee": True, "smollm3": True, "olmo": False}
 # GPT-2's Conv1D weights, stored transposed by the converter.
 _CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
 
@@ -163,7 +167,7 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
             w.add_parallel_residual(c.use_parallel_residual)
         w.add_layer_norm_eps(c.layer_norm_eps)
         return
-    if arch in ("olmo", "olmo2", "starcoder2", "granite", "command-r", "arcee", "seed_oss"):
+    if arch in ("olmo", "olmo2", "starcoder2", "granite", "command-r", "arcee", "seed_oss", "smollm3", "ernie4_5"):
         # TextModel.set_gguf_parameters, then the architecture's own keys
         w.add_block_count(c.num_hidden_layers)
         w.add_context_length(c.max_position_embeddings)
@@ -185,7 +189,7 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
             w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
         if arch == "olmo":
             w.add_layer_norm_eps(1e-5)
-        if arch in ("granite", "arcee"):  # LlamaModel's keys
+        if arch in ("granite", "arcee", "smollm3"):  # LlamaModel's keys
             w.add_vocab_size(c.vocab_size)
             w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
         if arch == "granite":  # Granite's four scalars

@@ -5,7 +5,7 @@
 * Every architecture a family declares is one llama.cpp knows, and every tensor stem its table names is in
   llama.cpp's own tensor list for that architecture (``gguf.MODEL_TENSORS``): an independent check of the names.
 * The families added to the GGUF path (GPT-2, GPT-NeoX, Phi-2, OLMo, OLMo 2, StableLM, Starcoder 2, Granite,
-  Command-R, Arcee, Seed-OSS, BLOOM):
+  Command-R, Arcee, Seed-OSS, BLOOM, SmolLM3, ERNIE 4.5):
   a float32 file written from a random transformers model as llama.cpp's converter writes it (GPT-2's transposed
   ``Conv1D`` weights, GPT-NeoX's QKV regrouped to ``[q | k | v]``, OLMo's and Granite's Q/K permutation, Granite's
   four scalars; tests/zoo/gguf_writer.py) loads with ``interp.load`` within 1e-4 of transformers' logits.
@@ -30,7 +30,7 @@ from interp.zoo import gguf as zgguf  # noqa: E402
 NEW = {"gpt2": "gpt2", "gptneox": "gpt_neox", "gptneox_sequential": "gpt_neox", "phi2": "phi", "olmo": "olmo",
        "olmo2": "olmo2", "stablelm": "stablelm", "stablelm_parallel": "stablelm", "starcoder2": "starcoder2",
        "granite": "granite", "command_r": "cohere", "arcee": "arcee", "seed_oss": "llama",
-       "bloom": "bloom"}
+       "bloom": "bloom", "smollm3": "smollm3", "ernie4_5": "ernie4_5"}
 _ARCH_ENUM = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 
 

@@ -70,14 +70,19 @@ BY_MODEL_TYPE: dict[str, Family] = _index("model_type", lambda f: f.model_types)
 BY_GGUF_ARCH: dict[str, Family] = _index("GGUF architecture", lambda f: f.gguf_archs)
 
 
+def _compat_configs() -> dict[str, CompatConfig]:
+    out: dict[str, CompatConfig] = {}
+    for fam in FAMILIES:
+        for row, test in fam.tests.items():
+            if row in out:
+                raise RuntimeError(f"test config {row!r} is declared twice (again by {fam.name})")
+            out[row] = test
+    return out
+
+
 #: Every family's random tiny test configs (:attr:`Family.tests`), by row name, in family order; two families that
 #: name the same row are refused.
-COMPAT_CONFIGS: dict[str, CompatConfig] = {}
-for _fam in FAMILIES:
-    for _row, _test in _fam.tests.items():
-        if _row in COMPAT_CONFIGS:
-            raise RuntimeError(f"test config {_row!r} is declared twice (again by {_fam.name})")
-        COMPAT_CONFIGS[_row] = _test
+COMPAT_CONFIGS: dict[str, CompatConfig] = _compat_configs()
 
 
 #: The families in short, for help texts (:func:`family_for` lists every ``model_type`` when it refuses one).

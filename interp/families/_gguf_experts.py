@@ -1,9 +1,11 @@
 """Mixture-of-experts GGUF files: Mixtral (llama.cpp's ``llama`` with experts), DeepSeek-V2/V3 (``deepseek2``),
 Qwen2-MoE / Qwen3-MoE (``qwen2moe`` / ``qwen3moe``) and OLMoE (``olmoe``).
 
-:mod:`interp.zoo.gguf` reads the container and the dense tensors; this module maps what is particular to
-expert files onto a Hugging Face config and state dict, which the MoE and MLA converters of
-:mod:`interp.zoo.hf` turn into an :class:`interp.Transformer` exactly as they do a HF model (one conversion).
+:mod:`interp.zoo.gguf` reads the container and finds the architecture's spec through the family registry; the
+specs here (:data:`QWEN_OLMOE` for the ``mixtral`` family, :data:`DEEPSEEK2` for ``deepseek``, :func:`with_experts`
+for ``llama``'s Mixtral files) map what is particular to expert files onto a Hugging Face config and state dict,
+which the MoE and MLA converters turn into an :class:`interp.Transformer` exactly as they do a HF model (one
+conversion).
 
 What llama.cpp's converter (``convert_hf_to_gguf.py``) does, and how it is undone:
 

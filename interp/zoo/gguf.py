@@ -183,7 +183,7 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         >>> check_tensor_table(f, hf_config_from_gguf(f.metadata, {t.name for t in f.tensors}))  # doctest: +SKIP
     """
     to_hf = _hf_tensors(reader, source)
-    n_layers = int(hf_cfg["num_hidden_layers"] if "num_hidden_layers" in hf_cfg else hf_cfg["n_layer"])
+    n_layers = int(next(hf_cfg[k] for k in ("num_hidden_layers", "n_layer", "n_layers") if k in hf_cfg))
     blocks: dict[int, list[str]] = {}
     for t in reader.tensors:
         i = _block_index(t.name)

@@ -82,6 +82,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                            num_key_value_heads=1, num_hidden_layers=4)),  # layer 3 has no RoPE
     "ernie4_5": ("ernie4_5", "ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
                                               num_key_value_heads=3, head_dim=8, use_bias=True)),
+    "mpt": ("mpt", "mpt", dict(d_model=72, n_heads=6, n_layers=2, max_seq_len=64)),  # ALiBi, 6 heads
     "command_r": ("command-r", "cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                               num_key_value_heads=1, logit_scale=0.5, attention_bias=True)),
     "arcee": ("arcee", "arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
@@ -95,7 +96,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 _COMMON = dict(num_hidden_layers=2, max_position_embeddings=64, vocab_size=V, bos_token_id=0, eos_token_id=0,
                pad_token_id=0, tie_word_embeddings=False)
-_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2", "cohere", "bloom")
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2", "cohere", "bloom", "mpt")
 # llama.cpp's converters that permute the Q/K rows (LlamaModel.permute) and whether they permute the biases too.
 _PERMUTED = {"llama": True, "granite": True, "arcee": True, "smollm3": True, "olmo": False}
 # GPT-2's Conv1D weights, stored transposed by the converter.
@@ -108,7 +109,7 @@ def hf_model(name: str, **overrides: Any):
     common = dict(_COMMON)
     if model_type in _TIED_BY_DEFAULT:
         common.pop("tie_word_embeddings")
-    if model_type in ("gpt_bigcode", "gpt2", "bloom"):
+    if model_type in ("gpt_bigcode", "gpt2", "bloom", "mpt"):
         common = {k: v for k, v in common.items() if k not in ("num_hidden_layers", "max_position_embeddings")}
     cfg = transformers.AutoConfig.for_model(model_type, **{**common, **kw, **overrides})
     cfg._attn_implementation = "eager"
@@ -197,6 +198,15 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
             w.add_embedding_scale(c.embedding_multiplier)
             w.add_residual_scale(c.residual_multiplier)
             w.add_logit_scale(c.logits_scaling)
+        return
+    if arch == "mpt":
+        w.add_context_length(c.max_seq_len)
+        w.add_embedding_length(c.d_model)
+        w.add_block_count(c.n_layers)
+        w.add_feed_forward_length(4 * c.d_model)
+        w.add_head_count(c.n_heads)
+        w.add_layer_norm_eps(1e-5)
+        w.add_max_alibi_bias(c.attn_config.alibi_bias_max if c.attn_config.alibi else 0.0)
         return
     if arch == "bloom":
         w.add_context_length(getattr(c, "seq_length", None) or c.hidden_size)  # the converter's fallback
@@ -341,7 +351,7 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] 
     _metadata(w, arch, c)
     _tokenizer(w, arch, c.vocab_size)
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
-                                     getattr(c, "num_hidden_layers", None) or c.n_layer)
+                                     getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer", None) or c.n_layers)
     tied = bool(getattr(c, "tie_word_embeddings", False))
     cycle = list(types) if isinstance(types, tuple) else ["f32", "f16", "q8_0"]
     n_2d = 0

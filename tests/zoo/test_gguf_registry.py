@@ -5,7 +5,7 @@
 * Every architecture a family declares is one llama.cpp knows, and every tensor stem its table names is in
   llama.cpp's own tensor list for that architecture (``gguf.MODEL_TENSORS``): an independent check of the names.
 * The families added to the GGUF path (GPT-2, GPT-NeoX, Phi-2, OLMo, OLMo 2, StableLM, Starcoder 2, Granite,
-  Command-R, Arcee, Seed-OSS, BLOOM, SmolLM3, ERNIE 4.5):
+  Command-R, Arcee, Seed-OSS, BLOOM, SmolLM3, ERNIE 4.5, MPT):
   a float32 file written from a random transformers model as llama.cpp's converter writes it (GPT-2's transposed
   ``Conv1D`` weights, GPT-NeoX's QKV regrouped to ``[q | k | v]``, OLMo's and Granite's Q/K permutation, Granite's
   four scalars; tests/zoo/gguf_writer.py) loads with ``interp.load`` within 1e-4 of transformers' logits.
@@ -22,7 +22,7 @@ pytest.importorskip("transformers")
 from gguf_writer import FAMILIES, SEQ, V, hf_model, write_gguf  # noqa: E402
 
 import interp  # noqa: E402
-from interp.families import BY_GGUF_ARCH  # noqa: E402
+from interp.families import BY_GGUF_ARCH, family_for  # noqa: E402
 from interp.families import FAMILIES as FAMILY_RECORDS  # noqa: E402
 from interp.zoo import gguf as zgguf  # noqa: E402
 
@@ -30,7 +30,8 @@ from interp.zoo import gguf as zgguf  # noqa: E402
 NEW = {"gpt2": "gpt2", "gptneox": "gpt_neox", "gptneox_sequential": "gpt_neox", "phi2": "phi", "olmo": "olmo",
        "olmo2": "olmo2", "stablelm": "stablelm", "stablelm_parallel": "stablelm", "starcoder2": "starcoder2",
        "granite": "granite", "command_r": "cohere", "arcee": "arcee", "seed_oss": "llama",
-       "bloom": "bloom", "smollm3": "smollm3", "ernie4_5": "ernie4_5"}
+       "bloom": "bloom", "smollm3": "smollm3", "ernie4_5": "ernie4_5",
+       "mpt": "mpt"}
 _ARCH_ENUM = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 
 
@@ -103,10 +104,14 @@ def test_an_unknown_architecture_is_refused_with_the_known_ones():
     (_meta("gpt2", **{"attention.head_count_kv": 1}), set(), "gpt2.attention.head_count_kv = 1: GPT-2 has 4 K/V head\\(s\\) \\(one per query head\\)"),
     (_meta("phi2", **{"expert_count": 4}), set(), "4 experts per layer .* not supported for 'phi2'"),
     (_meta("starcoder2", **{"rope.scaling.type": "yarn"}), set(), "RoPE scaling 'yarn'"),
+    (_meta("mpt", **{"attention.clamp_kqv": 6.0}), set(), "clip_qkv=6.0 is not supported"),
+    (_meta("mpt", **{"max_alibi_bias": 16.0}), set(), "alibi_bias_max=16.0 is not supported"),
 ])
 def test_settings_the_new_families_do_not_reproduce_are_refused_by_name(meta, names, match):
+    """Refused reading the metadata, or by the family's HF config mapping it feeds (as loading does)."""
     with pytest.raises(ValueError, match=match):
-        zgguf.hf_config_from_gguf(meta, names)
+        hf_cfg = zgguf.hf_config_from_gguf(meta, names)
+        family_for(hf_cfg["model_type"]).config(hf_cfg)
 
 
 def test_every_declared_architecture_and_tensor_is_llama_cpps():

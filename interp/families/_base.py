@@ -107,6 +107,30 @@ def _activation(hf_cfg: Mapping[str, Any], key: str, default: str, arch: str,
     return table[act]
 
 
+#: The sizes of :func:`tiny_hf_config`: a model small enough for a docstring example.
+TINY_SIZES: dict[str, int] = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                              "intermediate_size": 96, "vocab_size": 50, "max_position_embeddings": 64}
+
+
+def tiny_hf_config(model_type: str, **overrides: Any) -> dict[str, Any]:
+    """A tiny HF config dict in Llama's key names (64 wide, 4 heads, 2 layers, 96-wide MLP, 50 tokens, 64
+    positions) for ``model_type``, with ``overrides`` on top: the family docstrings' examples build from it.
+
+    Args:
+        model_type: the HF ``model_type``.
+        overrides: keys to add or change.
+
+    Returns:
+        The ``config.json``-style dict.
+
+    Example:
+        >>> from interp.families import family_for, tiny_hf_config
+        >>> family_for("qwen2").config(tiny_hf_config("qwen2")).n_layers
+        2
+    """
+    return {"model_type": model_type, **TINY_SIZES, **overrides}
+
+
 def llama_sizes(hf_cfg: Mapping[str, Any], arch: str, *, d_head: int | None = None,
                 tie_default: bool = False) -> dict[str, Any]:
     """The size fields of a config that names them as Llama does (``hidden_size``, ``num_attention_heads``,

@@ -20,7 +20,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import StateDict
-from ._tensors import _per_head_qkv, _Source
+from ._tensors import _lm_head, _per_head_qkv, _Source
 
 #: ``(source tensors, config) -> our tensor`` (or several, for a rule with several ``ours`` names).
 Transform = Callable[[Sequence[torch.Tensor], ModelConfig], torch.Tensor | Sequence[torch.Tensor]]
@@ -138,6 +138,28 @@ def map_tensors(table: Sequence[Rule], hf_sd: StateDict, cfg: ModelConfig, *, pr
                 for name, t in zip(ours, made_all):
                     out[f"{name.format(i=i)}.{kind}"] = t
     return out, set(by)
+
+
+def with_head(table: Sequence[Rule], hf_sd: StateDict, cfg: ModelConfig, *, arch: str,
+              prefixes: tuple[str, ...] = ("model.",)) -> dict[str, torch.Tensor]:
+    """Our state dict of a family whose weights are ``table`` plus the unembedding (``lm_head``, unless tied):
+    :func:`map_tensors`, then the head.
+
+    Raises:
+        ValueError: as :func:`map_tensors`, or no ``lm_head.weight`` when the config does not tie the embeddings.
+
+    Example:
+        >>> import torch
+        >>> from interp import ModelConfig
+        >>> from interp.families._mapping import Rule, with_head
+        >>> cfg = ModelConfig(n_layers=1, d_model=4, n_heads=2, d_mlp=8, d_vocab=5, n_ctx=8, tie_embeddings=False)
+        >>> sd = {"model.norm.weight": torch.ones(4), "lm_head.weight": torch.zeros(5, 4)}
+        >>> sorted(with_head((Rule("ln_final", "norm"),), sd, cfg, arch="toy"))
+        ['W_U.bias', 'W_U.weight', 'ln_final.weight']
+    """
+    out, _ = map_tensors(table, hf_sd, cfg, prefixes=prefixes, arch=arch)
+    out.update(_lm_head(hf_sd, _Source(hf_sd, prefixes, arch), cfg, arch))
+    return out
 
 
 # --- sub-tables several families share ----------------------------------------------------------------------

@@ -7,7 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import _need, _positive, _where
+from ..config import Activation
+from ._base import _activation, _decoder_checks, _need, _positive, _where
 
 #: How each family's transformers classes decide which layers slide, read from their config and modelling code:
 #: ``"every"`` (one window for all layers: Mistral, Mixtral, Phi-3; Qwen3-MoE when ``use_sliding_window``),
@@ -28,6 +29,20 @@ WINDOW_RULES: dict[str, str] = {
 
 #: The families whose config class keeps ``sliding_window`` only when ``use_sliding_window`` (default False).
 _USE_SLIDING_WINDOW = ("qwen2", "qwen2_moe", "qwen3_moe")
+
+
+def _check_layer_types(types: Any, n_layers: int, arch: str) -> None:
+    """Refuse a ``layer_types`` that is not one ``"sliding_attention"`` / ``"full_attention"`` entry per layer.
+
+    Raises:
+        ValueError: naming the length or the entry, with the value.
+    """
+    if len(types) != n_layers:
+        raise ValueError(f"{arch} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
+    for i, kind in enumerate(types):
+        if kind not in ("sliding_attention", "full_attention"):
+            raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
+                             "(only 'sliding_attention' and 'full_attention')")
 
 
 def sliding_windows(hf_cfg: Mapping[str, Any], arch: str, *, rule: str | None = None,
@@ -67,12 +82,7 @@ def sliding_windows(hf_cfg: Mapping[str, Any], arch: str, *, rule: str | None = 
         return None
     n_layers = _need(hf_cfg, "num_hidden_layers", arch)
     if types:
-        if len(types) != n_layers:
-            raise ValueError(f"{arch} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
-        for i, kind in enumerate(types):
-            if kind not in ("sliding_attention", "full_attention"):
-                raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
-                                 "(only 'sliding_attention' and 'full_attention')")
+        _check_layer_types(types, n_layers, arch)
         if rule == "every" and "full_attention" in types:
             # transformers' class ignores layer_types and slides every layer: such a checkpoint was made for
             # another class (Ministral), so neither reading is safe.
@@ -109,12 +119,7 @@ def _typed_windows(hf_cfg: Mapping[str, Any], arch: str, default_types: list[str
     """
     n_layers = _need(hf_cfg, "num_hidden_layers", arch)
     types = hf_cfg.get("layer_types") or default_types
-    if len(types) != n_layers:
-        raise ValueError(f"{arch} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
-    for i, kind in enumerate(types):
-        if kind not in ("sliding_attention", "full_attention"):
-            raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
-                             "(only 'sliding_attention' and 'full_attention')")
+    _check_layer_types(types, n_layers, arch)
     window = hf_cfg.get("sliding_window")
     windows = [window if use and window and kind == "sliding_attention" else None for kind in types]
     return list(types), windows if any(w is not None for w in windows) else None
@@ -222,6 +227,55 @@ def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None
         if rope.get("attention_factor") is not None:
             scaling["attention_factor"] = need("attention_factor")
     return theta, scaling
+
+
+def rotary_basics(hf_cfg: Mapping[str, Any], arch: str, act_default: str,
+                  activations: Mapping[str, Activation]) -> tuple[Activation, float, dict | None]:
+    """What a rotary decoder's config mapping reads first: :func:`_decoder_checks`, the ``hidden_act``
+    (``act_default`` when absent, through the family's ``activations``) and RoPE (:func:`_rope`).
+
+    Returns:
+        ``(activation, rotary base, rope_scaling)``.
+
+    Raises:
+        ValueError: what the checks, the activation table or :func:`_rope` refuse (each named).
+
+    Example:
+        >>> from interp.families._base import GATED_ACTIVATIONS
+        >>> from interp.families._positions import rotary_basics
+        >>> rotary_basics({"rope_theta": 500.0}, "toy", "silu", GATED_ACTIVATIONS)
+        ('swiglu', 500.0, None)
+    """
+    _decoder_checks(hf_cfg, arch)
+    activation = _activation(hf_cfg, "hidden_act", act_default, arch, activations)
+    theta, scaling = _rope(hf_cfg, arch)
+    return activation, theta, scaling
+
+
+def _partial_factor(hf_cfg: Mapping[str, Any], default: float, legacy: str = "partial_rotary_factor") -> float:
+    """The share of each head that rotates: ``rope_parameters["partial_rotary_factor"]`` (transformers 5), else the
+    top-level ``legacy`` key (4.x: ``partial_rotary_factor``, GPT-NeoX's ``rotary_pct``), else ``default``.
+
+    Example:
+        >>> from interp.families._positions import _partial_factor
+        >>> _partial_factor({"rotary_pct": 0.25}, 1.0, legacy="rotary_pct")
+        0.25
+    """
+    rope = hf_cfg.get("rope_parameters") or {}
+    return rope.get("partial_rotary_factor", hf_cfg.get(legacy, default))
+
+
+def _unscaled_rope(hf_cfg: Mapping[str, Any], arch: str, family: str) -> float:
+    """The RoPE base of a family whose transformers code rotates part of each head with no scaling.
+
+    Raises:
+        ValueError: a RoPE scaling kind (named), or what :func:`_rope` refuses.
+    """
+    theta, scaling = _rope(hf_cfg, arch)
+    if scaling is not None:
+        raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': {family} "
+                         "rotates part of each head)")
+    return theta
 
 
 def _rope_context(n_ctx: int, scaling: dict | None) -> int:

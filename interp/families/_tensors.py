@@ -77,6 +77,33 @@ def _leading_pairs_to_halves(w: torch.Tensor, heads: int, width: int, rope: int)
     return w.reshape(heads, width, *w.shape[1:])[:, perm].reshape(w.shape)  # [heads, width, ..] -> [heads * width, ..]
 
 
+def _qk_pairs_to_halves(out: dict[str, torch.Tensor], b: str, cfg: ModelConfig, rope: int) -> None:
+    """In place: the query and key rows of ``out[b + "attn.W_qkv.*"]`` (weight, and bias when ``attn_bias``) from
+    interleaved rotary pairs (their first ``rope`` rows per head) to halves (:func:`_leading_pairs_to_halves`);
+    the value rows are kept."""
+    H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+    for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
+        key = b + f"attn.W_qkv.{kind}"
+        q, k, v = out[key].split([H * D, K * D, K * D], dim=0)
+        out[key] = torch.cat([_leading_pairs_to_halves(q, H, D, rope), _leading_pairs_to_halves(k, K, D, rope),
+                              v])  # [(H+2K)*D(, M)]
+
+
+def _llama_ends(src: _Source) -> dict[str, torch.Tensor]:
+    """A Llama-layout model's embedding and final RMSNorm (``embed_tokens`` and ``norm``)."""
+    return {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+
+
+def _llama_layer(src: _Source, cfg: ModelConfig, i: int) -> tuple[str, str, dict[str, torch.Tensor]]:
+    """Layer ``i`` of a Llama-layout decoder: ``(HF prefix, our prefix, its attention and its two RMSNorms)``
+    (``input_layernorm`` / ``post_attention_layernorm``); the caller adds what else the family's layer holds."""
+    h, b = f"layers.{i}.", f"blocks.{i}."
+    out = _llama_attention(src, h, b, cfg)
+    out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
+    out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+    return h, b, out
+
+
 def _lm_head(hf_sd: StateDict, src: _Source, cfg: ModelConfig, arch: str, key: str = "lm_head.weight",
              bias: str | None = None) -> dict[str, torch.Tensor]:
     """The untied unembedding (and its bias: zeros when the HF head has none)."""

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ..config import Activation, ModelConfig
-from ._base import StateDict, _activation, _decoder_checks, llama_sizes
-from ._family import Family, fixed
-from ._positions import _rope
+from ._base import StateDict, llama_sizes
+from ._family import CompatConfig, Family, fixed
+from ._gguf import LLAMA_ATTN, LLAMA_GLOBAL, llama_spec
+from ._positions import rotary_basics
 from ._tensors import (
     _llama_attention,
     _lm_head,
@@ -32,16 +34,13 @@ def arcee_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.arcee import arcee_config
-        >>> cfg = arcee_config({"model_type": "arcee", "hidden_size": 64, "num_attention_heads": 4,
-        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                     "max_position_embeddings": 64})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = arcee_config(tiny_hf_config("arcee"))
         >>> cfg.activation, cfg.normalization
         ('relu2', 'rms')
     """
     arch = "arcee"
-    _decoder_checks(hf_cfg, arch)
-    activation = _activation(hf_cfg, "hidden_act", "relu2", arch, _ACTIVATIONS)
-    theta, scaling = _rope(hf_cfg, arch)
+    activation, theta, scaling = rotary_basics(hf_cfg, arch, "relu2", _ACTIVATIONS)
     bias = bool(hf_cfg.get("attention_bias", False))
     return ModelConfig(
         **llama_sizes(hf_cfg, arch), activation=activation, normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps",
@@ -71,4 +70,23 @@ def arcee_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     return out
 
 
-FAMILY = Family("arcee", ("arcee",), arcee_config, fixed(arcee_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+#: llama.cpp's ``arcee`` (AFM): Llama's names and Q/K permutation, an ungated ``ffn_up`` / ``ffn_down`` MLP whose
+#: activation llama.cpp fixes to squared ReLU.
+GGUF = {"arcee": dataclasses.replace(
+    llama_spec("arcee", permuted=True, hidden_act="relu2"), global_names=LLAMA_GLOBAL,
+    block={**LLAMA_ATTN, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+           "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"})}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "arcee": CompatConfig("arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                        attention_bias=True, mlp_bias=True,
+                                        rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                                         "original_max_position_embeddings": 16})),
+}
+
+
+FAMILY = Family("arcee", ("arcee",), arcee_config, fixed(arcee_state_dict), gguf=GGUF, tests=TESTS)

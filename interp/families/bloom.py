@@ -19,7 +19,8 @@ import torch
 
 from ..config import ModelConfig, alibi_slopes
 from ._base import StateDict, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
+from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, fixed_heads_sizes, per_head_rows
 from ._tensors import _lm_head, _per_head_qkv, _shaped, _Source
 
 #: BLOOM has no position table: ALiBi extrapolates. The longest sequence a converted model accepts (the
@@ -108,4 +109,34 @@ def bloom_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     return out
 
 
-FAMILY = Family("bloom", ("bloom",), bloom_config, fixed(bloom_state_dict), title="BLOOM")
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> BLOOM's HF config (ALiBi: ``context_length`` is only the longest sequence accepted)."""
+    sizes = fixed_heads_sizes(m, names, "BLOOM")
+    return {"model_type": "bloom", "hidden_size": sizes["hidden_size"], "n_head": sizes["num_attention_heads"],
+            "n_layer": sizes["num_hidden_layers"], "vocab_size": sizes["vocab_size"],
+            "seq_length": sizes["max_position_embeddings"],
+            "layer_norm_epsilon": m.number("attention.layer_norm_epsilon", 1e-5),
+            "tie_word_embeddings": sizes["tie_word_embeddings"], **{k: sizes[k] for k in TOKEN_IDS}}
+
+
+#: llama.cpp's ``bloom``: the fused QKV reordered from per-head groups to ``[q | k | v]`` (regrouped here); the
+#: converter writes the tied unembedding out as ``output``.
+GGUF = {"bloom": GGUFSpec(_gguf_config, {
+    "token_embd": "transformer.word_embeddings", "token_embd_norm": "transformer.word_embeddings_layernorm",
+    "output_norm": "transformer.ln_f", "output": "lm_head"}, "transformer.h.{}.", {
+        "attn_norm": "input_layernorm", "attn_qkv": "self_attention.query_key_value",
+        "attn_output": "self_attention.dense", "ffn_norm": "post_attention_layernorm",
+        "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}, per_head_rows)}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    # ALiBi with 6 heads (not a power of two: the interleaved extra slopes) and with 12
+    "bloom": CompatConfig("bloom", dict(hidden_size=96, n_head=6, n_layer=2)),
+    "bloom_12_heads": CompatConfig("bloom", dict(hidden_size=96, n_head=12, n_layer=2)),
+}
+
+
+FAMILY = Family("bloom", ("bloom",), bloom_config, fixed(bloom_state_dict), title="BLOOM", gguf=GGUF, tests=TESTS)

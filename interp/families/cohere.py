@@ -12,12 +12,13 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
-from ._family import Family
+from ._family import TEST_WINDOW, CompatConfig, Family
+from ._gguf import GATED_MLP, LLAMA_ATTN, LLAMA_GLOBAL, QK_NORM, GGUFSpec, HFConfig, Meta, llama_like
 from ._positions import _rope, _typed_windows
 from ._tensors import (
     _dense_weights,
-    _leading_pairs_to_halves,
     _llama_attention,
+    _qk_pairs_to_halves,
     _Source,
 )
 from .granite import _granite_multiplier
@@ -35,9 +36,8 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.cohere import cohere_config
-        >>> cfg = cohere_config({"model_type": "cohere", "hidden_size": 64, "num_attention_heads": 4,
-        ...                      "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                      "max_position_embeddings": 64})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = cohere_config(tiny_hf_config("cohere"))
         >>> cfg.parallel_block, cfg.normalization, cfg.tie_embeddings
         ('one_norm', 'pre', False)
     """
@@ -80,7 +80,6 @@ def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mod
 
     def convert(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         src = _Source(hf_sd, ("model.",), "Cohere")
-        H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
         embed = src("embed_tokens.weight")
         zero = torch.zeros(cfg.d_model, dtype=embed.dtype)
         if "lm_head.weight" not in hf_sd and not tied:
@@ -92,10 +91,7 @@ def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mod
         for i in range(cfg.n_layers):
             h, b = f"layers.{i}.", f"blocks.{i}."
             out.update(_llama_attention(src, h, b, cfg))
-            for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
-                q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
-                out[b + f"attn.W_qkv.{kind}"] = torch.cat(
-                    [_leading_pairs_to_halves(q, H, D, D), _leading_pairs_to_halves(k, K, D, D), v])
+            _qk_pairs_to_halves(out, b, cfg, cfg.d_head)
             out[b + "ln1.weight"], out[b + "ln1.bias"] = src(h + "input_layernorm.weight"), zero.clone()
             out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
         return out
@@ -103,4 +99,30 @@ def cohere_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mod
     return convert
 
 
-FAMILY = Family("cohere", ("cohere", "cohere2"), cohere_config, cohere_state_dict_for)
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Cohere's HF config: Llama's keys with the LayerNorm epsilon and ``logit_scale``; QK-norm
+    (``attn_q_norm``) is refused by name, as the HF mapping refuses ``use_qk_norm``."""
+    cfg = llama_like("cohere")(m, names)
+    return {**cfg, "layer_norm_eps": m.number("attention.layer_norm_epsilon", 1e-5),
+            "logit_scale": m.number("logit_scale", 0.0625), "use_qk_norm": "blk.0.attn_q_norm.weight" in names}
+
+
+#: llama.cpp's ``command-r`` (Command-R, Aya 23): Llama's names with one LayerNorm per parallel block, RoPE on
+#: interleaved pairs as HF (not permuted; the HF mapping reorders them to halves).
+GGUF = {"command-r": GGUFSpec(_gguf_config, {k: v for k, v in LLAMA_GLOBAL.items() if k != "output"},
+                              "model.layers.{}.", {**LLAMA_ATTN, **QK_NORM, **GATED_MLP, "attn_norm": "input_layernorm"})}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "cohere": CompatConfig("cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                          logit_scale=0.5, attention_bias=True)),
+    "cohere2": CompatConfig("cohere2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                            logit_scale=0.5, sliding_window=TEST_WINDOW,
+                                            layer_types=["sliding_attention", "full_attention"])),
+}
+
+
+FAMILY = Family("cohere", ("cohere", "cohere2"), cohere_config, cohere_state_dict_for, gguf=GGUF, tests=TESTS)

@@ -11,7 +11,8 @@ import torch
 
 from ..config import ModelConfig
 from ._base import _MLP_BIAS_KEY, StateDict, _decoder_checks, _need
-from ._family import Family
+from ._family import CompatConfig, Family
+from ._gguf_experts import DEEPSEEK2
 from ._positions import _rope, _yarn_mscale
 from ._tensors import (
     _deinterleave,
@@ -192,5 +193,23 @@ def _deepseek_state_dict(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mode
     return lambda sd, cfg: deepseek_state_dict(sd, cfg, interleaved=interleaved, arch=mtype)
 
 
+_MLA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=4, v_head_dim=6, intermediate_size=48, moe_intermediate_size=24, n_routed_experts=8,
+            num_experts_per_tok=3, first_k_dense_replace=1)
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits (table-only rows are in the README table, not the family tests).
+TESTS = {
+    "deepseek_v2": CompatConfig("deepseek_v2", dict(**_MLA, q_lora_rank=None, n_shared_experts=2,
+                                                    topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                                                    routed_scaling_factor=1.5), table_only=True),
+    "deepseek_v3": CompatConfig("deepseek_v3", dict(**_MLA, q_lora_rank=12, n_shared_experts=1, n_group=4, topk_group=2,
+                                                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                                                     "original_max_position_embeddings": 16, "mscale": 0.8,
+                                                                     "mscale_all_dim": 0.707}), table_only=True),
+}
+
+
 FAMILY = Family("deepseek", ("deepseek_v2", "deepseek_v3"), deepseek_config, _deepseek_state_dict, title="DeepSeek",
-                headline=True)
+                headline=True, gguf={"deepseek2": DEEPSEEK2}, tests=TESTS)

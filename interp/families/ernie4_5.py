@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,10 +11,11 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
+from ._gguf import HFConfig, Meta, llama_spec
 from ._positions import _rope
 from ._tensors import (
-    _leading_pairs_to_halves,
+    _qk_pairs_to_halves,
 )
 from .llama import llama_state_dict
 
@@ -28,9 +30,8 @@ def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.ernie4_5 import ernie4_5_config
-        >>> cfg = ernie4_5_config({"model_type": "ernie4_5", "hidden_size": 64, "num_attention_heads": 4,
-        ...                        "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 96,
-        ...                        "vocab_size": 50, "max_position_embeddings": 64, "use_bias": True})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = ernie4_5_config(tiny_hf_config("ernie4_5", head_dim=16, use_bias=True))
         >>> cfg.rotary_dim, cfg.attn_bias, cfg.out_bias, cfg.mlp_bias, cfg.tie_embeddings
         (16, True, True, True, True)
     """
@@ -53,14 +54,32 @@ def ernie4_5_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    H, K, D = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     out = llama_state_dict(hf_sd, cfg, arch="ernie4_5")
     for i in range(cfg.n_layers):
-        for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
-            key = f"blocks.{i}.attn.W_qkv.{kind}"
-            q, k, v = out[key].split([H * D, K * D, K * D], dim=0)
-            out[key] = torch.cat([_leading_pairs_to_halves(q, H, D, D), _leading_pairs_to_halves(k, K, D, D), v])
+        _qk_pairs_to_halves(out, f"blocks.{i}.", cfg, cfg.d_head)
     return out
 
 
-FAMILY = Family("ernie4_5", ("ernie4_5",), ernie4_5_config, fixed(ernie4_5_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+_LLAMA_GGUF = llama_spec("ernie4_5")
+
+
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> ERNIE 4.5's HF config: Llama's keys and ``use_bias`` from the tensors."""
+    return {**_LLAMA_GGUF.config(m, names), "use_bias": "blk.0.attn_q.bias" in names}
+
+
+#: llama.cpp's ``ernie4_5``: Llama's names, not permuted (both rotate interleaved pairs; the HF mapping reorders
+#: them to halves).
+GGUF = {"ernie4_5": dataclasses.replace(_LLAMA_GGUF, config=_gguf_config)}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "ernie4_5": CompatConfig("ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                              head_dim=8, use_bias=True, tie_word_embeddings=False)),
+}
+
+
+FAMILY = Family("ernie4_5", ("ernie4_5",), ernie4_5_config, fixed(ernie4_5_state_dict), gguf=GGUF, tests=TESTS)

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, fixed
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._positions import _rope, _typed_windows
 from .olmo2 import olmo2_state_dict
 
@@ -57,4 +57,12 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-FAMILY = Family("exaone4", ("exaone4",), exaone4_config, fixed(olmo2_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "exaone4": CompatConfig("exaone4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                            sliding_window=TEST_WINDOW, sliding_window_pattern=2)),
+}
+
+
+FAMILY = Family("exaone4", ("exaone4",), exaone4_config, fixed(olmo2_state_dict), tests=TESTS)

@@ -12,7 +12,8 @@ import torch
 
 from ..config import ModelConfig, ParallelBlock, alibi_slopes
 from ._base import StateDict, _decoder_checks, _need
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
+from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, rope_parameters, rotary_dim
 from ._positions import _rope
 from ._tensors import (
     _lm_head,
@@ -133,4 +134,76 @@ def falcon_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Ten
     return out
 
 
-FAMILY = Family("falcon", ("falcon",), falcon_config, fixed(falcon_state_dict), gguf_archs=("falcon",))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Falcon's HF config (only the ``jploski`` ``[q | k | v]`` layout); a second norm per block
+    (``attn_norm_2``) means the new decoder architecture with two norms (Falcon 40B / 180B)."""
+    cfg = gguf_sizes(m, names)
+    layout = m.get("tensor_data_layout", "jploski")
+    if layout != "jploski":
+        raise m.fail(f"{m.key('tensor_data_layout')} = {layout!r} is not supported (only 'jploski', the "
+                     f"[q | k | v] layout llama.cpp's converter writes)")
+    one_head_width(m, cfg, "Falcon")
+    rotary_dim(m, cfg["head_dim"])
+    no_window(m)
+    H, K = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    two_norms = "blk.0.attn_norm_2.weight" in names
+    # HF spells the K/V grouping three ways; each below converts to the same model.
+    if two_norms or K not in (1, H):
+        layout_cfg = {"new_decoder_architecture": True, "num_kv_heads": K, "num_ln_in_parallel_attn": 2 if two_norms else 1}
+    else:
+        layout_cfg = {"new_decoder_architecture": False, "multi_query": K == 1}
+    return {"model_type": "falcon", "hidden_size": cfg["hidden_size"], "num_attention_heads": H,
+            "num_hidden_layers": cfg["num_hidden_layers"], "vocab_size": cfg["vocab_size"],
+            "ffn_hidden_size": cfg["intermediate_size"], "max_position_embeddings": cfg["max_position_embeddings"],
+            "layer_norm_epsilon": m.number("attention.layer_norm_epsilon", 1e-5),
+            "rope_parameters": rope_parameters(m, names, 10000.0), "parallel_attn": True, "alibi": False,
+            "bias": "blk.0.attn_qkv.bias" in names, "activation": "gelu",
+            "tie_word_embeddings": cfg["tie_word_embeddings"], **layout_cfg,
+            **{k: cfg[k] for k in TOKEN_IDS}}
+
+
+def _gguf_regroup(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:
+    """``[q | k | v]`` rows (llama.cpp) back to HF Falcon's per-K/V-group ``[q_1 .. q_G, k, v]``."""
+    if kind != "attn_qkv":
+        return w
+    H = hf_cfg["num_attention_heads"]
+    K = hf_cfg.get("num_kv_heads", 1 if hf_cfg.get("multi_query") else H)
+    D = hf_cfg["hidden_size"] // H
+    if w.shape[0] != (H + 2 * K) * D:
+        raise ValueError(f"has {w.shape[0]} rows, {H} query + 2 x {K} K/V heads of {D} need {(H + 2 * K) * D}")
+    rest = w.shape[1:]
+    q, k, v = w.split([H * D, K * D, K * D])
+    groups = [q.reshape(K, H // K, D, *rest), k.reshape(K, 1, D, *rest), v.reshape(K, 1, D, *rest)]
+    return torch.cat(groups, dim=1).reshape(w.shape)  # [K, G + 2, D, ..] -> [(H + 2K) D, ..]
+
+
+def _gguf_block(hf_cfg: Mapping[str, Any]) -> dict[str, str]:
+    two = hf_cfg.get("new_decoder_architecture") and hf_cfg.get("num_ln_in_parallel_attn") == 2
+    # Two norms (gguf's tensor map, as llama.cpp's falcon graph reads them): attn_norm_2 feeds the attention,
+    # attn_norm the MLP.
+    return {"attn_norm": "ln_mlp" if two else "input_layernorm", "attn_norm_2": "ln_attn",
+            "attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
+            "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
+
+
+#: llama.cpp's ``falcon``: the fused QKV reordered from HF's per-K/V-group ``[q_1 .. q_G, k, v]`` into
+#: ``[q | k | v]`` (``tensor_data_layout = "jploski"``); regrouped on reading.
+GGUF = {"falcon": GGUFSpec(_gguf_config, {
+    "token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f", "output": "lm_head"},
+    "transformer.h.{}.", _gguf_block, _gguf_regroup)}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "falcon": CompatConfig("falcon", dict(hidden_size=80, ffn_hidden_size=96, num_attention_heads=5, multi_query=True,
+                                          parallel_attn=True, bias=False)),
+    "falcon_new_arch": CompatConfig("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=9, num_kv_heads=3,
+                                                   new_decoder_architecture=True, bias=True)),
+    "falcon_alibi": CompatConfig("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=6, multi_query=False,
+                                                parallel_attn=False, bias=True, alibi=True)),
+}
+
+
+FAMILY = Family("falcon", ("falcon",), falcon_config, fixed(falcon_state_dict), gguf=GGUF, tests=TESTS)

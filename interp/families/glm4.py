@@ -11,12 +11,13 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, fixed
-from ._positions import _rope
+from ._family import CompatConfig, Family, fixed
+from ._positions import _partial_factor, _unscaled_rope
 from ._tensors import (
-    _leading_pairs_to_halves,
     _llama_attention,
+    _llama_ends,
     _lm_head,
+    _qk_pairs_to_halves,
     _shaped,
     _Source,
 )
@@ -33,11 +34,9 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.glm4 import glm4_config
-        >>> cfg = glm4_config({"model_type": "glm4", "hidden_size": 64, "num_attention_heads": 4, "head_dim": 16,
-        ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                    "max_position_embeddings": 64,
-        ...                    "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
-        ...                                        "partial_rotary_factor": 0.5}})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = glm4_config(tiny_hf_config("glm4", head_dim=16, rope_parameters={"rope_type": "default",
+        ...     "rope_theta": 1e4, "partial_rotary_factor": 0.5}))
         >>> cfg.rotary_dim, cfg.sublayer_norm, cfg.attn_bias, cfg.out_bias
         (8, 'sandwich', True, False)
     """
@@ -45,12 +44,8 @@ def glm4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     _decoder_checks(hf_cfg, arch)
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = hf_cfg.get("head_dim") or d_model // n_heads
-    rope = hf_cfg.get("rope_parameters") or {}
-    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.5))
-    theta, scaling = _rope(hf_cfg, arch)
-    if scaling is not None:
-        raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': GLM-4 "
-                         "rotates part of each head)")
+    partial = _partial_factor(hf_cfg, 0.5)
+    theta = _unscaled_rope(hf_cfg, arch, "GLM-4")
     activation = _activation(hf_cfg, "hidden_act", "silu", arch, GATED_ACTIVATIONS)
     return ModelConfig(
         **llama_sizes(hf_cfg, arch, d_head=d_head), activation=activation, normalization="rms",
@@ -68,15 +63,12 @@ def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
         ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
     """
     src = _Source(hf_sd, ("model.",), "GLM-4")
-    H, K, D, M, F, R = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model, cfg.d_mlp, cfg.rotary_dim or cfg.d_head
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    M, F = cfg.d_model, cfg.d_mlp
+    out = _llama_ends(src)
     for i in range(cfg.n_layers):
         h, b = f"layers.{i}.", f"blocks.{i}."
         out.update(_llama_attention(src, h, b, cfg))
-        for kind in ("weight", "bias") if cfg.attn_bias else ("weight",):
-            q, k, v = out[b + f"attn.W_qkv.{kind}"].split([H * D, K * D, K * D], dim=0)
-            out[b + f"attn.W_qkv.{kind}"] = torch.cat(
-                [_leading_pairs_to_halves(q, H, D, R), _leading_pairs_to_halves(k, K, D, R), v])  # [(H+2K)*D(, M)]
+        _qk_pairs_to_halves(out, b, cfg, cfg.rotary_dim or cfg.d_head)
         norms: tuple[tuple[str, str], ...] = (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm"))
         if cfg.sublayer_norm == "sandwich":  # GLM-4-0414; GLM normalises the sublayers' inputs only
             norms += (("ln1_post", "post_self_attn_layernorm"), ("ln2_post", "post_mlp_layernorm"))
@@ -89,4 +81,18 @@ def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
-FAMILY = Family("glm4", ("glm", "glm4"), glm4_config, fixed(glm4_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "glm": CompatConfig("glm", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                    head_dim=8, attention_bias=True,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.5})),
+    "glm4": CompatConfig("glm4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                      head_dim=16, attention_bias=True,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                       "partial_rotary_factor": 0.5})),
+}
+
+
+FAMILY = Family("glm4", ("glm", "glm4"), glm4_config, fixed(glm4_state_dict), tests=TESTS)

@@ -12,6 +12,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
 from ._family import Family
+from ._gguf import GPT2_BLOCK, GPT2_GLOBAL, GGUFSpec, HFConfig, Meta, fixed_heads_sizes, gpt2_keys, transposed
 from ._mapping import Rule, both, map_tensors, transpose
 
 
@@ -91,4 +92,17 @@ def gpt2_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Model
                              inverse_layer_scale=bool(hf_cfg.get("scale_attn_by_inverse_layer_idx", False)))
 
 
-FAMILY = Family("gpt2", ("gpt2",), gpt2_config, gpt2_state_dict_for, title="GPT-2", headline=True)
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> GPT-2's HF config (multi-head attention, learned positions, tanh GELU)."""
+    sizes = fixed_heads_sizes(m, names, "GPT-2")
+    return {"model_type": "gpt2", **gpt2_keys(m, sizes), "activation_function": "gelu_new"}
+
+
+#: llama.cpp's ``gpt2``: GPT-2's names; the converter transposed the ``Conv1D`` weights to ``[out, in]``
+#: (transposed back here, for the HF mapping).
+GGUF = {"gpt2": GGUFSpec(_gguf_config, GPT2_GLOBAL, "transformer.h.{}.", GPT2_BLOCK,
+                         transposed(("attn_qkv", "attn_output", "ffn_up", "ffn_down")))}
+
+
+FAMILY = Family("gpt2", ("gpt2",), gpt2_config, gpt2_state_dict_for, title="GPT-2", headline=True, gguf=GGUF)

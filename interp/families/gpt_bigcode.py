@@ -10,7 +10,8 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
+from ._gguf import GPT2_BLOCK, GPT2_GLOBAL, GGUFSpec, HFConfig, Meta, fixed_heads_sizes, gpt2_keys
 from ._tensors import (
     _lm_head,
     _per_head_qkv,
@@ -67,5 +68,27 @@ def gpt_bigcode_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torc
     return out
 
 
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> GPT-BigCode's HF config: llama.cpp's ``starcoder`` is multi-query only."""
+    cfg = fixed_heads_sizes(m, names, "llama.cpp's starcoder", kv_heads=1)
+    return {"model_type": "gpt_bigcode", **gpt2_keys(m, cfg), "multi_query": True,
+            "activation_function": "gelu_pytorch_tanh"}
+
+
+#: llama.cpp's ``starcoder``: MQA, learned positions, GPT-2 names.
+GGUF = {"starcoder": GGUFSpec(_gguf_config, GPT2_GLOBAL, "transformer.h.{}.", GPT2_BLOCK)}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gpt_bigcode": CompatConfig("gpt_bigcode", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64,
+                                                    multi_query=True)),
+    "gpt_bigcode_mha": CompatConfig("gpt_bigcode", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64,
+                                                        multi_query=False)),
+}
+
+
 FAMILY = Family("gpt_bigcode", ("gpt_bigcode",), gpt_bigcode_config, fixed(gpt_bigcode_state_dict),
-                gguf_archs=("starcoder",))
+                gguf=GGUF, tests=TESTS)

@@ -15,7 +15,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need
-from ._family import Family, fixed
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._tensors import _lm_head, _Source
 
 _ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu": "gelu", "relu": "relu",
@@ -77,14 +77,14 @@ def gpt_neo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 def gpt_neo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF GPT-Neo one (``GPTNeoForCausalLM`` or ``GPTNeoModel`` keys).
+    """Our state dict from a HF GPT-Neo one, whose separate q, k and v projections ``W_qkv`` stacks.
 
     Args:
-        hf_sd: the HF state dict.
-        cfg: the config :func:`gpt_neo_config` made.
+        hf_sd: ``GPTNeoForCausalLM`` or ``GPTNeoModel`` weights.
+        cfg: from :func:`gpt_neo_config`.
 
     Returns:
-        Our tensors by name; ``W_qkv`` stacks q, k and v.
+        Our tensors by name.
 
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
@@ -114,4 +114,13 @@ def gpt_neo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
-FAMILY = Family("gpt_neo", ("gpt_neo",), gpt_neo_config, fixed(gpt_neo_state_dict), title="GPT-Neo")
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gpt_neo": CompatConfig("gpt_neo", dict(hidden_size=80, intermediate_size=96, num_heads=5, num_layers=2,
+                                            max_position_embeddings=64, window_size=TEST_WINDOW,
+                                            attention_types=[[["local", "global"], 1]])),
+}
+
+
+FAMILY = Family("gpt_neo", ("gpt_neo",), gpt_neo_config, fixed(gpt_neo_state_dict), title="GPT-Neo", tests=TESTS)

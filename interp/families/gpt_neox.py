@@ -11,9 +11,18 @@ import torch
 
 from ..config import Activation, ModelConfig
 from ._base import StateDict, _activation, _decoder_checks, _need
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
+from ._gguf import (
+    TOKEN_IDS,
+    GGUFSpec,
+    HFConfig,
+    Meta,
+    fixed_heads_sizes,
+    partial_rope,
+    per_head_rows,
+)
 from ._mapping import Rule, biased_if, both, map_tensors, per_head_qkv
-from ._positions import _rope
+from ._positions import _partial_factor, _rope
 from ._tensors import (
     _lm_head,
     _Source,
@@ -35,8 +44,7 @@ def gpt_neox_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
     _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
-    rope = hf_cfg.get("rope_parameters") or {}
-    pct = rope.get("partial_rotary_factor", hf_cfg.get("rotary_pct", 1.0))
+    pct = _partial_factor(hf_cfg, 1.0, legacy="rotary_pct")
     legacy_base = hf_cfg.get("rotary_emb_base")
     theta, scaling = _rope(hf_cfg, arch, default_theta=legacy_base or 10000.0)
     bias = bool(hf_cfg.get("attention_bias", True))
@@ -82,4 +90,38 @@ def gpt_neox_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.T
     return out
 
 
-FAMILY = Family("gpt_neox", ("gpt_neox",), gpt_neox_config, fixed(gpt_neox_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> GPT-NeoX's HF config (partial rotary from ``rope.dimension_count``, ``use_parallel_residual``)."""
+    sizes = fixed_heads_sizes(m, names, "GPT-NeoX")
+    parallel = m.get("use_parallel_residual", True)
+    return {"model_type": "gpt_neox", **{k: sizes[k] for k in (
+                "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+                "max_position_embeddings", "tie_word_embeddings", *TOKEN_IDS)},
+            "rope_parameters": partial_rope(m, names, sizes["head_dim"]), "hidden_act": "gelu",
+            "layer_norm_eps": m.number("attention.layer_norm_epsilon", 1e-5), "use_parallel_residual": bool(parallel),
+            "attention_bias": "blk.0.attn_qkv.bias" in names}
+
+
+#: llama.cpp's ``gptneox`` (Pythia, GPT-NeoX): the converter reordered the fused QKV from per-head groups to
+#: ``[q | k | v]``; regrouped here.
+GGUF = {"gptneox": GGUFSpec(_gguf_config, {
+    "token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"},
+    "gpt_neox.layers.{}.", {
+        "attn_norm": "input_layernorm", "attn_qkv": "attention.query_key_value", "attn_output": "attention.dense",
+        "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"},
+    per_head_rows)}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gpt_neox": CompatConfig("gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                               "partial_rotary_factor": 0.5})),
+    "gpt_neox_sequential": CompatConfig("gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                         use_parallel_residual=False)),
+}
+
+
+FAMILY = Family("gpt_neox", ("gpt_neox",), gpt_neox_config, fixed(gpt_neox_state_dict), gguf=GGUF, tests=TESTS)

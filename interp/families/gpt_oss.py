@@ -17,7 +17,7 @@ What the family needs of the core, each a config value:
 Weight layouts (transformers 5): ``mlp.experts.gate_up_proj`` ``[E, M, 2F]`` (stored transposed, gate and up
 interleaved along the last axis: gate = columns 0, 2, 4 ..., up = 1, 3, 5 ...), ``gate_up_proj_bias`` ``[E, 2F]``
 (interleaved the same way), ``down_proj`` ``[E, F, M]``, ``down_proj_bias`` ``[E, M]``; ``mlp.router.weight``
-``[E, M]`` and ``mlp.router.bias`` ``[E]``. A GGUF file keeps gate and up apart; :mod:`interp.zoo.gguf_gpt_oss`
+``[E, M]`` and ``mlp.router.bias`` ``[E]``. A GGUF file keeps gate and up apart; :mod:`interp.families._gguf_gpt_oss`
 names them ``mlp.experts.gate_proj`` / ``up_proj`` ``[E, M, F]`` (and ``*_bias`` ``[E, F]``), which this
 converter takes in place of ``gate_up_proj``.
 
@@ -38,9 +38,10 @@ import torch
 
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need
-from ._family import Family, fixed
-from ._positions import _rope
-from ._tensors import _llama_attention, _Source
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
+from ._gguf_gpt_oss import GPT_OSS
+from ._positions import _check_layer_types, _rope
+from ._tensors import _llama_ends, _llama_layer, _Source
 
 __all__ = ["FP4_VALUES", "gpt_oss_config", "gpt_oss_state_dict", "mxfp4_dequantize"]
 
@@ -90,12 +91,7 @@ def gpt_oss_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     window = hf_cfg.get("sliding_window", 128)
     types = hf_cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
                                           for i in range(n_layers)]
-    if len(types) != n_layers:
-        raise ValueError(f"{ARCH} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
-    for i, kind in enumerate(types):
-        if kind not in ("sliding_attention", "full_attention"):
-            raise ValueError(f"{ARCH} layer_types[{i}]={kind!r} is not supported (only 'sliding_attention' and "
-                             "'full_attention')")
+    _check_layer_types(types, n_layers, ARCH)
     windows = [window if kind == "sliding_attention" and window else None for kind in types]
     params = hf_cfg.get("rope_parameters") or {}
     if not params.get("rope_type") and not hf_cfg.get("rope_scaling"):
@@ -197,17 +193,15 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     src = _Source(hf_sd, ("model.",), ARCH)
     E, M = cfg.n_experts, cfg.d_model
     F_ = cfg.d_expert if cfg.d_expert is not None else cfg.d_mlp  # set for every MoE config
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    out = _llama_ends(src)
     for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out.update(_llama_attention(src, h, b, cfg))
+        h, b, layer = _llama_layer(src, cfg, i)
+        out.update(layer)
         out[b + "attn.sinks"] = src(h + "self_attn.sinks")
-        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
-        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
         mlp = h + "mlp."
         out[b + "mlp.W_router"] = src(mlp + "router.weight")
         out[b + "mlp.b_router"] = src(mlp + "router.bias")
-        if src.has(mlp + "experts.gate_proj"):  # a GGUF file (interp.zoo.gguf_gpt_oss): gate and up apart
+        if src.has(mlp + "experts.gate_proj"):  # a GGUF file (interp.families._gguf_gpt_oss): gate and up apart
             out[b + "mlp.W_gate"] = _experts(src, mlp, "gate_proj", F_, M, E).transpose(1, 2)  # [E, F, M]
             out[b + "mlp.W_in"] = _experts(src, mlp, "up_proj", F_, M, E).transpose(1, 2)  # [E, F, M]
             out[b + "mlp.b_gate"] = src(mlp + "experts.gate_proj_bias")  # [E, F]
@@ -229,4 +223,17 @@ def gpt_oss_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
-FAMILY = Family("gpt_oss", ("gpt_oss",), gpt_oss_config, fixed(gpt_oss_state_dict), title="gpt-oss")
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gpt_oss": CompatConfig("gpt_oss", dict(hidden_size=72, intermediate_size=32, num_attention_heads=9, num_key_value_heads=3,
+                                            head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=TEST_WINDOW,
+                                            layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.5,
+                                            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                             "original_max_position_embeddings": 16})),
+}
+
+
+FAMILY = Family("gpt_oss", ("gpt_oss",), gpt_oss_config, fixed(gpt_oss_state_dict), title="gpt-oss",
+                gguf={"gpt-oss": GPT_OSS}, tests=TESTS)

@@ -11,7 +11,7 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._tensors import (
     _leading_pairs_to_halves,
     _lm_head,
@@ -78,4 +78,11 @@ def gptj_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
-FAMILY = Family("gptj", ("gptj",), gptj_config, fixed(gptj_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "gptj": CompatConfig("gptj", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64, rotary_dim=8)),
+}
+
+
+FAMILY = Family("gptj", ("gptj",), gptj_config, fixed(gptj_state_dict), tests=TESTS)

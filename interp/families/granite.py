@@ -13,7 +13,8 @@ import torch
 
 from ..config import ModelConfig
 from ._base import StateDict
-from ._family import Family
+from ._family import CompatConfig, Family
+from ._gguf import HFConfig, Meta, llama_spec
 from ._tensors import (
     _Source,
 )
@@ -40,10 +41,9 @@ def granite_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.granite import granite_config
-        >>> cfg = granite_config({"model_type": "granite", "hidden_size": 64, "num_attention_heads": 4,
-        ...                       "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                       "max_position_embeddings": 64, "embedding_multiplier": 12.0,
-        ...                       "attention_multiplier": 0.0078125, "tie_word_embeddings": True})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = granite_config(tiny_hf_config("granite", embedding_multiplier=12.0, attention_multiplier=0.0078125,
+        ...     tie_word_embeddings=True))
         >>> cfg.embed_scale, cfg.attn_scale, cfg.tie_embeddings
         (12.0, 0.0078125, False)
     """
@@ -78,4 +78,31 @@ def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mo
     return convert
 
 
-FAMILY = Family("granite", ("granite",), granite_config, granite_state_dict_for)
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+_LLAMA_GGUF = llama_spec("granite", permuted=True)
+
+
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Granite's HF config: Llama's, with the four scalars (``attention.scale``, ``embedding_scale``,
+    ``residual_scale``, ``logit_scale``); a missing ``attention.scale`` is ``1 / sqrt(head_dim)``, as llama.cpp
+    reads it."""
+    cfg = _LLAMA_GGUF.config(m, names)
+    return {**cfg, "attention_multiplier": m.number("attention.scale", cfg["head_dim"] ** -0.5),
+            "embedding_multiplier": m.number("embedding_scale", 1.0),
+            "residual_multiplier": m.number("residual_scale", 1.0), "logits_scaling": m.number("logit_scale", 1.0)}
+
+
+#: llama.cpp's ``granite``: Llama's names and Q/K permutation, plus four scalars in the metadata.
+GGUF = {"granite": dataclasses.replace(_LLAMA_GGUF, config=_gguf_config)}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "granite": CompatConfig("granite", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                            embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5,
+                                            logits_scaling=4.0, tie_word_embeddings=True, attention_bias=True)),
+}
+
+
+FAMILY = Family("granite", ("granite",), granite_config, granite_state_dict_for, gguf=GGUF, tests=TESTS)

@@ -11,11 +11,12 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
 from ._positions import _rope
 from ._tensors import (
     _dense_weights,
-    _llama_attention,
+    _llama_ends,
+    _llama_layer,
     _lm_head,
     _Source,
 )
@@ -31,10 +32,9 @@ def hunyuan_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.hunyuan import hunyuan_config
-        >>> cfg = hunyuan_config({"model_type": "hunyuan_v1_dense", "hidden_size": 64, "num_attention_heads": 4,
-        ...                       "head_dim": 16, "num_hidden_layers": 2, "intermediate_size": 96,
-        ...                       "vocab_size": 50, "max_position_embeddings": 64,
-        ...                       "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 2.0}})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = hunyuan_config(tiny_hf_config("hunyuan_v1_dense", head_dim=16,
+        ...     rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 2.0}))
         >>> cfg.qk_norm, round(cfg.rotary_base, 1), cfg.rope_scaling
         ('head_after_rotary', 22081.8, None)
     """
@@ -67,17 +67,25 @@ def hunyuan_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
     src = _Source(hf_sd, ("model.",), "Hunyuan")
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    out = _llama_ends(src)
     for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out.update(_llama_attention(src, h, b, cfg))
+        h, b, layer = _llama_layer(src, cfg, i)
+        out.update(layer)
         out[b + "attn.q_norm.weight"] = src(h + "self_attn.query_layernorm.weight")
         out[b + "attn.k_norm.weight"] = src(h + "self_attn.key_layernorm.weight")
-        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
-        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
         out.update(_dense_weights(src, h + "mlp.", b + "mlp.", cfg))
     out.update(_lm_head(hf_sd, src, cfg, "Hunyuan"))
     return out
 
 
-FAMILY = Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), hunyuan_config, fixed(hunyuan_state_dict))
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "hunyuan_v1_dense": CompatConfig("hunyuan_v1_dense", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                              num_key_value_heads=1, head_dim=16, attention_bias=True,
+                                                              rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0,
+                                                                               "alpha": 3.0, "factor": 1.0})),
+}
+
+
+FAMILY = Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), hunyuan_config, fixed(hunyuan_state_dict), tests=TESTS)

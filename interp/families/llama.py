@@ -6,6 +6,7 @@ families here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,10 +14,13 @@ import torch
 
 from ..config import ModelConfig
 from ._base import _MLP_BIAS_KEY, GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need
-from ._family import Family, named
+from ._family import TEST_WINDOW, CompatConfig, Family, named
+from ._gguf import GATED_MLP, LLAMA_ATTN, llama_spec
+from ._gguf_experts import with_experts
 from ._positions import _rope, _rope_context, sliding_windows
 from ._tensors import (
-    _llama_attention,
+    _llama_ends,
+    _llama_layer,
     _mlp_weights,
     _Source,
 )
@@ -96,12 +100,10 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
     src = _Source(hf_sd, ("model.",), arch)
-    out = {"W_E.weight": src("embed_tokens.weight"), "ln_final.weight": src("norm.weight")}
+    out = _llama_ends(src)
     for i in range(cfg.n_layers):
-        h, b = f"layers.{i}.", f"blocks.{i}."
-        out.update(_llama_attention(src, h, b, cfg))
-        out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
-        out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
+        h, b, layer = _llama_layer(src, cfg, i)
+        out.update(layer)
         if cfg.qk_norm != "none":  # Qwen3 (per head), Qwen3-MoE (per head), OLMoE (all heads)
             out[b + "attn.q_norm.weight"] = src(h + "self_attn.q_norm.weight")
             out[b + "attn.k_norm.weight"] = src(h + "self_attn.k_norm.weight")
@@ -115,5 +117,34 @@ def llama_state_dict(hf_sd: StateDict, cfg: ModelConfig, *, arch: str = "llama")
     return out
 
 
+#: llama.cpp's ``llama`` (Llama 1/2/3, Mistral, SmolLM, TinyLlama; Mixtral when the file has experts): the
+#: converter permuted ``attn_q`` / ``attn_k`` rows so that each head's rotary pairs are interleaved.
+GGUF = with_experts(llama_spec("llama", permuted=True))
+#: llama.cpp's ``seed_oss``: Llama's names (the second norm is ``post_attention_norm``), not permuted; ``head_dim``
+#: from ``attention.key_length``.
+SEED_OSS_GGUF = dataclasses.replace(llama_spec("seed_oss"), block={
+    **LLAMA_ATTN, **GATED_MLP, "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm"})
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "llama3": CompatConfig("llama", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                         rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
+                                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                          "original_max_position_embeddings": 16})),
+    "llama_yarn": CompatConfig("llama", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                             rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
+                                                              "original_max_position_embeddings": 16})),
+    "mistral": CompatConfig("mistral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
+                                            sliding_window=TEST_WINDOW)),
+    "ministral": CompatConfig("ministral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                                num_key_value_heads=3, head_dim=8, sliding_window=TEST_WINDOW,
+                                                layer_types=["sliding_attention", "full_attention"])),
+    "seed_oss": CompatConfig("seed_oss", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                              head_dim=16, attention_bias=True, attention_out_bias=True, mlp_bias=True)),
+}
+
+
 FAMILY = Family("llama", ("llama", "mistral", "ministral", "seed_oss"), llama_config, named(llama_state_dict),
-                gguf_archs=("llama",), title="Llama", headline=True)
+                gguf={"llama": GGUF, "seed_oss": SEED_OSS_GGUF}, title="Llama", headline=True, tests=TESTS)

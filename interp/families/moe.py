@@ -10,7 +10,8 @@ from typing import Any
 
 from ..config import ModelConfig
 from ._base import _need
-from ._family import Family, named
+from ._family import TEST_WINDOW, CompatConfig, Family, named
+from ._gguf_experts import MODEL_TYPES, QWEN_OLMOE
 from .llama import llama_config, llama_state_dict
 
 
@@ -67,5 +68,23 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return dataclasses.replace(base, **fields)
 
 
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits (table-only rows are in the README table, not the family tests).
+TESTS = {
+    "mixtral": CompatConfig("mixtral", dict(hidden_size=72, intermediate_size=48, num_attention_heads=9, num_key_value_heads=3,
+                                            num_local_experts=8, num_experts_per_tok=2, sliding_window=TEST_WINDOW), table_only=True),
+    "qwen2_moe": CompatConfig("qwen2_moe", dict(hidden_size=72, intermediate_size=48, moe_intermediate_size=24,
+                                                shared_expert_intermediate_size=40, num_attention_heads=9, num_key_value_heads=3,
+                                                num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1]),
+                              table_only=True),
+    "qwen3_moe": CompatConfig("qwen3_moe", dict(hidden_size=80, intermediate_size=48, moe_intermediate_size=24, head_dim=16,
+                                                num_attention_heads=5, num_key_value_heads=1, num_experts=8, num_experts_per_tok=2,
+                                                norm_topk_prob=True, use_sliding_window=True, sliding_window=TEST_WINDOW), table_only=True),
+    "olmoe": CompatConfig("olmoe", dict(hidden_size=80, intermediate_size=24, num_attention_heads=5, num_key_value_heads=5,
+                                        num_experts=8, num_experts_per_tok=3, norm_topk_prob=False), table_only=True),
+}
+
+
 FAMILY = Family("mixtral", ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"), moe_config, named(llama_state_dict),
-                title="Mixtral", headline=True)
+                title="Mixtral", headline=True,
+                gguf=dict.fromkeys(MODEL_TYPES, QWEN_OLMOE), tests=TESTS)

@@ -20,7 +20,8 @@ import torch
 
 from ..config import ModelConfig, alibi_slopes
 from ._base import StateDict, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
+from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, fixed_heads_sizes
 from ._tensors import _lm_head, _shaped, _Source
 
 #: attn_config settings: (key, default, the one value converted).
@@ -111,4 +112,34 @@ def mpt_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor
     return out
 
 
-FAMILY = Family("mpt", ("mpt",), mpt_config, fixed(mpt_state_dict), title="MPT")
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> MPT's HF config: ``max_alibi_bias`` and ``attention.clamp_kqv`` become ``attn_config``'s
+    ``alibi_bias_max`` / ``clip_qkv``, which the HF mapping refuses by name unless they are MPT's defaults."""
+    sizes = fixed_heads_sizes(m, names, "MPT")
+    bias_max = m.get("max_alibi_bias", 8.0)
+    attn = {"alibi": bool(bias_max), "alibi_bias_max": bias_max, "clip_qkv": m.get("attention.clamp_kqv")}
+    return {"model_type": "mpt", "d_model": sizes["hidden_size"], "n_heads": sizes["num_attention_heads"],
+            "n_layers": sizes["num_hidden_layers"], "vocab_size": sizes["vocab_size"],
+            "max_seq_len": sizes["max_position_embeddings"], "expansion_ratio": sizes["intermediate_size"] / sizes["hidden_size"],
+            "layer_norm_epsilon": m.number("attention.layer_norm_epsilon", 1e-5), "attn_config": attn,
+            "tie_word_embeddings": sizes["tie_word_embeddings"], **{k: sizes[k] for k in TOKEN_IDS}}
+
+
+#: llama.cpp's ``mpt``: the HF names, nothing changed (``Wqkv`` is already ``[q | k | v]``; no biases).
+GGUF = {"mpt": GGUFSpec(_gguf_config, {
+    "token_embd": "transformer.wte", "output_norm": "transformer.norm_f", "output": "lm_head"}, "transformer.blocks.{}.", {
+        "attn_norm": "norm_1", "attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "ffn_norm": "norm_2",
+        "ffn_up": "ffn.up_proj", "ffn_down": "ffn.down_proj"})}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "mpt": CompatConfig("mpt", dict(d_model=72, n_heads=6, n_layers=2, max_seq_len=64)),
+    "mpt_12_heads": CompatConfig("mpt", dict(d_model=96, n_heads=12, n_layers=2, max_seq_len=64,
+                                             attn_config={"softmax_scale": 0.2})),
+}
+
+
+FAMILY = Family("mpt", ("mpt",), mpt_config, fixed(mpt_state_dict), title="MPT", gguf=GGUF, tests=TESTS)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +11,8 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
-from ._family import Family, fixed
+from ._family import CompatConfig, Family, fixed
+from ._gguf import GATED_MLP, LLAMA_ATTN, HFConfig, Meta, llama_spec, llama_unpermute
 from ._positions import _rope
 from ._tensors import (
     _dense_weights,
@@ -32,9 +34,8 @@ def olmo_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.olmo import olmo_config
-        >>> cfg = olmo_config({"model_type": "olmo", "hidden_size": 64, "num_attention_heads": 4,
-        ...                    "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                    "max_position_embeddings": 64, "attention_bias": True})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = olmo_config(tiny_hf_config("olmo", attention_bias=True))
         >>> cfg.normalization, cfg.norm_eps, cfg.attn_bias, cfg.out_bias
         ('pre', 1e-05, True, True)
     """
@@ -70,4 +71,37 @@ def olmo_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
-FAMILY = Family("olmo", ("olmo",), olmo_config, fixed(olmo_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+_LLAMA_GGUF = llama_spec("olmo", permuted=True)
+
+
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> OLMo's HF config (Llama's keys; ``attention.clamp_kqv``, HF's ``clip_qkv``, is refused)."""
+    if m.has("attention.clamp_kqv"):
+        raise m.fail(f"metadata {m.key('attention.clamp_kqv')!r} = {m.get('attention.clamp_kqv')!r} (clip_qkv) is not "
+                     f"supported")
+    return _LLAMA_GGUF.config(m, names)
+
+
+def _gguf_unpermute(kind: str, hf_name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any]) -> torch.Tensor:
+    """Llama's Q/K unpermutation, of the weights only: OLMo's converter permutes ``q_proj`` / ``k_proj`` weights and
+    leaves their biases as they are."""
+    return llama_unpermute(kind, hf_name, w, hf_cfg) if hf_name.endswith(".weight") else w
+
+
+#: llama.cpp's ``olmo``: Llama's names and Q/K permutation (weights only); no norm tensors (OLMo's LayerNorms have
+#: no weights).
+GGUF = {"olmo": dataclasses.replace(_LLAMA_GGUF, config=_gguf_config, transform=_gguf_unpermute,
+                                    block={**LLAMA_ATTN, **GATED_MLP},
+                                    global_names={"token_embd": "model.embed_tokens", "output": "lm_head"})}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "olmo": CompatConfig("olmo", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                      attention_bias=True)),
+}
+
+
+FAMILY = Family("olmo", ("olmo",), olmo_config, fixed(olmo_state_dict), gguf=GGUF, tests=TESTS)

@@ -12,13 +12,10 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
-from ._family import Family, fixed
-from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, map_tensors
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
+from ._gguf import GATED_MLP, LLAMA_ATTN, LLAMA_GLOBAL, QK_NORM, GGUFSpec, llama_like
+from ._mapping import LLAMA_ATTENTION, SWIGLU_MLP, Rule, with_head
 from ._positions import _per_type_rope, sliding_windows
-from ._tensors import (
-    _lm_head,
-    _Source,
-)
 
 
 def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -30,12 +27,10 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.olmo2 import olmo2_config
-        >>> cfg = olmo2_config({"model_type": "olmo3", "hidden_size": 64, "num_attention_heads": 4,
-        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                     "max_position_embeddings": 64, "sliding_window": 8,
-        ...                     "layer_types": ["sliding_attention", "full_attention"],
-        ...                     "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
-        ...                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = olmo2_config(tiny_hf_config("olmo3", sliding_window=8, layer_types=["sliding_attention",
+        ...     "full_attention"], rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        ...     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}))
         >>> cfg.sliding_window, cfg.rotary_base, cfg.local_rotary_base
         ([8, None], 500000.0, 10000.0)
     """
@@ -69,9 +64,26 @@ def olmo2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tens
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="OLMo 2/3")
-    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "OLMo 2/3"), cfg, "OLMo 2/3"))
-    return out
+    return with_head(TABLE, hf_sd, cfg, arch="OLMo 2/3")
 
 
-FAMILY = Family("olmo2", ("olmo2", "olmo3"), olmo2_config, fixed(olmo2_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+#: llama.cpp's ``olmo2`` (OLMo 2; OLMo 3's sliding layers are refused by name): Llama's names without the
+#: pre-norms, the two post-norms and QK-norm over all heads; RoPE rotate-half as HF (not permuted).
+GGUF = {"olmo2": GGUFSpec(llama_like("olmo2"), LLAMA_GLOBAL, "model.layers.{}.", {
+    **LLAMA_ATTN, **QK_NORM, **GATED_MLP, "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm"})}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "olmo2": CompatConfig("olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1)),
+    "olmo3": CompatConfig("olmo3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                        sliding_window=TEST_WINDOW, layer_types=["sliding_attention", "full_attention"],
+                                        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                                                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
+}
+
+
+FAMILY = Family("olmo2", ("olmo2", "olmo3"), olmo2_config, fixed(olmo2_state_dict), gguf=GGUF, tests=TESTS)

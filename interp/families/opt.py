@@ -12,7 +12,7 @@ import torch
 
 from ..config import Activation, ModelConfig
 from ._base import StateDict, _activation, _decoder_checks, _need, _refuse
-from ._family import Family
+from ._family import CompatConfig, Family
 from ._tensors import (
     _lm_head,
     _Source,
@@ -92,4 +92,11 @@ def opt_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelC
     return convert
 
 
-FAMILY = Family("opt", ("opt",), opt_config, opt_state_dict_for)
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "opt": CompatConfig("opt", dict(hidden_size=80, ffn_dim=96, num_attention_heads=5, word_embed_proj_dim=80)),
+}
+
+
+FAMILY = Family("opt", ("opt",), opt_config, opt_state_dict_for, tests=TESTS)

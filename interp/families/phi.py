@@ -11,8 +11,9 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
-from ._family import Family, fixed
-from ._positions import _rope
+from ._family import CompatConfig, Family, fixed
+from ._gguf import TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, no_window, one_head_width, partial_rope
+from ._positions import _partial_factor, _rope
 from ._tensors import (
     _lm_head,
     _Source,
@@ -31,8 +32,7 @@ def phi_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     d_model, n_heads = _need(hf_cfg, "hidden_size", arch), _need(hf_cfg, "num_attention_heads", arch)
     d_head = d_model // n_heads
     _decoder_checks(hf_cfg, arch, rotary_head_dim=d_head)
-    rope = hf_cfg.get("rope_parameters") or {}
-    partial = rope.get("partial_rotary_factor", hf_cfg.get("partial_rotary_factor", 0.5))
+    partial = _partial_factor(hf_cfg, 0.5)
     theta, scaling = _rope(hf_cfg, arch)
     return ModelConfig(
         n_layers=_need(hf_cfg, "num_hidden_layers", arch), d_model=d_model, n_heads=n_heads, d_head=d_head,
@@ -74,4 +74,34 @@ def phi_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor
     return out
 
 
-FAMILY = Family("phi", ("phi",), phi_config, fixed(phi_state_dict), title="Phi", headline=True)
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Phi (1 / 1.5 / 2)'s HF config: partial rotary, one LayerNorm for the parallel block."""
+    sizes = gguf_sizes(m, names)
+    one_head_width(m, sizes, "Phi")
+    no_window(m)
+    return {"model_type": "phi", **{k: sizes[k] for k in (
+                "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "intermediate_size",
+                "vocab_size", "max_position_embeddings", "tie_word_embeddings", *TOKEN_IDS)},
+            "rope_parameters": partial_rope(m, names, sizes["head_dim"]), "hidden_act": "gelu_new",
+            "layer_norm_eps": m.number("attention.layer_norm_epsilon", 1e-5)}
+
+
+#: llama.cpp's ``phi2`` (Phi-1, 1.5, 2 as transformers writes them: separate q / k / v); rotate-half RoPE as HF.
+GGUF = {"phi2": GGUFSpec(_gguf_config, {
+    "token_embd": "model.embed_tokens", "output_norm": "model.final_layernorm", "output": "lm_head"},
+    "model.layers.{}.", {
+        "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"})}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "phi": CompatConfig("phi", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.5})),
+}
+
+
+FAMILY = Family("phi", ("phi",), phi_config, fixed(phi_state_dict), title="Phi", headline=True, gguf=GGUF, tests=TESTS)

@@ -10,13 +10,10 @@ import torch
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, fixed
-from ._mapping import Rule, halves, map_tensors
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
+from ._gguf import LLAMA_GLOBAL, GGUFSpec, HFConfig, Meta, gguf_sizes, one_head_width, partial_rope
+from ._mapping import Rule, halves, with_head
 from ._positions import _rope, sliding_windows
-from ._tensors import (
-    _lm_head,
-    _Source,
-)
 
 
 def phi3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -81,9 +78,39 @@ def phi3_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     Raises:
         ValueError: a tensor is absent or a fused one's shape disagrees with the config (both named).
     """
-    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="Phi-3")
-    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "Phi-3"), cfg, "Phi-3"))
-    return out
+    return with_head(TABLE, hf_sd, cfg, arch="Phi-3")
 
 
-FAMILY = Family("phi3", ("phi3",), phi3_config, fixed(phi3_state_dict), gguf_archs=("phi3",))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Phi-3's HF config: partial rotary allowed; a ``sliding_window`` of 0 means none."""
+    cfg = gguf_sizes(m, names)
+    one_head_width(m, cfg, "Phi-3")
+    window = m.get("attention.sliding_window", 0)
+    return {**cfg, "model_type": "phi3", "hidden_act": "silu",
+            "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-5),
+            "rope_parameters": partial_rope(m, names, cfg["head_dim"]),
+            "sliding_window": m.count("attention.sliding_window") if window else None}
+
+
+#: llama.cpp's ``phi3``: fused ``attn_qkv`` (``[q | k | v]``) and ``ffn_up`` (``[gate | up]``) as in HF.
+GGUF = {"phi3": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"})}
+
+
+_LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits (table-only rows are in the README table, not the family tests).
+TESTS = {
+    "phi3": CompatConfig("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                      sliding_window=TEST_WINDOW)),
+    "phi3_longrope": CompatConfig("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
+                                               original_max_position_embeddings=16,
+                                               rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **_LONG}), table_only=True),
+}
+
+
+FAMILY = Family("phi3", ("phi3",), phi3_config, fixed(phi3_state_dict), gguf=GGUF, tests=TESTS)

@@ -10,6 +10,8 @@ from typing import Any
 
 from ..config import ModelConfig
 from . import llama
+from ._family import TEST_WINDOW, CompatConfig
+from ._gguf import llama_spec
 
 
 def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -20,10 +22,8 @@ def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.qwen3 import qwen3_config
-        >>> cfg = qwen3_config({"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
-        ...                     "num_hidden_layers": 2, "intermediate_size": 96, "vocab_size": 50,
-        ...                     "max_position_embeddings": 64, "sliding_window": 8, "use_sliding_window": True,
-        ...                     "max_window_layers": 1})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = qwen3_config(tiny_hf_config("qwen3", sliding_window=8, use_sliding_window=True, max_window_layers=1))
         >>> cfg.qk_norm, cfg.sliding_window
         ('head', [None, 8])
     """
@@ -32,5 +32,15 @@ def qwen3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return dataclasses.replace(cfg, qk_norm="head")
 
 
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "qwen3": CompatConfig("qwen3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                        head_dim=16, use_sliding_window=True, sliding_window=TEST_WINDOW, max_window_layers=1,
+                                        rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
+                                                         "original_max_position_embeddings": 16})),
+}
+
+
 FAMILY = dataclasses.replace(llama.FAMILY, name="qwen3", model_types=("qwen3",), config=qwen3_config,
-                             gguf_archs=("qwen3",), headline=False)
+                             gguf={"qwen3": llama_spec("qwen3", qk_norm=True)}, headline=False, tests=TESTS)

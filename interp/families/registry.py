@@ -42,7 +42,7 @@ from . import (
     stablelm,
     starcoder2,
 )
-from ._family import ConfigFn, Family, StateDictFn
+from ._family import CompatConfig, ConfigFn, Family, StateDictFn
 
 # The help text lists the headline families in this order.
 _MODULES = (bert, gpt2, llama, qwen2, qwen3, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
@@ -68,6 +68,21 @@ def _index(key: str, values: Any) -> dict[str, Family]:
 BY_MODEL_TYPE: dict[str, Family] = _index("model_type", lambda f: f.model_types)
 #: llama.cpp ``general.architecture`` -> its family.
 BY_GGUF_ARCH: dict[str, Family] = _index("GGUF architecture", lambda f: f.gguf_archs)
+
+
+def _compat_configs() -> dict[str, CompatConfig]:
+    out: dict[str, CompatConfig] = {}
+    for fam in FAMILIES:
+        for row, test in fam.tests.items():
+            if row in out:
+                raise RuntimeError(f"test config {row!r} is declared twice (again by {fam.name})")
+            out[row] = test
+    return out
+
+
+#: Every family's random tiny test configs (:attr:`Family.tests`), by row name, in family order; two families that
+#: name the same row are refused.
+COMPAT_CONFIGS: dict[str, CompatConfig] = _compat_configs()
 
 
 #: The families in short, for help texts (:func:`family_for` lists every ``model_type`` when it refuses one).

@@ -8,7 +8,8 @@ from typing import Any
 
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, _activation, _decoder_checks, _need, llama_sizes
-from ._family import Family, named
+from ._family import TEST_WINDOW, CompatConfig, Family, named
+from ._gguf import llama_spec
 from ._positions import _rope, _typed_windows
 from .llama import llama_state_dict
 
@@ -56,4 +57,19 @@ def smollm3_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-FAMILY = Family("smollm3", ("smollm3",), smollm3_config, named(llama_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+#: llama.cpp's ``smollm3``: Llama's names and Q/K permutation; the file says nothing of the layers without RoPE,
+#: which llama.cpp fixes to every 4th, the HF config's default (``no_rope_layer_interval`` 4).
+GGUF = {"smollm3": llama_spec("smollm3", permuted=True)}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "smollm3": CompatConfig("smollm3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                            no_rope_layers=[1, 0], use_sliding_window=True,
+                                            sliding_window=TEST_WINDOW, tie_word_embeddings=False)),
+}
+
+
+FAMILY = Family("smollm3", ("smollm3",), smollm3_config, named(llama_state_dict), gguf=GGUF, tests=TESTS)

@@ -9,14 +9,11 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
-from ._base import GPT_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
-from ._family import Family, fixed
-from ._mapping import LLAMA_ATTENTION, Rule, biased_if, both, map_tensors
-from ._positions import _rope, sliding_windows
-from ._tensors import (
-    _lm_head,
-    _Source,
-)
+from ._base import GPT_ACTIVATIONS, StateDict, llama_sizes
+from ._family import TEST_WINDOW, CompatConfig, Family, fixed
+from ._gguf import LLAMA_ATTN, LLAMA_GLOBAL, TOKEN_IDS, GGUFSpec, HFConfig, Meta, gguf_sizes, rope_parameters, rotary_dim
+from ._mapping import LLAMA_ATTENTION, Rule, biased_if, both, with_head
+from ._positions import rotary_basics, sliding_windows
 
 
 def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -28,16 +25,13 @@ def starcoder2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Example:
         >>> from interp.families.starcoder2 import starcoder2_config
-        >>> cfg = starcoder2_config({"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4,
-        ...                          "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96,
-        ...                          "vocab_size": 50, "max_position_embeddings": 64, "sliding_window": 8})
+        >>> from interp.families import tiny_hf_config
+        >>> cfg = starcoder2_config(tiny_hf_config("starcoder2", num_key_value_heads=2, sliding_window=8))
         >>> cfg.sliding_window, cfg.activation, cfg.n_kv_heads
         ([8, 8], 'gelu_new', 2)
     """
     arch = "starcoder2"
-    _decoder_checks(hf_cfg, arch)
-    activation = _activation(hf_cfg, "hidden_act", "gelu_pytorch_tanh", arch, GPT_ACTIVATIONS)
-    theta, scaling = _rope(hf_cfg, arch)
+    activation, theta, scaling = rotary_basics(hf_cfg, arch, "gelu_pytorch_tanh", GPT_ACTIVATIONS)
     bias = bool(hf_cfg.get("use_bias", True))
     return ModelConfig(
         **llama_sizes(hf_cfg, arch, tie_default=True), activation=activation, normalization="pre",
@@ -62,9 +56,37 @@ def starcoder2_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch
     Raises:
         ValueError: a tensor the conversion needs is absent (named in the message).
     """
-    out, _ = map_tensors(TABLE, hf_sd, cfg, prefixes=("model.",), arch="Starcoder 2")
-    out.update(_lm_head(hf_sd, _Source(hf_sd, ("model.",), "Starcoder 2"), cfg, "Starcoder 2"))
-    return out
+    return with_head(TABLE, hf_sd, cfg, arch="Starcoder 2")
 
 
-FAMILY = Family("starcoder2", ("starcoder2",), starcoder2_config, fixed(starcoder2_state_dict))
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Starcoder 2's HF config; an ``attention.sliding_window`` slides every layer (as HF)."""
+    rope = rope_parameters(m, names, 10000.0)
+    sizes = gguf_sizes(m, names)
+    rotary_dim(m, sizes["head_dim"])
+    window = m.get("attention.sliding_window", 0)
+    return {"model_type": "starcoder2", **{k: sizes[k] for k in (
+                "hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers", "intermediate_size",
+                "vocab_size", "max_position_embeddings", "tie_word_embeddings", *TOKEN_IDS)},
+            "rope_parameters": rope, "hidden_act": "gelu_pytorch_tanh",
+            "norm_epsilon": m.number("attention.layer_norm_epsilon", 1e-5), "use_bias": "blk.0.attn_q.bias" in names,
+            "sliding_window": m.count("attention.sliding_window") if window else None}
+
+
+#: llama.cpp's ``starcoder2``: Llama's attention names, LayerNorms with biases, an ungated ``c_fc`` / ``c_proj``
+#: MLP; RoPE rotate-half as HF (not permuted).
+GGUF = {"starcoder2": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
+    **LLAMA_ATTN, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"})}
+
+
+#: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
+#: feature changes the logits.
+TESTS = {
+    "starcoder2": CompatConfig("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                                  num_key_value_heads=3, sliding_window=TEST_WINDOW, use_bias=True)),
+}
+
+
+FAMILY = Family("starcoder2", ("starcoder2",), starcoder2_config, fixed(starcoder2_state_dict), gguf=GGUF, tests=TESTS)

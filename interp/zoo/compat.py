@@ -26,165 +26,48 @@ from typing import Any
 
 import torch
 
+from ..families._family import TEST_WINDOW
+from ..families.registry import COMPAT_CONFIGS
+
 __all__ = ["FAMILIES", "TABLE", "TABLE_ONLY", "compat_rows", "compat_table", "hf_test_model", "readme_line",
            "readme_table", "variants"]
 
 V = 97  # vocabulary of the test configs
-WINDOW = 8
+WINDOW = TEST_WINDOW
 SEQ = 40  # > WINDOW, and past the original context (16) of the scaled RoPE variants
 PROMPT, NEW = 8, 32
 
 _COMMON = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
                pad_token_id=0)
 
-#: name -> (HF model_type, config kwargs): one random tiny config per variant of each family.
-FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama3": ("llama", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                             rope_parameters={"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0,
-                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                              "original_max_position_embeddings": 16})),
-    "llama_yarn": ("llama", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
-                                 rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
-                                                  "original_max_position_embeddings": 16})),
-    "mistral": ("mistral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
-                                sliding_window=WINDOW)),
-    "qwen2": ("qwen2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
-                            use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)),
-    "qwen3": ("qwen3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                            head_dim=16, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
-                            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
-                                             "original_max_position_embeddings": 16})),
-    "gemma": ("gemma", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                            head_dim=16)),
-    "gemma2": ("gemma2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                              head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=12,
-                              attn_logit_softcapping=3.0, final_logit_softcapping=4.0)),
-    "gemma3_text": ("gemma3_text", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                                        num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
-                                        query_pre_attn_scalar=12, final_logit_softcapping=4.0,
-                                        layer_types=["sliding_attention", "full_attention"],
-                                        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
-                                                                            "rope_theta": 10000.0},
-                                                         "sliding_attention": {"rope_type": "default",
-                                                                               "rope_theta": 100.0}})),
-    "gpt_neox": ("gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                   "partial_rotary_factor": 0.5})),
-    "gpt_neox_sequential": ("gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                                             use_parallel_residual=False)),
-    "gpt_bigcode": ("gpt_bigcode", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64,
-                                        multi_query=True)),
-    "gpt_bigcode_mha": ("gpt_bigcode", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64,
-                                            multi_query=False)),
-    "falcon": ("falcon", dict(hidden_size=80, ffn_hidden_size=96, num_attention_heads=5, multi_query=True,
-                              parallel_attn=True, bias=False)),
-    "falcon_new_arch": ("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=9, num_kv_heads=3,
-                                       new_decoder_architecture=True, bias=True)),
-    "falcon_alibi": ("falcon", dict(hidden_size=72, ffn_hidden_size=96, num_attention_heads=6, multi_query=False,
-                                    parallel_attn=False, bias=True, alibi=True)),
-    "phi": ("phi", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                         "partial_rotary_factor": 0.5})),
-    "phi3": ("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
-                          sliding_window=WINDOW)),
-    "olmo": ("olmo", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
-                          attention_bias=True)),
-    "olmo2": ("olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1)),
-    "olmo3": ("olmo3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
-                            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
-                                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})),
-    "ministral": ("ministral", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
-                                    num_key_value_heads=3, head_dim=8, sliding_window=WINDOW,
-                                    layer_types=["sliding_attention", "full_attention"])),
-    "seed_oss": ("seed_oss", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                                  head_dim=16, attention_bias=True, attention_out_bias=True, mlp_bias=True)),
-    "arcee": ("arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                            attention_bias=True, mlp_bias=True,
-                            rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
-                                             "original_max_position_embeddings": 16})),
-    "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                                                  num_key_value_heads=1, head_dim=16, attention_bias=True,
-                                                  rope_parameters={"rope_type": "dynamic", "rope_theta": 1000.0,
-                                                                   "alpha": 3.0, "factor": 1.0})),
-    "smollm3": ("smollm3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                                no_rope_layers=[1, 0], use_sliding_window=True,
-                                sliding_window=WINDOW, tie_word_embeddings=False)),
-    "exaone4": ("exaone4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                                sliding_window=WINDOW, sliding_window_pattern=2)),
-    "granite": ("granite", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
-                                embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5,
-                                logits_scaling=4.0, tie_word_embeddings=True, attention_bias=True)),
-    "glm": ("glm", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
-                        head_dim=8, attention_bias=True,
-                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                         "partial_rotary_factor": 0.5})),
-    "glm4": ("glm4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                          head_dim=16, attention_bias=True,
-                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                           "partial_rotary_factor": 0.5})),
-    "stablelm": ("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
-                                  use_qkv_bias=True, partial_rotary_factor=0.25)),
-    "stablelm_parallel": ("stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
-                                           num_key_value_heads=1, use_parallel_residual=True)),
-    "ernie4_5": ("ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3,
-                                  head_dim=8, use_bias=True, tie_word_embeddings=False)),
-    "cohere": ("cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                              logit_scale=0.5, attention_bias=True)),
-    "cohere2": ("cohere2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
-                                logit_scale=0.5, sliding_window=WINDOW,
-                                layer_types=["sliding_attention", "full_attention"])),
-    "gptj": ("gptj", dict(n_embd=80, n_inner=96, n_head=5, n_layer=2, n_positions=64, rotary_dim=8)),
-    "opt": ("opt", dict(hidden_size=80, ffn_dim=96, num_attention_heads=5, word_embed_proj_dim=80)),
-    "starcoder2": ("starcoder2", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
-                                      num_key_value_heads=3, sliding_window=WINDOW, use_bias=True)),
-    "gpt_oss": ("gpt_oss", dict(hidden_size=72, intermediate_size=32, num_attention_heads=9, num_key_value_heads=3,
-                                head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
-                                layer_types=["sliding_attention", "full_attention"], swiglu_limit=1.5,
-                                rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 4.0,
-                                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                                                 "original_max_position_embeddings": 16})),
-    # ALiBi with 6 heads (not a power of two: the interleaved extra slopes) and with 12
-    "bloom": ("bloom", dict(hidden_size=96, n_head=6, n_layer=2)),
-    "bloom_12_heads": ("bloom", dict(hidden_size=96, n_head=12, n_layer=2)),
-    "mpt": ("mpt", dict(d_model=72, n_heads=6, n_layers=2, max_seq_len=64)),
-    "mpt_12_heads": ("mpt", dict(d_model=96, n_heads=12, n_layers=2, max_seq_len=64,
-                                 attn_config={"softmax_scale": 0.2})),
-    "gpt_neo": ("gpt_neo", dict(hidden_size=80, intermediate_size=96, num_heads=5, num_layers=2,
-                                max_position_embeddings=64, window_size=WINDOW,
-                                attention_types=[[["local", "global"], 1]])),
-}
+#: The README table's row order (its rows before the test configs moved into the family files). A family's
+#: rows not listed here come after these, in registry order, so adding a family needs no edit here.
+ROW_ORDER = (
+    "llama3", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt_neox",
+    "gpt_neox_sequential", "gpt_bigcode", "gpt_bigcode_mha", "falcon", "falcon_new_arch", "falcon_alibi", "phi",
+    "phi3", "olmo", "olmo2", "olmo3", "ministral", "seed_oss", "arcee", "hunyuan_v1_dense", "smollm3", "exaone4",
+    "granite", "glm", "glm4", "stablelm", "stablelm_parallel", "ernie4_5", "cohere", "cohere2", "gptj", "opt",
+    "starcoder2", "gpt_oss", "bloom", "bloom_12_heads", "mpt", "mpt_12_heads", "gpt_neo", "phi3_longrope", "mixtral",
+    "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",
+)
 
-_LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 + 0.5 * i for i in range(8)])
-_MLA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8,
-            qk_rope_head_dim=4, v_head_dim=6, intermediate_size=48, moe_intermediate_size=24, n_routed_experts=8,
-            num_experts_per_tok=3, first_k_dense_replace=1)
 
+def _rows(table_only: bool) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The registry's test configs (:data:`interp.families.registry.COMPAT_CONFIGS`) of one kind, in table order."""
+    unknown = [name for name in ROW_ORDER if name not in COMPAT_CONFIGS]
+    if unknown:
+        raise RuntimeError(f"compat.ROW_ORDER names rows no family declares: {unknown}")
+    order = [*ROW_ORDER, *(name for name in COMPAT_CONFIGS if name not in ROW_ORDER)]
+    return {name: (COMPAT_CONFIGS[name].model_type, dict(COMPAT_CONFIGS[name].config)) for name in order
+            if COMPAT_CONFIGS[name].table_only == table_only}
+
+
+#: name -> (HF model_type, config kwargs): one random tiny config per variant of each family (each declared in
+#: its family file, ``TESTS``), compared with transformers by ``tests/zoo/test_zoo_families.py``.
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = _rows(table_only=False)
 #: The table's other rows: LongRoPE crossing its original context (16) during the 8 + 32-token generation, and
 #: the mixture-of-experts and MLA families (tested in depth by ``tests/zoo/test_zoo_hf_moe.py``).
-TABLE_ONLY: dict[str, tuple[str, dict[str, Any]]] = {
-    "phi3_longrope": ("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
-                                   original_max_position_embeddings=16,
-                                   rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, **_LONG})),
-    "mixtral": ("mixtral", dict(hidden_size=72, intermediate_size=48, num_attention_heads=9, num_key_value_heads=3,
-                                num_local_experts=8, num_experts_per_tok=2, sliding_window=WINDOW)),
-    "qwen2_moe": ("qwen2_moe", dict(hidden_size=72, intermediate_size=48, moe_intermediate_size=24,
-                                    shared_expert_intermediate_size=40, num_attention_heads=9, num_key_value_heads=3,
-                                    num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1])),
-    "qwen3_moe": ("qwen3_moe", dict(hidden_size=80, intermediate_size=48, moe_intermediate_size=24, head_dim=16,
-                                    num_attention_heads=5, num_key_value_heads=1, num_experts=8, num_experts_per_tok=2,
-                                    norm_topk_prob=True, use_sliding_window=True, sliding_window=WINDOW)),
-    "olmoe": ("olmoe", dict(hidden_size=80, intermediate_size=24, num_attention_heads=5, num_key_value_heads=5,
-                            num_experts=8, num_experts_per_tok=3, norm_topk_prob=False)),
-    "deepseek_v2": ("deepseek_v2", dict(**_MLA, q_lora_rank=None, n_shared_experts=2,
-                                        topk_method="group_limited_greedy", n_group=4, topk_group=2,
-                                        routed_scaling_factor=1.5)),
-    "deepseek_v3": ("deepseek_v3", dict(**_MLA, q_lora_rank=12, n_shared_experts=1, n_group=4, topk_group=2,
-                                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
-                                                         "original_max_position_embeddings": 16, "mscale": 0.8,
-                                                         "mscale_all_dim": 0.707})),
-}
-
+TABLE_ONLY: dict[str, tuple[str, dict[str, Any]]] = _rows(table_only=True)
 #: Every row of the table: :data:`FAMILIES` then :data:`TABLE_ONLY`.
 TABLE: dict[str, tuple[str, dict[str, Any]]] = {**FAMILIES, **TABLE_ONLY}
 

@@ -1,20 +1,21 @@
 """GGUF files (llama.cpp's format) to :class:`interp.Transformer`, tokenizer included.
 
 A GGUF file holds metadata (the architecture's hyper-parameters and the tokenizer's vocabulary, merges and
-special ids) and tensors, usually quantised. :func:`load_gguf` reads both with a bounded reader
-(:mod:`interp.zoo.gguf_file`) and the ``gguf`` package's dequantisers, turns them into the config dict and
-state dict of the Hugging Face model llama.cpp converted from (:mod:`interp.zoo.gguf_archs`: metadata keys,
-tensor names and the transforms llama.cpp applied, per architecture) and hands them to the Hugging Face
-converters of :mod:`interp.zoo.hf`, so the two paths share one weight mapping per family.
+special ids) and tensors, usually quantised. This module is a driver: :func:`load_gguf` reads both with a bounded
+reader (:mod:`interp.zoo.gguf_file`) and the ``gguf`` package's dequantisers, looks ``general.architecture`` up
+in the family registry (:data:`interp.families.BY_GGUF_ARCH`; one lookup) and lets that family's
+:class:`~interp.families._gguf.GGUFSpec` turn the file into the config dict and state dict of the Hugging Face
+model llama.cpp converted from (metadata keys, tensor names and the transforms llama.cpp applied). The family's
+Hugging Face conversion then builds the model, so the two paths share one weight mapping per family.
 
-What it accepts: ``general.architecture`` ``llama`` (Llama 1/2/3, SmolLM / SmolLM2, TinyLlama, Mistral 7B),
-``qwen2``, ``qwen3``, ``gemma``, ``gemma2``, ``gemma3``, ``phi3``, ``starcoder`` and ``falcon``, dense, with
-plain or linear RoPE. Every quantisation the ``gguf`` package can dequantise is read (F32, F16, BF16, Q4_0,
-Q4_1, Q5_x, Q8_0, the K-quants, ...), each tensor straight into the requested dtype on the requested device.
-Mixtures of experts (``llama`` with ``expert_count``: Mixtral; ``deepseek2``: DeepSeek-V2/V3 with MLA;
-``qwen2moe``, ``qwen3moe``, ``olmoe``) are mapped by :mod:`interp.zoo.gguf_experts` onto the same HF
-conversion. Anything else (another architecture, experts elsewhere, ``rope_freqs`` / YaRN / LongRoPE scaling, a sliding window the
-architecture has no rule for, ...) is refused with a ValueError naming it and its value.
+What it accepts: every architecture in :data:`SUPPORTED_ARCHITECTURES` (``llama``: Llama 1/2/3, SmolLM /
+SmolLM2, TinyLlama, Mistral 7B, and Mixtral when the file has experts; ``qwen2``, ``qwen3``, ``gemma``,
+``gemma2``, ``gemma3``, ``phi3``, ``starcoder``, ``falcon``, ...; the mixtures of experts ``deepseek2``,
+``qwen2moe``, ``qwen3moe``, ``olmoe`` and ``gpt-oss``). Every quantisation the ``gguf`` package can dequantise
+is read (F32, F16, BF16, Q4_0, Q4_1, Q5_x, Q8_0, the K-quants, ...), each tensor straight into the requested
+dtype on the requested device. Anything else (another architecture, experts elsewhere, ``rope_freqs`` / YaRN /
+LongRoPE scaling, a sliding window the architecture has no rule for, ...) is refused with a ValueError naming
+it and its value.
 
 Tokenizers: byte-level BPE (``tokenizer.ggml.model == "gpt2"``: SmolLM, Llama 3, ...) and sentencepiece BPE
 (``"llama"``: Llama 1/2, Mistral, TinyLlama) are rebuilt with the ``tokenizers`` library, with the file's
@@ -34,17 +35,19 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..families import converter
+from ..families import BY_GGUF_ARCH, converter
+from ..families._gguf import GGUFSpec, shown, unpermute_rotary
+from ..families._gguf_experts import join_split_tensors
 from ..model import Transformer
 from ..placement import block_bytes, build
 from ..quantized import QuantizedEmbedding, QuantizedLinear, QuantizedWeight
-from . import gguf_experts, gguf_gpt_oss, gguf_quantized
+from . import gguf_quantized
 from .checkpoint import assign_weights, check_finite, check_fits
-from .gguf_archs import ARCHITECTURES, Architecture, Meta, shown, unpermute_rotary
 from .gguf_file import GGUFError, GGUFFile, _gguf, read_gguf
 from .tokenizer import Tokenizer
 
-SUPPORTED_ARCHITECTURES = (*ARCHITECTURES, *gguf_experts.ARCHITECTURES)
+#: Every llama.cpp ``general.architecture`` a family reads (:data:`interp.families.BY_GGUF_ARCH`).
+SUPPORTED_ARCHITECTURES = tuple(sorted(BY_GGUF_ARCH))
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -81,25 +84,25 @@ def _metadata(reader: GGUFFile) -> dict[str, Any]:
 
 
 # --- config -----------------------------------------------------------------------------------------------
-def _check_architecture(meta: Mapping[str, Any], tensor_names: set[str], source: str) -> str:
+def _spec(meta: Mapping[str, Any], source: str) -> tuple[str, GGUFSpec]:
+    """``(general.architecture, its family's spec)``: the one lookup every GGUF path goes through.
+
+    Raises:
+        GGUFError: an architecture no family reads (named, with the ones that are read).
+    """
     arch = meta.get("general.architecture")
-    if arch in gguf_experts.ARCHITECTURES:
-        return arch
-    if arch not in ARCHITECTURES:
+    if arch not in BY_GGUF_ARCH:
         raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
                         f"{list(SUPPORTED_ARCHITECTURES)}")
-    if meta.get(f"{arch}.expert_count", 0) and arch not in gguf_experts.EXPERT_HOSTS:
-        raise GGUFError(f"{source}: {meta[f'{arch}.expert_count']} experts per layer (mixture of experts) "
-                        f"is not supported; only dense decoders")
-    return arch
+    return str(arch), BY_GGUF_ARCH[arch].gguf[arch]
 
 
 def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, source: str = "GGUF") -> dict[str, Any]:
     """The Hugging Face ``config.json`` dict that a GGUF file's metadata describes.
 
-    Each architecture's metadata keys map onto the config of the HF model llama.cpp converted from
-    (:data:`interp.zoo.gguf_archs.ARCHITECTURES`): ``llama`` -> ``model_type="llama"``, ``gemma3`` ->
-    ``"gemma3_text"``, ``starcoder`` -> ``"gpt_bigcode"``, ...
+    Each architecture's metadata keys map onto the config of the HF model llama.cpp converted from, as the
+    family that reads it says (:data:`interp.families.BY_GGUF_ARCH`): ``llama`` -> ``model_type="llama"``,
+    ``gemma3`` -> ``"gemma3_text"``, ``starcoder`` -> ``"gpt_bigcode"``, ...
 
     Args:
         meta: :func:`read_metadata` output.
@@ -121,15 +124,7 @@ def hf_config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], *, sour
         >>> cfg["model_type"], cfg["num_key_value_heads"]
         ('llama', 3)
     """
-    arch = _check_architecture(meta, tensor_names, source)
-    if arch == "gpt-oss":  # its own module (it reads the experts module's helpers)
-        return gguf_gpt_oss.hf_config(meta, tensor_names, source=source)
-    if arch in gguf_experts.ARCHITECTURES:
-        return gguf_experts.hf_config(meta, None, tensor_names, source=source)
-    cfg = ARCHITECTURES[arch].config(Meta(meta, arch, source), set(tensor_names))
-    if gguf_experts.is_expert_file(meta):  # Mixtral: llama attention, experts in place of the MLPs
-        return gguf_experts.hf_config(meta, cfg, tensor_names, source=source)
-    return cfg
+    return _spec(meta, source)[1].hf_config(meta, set(tensor_names), source=source)
 
 
 # --- weights ----------------------------------------------------------------------------------------------
@@ -156,49 +151,12 @@ class _Recording(dict):
         return super().__getitem__(key)
 
 
-def _architecture(reader: GGUFFile, source: str) -> Architecture | None:
-    """The architecture's table entry; None for those :mod:`interp.zoo.gguf_experts` names on its own."""
-    arch = reader.metadata.get("general.architecture")
-    if arch in gguf_experts.ARCHITECTURES:
-        return None
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"{source}: GGUF architecture {arch!r} is not supported; this loader reads "
-                        f"{list(SUPPORTED_ARCHITECTURES)}")
-    return ARCHITECTURES[arch]
-
-
-def _hf_name(spec: Architecture, name: str, hf_cfg: Mapping[str, Any], source: str) -> tuple[str, str]:
-    found = spec.hf_name(name, hf_cfg)
-    if found is None:
-        arch = next(a for a, s in ARCHITECTURES.items() if s is spec)
-        raise GGUFError(f"{source}: tensor {name!r} has no place in a {arch!r} decoder")
-    return found
-
-
-def _hf_tensors(spec: Architecture | None, name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any],
-               source: str) -> dict[str, torch.Tensor]:
-    """The HF tensors one GGUF tensor becomes: one renamed tensor (its transform undone), or for a mixture of
-    experts the pieces :func:`interp.zoo.gguf_experts.hf_tensors` makes (merged experts split per expert)."""
-    if gguf_experts.is_expert_config(hf_cfg):
-        experts = gguf_gpt_oss if hf_cfg["model_type"] == "gpt_oss" else gguf_experts
-        pieces = experts.hf_tensors(name, w, hf_cfg, source=source)
-        if pieces is not None:
-            return pieces
-    if spec is None:
-        raise GGUFError(f"{source}: tensor {name!r} has no place in a {hf_cfg['model_type']!r} decoder")
-    stem, hf = _hf_name(spec, name, hf_cfg, source)
-    return {hf: _to_hf(spec, stem, hf, w, hf_cfg, name, source)}
-
-
-def _to_hf(spec: Architecture, stem: str, hf: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], name: str,
-           source: str) -> torch.Tensor:
-    """Undo the converter's change to one tensor (the architecture's transform), naming the tensor on failure."""
-    if spec.transform is None:
-        return w
-    try:
-        return spec.transform(stem, hf, w, hf_cfg)
-    except (ValueError, RuntimeError) as e:
-        raise GGUFError(f"{source}: tensor {name!r} of shape {tuple(w.shape)}: {e}") from e
+def _hf_tensors(reader: GGUFFile, source: str) -> Callable[[str, torch.Tensor, Mapping[str, Any]],
+                                                             dict[str, torch.Tensor]]:
+    """``(GGUF name, tensor, HF config) -> {HF name: tensor}`` for this file's architecture: the tensors one GGUF
+    tensor becomes (one renamed tensor, its transform undone, or merged experts split per expert)."""
+    arch, spec = _spec(reader.metadata, source)
+    return lambda name, w, hf_cfg: spec.hf_tensors(name, w, hf_cfg, arch=arch, source=source)
 
 
 def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: str = "GGUF") -> None:
@@ -224,8 +182,8 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
         >>> f = read_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")  # doctest: +SKIP
         >>> check_tensor_table(f, hf_config_from_gguf(f.metadata, {t.name for t in f.tensors}))  # doctest: +SKIP
     """
-    spec = _architecture(reader, source)
-    n_layers = int(hf_cfg["num_hidden_layers"] if "num_hidden_layers" in hf_cfg else hf_cfg["n_layer"])
+    to_hf = _hf_tensors(reader, source)
+    n_layers = int(next(hf_cfg[k] for k in ("num_hidden_layers", "n_layer", "n_layers") if k in hf_cfg))
     blocks: dict[int, list[str]] = {}
     for t in reader.tensors:
         i = _block_index(t.name)
@@ -248,11 +206,11 @@ def check_tensor_table(reader: GGUFFile, hf_cfg: Mapping[str, Any], *, source: s
     hf_shapes = _Recording()
     hf_of = {}  # GGUF name -> the HF names it became
     for t in reader.tensors:
-        pieces = _hf_tensors(spec, t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg, source)
+        pieces = to_hf(t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg)
         hf_of[t.name] = set(pieces)
         hf_shapes.update(pieces)
     try:
-        joined = gguf_experts.join_split_tensors(hf_shapes)
+        joined = join_split_tensors(hf_shapes)
     except GGUFError as e:
         raise GGUFError(f"{source}: {e}") from e
     try:
@@ -325,14 +283,14 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
         source: named in errors.
 
     Returns:
-        ``{HF name: tensor}``, the architecture's transforms undone (see :mod:`interp.zoo.gguf_archs` and, for
-        mixtures of experts, :mod:`interp.zoo.gguf_experts`).
+        ``{HF name: tensor}``, the architecture's transforms undone (the family's
+        :class:`~interp.families._gguf.GGUFSpec`).
 
     Raises:
         GGUFError: (a ValueError) a tensor this loader does not know, a quantisation ``gguf`` cannot decode,
             or a tensor with NaN or infinite values after dequantisation (each named).
     """
-    spec = _architecture(reader, source)
+    to_hf = _hf_tensors(reader, source)
     out: dict[str, torch.Tensor] = {}
     # _skip: tensors left out (keep_quantized's blocks; its own pass joins split tensors once all are in).
     tensors = [t for t in reader.tensors if _skip is None or not _skip(t)]
@@ -346,9 +304,9 @@ def hf_state_dict_from_gguf(reader, hf_cfg: Mapping[str, Any], *, dtype: torch.d
             check_finite(w, t.name, f"{source} ({t.tensor_type.name}, dequantised to {dtype})")
         except ValueError as e:
             raise GGUFError(str(e)) from None
-        out.update(_hf_tensors(spec, t.name, w, hf_cfg, source))
+        out.update(to_hf(t.name, w, hf_cfg))
     if _skip is None:
-        gguf_experts.join_split_tensors(out)  # DeepSeek's split kv_b (a no-op for every other file)
+        join_split_tensors(out)  # DeepSeek's split kv_b (a no-op for every other file)
     return out
 
 
@@ -622,14 +580,12 @@ def stored_sizes(path: str | Path, *, dtype: torch.dtype = torch.float32, keep_q
     emb, blocks, head = block_bytes(cfg, dtype)
     kinds: set[str] = set()
     if keep_quantized:
-        spec = _architecture(reader, source)
+        to_hf = _hf_tensors(reader, source)
         floats = {}  # the 1-D tensors, as shapes only
         for t in reader.tensors:
             if len(t.shape) != 2:
-                floats.update(_hf_tensors(spec, t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg,
-                                          source))
-        held = gguf_quantized.stored_bytes(reader, hf_cfg, floats,
-                                           lambda n, w: _hf_tensors(spec, n, w, hf_cfg, source), dtype=dtype,
+                floats.update(to_hf(t.name, torch.empty(_gguf_rows_cols(t), device="meta"), hf_cfg))
+        held = gguf_quantized.stored_bytes(reader, hf_cfg, floats, lambda n, w: to_hf(n, w, hf_cfg), dtype=dtype,
                                            source=source)
         kinds = {t.tensor_type.name for t in reader.tensors if gguf_quantized.is_kept(t)}
         for key, (stored, as_float) in held.items():
@@ -648,7 +604,7 @@ def stored_sizes(path: str | Path, *, dtype: torch.dtype = torch.float32, keep_q
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer: bool = True,
               name: str | None = None, progress: bool = False,
               device: torch.device | str | None = None, keep_quantized: bool = False) -> Transformer:
-    """Load a GGUF file (llama, qwen2/3, gemma/2/3, phi3, starcoder, falcon) as an :class:`interp.Transformer`
+    """Load a GGUF file (any architecture of :data:`SUPPORTED_ARCHITECTURES`) as an :class:`interp.Transformer`
     with its tokenizer.
 
     Args:
@@ -695,14 +651,14 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, tokenizer
     check_tensor_table(reader, hf_cfg, source=source)
     tok = tokenizer_from_gguf(meta, source=source) if tokenizer else None
     quantized = None
-    spec = _architecture(reader, source)
+    to_hf = _hf_tensors(reader, source)
     if keep_quantized:
         gguf_quantized.check_keepable(reader, source)
     sd = hf_state_dict_from_gguf(reader, hf_cfg, dtype=dtype, device=device, progress=progress, source=source,
                                  _skip=_is_matrix if keep_quantized else None)
     if keep_quantized:
         sd, quantized = gguf_quantized.quantized_state_dict(
-            reader, hf_cfg, sd, lambda n, w: _hf_tensors(spec, n, w, hf_cfg, source),
+            reader, hf_cfg, sd, lambda n, w: to_hf(n, w, hf_cfg),
             lambda t: _dequantise(t, dtype, device, source), dtype=dtype, device=device, source=source)
     model = _assemble(hf_cfg, sd, dtype=dtype, device=device if device is not None else "cpu", source=source,
                       quantized=quantized)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from ..families._gguf import GGUFError
+
 _GGUF_EXTRA = "pip install interp[gguf]"
 
 
@@ -54,10 +56,6 @@ _STRING, _ARRAY = 8, 9
 _MIN_VALUE = {**{k: s for k, (_, s) in _SCALARS.items()}, _STRING: 8, _ARRAY: 12}
 _MIN_KV = 8 + 4 + 1  # key length, value type, the smallest value
 _MIN_TENSOR_INFO = 8 + 4 + 4 + 8  # name length, dimension count, type, offset
-
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be read as declared; the message names the file and the key or tensor."""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from ..families import converter
+from ..families._gguf_experts import join_split_tensors
 from ..quantized import QUANT_TYPES, QuantizedWeight, row_bytes
-from . import gguf_experts
 from .gguf_file import GGUFError, GGUFFile, GGUFTensor
 
 _ROW_BITS = 32  # tag = tensor index << 32 | row
@@ -96,7 +96,7 @@ def _row_sources(reader: GGUFFile, tagged: list[GGUFTensor], floats: dict[str, t
                 hf_sd = dict(floats)
                 for i, t in enumerate(tagged):
                     hf_sd.update(hf_tensors(t.name, _tags(i, int(t.shape[1]), int(t.shape[0]), odd, narrow)))
-                gguf_experts.join_split_tensors(hf_sd)
+                join_split_tensors(hf_sd)
                 runs.append(make_sd(hf_sd, cfg))
             break
         except (ValueError, RuntimeError) as e:  # a shape check or a cat that needs the real width

@@ -175,7 +175,7 @@ def test_analysis_and_pruning_load_no_plotly():
 
 def test_gguf_expert_loader_loads_only_core_and_zoo():
     mods = _loaded("import interp.zoo.gguf")
-    assert "interp.zoo.gguf_experts" in mods
+    assert "interp.families._gguf_experts" in mods
     assert not {m for m in mods if m.startswith(("interp.analysis", "interp.pruning", "interp.viz", "interp.training"))}
 
 

@@ -57,10 +57,50 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
                                         bias=False)),
     "falcon_new_arch": ("falcon", "falcon", dict(hidden_size=72, num_attention_heads=9, num_kv_heads=3,
                                                  new_decoder_architecture=True, bias=False)),
+    # llama.cpp writes no RoPE base for gptneox / phi2 / stablelm: their files rotate with base 10000.
+    "gpt2": ("gpt2", "gpt2", dict(n_embd=80, n_head=5, n_layer=2, n_positions=64)),
+    "gptneox": ("gptneox", "gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                             "partial_rotary_factor": 0.5})),
+    "gptneox_sequential": ("gptneox", "gpt_neox", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                       use_parallel_residual=False)),
+    "phi2": ("phi2", "phi", dict(hidden_size=80, intermediate_size=320, num_attention_heads=5,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                  "partial_rotary_factor": 0.4})),
+    "olmo": ("olmo", "olmo", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                  attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    "olmo2": ("olmo2", "olmo2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                     num_key_value_heads=1)),
+    "stablelm": ("stablelm", "stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                              num_key_value_heads=1, use_qkv_bias=True)),
+    "stablelm_parallel": ("stablelm", "stablelm", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                       num_key_value_heads=5, use_parallel_residual=True)),
+    "starcoder2": ("starcoder2", "starcoder2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                    num_key_value_heads=1, sliding_window=None)),
+    "bloom": ("bloom", "bloom", dict(hidden_size=96, n_head=6, n_layer=2)),  # 6 heads: ALiBi's interleaved slopes
+    "smollm3": ("smollm3", "smollm3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                           num_key_value_heads=1, num_hidden_layers=4)),  # layer 3 has no RoPE
+    "ernie4_5": ("ernie4_5", "ernie4_5", dict(hidden_size=72, intermediate_size=96, num_attention_heads=9,
+                                              num_key_value_heads=3, head_dim=8, use_bias=True)),
+    "mpt": ("mpt", "mpt", dict(d_model=72, n_heads=6, n_layers=2, max_seq_len=64)),  # ALiBi, 6 heads
+    "command_r": ("command-r", "cohere", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                              num_key_value_heads=1, logit_scale=0.5, attention_bias=True)),
+    "arcee": ("arcee", "arcee", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                     attention_bias=True)),
+    "seed_oss": ("seed_oss", "seed_oss", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                              num_key_value_heads=1, head_dim=24, attention_bias=True,
+                                              attention_out_bias=True, mlp_bias=True)),
+    "granite": ("granite", "granite", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                           num_key_value_heads=1, attention_bias=True, embedding_multiplier=3.0,
+                                           attention_multiplier=0.3, residual_multiplier=0.6, logits_scaling=2.5)),
 }
 _COMMON = dict(num_hidden_layers=2, max_position_embeddings=64, vocab_size=V, bos_token_id=0, eos_token_id=0,
                pad_token_id=0, tie_word_embeddings=False)
-_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon")
+_TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2", "cohere", "bloom", "mpt")
+# llama.cpp's converters that permute the Q/K rows (LlamaModel.permute) and whether they permute the biases too.
+_PERMUTED = {"llama": True, "granite": True, "arcee": True, "smollm3": True, "olmo": False}
+# GPT-2's Conv1D weights, stored transposed by the converter.
+_CONV1D = (".c_attn.weight", ".c_proj.weight", ".c_fc.weight")
 
 
 def hf_model(name: str, **overrides: Any):
@@ -69,7 +109,7 @@ def hf_model(name: str, **overrides: Any):
     common = dict(_COMMON)
     if model_type in _TIED_BY_DEFAULT:
         common.pop("tie_word_embeddings")
-    if model_type == "gpt_bigcode":
+    if model_type in ("gpt_bigcode", "gpt2", "bloom", "mpt"):
         common = {k: v for k, v in common.items() if k not in ("num_hidden_layers", "max_position_embeddings")}
     cfg = transformers.AutoConfig.for_model(model_type, **{**common, **kw, **overrides})
     cfg._attn_implementation = "eager"
@@ -104,6 +144,77 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
         w.add_block_count(c.n_layer)
         w.add_head_count(c.n_head)
         w.add_head_count_kv(1)
+        w.add_layer_norm_eps(c.layer_norm_epsilon)
+        return
+    if arch == "gpt2":
+        w.add_block_count(c.n_layer)
+        w.add_context_length(c.n_ctx if hasattr(c, "n_ctx") else c.n_positions)
+        w.add_embedding_length(c.n_embd)
+        w.add_feed_forward_length(4 * c.n_embd)
+        w.add_head_count(c.n_head)
+        w.add_layer_norm_eps(c.layer_norm_epsilon)
+        return
+    if arch in ("gptneox", "phi2", "stablelm"):
+        head_dim = c.hidden_size // c.num_attention_heads
+        w.add_context_length(c.max_position_embeddings)
+        w.add_embedding_length(c.hidden_size)
+        w.add_block_count(c.num_hidden_layers)
+        w.add_feed_forward_length(4 * c.hidden_size if arch == "phi2" else c.intermediate_size)
+        w.add_rope_dimension_count(int(rope_params().get("partial_rotary_factor", 1.0) * head_dim))
+        w.add_head_count(c.num_attention_heads)
+        if arch != "gptneox":
+            w.add_head_count_kv(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+        if arch != "phi2":
+            w.add_parallel_residual(c.use_parallel_residual)
+        w.add_layer_norm_eps(c.layer_norm_eps)
+        return
+    if arch in ("olmo", "olmo2", "starcoder2", "granite", "command-r", "arcee", "seed_oss", "smollm3", "ernie4_5"):
+        # TextModel.set_gguf_parameters, then the architecture's own keys
+        w.add_block_count(c.num_hidden_layers)
+        w.add_context_length(c.max_position_embeddings)
+        w.add_embedding_length(c.hidden_size)
+        w.add_feed_forward_length(c.intermediate_size)
+        w.add_head_count(c.num_attention_heads)
+        w.add_head_count_kv(c.num_key_value_heads)
+        w.add_rope_freq_base(rope_params()["rope_theta"])
+        if getattr(c, "rms_norm_eps", None) is not None:
+            w.add_layer_norm_rms_eps(c.rms_norm_eps)
+        for eps in ("norm_epsilon", "layer_norm_eps"):
+            if getattr(c, eps, None) is not None:
+                w.add_layer_norm_eps(getattr(c, eps))
+        if getattr(c, "head_dim", None) is not None and arch != "granite":  # Granite's converter drops head_dim
+            w.add_key_length(c.head_dim)
+            w.add_value_length(c.head_dim)
+        if arch == "command-r":
+            w.add_logit_scale(c.logit_scale)
+            w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        if arch == "olmo":
+            w.add_layer_norm_eps(1e-5)
+        if arch in ("granite", "arcee", "smollm3"):  # LlamaModel's keys
+            w.add_vocab_size(c.vocab_size)
+            w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+        if arch == "granite":  # Granite's four scalars
+            w.add_attention_scale(c.attention_multiplier)
+            w.add_embedding_scale(c.embedding_multiplier)
+            w.add_residual_scale(c.residual_multiplier)
+            w.add_logit_scale(c.logits_scaling)
+        return
+    if arch == "mpt":
+        w.add_context_length(c.max_seq_len)
+        w.add_embedding_length(c.d_model)
+        w.add_block_count(c.n_layers)
+        w.add_feed_forward_length(4 * c.d_model)
+        w.add_head_count(c.n_heads)
+        w.add_layer_norm_eps(1e-5)
+        w.add_max_alibi_bias(c.attn_config.alibi_bias_max if c.attn_config.alibi else 0.0)
+        return
+    if arch == "bloom":
+        w.add_context_length(getattr(c, "seq_length", None) or c.hidden_size)  # the converter's fallback
+        w.add_embedding_length(c.hidden_size)
+        w.add_feed_forward_length(4 * c.hidden_size)
+        w.add_block_count(c.n_layer)
+        w.add_head_count(c.n_head)
+        w.add_head_count_kv(c.n_head)
         w.add_layer_norm_eps(c.layer_norm_epsilon)
         return
     if arch == "falcon":
@@ -240,7 +351,7 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] 
     _metadata(w, arch, c)
     _tokenizer(w, arch, c.vocab_size)
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch),
-                                     getattr(c, "num_hidden_layers", None) or c.n_layer)
+                                     getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer", None) or c.n_layers)
     tied = bool(getattr(c, "tie_word_embeddings", False))
     cycle = list(types) if isinstance(types, tuple) else ["f32", "f16", "q8_0"]
     n_2d = 0
@@ -249,29 +360,39 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] 
         if hf_name == "lm_head.weight" and (tied or arch.startswith("gemma")):
             continue  # the converter skips tied (and Gemma's) lm_head
         stem, suffix = hf_name.rsplit(".", 1)
-        gguf_name = names.get_name(stem)
+        gguf_name = names.get_name(stem.removeprefix("transformer.") if arch == "bloom" else stem)  # as BLOOM's converter
         assert gguf_name is not None, f"gguf's tensor map has no name for {hf_name!r} ({arch})"
         a = t.detach().numpy().astype(np.float32)
         if a.ndim == 2:
             kind = cycle[n_2d % len(cycle)] if types == "mixed" or isinstance(types, tuple) else types
-            if a.shape[1] % block_size(kind):
+            conv1d = arch == "gpt2" and hf_name.endswith(_CONV1D)  # stored transposed: blocks run along its rows
+            stored_rows = a.T if conv1d else a
+            if stored_rows.shape[1] % block_size(kind):
                 kind = "f16"
             n_2d += 1
-            a = _round_trip(a, kind)  # the file's values become the HF model's own
+            a = _round_trip(np.ascontiguousarray(stored_rows), kind)  # the file's values become the HF model's own
+            a = a.T if conv1d else a
             with torch.no_grad():
                 params[hf_name].copy_(torch.from_numpy(a))
         else:
             kind = "f32"
-        if arch == "llama" and stem.endswith("q_proj"):
+        if arch in _PERMUTED and (suffix == "weight" or _PERMUTED[arch]) and stem.endswith("q_proj"):
             a = permute(a, c.num_attention_heads)
-        elif arch == "llama" and stem.endswith("k_proj"):
+        elif arch in _PERMUTED and (suffix == "weight" or _PERMUTED[arch]) and stem.endswith("k_proj"):
             a = permute(a, c.num_key_value_heads)
+        elif arch == "gpt2" and hf_name.endswith(_CONV1D):
+            a = a.T
+        elif arch in ("gptneox", "bloom") and "query_key_value" in stem:
+            H = c.num_attention_heads  # per-head [q_h, k_h, v_h] rows -> [q | k | v], as the converter
+            a = a.reshape(H, 3, -1, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
         elif arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             a = a + 1  # llama.cpp's RMSNorm has no (1 + w)
         elif arch == "falcon" and "query_key_value" in stem:
             a = _jploski(a, c.num_attention_heads, _falcon_kv(c), c.hidden_size // c.num_attention_heads)
         stored, raw = _store(np.ascontiguousarray(a), kind)
         w.add_tensor(f"{gguf_name}.{suffix}", stored, raw_dtype=raw)
+        if arch == "bloom" and gguf_name == "token_embd":  # the converter writes the tied head out as a copy
+            w.add_tensor("output.weight", stored, raw_dtype=raw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

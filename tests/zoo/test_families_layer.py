@@ -27,6 +27,23 @@ def test_each_model_type_belongs_to_one_family_and_the_zoo_reads_the_registry():
         family_for("t5")
 
 
+def test_each_test_config_lives_in_the_family_that_converts_it_and_compat_reads_them_all():
+    """A family's test configs sit in its own file (``Family.tests``); compat's table is exactly their union, in
+    the README's order, split into family tests and table-only rows by the configs' own flag."""
+    from interp.families.registry import COMPAT_CONFIGS
+    from interp.zoo import compat
+
+    for fam in FAMILIES:
+        for row, test in fam.tests.items():
+            assert BY_MODEL_TYPE[test.model_type] is fam, (row, test.model_type, fam.name)
+    assert list(compat.TABLE)[:len(compat.ROW_ORDER)] == list(compat.ROW_ORDER)
+    assert compat.TABLE == {row: (t.model_type, dict(t.config)) for row, t in COMPAT_CONFIGS.items()}
+    assert {row for row, t in COMPAT_CONFIGS.items() if t.table_only} == set(compat.TABLE_ONLY)
+    assert compat.FAMILIES["qwen3"] == ("qwen3", dict(family_for("qwen3").tests["qwen3"].config))
+    # each config is one family's: qwen2 / qwen3 are Llama's record with their own values, not Llama's tests
+    assert "llama3" not in family_for("qwen2").tests and "qwen2" not in family_for("llama").tests
+
+
 def test_qwen3_is_llama_with_per_head_qk_norm():
     hf = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 3,
           "intermediate_size": 96, "vocab_size": 50, "max_position_embeddings": 64, "sliding_window": 8,

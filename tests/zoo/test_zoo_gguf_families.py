@@ -157,7 +157,7 @@ def test_unsupported_settings_are_refused_by_name(meta, match):
         zgguf.hf_config_from_gguf(meta, set())
 
 
-HOSTILE = ("qwen3", "gemma2", "gemma3", "phi3", "starcoder", "falcon_new_arch")
+HOSTILE = ("qwen3", "gemma2", "gemma3", "phi3", "starcoder", "falcon_new_arch", "gpt2", "gptneox", "stablelm", "granite")
 
 
 def test_declared_sizes_are_checked_before_allocating_for_every_architecture(files, tmp_path):

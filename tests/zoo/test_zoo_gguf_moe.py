@@ -21,8 +21,8 @@ tf = pytest.importorskip("transformers")
 import test_zoo_hf_moe as hf_moe  # noqa: E402  (tests/zoo is on sys.path)
 from test_zoo_gguf import llama_cpp_permute  # noqa: E402
 
+from interp.families import _gguf_experts as gguf_experts  # noqa: E402
 from interp.zoo import gguf as zgguf  # noqa: E402
-from interp.zoo import gguf_experts  # noqa: E402
 
 V = hf_moe.V
 # DeepSeek's published YaRN has mscale == mscale_all_dim, the case GGUF can express (it keeps only the latter).

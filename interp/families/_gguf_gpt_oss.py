@@ -28,9 +28,8 @@ from typing import Any
 
 import torch
 
-from .gguf_archs import _shape
-from .gguf_experts import _Meta, _want
-from .gguf_file import GGUFError
+from ._gguf import GGUFError, GGUFSpec, gguf_sizes
+from ._gguf_experts import _Meta, _want
 
 __all__ = ["ARCH", "hf_config", "hf_tensors"]
 
@@ -60,7 +59,7 @@ def hf_config(meta: Mapping[str, Any], tensor_names: set[str], *, source: str = 
             (each named with its value).
 
     Example:
-        >>> from interp.zoo.gguf_gpt_oss import hf_config
+        >>> from interp.families._gguf_gpt_oss import hf_config
         >>> meta = {"general.architecture": "gpt-oss", "gpt-oss.block_count": 2, "gpt-oss.context_length": 64,
         ...         "gpt-oss.embedding_length": 64, "gpt-oss.feed_forward_length": 32, "gpt-oss.vocab_size": 50,
         ...         "gpt-oss.attention.head_count": 4, "gpt-oss.attention.key_length": 16,
@@ -72,7 +71,7 @@ def hf_config(meta: Mapping[str, Any], tensor_names: set[str], *, source: str = 
         ('gpt_oss', ['sliding_attention', 'full_attention'], 'yarn')
     """
     m = _Meta(meta, ARCH, source)
-    base = _shape(m, set(tensor_names))
+    base = gguf_sizes(m, set(tensor_names))
     E, k = m.routing()
     L = base["num_hidden_layers"]
     kind = m.get("rope.scaling.type", "yarn")
@@ -111,7 +110,7 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
 
     Example:
         >>> import torch
-        >>> from interp.zoo.gguf_gpt_oss import hf_tensors
+        >>> from interp.families._gguf_gpt_oss import hf_tensors
         >>> cfg = {"num_local_experts": 4, "intermediate_size": 6, "hidden_size": 8}
         >>> {k: tuple(v.shape) for k, v in hf_tensors("blk.0.ffn_up_exps.weight", torch.zeros(4, 6, 8), cfg).items()}
         {'model.layers.0.mlp.experts.up_proj': (4, 8, 6)}
@@ -140,3 +139,7 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
     if kind in _BLOCK:
         return {h + f"{_BLOCK[kind]}.{suffix}": w}
     raise GGUFError(f"{source}: tensor {name!r} has no place in a 'gpt-oss' decoder")
+
+
+#: ``gpt-oss``: every tensor named by :func:`hf_tensors`.
+GPT_OSS = GGUFSpec(lambda m, names: hf_config(m.meta, names, source=m.source), special=hf_tensors, experts=True)

@@ -1,9 +1,11 @@
 """Mixture-of-experts GGUF files: Mixtral (llama.cpp's ``llama`` with experts), DeepSeek-V2/V3 (``deepseek2``),
 Qwen2-MoE / Qwen3-MoE (``qwen2moe`` / ``qwen3moe``) and OLMoE (``olmoe``).
 
-:mod:`interp.zoo.gguf` reads the container and the dense tensors; this module maps what is particular to
-expert files onto a Hugging Face config and state dict, which the MoE and MLA converters of
-:mod:`interp.zoo.hf` turn into an :class:`interp.Transformer` exactly as they do a HF model (one conversion).
+:mod:`interp.zoo.gguf` reads the container and finds the architecture's spec through the family registry; the
+specs here (:data:`QWEN_OLMOE` for the ``mixtral`` family, :data:`DEEPSEEK2` for ``deepseek``, :func:`with_experts`
+for ``llama``'s Mixtral files) map what is particular to expert files onto a Hugging Face config and state dict,
+which the MoE and MLA converters turn into an :class:`interp.Transformer` exactly as they do a HF model (one
+conversion).
 
 What llama.cpp's converter (``convert_hf_to_gguf.py``) does, and how it is undone:
 
@@ -54,14 +56,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .gguf_archs import Meta, _llama_like, shown
-from .gguf_file import GGUFError
+from ._gguf import GGUFError, GGUFSpec, HFConfig, Meta, llama_like, shown
 
-# Whole architectures handled here (Mixtral is ``llama`` with experts), with the HF model_type each came from.
-MODEL_TYPES = {"deepseek2": None, "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe",
-               "gpt-oss": "gpt_oss"}  # gpt-oss: its own module, interp.zoo.gguf_gpt_oss
-ARCHITECTURES = tuple(MODEL_TYPES)
-EXPERT_HOSTS = ("llama",)  # table architectures of interp.zoo.gguf_archs whose files may carry experts
+# The HF model_type each architecture of Qwen-MoE / OLMoE came from.
+MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "olmoe": "olmoe"}
 HF_TYPES = ("mixtral", "deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
@@ -79,25 +77,11 @@ _COMMON = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm
            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
-def is_expert_file(meta: Mapping[str, Any]) -> bool:
-    """Whether a GGUF file's metadata describes a mixture of experts this module reads.
-
-    Example:
-        >>> from interp.zoo.gguf_experts import is_expert_file
-        >>> is_expert_file({"general.architecture": "llama", "llama.expert_count": 8})
-        True
-        >>> is_expert_file({"general.architecture": "llama"})
-        False
-    """
-    arch = meta.get("general.architecture")
-    return arch in ARCHITECTURES or bool(meta.get(f"{arch}.expert_count", 0))
-
-
 def is_expert_config(hf_cfg: Mapping[str, Any]) -> bool:
     """Whether an HF config dict (from :func:`hf_config`) is one whose tensors :func:`hf_tensors` names.
 
     Example:
-        >>> from interp.zoo.gguf_experts import is_expert_config
+        >>> from interp.families._gguf_experts import is_expert_config
         >>> is_expert_config({"model_type": "deepseek_v3"}), is_expert_config({"model_type": "llama"})
         (True, False)
     """
@@ -106,7 +90,7 @@ def is_expert_config(hf_cfg: Mapping[str, Any]) -> bool:
 
 # --- metadata ---------------------------------------------------------------------------------------------
 class _Meta(Meta):
-    """:class:`interp.zoo.gguf_archs.Meta` plus the routing keys (each refused by name when malformed)."""
+    """:class:`interp.families._gguf.Meta` plus the routing keys (each refused by name when malformed)."""
 
     def need(self, key: str, default: float | None = None) -> float:
         """A positive finite number that must be there (or have a default)."""
@@ -158,7 +142,7 @@ def llama_experts_config(base: Mapping[str, Any], meta: Mapping[str, Any], tenso
             have (shared experts, dense leading layers, sigmoid gating, unnormalised weights), each named.
 
     Example:
-        >>> from interp.zoo.gguf_experts import llama_experts_config
+        >>> from interp.families._gguf_experts import llama_experts_config
         >>> meta = {"general.architecture": "llama", "llama.expert_count": 8, "llama.expert_used_count": 2}
         >>> cfg = llama_experts_config({"model_type": "llama", "num_hidden_layers": 2}, meta, set())
         >>> cfg["model_type"], cfg["num_local_experts"], cfg["num_experts_per_tok"]
@@ -199,7 +183,7 @@ def deepseek2_config(meta: Mapping[str, Any], tensor_names: set[str], *, source:
         GGUFError: a missing or malformed key, or a setting this loader does not reproduce (named with its value).
 
     Example:
-        >>> from interp.zoo.gguf_experts import deepseek2_config
+        >>> from interp.families._gguf_experts import deepseek2_config
         >>> meta = {"general.architecture": "deepseek2", "deepseek2.block_count": 2, "deepseek2.context_length": 64,
         ...         "deepseek2.embedding_length": 32, "deepseek2.feed_forward_length": 48,
         ...         "deepseek2.attention.head_count": 4, "deepseek2.vocab_size": 50,
@@ -332,7 +316,7 @@ def qwen_olmoe_config(meta: Mapping[str, Any], tensor_names: set[str], *, source
             width, or dense layers in OLMoE (each named with its value).
 
     Example:
-        >>> from interp.zoo.gguf_experts import qwen_olmoe_config
+        >>> from interp.families._gguf_experts import qwen_olmoe_config
         >>> meta = {"general.architecture": "olmoe", "olmoe.block_count": 1, "olmoe.context_length": 64,
         ...         "olmoe.embedding_length": 32, "olmoe.feed_forward_length": 24, "olmoe.attention.head_count": 4,
         ...         "olmoe.vocab_size": 50, "olmoe.expert_count": 8, "olmoe.expert_used_count": 2}
@@ -344,7 +328,7 @@ def qwen_olmoe_config(meta: Mapping[str, Any], tensor_names: set[str], *, source
     mtype = MODEL_TYPES[arch]
     m = _Meta(meta, arch, source)
     # Attention, norms and RoPE as the dense Qwen / Llama files of the architectures table.
-    base = _llama_like(str(mtype))(m, set(tensor_names))
+    base = llama_like(str(mtype))(m, set(tensor_names))
     if m.gating() not in (None, "softmax"):
         raise m.fail(f"metadata {m.key('expert_gating_func')!r} = {meta[m.key('expert_gating_func')]!r} is not "
                      f"supported for {arch!r} (only softmax)")
@@ -393,7 +377,7 @@ def hf_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
 
     Example:
         >>> import torch
-        >>> from interp.zoo.gguf_experts import hf_tensors
+        >>> from interp.families._gguf_experts import hf_tensors
         >>> cfg = {"model_type": "mixtral", "num_local_experts": 4, "intermediate_size": 6, "hidden_size": 8}
         >>> sorted(hf_tensors("blk.0.ffn_up_exps.weight", torch.zeros(4, 6, 8), cfg))[0]
         'model.layers.0.mlp.experts.0.up_proj.weight'
@@ -498,7 +482,7 @@ def join_split_tensors(hf_sd: dict[str, torch.Tensor]) -> dict[str, str]:
 
     Example:
         >>> import torch
-        >>> from interp.zoo.gguf_experts import join_split_tensors
+        >>> from interp.families._gguf_experts import join_split_tensors
         >>> sd = {"model.layers.0.self_attn.k_b_proj.weight": torch.zeros(2, 5, 3),
         ...       "model.layers.0.self_attn.v_b_proj.weight": torch.zeros(2, 4, 5)}
         >>> _ = join_split_tensors(sd); sd["model.layers.0.self_attn.kv_b_proj.weight"].shape
@@ -521,27 +505,45 @@ def join_split_tensors(hf_sd: dict[str, torch.Tensor]) -> dict[str, str]:
     return aliases
 
 
-def hf_config(meta: Mapping[str, Any], base: Mapping[str, Any] | None, tensor_names: set[str], *,
-              source: str = "GGUF") -> dict[str, Any]:
-    """The HF config dict of an expert file: Mixtral from ``llama`` (``base`` = its dense llama dict) or DeepSeek.
+def _with_source(fn: Any) -> Any:
+    """A ``(metadata, names, *, source)`` config function as a :class:`GGUFSpec` config (``(Meta, names)``)."""
+    return lambda m, names: fn(m.meta, names, source=m.source)
 
-    Raises:
-        GGUFError: see :func:`llama_experts_config` and :func:`deepseek2_config`.
+
+def _expert_tensors(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *,
+                    source: str = "GGUF") -> dict[str, torch.Tensor] | None:
+    """:func:`hf_tensors` for a config with experts; None (the tables' tensors) for a dense one."""
+    return hf_tensors(name, w, hf_cfg, source=source) if is_expert_config(hf_cfg) else None
+
+
+def with_experts(spec: GGUFSpec) -> GGUFSpec:
+    """A dense Llama-layout spec whose files may also carry merged experts (``llama``: Mixtral, an
+    ``expert_count`` in the metadata and ``ffn_*_exps`` in place of the MLPs).
 
     Example:
-        >>> from interp.zoo.gguf_experts import hf_config
-        >>> hf_config({"general.architecture": "llama", "llama.expert_count": 4, "llama.expert_used_count": 2},
-        ...           {"num_hidden_layers": 1}, set())["model_type"]
+        >>> from interp.families._gguf import llama_spec
+        >>> from interp.families._gguf_experts import with_experts
+        >>> meta = {"general.architecture": "llama", "llama.block_count": 1, "llama.context_length": 64,
+        ...         "llama.embedding_length": 32, "llama.feed_forward_length": 24, "llama.attention.head_count": 4,
+        ...         "llama.vocab_size": 50, "llama.expert_count": 4, "llama.expert_used_count": 2}
+        >>> with_experts(llama_spec("llama", permuted=True)).hf_config(meta, set())["model_type"]
         'mixtral'
     """
-    arch = meta.get("general.architecture")
-    if arch == "deepseek2":
-        return deepseek2_config(meta, tensor_names, source=source)
-    if arch in MODEL_TYPES:
-        return qwen_olmoe_config(meta, tensor_names, source=source)
-    assert base is not None
-    return llama_experts_config(base, meta, tensor_names, source=source)
+    dense = spec.config
+
+    def config(m: Meta, names: set[str]) -> HFConfig:
+        cfg = dense(m, names)
+        return llama_experts_config(cfg, m.meta, names, source=m.source) if m.get("expert_count", 0) else cfg
+
+    return GGUFSpec(config, spec.global_names, spec.block_prefix, spec.block, spec.transform, _expert_tensors,
+                    experts=True)
 
 
-__all__ = ["ARCHITECTURES", "EXPERT_HOSTS", "HF_TYPES", "MODEL_TYPES", "deepseek2_config", "hf_config", "hf_tensors",
-           "is_expert_config", "is_expert_file", "join_split_tensors", "llama_experts_config", "qwen_olmoe_config"]
+#: ``deepseek2`` (DeepSeek-V2 / V3): MLA attention and experts, every tensor named by :func:`hf_tensors`.
+DEEPSEEK2 = GGUFSpec(_with_source(deepseek2_config), special=hf_tensors, experts=True)
+#: ``qwen2moe`` / ``qwen3moe`` / ``olmoe``: Llama attention and experts, every tensor named by :func:`hf_tensors`.
+QWEN_OLMOE = GGUFSpec(_with_source(qwen_olmoe_config), special=hf_tensors, experts=True)
+
+
+__all__ = ["DEEPSEEK2", "HF_TYPES", "MODEL_TYPES", "QWEN_OLMOE", "deepseek2_config", "hf_tensors",
+           "is_expert_config", "join_split_tensors", "llama_experts_config", "qwen_olmoe_config", "with_experts"]

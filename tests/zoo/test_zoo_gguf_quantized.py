@@ -17,6 +17,7 @@ from gguf_writer import FAMILIES, hf_model, write_gguf  # noqa: E402
 import interp  # noqa: E402
 from interp.pruning import remove_heads  # noqa: E402
 from interp.quantized import QuantizedEmbedding, QuantizedLinear, dequantize_model, quantized_weights  # noqa: E402
+from interp.zoo.checkpoint import save_checkpoint  # noqa: E402
 from interp.zoo.gguf import GGUFError, load_gguf  # noqa: E402
 
 # Widths that are whole blocks of 32 (the legacy types) or 256 (the K-quants).
@@ -131,10 +132,17 @@ def test_what_cannot_stay_quantized_is_refused_by_name(tmp_path):
         remove_heads(q, {0: [1]})
     with pytest.raises(ValueError, match="cannot be assigned"):
         q.blocks[0].mlp.W_in.weight = torch.nn.Parameter(torch.zeros(96, 64))
+    target = tmp_path / "q.safetensors"
+    with pytest.raises(ValueError, match=r"save_checkpoint needs float weights, but 12 weight\(s\)"):
+        save_checkpoint(q, target)
+    assert not target.exists()  # nothing half-written
     f = load_gguf(path)
     dequantize_model(q)  # the explicit way to float weights
     with torch.no_grad():
         assert torch.equal(remove_heads(q, {0: [1]})(TOKENS), remove_heads(f, {0: [1]})(TOKENS))
+    save_checkpoint(q, target)  # float now: saved, and read back as the float model
+    with torch.no_grad():
+        assert torch.equal(interp.load(str(target))(TOKENS), f(TOKENS))
 
 
 def test_classify_heads_gives_the_float_models_table(tmp_path):

@@ -123,3 +123,28 @@ def test_remove_heads_equals_the_float32_build_then_cast_and_leaves_the_model_as
     monkeypatch.setattr(surgery_mod, "build",
                         lambda cfg, **kw: real(cfg, **{**kw, "dtype": torch.float32}).to(kw["dtype"]))
     _same(new, remove_heads(model, off))
+
+
+@pytest.mark.parametrize("name", ["induction-2l", "random-tiny"])
+def test_load_builds_built_ins_in_the_target_dtype(monkeypatch, name):
+    import interp
+
+    ref = interp.load(name)
+    _no_cast(monkeypatch)
+    model = interp.load(name, dtype=torch.bfloat16)
+    monkeypatch.undo()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and model.tokenizer is not None
+    # the same weights, rounded once; buffers (rotary frequencies) stay as a bf16 build keeps them
+    assert all(torch.equal(v, ref.state_dict()[k].to(torch.bfloat16)) for k, v in model.state_dict().items())
+    built = build(ref.cfg, dtype=torch.bfloat16)
+    assert {n: b.dtype for n, b in model.named_buffers()} == {n: b.dtype for n, b in built.named_buffers()}
+
+
+def test_load_of_a_checkpoint_equals_load_checkpoint_in_bf16(tmp_path):
+    import interp
+
+    path = save_checkpoint(build(CFG, dtype=torch.float32, seed=0), tmp_path / "m.safetensors")
+    a, b = interp.load(path, dtype=torch.bfloat16), load_checkpoint(path, dtype=torch.bfloat16)
+    assert a.blocks[0].attn.rotary.inv_freq.dtype == torch.float32  # not rounded by a cast after the build
+    with torch.no_grad():
+        assert torch.equal(a(TOKENS), b(TOKENS))

@@ -802,7 +802,7 @@ class ModelConfig:
         """
         required = ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx")
         shown = [f"{n}={getattr(self, n)!r}" for n in required]
-        shown += [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+        shown += [f"{f.name}={_shown(getattr(self, f.name))}" for f in dataclasses.fields(self)
                   if f.name not in required and self._differs_from_default(f.name)]
         return f"{type(self).__name__}({', '.join(shown)})"
 
@@ -814,7 +814,7 @@ class ModelConfig:
             >>> "router_groups=1" in ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4).full_repr()
             True
         """
-        values = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        values = ", ".join(f"{f.name}={_shown(getattr(self, f.name))}" for f in dataclasses.fields(self))
         return f"{type(self).__name__}({values})"
 
     # --- (de)serialisation ----------------------------------------------------------------------------
@@ -893,6 +893,14 @@ _MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": 
 
 _BOOL_FIELDS = ("causal", "embed_norm", "attn_only", "attn_bias", "out_bias", "mlp_bias", "unembed",
                 "tie_embeddings", "cross_attention", "use_sdpa", "attn_sinks")
+
+
+def _shown(value: Any) -> str:
+    """A field's value as a config's repr writes it: one that evaluates with ``ModelConfig`` alone in scope (a
+    precision policy by its name, or its fields as a dict, both of which the config accepts)."""
+    if isinstance(value, Precision):
+        return repr(value.name) if value.name is not None else repr(dataclasses.asdict(value))
+    return repr(value)
 
 
 def _int_or_none(name: str, value: Any) -> None:

@@ -65,8 +65,10 @@ def test_a_name_or_a_dict_becomes_the_policy():
 def test_repr_shows_the_policy_only_when_it_is_not_the_default():
     assert "precision" not in repr(ModelConfig(**SIZES))
     assert "precision" not in repr(ModelConfig(**SIZES, precision=Precision()))
-    assert "precision=Precision.named('olmo2')" in repr(ModelConfig(**SIZES, precision=Precision.named("olmo2")))
-    assert "precision=Precision.named('llama')" in ModelConfig(**SIZES).full_repr()
+    cfg = ModelConfig(**SIZES, precision=Precision.named("olmo2"))
+    assert "precision='olmo2'" in repr(cfg)
+    assert "precision='llama'" in ModelConfig(**SIZES).full_repr()
+    assert eval(repr(cfg), {"ModelConfig": ModelConfig}) == cfg  # the name rebuilds the policy
 
 
 @pytest.mark.parametrize("norm, rotary, name", OLD_KEYS)

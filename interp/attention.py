@@ -436,13 +436,14 @@ class Attention(_AttentionBase):
         nope = layer is not None and layer in (cfg.nope_layers or ())  # a NoPE layer rotates nothing
         if cfg.positional == "rotary" and not cross and not nope:
             local_base = cfg.local_rotary_base if self.window is not None else None
-            self.rotary = (Rotary(cfg.rotary_dim, local_base, float32=cfg.rotary_float32) if local_base is not None
-                           else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling, float32=cfg.rotary_float32))
+            f32 = cfg.precision.rotary_float32
+            self.rotary = (Rotary(cfg.rotary_dim, local_base, float32=f32) if local_base is not None
+                           else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling, float32=f32))
         # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
         self.qk_norm = "none" if cross else cfg.qk_norm
         if self.qk_norm != "none":
             per_head = self.qk_norm in ("head", "head_after_rotary")
-            f32 = cfg.norm_weight_float32
+            f32 = cfg.precision.norm_weight_float32
             self.q_norm = RMSNorm(D if per_head else H * D, eps=cfg.norm_eps, weight_float32=f32)
             self.k_norm = RMSNorm(D if per_head else K * D, eps=cfg.norm_eps, weight_float32=f32)
             self.hook_q_normed = HookPoint()
@@ -541,14 +542,16 @@ class LatentAttention(_AttentionBase):
         self.kv_latent_dim = C
         if cfg.q_latent_dim is not None:
             self.W_dq = nn.Linear(M, cfg.q_latent_dim, bias=False)
-            self.q_norm = RMSNorm(cfg.q_latent_dim, eps=cfg.norm_eps, weight_float32=cfg.norm_weight_float32)
+            self.q_norm = RMSNorm(cfg.q_latent_dim, eps=cfg.norm_eps,
+                                  weight_float32=cfg.precision.norm_weight_float32)
             self.W_uq = nn.Linear(cfg.q_latent_dim, H * (D + self.rope_dim), bias=False)
         else:
             self.W_q = nn.Linear(M, H * (D + self.rope_dim), bias=cfg.attn_bias)
         self.W_dkv = nn.Linear(M, C + self.rope_dim, bias=False)  # fused: latent and shared rotary key
-        self.kv_norm = RMSNorm(C, eps=cfg.norm_eps, weight_float32=cfg.norm_weight_float32)
+        self.kv_norm = RMSNorm(C, eps=cfg.norm_eps, weight_float32=cfg.precision.norm_weight_float32)
         self.W_ukv = nn.Linear(C, H * (D + Dv), bias=False)  # fused: no-position keys and values
-        self.rotary = (Rotary(self.rope_dim, cfg.rotary_base, cfg.rope_scaling, float32=cfg.rotary_float32)
+        self.rotary = (Rotary(self.rope_dim, cfg.rotary_base, cfg.rope_scaling,
+                              float32=cfg.precision.rotary_float32)
                        if self.rope_dim else None)
         self.hook_q_latent = HookPoint()
         self.hook_kv_latent = HookPoint()

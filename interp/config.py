@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .precision import LEGACY_FIELDS, Precision, precision_from
+
 AttentionKind = Literal["standard", "latent"]
 Positional = Literal["learned", "rotary", "none"]
 Normalization = Literal["pre", "post", "rms", "none"]
@@ -140,12 +142,11 @@ class ModelConfig:
         normalization: ``"pre"`` (pre-LN, GPT-2), ``"post"`` (post-LN, BERT), ``"rms"`` (pre-RMSNorm, Llama)
             or ``"none"``.
         norm_eps: epsilon of the norms.
-        norm_weight_float32: in bf16 / fp16, an RMSNorm multiplies by its weight in float32 and rounds once
-            (Gemma, OLMo 2) instead of rounding the normalised input to the model's dtype and multiplying by
-            the weight in it (Llama, Mistral, Qwen, Phi-3; the default). No effect in float32.
-        rotary_float32: in bf16 / fp16, rotary embeddings rotate queries and keys in float32 with float32
-            angles and round once (OLMo 2) instead of in the model's dtype with rounded angles (Llama, the
-            default). No effect in float32.
+        precision: where a bf16 / fp16 model computes in float32 before rounding (:class:`interp.precision.Precision`:
+            RMSNorm weights, rotary), the policy of its family: ``Precision.named("llama")`` (the default),
+            ``"gemma"``, ``"olmo2"`` or ``"cohere"``; a name or a dict of its fields is accepted. No effect in
+            float32. Configs saved with the old ``norm_weight_float32`` / ``rotary_float32`` keys load onto it
+            (:meth:`from_dict`).
         embed_norm: a LayerNorm right after the embeddings (BERT).
         attn_only: blocks without MLPs.
         d_mlp: MLP hidden width; defaults to ``4 * d_model``.
@@ -256,8 +257,7 @@ class ModelConfig:
     positions_from_mask: bool = False
     normalization: Normalization = "pre"
     norm_eps: float = 1e-5
-    norm_weight_float32: bool = False
-    rotary_float32: bool = False
+    precision: Precision = Precision()
     embed_norm: bool = False
     attn_only: bool = False
     d_mlp: int = None  # type: ignore[assignment]
@@ -309,6 +309,7 @@ class ModelConfig:
                 raise TypeError(f"{name}={value!r} must be True or False, got {type(value).__name__}")
         _positive_float("rotary_base", self.rotary_base)
         _positive_float("norm_eps", self.norm_eps)
+        self.precision = precision_from(self.precision)  # a name or a JSON dict becomes the policy itself
         if self.attention not in _ATTENTION_KINDS:
             raise ValueError(f"attention={self.attention!r} is not one of {_ATTENTION_KINDS}")
         if self.positional not in _POSITIONALS:
@@ -797,7 +798,7 @@ class ModelConfig:
         """
         required = ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx")
         shown = [f"{n}={getattr(self, n)!r}" for n in required]
-        shown += [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+        shown += [f"{f.name}={_shown(getattr(self, f.name))}" for f in dataclasses.fields(self)
                   if f.name not in required and self._differs_from_default(f.name)]
         return f"{type(self).__name__}({', '.join(shown)})"
 
@@ -809,7 +810,7 @@ class ModelConfig:
             >>> "router_groups=1" in ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=5, n_ctx=4).full_repr()
             True
         """
-        values = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        values = ", ".join(f"{f.name}={_shown(getattr(self, f.name))}" for f in dataclasses.fields(self))
         return f"{type(self).__name__}({values})"
 
     # --- (de)serialisation ----------------------------------------------------------------------------
@@ -818,7 +819,24 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        """Build a config from a dict, rejecting unknown keys by name."""
+        """Build a config from a dict, rejecting unknown keys by name.
+
+        A dict saved before the precision policy holds ``norm_weight_float32`` / ``rotary_float32`` instead of
+        ``precision``: those keys map onto it.
+
+        Example:
+            >>> from interp import ModelConfig
+            >>> old = {"n_layers": 1, "d_model": 8, "n_heads": 2, "d_vocab": 5, "n_ctx": 4,
+            ...        "norm_weight_float32": True, "rotary_float32": False}
+            >>> ModelConfig.from_dict(old).precision
+            Precision.named('gemma')
+        """
+        data = dict(data)
+        legacy = {k: data.pop(k) for k in LEGACY_FIELDS if k in data}
+        if legacy:
+            if "precision" in data:
+                raise ValueError(f"config holds both 'precision' and the old key(s) {sorted(legacy)} it replaced")
+            data["precision"] = precision_from(legacy, what=f"the old key(s) {sorted(legacy)}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -890,7 +908,15 @@ _MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": 
                  "expert_bias": False, "dense_mlp_layers": None}
 
 _BOOL_FIELDS = ("causal", "embed_norm", "attn_only", "attn_bias", "out_bias", "mlp_bias", "unembed",
-                "tie_embeddings", "cross_attention", "use_sdpa", "norm_weight_float32", "rotary_float32", "attn_sinks")
+                "tie_embeddings", "cross_attention", "use_sdpa", "attn_sinks")
+
+
+def _shown(value: Any) -> str:
+    """A field's value as a config's repr writes it: one that evaluates with ``ModelConfig`` alone in scope (a
+    precision policy by its name, or its fields as a dict, both of which the config accepts)."""
+    if isinstance(value, Precision):
+        return repr(value.name) if value.name is not None else repr(dataclasses.asdict(value))
+    return repr(value)
 
 
 def _int_or_none(name: str, value: Any) -> None:

@@ -330,13 +330,13 @@ _LEAN_COVERED = frozenset({
     "layer_n_kv_heads", "layer_kv_map", "v_head_dim",
     # attention kinds and rotary (Rotary is called at each step, not traced: its scaling runs its own code)
     "attention", "kv_latent_dim", "q_latent_dim", "rope_dim", "positional", "rotary_base", "rotary_dim",
-    "rope_scaling", "rotary_float32",
+    "rope_scaling",
     # learned sinks: the fused path's extra key (tests/core/test_attn_sinks.py)
     "attn_sinks",
     # ALiBi: the attention computes its distances from the query and key counts, not the pass's positions
     "alibi_slopes",
     # norms, MLPs and biases
-    "normalization", "norm_eps", "norm_weight_float32", "attn_only", "activation", "attn_bias", "out_bias",
+    "normalization", "norm_eps", "precision", "attn_only", "activation", "attn_bias", "out_bias",
     "mlp_bias",
     # the ends of the model: Transformer._embed and Transformer.unembed_residual
     "embed_scale", "embed_norm", "n_token_types", "tie_embeddings", "final_softcap",

@@ -50,7 +50,7 @@ class ForwardOptions(TypedDict, total=False):
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     if cfg.normalization == "rms":
-        return RMSNorm(cfg.d_model, eps=cfg.norm_eps, weight_float32=cfg.norm_weight_float32)
+        return RMSNorm(cfg.d_model, eps=cfg.norm_eps, weight_float32=cfg.precision.norm_weight_float32)
     if cfg.normalization in ("pre", "post"):
         return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
     return nn.Identity()

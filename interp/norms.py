@@ -8,7 +8,7 @@ bf16 / fp16 the families round differently, and exactness to transformers needs 
 * Gemma, OLMo 2: normalise and multiply by the weight in float32, round once. This is what
   ``torch.nn.RMSNorm`` computes for a half-precision input, so these norms use it as it is.
 
-``ModelConfig.norm_weight_float32`` says which a model uses. LayerNorm needs no such choice: every family
+``ModelConfig.precision`` (:mod:`interp.precision`) says which a model uses. LayerNorm needs no such choice: every family
 supported here calls ``torch.nn.LayerNorm``, which computes its statistics in float32 and rounds once.
 """
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import TEST_WINDOW, CompatConfig, Family
 from ._gguf import GATED_MLP, LLAMA_ATTN, LLAMA_GLOBAL, QK_NORM, GGUFSpec, HFConfig, Meta, llama_like
@@ -62,7 +63,7 @@ def cohere_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         d_mlp=_need(hf_cfg, "intermediate_size", arch), activation=activation,
         d_vocab=_need(hf_cfg, "vocab_size", arch), n_ctx=_need(hf_cfg, "max_position_embeddings", arch),
         normalization="pre", norm_eps=hf_cfg.get("layer_norm_eps", 1e-5), positional="rotary", rotary_base=theta,
-        rope_scaling=scaling, rotary_float32=True, sliding_window=windows, nope_layers=nope,
+        rope_scaling=scaling, precision=Precision.named("cohere"), sliding_window=windows, nope_layers=nope,
         parallel_block="one_norm", attn_bias=bias, out_bias=bias, mlp_bias=False, unembed=True,
         tie_embeddings=False, pad_token_id=hf_cfg.get("pad_token_id"),
     )

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, llama_sizes
 from ._family import CompatConfig, Family, fixed
 from ._gguf import HFConfig, Meta, llama_spec
@@ -23,7 +24,7 @@ from .llama import llama_state_dict
 def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of an ERNIE 4.5 dense decoder: Llama with ``use_bias`` on every projection and RoPE
     on interleaved pairs of the whole head (reordered to halves by :func:`ernie4_5_state_dict`), rotated in
-    float32 (``rotary_float32``).
+    float32 (the ``"cohere"`` precision policy).
 
     Raises:
         ValueError: an unsupported activation or RoPE kind, or a missing key.
@@ -43,7 +44,7 @@ def ernie4_5_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         **llama_sizes(hf_cfg, arch, tie_default=True), activation=activation, normalization="rms",
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
-        rotary_float32=True, attn_bias=bias, out_bias=bias, mlp_bias=bias
+        precision=Precision.named("cohere"), attn_bias=bias, out_bias=bias, mlp_bias=bias
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import GATED_ACTIVATIONS, _activation, _decoder_checks, _need, llama_sizes
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._positions import _rope, _typed_windows
@@ -52,7 +53,7 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         **llama_sizes(hf_cfg, arch), activation=activation, normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps",
         1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling, nope_layers=nope or None,
-        sliding_window=windows, qk_norm="head", sublayer_norm="output", norm_weight_float32=True, attn_bias=False,
+        sliding_window=windows, qk_norm="head", sublayer_norm="output", precision=Precision.named("gemma"), attn_bias=False,
         out_bias=False, mlp_bias=False
     )
 

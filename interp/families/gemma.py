@@ -1,5 +1,5 @@
 """Gemma 1 / 2 / 3 text decoders: RMSNorm ``x * (1 + w)`` (stored as ``1 + w``; its weight multiplies in float32,
-``norm_weight_float32``), embeddings times ``sqrt(d_model)``, gated tanh-GELU MLP, tied unembedding. Gemma 2 adds
+the ``"gemma"`` precision policy), embeddings times ``sqrt(d_model)``, gated tanh-GELU MLP, tied unembedding. Gemma 2 adds
 sandwich norms, ``query_pre_attn_scalar``, soft-caps and alternating sliding layers; Gemma 3 adds QK-norm and a
 separate RoPE base for its local layers.
 """
@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..config import Activation, ModelConfig
+from ..precision import Precision
 from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf import (
@@ -90,7 +91,7 @@ def gemma_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         -0.5, attn_softcap=hf_cfg.get("attn_logit_softcapping") if mtype == "gemma2" else None,
         final_softcap=hf_cfg.get("final_logit_softcapping") if later else None, qk_norm="head" if mtype == "gemma3_text"
         else "none", sublayer_norm="sandwich" if later else "input", embed_scale=d_model ** 0.5,
-        norm_weight_float32=True, attn_bias=attn_bias, out_bias=attn_bias, mlp_bias=False
+        precision=Precision.named("gemma"), attn_bias=attn_bias, out_bias=attn_bias, mlp_bias=False
     )
 
 

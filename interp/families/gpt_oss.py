@@ -7,7 +7,7 @@ What the family needs of the core, each a config value:
 * alternating banded (``sliding_attention``, window ``sliding_window``) and full layers (``layer_types``);
 * YaRN RoPE as configured (``rope_parameters`` / ``rope_scaling``), rotating halves as Llama;
 * biased q/k/v/o projections (``attention_bias``);
-* RMSNorm that multiplies by its weight in float32 before rounding (``norm_weight_float32``: ``GptOssRMSNorm``
+* RMSNorm that multiplies by its weight in float32 before rounding (the ``"gemma"`` precision policy: ``GptOssRMSNorm``
   computes ``weight * x`` on the float32 normalised input);
 * the router ``top-k of (x W^T + b)`` then a softmax over the k chosen, which is ``router_score="softmax"`` with
   ``router_renormalize`` and ``router_logit_bias`` (see :mod:`interp.moe`);
@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import StateDict, _decoder_checks, _need
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf_gpt_oss import GPT_OSS
@@ -104,7 +105,7 @@ def gpt_oss_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         n_layers=n_layers, d_model=d_model, n_heads=n_heads, d_head=head_dim or d_model // n_heads,
         n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads, attn_sinks=True,
         d_vocab=_need(hf_cfg, "vocab_size", ARCH), n_ctx=_need(hf_cfg, "max_position_embeddings", ARCH),
-        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), norm_weight_float32=True,
+        normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), precision=Precision.named("gemma"),
         positional="rotary", rotary_base=theta,
         rope_scaling=scaling, sliding_window=windows if any(w is not None for w in windows) else None,
         attn_bias=bias, out_bias=bias, mlp_bias=False, unembed=True,

@@ -1,5 +1,5 @@
 """OLMo 2 / OLMo 3: norms on the sublayers' outputs only (``sublayer_norm="output"``), QK-norm over all heads,
-float32 norm weights and rotary (``norm_weight_float32``, ``rotary_float32``); OLMo 3 adds sliding layers with
+float32 norm weights and rotary (the ``"olmo2"`` precision policy); OLMo 3 adds sliding layers with
 their own RoPE base.
 """
 
@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _refuse, llama_sizes
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf import GATED_MLP, LLAMA_ATTN, LLAMA_GLOBAL, QK_NORM, GGUFSpec, llama_like
@@ -43,7 +44,7 @@ def olmo2_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(
         **llama_sizes(hf_cfg, arch), sliding_window=windows, local_rotary_base=local_base, activation=activation,
         normalization="rms", norm_eps=hf_cfg.get("rms_norm_eps", 1e-6), positional="rotary", rotary_base=theta,
-        rope_scaling=scaling, qk_norm="full", sublayer_norm="output", norm_weight_float32=True, rotary_float32=True,
+        rope_scaling=scaling, qk_norm="full", sublayer_norm="output", precision=Precision.named("olmo2"),
         attn_bias=False, out_bias=False, mlp_bias=False
     )
 

@@ -196,7 +196,9 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
         new = build(new_cfg, device=p.device, dtype=p.dtype)  # built in place and dtype: no float32 copy first
-    state = {k: v.clone() for k, v in model.state_dict().items()}
+    # No clone of the whole model: every edit below makes a new tensor (indexing, products), and load_state_dict
+    # copies into the new model, so the original's weights are read, never written.
+    state = dict(model.state_dict())
     for layer, block in enumerate(model.blocks):
         attn, kept, pre = block.attn, kept_all[layer], f"blocks.{layer}.attn."
         H = attn.n_heads

@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -171,14 +172,13 @@ def load(name_or_path: str | Path | ModelConfig, *, device: torch.device | str |
     if keep_quantized and not key.endswith(".gguf"):
         raise ValueError(f"keep_quantized=True applies to .gguf files; {key!r} is not one")
     if key in BUILTINS:
-        model = _builtin_loader(key)()
-        model.name = key
+        model = _load_builtin(key, dtype=dtype, device=device)
     elif isinstance(name_or_path, str) and key.startswith(HUB_PREFIXES):
         model = _load_hub(key[:2], key[3:], dtype=dtype, revision=revision)
     else:
         model = _load_path(key, dtype=dtype, device=device, keep_quantized=keep_quantized)
-    if dtype is not None:
-        model.to(dtype=dtype)  # the loaders built the weights in dtype already; this casts floating buffers as before
+    # Every loader built the model in dtype (placement.build): no cast here, which would also round buffers kept
+    # in float32 on purpose (rotary frequencies).
     if device is not None:
         model.to(device)
     if devices is not None:
@@ -211,6 +211,24 @@ def _load_path(key: str, *, dtype: torch.dtype | None = None, device: torch.devi
     )
 
 
+def _load_builtin(name: str, *, dtype: torch.dtype | None, device: torch.device | str | None) -> Transformer:
+    """A built-in model, built in ``dtype`` on ``device`` by its loader."""
+    if name == "random-tiny":
+        model = _builtin_loader(name)()  # 12K parameters drawn in float32 (the same draw whatever the dtype)
+        if dtype is not None or device is not None:
+            drawn = model
+            model = build(drawn.cfg, dtype=dtype, device=device)  # then the drawn weights, rounded into dtype
+            model.load_state_dict(drawn.state_dict())
+            model.tokenizer = drawn.tokenizer
+    else:
+        kw: dict[str, Any] = {"device": device}
+        if dtype is not None:
+            kw["dtype"] = dtype
+        model = _builtin_loader(name)(**kw)
+    model.name = name
+    return model
+
+
 def _shipped_file(name: str) -> Path | None:
     """The checkpoint file a built-in loads from, when it ships one."""
     from .induction import INDUCTION_2L_PATH
@@ -232,6 +250,8 @@ def _load_hub(prefix: str, ref: str, *, dtype: torch.dtype | None = None, revisi
         except ImportError as e:
             raise ImportError(f"'tl:{ref}' needs TransformerLens (pip install 'interp[tl]'): {e}") from e
         model = from_transformer_lens(TransformerBridge.boot_transformers(source, device="cpu"))
+        if dtype is not None:
+            model.to(dtype=dtype)  # TransformerLens loads in its own dtype: the one path that casts afterwards
         model.name = name
     model.revision = revision
     return model

@@ -101,13 +101,15 @@ def save_induction_model(model: Transformer, path: str | Path = INDUCTION_2L_PAT
     return save_checkpoint(model, path, metadata=meta)
 
 
-def load_induction_2l(path: str | Path | None = None, *, device: torch.device | str | None = None) -> Transformer:
+def load_induction_2l(path: str | Path | None = None, *, device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None) -> Transformer:
     """Load the shipped induction-2l checkpoint (no training needed), or another one written by
     :func:`save_induction_model`.
 
     Args:
         path: another checkpoint written by :func:`save_induction_model`; default the shipped one.
         device: where to put the model.
+        dtype: the parameters' dtype, built in it (default: as stored, float32).
 
     Returns:
         The model in eval mode with a :class:`TokenIdTokenizer` (``"t17"`` labels), named ``"induction-2l"``
@@ -128,7 +130,7 @@ def load_induction_2l(path: str | Path | None = None, *, device: torch.device | 
     if not path.is_file():
         raise FileNotFoundError(f"no induction checkpoint at {str(path)!r}; build it with "
                                 "`python experiments/train_induction.py --out DIR --replace-shipped`")
-    model = load_checkpoint(path, device=device)  # attaches the TokenIdTokenizer its header records
+    model = load_checkpoint(path, device=device, dtype=dtype)  # attaches the TokenIdTokenizer its header records
     model.name = "induction-2l" if path.resolve() == INDUCTION_2L_PATH else path.stem
     return model
 

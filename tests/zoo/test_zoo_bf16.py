@@ -31,7 +31,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # OLMo 2 multiplies its norm weight and rotates its queries and keys in float32 before rounding
-# (norm_weight_float32, rotary_float32); before the rotary order followed it: 9.5e-3 from transformers' sdpa.
+# (the "olmo2" precision policy, interp.precision); before the rotary order followed it: 9.5e-3 from transformers' sdpa.
 @pytest.mark.parametrize("name", ["llama3", "qwen2", "qwen3", "mistral", "phi3", "olmo2"])
 def test_bf16_matches_transformers_bf16(name):
     eager, sdpa = hf_bf16(name, "eager"), hf_bf16(name, "sdpa")

@@ -17,6 +17,7 @@ from gguf_writer import FAMILIES, hf_model, write_gguf  # noqa: E402
 import interp  # noqa: E402
 from interp.pruning import remove_heads  # noqa: E402
 from interp.quantized import QuantizedEmbedding, QuantizedLinear, dequantize_model, quantized_weights  # noqa: E402
+from interp.zoo.checkpoint import save_checkpoint  # noqa: E402
 from interp.zoo.gguf import GGUFError, load_gguf  # noqa: E402
 
 # Widths that are whole blocks of 32 (the legacy types) or 256 (the K-quants).
@@ -135,6 +136,21 @@ def test_what_cannot_stay_quantized_is_refused_by_name(tmp_path):
     dequantize_model(q)  # the explicit way to float weights
     with torch.no_grad():
         assert torch.equal(remove_heads(q, {0: [1]})(TOKENS), remove_heads(f, {0: [1]})(TOKENS))
+
+
+def test_save_checkpoint_refuses_quantized_weights_and_saves_after_dequantize(tmp_path):
+    """The checkpoint format holds float tensors: blocks kept as bytes are refused by name, nothing is written,
+    and the dequantised model round-trips exactly."""
+    path, _ = _write(tmp_path, "llama", "q8_0")
+    q = load_gguf(path, keep_quantized=True)
+    out = tmp_path / "q.safetensors"
+    with pytest.raises(ValueError, match=r"save_checkpoint needs float weights, but 12 weight\(s\).*dequantize_model"):
+        save_checkpoint(q, out)
+    assert not out.exists()
+    f = load_gguf(path)
+    back = interp.load(str(save_checkpoint(dequantize_model(q), out)))
+    with torch.no_grad():
+        assert torch.equal(back(TOKENS), f(TOKENS))
 
 
 def test_classify_heads_gives_the_float_models_table(tmp_path):

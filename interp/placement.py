@@ -99,7 +99,9 @@ def build(cfg: ModelConfig, *, device: DeviceLike | None = None, dtype: torch.dt
         cfg: the model's configuration.
         device: where to build it (default: the current default device, usually ``"cpu"``).
         dtype: a floating dtype for the parameters (default: float32).
-        seed: seed the initialisation (``torch.manual_seed``) for a reproducible model.
+        seed: seed the initialisation for a reproducible model. The draws come from a forked RNG
+            (``torch.random.fork_rng``; PyTorch's initialisers take no generator), so the caller's global torch
+            RNG state, CPU and the target CUDA device's, is the same after the build as before it.
         meta_weights: leave the parameters on the meta device, uninitialised (buffers are still built on
             ``device``): for loaders that assign every weight afterwards, so none is allocated twice.
 
@@ -120,11 +122,18 @@ def build(cfg: ModelConfig, *, device: DeviceLike | None = None, dtype: torch.dt
     from .model import Transformer
 
     check_dtype(dtype)
-    if seed is not None:
+    target = torch.device(device if device is not None else torch.get_default_device())
+    if seed is None:
+        with target, _BuildDefaults(dtype, meta_weights):
+            model = Transformer(cfg)
+        return model.eval()
+    # the initialisers draw from the global generators: fork the CPU one and the target GPU's, so a seeded
+    # build leaves the caller's random stream where it was
+    forked = [target.index if target.index is not None else torch.cuda.current_device()] if target.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked):
         torch.manual_seed(seed)
-    with torch.device(device if device is not None else torch.get_default_device()), \
-            _BuildDefaults(dtype, meta_weights):
-        model = Transformer(cfg)
+        with target, _BuildDefaults(dtype, meta_weights):
+            model = Transformer(cfg)
     return model.eval()
 
 

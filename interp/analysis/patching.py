@@ -27,6 +27,7 @@ import torch
 from ..data import first_occurrence_mask, repeated_sequences
 from ..interventions import gradient_probe_hook, patch_sites_hook, patch_units_hook, site_index
 from ..progress import bar as progress_bar
+from ..tensor_parallel import HeadParallel
 from ..trace_views import ATTN_NAMES, BLOCK_NAMES
 from . import patching_checks as checks
 
@@ -319,7 +320,7 @@ def _values(found: list[Any]) -> list[float]:
     return values.tolist()
 
 
-def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, *,
+def activation_patching(model: Transformer | HeadParallel, clean: torch.Tensor, corrupted: torch.Tensor, *,
                         act: str = "z", by: str = "head", metric: Metric | None = None,
                         answer_tokens: torch.Tensor | None = None, direction: str = "noising",
                         attention_mask: torch.Tensor | None = None, batch_size: int = 256,
@@ -334,7 +335,10 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
     capped so that its logits stay under 1 GiB.
 
     Args:
-        model: an interp Transformer (any attention variant).
+        model: an interp Transformer (any attention variant), or a :class:`~interp.tensor_parallel.HeadParallel`
+            shard under torchrun, every rank calling with the same arguments: per-layer acts only (each rank
+            runs the same patched passes, its heads' writes summed over ranks after each module, so every
+            rank returns one process's table).
         clean: ``[B, T]`` ids where the behaviour is present.
         corrupted: ``[B, T]`` ids where it is not (same shape).
         act: ``"z"``, ``"result"``, ``"q"`` (per head) or ``"resid_pre"``, ``"resid_mid"``, ``"resid_post"``,
@@ -358,7 +362,8 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
     Raises:
         ValueError: unknown act / by / direction, inputs of different shapes or identical, no metric, a
             ``batch_size`` that is not a positive int, ``answer_tokens`` of the wrong batch size or outside
-            the vocabulary, a metric that returns more than one number or a NaN.
+            the vocabulary, a metric that returns more than one number or a NaN, or a per-head act on a
+            :class:`~interp.tensor_parallel.HeadParallel` (the ranks would run different passes).
 
     Example:
         >>> import interp
@@ -367,6 +372,16 @@ def activation_patching(model: Transformer, clean: torch.Tensor, corrupted: torc
         >>> df = activation_patching(model, clean, corrupted, act="z", answer_tokens=answers)
         >>> interp.viz.patching_heatmap(df)
     """
+    if isinstance(model, HeadParallel):
+        # The shard is the model with the other ranks' heads removed, plus a reduction after each attention and
+        # dense MLP: residual-stream sites are whole on every rank, so the same code on the shard is one
+        # process's patching. A per-head site lives on one rank only; patching it would give the ranks
+        # different passes (and unmatched reductions), so it is refused rather than joined.
+        if act.removeprefix("hook_") in _HEAD_ACTS:
+            raise ValueError(f"activation_patching: act={act!r} is per head; over a HeadParallel's ranks patch a "
+                             f"per-layer act ({', '.join(_LAYER_ACTS)}), or run per-head patching in one process")
+        progress = progress if model.rank == 0 else False  # one bar, on rank 0
+        model = model.model
     batch_size = checks.check_batch_size(batch_size)
     checks.check_clean_corrupted(clean, corrupted)
     checks.check_answer_tokens(answer_tokens, clean, model.cfg.d_vocab)

@@ -250,8 +250,9 @@ def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[s
 
     Raises:
         TypeError: ``model`` is not a Transformer, or metadata values are not strings.
-        ValueError: ``metadata`` uses a reserved key, or weights of ``model`` stay quantised (the checkpoint
-            format holds float tensors; the file they came from is already their checkpoint).
+        ValueError: ``metadata`` uses a reserved key, or ``model`` keeps quantised weights (a GGUF loaded with
+            ``keep_quantized=True``): the checkpoint format holds float tensors, so the blocks are refused by name
+            rather than written as bytes no loader would read back.
 
     Example:
         >>> from interp.zoo.checkpoint import save_checkpoint
@@ -260,7 +261,7 @@ def save_checkpoint(model: Transformer, path: str | Path, *, metadata: Mapping[s
     """
     if not isinstance(model, Transformer):
         raise TypeError(f"save_checkpoint takes an interp.Transformer, got {type(model).__name__}")
-    refuse_quantized(model, "save_checkpoint")  # its blocks are not the float tensors a checkpoint holds
+    refuse_quantized(model, "save_checkpoint")
     header: dict[str, str] = {"format": CHECKPOINT_FORMAT, "config": model.cfg.to_json(), "name": model.name}
     tok = getattr(model, "tokenizer", None)
     if tok is not None and hasattr(tok, "to_json"):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from interp import ModelConfig
+from interp.analysis import activation_patching
 from interp.placement import build
 from interp.tensor_parallel import HeadParallel, head_split, shard_heads
 
@@ -28,7 +29,7 @@ CASES = list(tp_worker.CONFIGS)
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tp")
-    launch(2, [*CASES, "classify"], out, worker=WORKER)
+    launch(2, [*CASES, "classify", "patching"], out, worker=WORKER)
     return out
 
 
@@ -144,3 +145,27 @@ def test_bad_input_is_refused_by_name():
     tp = HeadParallel(shard_heads(model, 0, 1))
     with pytest.raises(ValueError, match=r"expected \[2, 4\]"):
         tp.set_head_gates(torch.ones(2, 3))
+
+
+@pytest.mark.slow
+def test_patching_tables_across_two_ranks_equal_one_process(ranks):
+    """Per-layer activation patching on both ranks returns the table one process computes (issue 37)."""
+    got = read(ranks, "patching", 2)
+    model = tp_worker.model("gqa")
+    for act, by in tp_worker.PATCH_SITES:
+        ref = tp_worker.patch(model, act, by)
+        assert ref["normalized"].abs().max() > 0.05 and ref["metric"].std() > 1e-3  # the patches move the metric
+        for r in range(2):
+            pd.testing.assert_frame_equal(got[r][act + by], ref, check_exact=False, rtol=0, atol=1e-5)
+            attrs = got[r][act + by].attrs
+            assert {k: v for k, v in attrs.items() if not isinstance(v, float)} == \
+                {k: v for k, v in ref.attrs.items() if not isinstance(v, float)}
+            for k in ("metric_clean", "metric_corrupted"):
+                assert attrs[k] == pytest.approx(ref.attrs[k], abs=1e-5), k
+
+
+def test_per_head_patching_over_ranks_is_refused_by_name():
+    tp = HeadParallel(shard_heads(tp_worker.model("gqa"), 0, 1))  # one rank: no process group needed
+    clean = tp_worker.tokens()
+    with pytest.raises(ValueError, match=r"act='z' is per head; over a HeadParallel's ranks patch a per-layer"):
+        activation_patching(tp, clean, (clean + 1) % 40, act="z", answer_tokens=clean[:, :2])

@@ -91,6 +91,24 @@ def classify(net):
                           options=dict(sink_threshold=0.2, needle_len=4))
 
 
+#: The per-layer patching runs compared with one process: inside a layer after attention, per position (the
+#: prefix-cache path), and the attention write, whole layers.
+PATCH_SITES = [("resid_mid", "layer_pos"), ("attn_out", "layer"), ("mlp_out", "layer_pos")]
+
+
+def patch(net, act, by):
+    """Noising activation patching of a repeated sequence with a corrupted second half, logit difference of
+    two fixed answers at the last position."""
+    from interp.analysis import activation_patching
+
+    clean = tokens()
+    corrupted = clean.clone()
+    corrupted[:, 5:] = (clean[:, 5:] + 7) % 40
+    answers = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    return activation_patching(net, clean, corrupted, act=act, by=by, answer_tokens=answers, batch_size=8,
+                               progress=False)
+
+
 def run(case: str, rank: int, world: int) -> dict:
     from interp import distributed
     from interp.tensor_parallel import HeadParallel
@@ -107,6 +125,9 @@ def run(case: str, rank: int, world: int) -> dict:
         except distributed.DistributedError as e:
             return {"error": str(e), "seconds": time.monotonic() - t0}
         return {"error": None, "seconds": time.monotonic() - t0}
+    if case == "patching":  # per-layer activation patching on every rank, per position and whole layers
+        tp = HeadParallel.from_model(model("gqa"))
+        return {act + by: patch(tp, act, by) for act, by in PATCH_SITES}
     if case == "classify":
         tp = HeadParallel.from_model(model("gqa"))
         report = classify(tp)

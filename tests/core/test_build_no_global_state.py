@@ -76,3 +76,21 @@ def test_two_threads_loading_bf16_and_float32_each_get_their_own_dtype(tmp_path)
         t.join()
     assert wrong == []
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_seeded_build_leaves_the_callers_rng_where_it_was():
+    """seed= draws from a forked generator: the caller's stream continues as if no model had been built,
+    and the same seed still gives the same weights."""
+    torch.manual_seed(123)
+    expected = torch.rand(5)  # what the caller's next draw is without a build in between
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    a = build(CFG, seed=7)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(torch.rand(5), expected)
+    b = interp.load(CFG, seed=7)  # interp.load(cfg, seed=) goes through the same build
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    torch.manual_seed(7)  # and the seed means what it meant before: the weights a global seed of 7 gives
+    with torch.device("cpu"):
+        c = interp.Transformer(CFG)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), c.state_dict().values(), strict=True))

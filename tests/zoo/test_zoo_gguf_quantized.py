@@ -132,17 +132,25 @@ def test_what_cannot_stay_quantized_is_refused_by_name(tmp_path):
         remove_heads(q, {0: [1]})
     with pytest.raises(ValueError, match="cannot be assigned"):
         q.blocks[0].mlp.W_in.weight = torch.nn.Parameter(torch.zeros(96, 64))
-    target = tmp_path / "q.safetensors"
-    with pytest.raises(ValueError, match=r"save_checkpoint needs float weights, but 12 weight\(s\)"):
-        save_checkpoint(q, target)
-    assert not target.exists()  # nothing half-written
     f = load_gguf(path)
     dequantize_model(q)  # the explicit way to float weights
     with torch.no_grad():
         assert torch.equal(remove_heads(q, {0: [1]})(TOKENS), remove_heads(f, {0: [1]})(TOKENS))
-    save_checkpoint(q, target)  # float now: saved, and read back as the float model
+
+
+def test_save_checkpoint_refuses_quantized_weights_and_saves_after_dequantize(tmp_path):
+    """The checkpoint format holds float tensors: blocks kept as bytes are refused by name, nothing is written,
+    and the dequantised model round-trips exactly."""
+    path, _ = _write(tmp_path, "llama", "q8_0")
+    q = load_gguf(path, keep_quantized=True)
+    out = tmp_path / "q.safetensors"
+    with pytest.raises(ValueError, match=r"save_checkpoint needs float weights, but 12 weight\(s\).*dequantize_model"):
+        save_checkpoint(q, out)
+    assert not out.exists()
+    f = load_gguf(path)
+    back = interp.load(str(save_checkpoint(dequantize_model(q), out)))
     with torch.no_grad():
-        assert torch.equal(interp.load(str(target))(TOKENS), f(TOKENS))
+        assert torch.equal(back(TOKENS), f(TOKENS))
 
 
 def test_classify_heads_gives_the_float_models_table(tmp_path):

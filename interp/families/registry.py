@@ -31,6 +31,7 @@ from . import (
     llama,
     moe,
     mpt,
+    nemotron,
     olmo,
     olmo2,
     opt,
@@ -47,7 +48,8 @@ from ._family import ConfigFn, Family, StateDictFn
 # The help text lists the headline families in this order.
 _MODULES = (bert, gpt2, llama, qwen2, qwen3, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
             starcoder2, arcee, hunyuan, smollm3, exaone4, granite, glm4, stablelm, ernie4_5, cohere, gptj, opt,
-            gpt_oss, bloom, mpt, gpt_neo)
+            gpt_oss, bloom, mpt, gpt_neo,
+            nemotron)
 
 
 #: Every family, in help-text order.

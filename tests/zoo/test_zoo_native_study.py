@@ -5,6 +5,7 @@ family-specific mechanism changes the logits (so matching transformers shows it 
 settings we do not reproduce are refused by name.
 """
 
+import re
 import warnings
 
 import pytest
@@ -18,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from route_configs import tiny_hf  # noqa: E402
 
 
-@pytest.mark.parametrize("model_type", ["nemotron"])
+@pytest.mark.parametrize("model_type", ["nemotron", "granitemoe"])
 def test_route_configs_load_natively_and_match(model_type):
     """``interp.load`` takes the native converter (not the attention-level route) on the route tests' configs,
     and the native model gives transformers' logits there too (other sizes than the compat config)."""
@@ -60,6 +61,55 @@ def test_nemotron_mechanisms_bite():
         assert (unshifted(ids) - model(ids)).abs().max() > 1e-3
 
 
+def _hf_router_choices(hf, ids, routers):
+    """{layer: [B*T, k] sorted expert ids} that transformers' routers chose (``routers(layer)`` is the module
+    whose output's third element holds them), and the logits."""
+    got, handles = {}, []
+    for i, layer in enumerate(hf.model.layers):
+        handles.append(routers(layer).register_forward_hook(
+            lambda mod, inp, out, i=i: got.__setitem__(i, out[2].sort(-1).values)))
+    try:
+        with torch.no_grad():
+            logits = hf(ids).logits
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, got
+
+
+def _same_routing(hf, routers):
+    """Our hook_expert_ids equal the experts transformers chose, on every token of every MoE layer."""
+    model = from_hf(hf)
+    ids = torch.randint(1, V, (2, SEQ), generator=torch.Generator().manual_seed(1))
+    ref, chosen = _hf_router_choices(hf, ids, routers)
+    with torch.no_grad():
+        logits, trace = model.run_with_cache(ids, names_filter="*hook_expert_ids")
+    torch.testing.assert_close(logits, ref, rtol=0, atol=1e-4)
+    assert sorted(chosen) == [i for i in range(model.cfg.n_layers) if model.cfg.is_moe_layer(i)]
+    for layer, want in chosen.items():
+        ours = trace[f"blocks.{layer}.mlp.hook_expert_ids"].reshape(-1, model.cfg.n_experts_per_token)
+        assert torch.equal(ours.sort(-1).values, want)
+        assert len({tuple(r) for r in want.tolist()}) > 4  # routing really varies
+    return model
+
+
+def test_granitemoe_routes_as_transformers_and_reads_published_names():
+    """The same experts as transformers' top-k-then-softmax router; the residual multiplier is folded into the
+    experts' W_out; a checkpoint with the published names (``router.layer``, ``input_linear``, ``output_linear``,
+    which transformers renames on loading) converts to the same model."""
+    hf = hf_test_model("granitemoe")
+    model = _same_routing(hf, lambda layer: layer.block_sparse_moe.router)
+    down = hf.model.layers[0].block_sparse_moe.experts.down_proj
+    torch.testing.assert_close(model.blocks[0].mlp.W_out, down * 0.5, rtol=0, atol=0)
+    renamed = {re.sub(r"router\.weight$", "router.layer.weight", k)
+               .replace("experts.gate_up_proj", "input_linear.weight")
+               .replace("experts.down_proj", "output_linear.weight"): v for k, v in hf.state_dict().items()}
+    assert any(k.endswith("router.layer.weight") for k in renamed)
+    published = convert(hf.config.to_dict(), renamed).state_dict()
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(published[key], value, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name,change,message", [
     ("nemotron", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
                                       "partial_rotary_factor": 0.5}},
@@ -67,6 +117,8 @@ def test_nemotron_mechanisms_bite():
     ("nemotron", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.5}},
      r"nemotron partial_rotary_factor=1.5 must be in \(0, 1\]"),
     ("nemotron", {"hidden_act": "tanh"}, r"nemotron hidden_act='tanh' is not supported"),
+    ("granitemoe", {"hidden_act": "gelu"}, r"granitemoe hidden_act='gelu' is not supported"),
+    ("granitemoe", {"residual_multiplier": 0.0}, r"granitemoe residual_multiplier=0.0 must be a finite number > 0"),
 ])
 def test_unsupported_settings_are_refused_by_name(name, change, message):
     hf = hf_test_model(name)

@@ -20,6 +20,7 @@ from . import (
     falcon,
     gemma,
     glm4,
+    glm4_moe,
     gpt2,
     gpt_bigcode,
     gpt_neo,
@@ -50,7 +51,7 @@ from ._family import ConfigFn, Family, StateDictFn
 _MODULES = (bert, gpt2, llama, qwen2, qwen3, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
             starcoder2, arcee, hunyuan, smollm3, exaone4, granite, glm4, stablelm, ernie4_5, cohere, gptj, opt,
             gpt_oss, bloom, mpt, gpt_neo,
-            nemotron, granitemoe)
+            nemotron, granitemoe, glm4_moe)
 
 
 #: Every family, in help-text order.

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from route_configs import tiny_hf  # noqa: E402
 
 
-@pytest.mark.parametrize("model_type", ["nemotron", "granitemoe"])
+@pytest.mark.parametrize("model_type", ["nemotron", "granitemoe", "glm4_moe"])
 def test_route_configs_load_natively_and_match(model_type):
     """``interp.load`` takes the native converter (not the attention-level route) on the route tests' configs,
     and the native model gives transformers' logits there too (other sizes than the compat config)."""
@@ -66,6 +66,8 @@ def _hf_router_choices(hf, ids, routers):
     whose output's third element holds them), and the logits."""
     got, handles = {}, []
     for i, layer in enumerate(hf.model.layers):
+        if routers(layer) is None:  # a dense layer
+            continue
         handles.append(routers(layer).register_forward_hook(
             lambda mod, inp, out, i=i: got.__setitem__(i, out[2].sort(-1).values)))
     try:
@@ -110,6 +112,17 @@ def test_granitemoe_routes_as_transformers_and_reads_published_names():
         torch.testing.assert_close(published[key], value, rtol=0, atol=0)
 
 
+def test_glm4_moe_routes_as_transformers_and_its_mechanisms_bite():
+    """DeepSeek-V3 routing (groups, choice bias, shared expert) picks transformers' experts; partial rotary and
+    the per-head QK-norm each change the logits."""
+    hf = hf_test_model("glm4_moe")
+    model = _same_routing(hf, lambda layer: layer.mlp.gate if hasattr(layer.mlp, "gate") else None)
+    cfg = model.cfg
+    assert (cfg.rotary_dim, cfg.qk_norm, cfg.dense_mlp_layers, cfg.d_shared_expert) == (8, "head", [0], 24)
+    assert _logit_change(model, rotary_dim=16) > 1e-3
+    assert _logit_change(model, routed_scaling=1.0) > 1e-3
+
+
 @pytest.mark.parametrize("name,change,message", [
     ("nemotron", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
                                       "partial_rotary_factor": 0.5}},
@@ -118,6 +131,11 @@ def test_granitemoe_routes_as_transformers_and_reads_published_names():
      r"nemotron partial_rotary_factor=1.5 must be in \(0, 1\]"),
     ("nemotron", {"hidden_act": "tanh"}, r"nemotron hidden_act='tanh' is not supported"),
     ("granitemoe", {"hidden_act": "gelu"}, r"granitemoe hidden_act='gelu' is not supported"),
+    ("glm4_moe", {"hidden_act": "gelu"}, r"glm4_moe hidden_act='gelu' is not supported"),
+    ("glm4_moe", {"n_group": 3}, r"glm4_moe n_routed_experts=8 is not divisible by n_group=3"),
+    ("glm4_moe", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4,
+                                      "original_max_position_embeddings": 16}},
+     r"glm4_moe rope_type='yarn' is not supported"),
     ("granitemoe", {"residual_multiplier": 0.0}, r"granitemoe residual_multiplier=0.0 must be a finite number > 0"),
 ])
 def test_unsupported_settings_are_refused_by_name(name, change, message):

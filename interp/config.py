@@ -19,7 +19,7 @@ Activation = Literal["gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geg
 QKNorm = Literal["none", "head", "full", "head_after_rotary"]
 SublayerNorm = Literal["input", "sandwich", "output"]
 ParallelBlock = Literal["none", "one_norm", "two_norms"]
-RouterScore = Literal["softmax", "sigmoid"]
+RouterScore = Literal["softmax", "sigmoid", "sparsemixer"]
 RouterGroupScore = Literal["max", "top2_sum"]
 
 _ATTENTION_KINDS = ("standard", "latent")
@@ -29,7 +29,7 @@ _ACTIVATIONS = ("gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", 
 _QK_NORMS = ("none", "head", "full", "head_after_rotary")
 _SUBLAYER_NORMS = ("input", "sandwich", "output")
 _PARALLEL_BLOCKS = ("none", "one_norm", "two_norms")
-_ROUTER_SCORES = ("softmax", "sigmoid")
+_ROUTER_SCORES = ("softmax", "sigmoid", "sparsemixer")
 _ROUTER_GROUP_SCORES = ("max", "top2_sum")
 
 #: For each RoPE scaling kind, its (required, optional) keys besides ``rope_type``.
@@ -192,7 +192,9 @@ class ModelConfig:
         d_expert: hidden width of one routed expert; defaults to ``d_mlp`` (also for a dense model, where no
             other value is accepted).
         router_score: ``"softmax"`` (Mixtral, Qwen, OLMoE, DeepSeek-V2) or ``"sigmoid"`` (DeepSeek-V3) of the
-            router logits.
+            router logits, or ``"sparsemixer"`` (Phi-MoE, top-2 only: :func:`interp.moe.sparsemixer`).
+        sparsemixer_eps: Phi-MoE's ``router_jitter_noise`` at inference: each of the two choices' softmax
+            leaves out the logits more than ``2 * eps`` (relative) below the best remaining one.
         router_renormalize: divide the k chosen scores by their sum.
         router_groups: DeepSeek's ``n_group``: experts fall in this many equal groups and a token first picks
             ``router_topk_groups`` groups, then its top-k experts inside them.
@@ -285,6 +287,7 @@ class ModelConfig:
     n_experts_per_token: int = None  # type: ignore[assignment]
     d_expert: int = None  # type: ignore[assignment]
     router_score: RouterScore = "softmax"
+    sparsemixer_eps: float = 0.01
     router_renormalize: bool = False
     router_groups: int = 1
     router_topk_groups: int = None  # type: ignore[assignment]
@@ -491,6 +494,17 @@ class ModelConfig:
         _positive_int("d_expert", self.d_expert)
         if self.router_score not in _ROUTER_SCORES:
             raise ValueError(f"router_score={self.router_score!r} is not one of {_ROUTER_SCORES}")
+        if self.router_score == "sparsemixer":
+            if k != 2 or self.router_groups != 1 or self.router_choice_bias:
+                raise ValueError(f"router_score='sparsemixer' picks exactly 2 experts with no groups or choice bias, "
+                                 f"got n_experts_per_token={k}, router_groups={self.router_groups}, "
+                                 f"router_choice_bias={self.router_choice_bias}")
+            if isinstance(self.sparsemixer_eps, bool) or not isinstance(self.sparsemixer_eps, (int, float)) \
+                    or not math.isfinite(self.sparsemixer_eps) or self.sparsemixer_eps < 0:
+                raise ValueError(f"sparsemixer_eps={self.sparsemixer_eps!r} must be a finite number >= 0")
+        elif self.sparsemixer_eps != 0.01:
+            raise ValueError(f"sparsemixer_eps={self.sparsemixer_eps!r} only applies to router_score='sparsemixer', "
+                             f"got router_score={self.router_score!r}")
         if self.router_group_score not in _ROUTER_GROUP_SCORES:
             raise ValueError(f"router_group_score={self.router_group_score!r} is not one of {_ROUTER_GROUP_SCORES}")
         _positive_int("router_groups", self.router_groups)
@@ -867,7 +881,7 @@ def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> list[float]:
     return slopes + extra[: n_heads - power]
 
 
-_MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": "softmax",
+_MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": "softmax", "sparsemixer_eps": 0.01,
                  "router_renormalize": False, "router_groups": 1, "router_topk_groups": None,
                  "router_group_score": "max", "router_choice_bias": False, "routed_scaling": 1.0,
                  "d_shared_expert": 0, "shared_expert_gate": False, "router_logit_bias": False,

@@ -9,6 +9,7 @@ block of :class:`~interp.config.ModelConfig`). For a token with normalised resid
   ``router_topk_groups`` best groups stay eligible (a group's score: the max of its ``c``, or the sum of its
   two best); the k experts with the highest eligible ``c`` are chosen;
 * weights ``w = s[chosen]``, divided by their sum if ``router_renormalize``, times ``routed_scaling``;
+* Phi-MoE's ``router_score="sparsemixer"`` chooses and weighs its two experts otherwise (:func:`sparsemixer`);
 * output ``sum_j w_j expert_{id_j}(x)`` plus the shared expert (times ``sigmoid(x @ w_gate)`` for Qwen-MoE).
 
 gpt-oss's router (top-k of the logits, then a softmax over the k chosen) is ``router_score="softmax"`` with
@@ -39,7 +40,7 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookPoint
 
-__all__ = ["MoE", "gated_unit", "route"]
+__all__ = ["MoE", "gated_unit", "route", "sparsemixer"]
 
 
 def gated_unit(cfg: ModelConfig,
@@ -77,6 +78,39 @@ def gated_unit(cfg: ModelConfig,
     return clamped
 
 
+def sparsemixer(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-MoE's router at inference (transformers' ``sparsemixer`` outside training): ``(weights, ids)``,
+    each ``[N, 2]``.
+
+    The first expert is the best logit; its weight is its softmax over the logits within ``2 * eps`` of it
+    (relative: ``(top - l) / max(|l|, top) <= 2 eps``). The second is the best of the others, weighed by its
+    softmax over the others within ``2 * eps`` of it. The weights do not sum to one.
+
+    Args:
+        logits: router logits ``[N, E]`` (the weights are computed in their dtype, as transformers does).
+        eps: ``router_jitter_noise``.
+
+    Returns:
+        float32 ``weights`` and int64 ``ids``, the first choice first.
+
+    Example:
+        >>> import torch
+        >>> from interp.moe import sparsemixer
+        >>> w, ids = sparsemixer(torch.tensor([[0.0, 3.0, 2.99, 2.0]]), eps=0.01)
+        >>> ids.tolist(), [round(x, 4) for x in w[0].tolist()]  # 2.99 is within 2 eps of 3: both share the first
+        ([[1, 2]], [0.5025, 1.0])
+    """
+
+    def chosen_weight(candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top, best = candidates.max(dim=-1, keepdim=True)  # [N, 1] each
+        far = (top - logits) / logits.abs().clamp(min=top) > 2 * eps  # [N, E]
+        return candidates.masked_fill(far, float("-inf")).softmax(-1).gather(-1, best), best
+
+    w1, first = chosen_weight(logits)
+    w2, second = chosen_weight(logits.scatter(-1, first, float("-inf")))  # the others
+    return torch.cat([w1, w2], -1).float(), torch.cat([first, second], -1)  # [N, 2] each
+
+
 def route(logits: torch.Tensor, cfg: ModelConfig,
           choice_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's choice: ``(weights, ids)``, each ``[N, k]``, from router logits ``[N, E]``.
@@ -99,6 +133,9 @@ def route(logits: torch.Tensor, cfg: ModelConfig,
         >>> ids.tolist(), round(float(w.sum()), 4)
         ([[1, 3]], 1.0)
     """
+    if cfg.router_score == "sparsemixer":
+        weights, ids = sparsemixer(logits, cfg.sparsemixer_eps)
+        return _finish(weights, cfg), ids
     scores = logits.float().softmax(-1) if cfg.router_score == "softmax" else logits.float().sigmoid()  # [N, E]
     choice = scores if choice_bias is None else scores + choice_bias.float()
     G, E = cfg.router_groups, cfg.n_experts
@@ -113,13 +150,17 @@ def route(logits: torch.Tensor, cfg: ModelConfig,
         keep = keep[:, :, None].expand(-1, -1, E // G).reshape(-1, E)  # [N, E]
         choice = choice.masked_fill(~keep, float("-inf"))
     ids = choice.topk(cfg.n_experts_per_token, dim=-1).indices  # [N, k]
-    weights = scores.gather(1, ids)  # [N, k]
+    return _finish(scores.gather(1, ids), cfg), ids  # [N, k] each
+
+
+def _finish(weights: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The chosen experts' weights ``[N, k]`` renormalised and scaled as the config says."""
     if cfg.router_renormalize:
         # The tiny epsilon is DeepSeek-V3's (sigmoid scores can all be ~0); for softmax scores it changes nothing.
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     if cfg.routed_scaling != 1.0:
         weights = weights * cfg.routed_scaling
-    return weights, ids
+    return weights
 
 
 def _register_grouped_mm_flops() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _need, _refuse
 from ._family import Family
+from ._tensors import Renamed
 from .granite import granite_config, granite_state_dict_for
 
 #: Granite-MoE's expert tensors -> the names :func:`._tensors._moe_weights` reads (transformers 5's
@@ -25,28 +26,6 @@ _RENAMES: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(a), b) for
     (r"block_sparse_moe\.input_linear\.weight$", "block_sparse_moe.experts.gate_up_proj"),
     (r"block_sparse_moe\.output_linear\.weight$", "block_sparse_moe.experts.down_proj"),
 ))
-
-
-class _Renamed(Mapping[str, torch.Tensor]):
-    """A state dict seen under other names; reading a key reads the original (so the weight check sees it read)."""
-
-    def __init__(self, sd: StateDict) -> None:
-        self.sd = sd
-        self.names: dict[str, str] = {}
-        for key in sd:
-            new = key
-            for pattern, repl in _RENAMES:
-                new = pattern.sub(repl, new)
-            self.names[new] = key
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        return self.sd[self.names[key]]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
 
 
 def granitemoe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
@@ -83,7 +62,7 @@ def granitemoe_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict,
         ValueError: ``residual_multiplier`` or ``logits_scaling`` not a finite number > 0.
     """
     convert = granite_state_dict_for(hf_cfg)
-    return lambda hf_sd, cfg: convert(_Renamed(hf_sd), cfg)
+    return lambda hf_sd, cfg: convert(Renamed(hf_sd, _RENAMES), cfg)
 
 
 FAMILY = Family("granitemoe", ("granitemoe",), granitemoe_config, granitemoe_state_dict_for)

@@ -164,6 +164,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                   n_group=4, topk_group=2, routed_scaling_factor=1.5, first_k_dense_replace=1,
                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                    "partial_rotary_factor": 0.5})),
+    # router_jitter_noise 0.3: the sparsemixer's softmaxes take in more than the chosen logit on most tokens
+    "phimoe": ("phimoe", dict(hidden_size=72, intermediate_size=32, num_attention_heads=9, num_key_value_heads=3,
+                              num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.3,
+                              sliding_window=WINDOW, attention_bias=True, lm_head_bias=True)),
     "gpt_neo": ("gpt_neo", dict(hidden_size=80, intermediate_size=96, num_heads=5, num_layers=2,
                                 max_position_embeddings=64, window_size=WINDOW,
                                 attention_types=[[["local", "global"], 1]])),

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from route_configs import tiny_hf  # noqa: E402
 
 
-@pytest.mark.parametrize("model_type", ["nemotron", "granitemoe", "glm4_moe"])
+@pytest.mark.parametrize("model_type", ["nemotron", "granitemoe", "glm4_moe", "phimoe"])
 def test_route_configs_load_natively_and_match(model_type):
     """``interp.load`` takes the native converter (not the attention-level route) on the route tests' configs,
     and the native model gives transformers' logits there too (other sizes than the compat config)."""
@@ -123,6 +123,53 @@ def test_glm4_moe_routes_as_transformers_and_its_mechanisms_bite():
     assert _logit_change(model, routed_scaling=1.0) > 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparsemixer_equals_transformers(dtype):
+    """interp.moe.sparsemixer against transformers' own function (inference branch) on random logits, some
+    rows with near-ties (inside the threshold) and negative maxima."""
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer as hf_sparsemixer
+
+    from interp.moe import sparsemixer
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(256, 8, generator=g)
+    logits[:64] = logits[:64, :1] + 0.01 * torch.randn(64, 8, generator=g)  # near-ties
+    logits[64:128] -= 3.0  # all negative
+    logits = logits.to(dtype)
+    for eps in (0.0, 0.01, 0.3):
+        want_w, want_ids = hf_sparsemixer(logits, jitter_eps=eps, training=False)
+        got_w, got_ids = sparsemixer(logits, eps)
+        assert torch.equal(got_ids, want_ids)
+        torch.testing.assert_close(got_w, want_w.float(), rtol=0, atol=0)
+        if eps:
+            assert (got_w[:, 0] < 1).float().mean() > 0.1  # the threshold lets other logits in
+
+
+def test_phimoe_routes_as_transformers():
+    """The sparsemixer's two experts are transformers' on every token, and its weights bite: with plain top-2
+    renormalised softmax weights the logits differ."""
+    hf = hf_test_model("phimoe")
+    model = _same_routing(hf, lambda layer: layer.mlp.router)
+    assert _logit_change(model, sparsemixer_eps=0.0) > 1e-3
+    assert _logit_change(model, router_score="softmax", sparsemixer_eps=0.01, router_renormalize=True) > 1e-3
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"n_experts_per_token": 3}, r"router_score='sparsemixer' picks exactly 2 experts .*n_experts_per_token=3"),
+    ({"sparsemixer_eps": -1.0}, r"sparsemixer_eps=-1.0 must be a finite number >= 0"),
+    ({"router_score": "softmax", "sparsemixer_eps": 0.3},
+     r"sparsemixer_eps=0.3 only applies to router_score='sparsemixer'"),
+])
+def test_sparsemixer_config_is_checked(change, message):
+    from interp import ModelConfig
+
+    base = dict(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu", n_experts=4,
+                n_experts_per_token=2, router_score="sparsemixer")
+    assert ModelConfig(**base).sparsemixer_eps == 0.01
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**{**base, **change})
+
+
 @pytest.mark.parametrize("name,change,message", [
     ("nemotron", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
                                       "partial_rotary_factor": 0.5}},
@@ -136,6 +183,13 @@ def test_glm4_moe_routes_as_transformers_and_its_mechanisms_bite():
     ("glm4_moe", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4,
                                       "original_max_position_embeddings": 16}},
      r"glm4_moe rope_type='yarn' is not supported"),
+    ("phimoe", {"num_experts_per_tok": 3}, r"phimoe num_experts_per_tok=3 is not supported"),
+    ("phimoe", {"hidden_act": "gelu"}, r"phimoe hidden_act='gelu' is not supported"),
+    ("phimoe", {"router_jitter_noise": -0.1}, r"router_jitter_noise=-0.1 must be a finite number > 0"),
+    ("phimoe", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
+                                    "long_factor": [2.0] * 4, "original_max_position_embeddings": 16,
+                                    "short_mscale": 1.1, "long_mscale": 1.2}},
+     r"phimoe rope_type='longrope' is not supported"),
     ("granitemoe", {"residual_multiplier": 0.0}, r"granitemoe residual_multiplier=0.0 must be a finite number > 0"),
 ])
 def test_unsupported_settings_are_refused_by_name(name, change, message):

@@ -266,9 +266,12 @@ class MoE(nn.Module):
         weights, ids = route(logits.reshape(B * T, -1), self.cfg, self.router_bias)  # [N, k] each
         weights = self.hook_expert_weights(weights.to(x.dtype).view(B, T, k))  # [B, T, k]
         ids = self.hook_expert_ids(ids.view(B, T, k))  # [B, T, k]
-        slots = self._run_experts(x.reshape(B * T, M), ids.reshape(-1))  # [N*k, M], slot order
+        on_input = self.cfg.expert_input_weighting  # Llama 4: expert(w x), summed unweighted
+        slots = self._run_experts(x.reshape(B * T, M), ids.reshape(-1),
+                                  weights.reshape(-1) if on_input else None)  # [N*k, M], slot order
         slots = self.hook_expert_out(slots.view(B, T, k, M))  # [B, T, k, M]
-        out = self.hook_routed_out((weights.unsqueeze(-2) @ slots).squeeze(-2))  # [B, T, 1, k] @ [B, T, k, M]
+        mix = torch.ones_like(weights) if on_input else weights  # [B, T, k]
+        out = self.hook_routed_out((mix.unsqueeze(-2) @ slots).squeeze(-2))  # [B, T, 1, k] @ [B, T, k, M]
         if self.shared is not None:
             shared = self.shared(x)  # [B, T, M]
             if self.shared_gate is not None:
@@ -276,8 +279,9 @@ class MoE(nn.Module):
             out = out + self.hook_shared_out(shared)
         return out
 
-    def _run_experts(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x ``[N, M]``, ids ``[N*k]`` (token n's slots are ``n*k .. n*k+k-1``) -> unweighted outputs ``[N*k, M]``.
+    def _run_experts(self, x: torch.Tensor, ids: torch.Tensor, input_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """x ``[N, M]``, ids ``[N*k]`` (token n's slots are ``n*k .. n*k+k-1``) -> unweighted outputs ``[N*k, M]``
+        (of the inputs times ``input_weights`` ``[N*k]``, when given).
 
         Slots are sorted by expert so that each expert multiplies one contiguous block of the tokens routed
         to it; the results go back to slot order.
@@ -286,6 +290,8 @@ class MoE(nn.Module):
         # Where each expert's run ends, found on the device (bincount would sync on CUDA to size its output).
         ends = torch.searchsorted(sorted_ids, torch.arange(self.n_experts, device=ids.device), right=True)  # [E]
         tokens = x.index_select(0, order // self.top_k)  # [N*k, M], sorted by expert
+        if input_weights is not None:
+            tokens = tokens * input_weights.index_select(0, order)[:, None]  # [N*k, M] * [N*k, 1]
         if _grouped_mm_fits(tokens, self.W_gate):
             # One grouped GEMM per projection; the runs' ends stay on the device, so nothing waits for the host.
             ends = ends.to(torch.int32)

@@ -31,6 +31,7 @@ from . import (
     granitemoe,
     hunyuan,
     llama,
+    llama4,
     moe,
     mpt,
     nemotron,
@@ -52,7 +53,7 @@ from ._family import ConfigFn, Family, StateDictFn
 _MODULES = (bert, gpt2, llama, qwen2, qwen3, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
             starcoder2, arcee, hunyuan, smollm3, exaone4, granite, glm4, stablelm, ernie4_5, cohere, gptj, opt,
             gpt_oss, bloom, mpt, gpt_neo,
-            nemotron, granitemoe, glm4_moe, phimoe)
+            nemotron, granitemoe, glm4_moe, phimoe, llama4)
 
 
 #: Every family, in help-text order.

@@ -168,6 +168,13 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phimoe": ("phimoe", dict(hidden_size=72, intermediate_size=32, num_attention_heads=9, num_key_value_heads=3,
                               num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.3,
                               sliding_window=WINDOW, attention_bias=True, lm_head_bias=True)),
+    # chunks of 8 on the rotary layers 0-2, layer 3 NoPE with temperature tuning from position 3 on (floor 4)
+    "llama4_text": ("llama4_text", dict(hidden_size=80, intermediate_size=24, intermediate_size_mlp=96,
+                                        num_attention_heads=5, num_key_value_heads=1, head_dim=16,
+                                        num_hidden_layers=4, num_local_experts=8, num_experts_per_tok=2,
+                                        interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0],
+                                        attention_chunk_size=WINDOW, attn_temperature_tuning=True, attn_scale=0.5,
+                                        floor_scale=4, use_qk_norm=True, attention_bias=True)),
     "gpt_neo": ("gpt_neo", dict(hidden_size=80, intermediate_size=96, num_heads=5, num_layers=2,
                                 max_position_embeddings=64, window_size=WINDOW,
                                 attention_types=[[["local", "global"], 1]])),

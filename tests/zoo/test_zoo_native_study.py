@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from route_configs import tiny_hf  # noqa: E402
 
 
-@pytest.mark.parametrize("model_type", ["nemotron", "granitemoe", "glm4_moe", "phimoe"])
+@pytest.mark.parametrize("model_type", ["nemotron", "granitemoe", "glm4_moe", "phimoe", "llama4_text"])
 def test_route_configs_load_natively_and_match(model_type):
     """``interp.load`` takes the native converter (not the attention-level route) on the route tests' configs,
     and the native model gives transformers' logits there too (other sizes than the compat config)."""
@@ -170,6 +170,60 @@ def test_sparsemixer_config_is_checked(change, message):
         ModelConfig(**{**base, **change})
 
 
+def test_llama4_routes_as_transformers_and_its_mechanisms_bite():
+    """Llama 4's experts are transformers' on every token (top-k of the router logits); chunked attention, the
+    NoPE layers' temperature tuning, the weightless QK-norm of the rotary layers and the input-weighted experts
+    each change the logits (so matching transformers shows each is reproduced)."""
+    hf = hf_test_model("llama4_text")
+
+    class _Chosen:  # Llama4Router returns (scores, logits): the chosen ids are the logits' top k
+        def __init__(self, router):
+            self.router = router
+
+        def register_forward_hook(self, fn):
+            k = self.router.top_k
+            return self.router.register_forward_hook(
+                lambda mod, inp, out: fn(mod, inp, (None, None, out[1].topk(k, dim=-1).indices)))
+
+    model = _same_routing(hf, lambda layer: _Chosen(layer.feed_forward.router) if layer.is_moe_layer else None)
+    cfg = model.cfg
+    assert (cfg.nope_layers, cfg.attention_chunk, cfg.nope_temperature) == ([3], [8, 8, 8, None], [0.5, 4.0])
+    assert cfg.dense_mlp_layers == [0, 2] and cfg.expert_input_weighting and cfg.d_shared_expert == 24
+    for field, value in (("attention_chunk", None), ("nope_temperature", None), ("expert_input_weighting", False)):
+        assert _logit_change(model, **{field: value}) > 1e-3, field
+    assert not hasattr(model.blocks[3].attn, "q_norm")  # the NoPE layer has no QK-norm
+    weightless = from_hf(hf)
+    for i in range(3):
+        with torch.no_grad():
+            weightless.blocks[i].attn.q_norm.weight.mul_(2.0)  # ones in the converted model
+    ids = torch.randint(1, V, (1, SEQ), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert (weightless(ids) - model(ids)).abs().max() > 1e-3
+
+
+def test_llama4_chunked_cache_and_expert_attribution():
+    """Prefill in pieces across chunk boundaries, then single steps: each equals the full pass (a chunked layer's
+    cache keeps every position, its mask drops the earlier chunks). Direct logit attribution split by expert
+    adds up to the MLP's when each expert already read its weighted input."""
+    from interp.analysis.attribution import direct_logit_attribution
+
+    model = from_hf(hf_test_model("llama4_text"))
+    ids = torch.randint(1, V, (1, 30), generator=torch.Generator().manual_seed(6))
+    cache = model.make_cache(1, 30)
+    with torch.no_grad():
+        full = model(ids)
+        parts = [model(ids[:, :5], kv_cache=cache), model(ids[:, 5:19], kv_cache=cache)]
+        parts += [model(ids[:, t:t + 1], kv_cache=cache) for t in range(19, 30)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-4)
+    answers = torch.tensor([5, 7])
+    whole = direct_logit_attribution(model, ids[:, :12], answers)
+    split = direct_logit_attribution(model, ids[:, :12], answers, split_experts=True)
+    experts = split[split.kind == "expert"]
+    moe = experts[experts.layer == 1]["attribution"].sum()
+    moe += float(split.set_index("component").loc["L1 shared", "attribution"])
+    assert moe == pytest.approx(float(whole.set_index("component").loc["L1 mlp", "attribution"]), abs=1e-4)
+
+
 @pytest.mark.parametrize("name,change,message", [
     ("nemotron", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
                                       "partial_rotary_factor": 0.5}},
@@ -190,6 +244,11 @@ def test_sparsemixer_config_is_checked(change, message):
                                     "long_factor": [2.0] * 4, "original_max_position_embeddings": 16,
                                     "short_mscale": 1.1, "long_mscale": 1.2}},
      r"phimoe rope_type='longrope' is not supported"),
+    ("llama4_text", {"hidden_act": "gelu"}, r"llama4_text hidden_act='gelu' is not supported"),
+    ("llama4_text", {"layer_types": ["sliding_attention"] * 4},
+     r"llama4_text layer_types\[0\]='sliding_attention' is not supported"),
+    ("llama4_text", {"attention_chunk_size": None}, r"layer_types\[0\]='chunked_attention' needs attention_chunk_size"),
+    ("llama4_text", {"no_rope_layers": [1, 0]}, r"llama4_text no_rope_layers=\[1, 0\] must hold one 0 / 1 flag"),
     ("granitemoe", {"residual_multiplier": 0.0}, r"granitemoe residual_multiplier=0.0 must be a finite number > 0"),
 ])
 def test_unsupported_settings_are_refused_by_name(name, change, message):

@@ -156,7 +156,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                                    "partial_rotary_factor": 0.5})),
     "granitemoe": ("granitemoe", dict(hidden_size=72, intermediate_size=32, num_attention_heads=9,
                                       num_key_value_heads=3, num_local_experts=8, num_experts_per_tok=2,
-                                      embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5,
+                                      embedding_multiplier=1.5, attention_multiplier=0.2, residual_multiplier=0.5,
                                       logits_scaling=4.0, tie_word_embeddings=True, attention_bias=True)),
     "glm4_moe": ("glm4_moe", dict(hidden_size=80, intermediate_size=96, moe_intermediate_size=24,
                                   num_attention_heads=5, num_key_value_heads=1, head_dim=16, attention_bias=True,
@@ -264,13 +264,17 @@ def variants(cfg: Any) -> str:
     if cfg.sliding_window is not None:
         windowed = sum(w is not None for w in cfg.sliding_window)
         parts.append(f"window {max(w for w in cfg.sliding_window if w)} ({windowed}/{cfg.n_layers} layers)")
+    if cfg.attention_chunk is not None:
+        chunked = sum(c is not None for c in cfg.attention_chunk)
+        parts.append(f"chunks of {max(c for c in cfg.attention_chunk if c)} ({chunked}/{cfg.n_layers} layers)")
     if cfg.attn_softcap or cfg.final_softcap:
         parts.append("soft-cap " + "+".join(k for k, v in (("attn", cfg.attn_softcap), ("final", cfg.final_softcap))
                                            if v))
     if cfg.qk_norm != "none":
         parts.append(f"QK-norm ({cfg.qk_norm.replace('_', ' ')})")
     if cfg.nope_layers:
-        parts.append(f"NoPE ({len(cfg.nope_layers)}/{cfg.n_layers} layers)")
+        tuned = ", temperature-tuned" if cfg.nope_temperature else ""
+        parts.append(f"NoPE ({len(cfg.nope_layers)}/{cfg.n_layers} layers{tuned})")
     if cfg.attn_sinks:
         parts.append("learned sinks")
     if cfg.activation == "relu2":
@@ -301,6 +305,7 @@ def variants(cfg: Any) -> str:
     if cfg.n_experts:
         biased = " with biases" if cfg.router_logit_bias or cfg.expert_bias else ""
         moe = f"top-{cfg.n_experts_per_token} of {cfg.n_experts} experts{biased} ({cfg.router_score}"
+        moe += ", weighting the input" if cfg.expert_input_weighting else ""
         moe += f", {cfg.router_topk_groups} of {cfg.router_groups} groups)" if cfg.router_groups > 1 else ")"
         if cfg.d_shared_expert:
             moe += " + gated shared expert" if cfg.shared_expert_gate else " + shared expert"

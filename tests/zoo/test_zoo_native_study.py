@@ -255,3 +255,17 @@ def test_unsupported_settings_are_refused_by_name(name, change, message):
     hf = hf_test_model(name)
     with pytest.raises(ValueError, match=message):
         convert({**hf.config.to_dict(), **change}, hf.state_dict())
+
+
+@pytest.mark.parametrize("name, claims", [
+    ("llama4_text", ["chunks of 8 (3/4 layers)", "NoPE (1/4 layers, temperature-tuned)", "weighting the input",
+                     "QK-norm (head after rotary)", "shared expert"]),
+    ("phimoe", ["sparsemixer", "window 8"]), ("glm4_moe", ["sigmoid, 2 of 4 groups", "RoPE 8/16"]),
+    ("nemotron", ["relu² MLP", "RoPE 8/16"]), ("granitemoe", ["embed scale", "top-2 of 8 experts"]),
+])
+def test_compat_rows_claim_what_the_converted_config_has(name, claims):
+    from interp.zoo.compat import variants
+
+    text = variants(from_hf(hf_test_model(name)).cfg)
+    for claim in claims:
+        assert claim in text

@@ -22,6 +22,31 @@ from ._tensors import Renamed, _llama_attention, _lm_head, _moe_weights, _Source
 _RENAMES = ((re.compile(r"\.mlp\.router\.weight$"), ".mlp.gate.weight"),)
 
 
+def _longrope_as_transformers(hf_cfg: Mapping[str, Any], arch: str) -> dict[str, Any] | None:
+    """Phi-MoE's LongRoPE as transformers computes it, in our ``rope_scaling`` vocabulary (``None``: no LongRoPE).
+
+    transformers' Phi-MoE rotary recomputes its frequencies without the sequence length, so it always rotates with
+    the *short* factors, and scales cos / sin by ``short_mscale`` up to ``original_max_position_embeddings`` and
+    by ``long_mscale`` past it. That is our LongRoPE with the short factors on both sides and ``attention_factor``
+    the one mscale, when the two are equal (Phi-3.5-MoE's are).
+
+    Raises:
+        ValueError: ``short_mscale`` and ``long_mscale`` that differ, or either missing (quoting both).
+    """
+    rope = dict(hf_cfg.get("rope_parameters") or {})
+    if not rope.get("rope_type") and hf_cfg.get("rope_scaling"):
+        rope = {**hf_cfg["rope_scaling"], **rope}
+    if (rope.get("rope_type") or rope.get("type")) != "longrope":
+        return None
+    short, long = rope.pop("short_mscale", None), rope.pop("long_mscale", None)
+    if short is None or short != long:
+        raise ValueError(f"{arch} short_mscale={short!r} with long_mscale={long!r} is not supported (only two equal "
+                         "numbers: transformers switches the scale, not the factors, past the original context)")
+    rope["rope_type"] = "longrope"
+    rope.setdefault("rope_theta", hf_cfg.get("rope_theta", 10000.0))
+    return {**rope, "long_factor": rope.get("short_factor"), "attention_factor": short}
+
+
 def phimoe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     """:class:`ModelConfig` of a Phi-MoE decoder from its HF config dict.
 
@@ -32,8 +57,8 @@ def phimoe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
     Raises:
         ValueError: ``num_experts_per_tok`` other than 2 (the sparsemixer always picks two), an activation other
-            than silu, a RoPE kind other than ``default`` (Phi-MoE's LongRoPE takes its own ``short_mscale`` /
-            ``long_mscale``, not reproduced), a negative jitter, or a missing key.
+            than silu, a RoPE kind other than ``default`` or ``longrope`` (LongRoPE as transformers runs it, see
+            :func:`_longrope_as_transformers`), a negative jitter, or a missing key.
 
     Example:
         >>> from interp.families.phimoe import phimoe_config
@@ -46,17 +71,17 @@ def phimoe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     arch = "phimoe"
     _decoder_checks(hf_cfg, arch)
     _refuse(arch, hf_cfg, (("hidden_act", "silu", "silu"), ("num_experts_per_tok", 2, 2)))
-    theta, scaling = _rope(hf_cfg, arch)
-    if scaling is not None:
-        raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default': Phi-MoE's "
-                         "LongRoPE scales by its own short_mscale / long_mscale)")
+    theta, scaling = _rope(hf_cfg, arch, _longrope_as_transformers(hf_cfg, arch))
+    if scaling is not None and scaling["rope_type"] != "longrope":
+        raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default' and "
+                         "'longrope')")
     jitter = hf_cfg.get("router_jitter_noise", 0.01)
     jitter = 0.0 if jitter == 0 else _positive(jitter, "router_jitter_noise", arch, hf_cfg)
     bias = bool(hf_cfg.get("attention_bias", False))
     sizes = llama_sizes(hf_cfg, arch)
     return ModelConfig(
         **sizes, activation="swiglu", normalization="pre", norm_eps=hf_cfg.get("rms_norm_eps", 1e-5),
-        positional="rotary", rotary_base=theta, attn_bias=bias, out_bias=bias, mlp_bias=False,
+        positional="rotary", rotary_base=theta, rope_scaling=scaling, attn_bias=bias, out_bias=bias, mlp_bias=False,
         sliding_window=sliding_windows(hf_cfg, arch, rule="every", gated=False),
         n_experts=_need(hf_cfg, "num_local_experts", arch), n_experts_per_token=2, d_expert=sizes["d_mlp"],
         router_score="sparsemixer", sparsemixer_eps=jitter,

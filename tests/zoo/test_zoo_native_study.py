@@ -123,6 +123,28 @@ def test_glm4_moe_routes_as_transformers_and_its_mechanisms_bite():
     assert _logit_change(model, routed_scaling=1.0) > 1e-3
 
 
+def test_phimoe_longrope_as_transformers_runs_it():
+    """Phi-3.5-MoE's LongRoPE (equal short / long mscale): transformers' Phi-MoE rotates with the short factors on
+    both sides of the original context and scales by the mscale; the logits past that context and 32 greedy
+    tokens crossing it are transformers'."""
+    short, long = [1.0 + 0.05 * i for i in range(4)], [1.5 + 0.5 * i for i in range(4)]
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long,
+            "original_max_position_embeddings": 16, "short_mscale": 1.3, "long_mscale": 1.3}
+    hf = hf_test_model("phimoe", rope_parameters=rope, head_dim=8)
+    model = from_hf(hf)
+    assert model.cfg.rope_scaling["attention_factor"] == 1.3
+    # Phi-3's reading (the long factors past the original context) would be another model here:
+    assert _logit_change(model, rope_scaling={**model.cfg.rope_scaling, "long_factor": long}) > 1e-3
+    ids = torch.randint(1, V, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for n in (12, SEQ):  # inside the original context, then past it
+            torch.testing.assert_close(model(ids[:, :n]), hf(ids[:, :n]).logits, rtol=0, atol=1e-4)
+    prompt = ids[:1, :8]
+    want = hf.generate(prompt, max_new_tokens=32, do_sample=False, attention_mask=torch.ones_like(prompt),
+                       eos_token_id=None, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, max_new_tokens=32), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sparsemixer_equals_transformers(dtype):
     """interp.moe.sparsemixer against transformers' own function (inference branch) on random logits, some
@@ -243,7 +265,10 @@ def test_llama4_chunked_cache_and_expert_attribution():
     ("phimoe", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
                                     "long_factor": [2.0] * 4, "original_max_position_embeddings": 16,
                                     "short_mscale": 1.1, "long_mscale": 1.2}},
-     r"phimoe rope_type='longrope' is not supported"),
+     r"phimoe short_mscale=1.1 with long_mscale=1.2 is not supported"),
+    ("phimoe", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0,
+                                    "original_max_position_embeddings": 16}},
+     r"phimoe rope_type='yarn' is not supported"),
     ("llama4_text", {"hidden_act": "gelu"}, r"llama4_text hidden_act='gelu' is not supported"),
     ("llama4_text", {"layer_types": ["sliding_attention"] * 4},
      r"llama4_text layer_types\[0\]='sliding_attention' is not supported"),

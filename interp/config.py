@@ -592,8 +592,9 @@ class ModelConfig:
             raise ValueError(f"rope_scaling factor={rs['factor']!r} must be >= 1 (it stretches the context)")
         if "original_max_position_embeddings" in rs:
             _positive_int("rope_scaling original_max_position_embeddings", rs["original_max_position_embeddings"])
-        if kind == "llama3" and not rs["low_freq_factor"] < rs["high_freq_factor"]:
-            raise ValueError(f"rope_scaling low_freq_factor={rs['low_freq_factor']} must be < "
+        if kind == "llama3" and not rs["low_freq_factor"] <= rs["high_freq_factor"]:
+            # equal factors (Llama 4 Scout): no blended band, every wavelength is kept or divided
+            raise ValueError(f"rope_scaling low_freq_factor={rs['low_freq_factor']} must be <= "
                              f"high_freq_factor={rs['high_freq_factor']}")
         if kind == "longrope":
             half = (self.rotary_dim or self.rope_dim or self.d_head) // 2

@@ -294,3 +294,80 @@ def test_compat_rows_claim_what_the_converted_config_has(name, claims):
     text = variants(from_hf(hf_test_model(name)).cfg)
     for claim in claims:
         assert claim in text
+
+
+_SCOUT_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+_PHI35_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.01 * i for i in range(64)],
+               "long_factor": [1.5 + 0.5 * i for i in range(64)], "original_max_position_embeddings": 4096,
+               "short_mscale": 1.243163121714160, "long_mscale": 1.243163121714160}
+PUBLISHED = {  # label: (model_type, the published config.json's values, what the converted config must hold)
+    "Llama-4-Scout-17B-16E": ("llama4_text", dict(
+        hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384, num_attention_heads=40,
+        num_key_value_heads=8, head_dim=128, num_hidden_layers=48, num_local_experts=16, num_experts_per_tok=1,
+        interleave_moe_layer_step=1, attention_chunk_size=8192, max_position_embeddings=10485760,
+        use_qk_norm=True, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1, rope_parameters=_SCOUT_ROPE),
+        dict(nope_layers=list(range(3, 48, 4)), n_experts=16, dense_mlp_layers=None, d_shared_expert=8192,
+             nope_temperature=[0.1, 8192.0], qk_norm="head_after_rotary")),
+    "Llama-4-Maverick-17B-128E": ("llama4_text", dict(
+        hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384, num_attention_heads=40,
+        num_key_value_heads=8, head_dim=128, num_hidden_layers=48, num_local_experts=128, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, attention_chunk_size=8192, max_position_embeddings=1048576, use_qk_norm=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+        dict(n_experts=128, dense_mlp_layers=list(range(0, 48, 2)), d_mlp=16384, qk_norm="none")),
+    "Phi-3.5-MoE-instruct": ("phimoe", dict(
+        hidden_size=4096, intermediate_size=6400, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32,
+        num_local_experts=16, num_experts_per_tok=2, max_position_embeddings=131072, sliding_window=131072,
+        attention_bias=True, lm_head_bias=True, router_jitter_noise=0.01, input_jitter_noise=0.01,
+        rope_parameters=_PHI35_ROPE),
+        dict(router_score="sparsemixer", sparsemixer_eps=0.01, d_expert=6400, attn_bias=True)),
+    "granite-3.0-3b-a800m": ("granitemoe", dict(
+        hidden_size=1536, intermediate_size=512, num_attention_heads=24, num_key_value_heads=8, num_hidden_layers=32,
+        num_local_experts=40, num_experts_per_tok=8, embedding_multiplier=12.0, attention_multiplier=0.015625,
+        residual_multiplier=0.22, logits_scaling=6.0, tie_word_embeddings=True, max_position_embeddings=4096),
+        dict(n_experts=40, n_experts_per_token=8, d_expert=512, embed_scale=12.0, attn_scale=0.015625)),
+    "GLM-4.5-Air": ("glm4_moe", dict(
+        hidden_size=4096, intermediate_size=10944, moe_intermediate_size=1408, num_attention_heads=96,
+        num_key_value_heads=8, head_dim=128, num_hidden_layers=46, n_routed_experts=128, n_shared_experts=1,
+        num_experts_per_tok=8, n_group=1, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True,
+        use_qk_norm=False, attention_bias=True, max_position_embeddings=131072,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5}),
+        dict(rotary_dim=64, n_experts=128, d_shared_expert=1408, dense_mlp_layers=[0], router_score="sigmoid")),
+    "Nemotron-Mini-4B": ("nemotron", dict(
+        hidden_size=3072, intermediate_size=9216, num_attention_heads=24, num_key_value_heads=8, head_dim=128,
+        num_hidden_layers=32, max_position_embeddings=4096, norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        dict(rotary_dim=64, activation="relu2", normalization="pre")),
+}
+
+
+@pytest.mark.parametrize("label", sorted(PUBLISHED))
+def test_published_configs_convert(label):
+    """Each published config.json (through transformers' own config class, every layer) converts to the config
+    it should, and the model builds (on the meta device: no memory)."""
+    from interp import Transformer
+    from interp.families import family_for
+
+    model_type, kw, want = PUBLISHED[label]
+    hf_cfg = transformers.AutoConfig.for_model(model_type, vocab_size=64, **kw).to_dict()
+    cfg = family_for(model_type).config(hf_cfg)
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads) == (kw["num_hidden_layers"], kw["hidden_size"],
+                                                        kw["num_attention_heads"])
+    for field, value in want.items():
+        assert getattr(cfg, field) == value, field
+    with torch.device("meta"):
+        Transformer(cfg)
+
+
+def test_llama4_scout_llama3_rope_with_equal_frequency_factors():
+    """Llama 4 Scout's llama3 RoPE has low_freq_factor == high_freq_factor (no blended band; transformers warns
+    and runs it): converted, and the logits past the original context are transformers'."""
+    rope = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 16.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 1.0, "original_max_position_embeddings": 16}
+    hf = hf_test_model("llama4_text", rope_parameters=rope)
+    model = from_hf(hf)
+    assert model.cfg.rope_scaling["high_freq_factor"] == model.cfg.rope_scaling["low_freq_factor"] == 1.0
+    ids = torch.randint(1, V, (2, SEQ), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-4)
+    assert _logit_change(model, rope_scaling=None) > 1e-3

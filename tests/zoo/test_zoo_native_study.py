@@ -371,3 +371,18 @@ def test_llama4_scout_llama3_rope_with_equal_frequency_factors():
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, rtol=0, atol=1e-4)
     assert _logit_change(model, rope_scaling=None) > 1e-3
+
+
+def test_remove_heads_on_llama4_equals_gating_them_off():
+    """Head removal on chunked, temperature-tuned and QK-normed layers computes what gating the heads off does,
+    and the smaller model still decodes with its cache."""
+    from interp.pruning import remove_heads
+
+    model = from_hf(hf_test_model("llama4_text"))
+    tokens = torch.randint(1, V, (2, 20), generator=torch.Generator().manual_seed(5))
+    small = remove_heads(model, {0: [1], 3: [0, 4]})
+    model.blocks[0].attn.set_gate(torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0]))
+    model.blocks[3].attn.set_gate(torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0]))
+    with torch.no_grad():
+        torch.testing.assert_close(small(tokens), model(tokens), rtol=0, atol=1e-5)
+        assert torch.equal(small.generate(tokens[:1], 12), small.generate(tokens[:1], 12, use_cache=False))

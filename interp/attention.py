@@ -66,6 +66,7 @@ class AttnMask:
             distribution (no NaN, nothing above the diagonal) instead of a row with no allowed key.
         window: sliding window W: the query at position p sees only keys p - W + 1 .. p (``None``: no window).
         key_start: absolute position of the first key (a windowed layer's cache holds only the last keys).
+        chunk: chunked local attention C: the query at position p sees only keys from ``C * (p // C)`` on.
 
     :meth:`for_keys` derives a layer's mask (its window, the keys its cache returned) from the pass's mask.
 
@@ -80,23 +81,27 @@ class AttnMask:
     padded_queries_see_all: bool = False
     window: int | None = None
     key_start: int = 0
+    chunk: int | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
-    def for_keys(self, window: int | None, n_keys: int) -> AttnMask:
-        """This pass's mask for a layer with sliding ``window`` that attends to the last ``n_keys`` keys.
+    def for_keys(self, window: int | None, n_keys: int, chunk: int | None = None) -> AttnMask:
+        """This pass's mask for a layer with sliding ``window`` (or attention ``chunk``) that attends to the last
+        ``n_keys`` keys.
 
-        Derived masks are kept (one per window and key count), so layers that share them build them once.
+        Derived masks are kept (one per window, chunk and key count), so layers that share them build them once.
         """
         key_start = self.S - n_keys
         if window is not None and self.start + self.T <= window:
             window = None  # no query is far enough from position 0 for the window to exclude a key
-        if window is None and key_start == 0:
+        if chunk is not None and self.start + self.T <= chunk:
+            chunk = None  # every query is in the first chunk
+        if window is None and chunk is None and key_start == 0:
             return self
-        key = ("for_keys", window, key_start)
+        key = ("for_keys", window, key_start, chunk)
         if key not in self._cache:
             self._cache[key] = AttnMask(T=self.T, S=self.S, start=self.start, causal=self.causal,
                                         key_keep=self.key_keep, padded_queries_see_all=self.padded_queries_see_all,
-                                        window=window, key_start=key_start)
+                                        window=window, key_start=key_start, chunk=chunk)
         return self._cache[key]
 
     def repeated(self, k: int) -> AttnMask:
@@ -114,16 +119,17 @@ class AttnMask:
         return AttnMask(T=self.T, S=self.S, start=self.start, causal=self.causal,
                         key_keep=self.key_keep.repeat(k, 1),  # [k B, S]
                         padded_queries_see_all=self.padded_queries_see_all, window=self.window,
-                        key_start=self.key_start)
+                        key_start=self.key_start, chunk=self.chunk)
 
     def chunk_triangle(self, q_slice: slice, n_keys: int, dtype: torch.dtype, device: torch.device
                        ) -> torch.Tensor | None:
         """The additive mask of a causal query chunk cut after its last query's key, as its last block: ``[c, c]``
         (0 on and below the diagonal, finfo.min above) for the last ``c`` keys, every earlier key being seen by
         every query of the chunk. None where that does not describe the mask (padding, a window, keys not cut
-        at the chunk's last query). One block per chunk size and dtype serves every chunk and layer of the pass,
+        at the chunk's last query, Llama 4's attention chunks). One block per chunk size and dtype serves every chunk and layer of the pass,
         where a ``[c, S]`` mask per chunk would be built and read again for every layer."""
-        if not self.causal or self.window is not None or self.key_keep is not None or q_slice.stop is None:
+        if (not self.causal or self.window is not None or self.chunk is not None or self.key_keep is not None
+                or q_slice.stop is None):
             return None
         c = q_slice.stop - (q_slice.start or 0)
         if n_keys != self.start + q_slice.stop - self.key_start or n_keys < c:
@@ -138,13 +144,15 @@ class AttnMask:
     def sdpa_is_causal(self) -> bool:
         """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset, no window)."""
         return (self.causal and self.key_keep is None and self.start == 0 and self.T == self.S and self.T > 1
-                and self.window is None and self.key_start == 0)
+                and self.window is None and self.chunk is None and self.key_start == 0)
 
     @property
     def trivial(self) -> bool:
         """True when every query may see every key."""
         if self.window is not None and self.S - self.key_start > self.window:
             return False
+        if self.chunk is not None and self.key_start // self.chunk != (self.S - 1) // self.chunk:
+            return False  # the last query's chunk starts after the first key
         return self.key_keep is None and (not self.causal or (self.T == 1 and self.start + 1 == self.S))
 
     def additive(self, dtype: torch.dtype, device: torch.device, q_slice: slice = slice(None)) -> torch.Tensor | None:
@@ -161,6 +169,8 @@ class AttnMask:
             allowed = k_pos[None, :] <= q_pos[:, None]  # [T', S']
             if self.window is not None:
                 allowed &= k_pos[None, :] > q_pos[:, None] - self.window  # [T', S']
+            if self.chunk is not None:
+                allowed &= k_pos[None, :] // self.chunk == q_pos[:, None] // self.chunk  # [T', S']
             allowed = allowed[None, None]  # [1, 1, T', S']
         if self.key_keep is not None:
             key_keep = self.key_keep.to(device=device, dtype=torch.bool)
@@ -207,6 +217,8 @@ class _AttentionBase(nn.Module):
         self.query_chunk: int | None = None
         # Sliding window of this layer (None: global); cross-attention never slides.
         self.window = None if cross or layer is None else cfg.window(layer)
+        # Chunked local attention of this layer (Llama 4; None: not chunked).
+        self.chunk = None if cross or layer is None else cfg.chunk(layer)
         self.softcap = cfg.attn_softcap
         # Learned sinks: one logit per query head (cfg.attn_sinks); None without them.
         self.sinks = nn.Parameter(torch.zeros(self.n_heads)) if cfg.attn_sinks and not cross else None
@@ -249,8 +261,8 @@ class _AttentionBase(nn.Module):
         ``mask`` is the pass's mask; the layer's window and the keys it was given (a windowed cache returns only
         the last ones) narrow it here. ``scale`` defaults to ``cfg.attn_scale``, else ``1 / sqrt(Dq)``.
         """
-        if self.window is not None:  # a global layer gets every key up to the query: the pass's mask is its own
-            mask = mask.for_keys(self.window, k.shape[2])
+        if self.window is not None or self.chunk is not None:  # a global layer's mask is the pass's own
+            mask = mask.for_keys(self.window, k.shape[2], self.chunk)
         if scale is None:
             scale = self.cfg.attn_scale or 1.0 / math.sqrt(q.shape[-1])
         kv_index = getattr(self, "kv_index", None)
@@ -439,8 +451,11 @@ class Attention(_AttentionBase):
             f32 = cfg.precision.rotary_float32
             self.rotary = (Rotary(cfg.rotary_dim, local_base, float32=f32) if local_base is not None
                            else Rotary(cfg.rotary_dim, cfg.rotary_base, cfg.rope_scaling, float32=f32))
-        # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full").
-        self.qk_norm = "none" if cross else cfg.qk_norm
+        # QK-norm: RMSNorm of each head's query and key ("head") or of all heads' concatenation ("full"); the
+        # rotated heads' norm ("head_after_rotary") only where the layer rotates (Llama 4's NoPE layers have none).
+        self.qk_norm = "none" if cross or (cfg.qk_norm == "head_after_rotary" and self.rotary is None) else cfg.qk_norm
+        # Llama 4's temperature tuning of the NoPE layers' queries: [scale, floor] (cfg.nope_temperature).
+        self.temperature = cfg.nope_temperature if nope and not cross else None
         if self.qk_norm != "none":
             per_head = self.qk_norm in ("head", "head_after_rotary")
             f32 = cfg.precision.norm_weight_float32
@@ -493,6 +508,11 @@ class Attention(_AttentionBase):
             k = self.rotary(k, positions)
         if self.qk_norm == "head_after_rotary":  # Hunyuan normalises the rotated heads
             q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
+        if self.temperature is not None:
+            scale, floor = self.temperature
+            pos = torch.arange(mask.start, mask.start + T, device=q.device, dtype=torch.float32)  # [T] absolute
+            factor = torch.log1p(torch.floor((pos + 1.0) / floor)) * scale + 1.0  # [T]
+            q = (q * factor[:, None, None]).to(q.dtype)  # [B, T, H, D] * [T, 1, 1]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H|K, T|S, D]
         if cache is not None and context is None:
             k, v = cache.update(k, v)  # [B, K, S, D] up to start + T

@@ -21,7 +21,7 @@ Activation = Literal["gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geg
 QKNorm = Literal["none", "head", "full", "head_after_rotary"]
 SublayerNorm = Literal["input", "sandwich", "output"]
 ParallelBlock = Literal["none", "one_norm", "two_norms"]
-RouterScore = Literal["softmax", "sigmoid"]
+RouterScore = Literal["softmax", "sigmoid", "sparsemixer"]
 RouterGroupScore = Literal["max", "top2_sum"]
 
 _ATTENTION_KINDS = ("standard", "latent")
@@ -31,7 +31,7 @@ _ACTIVATIONS = ("gelu", "gelu_new", "relu", "relu2", "silu", "swiglu", "geglu", 
 _QK_NORMS = ("none", "head", "full", "head_after_rotary")
 _SUBLAYER_NORMS = ("input", "sandwich", "output")
 _PARALLEL_BLOCKS = ("none", "one_norm", "two_norms")
-_ROUTER_SCORES = ("softmax", "sigmoid")
+_ROUTER_SCORES = ("softmax", "sigmoid", "sparsemixer")
 _ROUTER_GROUP_SCORES = ("max", "top2_sum")
 
 #: For each RoPE scaling kind, its (required, optional) keys besides ``rope_type``.
@@ -107,6 +107,12 @@ class ModelConfig:
         sliding_window: sliding-window attention: an int (every layer) or one entry per layer, an int W (the
             query at position p sees keys p - W + 1 .. p) or ``None`` (global attention). ``n_ctx`` is not capped
             by it, and the KV cache keeps only the last W - 1 positions of a windowed layer.
+        attention_chunk: chunked local attention (Llama 4): an int C (every layer) or one entry per layer, an int
+            C (the query at position p sees keys from ``C * (p // C)`` to p) or ``None`` (no chunks). A layer may
+            not have both a chunk and a sliding window. Its KV cache keeps every position.
+        nope_temperature: ``[scale, floor]``: on the ``nope_layers``, each query is multiplied by
+            ``1 + scale * log1p(floor((p + 1) / floor))`` at absolute position p (Llama 4's
+            ``attn_temperature_tuning`` with ``attn_scale`` / ``floor_scale``); ``hook_q`` sees the query before it.
         alibi_slopes: ALiBi (BLOOM, MPT, Falcon with ``alibi=True``): head h adds ``slope_h * (k - q)`` to its
             score of key position k from query position q (after the scale, before the mask). One slope per
             query head, as the family computes them (:func:`alibi_slopes` gives the ALiBi paper's geometric
@@ -125,7 +131,8 @@ class ModelConfig:
         qk_norm: RMSNorm on queries and keys before RoPE: ``"head"`` (per head, over ``d_head``: Qwen3,
             Gemma 3), ``"full"`` (over all heads' concatenation: OLMo 2), ``"head_after_rotary"`` (per head,
             after RoPE: Hunyuan) or ``"none"``. Hooks ``hook_q_normed`` / ``hook_k_normed`` read the normalised
-            ``[B, T, heads, D]`` (rotated first for ``"head_after_rotary"``).
+            ``[B, T, heads, D]`` (rotated first for ``"head_after_rotary"``, which normalises only the layers that
+            rotate: Llama 4's NoPE layers have no QK-norm).
         sublayer_norm: where a pre-norm model (``normalization`` ``"pre"`` or ``"rms"``) normalises each sublayer:
             ``"input"`` (its input, GPT-2 / Llama), ``"sandwich"`` (its input and its output, Gemma 2/3: norms
             ``ln1_post`` / ``ln2_post``) or ``"output"`` (its output only, OLMo 2). ``hook_attn_out`` /
@@ -193,7 +200,9 @@ class ModelConfig:
         d_expert: hidden width of one routed expert; defaults to ``d_mlp`` (also for a dense model, where no
             other value is accepted).
         router_score: ``"softmax"`` (Mixtral, Qwen, OLMoE, DeepSeek-V2) or ``"sigmoid"`` (DeepSeek-V3) of the
-            router logits.
+            router logits, or ``"sparsemixer"`` (Phi-MoE, top-2 only: :func:`interp.moe.sparsemixer`).
+        sparsemixer_eps: Phi-MoE's ``router_jitter_noise`` at inference: each of the two choices' softmax
+            leaves out the logits more than ``2 * eps`` (relative) below the best remaining one.
         router_renormalize: divide the k chosen scores by their sum.
         router_groups: DeepSeek's ``n_group``: experts fall in this many equal groups and a token first picks
             ``router_topk_groups`` groups, then its top-k experts inside them.
@@ -209,6 +218,8 @@ class ModelConfig:
         shared_expert_gate: the shared expert's output is scaled by ``sigmoid(x @ w)`` (Qwen-MoE).
         router_logit_bias: a per-expert bias ``b_router`` added to the router logits before the choice and the
             weights (gpt-oss; unlike ``router_choice_bias`` it moves the weights too).
+        expert_input_weighting: each chosen expert reads its input times its weight, ``expert(w x)``, and the
+            outputs are summed unweighted (Llama 4); ``hook_expert_out`` is then already weighted.
         expert_bias: the experts' projections have biases ``b_gate`` / ``b_in`` ``[E, F]`` and ``b_out``
             ``[E, M]`` (gpt-oss).
         dense_mlp_layers: layers that keep a dense MLP of width ``d_mlp`` (DeepSeek's first
@@ -245,6 +256,8 @@ class ModelConfig:
     local_rotary_base: float | None = None
     sliding_window: int | list[int | None] | None = None
     nope_layers: list[int] | None = None
+    attention_chunk: int | list[int | None] | None = None
+    nope_temperature: list[float] | None = None
     alibi_slopes: list[float] | list[list[float]] | None = None
     attn_scale: float | None = None
     attn_sinks: bool = False
@@ -285,6 +298,7 @@ class ModelConfig:
     n_experts_per_token: int = None  # type: ignore[assignment]
     d_expert: int = None  # type: ignore[assignment]
     router_score: RouterScore = "softmax"
+    sparsemixer_eps: float = 0.01
     router_renormalize: bool = False
     router_groups: int = 1
     router_topk_groups: int = None  # type: ignore[assignment]
@@ -295,6 +309,7 @@ class ModelConfig:
     shared_expert_gate: bool = False
     router_logit_bias: bool = False
     expert_bias: bool = False
+    expert_input_weighting: bool = False
     dense_mlp_layers: list[int] | None = None
 
     def __post_init__(self) -> None:
@@ -461,7 +476,7 @@ class ModelConfig:
                      "d_shared_expert"):
             _int_or_none(name, getattr(self, name))
         for name in ("router_renormalize", "router_choice_bias", "shared_expert_gate", "router_logit_bias",
-                     "expert_bias"):
+                     "expert_bias", "expert_input_weighting"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.n_experts < 0:
@@ -492,6 +507,17 @@ class ModelConfig:
         _positive_int("d_expert", self.d_expert)
         if self.router_score not in _ROUTER_SCORES:
             raise ValueError(f"router_score={self.router_score!r} is not one of {_ROUTER_SCORES}")
+        if self.router_score == "sparsemixer":
+            if k != 2 or self.router_groups != 1 or self.router_choice_bias:
+                raise ValueError(f"router_score='sparsemixer' picks exactly 2 experts with no groups or choice bias, "
+                                 f"got n_experts_per_token={k}, router_groups={self.router_groups}, "
+                                 f"router_choice_bias={self.router_choice_bias}")
+            if isinstance(self.sparsemixer_eps, bool) or not isinstance(self.sparsemixer_eps, (int, float)) \
+                    or not math.isfinite(self.sparsemixer_eps) or self.sparsemixer_eps < 0:
+                raise ValueError(f"sparsemixer_eps={self.sparsemixer_eps!r} must be a finite number >= 0")
+        elif self.sparsemixer_eps != 0.01:
+            raise ValueError(f"sparsemixer_eps={self.sparsemixer_eps!r} only applies to router_score='sparsemixer', "
+                             f"got router_score={self.router_score!r}")
         if self.router_group_score not in _ROUTER_GROUP_SCORES:
             raise ValueError(f"router_group_score={self.router_group_score!r} is not one of {_ROUTER_GROUP_SCORES}")
         _positive_int("router_groups", self.router_groups)
@@ -567,8 +593,9 @@ class ModelConfig:
             raise ValueError(f"rope_scaling factor={rs['factor']!r} must be >= 1 (it stretches the context)")
         if "original_max_position_embeddings" in rs:
             _positive_int("rope_scaling original_max_position_embeddings", rs["original_max_position_embeddings"])
-        if kind == "llama3" and not rs["low_freq_factor"] < rs["high_freq_factor"]:
-            raise ValueError(f"rope_scaling low_freq_factor={rs['low_freq_factor']} must be < "
+        if kind == "llama3" and not rs["low_freq_factor"] <= rs["high_freq_factor"]:
+            # equal factors (Llama 4 Scout): no blended band, every wavelength is kept or divided
+            raise ValueError(f"rope_scaling low_freq_factor={rs['low_freq_factor']} must be <= "
                              f"high_freq_factor={rs['high_freq_factor']}")
         if kind == "longrope":
             half = (self.rotary_dim or self.rope_dim or self.d_head) // 2
@@ -610,6 +637,31 @@ class ModelConfig:
             if nope and self.positional != "rotary":
                 raise ValueError(f"nope_layers={nope!r} needs positional='rotary', got {self.positional!r}")
             self.nope_layers = sorted(nope) or None
+        chunk = self.attention_chunk
+        if chunk is not None:
+            chunks = [chunk] * self.n_layers if isinstance(chunk, int) and not isinstance(chunk, bool) else chunk
+            if (not isinstance(chunks, (list, tuple)) or len(chunks) != self.n_layers
+                    or any(c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1)
+                           for c in chunks)):
+                raise ValueError(f"attention_chunk={chunk!r} must be a positive int or {self.n_layers} entries "
+                                 "(one per layer), each a positive int or None")
+            both = [i for i, c in enumerate(chunks) if c is not None and self.window(i) is not None]
+            if both:
+                raise ValueError(f"attention_chunk={chunk!r} and sliding_window={self.sliding_window!r} both apply "
+                                 f"to layers {both}; a layer has one or the other")
+            if any(c is not None for c in chunks) and not self.causal:
+                raise ValueError(f"attention_chunk={chunk!r} needs a causal decoder (causal=False)")
+            self.attention_chunk = None if all(c is None for c in chunks) else list(chunks)
+        if self.nope_temperature is not None:
+            temp = self.nope_temperature
+            if (not isinstance(temp, (list, tuple)) or len(temp) != 2
+                    or any(isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0
+                           for t in temp)):
+                raise ValueError(f"nope_temperature={temp!r} must be [scale, floor], two finite numbers > 0")
+            if not self.nope_layers:
+                raise ValueError(f"nope_temperature={temp!r} needs nope_layers (it scales their queries), got "
+                                 f"nope_layers={self.nope_layers!r}")
+            self.nope_temperature = [float(t) for t in temp]
         if self.local_rotary_base is not None and (self.positional != "rotary" or self.sliding_window is None):
             raise ValueError(f"local_rotary_base={self.local_rotary_base} needs positional='rotary' and "
                              f"sliding-window layers, got positional={self.positional!r}, "
@@ -648,6 +700,19 @@ class ModelConfig:
         if windows is None or isinstance(windows, int):  # an int (every layer) set after construction
             return windows
         return windows[layer]
+
+    def chunk(self, layer: int) -> int | None:
+        """The attention chunk of ``layer`` (``None``: not chunked).
+
+        Example:
+            >>> from interp import ModelConfig
+            >>> ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=32, attention_chunk=[4, None]).chunk(0)
+            4
+        """
+        chunks = self.attention_chunk
+        if chunks is None or isinstance(chunks, int):
+            return chunks
+        return chunks[layer]
 
     def set_features(self, names: tuple[str, ...]) -> str:
         """``"name=value, ..."`` for those of ``names`` whose value is not what omitting them gives ("" when none):
@@ -901,11 +966,11 @@ def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> list[float]:
     return slopes + extra[: n_heads - power]
 
 
-_MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": "softmax",
+_MOE_DEFAULTS = {"n_experts_per_token": None, "d_expert": None, "router_score": "softmax", "sparsemixer_eps": 0.01,
                  "router_renormalize": False, "router_groups": 1, "router_topk_groups": None,
                  "router_group_score": "max", "router_choice_bias": False, "routed_scaling": 1.0,
                  "d_shared_expert": 0, "shared_expert_gate": False, "router_logit_bias": False,
-                 "expert_bias": False, "dense_mlp_layers": None}
+                 "expert_bias": False, "expert_input_weighting": False, "dense_mlp_layers": None}
 
 _BOOL_FIELDS = ("causal", "embed_norm", "attn_only", "attn_bias", "out_bias", "mlp_bias", "unembed",
                 "tie_embeddings", "cross_attention", "use_sdpa", "attn_sinks")

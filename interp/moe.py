@@ -9,6 +9,7 @@ block of :class:`~interp.config.ModelConfig`). For a token with normalised resid
   ``router_topk_groups`` best groups stay eligible (a group's score: the max of its ``c``, or the sum of its
   two best); the k experts with the highest eligible ``c`` are chosen;
 * weights ``w = s[chosen]``, divided by their sum if ``router_renormalize``, times ``routed_scaling``;
+* Phi-MoE's ``router_score="sparsemixer"`` chooses and weighs its two experts otherwise (:func:`sparsemixer`);
 * output ``sum_j w_j expert_{id_j}(x)`` plus the shared expert (times ``sigmoid(x @ w_gate)`` for Qwen-MoE).
 
 gpt-oss's router (top-k of the logits, then a softmax over the k chosen) is ``router_score="softmax"`` with
@@ -39,7 +40,7 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookPoint
 
-__all__ = ["MoE", "gated_unit", "route"]
+__all__ = ["MoE", "gated_unit", "route", "sparsemixer"]
 
 
 def gated_unit(cfg: ModelConfig,
@@ -77,6 +78,39 @@ def gated_unit(cfg: ModelConfig,
     return clamped
 
 
+def sparsemixer(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-MoE's router at inference (transformers' ``sparsemixer`` outside training): ``(weights, ids)``,
+    each ``[N, 2]``.
+
+    The first expert is the best logit; its weight is its softmax over the logits within ``2 * eps`` of it
+    (relative: ``(top - l) / max(|l|, top) <= 2 eps``). The second is the best of the others, weighed by its
+    softmax over the others within ``2 * eps`` of it. The weights do not sum to one.
+
+    Args:
+        logits: router logits ``[N, E]`` (the weights are computed in their dtype, as transformers does).
+        eps: ``router_jitter_noise``.
+
+    Returns:
+        float32 ``weights`` and int64 ``ids``, the first choice first.
+
+    Example:
+        >>> import torch
+        >>> from interp.moe import sparsemixer
+        >>> w, ids = sparsemixer(torch.tensor([[0.0, 3.0, 2.99, 2.0]]), eps=0.01)
+        >>> ids.tolist(), [round(x, 4) for x in w[0].tolist()]  # 2.99 is within 2 eps of 3: both share the first
+        ([[1, 2]], [0.5025, 1.0])
+    """
+
+    def chosen_weight(candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        top, best = candidates.max(dim=-1, keepdim=True)  # [N, 1] each
+        far = (top - logits) / logits.abs().clamp(min=top) > 2 * eps  # [N, E]
+        return candidates.masked_fill(far, float("-inf")).softmax(-1).gather(-1, best), best
+
+    w1, first = chosen_weight(logits)
+    w2, second = chosen_weight(logits.scatter(-1, first, float("-inf")))  # the others
+    return torch.cat([w1, w2], -1).float(), torch.cat([first, second], -1)  # [N, 2] each
+
+
 def route(logits: torch.Tensor, cfg: ModelConfig,
           choice_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's choice: ``(weights, ids)``, each ``[N, k]``, from router logits ``[N, E]``.
@@ -99,6 +133,9 @@ def route(logits: torch.Tensor, cfg: ModelConfig,
         >>> ids.tolist(), round(float(w.sum()), 4)
         ([[1, 3]], 1.0)
     """
+    if cfg.router_score == "sparsemixer":
+        weights, ids = sparsemixer(logits, cfg.sparsemixer_eps)
+        return _finish(weights, cfg), ids
     scores = logits.float().softmax(-1) if cfg.router_score == "softmax" else logits.float().sigmoid()  # [N, E]
     choice = scores if choice_bias is None else scores + choice_bias.float()
     G, E = cfg.router_groups, cfg.n_experts
@@ -113,13 +150,17 @@ def route(logits: torch.Tensor, cfg: ModelConfig,
         keep = keep[:, :, None].expand(-1, -1, E // G).reshape(-1, E)  # [N, E]
         choice = choice.masked_fill(~keep, float("-inf"))
     ids = choice.topk(cfg.n_experts_per_token, dim=-1).indices  # [N, k]
-    weights = scores.gather(1, ids)  # [N, k]
+    return _finish(scores.gather(1, ids), cfg), ids  # [N, k] each
+
+
+def _finish(weights: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The chosen experts' weights ``[N, k]`` renormalised and scaled as the config says."""
     if cfg.router_renormalize:
         # The tiny epsilon is DeepSeek-V3's (sigmoid scores can all be ~0); for softmax scores it changes nothing.
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     if cfg.routed_scaling != 1.0:
         weights = weights * cfg.routed_scaling
-    return weights, ids
+    return weights
 
 
 def _register_grouped_mm_flops() -> None:
@@ -225,9 +266,12 @@ class MoE(nn.Module):
         weights, ids = route(logits.reshape(B * T, -1), self.cfg, self.router_bias)  # [N, k] each
         weights = self.hook_expert_weights(weights.to(x.dtype).view(B, T, k))  # [B, T, k]
         ids = self.hook_expert_ids(ids.view(B, T, k))  # [B, T, k]
-        slots = self._run_experts(x.reshape(B * T, M), ids.reshape(-1))  # [N*k, M], slot order
+        on_input = self.cfg.expert_input_weighting  # Llama 4: expert(w x), summed unweighted
+        slots = self._run_experts(x.reshape(B * T, M), ids.reshape(-1),
+                                  weights.reshape(-1) if on_input else None)  # [N*k, M], slot order
         slots = self.hook_expert_out(slots.view(B, T, k, M))  # [B, T, k, M]
-        out = self.hook_routed_out((weights.unsqueeze(-2) @ slots).squeeze(-2))  # [B, T, 1, k] @ [B, T, k, M]
+        mix = torch.ones_like(weights) if on_input else weights  # [B, T, k]
+        out = self.hook_routed_out((mix.unsqueeze(-2) @ slots).squeeze(-2))  # [B, T, 1, k] @ [B, T, k, M]
         if self.shared is not None:
             shared = self.shared(x)  # [B, T, M]
             if self.shared_gate is not None:
@@ -235,8 +279,9 @@ class MoE(nn.Module):
             out = out + self.hook_shared_out(shared)
         return out
 
-    def _run_experts(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x ``[N, M]``, ids ``[N*k]`` (token n's slots are ``n*k .. n*k+k-1``) -> unweighted outputs ``[N*k, M]``.
+    def _run_experts(self, x: torch.Tensor, ids: torch.Tensor, input_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """x ``[N, M]``, ids ``[N*k]`` (token n's slots are ``n*k .. n*k+k-1``) -> unweighted outputs ``[N*k, M]``
+        (of the inputs times ``input_weights`` ``[N*k]``, when given).
 
         Slots are sorted by expert so that each expert multiplies one contiguous block of the tokens routed
         to it; the results go back to slot order.
@@ -245,6 +290,8 @@ class MoE(nn.Module):
         # Where each expert's run ends, found on the device (bincount would sync on CUDA to size its output).
         ends = torch.searchsorted(sorted_ids, torch.arange(self.n_experts, device=ids.device), right=True)  # [E]
         tokens = x.index_select(0, order // self.top_k)  # [N*k, M], sorted by expert
+        if input_weights is not None:
+            tokens = tokens * input_weights.index_select(0, order)[:, None]  # [N*k, M] * [N*k, 1]
         if _grouped_mm_fits(tokens, self.W_gate):
             # One grouped GEMM per projection; the runs' ends stay on the device, so nothing waits for the host.
             ends = ends.to(torch.int32)

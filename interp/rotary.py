@@ -126,6 +126,8 @@ def llama3_inv_freq(dim: int, base: float, *, factor: float, low_freq_factor: fl
     old = original_max_position_embeddings
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old / low_freq_factor, inv_freq / factor, inv_freq)
+    if high_freq_factor == low_freq_factor:  # no band between the kept and the divided wavelengths (Llama 4 Scout)
+        return scaled
     smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old / high_freq_factor) & (wavelen <= old / low_freq_factor)

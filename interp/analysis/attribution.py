@@ -165,7 +165,10 @@ def direct_logit_attribution(model: Transformer, tokens: torch.Tensor, answer_to
             meta.append((f"L{layer} b_O", "attn_bias", layer, -1))
         if block.mlp is not None and split_experts and model.cfg.is_moe_layer(layer):
             pre = f"blocks.{layer}.mlp."
-            weighted = at(trace[pre + "hook_expert_out"] * trace[pre + "hook_expert_weights"][..., None])  # [B, k, M]
+            weights = trace[pre + "hook_expert_weights"]  # [B, T, k]
+            if model.cfg.expert_input_weighting:  # each expert already read its weighted input
+                weights = torch.ones_like(weights)
+            weighted = at(trace[pre + "hook_expert_out"] * weights[..., None])  # [B, k, M]
             chosen = at(trace[pre + "hook_expert_ids"])  # [B, k]
             for e in range(model.cfg.n_experts):
                 parts.append((weighted * (chosen == e)[..., None]).sum(1))  # [B, M]

@@ -142,7 +142,7 @@ def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None
     Raises:
         ValueError: a RoPE kind interp does not implement, named with the supported ones; a ``rope_theta``, a
             factor or an original context that is missing, zero, negative or not finite; llama3's
-            ``high_freq_factor`` not above its ``low_freq_factor``. Each message names the key, its value, the
+            ``high_freq_factor`` below its ``low_freq_factor``. Each message names the key, its value, the
             ``model_type`` and the config file when known.
 
     Example:
@@ -199,9 +199,9 @@ def _rope(hf_cfg: Mapping[str, Any], arch: str, params: Mapping[str, Any] | None
         scaling.update(factor=need("factor"), original_max_position_embeddings=max_pos)
     elif kind == "llama3":
         low, high = need("low_freq_factor"), need("high_freq_factor")
-        if high <= low:
+        if high < low:  # equal (Llama 4 Scout): no blended band
             raise ValueError(f"model_type={arch!r}: {field} high_freq_factor={rope['high_freq_factor']!r} must be "
-                             f"above low_freq_factor={rope['low_freq_factor']!r}{_where(hf_cfg)}")
+                             f"at least low_freq_factor={rope['low_freq_factor']!r}{_where(hf_cfg)}")
         scaling.update(factor=need("factor"), low_freq_factor=low, high_freq_factor=high,
                        original_max_position_embeddings=int(need(orig_key, integer=True)))
     elif kind == "yarn":

@@ -5,6 +5,9 @@ blocks and the untied unembedding.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator, Mapping
+
 import torch
 
 from ..config import ModelConfig
@@ -31,6 +34,37 @@ class _Source:
 
     def has(self, key: str) -> bool:
         return self.prefix + key in self.sd
+
+
+class Renamed(Mapping[str, torch.Tensor]):
+    """A state dict seen under other names (each ``(pattern, replacement)`` of ``renames`` applied in turn to
+    every key); reading a key reads the original tensor, so the weight check sees it read.
+
+    Example:
+        >>> import re, torch
+        >>> from interp.families._tensors import Renamed
+        >>> sd = Renamed({"mlp.router.weight": torch.ones(2)}, ((re.compile(r"router\\.weight$"), "gate.weight"),))
+        >>> list(sd), sd["mlp.gate.weight"].tolist()
+        (['mlp.gate.weight'], [1.0, 1.0])
+    """
+
+    def __init__(self, sd: StateDict, renames: tuple[tuple[re.Pattern[str], str], ...]) -> None:
+        self.sd = sd
+        self.names: dict[str, str] = {}
+        for key in sd:
+            new = key
+            for pattern, repl in renames:
+                new = pattern.sub(repl, new)
+            self.names[new] = key
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.sd[self.names[key]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def _shaped(src: _Source, key: str, shape: tuple[int, ...]) -> torch.Tensor:

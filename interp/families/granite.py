@@ -18,7 +18,7 @@ from ._gguf import HFConfig, Meta, llama_spec
 from ._tensors import (
     _Source,
 )
-from .llama import llama_config, llama_state_dict
+from .llama import ATTENTION_BIASES, llama_config, llama_state_dict
 
 
 def _granite_multiplier(hf_cfg: Mapping[str, Any], key: str, arch: str = "granite", default: float = 1.0) -> float:
@@ -47,9 +47,11 @@ def granite_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         >>> cfg.embed_scale, cfg.attn_scale, cfg.tie_embeddings
         (12.0, 0.0078125, False)
     """
-    cfg = llama_config(hf_cfg)
-    return dataclasses.replace(cfg, embed_scale=_granite_multiplier(hf_cfg, "embedding_multiplier"),
-                               attn_scale=_granite_multiplier(hf_cfg, "attention_multiplier"), tie_embeddings=False)
+    arch = str(hf_cfg.get("model_type", "granite"))  # granitemoe comes through here too: errors name it
+    cfg = llama_config(hf_cfg, biases=ATTENTION_BIASES["granite"])
+    return dataclasses.replace(cfg, embed_scale=_granite_multiplier(hf_cfg, "embedding_multiplier", arch),
+                               attn_scale=_granite_multiplier(hf_cfg, "attention_multiplier", arch),
+                               tie_embeddings=False)
 
 
 def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, ModelConfig], dict[str, torch.Tensor]]:
@@ -60,17 +62,19 @@ def granite_state_dict_for(hf_cfg: Mapping[str, Any]) -> Callable[[StateDict, Mo
     Raises:
         ValueError: ``residual_multiplier`` or ``logits_scaling`` not a finite number > 0.
     """
-    residual = _granite_multiplier(hf_cfg, "residual_multiplier")
-    logits = _granite_multiplier(hf_cfg, "logits_scaling")
+    arch = str(hf_cfg.get("model_type", "granite"))
+    residual = _granite_multiplier(hf_cfg, "residual_multiplier", arch)
+    logits = _granite_multiplier(hf_cfg, "logits_scaling", arch)
     tied = bool(hf_cfg.get("tie_word_embeddings", False))
 
     def convert(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tensor]:
         if "lm_head.weight" not in hf_sd and tied:
-            hf_sd = ChainMap({"lm_head.weight": _Source(hf_sd, ("model.",), "granite")("embed_tokens.weight")},
+            hf_sd = ChainMap({"lm_head.weight": _Source(hf_sd, ("model.",), arch)("embed_tokens.weight")},
                              hf_sd)  # type: ignore[arg-type]
-        out = llama_state_dict(hf_sd, cfg, arch="granite")
+        out = llama_state_dict(hf_sd, cfg, arch=arch)
         for key in out:
-            if ".attn.W_O." in key or ".mlp.W_out." in key:
+            # a dense MLP's W_out.weight / .bias, or the experts' stacked W_out [E, M, F] (Granite-MoE)
+            if ".attn.W_O." in key or ".mlp.W_out." in key or key.endswith(".mlp.W_out"):
                 out[key] = out[key] * residual  # the block adds residual_multiplier x each sublayer's output
         out["W_U.weight"] = out["W_U.weight"] / logits
         return out

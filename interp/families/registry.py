@@ -20,6 +20,7 @@ from . import (
     falcon,
     gemma,
     glm4,
+    glm4_moe,
     gpt2,
     gpt_bigcode,
     gpt_neo,
@@ -27,15 +28,19 @@ from . import (
     gpt_oss,
     gptj,
     granite,
+    granitemoe,
     hunyuan,
     llama,
+    llama4,
     moe,
     mpt,
+    nemotron,
     olmo,
     olmo2,
     opt,
     phi,
     phi3,
+    phimoe,
     qwen2,
     qwen3,
     smollm3,
@@ -47,7 +52,8 @@ from ._family import CompatConfig, ConfigFn, Family, StateDictFn
 # The help text lists the headline families in this order.
 _MODULES = (bert, gpt2, llama, qwen2, qwen3, gemma, phi, moe, deepseek, phi3, gpt_neox, gpt_bigcode, falcon, olmo, olmo2,
             starcoder2, arcee, hunyuan, smollm3, exaone4, granite, glm4, stablelm, ernie4_5, cohere, gptj, opt,
-            gpt_oss, bloom, mpt, gpt_neo)
+            gpt_oss, bloom, mpt, gpt_neo,
+            nemotron, granitemoe, glm4_moe, phimoe, llama4)
 
 
 #: Every family, in help-text order.

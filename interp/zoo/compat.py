@@ -47,7 +47,8 @@ ROW_ORDER = (
     "gpt_neox_sequential", "gpt_bigcode", "gpt_bigcode_mha", "falcon", "falcon_new_arch", "falcon_alibi", "phi",
     "phi3", "olmo", "olmo2", "olmo3", "ministral", "seed_oss", "arcee", "hunyuan_v1_dense", "smollm3", "exaone4",
     "granite", "glm", "glm4", "stablelm", "stablelm_parallel", "ernie4_5", "cohere", "cohere2", "gptj", "opt",
-    "starcoder2", "gpt_oss", "bloom", "bloom_12_heads", "mpt", "mpt_12_heads", "gpt_neo", "phi3_longrope", "mixtral",
+    "starcoder2", "gpt_oss", "bloom", "bloom_12_heads", "mpt", "mpt_12_heads", "nemotron", "granitemoe", "glm4_moe",
+    "phimoe", "llama4_text", "gpt_neo", "phi3_longrope", "mixtral",
     "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3",
 )
 
@@ -122,13 +123,17 @@ def variants(cfg: Any) -> str:
     if cfg.sliding_window is not None:
         windowed = sum(w is not None for w in cfg.sliding_window)
         parts.append(f"window {max(w for w in cfg.sliding_window if w)} ({windowed}/{cfg.n_layers} layers)")
+    if cfg.attention_chunk is not None:
+        chunked = sum(c is not None for c in cfg.attention_chunk)
+        parts.append(f"chunks of {max(c for c in cfg.attention_chunk if c)} ({chunked}/{cfg.n_layers} layers)")
     if cfg.attn_softcap or cfg.final_softcap:
         parts.append("soft-cap " + "+".join(k for k, v in (("attn", cfg.attn_softcap), ("final", cfg.final_softcap))
                                            if v))
     if cfg.qk_norm != "none":
         parts.append(f"QK-norm ({cfg.qk_norm.replace('_', ' ')})")
     if cfg.nope_layers:
-        parts.append(f"NoPE ({len(cfg.nope_layers)}/{cfg.n_layers} layers)")
+        tuned = ", temperature-tuned" if cfg.nope_temperature else ""
+        parts.append(f"NoPE ({len(cfg.nope_layers)}/{cfg.n_layers} layers{tuned})")
     if cfg.attn_sinks:
         parts.append("learned sinks")
     if cfg.activation == "relu2":
@@ -159,6 +164,7 @@ def variants(cfg: Any) -> str:
     if cfg.n_experts:
         biased = " with biases" if cfg.router_logit_bias or cfg.expert_bias else ""
         moe = f"top-{cfg.n_experts_per_token} of {cfg.n_experts} experts{biased} ({cfg.router_score}"
+        moe += ", weighting the input" if cfg.expert_input_weighting else ""
         moe += f", {cfg.router_topk_groups} of {cfg.router_groups} groups)" if cfg.router_groups > 1 else ")"
         if cfg.d_shared_expert:
             moe += " + gated shared expert" if cfg.shared_expert_gate else " + shared expert"

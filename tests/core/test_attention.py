@@ -182,3 +182,31 @@ def test_cross_attention_matches_naive():
             s = (q @ k.T / math.sqrt(D)).masked_fill(~ctx_mask[i].bool(), float("-inf"))
             writes = writes + torch.softmax(s, -1) @ v @ cross.W_O.weight[:, h * D:(h + 1) * D].T
         torch.testing.assert_close(got[0][i], writes, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("start", [0, 3])
+@pytest.mark.parametrize("extra", [{}, {"window": 4}, {"chunk": 4}, {"key_keep": "pad"}, {"key_start": 2}])
+def test_a_chunks_triangle_is_its_additive_mask_or_not_offered(start, extra):
+    """Where chunk_triangle offers the [c, c] block, the chunk's whole additive mask (cut after its last query's
+    key) is zero before that block and the block itself; a mask with a window, attention chunks or padding gets
+    no block."""
+    from interp.attention import AttnMask
+
+    T, S = 12, 12 + start
+    kw = dict(extra)
+    if kw.get("key_keep") == "pad":
+        kw["key_keep"] = torch.ones(1, S, dtype=torch.bool).index_fill_(1, torch.tensor([1]), False)
+    mask = AttnMask(T=T, S=S, start=start, causal=True, **kw)
+    offered = 0
+    for q0 in range(0, T, 5):
+        q = slice(q0, min(q0 + 5, T))
+        n_keys = start + q.stop - mask.key_start
+        tri = mask.chunk_triangle(q, n_keys, torch.float32, torch.device("cpu"))
+        if tri is None:
+            continue
+        offered += 1
+        whole = mask.additive(torch.float32, torch.device("cpu"), q)[0, 0, :, :n_keys]  # [c, n]
+        c = q.stop - q.start
+        assert torch.equal(whole[:, :n_keys - c], torch.zeros(c, n_keys - c))
+        assert torch.equal(whole[:, n_keys - c:], tri)
+    assert (offered > 0) == (not extra or "key_start" in extra)  # keys the cache dropped only shift the block

@@ -167,7 +167,7 @@ _L3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_
     ({k: v for k, v in _L3.items() if k != "original_max_position_embeddings"},
      r"has no 'original_max_position_embeddings'"),
     ({**_L3, "factor": "8"}, r"rope_scaling\['factor'\]='8' must be a finite number > 0"),
-    ({**_L3, "high_freq_factor": 1.0}, r"high_freq_factor=1.0 must be above low_freq_factor=1.0"),
+    ({**_L3, "high_freq_factor": 0.5}, r"high_freq_factor=0.5 must be at least low_freq_factor=1.0"),
     ({"rope_type": "longrope", "short_factor": [1.0, float("nan")], "long_factor": [1.0, 2.0]},
      r"rope_scaling\['short_factor'\]\[1\]=nan must be"),
     ({"rope_type": "longrope", "short_factor": [1.0, 1.0]}, r"rope_scaling\['long_factor'\]=None must be a non-empty"),

@@ -22,8 +22,8 @@ from interp.zoo.compat import hf_test_model  # noqa: E402
 T = 9  # longer than the windows (4) and chunks (4) of the test configs
 # Route checks against transformers (olmo, gptj, opt and cohere2 have native converters now: these still test the
 # route itself, wrapped directly); gpt-oss runs eager (transformers has no SDPA path for its sinks).
-# apertus, nemotron, granitemoe, phimoe and lfm2 (a hybrid) have no native converter; olmo, gptj, opt, cohere2 and
-# gpt_oss do now, and stay here as route checks on families whose native conversion is tested against them.
+# apertus and lfm2 (a hybrid) have no native converter; olmo, gptj, opt, cohere2, gpt_oss, nemotron, granitemoe
+# and phimoe do now, and stay here as route checks on families whose native conversion is tested against them.
 ROUTED = {"olmo": "sdpa", "gptj": "sdpa", "opt": "sdpa", "cohere2": "sdpa", "gpt_oss": "eager", "lfm2": "sdpa",
           "apertus": "sdpa", "nemotron": "sdpa", "granitemoe": "sdpa", "phimoe": "sdpa"}
 # transformers computes these families' attention in their own code, not through AttentionInterface.
@@ -383,7 +383,7 @@ def test_the_dashboard_draws_a_route_models_patterns(tmp_path, monkeypatch):
     np.testing.assert_allclose(np.asarray(z, dtype=float), trace.pattern(1)[0, 3].numpy(), atol=1e-5)
 
 
-@pytest.mark.parametrize("model_type", ["apertus", "nemotron", "granitemoe", "phimoe", "lfm2"])
+@pytest.mark.parametrize("model_type", ["apertus", "lfm2"])
 def test_families_without_a_converter_take_the_route(model_type):
     """The route's exactness tests above cover these families because interp has no native converter for them."""
     import interp

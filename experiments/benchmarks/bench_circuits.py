@@ -5,8 +5,10 @@ Parts (``--only``, comma-separated):
   Pruning; the top edges must contain previous-token -> induction-head K-composition edges and reach
   faithfulness >= 0.9 with <= 10 % of the edges; curves beside 20 random circuits.
 - ``speed``: SmolLM2-135M, 4 x 128 tokens (repeated random halves of 64): one forward, a plain forward +
-  backward (the floor of a gradient step), EAP, EAP-IG (m steps), interleaved, as multiples of the forward in
-  process CPU time (and wall time) at the benchmark's threads (targets <= 4x and <= (m + 2)x).
+  backward (the floor of a gradient step) of the batch and of m copies of it, EAP, EAP-IG (m steps) in one
+  batched pass and in one pass per step (the former way), interleaved, as multiples of the forward in process
+  CPU time (and wall time) at the benchmark's threads, with each ratio's spread over the repetitions (targets
+  <= 4x and <= (m + 2)x).
 - ``memory``: the peak resident memory of EAP at 4 x 128 on SmolLM2 (a fresh process: ru_maxrss after EAP minus
   after loading the model and running one forward).
 - ``ioi`` / ``induction``: SmolLM2-135M on IOI-style prompts / repeated tokens: EAP, EAP-IG, exact patching of
@@ -151,15 +153,23 @@ def part_speed(args) -> dict:
         with torch.no_grad():
             model(c)
 
-    def forward_backward():  # the floor of one gradient step: no hooks, no scores
+    def forward_backward(copies: int = 1):  # the floor of one gradient step over copies of the batch
         e = torch.zeros((), requires_grad=True)
         with torch.enable_grad(), model.hooks([("blocks.0.hook_resid_pre", lambda t, hook: t + e)]):
-            value = m(model(c))
+            logits = model(c.repeat(copies, 1))  # [copies*B, T, V]
+            B = c.shape[0]
+            value = sum(m(logits[k * B:(k + 1) * B]) for k in range(copies))
         torch.autograd.backward(value, inputs=[e])
 
     fns = {"forward": forward, "forward_backward": forward_backward,
+           f"forward_backward_x{args.steps}": lambda: forward_backward(args.steps),
            "eap": lambda: eap(model, c, x, m, graph=graph),
-           "eap_ig": lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=False)}
+           # every point on the path in one batched pass (the default) against one pass per point (before)
+           "eap_ig": lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=False),
+           "eap_ig_pass_per_step": lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph, steps_per_pass=1,
+                                                  progress=False)}
+    ig = (eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=False).scores,
+          eap_ig(model, c, x, m, steps=args.steps, graph=graph, steps_per_pass=1, progress=False).scores)
     forward()
     cpu: dict[str, list[float]] = {n: [] for n in fns}
     wall: dict[str, list[float]] = {n: [] for n in fns}
@@ -174,9 +184,14 @@ def part_speed(args) -> dict:
             wall[n].append(time.perf_counter() - w)
     med = {n: statistics.median(v) for n, v in cpu.items()}
     med_wall = {n: statistics.median(v) for n, v in wall.items()}
+    # Each repetition's ratio to that repetition's forward: the spread of the ratio itself.
+    per_rep = {n: [a / f for a, f in zip(v, cpu["forward"])] for n, v in cpu.items()}
     return {"tokens": list(c.shape), "n_edges": graph.n_edges, "threads": torch.get_num_threads(), "reps": args.reps,
             "cpu_s": med, "wall_s_median": med_wall,
             "x_forward_cpu": {n: med[n] / med["forward"] for n in med},
+            "x_forward_cpu_min_max": {n: [min(v), max(v)] for n, v in per_rep.items()},
+            "eap_ig_batched_vs_pass_per_step_max_abs_diff": float((ig[0] - ig[1]).abs().max()),
+            "eap_ig_max_abs_score": float(ig[1].abs().max()),
             "x_forward_wall": {n: med_wall[n] / med_wall["forward"] for n in med_wall},
             "eap_target": 4, "eap_ig_steps": args.steps, "eap_ig_target": args.steps + 2}
 

@@ -1,7 +1,9 @@
 """The gradient pass of EAP and EAP-IG: one forward that records every node's write, one backward that folds each
 downstream input's gradient into the edge scores as it arrives.
 
-The forward is the model's own: nothing is recomputed per head. Each node's write is subtracted from the
+The forward is the model's own: nothing is recomputed per head. EAP-IG's points on the path run as copies of the
+batch in one forward and one backward; a gradient is summed over the copies when it is folded, since every copy
+multiplies the same differences. Each node's write is subtracted from the
 corrupted run's as it is made, so the differences ``[U, B, T, M]`` take no second buffer. Gradients are caught
 where the model already splits by input: at ``hook_q`` / ``hook_k`` / ``hook_v`` (``[B, T, n, D]``, one slice
 per head), at the MLP's normalised input and at the final residual. A layer's head gradients become gradients
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .graph import Graph
+from .patch import node_hooks
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -117,9 +120,12 @@ def _norm_vjp(norm: torch.nn.Module, resid: torch.Tensor, grad: torch.Tensor, ou
 class _GradientPass:
     """The hooks of one gradient pass (see the module docstring)."""
 
-    def __init__(self, model: Transformer, graph: Graph, *, embed: torch.Tensor | None,
+    def __init__(self, model: Transformer, graph: Graph, *, alphas: tuple[float, ...], start: torch.Tensor | None,
                  source: torch.Tensor | None) -> None:
-        self.model, self.graph, self.embed = model, graph, embed
+        self.model, self.graph = model, graph
+        #: Copy s of the batch reads the embedding start + alphas[s] (own - start); the last copy's writes are
+        #: the ones subtracted from the source.
+        self.alphas, self.start = alphas, start
         #: With a source ([U, B, T, M] float32), each write is subtracted from it as it is made: source
         #: becomes the differences without a second [U, B, T, M] buffer.
         self.source = source
@@ -135,26 +141,44 @@ class _GradientPass:
         """Queue the gradients ``grad`` ``[n, R*T, M]`` at a norm's output as the inputs ``cols``' gradients
         at the residual ``resid`` ``[R, T, M]``."""
         assert self.folder is not None
-        out = self.folder.reserve(cols).view(grad.shape)  # [n, R*T, M]
-        _norm_vjp(norm, resid, grad, out)
+        n, S = grad.shape[0], len(self.alphas)
+        out = self.folder.reserve(cols)  # [n, B*T*M]
+        if S == 1:
+            _norm_vjp(norm, resid, grad, out.view(grad.shape))  # [n, R*T, M]
+            return
+        per_copy = grad.new_empty(grad.shape, dtype=torch.float32)  # [n, S*B*T, M]
+        _norm_vjp(norm, resid, grad, per_copy)
+        torch.sum(per_copy.view(n, S, -1), dim=1, out=out)  # [n, S, B*T*M] -> [n, B*T*M]
 
     def _wrote(self, write: torch.Tensor) -> None:
-        """Subtract an upstream group's write ``[R, T, n, M]`` from its rows of the source."""
+        """Subtract an upstream group's write ``[R, T, n, M]`` (its last copy's rows) from its rows of the
+        source."""
         if self.source is not None:
-            n = write.shape[2]
-            self.source[self.n_up:self.n_up + n].sub_(write.detach().permute(2, 0, 1, 3))  # [n, R, T, M]
+            n, B = write.shape[2], self.source.shape[1]
+            last = write.detach()[write.shape[0] - B:]  # [B, T, n, M]
+            self.source[self.n_up:self.n_up + n].sub_(last.permute(2, 0, 1, 3))  # [n, B, T, M]
             self.n_up += n
 
     def resid_pre(self, layer: int):
         def hook(t: torch.Tensor, hook: Any) -> torch.Tensor:
             if layer == 0:
-                if self.embed is not None:
-                    t = self.embed.to(t.dtype)
+                if self.start is not None:
+                    t = self._path(t)
                 t = t + self.base.to(t.device, t.dtype)
                 self._wrote(t[:, :, None, :])
             self.resid[(layer, "pre")] = t.detach()
             return t
         return hook
+
+    def _path(self, t: torch.Tensor) -> torch.Tensor:
+        """The embeddings ``[S*B, T, M]`` of the copies: ``start + alpha (own - start)``, the run's own where
+        alpha is 1 (``t`` holds the run's own embedding in each copy)."""
+        assert self.start is not None
+        B = self.start.shape[0]
+        start = self.start.to(t.dtype)
+        copies = [t[s * B:(s + 1) * B] if a == 1 else torch.lerp(start, t[s * B:(s + 1) * B], a)
+                  for s, a in enumerate(self.alphas)]  # S x [B, T, M]
+        return torch.cat(copies)  # [S*B, T, M]
 
     def resid_mid(self, layer: int):
         def hook(t: torch.Tensor, hook: Any) -> None:
@@ -215,28 +239,6 @@ class _GradientPass:
         x.register_hook(lambda g: self._fold(cols, identity, x, g.reshape(1, -1, g.shape[-1])))  # [1, R*T, M]
         return (x, *args[1:])
 
-    def hooks(self) -> tuple[list[tuple[str, Any]], list[tuple[torch.nn.Module, Any]]]:
-        """(model hooks, module forward pre-hooks) of the pass."""
-        model, graph = self.model, self.graph
-        hooks: list[tuple[str, Any]] = []
-        pre: list[tuple[torch.nn.Module, Any]] = []
-        for layer, block in enumerate(model.blocks):
-            mlp: Any = block.mlp
-            hooks.append((f"blocks.{layer}.hook_resid_pre", self.resid_pre(layer)))
-            for kind in ("q", "k", "v"):
-                hooks.append((f"blocks.{layer}.attn.hook_{kind}", self.qkv(layer, kind)))
-            if self.source is not None:  # the per-head writes are formed only when they are recorded
-                hooks.append((f"blocks.{layer}.attn.hook_result", self.result))
-            if graph.mlp:
-                if not graph.parallel:
-                    hooks.append((f"blocks.{layer}.hook_resid_mid", self.resid_mid(layer)))
-                if self.source is not None:
-                    hooks.append((f"blocks.{layer}.hook_mlp_out", self.mlp_out))
-                pre.append((mlp, self.mlp_pre(layer)))
-        reader: Any = model.ln_final if model.ln_final is not None else model.unembed
-        pre.append((reader, self.logits_pre))
-        return hooks, pre
-
 
 def _no_dependence(metric: Metric, value: torch.Tensor) -> ValueError:
     return ValueError(f"metric {getattr(metric, '__name__', metric)!r} does not depend on the logits (it returned "
@@ -245,28 +247,35 @@ def _no_dependence(metric: Metric, value: torch.Tensor) -> ValueError:
 
 def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metric: Metric, scores: torch.Tensor, *,
                     source: torch.Tensor | None = None, diff: torch.Tensor | None = None,
-                    embed: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                    alphas: tuple[float, ...] = (1.0,), start: torch.Tensor | None = None,
+                    attention_mask: torch.Tensor | None = None,
                     buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
-    """Add ``diff[u] . d metric / d input[d]`` for every edge ``(u, d)`` to ``scores`` from one forward and one
-    backward.
+    """Add ``diff[u] . sum_s d metric(copy s) / d input[d]`` for every edge ``(u, d)`` to ``scores`` from one
+    forward and one backward over ``S = len(alphas)`` copies of the batch.
+
+    Copy ``s`` reads the embedding ``start + alphas[s] (own - start)`` (EAP-IG's points on the path from the
+    corrupted embedding ``start`` to the run's own); without ``start`` there is one copy, the run itself.
 
     Args:
         model, graph: the model and its graph.
         tokens: ``[B, T]`` ids of the run.
-        metric: ``metric(logits) -> scalar``.
+        metric: ``metric(logits [B, T, V]) -> scalar``, applied to each copy.
         scores: ``[U, D]`` float32, added to in place.
-        source: ``[U, B, T, M]`` the corrupted writes; the differences are ``source - this run's writes``
-            (computed in ``source``'s storage, which the caller gives up). Give this or ``diff``.
-        diff: ``[U, B, T, M]`` differences already known (EAP-IG's later steps).
-        embed: ``[B, T, M]`` replaces the embedding (EAP-IG's interpolated inputs).
+        source: ``[U, B, T, M]`` the corrupted writes; the differences are ``source`` minus the last copy's
+            writes (computed in ``source``'s storage, which the caller gives up; the last alpha must be 1).
+            Give this or ``diff``.
+        diff: ``[U, B, T, M]`` differences already known (EAP-IG's later passes).
+        alphas: the copies' points on the path (1 = the run's own embedding).
+        start: ``[B, T, M]`` the embedding the path starts from (needed when an alpha is not 1).
         attention_mask: optional padding mask.
         buffer_bytes: bound on the gradient columns held before they are folded.
 
     Returns:
-        ``(metric value, diff)``.
+        ``(the last copy's metric, diff)``.
 
     Raises:
-        ValueError: a metric that does not depend on the logits.
+        ValueError: a metric that does not depend on the logits; ``source`` with a last alpha other than 1;
+            alphas other than 1 without ``start``.
 
     Example:
         >>> import torch
@@ -279,19 +288,25 @@ def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metr
         >>> diff.shape
         torch.Size([9, 2, 21, 128])
     """
+    if source is not None and alphas[-1] != 1:
+        raise ValueError(f"with source the last copy's writes give the differences: its alpha must be 1, got "
+                         f"alphas={alphas!r}")
+    if start is None and any(a != 1 for a in alphas):
+        raise ValueError(f"alphas={alphas!r} need start=[B, T, M], the embedding the path starts from")
     if (source is None) == (diff is None):
         raise ValueError("give exactly one of source (the corrupted writes) and diff (the differences)")
     if source is not None:
         source = source.float()  # float32 differences (a copy only for a half-precision model)
-    state = _GradientPass(model, graph, embed=embed, source=source)
-    hooks, pre = state.hooks()
-    handles = [module.register_forward_pre_hook(fn) for module, fn in pre]
-    try:
-        with torch.enable_grad(), model.hooks(hooks):
-            value = metric(model(tokens, attention_mask=attention_mask))
-    finally:
-        for h in handles:
-            h.remove()
+    state = _GradientPass(model, graph, alphas=alphas, start=start, source=source)
+    B, S = tokens.shape[0], len(alphas)
+    rows = tokens.repeat(S, 1)  # [S*B, T]: copy s is rows s*B .. (s+1)*B
+    mask = None if attention_mask is None else attention_mask.repeat(S, 1)
+    # The per-head writes are formed only when they are subtracted from the source.
+    with torch.enable_grad(), node_hooks(model, graph, state, writes=source is not None):
+        logits = model(rows, attention_mask=mask)  # [S*B, T, V]
+        values = [metric(logits[s * B:(s + 1) * B]) for s in range(S)]
+        del logits
+    value = torch.stack(values).sum() if S > 1 else values[0]
     if not value.requires_grad:
         raise _no_dependence(metric, value)
     if diff is None:
@@ -301,4 +316,4 @@ def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metr
     state.folder = _Folder(graph, diff, scores, buffer_bytes)
     torch.autograd.backward(value, inputs=[state.base])
     state.folder.flush()
-    return value.detach(), diff
+    return values[-1].detach(), diff

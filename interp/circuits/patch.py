@@ -22,9 +22,9 @@ batch (rows ``v * B .. (v + 1) * B``), each with its own pattern.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -33,7 +33,7 @@ from .graph import Graph
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["EdgePass", "edge_pass", "node_writes", "qkv_weight"]
+__all__ = ["EdgePass", "PassHooks", "edge_pass", "node_hooks", "node_writes", "qkv_weight"]
 
 # Below this fraction of non-zero ablation weights a layer's deltas are gathered edge by edge, above it by one
 # dense contraction over every upstream node.
@@ -92,7 +92,7 @@ class _Interventions:
                 ablate = ablate[None]  # [1, U, D]
         self.ablate = ablate  # [V, U, D] or None
         self.want_probes, self.record, self.embed = probes, record, embed
-        self.result = EdgePass()
+        self.run = EdgePass()
         self.resid: dict[tuple[int, str], torch.Tensor] = {}  # (layer, "pre"|"mid") -> [R, T, M]
         self.diffs: list[tuple[slice, torch.Tensor]] = []  # (upstream slice, [V, n, B, T, M]) so far
         self.n_up = 0  # upstream nodes written so far
@@ -127,9 +127,9 @@ class _Interventions:
         n = cols.stop - cols.start
         delta = self._delta(cols, resid)
         if self.want_probes:
-            base = self.result.probe_base
+            base = self.run.probe_base
             probe = base.to(resid.device, resid.dtype).expand(resid.shape[0], resid.shape[1], n, resid.shape[2])
-            self.result.probes[key] = probe
+            self.run.probes[key] = probe
             delta = probe if delta is None else delta + probe
         if delta is None:
             return None
@@ -141,7 +141,7 @@ class _Interventions:
         n = write.shape[2]
         ups = slice(self.n_up, self.n_up + n)
         if self.record:
-            self.result.writes.append(write)
+            self.run.writes.append(write)
         if self.ablate is not None and self.source is not None:
             V = self.ablate.shape[0]
             R, T, _, M = write.shape
@@ -179,7 +179,7 @@ class _Interventions:
             return (out if b is None else out + b).to(t.dtype)
         return hook
 
-    def result_hook(self, t: torch.Tensor, hook: Any) -> None:
+    def result(self, t: torch.Tensor, hook: Any) -> None:
         self._wrote(t)
 
     def mlp_pre(self, layer: int):
@@ -243,6 +243,47 @@ def edge_pass(model: Transformer, graph: Graph, *, source: torch.Tensor | None =
         if tuple(ablate.shape[-2:]) != shape or ablate.dim() not in (2, 3):
             raise ValueError(f"ablate has shape {tuple(ablate.shape)}, expected {shape} or [V, *{shape}]")
     state = _Interventions(model, graph, source=source, ablate=ablate, probes=probes, record=record, embed=embed)
+    with node_hooks(model, graph, state, writes=True):
+        yield state.run
+
+
+class PassHooks(Protocol):
+    """The hooks of one pass over a graph's nodes (:func:`node_hooks` installs them)."""
+
+    def resid_pre(self, layer: int) -> Callable: ...
+    def resid_mid(self, layer: int) -> Callable: ...
+    def qkv(self, layer: int, kind: str) -> Callable: ...
+    def result(self, t: torch.Tensor, hook: Any) -> Any: ...
+    def mlp_out(self, t: torch.Tensor, hook: Any) -> Any: ...
+    def mlp_pre(self, layer: int) -> Callable: ...
+    def logits_pre(self, module: Any, args: tuple) -> Any: ...
+
+
+@contextlib.contextmanager
+def node_hooks(model: Transformer, graph: Graph, state: PassHooks, *, writes: bool) -> Iterator[None]:
+    """Install ``state``'s hooks on every node of ``graph``: the residual entering each layer (and its middle in a
+    sequential block with an MLP), each layer's q / k / v, each MLP's input (a forward pre-hook), the logits'
+    input (a pre-hook on the final norm, or the unembedding) and, with ``writes``, the heads' and MLPs' writes.
+
+    Args:
+        model, graph: the model and its graph.
+        state: the pass's hooks (:class:`PassHooks`).
+        writes: hook ``hook_result`` and ``hook_mlp_out`` (off: the per-head writes are never formed).
+
+    Yields:
+        None; the hooks are removed on exit.
+
+    Example:
+        >>> from interp.circuits.patch import node_hooks, _Interventions
+        >>> from interp.examples import model, clean
+        >>> from interp.circuits import build_graph
+        >>> g = build_graph(model)
+        >>> state = _Interventions(model, g, source=None, ablate=None, probes=False, record=True, embed=None)
+        >>> with node_hooks(model, g, state, writes=True):
+        ...     _ = model(clean)
+        >>> len(state.run.writes)  # the embedding and each layer's heads
+        3
+    """
     hooks: list[tuple[str, Any]] = []
     handles = []
     for layer, block in enumerate(model.blocks):
@@ -250,17 +291,19 @@ def edge_pass(model: Transformer, graph: Graph, *, source: torch.Tensor | None =
         hooks.append((f"blocks.{layer}.hook_resid_pre", state.resid_pre(layer)))
         for kind in ("q", "k", "v"):
             hooks.append((f"blocks.{layer}.attn.hook_{kind}", state.qkv(layer, kind)))
-        hooks.append((f"blocks.{layer}.attn.hook_result", state.result_hook))
+        if writes:
+            hooks.append((f"blocks.{layer}.attn.hook_result", state.result))
         if graph.mlp:
             if not graph.parallel:
                 hooks.append((f"blocks.{layer}.hook_resid_mid", state.resid_mid(layer)))
-            hooks.append((f"blocks.{layer}.hook_mlp_out", state.mlp_out))
+            if writes:
+                hooks.append((f"blocks.{layer}.hook_mlp_out", state.mlp_out))
             handles.append(mlp.register_forward_pre_hook(state.mlp_pre(layer)))
     reader: Any = model.ln_final if model.ln_final is not None else model.unembed
     handles.append(reader.register_forward_pre_hook(state.logits_pre))
     try:
         with model.hooks(hooks):
-            yield state.result
+            yield
     finally:
         for h in handles:
             h.remove()

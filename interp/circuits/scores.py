@@ -120,10 +120,7 @@ def eap(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric
     metric = check_pair(model, clean, corrupted, metric)
     graph = _graph(model, graph)
     buffer_bytes = _check_buffer(buffer_bytes)
-    logits_c, source = node_writes(model, graph, corrupted, attention_mask)
-    m_corrupted = float(metric(logits_c))
-    del logits_c
-    scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=source.device)
+    m_corrupted, source, scores = _corrupted_run(model, graph, corrupted, metric, attention_mask)
     m_clean, _ = gradient_scores(model, graph, clean, metric, scores, source=source, attention_mask=attention_mask,
                                  buffer_bytes=buffer_bytes)
     scores = scores.cpu() * graph.allowed
@@ -132,24 +129,28 @@ def eap(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric
 
 def eap_ig(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, metric: Metric, *, steps: int = 5,
            graph: Graph | None = None, attention_mask: torch.Tensor | None = None,
-           buffer_bytes: int = DEFAULT_BUFFER_BYTES, progress: bool | None = None) -> EdgeScores:
+           buffer_bytes: int = DEFAULT_BUFFER_BYTES, steps_per_pass: int | None = None,
+           progress: bool | None = None) -> EdgeScores:
     """EAP with integrated gradients over the input embeddings (Hanna et al. 2024).
 
     The gradient at each downstream input is averaged over ``steps`` runs whose embedding is
     ``corrupted + k / steps (clean - corrupted)``, ``k = 1 .. steps``; the score is ``(source_u - clean_u)``
-    times that average. One step is EAP. The last point is the clean run itself: it runs first and records the
-    clean writes, so the cost is one corrupted forward plus ``steps`` forward-backward passes.
+    times that average. One step is EAP. The points run as copies of the batch, ``steps_per_pass`` at a time, in
+    one forward and one backward each; the last point is the clean run itself, whose pass runs first and records
+    the clean writes. The cost is one corrupted forward plus the forward-backward of ``steps`` copies.
 
     Args:
         model, clean, corrupted, metric, graph, attention_mask, buffer_bytes: as :func:`eap`.
         steps: m, the number of points on the path (>= 1).
-        progress: a bar over the steps (None: on in terminals and notebooks).
+        steps_per_pass: points per forward-backward pass (None: all ``steps``; fewer bounds the activations held,
+            ``steps_per_pass`` times one run's). The scores do not depend on it.
+        progress: a bar over the passes (None: on in terminals and notebooks).
 
     Returns:
         :class:`EdgeScores` with ``method="eap-ig"``.
 
     Raises:
-        ValueError: as :func:`eap`, or ``steps`` < 1.
+        ValueError: as :func:`eap`, ``steps`` < 1 or a bad ``steps_per_pass``.
 
     Example:
         >>> from interp.circuits.scores import eap_ig
@@ -160,27 +161,40 @@ def eap_ig(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, met
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int (the points of the integrated-gradient path), got {steps!r}")
+    per_pass = steps if steps_per_pass is None else steps_per_pass
+    if isinstance(per_pass, bool) or not isinstance(per_pass, int) or per_pass < 1:
+        raise ValueError(f"steps_per_pass must be a positive int or None (every step in one pass), got "
+                         f"{steps_per_pass!r}")
     metric = check_pair(model, clean, corrupted, metric)
     graph = _graph(model, graph)
     buffer_bytes = _check_buffer(buffer_bytes)
+    m_corrupted, source, scores = _corrupted_run(model, graph, corrupted, metric, attention_mask)
+    start = source[0].clone()  # [B, T, M]: the "input" node's write is the embedding
+    alphas = [k / steps for k in range(1, steps + 1)]
+    # The pass holding the clean point (alpha 1, last) runs first: its writes give the differences.
+    passes = [tuple(alphas[max(0, stop - per_pass):stop]) for stop in range(steps, 0, -per_pass)]
+    m_clean = torch.zeros(())
+    diff: torch.Tensor | None = None
+    for chunk in progress_bar(passes, desc="eap_ig", progress=progress, unit="pass"):
+        if diff is None:
+            m_clean, diff = gradient_scores(model, graph, clean, metric, scores, source=source, alphas=chunk,
+                                            start=start, attention_mask=attention_mask, buffer_bytes=buffer_bytes)
+            del source
+        else:
+            gradient_scores(model, graph, clean, metric, scores, diff=diff, alphas=chunk, start=start,
+                            attention_mask=attention_mask, buffer_bytes=buffer_bytes)
+    scores = scores.cpu() / steps * graph.allowed
+    return EdgeScores(graph, scores, "eap-ig", float(m_clean), m_corrupted)
+
+
+def _corrupted_run(model: Transformer, graph: Graph, corrupted: torch.Tensor, metric: Metric,
+                   attention_mask: torch.Tensor | None) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """The corrupted run of EAP and EAP-IG: its metric, every node's write ``[U, B, T, M]`` and zero scores
+    ``[U, D]`` (float32) on the writes' device."""
     logits_c, source = node_writes(model, graph, corrupted, attention_mask)
     m_corrupted = float(metric(logits_c))
     del logits_c
-    emb_c = source[0].clone()  # [B, T, M]: the "input" node's write is the embedding
-    scores = torch.zeros(graph.allowed.shape, dtype=torch.float32, device=source.device)
-    m_clean = torch.zeros(())
-    diff: torch.Tensor | None = None
-    for k in progress_bar(range(steps, 0, -1), desc="eap_ig", progress=progress, unit="step"):
-        if diff is None:  # k = steps: the clean run, which gives the differences
-            m_clean, diff = gradient_scores(model, graph, clean, metric, scores, source=source,
-                                            attention_mask=attention_mask, buffer_bytes=buffer_bytes)
-            del source
-            continue
-        embed = emb_c - (k / steps) * diff[0]  # [B, T, M]: corrupted + k/m (clean - corrupted)
-        gradient_scores(model, graph, clean, metric, scores, diff=diff, embed=embed, attention_mask=attention_mask,
-                        buffer_bytes=buffer_bytes)
-    scores = scores.cpu() / steps * graph.allowed
-    return EdgeScores(graph, scores, "eap-ig", float(m_clean), m_corrupted)
+    return m_corrupted, source, torch.zeros(graph.allowed.shape, dtype=torch.float32, device=source.device)
 
 
 def _check_buffer(buffer_bytes: int) -> int:

@@ -7,6 +7,7 @@ from known_circuit import CIRCUIT, known_circuit_model, known_circuit_task
 from test_circuits_graph import FAMILIES, tiny
 
 from interp.circuits import build_graph
+from interp.circuits.patch import edge_pass, node_writes
 from interp.circuits.scores import _naive_hook, _write_of, eap, eap_ig, exact_scores, exact_scores_naive
 
 
@@ -88,3 +89,38 @@ def test_bad_inputs_are_named():
         exact_scores(model, clean, corrupted, logit_diff, edges=[("a1.h0", "a0.h0<q>")])
     with pytest.raises(ValueError, match="steps must be a positive int.*0"):
         eap_ig(model, clean, corrupted, logit_diff, steps=0)
+    with pytest.raises(ValueError, match="steps_per_pass must be a positive int or None.*0"):
+        eap_ig(model, clean, corrupted, logit_diff, steps=2, steps_per_pass=0)
+
+
+def eap_ig_reference(model, graph, clean, corrupted, metric, steps):
+    """EAP-IG by plain autograd: one forward and backward per point on the path, the gradient of the metric with
+    respect to every downstream input read from edge_pass's probes, times the corrupted minus clean writes."""
+    _, source = node_writes(model, graph, corrupted)
+    _, own = node_writes(model, graph, clean)
+    diff = (source - own).double()  # [U, B, T, M]
+    total = torch.zeros(graph.allowed.shape, dtype=torch.float64)
+    for k in range(1, steps + 1):
+        embed = source[0] + k / steps * (own[0] - source[0])  # [B, T, M]
+        with torch.enable_grad(), edge_pass(model, graph, probes=True, embed=embed) as run:
+            value = metric(model(clean))
+        grads = torch.autograd.grad(value, list(run.probes.values()))
+        for (layer, kind), g in zip(run.probes, grads):
+            cols = graph.down_slice(layer, kind)
+            total[:, cols] += torch.einsum("ubtm,btnm->un", diff, g.double())  # g: [B, T, n, M]
+    return (total / steps * graph.allowed).float()
+
+
+@pytest.mark.parametrize("family", ["sequential", "parallel_one_norm", "gqa"])
+def test_eap_ig_in_batched_passes_equals_one_pass_per_step_and_plain_autograd(family):
+    model = tiny(**FAMILIES[family])
+    graph = build_graph(model)
+    clean, corrupted = pair()
+    batched = eap_ig(model, clean, corrupted, logit_diff, steps=3, graph=graph, progress=False)
+    assert batched.scores.abs().max() > 1e-3
+    for per_pass in (1, 2):
+        torch.testing.assert_close(eap_ig(model, clean, corrupted, logit_diff, steps=3, graph=graph,
+                                          steps_per_pass=per_pass, progress=False).scores,
+                                   batched.scores, atol=1e-5, rtol=1e-5)
+    reference = eap_ig_reference(model, graph, clean, corrupted, logit_diff, 3)
+    torch.testing.assert_close(batched.scores, reference, atol=1e-5, rtol=1e-5)

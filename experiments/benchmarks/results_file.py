@@ -44,6 +44,7 @@ class Record:
         status: ``"ok"``, ``"failed (exit N)"`` or ``"skipped: why"``.
         body: the markdown the benchmark printed.
         quick: it ran with ``--quick``.
+        extra: anything else; an imported record holds ``imported_from`` (the file it came from).
     """
 
     name: str
@@ -109,12 +110,15 @@ def describe_machine(m: dict[str, Any]) -> str:
         >>> describe_machine({"cpu": "Xeon", "nproc": 2, "ram_gib": 23.0, "torch": "2.1", "python": "3.11.7"})
         'Xeon, 2 cores, 23.0 GiB, torch 2.1, python 3.11.7'
     """
-    parts = [str(m.get("cpu") or "unknown CPU"), f"{m.get('nproc')} cores"]
+    # An imported record may know only its GPU and torch: show what is known, not "None cores".
+    parts = [str(m.get("cpu") or "unknown CPU")] if m.get("cpu") or not m.get("gpu") else []
+    if m.get("nproc"):
+        parts.append(f"{m['nproc']} cores")
     if m.get("ram_gib"):
         parts.append(f"{m['ram_gib']} GiB")
     if m.get("gpu"):
         parts.append(str(m["gpu"]))
-    parts += [f"torch {m.get('torch')}", f"python {m.get('python')}"]
+    parts += [f"{k} {m[k]}" for k in ("torch", "transformers", "python") if m.get(k)]
     return ", ".join(parts)
 
 
@@ -168,12 +172,66 @@ def _load(values: list[float]) -> str:
     return " ".join(f"{v:.2f}" for v in values) if values else "n/a"
 
 
-def render(records: list[Record], order: list[str]) -> str:
+def _format_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_format_value(x)}" for k, x in v.items())
+    return str(v)
+
+
+def imported_record(name: str, data: dict[str, Any], source: str, date: str, machine: dict[str, Any],
+                    note: str = "") -> Record:
+    """A record of a run made on another machine (e.g. ``gpu_check.py`` on a GPU), from the JSON it wrote.
+
+    The date and machine are the ones given (as recorded there), not this machine's; the body is a table of every
+    figure in ``data``, after ``note``.
+
+    Args:
+        name: the section's name in RESULTS.md.
+        data: the figures, ``{description: value}`` (a dict value is shown as ``key value, ...``).
+        source: the file it came from (kept in ``extra["imported_from"]``).
+        date: when it ran, UTC, ``YYYY-MM-DD HH:MM`` or ``YYYY-MM-DD``.
+        machine: where it ran (:func:`machine`'s keys).
+        note: markdown shown before the table.
+
+    Returns:
+        The record (status ``"ok (imported)"``; load averages unknown).
+
+    Raises:
+        ValueError: ``data`` is not a mapping of figures.
+
+    Example:
+        >>> r = imported_record("gpu_check", {"decode ratio": 1.0159, "equal": True}, "g.json", "2026-12-04",
+        ...                     {"gpu": "NVIDIA H200"})
+        >>> print(r.body)
+        | figure | value |
+        |---|---|
+        | decode ratio | 1.016 |
+        | equal | True |
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: an imported record must be a JSON object of figures, got {type(data).__name__}")
+    rows = ["| figure | value |", "|---|---|"] + [f"| {k} | {_format_value(v)} |" for k, v in data.items()]
+    body = (note.strip() + "\n\n" if note.strip() else "") + "\n".join(rows)
+    seconds = data.get("total seconds", 0.0)
+    return Record(name=name, script=Path(source).name, date=date, machine=machine, load_start=[], load_end=[],
+                  seconds=float(seconds) if isinstance(seconds, (int, float)) else 0.0, status="ok (imported)",
+                  body=body, extra={"imported_from": source})
+
+
+#: The hand-appended RESULTS.md that predates the records, kept beside them until every benchmark is re-measured.
+CARRIED_OVER = "carried_over.md"
+
+
+def render(records: list[Record], order: list[str], carried_over: str = "") -> str:
     """RESULTS.md from the records: the header, a table of every benchmark's latest run, then one section each.
 
     Args:
         records: the records (a name may appear once; the latest date wins if it appears more than once).
         order: benchmark names in the order to show them; other names follow, sorted.
+        carried_over: earlier figures not yet re-measured (the old hand-kept log), shown last under a heading
+            that says so; each keeps the date it was measured.
 
     Returns:
         The markdown text.
@@ -193,13 +251,26 @@ def render(records: list[Record], order: list[str]) -> str:
             out.append(f"| [{n}](#{n.replace('_', '-')}) | {r.date} | {describe_machine(r.machine)} | "
                        f"{_load(r.load_start)} / {_load(r.load_end)} | {r.seconds:.0f} s | {r.status}"
                        f"{' (--quick)' if r.quick else ''} |")
+    if names:
+        out.append("\nRe-measured by run_all (or imported from another machine): the sections below, each with its "
+                   "date, machine and load.")
     if missing:
-        out.append(f"\nNot run yet: {', '.join(missing)}.")
+        where = " (their latest figures are carried over at the end, with their old dates)" if carried_over else ""
+        out.append(f"\nNot re-measured by run_all yet{where}: {', '.join(missing)}.")
     for n in names:
         r = latest[n]
         out.append(f"\n## {n}\n")
         out.append(f"`{r.script}`{' --quick' if r.quick else ''}, {r.date} UTC, {describe_machine(r.machine)}; "
                    f"load average {_load(r.load_start)} at the start, {_load(r.load_end)} at the end; "
                    f"{r.seconds:.0f} s; {r.status}.\n")
+        if r.extra.get("imported_from"):
+            out.append(f"Imported from `{r.extra['imported_from']}` (run on that machine, not this one).\n")
         out.append(demote_headings(r.body.strip()) if r.body.strip() else "(no output)")
+    if carried_over.strip():
+        old = re.sub(r"\A# [^\n]*\n", "", carried_over.strip() + "\n")
+        out.append("\n## Carried over: earlier figures, not re-measured by run_all\n")
+        out.append("The hand-kept log that preceded the records, kept until each benchmark is re-measured. These "
+                   "figures are NOT from the run above: each carries the date and conditions it was measured "
+                   "under. Where a section above covers the same benchmark, the section above is the latest.\n")
+        out.append(demote_headings(old.strip()))
     return "\n".join(out).rstrip() + "\n"

@@ -27,6 +27,9 @@ full one), unless ``--record`` says otherwise.
 Usage:
     python experiments/benchmarks/run_all.py [NAME ...] [--quick] [--record] [--out FILE.md]
     python experiments/benchmarks/run_all.py --render-only          (rebuild RESULTS.md from the records)
+    python experiments/benchmarks/run_all.py --import gpu_check FILE.json --date 2026-12-04 \\
+        --machine gpu="NVIDIA H200" --machine torch=2.11.0+cu130 [--note TEXT]
+        (a record made on another machine, e.g. gpu_check.py's JSON on a GPU: kept with that machine and date)
     (NAME: the first column above)
 """
 
@@ -84,12 +87,41 @@ def run_one(name: str, quick: bool) -> results_file.Record:
 
 
 def regenerate(records: Path = RECORDS, out: Path = RESULTS) -> Path:
-    """Rebuild ``out`` from every record in ``records`` (benchmarks in :data:`SCRIPTS` order)."""
-    text = results_file.render(results_file.load_records(records), list(SCRIPTS))
+    """Rebuild ``out`` from every record in ``records`` (benchmarks in :data:`SCRIPTS` order), then the
+    carried-over earlier figures (``records/carried_over.md``) where there are any."""
+    old = records / results_file.CARRIED_OVER
+    text = results_file.render(results_file.load_records(records), list(SCRIPTS),
+                               old.read_text() if old.is_file() else "")
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(text)
     tmp.replace(out)
     return out
+
+
+def import_record(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """``--import NAME FILE.json``: save the figures as record NAME, with the date and machine given, and
+    regenerate RESULTS.md."""
+    import json
+
+    name, source = a.import_
+    if not a.date:
+        p.error("--import needs --date (when it ran there, UTC): the date is the other machine's, not today's")
+    machine: dict[str, object] = {}
+    for item in a.machine:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--machine {item!r}: expected KEY=VALUE (e.g. gpu=\"NVIDIA H200\")")
+        machine[key] = value
+    try:
+        data = json.loads(Path(source).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        p.error(f"--import {source}: cannot read it as JSON: {e}")
+    if "device" in data and "gpu" not in machine:
+        machine["gpu"] = data["device"]
+    record = results_file.imported_record(name, data, source, a.date, machine, a.note)
+    print(f"wrote {results_file.save_record(record, a.records)}")
+    print(f"wrote {regenerate(a.records, a.results)}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write this run's markdown to this file")
     p.add_argument("--records", type=Path, default=RECORDS, help="folder of the latest record of each benchmark")
     p.add_argument("--results", type=Path, default=RESULTS, help="the file regenerated from the records")
+    p.add_argument("--import", dest="import_", nargs=2, metavar=("NAME", "FILE.json"),
+                   help="record a JSON of figures made on another machine (e.g. gpu_check.py's) as section NAME")
+    p.add_argument("--date", help="with --import: when it ran (UTC, as recorded there)")
+    p.add_argument("--machine", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --import: where it ran (gpu=..., torch=..., cpu=..., nproc=...); repeatable")
+    p.add_argument("--note", default="", help="with --import: markdown shown before its figures")
     a = p.parse_args(argv)
+    if a.import_:
+        return import_record(p, a)
     unknown = [n for n in a.names if n not in SCRIPTS]
     if unknown:
         p.error(f"unknown benchmark(s) {unknown}; choose from {list(SCRIPTS)}")

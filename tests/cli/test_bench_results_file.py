@@ -53,7 +53,7 @@ def test_render_keeps_the_latest_run_per_benchmark_with_machine_date_and_load(rf
     assert "2026-12-04 11:00" in row and "Fake CPU, 2 cores, 23.0 GiB, torch 9.9, python 3.11.7" in row
     assert "0.50 0.25 0.00 / 4.50 2.00 3.00" in row and "12 s" in row and row.endswith("| ok |")
     assert next(line for line in text.splitlines() if line.startswith("| [moe]")).endswith("| failed (exit 1) |")
-    assert "Not run yet: long_context." in text
+    assert "Not re-measured by run_all yet: long_context." in text
     assert "(no output)" in text  # the failed benchmark printed nothing
     assert rf.render(list(reversed(records)), ["forward", "recording", "long_context", "moe"]) == text
 
@@ -88,7 +88,7 @@ def test_run_all_regenerates_the_file_instead_of_appending(tmp_path, monkeypatch
     assert run_all.main(args) == 0
     first = results.read_text()
     assert "| 1 | 1.0x |" in first and "failed (exit 3)" in first and "partial table" in first
-    assert "Not run yet: absent." in first  # a missing script is not recorded
+    assert "Not re-measured by run_all yet: absent." in first  # a missing script is not recorded
     assert run_all.main(["fake", *args]) == 0
     second = results.read_text()
     assert "| 2 | 2.0x |" in second and "| 1 | 1.0x |" not in second  # replaced, not appended
@@ -98,3 +98,28 @@ def test_run_all_regenerates_the_file_instead_of_appending(tmp_path, monkeypatch
     results.unlink()
     assert run_all.main(["--render-only", *args]) == 0
     assert results.read_text() == second
+
+
+def test_an_imported_record_keeps_its_own_machine_and_date_and_old_figures_are_marked_carried_over(tmp_path):
+    run_all = _module("run_all")
+    figures = tmp_path / "gpu_check.json"
+    figures.write_text('{"device": "Fake GPU", "decode ratio, batch 1": 1.01585, "equal to HF": true, '
+                       '"tokens/s": {"interp": 27.94, "hf": 27.51}, "total seconds": 88.4}')
+    records, results = tmp_path / "latest", tmp_path / "RESULTS.md"
+    records.mkdir()
+    (records / "carried_over.md").write_text("# Benchmark results\n\n## 2026-11-29: old forward\n\nforward 1.23x\n")
+    args = ["--records", str(records), "--results", str(results)]
+    assert run_all.main(["--import", "gpu_check", str(figures), "--date", "2026-12-04 12:00",
+                         "--machine", "torch=2.11.0+cu130", "--note", "uncompiled HF decode", *args]) == 0
+    text = results.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| [gpu_check]"))
+    # The other machine's date and GPU, not this machine's CPU or today's date; no load average was recorded.
+    assert "2026-12-04 12:00 | Fake GPU, torch 2.11.0+cu130 |" in row and "n/a / n/a" in row and "88 s" in row
+    assert "| decode ratio, batch 1 | 1.016 |" in text and "| tokens/s | interp 27.94, hf 27.51 |" in text
+    assert "uncompiled HF decode" in text and f"Imported from `{figures}`" in text
+    # Old figures stay findable, below a heading that says they were not re-measured, with their own dates.
+    assert text.index("## gpu_check") < text.index("## Carried over: earlier figures, not re-measured by run_all")
+    assert "### 2026-11-29: old forward\n\nforward 1.23x" in text and text.count("# Benchmark results") == 1
+    assert "Not re-measured by run_all yet (their latest figures are carried over at the end" in text
+    with pytest.raises(SystemExit):  # the date is the other machine's: it must be given
+        run_all.main(["--import", "gpu_check", str(figures), *args])

@@ -73,6 +73,21 @@ class LayerShape:
         return 2 * self.n_kv_heads * self.d_head * bytes_per_element
 
 
+
+def _per_layer_sizes(name: str, value: Any, n_layers: int, none_means: str) -> list[int | None]:
+    """``value`` (one positive int for every layer, or one entry per layer, each a positive int or None) as a
+    per-layer list.
+
+    Raises:
+        ValueError: ``value`` is neither, quoting it.
+    """
+    sizes = [value] * n_layers if isinstance(value, int) and not isinstance(value, bool) else value
+    if (not isinstance(sizes, (list, tuple)) or len(sizes) != n_layers
+            or any(v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1) for v in sizes)):
+        raise ValueError(f"{name}={value!r} must be a positive int or {n_layers} entries (one per layer), each a "
+                         f"positive int or {none_means}")
+    return list(sizes)
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """Hyper-parameters of an :class:`interp.Transformer`.
@@ -619,12 +634,7 @@ class ModelConfig:
         _positive_float("embed_scale", self.embed_scale)
         window = self.sliding_window
         if window is not None:
-            windows = [window] * self.n_layers if isinstance(window, int) and not isinstance(window, bool) else window
-            if (not isinstance(windows, (list, tuple)) or len(windows) != self.n_layers
-                    or any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1)
-                           for w in windows)):
-                raise ValueError(f"sliding_window={window!r} must be a positive int or {self.n_layers} entries "
-                                 "(one per layer), each a positive int or None (global attention)")
+            windows = _per_layer_sizes("sliding_window", window, self.n_layers, "None (global attention)")
             if any(w is not None for w in windows) and not self.causal:
                 raise ValueError(f"sliding_window={window!r} needs a causal decoder (causal=False)")
             self.sliding_window = None if all(w is None for w in windows) else list(windows)
@@ -639,12 +649,7 @@ class ModelConfig:
             self.nope_layers = sorted(nope) or None
         chunk = self.attention_chunk
         if chunk is not None:
-            chunks = [chunk] * self.n_layers if isinstance(chunk, int) and not isinstance(chunk, bool) else chunk
-            if (not isinstance(chunks, (list, tuple)) or len(chunks) != self.n_layers
-                    or any(c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1)
-                           for c in chunks)):
-                raise ValueError(f"attention_chunk={chunk!r} must be a positive int or {self.n_layers} entries "
-                                 "(one per layer), each a positive int or None")
+            chunks = _per_layer_sizes("attention_chunk", chunk, self.n_layers, "None")
             both = [i for i, c in enumerate(chunks) if c is not None and self.window(i) is not None]
             if both:
                 raise ValueError(f"attention_chunk={chunk!r} and sliding_window={self.sliding_window!r} both apply "

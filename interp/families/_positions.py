@@ -31,8 +31,9 @@ WINDOW_RULES: dict[str, str] = {
 _USE_SLIDING_WINDOW = ("qwen2", "qwen2_moe", "qwen3_moe")
 
 
-def _check_layer_types(types: Any, n_layers: int, arch: str) -> None:
-    """Refuse a ``layer_types`` that is not one ``"sliding_attention"`` / ``"full_attention"`` entry per layer.
+def _check_layer_types(types: Any, n_layers: int, arch: str,
+                       kinds: tuple[str, ...] = ("sliding_attention", "full_attention")) -> None:
+    """Refuse a ``layer_types`` that is not one entry of ``kinds`` per layer.
 
     Raises:
         ValueError: naming the length or the entry, with the value.
@@ -40,9 +41,9 @@ def _check_layer_types(types: Any, n_layers: int, arch: str) -> None:
     if len(types) != n_layers:
         raise ValueError(f"{arch} layer_types has {len(types)} entries, num_hidden_layers={n_layers}")
     for i, kind in enumerate(types):
-        if kind not in ("sliding_attention", "full_attention"):
+        if kind not in kinds:
             raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported "
-                             "(only 'sliding_attention' and 'full_attention')")
+                             f"(only {' and '.join(repr(k) for k in kinds)})")
 
 
 def sliding_windows(hf_cfg: Mapping[str, Any], arch: str, *, rule: str | None = None,

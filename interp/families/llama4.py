@@ -17,7 +17,7 @@ import torch
 from ..config import ModelConfig
 from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
-from ._positions import _rope, _rope_context
+from ._positions import _check_layer_types, _rope, _rope_context
 from ._tensors import _dense_weights, _expert_count_check, _leading_pairs_to_halves, _lm_head, _Source
 
 
@@ -59,12 +59,8 @@ def llama4_text_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     chunk_size = hf_cfg.get("attention_chunk_size")
     types = hf_cfg.get("layer_types") or ["chunked_attention" if r and chunk_size is not None else "full_attention"
                                           for r in rotates]
-    if len(types) != L:
-        raise ValueError(f"{arch} layer_types has {len(types)} entries, num_hidden_layers={L}")
+    _check_layer_types(types, L, arch, ("chunked_attention", "full_attention"))
     for i, kind in enumerate(types):
-        if kind not in ("chunked_attention", "full_attention"):
-            raise ValueError(f"{arch} layer_types[{i}]={kind!r} is not supported (only 'chunked_attention' and "
-                             "'full_attention')")
         if kind == "chunked_attention" and chunk_size is None:
             raise ValueError(f"{arch} layer_types[{i}]='chunked_attention' needs attention_chunk_size, got None")
     chunks = [chunk_size if kind == "chunked_attention" else None for kind in types]

@@ -58,7 +58,8 @@ def phimoe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     Raises:
         ValueError: ``num_experts_per_tok`` other than 2 (the sparsemixer always picks two), an activation other
             than silu, a RoPE kind other than ``default`` or ``longrope`` (LongRoPE as transformers runs it, see
-            :func:`_longrope_as_transformers`), a negative jitter, or a missing key.
+            :func:`_longrope_as_transformers`), a negative jitter, a tied unembedding with a bias
+            (``tie_word_embeddings`` with ``lm_head_bias``), or a missing key.
 
     Example:
         >>> from interp.families.phimoe import phimoe_config
@@ -75,6 +76,9 @@ def phimoe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     if scaling is not None and scaling["rope_type"] != "longrope":
         raise ValueError(f"{arch} rope_type={scaling['rope_type']!r} is not supported (only 'default' and "
                          "'longrope')")
+    if hf_cfg.get("tie_word_embeddings") and hf_cfg.get("lm_head_bias"):
+        raise ValueError(f"{arch} tie_word_embeddings=True with lm_head_bias=True is not supported (a tied "
+                         "unembedding has no bias here)")
     jitter = hf_cfg.get("router_jitter_noise", 0.01)
     jitter = 0.0 if jitter == 0 else _positive(jitter, "router_jitter_noise", arch, hf_cfg)
     bias = bool(hf_cfg.get("attention_bias", False))

@@ -40,6 +40,8 @@ FAMILY_CONFIGS: dict[str, str] = {
     "ernie4_5": "ernie4_5", "cohere": "cohere", "cohere2": "cohere2", "gptj": "gptj", "opt": "opt",
     "gpt_oss": "gpt_oss",
     "bloom": "bloom", "mpt": "mpt_12_heads", "gpt_neo": "gpt_neo",
+    "nemotron": "nemotron", "granitemoe": "granitemoe", "glm4_moe": "glm4_moe", "phimoe": "phimoe",
+    "llama4_text": "llama4_text",
 }
 
 _DROPOUT = "dropout: off in eval mode, and interp models run inference only"
@@ -65,6 +67,15 @@ IGNORED: dict[str, str] = {
 
 #: Keys a family's transformers class reads that do not change its forward, with the reason (by ``model_type``).
 IGNORED_BY_FAMILY: dict[str, dict[str, str]] = {
+    "phimoe": {"input_jitter_noise": "training-time noise on the router's input (applied only in training mode)",
+               "lm_head_bias": "read by the state-dict step, which adds the lm_head bias where it is set",
+               "original_max_position_embeddings": "copied by the config class from rope_parameters, which the "
+                                                   "converter reads (generate recomputes the cache past it, as "
+                                                   "transformers' does)"},
+    "llama4_text": {"no_rope_layer_interval": "turned into no_rope_layers by the config class; the converter reads "
+                                              "no_rope_layers",
+                    "text_config": "the multimodal wrapper's text model config (Llama4ForConditionalGeneration); "
+                                   "llama4_text is that text model"},
     "gemma3_text": {"attn_logit_softcapping": "stored on Gemma 3's attention module but never applied "
                                               "(test_gemma3_ignores_attn_logit_softcapping_as_transformers_does)"},
     "olmoe": {"sliding_window": "handed to the attention kernel, but OLMoE's mask is never windowed and its eager "

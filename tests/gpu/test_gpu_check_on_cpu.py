@@ -24,7 +24,8 @@ def test_gpu_check_quick_passes_its_correctness_checks_on_cpu(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = json.loads(out.read_text())
     text = json.dumps(rows)
-    for check in ("max |logit diff| vs HF", "patterns: max |diff| vs HF eager", "greedy 8 tokens, batch 1",
-                  "top-1 agreement with HF", "MLA absorbed == expanded greedy tokens"):
+    for check in ("max |logit diff| vs HF", "patterns, layer 0: max |diff| vs HF eager",
+                  "patterns, all 4 layers: max |diff| vs HF eager", "greedy 8 tokens, batch 1",
+                  "top-1 agreement with float32", "MLA absorbed == expanded greedy tokens"):
         assert check in text, f"{check!r} missing from {out}"
     assert "skipped" not in text, text

@@ -3,7 +3,7 @@
 ``python -m interp.zoo.compat`` builds each family's random tiny HF model (the configs of the converter tests,
 chosen so that every feature changes the logits: odd head counts, sliding windows shorter than the sequence,
 small soft-caps, RoPE scaling read past the original context, LongRoPE crossing its original context while
-generating, routing that varies), converts it, and prints the README's Markdown table:
+generating, routing that varies), converts it, and prints the Markdown table of docs/models.md ("Families converted natively"):
 
 * family (HF ``model_type``) and the variants its config exercises (read off the converted config, so a row
   claims only what its config has);
@@ -40,7 +40,7 @@ PROMPT, NEW = 8, 32
 _COMMON = dict(vocab_size=V, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=0,
                pad_token_id=0)
 
-#: The README table's row order (its rows before the test configs moved into the family files). A family's
+#: The family table's row order (its rows before the test configs moved into the family files). A family's
 #: rows not listed here come after these, in registry order, so adding a family needs no edit here.
 ROW_ORDER = (
     "llama3", "llama_yarn", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gpt_neox",
@@ -259,7 +259,7 @@ def readme_line(row: dict[str, Any]) -> str:
 
 
 def readme_table(rows: list[dict[str, Any]] | None = None) -> str:
-    """The README's family table, which ``python -m interp.zoo.compat`` prints (a test compares the two).
+    """The family table of docs/models.md, which ``python -m interp.zoo.compat`` prints (a test compares the two).
 
     Example:
         >>> from interp.zoo.compat import readme_table
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("families", nargs="*", help=f"entries of TABLE (default all: {', '.join(TABLE)})")
     parser.add_argument("--full", action="store_true",
                         help="the measured table of docs/models.md (logit diffs, KV bytes, timings) instead of "
-                             "the README's")
+                             "the short one")
     parser.add_argument("--reps", type=int, default=5, help="timing repetitions of --full (default 5)")
     args = parser.parse_args(argv)
     names = args.families or None

@@ -11,7 +11,7 @@ A family file (``interp/families/<family>.py``) holds everything interp knows ab
   (``gguf``: architecture -> :class:`~._gguf.GGUFSpec`, which :mod:`interp.zoo.gguf` looks up by
   ``general.architecture``);
 * its random tiny test configs (``TESTS``: row -> :class:`~._family.CompatConfig`), which :mod:`interp.zoo.compat`
-  runs and prints as the README's compatibility table;
+  runs and prints as the compatibility table of docs/models.md;
 * and a ``FAMILY = Family(...)`` record tying these together (:class:`Family`).
 
 Shared helpers live once: :mod:`._base` (required keys, refused settings, decoder checks), :mod:`._positions`

@@ -33,7 +33,7 @@ class CompatConfig(NamedTuple):
     Attributes:
         model_type: the HF ``model_type``.
         config: the config keywords (sizes and the features the row exercises).
-        table_only: a row of the README table only, not of the family conversion tests
+        table_only: a row of the compatibility table only, not of the family conversion tests
             (``tests/zoo/test_zoo_families.py``; mixtures of experts and MLA are tested in their own files).
     """
 
@@ -56,7 +56,7 @@ class Family:
         title: the family's name in help texts (``"GPT-2"``), when ``headline``.
         headline: named in the help texts' short list (:data:`interp.zoo.hf.FAMILIES`).
         tests: the family's random tiny test configs (row name -> :class:`CompatConfig`), which
-            :mod:`interp.zoo.compat` runs and prints as the README's compatibility table.
+            :mod:`interp.zoo.compat` runs and prints as the compatibility table of docs/models.md.
     """
 
     name: str

@@ -199,7 +199,7 @@ _MLA = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4, kv_lor
 
 
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
-#: feature changes the logits (table-only rows are in the README table, not the family tests).
+#: feature changes the logits (table-only rows are in the compatibility table, not the family tests).
 TESTS = {
     "deepseek_v2": CompatConfig("deepseek_v2", dict(**_MLA, q_lora_rank=None, n_shared_experts=2,
                                                     topk_method="group_limited_greedy", n_group=4, topk_group=2,

@@ -69,7 +69,7 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
 
 
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
-#: feature changes the logits (table-only rows are in the README table, not the family tests).
+#: feature changes the logits (table-only rows are in the compatibility table, not the family tests).
 TESTS = {
     "mixtral": CompatConfig("mixtral", dict(hidden_size=72, intermediate_size=48, num_attention_heads=9, num_key_value_heads=3,
                                             num_local_experts=8, num_experts_per_tok=2, sliding_window=TEST_WINDOW), table_only=True),

@@ -103,7 +103,7 @@ _LONG = dict(short_factor=[1.0 + 0.05 * i for i in range(8)], long_factor=[1.5 +
 
 
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
-#: feature changes the logits (table-only rows are in the README table, not the family tests).
+#: feature changes the logits (table-only rows are in the compatibility table, not the family tests).
 TESTS = {
     "phi3": CompatConfig("phi3", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=5,
                                       sliding_window=TEST_WINDOW)),

@@ -29,7 +29,7 @@ def test_each_model_type_belongs_to_one_family_and_the_zoo_reads_the_registry():
 
 def test_each_test_config_lives_in_the_family_that_converts_it_and_compat_reads_them_all():
     """A family's test configs sit in its own file (``Family.tests``); compat's table is exactly their union, in
-    the README's order, split into family tests and table-only rows by the configs' own flag."""
+    the table's order, split into family tests and table-only rows by the configs' own flag."""
     from interp.families.registry import COMPAT_CONFIGS
     from interp.zoo import compat
 

@@ -63,14 +63,20 @@ def hf_model(family: str, seed: int = 0):
     return model
 
 
-def hf_router_ids(hf, tokens):
-    """{layer: [B*T, k] chosen expert ids, sorted} from transformers' routers."""
+def _gate_router(layer):
+    gate = getattr(layer.mlp, "gate", None)
+    return gate if gate is not None and type(gate).__name__.endswith("Router") else None
+
+
+def hf_router_ids(hf, tokens, routers=_gate_router):
+    """The logits and {layer: [B*T, k] chosen expert ids, sorted} from transformers' routers (``routers(layer)``:
+    the module whose output's third element holds them, None on a dense layer)."""
     got, handles = {}, []
     for i, layer in enumerate(hf.model.layers):
-        gate = getattr(layer.mlp, "gate", None)
-        if gate is not None and type(gate).__name__.endswith("Router"):
-            handles.append(gate.register_forward_hook(
-                lambda mod, inp, out, i=i: got.__setitem__(i, out[2].sort(-1).values)))
+        if routers(layer) is None:
+            continue
+        handles.append(routers(layer).register_forward_hook(
+            lambda mod, inp, out, i=i: got.__setitem__(i, out[2].sort(-1).values)))
     try:
         with torch.no_grad():
             logits = hf(tokens).logits

@@ -17,6 +17,7 @@ from interp.zoo.hf import convert, from_hf
 transformers = pytest.importorskip("transformers")
 
 from route_configs import tiny_hf  # noqa: E402
+from test_zoo_hf_moe import hf_router_ids  # noqa: E402  (tests/zoo is on sys.path)
 
 
 @pytest.mark.parametrize("model_type", ["nemotron", "granitemoe", "glm4_moe", "phimoe", "llama4_text"])
@@ -61,29 +62,11 @@ def test_nemotron_mechanisms_bite():
         assert (unshifted(ids) - model(ids)).abs().max() > 1e-3
 
 
-def _hf_router_choices(hf, ids, routers):
-    """{layer: [B*T, k] sorted expert ids} that transformers' routers chose (``routers(layer)`` is the module
-    whose output's third element holds them), and the logits."""
-    got, handles = {}, []
-    for i, layer in enumerate(hf.model.layers):
-        if routers(layer) is None:  # a dense layer
-            continue
-        handles.append(routers(layer).register_forward_hook(
-            lambda mod, inp, out, i=i: got.__setitem__(i, out[2].sort(-1).values)))
-    try:
-        with torch.no_grad():
-            logits = hf(ids).logits
-    finally:
-        for h in handles:
-            h.remove()
-    return logits, got
-
-
 def _same_routing(hf, routers):
     """Our hook_expert_ids equal the experts transformers chose, on every token of every MoE layer."""
     model = from_hf(hf)
     ids = torch.randint(1, V, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    ref, chosen = _hf_router_choices(hf, ids, routers)
+    ref, chosen = hf_router_ids(hf, ids, routers)
     with torch.no_grad():
         logits, trace = model.run_with_cache(ids, names_filter="*hook_expert_ids")
     torch.testing.assert_close(logits, ref, rtol=0, atol=1e-4)

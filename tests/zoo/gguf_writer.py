@@ -131,6 +131,16 @@ def _jploski(w: np.ndarray, n_head: int, n_kv: int, head_dim: int) -> np.ndarray
     return np.concatenate([q, k, v]).reshape(w.shape)
 
 
+def text_model_keys(w: gguf.GGUFWriter, c: Any) -> None:
+    """The keys llama.cpp's ``TextModel.set_gguf_parameters`` writes for every decoder: sizes and head counts."""
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+
+
 def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
     """The keys the converter's set_gguf_parameters writes for ``arch`` (``c``: the HF config)."""
     def rope_params(layer_type: str | None = None) -> dict:
@@ -170,12 +180,7 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
         return
     if arch in ("olmo", "olmo2", "starcoder2", "granite", "command-r", "arcee", "seed_oss", "smollm3", "ernie4_5"):
         # TextModel.set_gguf_parameters, then the architecture's own keys
-        w.add_block_count(c.num_hidden_layers)
-        w.add_context_length(c.max_position_embeddings)
-        w.add_embedding_length(c.hidden_size)
-        w.add_feed_forward_length(c.intermediate_size)
-        w.add_head_count(c.num_attention_heads)
-        w.add_head_count_kv(c.num_key_value_heads)
+        text_model_keys(w, c)
         w.add_rope_freq_base(rope_params()["rope_theta"])
         if getattr(c, "rms_norm_eps", None) is not None:
             w.add_layer_norm_rms_eps(c.rms_norm_eps)
@@ -227,12 +232,7 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
         w.add_head_count_kv(_falcon_kv(c))
         w.add_layer_norm_eps(c.layer_norm_epsilon)
         return
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
+    text_model_keys(w, c)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     rope = rope_params("full_attention" if arch == "gemma3" else None)
     if rope.get("rope_theta") is not None:

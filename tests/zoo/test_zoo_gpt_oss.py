@@ -194,14 +194,11 @@ def _write_gguf(path, hf):
     gate_up_proj, experts transposed to [E, out, in] and stored as MXFP4, sinks as attn_sinks.weight, every other
     tensor F32. The HF model's experts are set to the MXFP4 values, so it is an exact reference for the file."""
     gguf = pytest.importorskip("gguf")
+    from gguf_writer import text_model_keys  # tests/zoo is on sys.path; it needs gguf
+
     c = hf.config
     w = gguf.GGUFWriter(str(path), "gpt-oss")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
+    text_model_keys(w, c)
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])

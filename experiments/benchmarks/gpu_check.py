@@ -199,7 +199,13 @@ def step_smollm2(rep: Report, device: torch.device, quick: bool, reps: int) -> N
                            "ours": lambda: ours.run_with_cache(ids, names_filter=RECORD)}, device, reps)
         rep.add("SmolLM2 recording (patterns + per-head writes) / HF eager", med["ours"] / med["hf"], "<= 1.0",
                 med["ours"] <= med["hf"])
-        hf.set_attn_implementation("sdpa")
+
+
+def step_decode(rep: Report, device: torch.device, quick: bool, reps: int) -> None:
+    """Step 3: greedy decoding, interp against transformers' uncompiled static-cache decode, batch 1 and 32."""
+    hf, ours, _ = smollm2_pair(device, quick)
+    hf.set_attn_implementation("sdpa")
+    with torch.inference_mode():
         new = 8 if quick else 64
         prompt = torch.randint(3, ours.cfg.d_vocab, (1, 16), device=device)
         for batch in (1, 32):
@@ -339,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
-    p.add_argument("--steps", default="smollm2,llama8b,mla", help="which steps after the tests, comma-separated")
+    p.add_argument("--steps", default="smollm2,decode,llama8b,mla", help="which steps after the tests, comma-separated")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--skip-tests", action="store_true", help="skip step 1 (pytest -m cuda)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
@@ -355,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     steps = [("tests", lambda: step_tests(rep))] if not a.skip_tests else []
     steps += [("smollm2", lambda: step_smollm2(rep, device, a.quick, a.reps)),
+              ("decode", lambda: step_decode(rep, device, a.quick, a.reps)),
               ("llama8b", lambda: step_llama8b(rep, device, a.quick, a.reps)),
               ("mla", lambda: step_mla(rep, device, a.quick))]
     steps = [(n, f) for n, f in steps if n == "tests" or n in a.steps.split(",")]

@@ -20,6 +20,8 @@ Steps (each one's figures go in the table and the JSON; a failed correctness che
    ``torch.cuda.max_memory_allocated``), streaming per-head scores over 32k tokens by query chunks (no
    ``[T, T]`` pattern; peak memory), and classify_heads' induction part in tokens/s.
 5. A DeepSeek-V3-shaped MLA stack (4 layers): absorbed vs expanded decode, when the model zoo has MLA converters.
+6. Edge attribution on the SmolLM2-shaped model (4 x 128 tokens): EAP / one forward (target <= 4) and EAP-IG with
+   5 points in one batched pass / one forward (target <= 7), beside the forward + backward floor; EAP's peak memory.
 
 ``--quick`` shrinks every shape (for a smoke run; ``--device cpu`` runs the same code on the CPU).
 """
@@ -341,11 +343,96 @@ def step_mla(rep: Report, device: torch.device, quick: bool) -> None:
     rep.add("MLA decode tokens/s, absorbed / expanded", out["expanded_s"] / out["absorbed_s"], "reported")
 
 
+def step_circuits(rep: Report, device: torch.device, quick: bool, reps: int, m: int = 5) -> None:
+    """Step 6: edge attribution on the SmolLM2-shaped model, 4 x 128 tokens of repeated random halves: EAP (target
+    <= 4x one forward) and EAP-IG with m points in one batched pass (target <= (m + 2)x), beside the floor of one
+    forward + backward and EAP-IG with one pass per point; EAP's peak memory above the model's."""
+    from interp.circuits import build_graph, eap, eap_ig
+    from interp.circuits.tasks import circuit_task
+
+    _, ours, _ = smollm2_pair(device, quick)
+    task = circuit_task(ours, "induction", n=4, half_len=16 if quick else 64)
+    c, x, metric = task.clean.to(device), task.corrupted.to(device), task.metric
+    graph = build_graph(ours)
+
+    def forward():
+        with torch.no_grad():
+            ours(c)
+
+    def forward_backward(copies: int = 1):  # the floor of one gradient step over copies of the batch
+        e = torch.zeros((), requires_grad=True, device=device)
+        with torch.enable_grad(), ours.hooks([("blocks.0.hook_resid_pre", lambda t, hook: t + e)]):
+            logits = ours(c.repeat(copies, 1))  # [copies*B, T, V]
+            B = c.shape[0]
+            value = sum(metric(logits[k * B:(k + 1) * B]) for k in range(copies))
+        torch.autograd.backward(value, inputs=[e])
+
+    fns = {"forward": forward, "forward+backward": forward_backward,
+           f"forward+backward of {m} copies": lambda: forward_backward(m),
+           "EAP": lambda: eap(ours, c, x, metric, graph=graph),
+           f"EAP-IG (m = {m}, one pass)": lambda: eap_ig(ours, c, x, metric, steps=m, graph=graph, progress=False),
+           f"EAP-IG (m = {m}, a pass per point)": lambda: eap_ig(ours, c, x, metric, steps=m, graph=graph,
+                                                                 steps_per_pass=1, progress=False)}
+    med = interleaved(fns, device, reps)
+    base = med["forward"]
+    rep.data["circuits seconds"] = med
+    rep.data["circuits edges"] = graph.n_edges
+    for name, target in (("forward+backward", "floor"), (f"forward+backward of {m} copies", "floor"),
+                         ("EAP", "<= 4"), (f"EAP-IG (m = {m}, one pass)", f"<= {m + 2}"),
+                         (f"EAP-IG (m = {m}, a pass per point)", "reported")):
+        ratio = med[name] / base
+        ok = None if not target.startswith("<=") else ratio <= float(target[3:])
+        rep.add(f"SmolLM2 {name} / one forward ({graph.n_edges} edges, 4 x {c.shape[1]})", ratio, target, ok)
+    if device.type == "cuda":
+        reset_peak(device)
+        before = torch.cuda.memory_allocated(device)
+        eap(ours, c, x, metric, graph=graph)
+        rep.add(f"SmolLM2 EAP peak memory above the model (GB, 4 x {c.shape[1]})", (peak(device) - before) / 1e9)
+
+
+def step_decode_profile(device: torch.device, quick: bool, batch: int = 32) -> None:
+    """Not in the default steps: where one greedy ``generate`` of interp spends its device and host time, as
+    torch.profiler's table (printed), to find what a decode step costs beyond transformers'."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _, ours, _ = smollm2_pair(device, quick)
+    new = 8 if quick else 64
+    ids = torch.randint(3, ours.cfg.d_vocab, (batch, 16), device=device)
+    with torch.inference_mode():
+        ours.generate(ids, new)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            ours.generate(ids, new)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25))
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=15))
+
+
+def step_eap_profile(device: torch.device, quick: bool) -> None:
+    """Not in the default steps: torch.profiler's table of one EAP call on the SmolLM2-shaped model (printed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from interp.circuits import build_graph, eap
+    from interp.circuits.tasks import circuit_task
+
+    _, ours, _ = smollm2_pair(device, quick)
+    task = circuit_task(ours, "induction", n=4, half_len=16 if quick else 64)
+    c, x, metric = task.clean.to(device), task.corrupted.to(device), task.metric
+    graph = build_graph(ours)
+    eap(ours, c, x, metric, graph=graph)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts, with_stack=False, record_shapes=True) as prof:
+        eap(ours, c, x, metric, graph=graph)
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=30, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
-    p.add_argument("--steps", default="smollm2,decode,llama8b,mla", help="which steps after the tests, comma-separated")
+    p.add_argument("--steps", default="smollm2,decode,llama8b,mla,circuits", help="which steps after the tests, comma-separated")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--skip-tests", action="store_true", help="skip step 1 (pytest -m cuda)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
@@ -363,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
     steps += [("smollm2", lambda: step_smollm2(rep, device, a.quick, a.reps)),
               ("decode", lambda: step_decode(rep, device, a.quick, a.reps)),
               ("llama8b", lambda: step_llama8b(rep, device, a.quick, a.reps)),
-              ("mla", lambda: step_mla(rep, device, a.quick))]
+              ("mla", lambda: step_mla(rep, device, a.quick)),
+              ("circuits", lambda: step_circuits(rep, device, a.quick, a.reps)),
+              ("decode_profile", lambda: step_decode_profile(device, a.quick)),
+              ("eap_profile", lambda: step_eap_profile(device, a.quick))]
     steps = [(n, f) for n, f in steps if n == "tests" or n in a.steps.split(",")]
     for name, fn in steps:
         t0 = time.perf_counter()

@@ -271,11 +271,18 @@ class _AttentionBase(nn.Module):
             k = k.index_select(1, kv_index)  # [B, H, S, Dq]
             v = v.index_select(1, kv_index)  # [B, H, S, Dv]
         if not self._needs_explicit():
+            n_kv = k.shape[1]
             causal = mask.sdpa_is_causal and self.alibi_slopes is None and self.sinks is None
             attn_mask = None if causal else self._sdpa_mask(mask, q, k.shape[2])  # [B or 1, 1 or H, T, S]
             if self.sinks is not None:
                 return self._attend_sdpa_sink(q, k, v, attn_mask, scale)
-            return fused_attention(q, k, v, attn_mask, causal, scale)
+            return F.scaled_dot_product_attention(
+                q, k, v,
+                attn_mask=attn_mask,
+                is_causal=causal,
+                scale=scale,
+                enable_gqa=n_kv != q.shape[1],
+            )
         T = q.shape[2]
         chunk = self.query_chunk or T
         if chunk >= T:
@@ -299,7 +306,7 @@ class _AttentionBase(nn.Module):
         # ``add`` is the explicit mask (the causal kernel would misplace the sink column), ALiBi included.
         if add is not None:
             add = F.pad(add, (0, 1))  # [B or 1, 1, T, S+1]: every query sees its sink
-        return fused_attention(q, k, v, add, False, scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale, enable_gqa=K != H)
 
     def _sdpa_mask(self, mask: AttnMask, q: torch.Tensor, S: int) -> torch.Tensor | None:
         """The fused path's additive mask ``[B or 1, 1 or H, T, S]``: the pass's mask plus ALiBi's bias, or None."""
@@ -633,51 +640,6 @@ class LatentAttention(_AttentionBase):
         scale = self.cfg.attn_scale or 1.0 / math.sqrt(D + R)
         z_lat = self._attend(q_cat, k_cat, c_kv.unsqueeze(1), mask, scale)  # [B, H, T, C]
         return torch.einsum("bhtc,hvc->bhtv", z_lat, w_uv)  # [B, H, T, Dv]
-
-
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
-                    is_causal: bool, scale: float) -> torch.Tensor:
-    """``scaled_dot_product_attention`` of q ``[B, H, T, Dq]`` over grouped k ``[B, K, S, Dq]`` / v
-    ``[B, K, S, Dv]`` -> z ``[B, H, T, Dv]``, on a kernel that takes the groups as they are.
-
-    On the CPU every SDPA kernel reads grouped K/V (``enable_gqa``). On CUDA only flash attention does, and only
-    in half precision without an explicit mask; anywhere else ``enable_gqa`` falls back to the unfused math
-    kernel (about eight kernels and an autograd graph per call, measured on an H200 where it dominated decoding
-    and edge attribution), so there K/V are repeated per query head first and the fused memory-efficient kernel
-    runs. Both give the same attention up to the kernels' float rounding.
-
-    Args:
-        q, k, v: as above; ``K`` divides ``H``.
-        attn_mask: an additive or boolean mask broadcastable to ``[B, H, T, S]``, or None.
-        is_causal: SDPA's own causal mask (with ``attn_mask`` None).
-        scale: the score scale.
-
-    Returns:
-        z ``[B, H, T, Dv]``.
-
-    Example:
-        >>> import torch
-        >>> from interp.attention import fused_attention
-        >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
-        >>> fused_attention(q, k, v, None, True, 8 ** -0.5).shape
-        torch.Size([1, 4, 3, 8])
-    """
-    H, K = q.shape[1], k.shape[1]
-    if K != H and not _kernel_takes_groups(q, attn_mask):
-        k = k.repeat_interleave(H // K, dim=1)  # [B, H, S, Dq]
-        v = v.repeat_interleave(H // K, dim=1)  # [B, H, S, Dv]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=k.shape[1] != H)
-
-
-def _kernel_takes_groups(q: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
-    """Whether SDPA runs grouped K/V on a fused kernel here (see :func:`fused_attention`)."""
-    return q.device.type == "cpu" or (q.dtype in HALF_DTYPES and attn_mask is None)
-
-
-# The traced decode step (interp.decode) records this call as one node: its branch reads the live tensors'
-# device and dtype at each step, which a trace could not hold.
-torch.fx.wrap("fused_attention")
 
 
 def _pad_keys(x: torch.Tensor, n_keys: int, fill: float) -> torch.Tensor:

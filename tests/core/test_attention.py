@@ -210,39 +210,3 @@ def test_a_chunks_triangle_is_its_additive_mask_or_not_offered(start, extra):
         assert torch.equal(whole[:, :n_keys - c], torch.zeros(c, n_keys - c))
         assert torch.equal(whole[:, n_keys - c:], tri)
     assert (offered > 0) == (not extra or "key_start" in extra)  # keys the cache dropped only shift the block
-
-
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("padded", [False, True])
-def test_fused_path_with_kv_repeated_per_head_equals_grouped_kernel(variant, padded, monkeypatch):
-    """Off the CPU, grouped K/V reach SDPA repeated per query head unless flash attention can take the groups
-    (half precision, no explicit mask). Forcing that path here must give the grouped kernel's output and
-    gradients; the decision itself is checked on meta tensors (no CUDA needed)."""
-    from interp import attention as attention_module
-
-    model = make(variant, causal=True)
-    attn = model.blocks[0].attn
-    B, T = 2, 7
-    keep = torch.ones(B, T, dtype=torch.bool)
-    if padded:
-        keep[1, 5:] = False
-    mask = interp.AttnMask(T=T, S=T, start=0, causal=True, key_keep=keep if padded else None)
-    x = torch.randn(B, T, 32, requires_grad=True)
-    grouped = attn(x, mask=mask)
-    (g_grouped,) = torch.autograd.grad(grouped.square().sum(), x)
-    monkeypatch.setattr(attention_module, "_kernel_takes_groups", lambda q, m: False)
-    repeated = attn(x, mask=mask)
-    (g_repeated,) = torch.autograd.grad(repeated.square().sum(), x)
-    torch.testing.assert_close(repeated, grouped, atol=1e-6, rtol=0)
-    torch.testing.assert_close(g_repeated, g_grouped, atol=1e-5, rtol=1e-5)
-
-
-def test_which_devices_get_kv_repeated_for_the_fused_kernel():
-    from interp.attention import _kernel_takes_groups
-
-    mask = torch.zeros(1, 1, 3, 3)
-    assert _kernel_takes_groups(torch.empty(1, 4, 3, 8), mask)  # the CPU's kernels all take groups
-    meta = {dt: torch.empty(1, 4, 3, 8, device="meta", dtype=dt) for dt in (torch.float32, torch.bfloat16)}
-    assert not _kernel_takes_groups(meta[torch.float32], None)  # no flash in float32
-    assert _kernel_takes_groups(meta[torch.bfloat16], None)  # flash, grouped
-    assert not _kernel_takes_groups(meta[torch.bfloat16], mask.to("meta"))  # a mask rules flash out

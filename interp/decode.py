@@ -38,6 +38,7 @@ from torch import nn
 
 from .attention import AttnMask
 from .kv_cache import KVCache
+from .moe import MoE
 from .norms import RMSNorm
 from .rotary import Rotary
 
@@ -307,6 +308,15 @@ class _StepMask(AttnMask):
             raise _Untraceable("the decode step reads the mask's positions")
         return super().__getattribute__(name)
 
+    def for_keys(self, window: int | None, n_keys: int, chunk: int | None = None) -> AttnMask:
+        # A sliding-window layer's cache keeps only its last W - 1 positions (WindowLayerKVCache; a latent cache
+        # keeps all, so windowed MLA is refused in LeanDecoder.unsupported): the new token's keys are exactly
+        # its window, and it sees them all. A chunked layer's cache keeps every position: its mask would need the
+        # step's position.
+        if chunk is not None:
+            raise _Untraceable("a chunked layer's decode step reads the mask's positions")
+        return self
+
     @property
     def trivial(self) -> bool:
         return True
@@ -335,9 +345,19 @@ _LEAN_COVERED = frozenset({
     "attn_sinks",
     # ALiBi: the attention computes its distances from the query and key counts, not the pass's positions
     "alibi_slopes",
-    # norms, MLPs and biases
+    # sliding windows: a windowed layer's cache returns just its window's keys (_StepMask.for_keys); Gemma 3's
+    # local layers' own RoPE base
+    "sliding_window", "local_rotary_base",
+    # norms, MLPs and biases; where the norms stand, the block's layout, QK norms, the score scale, layers
+    # without rotation, gpt-oss's clamped gated unit
     "normalization", "norm_eps", "precision", "attn_only", "activation", "attn_bias", "out_bias",
-    "mlp_bias",
+    "mlp_bias", "sublayer_norm", "parallel_block", "qk_norm", "attn_scale", "nope_layers", "swiglu_alpha",
+    "swiglu_limit",
+    # mixtures of experts: the MoE module is called at each step, not traced (its routing branches on data)
+    "n_experts", "n_experts_per_token", "d_expert", "router_score", "sparsemixer_eps", "router_renormalize",
+    "router_groups", "router_topk_groups", "router_group_score", "router_choice_bias", "routed_scaling",
+    "d_shared_expert", "shared_expert_gate", "router_logit_bias", "expert_bias", "expert_input_weighting",
+    "dense_mlp_layers",
     # the ends of the model: Transformer._embed and Transformer.unembed_residual
     "embed_scale", "embed_norm", "n_token_types", "tie_embeddings", "final_softcap",
     # read by no forward pass
@@ -372,7 +392,8 @@ class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, mod: nn.Module, qualname: str) -> bool:
         # Rotary memoises its angles by comparing position values, a branch on data: it is called, not traced.
         # RMSNorm picks its rounding order by dtype, a branch a trace cannot hold: called, not traced.
-        return isinstance(mod, (Rotary, RMSNorm)) or type(mod).__module__ == Rotary.__module__
+        # A mixture of experts runs only the experts its tokens chose, a branch on data: called, not traced.
+        return isinstance(mod, (Rotary, RMSNorm, MoE)) or type(mod).__module__ == Rotary.__module__
 
 
 class _StepRoot(nn.Module):
@@ -523,8 +544,9 @@ class LeanDecoder:
         checks = [
             (cfg.causal and cfg.unembed, "not a causal decoder with an unembedding"),
             (not cfg.cross_attention, "cross-attention"),
+            (cfg.attention != "latent" or cfg.sliding_window is None,
+             "sliding windows on latent attention (its cache keeps every position)"),
             (cfg.use_sdpa, "use_sdpa=False"),
-            (not cfg.n_experts, "mixture-of-experts MLPs"),
             (not (uncovered := cfg.set_features(others)), f"settings the traced step does not cover: {uncovered}"),
             (not getattr(model, "_placement_handles", None), "layers placed on several devices"),
         ]

@@ -40,6 +40,32 @@ SHAPES = {
     "alibi": dict(positional="none", n_heads=6, n_kv_heads=6, alibi_slopes=alibi_slopes(6)),
     "alibi-per-layer": dict(positional="none", n_heads=6, n_kv_heads=6, layer_n_heads=[4, 6],
                             alibi_slopes=[alibi_slopes(6)[2:], alibi_slopes(6)]),
+    # Block layouts and attention details of the newer families, each traced from the same blocks
+    "qk-norm-per-head": dict(qk_norm="head"),  # Qwen3, Gemma 3
+    "qk-norm-whole": dict(qk_norm="full"),  # OLMo 2
+    "sandwich-norms": dict(sublayer_norm="sandwich"),  # Gemma 2 / 3
+    "output-norms": dict(sublayer_norm="output"),  # OLMo 2
+    "parallel-one-norm": dict(parallel_block="one_norm", normalization="pre"),  # GPT-J, Falcon
+    "parallel-two-norms": dict(parallel_block="two_norms", normalization="pre"),  # GPT-NeoX
+    "attn-scale-and-nope": dict(attn_scale=0.3, nope_layers=[1]),  # Gemma 2's scalar; SmolLM3's NoPE layers
+    "clamped-swiglu": dict(activation="swiglu_clamped", swiglu_alpha=1.5, swiglu_limit=0.5),  # gpt-oss
+    # Sliding windows shorter than the 9-token test (Mistral), local and global layers with their own RoPE
+    # bases (Gemma 3): a windowed layer's cache hands the step exactly its window's keys
+    "sliding-window": dict(sliding_window=4),
+    "local-global-layers": dict(sliding_window=[3, None], local_rotary_base=100.0),
+    # Mixtures of experts: the MoE module runs its own forward at each step (its routing branches on data)
+    "moe": dict(n_experts=4, n_experts_per_token=2, d_expert=16),
+    "moe-shared-gated": dict(n_experts=4, n_experts_per_token=2, d_expert=16, d_shared_expert=8,
+                             shared_expert_gate=True),  # Qwen-MoE
+    "moe-gpt-oss": dict(n_experts=4, n_experts_per_token=2, d_expert=16, router_logit_bias=True, expert_bias=True,
+                        activation="swiglu_clamped", swiglu_limit=0.5, router_renormalize=True),
+    "moe-deepseek-v3": dict(n_experts=8, n_experts_per_token=2, d_expert=16, router_score="sigmoid",
+                            router_groups=4, router_topk_groups=2, router_choice_bias=True, routed_scaling=2.5,
+                            router_renormalize=True, d_shared_expert=8, dense_mlp_layers=[0]),
+    "moe-llama4": dict(n_experts=4, n_experts_per_token=1, d_expert=16, expert_input_weighting=True,
+                       router_score="sigmoid", d_shared_expert=8),
+    "moe-phimoe": dict(n_experts=4, n_experts_per_token=2, d_expert=16, router_score="sparsemixer",
+                       sparsemixer_eps=0.1),
 }
 
 
@@ -211,7 +237,8 @@ def test_generate_inside_decoding_sees_every_kind_of_weight_edit(edit, rows):
 
 
 @pytest.mark.parametrize(("variant", "over", "reason"), [
-    ("gqa-rotary", dict(sliding_window=4), "settings the traced step does not cover: sliding_window="),
+    ("gqa-rotary", dict(attention_chunk=4), "settings the traced step does not cover: attention_chunk="),
+    ("mla", dict(sliding_window=4), "sliding windows on latent attention"),
     ("gqa-rotary", dict(attn_softcap=5.0), "attn_softcap=5.0"),
     ("gqa-rotary", dict(causal=False, unembed=True), "not a causal decoder"),
     ("gqa-rotary", dict(use_sdpa=False), "use_sdpa=False"),
@@ -358,6 +385,6 @@ def test_what_the_step_covers_is_an_allow_list_of_config_fields():
     assert decode_mod._LEAN_COVERED <= fields  # no stale name
     # Any field outside the list that leaves its default is named, whatever it is: here two that no deny-list
     # of the step ever named, set together.
-    model = llama("gqa", qk_norm="head", parallel_block="two_norms")
+    model = llama("gqa", attn_softcap=5.0, attention_chunk=4)
     why = LeanDecoder.unsupported(model)
-    assert why is not None and "qk_norm='head'" in why and "parallel_block='two_norms'" in why
+    assert why is not None and "attn_softcap=5.0" in why and "attention_chunk=[4, 4]" in why

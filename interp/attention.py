@@ -140,6 +140,16 @@ class AttnMask:
             self._cache[key] = torch.zeros(c, c, dtype=dtype, device=device).masked_fill_(upper, torch.finfo(dtype).min)
         return self._cache[key]
 
+    def query_positions(self, T: int, device: torch.device) -> torch.Tensor:
+        """``[T]`` float32: the absolute positions of this pass's ``T`` queries (not moved by padding).
+
+        Example:
+            >>> from interp import AttnMask
+            >>> AttnMask(T=2, S=5, start=3, causal=True).query_positions(2, "cpu")
+            tensor([3., 4.])
+        """
+        return torch.arange(self.start, self.start + T, device=device, dtype=torch.float32)
+
     @property
     def sdpa_is_causal(self) -> bool:
         """True when SDPA's built-in causal kernel is exactly this mask (no padding, no cache offset, no window)."""
@@ -510,7 +520,7 @@ class Attention(_AttentionBase):
             q, k = self.hook_q_normed(self.q_norm(q)), self.hook_k_normed(self.k_norm(k))
         if self.temperature is not None:
             scale, floor = self.temperature
-            pos = torch.arange(mask.start, mask.start + T, device=q.device, dtype=torch.float32)  # [T] absolute
+            pos = mask.query_positions(T, q.device)  # [T] absolute
             factor = torch.log1p(torch.floor((pos + 1.0) / floor)) * scale + 1.0  # [T]
             q = (q * factor[:, None, None]).to(q.dtype)  # [B, T, H, D] * [T, 1, 1]
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H|K, T|S, D]

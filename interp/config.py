@@ -706,6 +706,18 @@ class ModelConfig:
             return windows
         return windows[layer]
 
+    def cache_bounded(self, layer: int) -> bool:
+        """Whether ``layer``'s KV cache keeps only the recent positions a later query can see (a sliding window
+        or an attention chunk; a latent cache keeps every position), so that a prefix cannot be rewound to.
+
+        Example:
+            >>> from interp import ModelConfig
+            >>> cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=32, attention_chunk=[4, None])
+            >>> cfg.cache_bounded(0), cfg.cache_bounded(1)
+            (True, False)
+        """
+        return self.attention != "latent" and (self.window(layer) is not None or self.chunk(layer) is not None)
+
     def chunk(self, layer: int) -> int | None:
         """The attention chunk of ``layer`` (``None``: not chunked).
 

@@ -297,11 +297,15 @@ def decoding(model: Transformer, batch_size: int = 1) -> Iterator[Transformer]:
 class _StepMask(AttnMask):
     """The mask of one decode step without padding: the new token sees every cached key, so the mask is
     trivial whatever the position. Its ``start`` and ``S`` change every step and are not known when tracing:
-    reading them raises, so a block whose decode step depends on them (a window, say) fails to trace and keeps
+    reading them raises, so a block whose decode step depends on them fails to trace and keeps
     the hooked path instead of freezing one step's numbers into the trace."""
 
-    def __init__(self) -> None:
+    def __init__(self, positions: torch.Tensor) -> None:
         super().__init__(T=1, S=0, start=0, causal=True)
+        self.step_positions = positions  # [1]: the step's absolute position, an input of the trace
+
+    def query_positions(self, T: int, device: torch.device) -> torch.Tensor:
+        return self.step_positions.to(torch.float32)  # [1]
 
     def __getattribute__(self, name: str) -> Any:
         if name in ("start", "S"):
@@ -309,12 +313,9 @@ class _StepMask(AttnMask):
         return super().__getattribute__(name)
 
     def for_keys(self, window: int | None, n_keys: int, chunk: int | None = None) -> AttnMask:
-        # A sliding-window layer's cache keeps only its last W - 1 positions (WindowLayerKVCache; a latent cache
-        # keeps all, so windowed MLA is refused in LeanDecoder.unsupported): the new token's keys are exactly
-        # its window, and it sees them all. A chunked layer's cache keeps every position: its mask would need the
-        # step's position.
-        if chunk is not None:
-            raise _Untraceable("a chunked layer's decode step reads the mask's positions")
+        # A sliding-window layer's cache keeps only its last W - 1 positions, a chunked layer's only its current
+        # chunk's (WindowLayerKVCache; a latent cache keeps all, so such MLA is refused in
+        # LeanDecoder.unsupported): the new token's keys are exactly those it may see, and it sees them all.
         return self
 
     @property
@@ -345,9 +346,9 @@ _LEAN_COVERED = frozenset({
     "attn_sinks",
     # ALiBi: the attention computes its distances from the query and key counts, not the pass's positions
     "alibi_slopes",
-    # sliding windows: a windowed layer's cache returns just its window's keys (_StepMask.for_keys); Gemma 3's
-    # local layers' own RoPE base
-    "sliding_window", "local_rotary_base",
+    # sliding windows and attention chunks: such a layer's cache returns just the keys the new token sees
+    # (_StepMask.for_keys); Gemma 3's local layers' own RoPE base; Llama 4's temperature on its NoPE layers
+    "sliding_window", "local_rotary_base", "attention_chunk", "nope_temperature",
     # norms, MLPs and biases; where the norms stand, the block's layout, QK norms, the score scale, layers
     # without rotation, gpt-oss's clamped gated unit
     "normalization", "norm_eps", "precision", "attn_only", "activation", "attn_bias", "out_bias",
@@ -408,7 +409,7 @@ class _StepRoot(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, caches: list) -> torch.Tensor:
         m = self.model
         x = m._embed(tokens, positions, None)  # [B, 1, M]
-        mask = _StepMask()
+        mask = _StepMask(positions)
         for i, block in enumerate(m.blocks):
             x = block(x, mask=mask, positions=positions, cache=caches[i], context=None, context_mask=None)
         return m.unembed_residual(x)[:, -1]  # [B, 1, V] -> [B, V]
@@ -544,8 +545,8 @@ class LeanDecoder:
         checks = [
             (cfg.causal and cfg.unembed, "not a causal decoder with an unembedding"),
             (not cfg.cross_attention, "cross-attention"),
-            (cfg.attention != "latent" or cfg.sliding_window is None,
-             "sliding windows on latent attention (its cache keeps every position)"),
+            (cfg.attention != "latent" or (cfg.sliding_window is None and cfg.attention_chunk is None),
+             "sliding windows or chunks on latent attention (its cache keeps every position)"),
             (cfg.use_sdpa, "use_sdpa=False"),
             (not (uncovered := cfg.set_features(others)), f"settings the traced step does not cover: {uncovered}"),
             (not getattr(model, "_placement_handles", None), "layers placed on several devices"),

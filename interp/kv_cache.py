@@ -6,7 +6,8 @@ it the new entries, never a position, so no caller can leave it pointing at the 
 Standard attention stores K and V per K/V head (``[B, K, S_max, D]``), so GQA/MQA shrink it by the group
 size; multi-head latent attention stores only the latent ``[B, S_max, C]`` and the shared rotary key
 ``[B, S_max, R]``. A sliding-window layer (window W) keeps only the last W - 1 positions, all a later query
-can see besides itself (:class:`WindowLayerKVCache`).
+can see besides itself; a chunked layer (chunk C, Llama 4) keeps only its current chunk's positions, at most C - 1
+(:class:`WindowLayerKVCache` for both).
 """
 
 from __future__ import annotations
@@ -55,18 +56,32 @@ class LayerKVCache:
 
 
 class WindowLayerKVCache(LayerKVCache):
-    """A sliding-window layer's buffers: the last ``capacity`` (= window - 1) positions, oldest first.
+    """A sliding-window or chunked layer's buffers: only the positions a later query can see, oldest first.
 
-    ``update(*new)`` returns the kept positions followed by the new ones (positions
-    ``length - kept .. length + T - 1``; the attention reads the first key's position off the count), keeps the
-    last ``capacity`` of them and advances ``length``. Memory is bounded by the window, however long the
-    decoding runs. The positions that slid out are gone, so a rewind to anywhere but 0 cannot be undone: the
-    next update after one raises instead of attending to the wrong keys.
+    A window W keeps the last ``capacity`` (= W - 1) positions; a chunk C (``chunk``) keeps the positions of the
+    current chunk, ``length % C`` of them (at most C - 1), and forgets a chunk once the next one begins.
+    ``update(*new)`` returns the kept positions followed by the new ones (positions ``length - kept .. length +
+    T - 1``; the attention reads the first key's position off the count), keeps what the next query can see and
+    advances ``length``. Memory is bounded by the window or chunk, however long the decoding runs. The positions
+    that were dropped are gone, so a rewind to anywhere but 0 cannot be undone: the next update after one raises
+    instead of attending to the wrong keys.
+
+    Example:
+        >>> import torch
+        >>> from interp.kv_cache import WindowLayerKVCache
+        >>> cache = WindowLayerKVCache([torch.zeros(1, 1, 3, 2)], [2], chunk=4)  # [B, K, C - 1, D]
+        >>> [cache.update(torch.ones(1, 1, n, 2))[0].shape[2] for n in (3, 1, 2)]  # positions 0-2, 3, 4-5
+        [3, 4, 2]
     """
 
-    def __init__(self, buffers: list[torch.Tensor], seq_dims: list[int]) -> None:
+    def __init__(self, buffers: list[torch.Tensor], seq_dims: list[int], chunk: int | None = None) -> None:
         super().__init__(buffers, seq_dims)
+        self.chunk = chunk
         self._written = 0  # the length the buffers' contents belong to
+
+    def _visible(self, length: int, capacity: int) -> int:
+        """How many positions before ``length`` the query at position ``length`` sees (what the buffers hold)."""
+        return length % self.chunk if self.chunk is not None else min(length, capacity)
 
     def update(self, *new: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Append ``new`` and return the kept positions followed by it.
@@ -76,22 +91,24 @@ class WindowLayerKVCache(LayerKVCache):
         """
         start = self.length
         if start not in (0, self._written):
-            raise RuntimeError(f"a sliding-window layer's KV cache was rewound from {self._written} to {start} "
-                               f"positions: the positions that slid out of its window are gone; reset() the cache "
-                               f"and run the prompt again")
+            what = "chunk" if self.chunk is not None else "window"
+            raise RuntimeError(f"a {what} layer's KV cache was rewound from {self._written} to {start} positions: "
+                               f"the positions that left its {what} are gone; reset() the cache and run the prompt "
+                               f"again")
+        end = start + new[0].shape[self.seq_dims[0]]
         out = []
         for buf, dim, t in zip(self.buffers, self.seq_dims, new):
             capacity = buf.shape[dim]
-            held = min(start, capacity)  # positions start - held .. start - 1
+            held = self._visible(start, capacity)  # positions start - held .. start - 1
             full = torch.cat([buf.narrow(dim, 0, held), t], dim=dim) if held else t  # [.., held + T, ..]
-            keep = min(capacity, full.shape[dim])
+            keep = self._visible(end, capacity)  # the next query's: never more than full holds
             buf.narrow(dim, 0, keep).copy_(full.narrow(dim, full.shape[dim] - keep, keep))
             out.append(full)
-        self.length = self._written = start + new[0].shape[self.seq_dims[0]]
+        self.length = self._written = end
         return tuple(out)
 
     def advance(self, n: int) -> None:
-        """Count ``n`` more positions (a windowed layer keeps its window, not every position)."""
+        """Count ``n`` more positions (a windowed or chunked layer keeps what it can see, not every position)."""
         self.length = self._written = self.length + n
 
 
@@ -142,14 +159,16 @@ class KVCache:
                 seq_dims = [1, 1]
             else:
                 # A pruned model may keep a different number of K/V heads in each layer; a windowed layer keeps
-                # only the window's last W - 1 positions.
-                window = cfg.window(layer)
-                length = max_len if window is None else min(max_len, window - 1)
+                # only the window's last W - 1 positions, a chunked one its chunk's, at most C - 1.
+                span = cfg.window(layer) or cfg.chunk(layer)
+                length = max_len if span is None else min(max_len, span - 1)
                 shapes = [(batch_size, cfg.layer(layer).n_kv_heads, length, cfg.d_head)] * 2
                 seq_dims = [2, 2]
             bufs = [torch.zeros(s, dtype=dtype, device=devices[layer]) for s in shapes]
-            windowed = cfg.attention != "latent" and cfg.window(layer) is not None
-            self.layers.append((WindowLayerKVCache if windowed else LayerKVCache)(bufs, seq_dims))
+            if cfg.cache_bounded(layer):
+                self.layers.append(WindowLayerKVCache(bufs, seq_dims, chunk=cfg.chunk(layer)))
+            else:
+                self.layers.append(LayerKVCache(bufs, seq_dims))
 
     @property
     def length(self) -> int:

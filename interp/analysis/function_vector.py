@@ -100,13 +100,13 @@ def task_mean_z(model: Transformer, prompts: ICLPrompts) -> dict[str, dict[int, 
 def _last_step(model: Transformer, tokens: torch.Tensor) -> Callable[[list[tuple[str, Any]]], torch.Tensor]:
     """``run(hooks) -> [B, V]`` the last position's logits of ``tokens`` ``[B, T]`` with ``hooks`` attached.
 
-    A causal model without sliding windows prefills the first ``T - 1`` positions once into a KV cache and each
+    A causal model without sliding windows or chunks prefills the first ``T - 1`` positions once into a KV cache and each
     run decodes only the last one (hooks that change the last position alone give the same logits as a full
     pass); other models run the full prompt each time.
     """
     cfg = model.cfg
     B, T = tokens.shape
-    if not cfg.causal or T < 2 or any(cfg.window(layer) is not None for layer in range(cfg.n_layers)):
+    if not cfg.causal or T < 2 or any(cfg.cache_bounded(layer) for layer in range(cfg.n_layers)):
         def full(hooks: list[tuple[str, Any]]) -> torch.Tensor:
             with model.hooks(hooks):
                 return model(tokens)[:, -1].float()

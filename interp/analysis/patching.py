@@ -396,9 +396,9 @@ def activation_patching(model: Transformer | HeadParallel, clean: torch.Tensor, 
         L, (B, T) = model.cfg.n_layers, base.shape
         # One base run records what every patched run resumes from: the residual entering each layer and, for
         # a causal model patched per position, the keys and values of the positions before the patch.
-        # (Not past a sliding window: a windowed layer's cache keeps only the window's end, not the prefix.)
+        # (Not past a sliding window or a chunk: such a layer's cache keeps only its end, not the prefix.)
         prefix = (by.endswith("_pos") and bool(model.cfg.causal)
-                  and all(model.cfg.window(layer) is None for layer in range(L)))
+                  and not any(model.cfg.cache_bounded(layer) for layer in range(L)))
         base_cache = model.make_cache(B, max_len=T) if prefix else None
         resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
         last_only = bool(getattr(plain, "reads_last_only", False))

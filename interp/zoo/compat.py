@@ -12,8 +12,8 @@ generating, routing that varies), converts it, and prints the Markdown table of 
 * whether 32 greedy tokens equal HF ``generate`` (and our cached decoding equals a full recompute).
 
 ``--full`` prints the measured table of ``docs/models.md`` instead: the max |logit diff|, KV-cache bytes per
-token (2-byte elements, layers with global attention; a windowed layer holds a fixed ``window - 1``
-positions) and forward time / HF with SDPA (interleaved repetitions; tiny models, so mostly overhead).
+token (2-byte elements, layers with global attention; a windowed or chunked layer holds at most ``window - 1``
+or ``chunk - 1`` positions) and forward time / HF with SDPA (interleaved repetitions; tiny models, so mostly overhead).
 
 Needs ``transformers`` (``pip install interp[hf]``); nothing is downloaded.
 """
@@ -241,7 +241,7 @@ def compat_rows(names: list[str] | None = None, *, reps: int = 5, timing: bool =
 def _global_kv_bytes(cfg: Any, bytes_per_element: int = 2) -> int:
     """KV bytes per token of the layers whose cache grows with the sequence (global attention)."""
     return sum(cfg.layer(i).kv_bytes_per_token(bytes_per_element) for i in range(cfg.n_layers)
-               if cfg.window(i) is None)
+               if not cfg.cache_bounded(i))
 
 
 #: The tolerance :func:`readme_table` reports against: max |logit diff| to transformers in float32.

@@ -36,6 +36,30 @@ def test_chunked_layers_equal_a_model_fed_each_chunk_alone():
     assert trace.pattern(0)[0, :, 5, :4].abs().max() == 0  # position 5 sees nothing of the first chunk
 
 
+@pytest.mark.parametrize("prompt_len,pieces", [(5, [1] * 12), (2, [3, 1, 4, 2, 1, 5]), (8, [7, 1, 1])])
+def test_a_chunked_layers_cache_holds_its_chunk_only_and_decodes_as_the_full_pass(prompt_len, pieces):
+    """A chunked layer's KV cache keeps at most C - 1 positions (its current chunk's), whatever the length; fed in
+    pieces of any size across chunk boundaries, every position's logits equal one pass over the whole sequence."""
+    torch.manual_seed(1)
+    model = Transformer(ModelConfig(**BASE, attention_chunk=[4, None], nope_layers=[1],
+                                    nope_temperature=[0.5, 3.0])).eval()
+    n = prompt_len + sum(pieces)
+    ids = torch.randint(0, 11, (2, n))
+    cache = model.make_cache(2)
+    assert cache.layers[0].buffers[0].shape[2] == 3 and cache.layers[1].buffers[0].shape[2] == 32  # C - 1; all
+    with torch.no_grad():
+        want = model(ids)  # [B, n, V]
+        got, at = [model(ids[:, :prompt_len], kv_cache=cache)], prompt_len
+        for size in pieces:
+            got.append(model(ids[:, at:at + size], kv_cache=cache))
+            at += size
+    torch.testing.assert_close(torch.cat(got, dim=1), want, rtol=0, atol=1e-5)
+    assert cache.length == n
+    cache.rewind(n - 1)  # the dropped chunk cannot come back: refused, not attended wrongly
+    with pytest.raises(RuntimeError, match="chunk layer's KV cache was rewound"):
+        model(ids[:, -1:], kv_cache=cache)
+
+
 def test_nope_temperature_scales_the_queries_by_position():
     """On a NoPE layer the query at absolute position p is multiplied by 1 + s log1p(floor((p + 1) / f)), also
     when it is decoded from a cache: hook the scores and compare with the unscaled model's times the factor."""

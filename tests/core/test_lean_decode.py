@@ -53,6 +53,9 @@ SHAPES = {
     # bases (Gemma 3): a windowed layer's cache hands the step exactly its window's keys
     "sliding-window": dict(sliding_window=4),
     "local-global-layers": dict(sliding_window=[3, None], local_rotary_base=100.0),
+    # Llama 4: chunked layers (a chunk boundary falls inside the decoded steps) and a NoPE layer with its
+    # temperature tuning
+    "chunks-and-nope-temperature": dict(attention_chunk=[3, None], nope_layers=[1], nope_temperature=[2.0, 3.0]),
     # Mixtures of experts: the MoE module runs its own forward at each step (its routing branches on data)
     "moe": dict(n_experts=4, n_experts_per_token=2, d_expert=16),
     "moe-shared-gated": dict(n_experts=4, n_experts_per_token=2, d_expert=16, d_shared_expert=8,
@@ -237,8 +240,10 @@ def test_generate_inside_decoding_sees_every_kind_of_weight_edit(edit, rows):
 
 
 @pytest.mark.parametrize(("variant", "over", "reason"), [
-    ("gqa-rotary", dict(attention_chunk=4), "settings the traced step does not cover: attention_chunk="),
-    ("mla", dict(sliding_window=4), "sliding windows on latent attention"),
+    ("gqa-rotary", dict(positions_from_mask=True, positional="learned"),
+     "settings the traced step does not cover: positions_from_mask=True"),
+    ("mla", dict(sliding_window=4), "sliding windows or chunks on latent attention"),
+    ("mla", dict(attention_chunk=4), "sliding windows or chunks on latent attention"),
     ("gqa-rotary", dict(attn_softcap=5.0), "attn_softcap=5.0"),
     ("gqa-rotary", dict(causal=False, unembed=True), "not a causal decoder"),
     ("gqa-rotary", dict(use_sdpa=False), "use_sdpa=False"),
@@ -385,6 +390,6 @@ def test_what_the_step_covers_is_an_allow_list_of_config_fields():
     assert decode_mod._LEAN_COVERED <= fields  # no stale name
     # Any field outside the list that leaves its default is named, whatever it is: here two that no deny-list
     # of the step ever named, set together.
-    model = llama("gqa", attn_softcap=5.0, attention_chunk=4)
+    model = llama("gqa", attn_softcap=5.0, positions_from_mask=True, positional="learned")
     why = LeanDecoder.unsupported(model)
-    assert why is not None and "attn_softcap=5.0" in why and "attention_chunk=[4, 4]" in why
+    assert why is not None and "attn_softcap=5.0" in why and "positions_from_mask=True" in why

@@ -361,6 +361,8 @@ _LEAN_COVERED = frozenset({
     "dense_mlp_layers",
     # the ends of the model: Transformer._embed and Transformer.unembed_residual
     "embed_scale", "embed_norm", "n_token_types", "tie_embeddings", "final_softcap",
+    # OPT's positions counted over real tokens: a step runs unpadded rows, where they are the absolute positions
+    "positions_from_mask",
     # read by no forward pass
     "pad_token_id",
 })

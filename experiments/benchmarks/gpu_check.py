@@ -343,15 +343,16 @@ def step_mla(rep: Report, device: torch.device, quick: bool) -> None:
     rep.add("MLA decode tokens/s, absorbed / expanded", out["expanded_s"] / out["absorbed_s"], "reported")
 
 
-def step_circuits(rep: Report, device: torch.device, quick: bool, reps: int, m: int = 5) -> None:
-    """Step 6: edge attribution on the SmolLM2-shaped model, 4 x 128 tokens of repeated random halves: EAP (target
-    <= 4x one forward) and EAP-IG with m points in one batched pass (target <= (m + 2)x), beside the floor of one
-    forward + backward and EAP-IG with one pass per point; EAP's peak memory above the model's."""
+def step_circuits(rep: Report, device: torch.device, quick: bool, reps: int, m: int = 5, batch: int = 4) -> None:
+    """Step 6: edge attribution on the SmolLM2-shaped model, ``batch`` x 128 tokens of repeated random halves: EAP
+    (target <= 4x one forward) and EAP-IG with m points in one batched pass (target <= (m + 2)x), beside the floor
+    of one forward + backward and EAP-IG with one pass per point; EAP's peak memory above the model's. At a small
+    batch a GPU waits on the host's kernel launches, so ``--circuits-batch`` can add larger ones."""
     from interp.circuits import build_graph, eap, eap_ig
     from interp.circuits.tasks import circuit_task
 
     _, ours, _ = smollm2_pair(device, quick)
-    task = circuit_task(ours, "induction", n=4, half_len=16 if quick else 64)
+    task = circuit_task(ours, "induction", n=batch, half_len=16 if quick else 64)
     c, x, metric = task.clean.to(device), task.corrupted.to(device), task.metric
     graph = build_graph(ours)
 
@@ -375,19 +376,19 @@ def step_circuits(rep: Report, device: torch.device, quick: bool, reps: int, m: 
                                                                  steps_per_pass=1, progress=False)}
     med = interleaved(fns, device, reps)
     base = med["forward"]
-    rep.data["circuits seconds"] = med
+    rep.data[f"circuits seconds, batch {batch}"] = med
     rep.data["circuits edges"] = graph.n_edges
     for name, target in (("forward+backward", "floor"), (f"forward+backward of {m} copies", "floor"),
                          ("EAP", "<= 4"), (f"EAP-IG (m = {m}, one pass)", f"<= {m + 2}"),
                          (f"EAP-IG (m = {m}, a pass per point)", "reported")):
         ratio = med[name] / base
         ok = None if not target.startswith("<=") else ratio <= float(target[3:])
-        rep.add(f"SmolLM2 {name} / one forward ({graph.n_edges} edges, 4 x {c.shape[1]})", ratio, target, ok)
+        rep.add(f"SmolLM2 {name} / one forward ({graph.n_edges} edges, {batch} x {c.shape[1]})", ratio, target, ok)
     if device.type == "cuda":
         reset_peak(device)
         before = torch.cuda.memory_allocated(device)
         eap(ours, c, x, metric, graph=graph)
-        rep.add(f"SmolLM2 EAP peak memory above the model (GB, 4 x {c.shape[1]})", (peak(device) - before) / 1e9)
+        rep.add(f"SmolLM2 EAP peak memory above the model (GB, {batch} x {c.shape[1]})", (peak(device) - before) / 1e9)
 
 
 def step_decode_profile(device: torch.device, quick: bool, batch: int = 32) -> None:
@@ -434,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     p.add_argument("--steps", default="smollm2,decode,llama8b,mla,circuits", help="which steps after the tests, comma-separated")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--circuits-batch", type=lambda v: [int(b) for b in v.split(",")], default=[4],
+                   help="sequences per batch of the circuits step, comma-separated (default 4)")
     p.add_argument("--skip-tests", action="store_true", help="skip step 1 (pytest -m cuda)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here")
     a = p.parse_args(argv)
@@ -451,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
               ("decode", lambda: step_decode(rep, device, a.quick, a.reps)),
               ("llama8b", lambda: step_llama8b(rep, device, a.quick, a.reps)),
               ("mla", lambda: step_mla(rep, device, a.quick)),
-              ("circuits", lambda: step_circuits(rep, device, a.quick, a.reps)),
+              *[("circuits", lambda b=b: step_circuits(rep, device, a.quick, a.reps, batch=b))
+                for b in a.circuits_batch],
               ("decode_profile", lambda: step_decode_profile(device, a.quick)),
               ("eap_profile", lambda: step_eap_profile(device, a.quick))]
     steps = [(n, f) for n, f in steps if n == "tests" or n in a.steps.split(",")]

@@ -42,6 +42,26 @@ def reducers():
     return [MeanReducer("*hook_pattern"), MeanReducer(["blocks.0.hook_resid_post", "blocks.3.mlp.hook_post"])]
 
 
+#: classify_heads' settings in the classify case: low thresholds, so that the random model's heads get rows of
+#: every kind; the positional data is two batches (the second padded), the induction data three (the last of 2 rows).
+CLASSIFY = dict(kinds=["positional", "previous-token", "duplicate-token", "induction", "sink"], window=2,
+                positional_threshold=0.2, previous_token_threshold=0.05, duplicate_token_threshold=0.02,
+                induction_threshold=0.02, copying_threshold=0.0, n_seqs=6, half_len=5, batch_size=4,
+                options={"sink_threshold": 0.1, "sink_value_ratio": 2.0})
+
+
+def classify_data():
+    """The positional data: a list of ``(tokens, mask)`` batches (rank 0's is the one run)."""
+    return [(tokens()[:4], None), (tokens()[4:], padding_mask()[4:])]
+
+
+def report_of(report) -> dict:
+    """A HeadReport as plain values (it pickles, and the test compares it field by field)."""
+    return {"df": report.df, "details": report.details, "thresholds": report.thresholds, "probes": report.probes,
+            "kinds_run": report.kinds_run, "layer_heads": report.layer_heads, "n_heads": report.n_heads,
+            "n_layers": report.n_layers}
+
+
 def run(case: str, rank: int, world: int, path: str):
     from interp import distributed
     from interp.pipeline import Pipeline
@@ -67,6 +87,16 @@ def run(case: str, rank: int, world: int, path: str):
                 "meta": None if trace is None else trace.meta,
                 "stats": None if trace is None else trace.stats, "streamed_n": n,
                 "streamed": [r.result() for r in streamed] if rank == 0 else None}
+    if case == "classify":
+        from interp.analysis import classify_heads
+        from interp.streaming import MeanReducer
+
+        report = classify_heads(pipe, tokens=classify_data() if rank == 0 else [], **CLASSIFY)
+        boot = classify_heads(pipe, tokens=classify_data(), bootstrap=20, **{**CLASSIFY, "kinds": ["induction", "sink"]})
+        chunked = MeanReducer("*hook_pattern")  # fed on the owner ranks, three query chunks of a 9-token batch
+        n = pipe.feed(tokens(), [chunked], batch_size=4, query_chunk=4)
+        return {"report": report_of(report), "bootstrap": report_of(boot), "chunked_n": n,
+                "chunked": chunked.state_dict(), "held": held}
     if case == "die":
         victim = world - 1
 

@@ -216,6 +216,50 @@ class Pipeline:
                 f"rank {self.rank} of {self.world}: {what} rank {peer} failed; rank {peer} died or did not answer "
                 f"within the timeout: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
+    def _receive(self, shape: tuple[int, ...], what: str) -> torch.Tensor:
+        """A tensor of ``shape`` (the model's dtype) from the previous rank."""
+        buf = torch.empty(shape, dtype=self._dtype, device=self._device)
+        self._wait(torch.distributed.irecv(buf, src=self.rank - 1), f"receiving {what} from", self.rank - 1)
+        return buf
+
+    def _send(self, t: torch.Tensor, what: str, previous: Any = None) -> Any:
+        """Send ``t`` to the next rank without waiting for it; ``previous`` (the last such send) is waited for
+        first, so that at most one send per rank is in flight. Returns the send to wait for."""
+        if previous is not None:
+            self._send_done(previous, what)
+        t = t.contiguous()
+        return torch.distributed.isend(t, dst=self.rank + 1), t  # the buffer must live until the send is done
+
+    def _send_done(self, sending: Any, what: str) -> None:
+        """Wait for the last :meth:`_send`."""
+        self._wait(sending[0], f"sending {what} to", self.rank + 1)
+
+    def _from_last(self, compute: Any, what: str) -> Any:
+        """``compute()`` on the last rank (the one holding the logits), its value on every rank; an error
+        raised there (a bad metric) is raised on every rank with its message, instead of leaving them waiting."""
+        if self.world == 1:
+            return compute()
+        box: list[Any] = [None]
+        error: Exception | None = None
+        if self.rank == self.world - 1:
+            try:
+                box[0] = ("value", compute())
+            except (ValueError, TypeError, RuntimeError) as e:
+                box[0], error = ("error", (type(e).__name__, str(e))), e
+        distributed._collective(f"broadcast of {what}", torch.distributed.broadcast_object_list, box,
+                                src=self.world - 1)
+        kind, value = box[0]
+        if kind == "value":
+            return value
+        if error is not None:
+            raise error
+        name, message = value
+        raise (TypeError if name == "TypeError" else ValueError)(f"on rank {self.world - 1}: {message}")
+
+    def _gather_all(self, obj: Any, what: str) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        return [obj] if self.world == 1 else distributed._all_gather(obj, f"all-gather of {what}")
+
     def _share_input(self, tokens: torch.Tensor | None, mask: torch.Tensor | None
                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Rank 0's tokens and mask on every rank (one broadcast)."""
@@ -228,10 +272,11 @@ class Pipeline:
 
     # --- the schedule ----------------------------------------------------------------------------------
     def _run(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, fwd_hooks: Sequence[Any],
-             micro_start: Any = None, *, shared: bool = False, logits_to_rank0: bool = True
-             ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+             micro_start: Any = None, *, shared: bool = False, logits_to_rank0: bool = True,
+             kv_cache: Any = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         # shared: every rank already holds rank 0's batch (no broadcast); logits_to_rank0=False: the last rank
-        # keeps its logits (a pass that only feeds reducers sends none).
+        # keeps its logits (a pass that only feeds reducers sends none); kv_cache: a cache of the whole model's
+        # layers that this rank fills for its own (the batch then runs as one micro-batch: the cache's rows).
         if not shared:
             tokens, mask = self._share_input(tokens, mask)
         if tokens is None:
@@ -246,7 +291,8 @@ class Pipeline:
             raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected {(B, T)}")
         # At least two rows per micro-batch (when the batch has two): on a one-row batch PyTorch's matmul takes
         # other kernels in the explicit attention path (recorded patterns), a rounding away from the batch's rows.
-        rows = torch.arange(B).tensor_split(max(1, min(self.micro_batches, B // 2)))  # the row ranges
+        pieces = 1 if kv_cache is not None else max(1, min(self.micro_batches, B // 2))
+        rows = torch.arange(B).tensor_split(pieces)  # the row ranges
         last = self.world - 1
         dist = torch.distributed
         kw: dict[str, Any] = {}
@@ -271,7 +317,11 @@ class Pipeline:
                     self._wait(work, f"receiving micro-batch {m}'s residual from", self.rank - 1)
                     x = buf
                 m_mask = None if mask is None else mask[r[0]:r[-1] + 1].to(self._device)
-                y = self.model(x, attention_mask=m_mask, **kw)
+                if kv_cache is None:
+                    y = self.model(x, attention_mask=m_mask, **kw)
+                else:  # forward refuses a cache on a slice of layers (the others would not fill theirs): here
+                    with self.model.lock:  # the other ranks fill them
+                        y = self.model._forward(x, attention_mask=m_mask, kv_cache=kv_cache, **kw)
                 if self.rank < last:
                     y = y.contiguous()
                     sends.append((m, dist.isend(y, dst=self.rank + 1)))
@@ -348,6 +398,48 @@ class Pipeline:
             >>> trace.pattern(0).shape == model.run_with_cache(tokens)[1].pattern(0).shape
             True
         """
+        logits, trace = self._record(tokens, names_filter, attention_mask, reducers)
+        return logits, trace
+
+    def record_own(self, tokens: torch.Tensor | None, *, names_filter: NamesFilter = None,
+                   attention_mask: torch.Tensor | None = None, logits_to_rank0: bool = True,
+                   kv_cache: Any = None) -> tuple[torch.Tensor | None, Trace]:
+        """Run the pipeline and keep each rank's records on that rank: a :class:`~interp.trace.Trace` of the hook
+        points of this rank's layers (and the embeddings' on rank 0), each tensor the one a single process records
+        for the whole batch; nothing travels but the residual.
+
+        Args:
+            tokens: ``[B, T]`` ids on rank 0 (broadcast to the others).
+            names_filter: hook points to store (those of other ranks' layers are absent from this rank's trace).
+            attention_mask: ``[B, T]`` padding mask.
+            logits_to_rank0: send the logits to rank 0 (else the last rank keeps them).
+            kv_cache: a :class:`~interp.kv_cache.KVCache` of the whole model (``model.make_cache(B)``): this rank
+                fills its layers' entries (the batch then runs as one micro-batch).
+
+        Returns:
+            ``(logits, trace)``: the logits on rank 0 (on the last rank with ``logits_to_rank0=False``; None on the
+            others), and this rank's trace.
+
+        Raises:
+            ValueError: a name that matches no hook point, or bad input (on every rank alike).
+            DistributedError: a peer rank died or timed out.
+
+        Example:
+            >>> from interp.pipeline import Pipeline
+            >>> from interp.examples import model, tokens
+            >>> _, own = Pipeline(model).record_own(tokens, names_filter="blocks.1.attn.hook_result")
+            >>> own["blocks.1.attn.hook_result"].shape   # one rank: every layer is its own
+            torch.Size([2, 21, 4, 128])
+        """
+        logits, trace = self._record(tokens, names_filter, attention_mask, (), gather=False,
+                                     logits_to_rank0=logits_to_rank0, kv_cache=kv_cache)
+        assert trace is not None
+        return logits, trace
+
+    def _record(self, tokens: torch.Tensor | None, names_filter: NamesFilter, attention_mask: torch.Tensor | None,
+                reducers: Sequence[Reducer], *, gather: bool = True, logits_to_rank0: bool = True,
+                kv_cache: Any = None) -> tuple[torch.Tensor | None, Trace | None]:
+        """:meth:`run_with_cache` (``gather``: every rank's records to rank 0) or :meth:`record_own` (each its own)."""
         hook_names = self.model.hook_names
         names = [] if isinstance(names_filter, (list, tuple)) and not names_filter else resolve_names(
             names_filter, hook_names)
@@ -357,11 +449,14 @@ class Pipeline:
         names = [n for n in names if n not in z_names] + [z for z in z_names.values() if z not in requested]
         reducer_names = [set(resolve_names(r.names, hook_names)) for r in reducers]
         wanted = set(names).union(*reducer_names)
-        logits, tokens, mask, mine = self._recorded_pass(tokens, attention_mask, wanted)
-        mine = [(name, q0, t.cpu()) for name, q0, t in mine]
+        logits, tokens, mask, mine = self._recorded_pass(tokens, attention_mask, wanted,
+                                                         logits_to_rank0=logits_to_rank0, kv_cache=kv_cache)
+        if gather:
+            mine = [(name, q0, t.cpu()) for name, q0, t in mine]
         fired = {name for name, _, _ in mine}
-        w_os = {r: gated_w_o(self.model, r).cpu().clone() for r, z in z_names.items() if z in fired}
-        if self.world > 1:
+        w_os = {r: gated_w_o(self.model, r).to(device="cpu" if gather else None, copy=True)
+                for r, z in z_names.items() if z in fired}
+        if self.world > 1 and gather:
             gathered: list[Any] = [None] * self.world if self.rank == 0 else []
             distributed._collective("gather of the pipeline's records", torch.distributed.gather_object,
                                     (mine, w_os), gathered if self.rank == 0 else None, dst=0)
@@ -394,7 +489,7 @@ class Pipeline:
                              head_writes=head_writes, tokenizer=getattr(self.model, "tokenizer", None))
 
     def _recorded_pass(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, wanted: set[str], *,
-                       shared: bool = False, logits_to_rank0: bool = True
+                       shared: bool = False, logits_to_rank0: bool = True, kv_cache: Any = None
                        ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, list[Event]]:
         """One pass that saves the hook points ``wanted`` of this rank's layers: ``(logits, tokens, mask, events)``,
         the events in the order one process fires them, each micro-batch's tensors joined along the batch axis
@@ -406,7 +501,7 @@ class Pipeline:
 
         hooks = [(sorted(wanted), QueryChunkHook(save))] if wanted else []
         logits, tokens, mask = self._run(tokens, mask, hooks, micro_start=lambda m: events.append([]), shared=shared,
-                                         logits_to_rank0=logits_to_rank0)
+                                         logits_to_rank0=logits_to_rank0, kv_cache=kv_cache)
         # The same hook points fire in the same order for every micro-batch: join them along the batch axis.
         joined = [(name, q0, events[0][j][2] if len(events) == 1 else torch.cat([ev[j][2] for ev in events]))
                   for j, (name, q0, _) in enumerate(events[0])]

@@ -62,6 +62,42 @@ def report_of(report) -> dict:
             "n_layers": report.n_layers}
 
 
+def every_position_metric(logits):
+    """A metric that reads every position (the patched runs then unembed them all, and a pass resumed at a
+    position takes the base run's logits before it)."""
+    return logits[:, :, 3].mean() - logits[:, :, 7].mean()
+
+
+def nan_metric(logits):
+    return logits.sum() * float("nan")
+
+
+def patching_inputs():
+    """``(clean, corrupted, answers, mask)``: 4 rows of 9 tokens (two micro-batches of 2 rows)."""
+    gen = torch.Generator().manual_seed(5)
+    clean = torch.randint(0, 50, (4, 9), generator=gen)
+    corrupted = torch.randint(0, 50, (4, 9), generator=gen)
+    answers = torch.randint(0, 50, (4, 2), generator=gen)
+    mask = torch.ones(4, 9, dtype=torch.long)
+    mask[2, :3] = 0  # left padding in one row
+    return clean, corrupted, answers, mask
+
+
+def patching_settings():
+    """The activation_patching calls compared with one process: per-head and per-layer sites, whole and per
+    position (a causal model's passes then resume at a position from the base run's cache), both directions, a
+    padding mask, and a metric of the last position or of every position."""
+    clean, corrupted, answers, mask = patching_inputs()
+    return {
+        "z_head": dict(act="z", by="head", answer_tokens=answers, batch_size=12),
+        "result_head_pos": dict(act="result", by="head_pos", metric=every_position_metric, direction="denoising",
+                                batch_size=16),
+        "resid_pre_layer_pos": dict(act="resid_pre", by="layer_pos", answer_tokens=answers, batch_size=12,
+                                    attention_mask=mask),
+        "attn_out_layer": dict(act="attn_out", by="layer", metric=every_position_metric, batch_size=8),
+    }
+
+
 def run(case: str, rank: int, world: int, path: str):
     from interp import distributed
     from interp.pipeline import Pipeline
@@ -97,6 +133,17 @@ def run(case: str, rank: int, world: int, path: str):
         n = pipe.feed(tokens(), [chunked], batch_size=4, query_chunk=4)
         return {"report": report_of(report), "bootstrap": report_of(boot), "chunked_n": n,
                 "chunked": chunked.state_dict(), "held": held}
+    if case == "patching":
+        from interp.analysis import activation_patching
+
+        clean, corrupted, _, _ = patching_inputs()
+        tables = {name: activation_patching(pipe, clean, corrupted, **kw) for name, kw in patching_settings().items()}
+        try:
+            activation_patching(pipe, clean, corrupted, act="z", metric=nan_metric)
+            error = None
+        except ValueError as e:  # raised on the last rank, and from it on every other
+            error = str(e)
+        return {"tables": tables, "error": error}
     if case == "die":
         victim = world - 1
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.analysis import classify_heads
+from interp.analysis import activation_patching, classify_heads
 from interp.pipeline import Pipeline, stage_bounds
 from interp.placement import build
 from interp.streaming import MeanReducer, stream
@@ -56,11 +56,24 @@ def assert_same_report(got: dict, ref) -> None:
         assert got[field] == getattr(ref, field), field
 
 
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory, checkpoint):
+    """``{world: out_dir}``: each world size launched once (process start-up dominates), for every case."""
+    runs = {}
+
+    def get(world: int) -> Path:
+        if world not in runs:
+            out = tmp_path_factory.mktemp(f"pipe_world{world}")
+            launch(world, ["classify", "patching"], out, conllu=str(checkpoint), worker=WORKER)
+            runs[world] = out
+        return runs[world]
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
-def test_classify_heads_over_ranks_equals_one_process(world, checkpoint, tmp_path):
-    launch(world, ["classify"], tmp_path, conllu=str(checkpoint), worker=WORKER)
-    got = _read(tmp_path, "classify", world)
+def test_classify_heads_over_ranks_equals_one_process(world, ranks, checkpoint):
+    got = _read(ranks(world), "classify", world)
     model = load_checkpoint(checkpoint)
     ref = classify_heads(model, tokens=pipeline_worker.classify_data(), **pipeline_worker.CLASSIFY)
     # Rows of every kind were found (the thresholds are low), so the rows and not only the scores are compared.
@@ -85,6 +98,33 @@ def test_classify_heads_over_ranks_equals_one_process(world, checkpoint, tmp_pat
         held = {n for n in res["chunked"] if bounds[r][0] <= int(n.split(".")[1]) < bounds[r][1]}
         assert held == {n for n in chunked.state if bounds[r][0] <= int(n.split(".")[1]) < bounds[r][1]}
         assert len({k.rsplit("@", 1)[1] for k in held if "@" in k}) == 3  # queries 0-3, 4-7, 8: three chunks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_patching_over_ranks_equals_one_process(world, ranks, checkpoint):
+    got = _read(ranks(world), "patching", world)
+    model = load_checkpoint(checkpoint)
+    clean, corrupted, _, _ = pipeline_worker.patching_inputs()
+    for name, kw in pipeline_worker.patching_settings().items():
+        ref = activation_patching(model, clean, corrupted, **kw)
+        assert ref["normalized"].std() > 0, name  # the sites differ: a table of one value would prove little
+        for r, res in enumerate(got):  # every rank returns the whole table
+            pd.testing.assert_frame_equal(res["tables"][name], ref, check_exact=True)
+            assert res["tables"][name].attrs == ref.attrs, (name, r)
+    for r, res in enumerate(got):  # a bad metric fails on the last rank, and every rank says so
+        assert res["error"] is not None and "metric returned nan" in res["error"], (r, res["error"])
+        if r < world - 1:
+            assert f"on rank {world - 1}:" in res["error"]
+
+
+def test_one_process_patching_pipeline_is_the_model():
+    model = build(CFG, seed=0)
+    clean, corrupted, _, _ = pipeline_worker.patching_inputs()
+    for kw in pipeline_worker.patching_settings().values():
+        ref = activation_patching(model, clean, corrupted, **kw)
+        got = activation_patching(Pipeline(model, micro_batches=2), clean, corrupted, **kw)
+        pd.testing.assert_frame_equal(got, ref, check_exact=True)
 
 
 def test_one_process_routing_is_stream():

@@ -453,8 +453,7 @@ def _classify_over_stages(pipe: Pipeline, settings: dict[str, Any]) -> HeadRepor
         return table[table["layer"].isin(own)] if "layer" in table.columns else table
 
     tables = {"df": local.df, **{f"details.{k}": v for k, v in local.details.items()}}
-    everyone = distributed._all_gather({k: mine(v) for k, v in tables.items()}, "all-gather of the pipeline's "
-                                       "head tables")
+    everyone = pipe._gather_all({k: mine(v) for k, v in tables.items()}, "the pipeline's head tables")
     joined = {}
     for name, table in tables.items():
         if "layer" in table.columns:  # the ranks' layers in rank order: one process's order

@@ -143,6 +143,14 @@ def test_one_process_routing_is_stream():
         assert torch.equal(got.state[k], ref.state[k]), k
 
 
+def test_one_process_classify_pipeline_is_the_model(checkpoint):
+    model = load_checkpoint(checkpoint)
+    ref = classify_heads(model, tokens=pipeline_worker.classify_data(), **pipeline_worker.CLASSIFY)
+    got = classify_heads(Pipeline(model, micro_batches=2), tokens=pipeline_worker.classify_data(),
+                         **pipeline_worker.CLASSIFY)
+    assert_same_report(pipeline_worker.report_of(got), ref)
+
+
 def test_classify_refuses_kinds_that_read_several_stages(checkpoint):
     pipe = Pipeline(load_checkpoint_stage(checkpoint, rank=0, world=1))
     with pytest.raises(ValueError, match=r"head kinds \['copy-suppression'\] do not run over a Pipeline"):

@@ -450,15 +450,20 @@ def _classify_over_stages(pipe: Pipeline, settings: dict[str, Any]) -> HeadRepor
     own = range(pipe.first, pipe.stop)
 
     def mine(table: pd.DataFrame) -> pd.DataFrame:
-        return table[table["layer"].isin(own)] if "layer" in table.columns else table
+        if "layer" not in table.columns:
+            return table
+        # Each rank's table has one process's rows in one process's order (the other ranks' layers with empty
+        # scores): its own rows keep their place, so the joined table has one process's order (a syntactic table
+        # runs over relations first, layers within each).
+        return table.assign(_row=range(len(table)))[table["layer"].isin(own)]
 
     tables = {"df": local.df, **{f"details.{k}": v for k, v in local.details.items()}}
     everyone = pipe._gather_all({k: mine(v) for k, v in tables.items()}, "the pipeline's head tables")
     joined = {}
     for name, table in tables.items():
-        if "layer" in table.columns:  # the ranks' layers in rank order: one process's order
-            parts = [rank_tables[name] for rank_tables in everyone]
-            table_out = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+        if "layer" in table.columns:
+            parts = pd.concat([rank_tables[name] for rank_tables in everyone])
+            table_out = parts.sort_values("_row", kind="stable").drop(columns="_row").reset_index(drop=True)
             table_out.attrs = dict(everyone[0][name].attrs)  # per-table facts (row counts) agree over ranks
         else:
             table_out = everyone[0][name]

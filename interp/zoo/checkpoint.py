@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -435,11 +436,19 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     model = build(cfg, device=target, dtype=dtype, meta_weights=True)
     assign_weights(model, tensors, dtype=dtype, device=target, source=where)
     del tensors
-    model.name = header.get("name", Path(path).stem)
+    _name_and_tokenizer(model, header, Path(path), where)
+    model.checkpoint_metadata = {k: v for k, v in header.items() if k not in ("config", "tokenizer", INTEGRITY_KEY)}
+    model.checkpoint_verified = verified
+    return model.eval()
+
+
+def _name_and_tokenizer(model: Transformer, header: dict[str, Any], path: Path, where: str) -> None:
+    """Set ``model.name`` and, when the header stores one, ``model.tokenizer`` (a whole model or a pipeline's stage)."""
+    model.name = header.get("name", path.stem)
     if header.get("tokenizer_kind") == "token-id":
         from .token_ids import token_id_tokenizer  # a token-id model: its tokenizer is rebuilt from the header
 
-        model.tokenizer = token_id_tokenizer(header, cfg.d_vocab, where)
+        model.tokenizer = token_id_tokenizer(header, model.cfg.d_vocab, where)
     elif "tokenizer" in header:
         from .tokenizer import Tokenizer
 
@@ -447,9 +456,6 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             model.tokenizer = Tokenizer.from_json(header["tokenizer"])
         except Exception as e:  # noqa: BLE001 - the tokenizers library raises a plain Exception
             raise ValueError(f"{where}: the tokenizer stored in the checkpoint cannot be read: {e}") from e
-    model.checkpoint_metadata = {k: v for k, v in header.items() if k not in ("config", "tokenizer", INTEGRITY_KEY)}
-    model.checkpoint_verified = verified
-    return model.eval()
 
 
 
@@ -517,5 +523,5 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
     if tied and "W_U" in held and unembed is not None:
         unembed.weight = model.embed.weight
     del tensors
-    model.name = header.get("name", Path(path).stem)
+    _name_and_tokenizer(model, header, path, where)  # a text analysis over the pipeline tokenizes on every rank
     return model.eval()

@@ -62,6 +62,12 @@ def report_of(report) -> dict:
             "n_layers": report.n_layers}
 
 
+def treebank_settings(conllu: str) -> dict:
+    """classify_heads over a treebank: its sentences are the positional data too (annotations travel)."""
+    return dict(conllu=conllu, kinds=["positional", "syntactic", "induction"], max_sentences=12, batch_size=4,
+                n_seqs=4, syntactic_min_count=1)
+
+
 def every_position_metric(logits):
     """A metric that reads every position (the patched runs then unembed them all, and a pass resumed at a
     position takes the base run's logits before it)."""
@@ -133,6 +139,11 @@ def run(case: str, rank: int, world: int, path: str):
         n = pipe.feed(tokens(), [chunked], batch_size=4, query_chunk=4)
         return {"report": report_of(report), "bootstrap": report_of(boot), "chunked_n": n,
                 "chunked": chunked.state_dict(), "held": held}
+    if case == "classify_treebank":  # a text model's checkpoint (its tokenizer stored) and a CoNLL-U treebank
+        from interp.analysis import classify_heads
+
+        report = classify_heads(pipe, **treebank_settings(os.environ["PIPELINE_CONLLU"]))
+        return {"report": report_of(report)}
     if case == "patching":
         from interp.analysis import activation_patching
 

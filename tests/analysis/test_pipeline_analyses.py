@@ -17,6 +17,7 @@ from interp.analysis import activation_patching, classify_heads
 from interp.pipeline import Pipeline, stage_bounds
 from interp.placement import build
 from interp.streaming import MeanReducer, stream
+from interp.zoo import load
 from interp.zoo.checkpoint import load_checkpoint, load_checkpoint_stage, save_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -125,6 +126,20 @@ def test_one_process_patching_pipeline_is_the_model():
         ref = activation_patching(model, clean, corrupted, **kw)
         got = activation_patching(Pipeline(model, micro_batches=2), clean, corrupted, **kw)
         pd.testing.assert_frame_equal(got, ref, check_exact=True)
+
+
+@pytest.mark.slow
+def test_classify_over_a_treebank_on_two_ranks(ud_ewt_dev, tmp_path, monkeypatch):
+    # A text model whose stages tokenize on every rank (the checkpoint stores the tokenizer); rank 0's treebank
+    # batches, with their sentences and word maps, are the ones every rank's reducers see.
+    model = load("minilm-l6")
+    path = save_checkpoint(model, tmp_path / "minilm.safetensors")
+    monkeypatch.setenv("PIPELINE_CONLLU", ud_ewt_dev)
+    launch(2, ["classify_treebank"], tmp_path, conllu=str(path), worker=WORKER)
+    ref = classify_heads(load_checkpoint(path), **pipeline_worker.treebank_settings(ud_ewt_dev))
+    assert len(ref.details["syntactic"]) > 0
+    for res in _read(tmp_path, "classify_treebank", 2):
+        assert_same_report(res["report"], ref)
 
 
 def test_one_process_routing_is_stream():

@@ -50,7 +50,7 @@ from . import distributed
 from .data.batches import Batch, check_length, iter_batches
 from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
 from .progress import bar as progress_bar
-from .streaming import gated_w_o, trace_meta
+from .streaming import _StopForward, gated_w_o, trace_meta
 from .trace import Trace
 
 if TYPE_CHECKING:
@@ -273,10 +273,13 @@ class Pipeline:
     # --- the schedule ----------------------------------------------------------------------------------
     def _run(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, fwd_hooks: Sequence[Any],
              micro_start: Any = None, *, shared: bool = False, logits_to_rank0: bool = True,
-             kv_cache: Any = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+             kv_cache: Any = None, stop: tuple[str, bool] | None = None
+             ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         # shared: every rank already holds rank 0's batch (no broadcast); logits_to_rank0=False: the last rank
         # keeps its logits (a pass that only feeds reducers sends none); kv_cache: a cache of the whole model's
-        # layers that this rank fills for its own (the batch then runs as one micro-batch: the cache's rows).
+        # layers that this rank fills for its own (the batch then runs as one micro-batch: the cache's rows);
+        # stop: the hook after which nothing the pass computes is read (streaming._stop_point): the rank of its
+        # layer stops there and sends nothing, the later ranks do not run (no logits then).
         if not shared:
             tokens, mask = self._share_input(tokens, mask)
         if tokens is None:
@@ -295,6 +298,17 @@ class Pipeline:
         rows = torch.arange(B).tensor_split(pieces)  # the row ranges
         last = self.world - 1
         dist = torch.distributed
+        if stop is not None:
+            if logits_to_rank0:
+                raise ValueError("pipeline: a pass that stops early has no logits to send to rank 0")
+            halt = int(stop[0].split(".")[1])  # the layer of the last hook read
+            if self.first > halt:
+                return None, tokens, mask  # nothing this rank computes is read
+            if halt < self.stop:  # this rank's layer: stop there, like streaming.stream (after the savers)
+                from .streaming import _stop_hook, _stop_now
+
+                fwd_hooks = [*fwd_hooks, ([stop[0]], QueryChunkHook(_stop_hook if stop[1] else _stop_now))]
+                last = self.rank  # no later rank runs
         kw: dict[str, Any] = {}
         if self.rank > 0:
             kw["start_at_layer"] = self.first
@@ -317,11 +331,14 @@ class Pipeline:
                     self._wait(work, f"receiving micro-batch {m}'s residual from", self.rank - 1)
                     x = buf
                 m_mask = None if mask is None else mask[r[0]:r[-1] + 1].to(self._device)
-                if kv_cache is None:
-                    y = self.model(x, attention_mask=m_mask, **kw)
-                else:  # forward refuses a cache on a slice of layers (the others would not fill theirs): here
-                    with self.model.lock:  # the other ranks fill them
-                        y = self.model._forward(x, attention_mask=m_mask, kv_cache=kv_cache, **kw)
+                try:
+                    if kv_cache is None:
+                        y = self.model(x, attention_mask=m_mask, **kw)
+                    else:  # forward refuses a cache on a slice of layers (the others would not fill theirs): here
+                        with self.model.lock:  # the other ranks fill them
+                            y = self.model._forward(x, attention_mask=m_mask, kv_cache=kv_cache, **kw)
+                except _StopForward:
+                    continue  # every hook read has fired: nothing to send
                 if self.rank < last:
                     y = y.contiguous()
                     sends.append((m, dist.isend(y, dst=self.rank + 1)))
@@ -330,7 +347,7 @@ class Pipeline:
             for m, work in sends:
                 self._wait(work, f"sending micro-batch {m}'s residual to", self.rank + 1)
         logits = None
-        if self.rank == last:
+        if self.rank == last and outs:
             logits = torch.cat(outs)  # [B, T, d_vocab]
             if last != 0 and logits_to_rank0:
                 self._wait(dist.isend(logits, dst=0), "sending the logits to", 0)
@@ -489,7 +506,8 @@ class Pipeline:
                              head_writes=head_writes, tokenizer=getattr(self.model, "tokenizer", None))
 
     def _recorded_pass(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, wanted: set[str], *,
-                       shared: bool = False, logits_to_rank0: bool = True, kv_cache: Any = None
+                       shared: bool = False, logits_to_rank0: bool = True, kv_cache: Any = None,
+                       stop: tuple[str, bool] | None = None
                        ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, list[Event]]:
         """One pass that saves the hook points ``wanted`` of this rank's layers: ``(logits, tokens, mask, events)``,
         the events in the order one process fires them, each micro-batch's tensors joined along the batch axis
@@ -501,10 +519,10 @@ class Pipeline:
 
         hooks = [(sorted(wanted), QueryChunkHook(save))] if wanted else []
         logits, tokens, mask = self._run(tokens, mask, hooks, micro_start=lambda m: events.append([]), shared=shared,
-                                         logits_to_rank0=logits_to_rank0, kv_cache=kv_cache)
+                                         logits_to_rank0=logits_to_rank0, kv_cache=kv_cache, stop=stop)
         # The same hook points fire in the same order for every micro-batch: join them along the batch axis.
         joined = [(name, q0, events[0][j][2] if len(events) == 1 else torch.cat([ev[j][2] for ev in events]))
-                  for j, (name, q0, _) in enumerate(events[0])]
+                  for j, (name, q0, _) in enumerate(events[0] if events else [])]
         return logits, tokens, mask, joined
 
     @contextlib.contextmanager
@@ -600,11 +618,12 @@ class Pipeline:
             >>> Pipeline(model).feed(tokens, [MeanReducer("blocks.0.attn.hook_pattern")], batch_size=1)
             2
         """
-        from .streaming import _pass_query_chunk, _query_chunk, auto_query_chunk
+        from .streaming import _pass_query_chunk, _query_chunk, _stop_point, auto_query_chunk
 
         hook_names = self.model.hook_names
         reducer_names = [set(resolve_names(r.names, hook_names)) for r in reducers]
         wanted = set().union(*reducer_names)
+        stop = _stop_point(sorted(wanted))  # the pass ends after the last hook read, on its rank
         chunk = _pass_query_chunk(self.model, reducers, hook_names, query_chunk)
         sized = query_chunk == "auto" and chunk is not None  # each batch's chunk sized for the whole batch
         n = 0
@@ -618,7 +637,7 @@ class Pipeline:
                     for block in self.model.blocks:
                         block.attn.query_chunk = rows
                 _, _, _, events = self._recorded_pass(batch.tokens, batch.mask, wanted, shared=True,
-                                                      logits_to_rank0=False)
+                                                      logits_to_rank0=False, stop=stop)
                 for hook, q0, t in events:
                     for r, rnames in zip(reducers, reducer_names):
                         if hook in rnames:
@@ -631,15 +650,16 @@ class Pipeline:
     def _batches(self, data: Any, batch_size: int, name: str, progress: bool | None, desc: str) -> Iterator[Batch]:
         """Rank 0's batches of ``data`` on every rank (one broadcast per batch, and one for the end); an error
         while rank 0 reads its data is raised on every rank."""
-        if self.world == 1:
-            yield from iter_batches(data, batch_size=batch_size, name=name)
-            return
         mine = None
         if self.rank == 0:
             total = (-(-data.shape[0] // batch_size) if isinstance(data, torch.Tensor) and data.dim() == 2
                      else len(data) if isinstance(data, Sequence) else None)
             mine = iter(progress_bar(iter_batches(data, batch_size=batch_size, name=name), desc=desc,
                                      progress=progress, total=total))
+        if self.world == 1:
+            assert mine is not None
+            yield from mine
+            return
         while True:
             box: list[Any] = [None]
             error: BaseException | None = None

@@ -40,15 +40,17 @@ Example (``torchrun --nproc_per_node 2 script.py``)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import distributed
-from .data.batches import Batch, iter_batches
+from .data.batches import Batch, check_length, iter_batches
 from .hooks import HookPoint, NamesFilter, QueryChunkHook, resolve_names
-from .streaming import gated_w_o, trace_meta
+from .progress import bar as progress_bar
+from .streaming import _StopForward, gated_w_o, trace_meta
 from .trace import Trace
 
 if TYPE_CHECKING:
@@ -214,6 +216,50 @@ class Pipeline:
                 f"rank {self.rank} of {self.world}: {what} rank {peer} failed; rank {peer} died or did not answer "
                 f"within the timeout: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
+    def _receive(self, shape: tuple[int, ...], what: str) -> torch.Tensor:
+        """A tensor of ``shape`` (the model's dtype) from the previous rank."""
+        buf = torch.empty(shape, dtype=self._dtype, device=self._device)
+        self._wait(torch.distributed.irecv(buf, src=self.rank - 1), f"receiving {what} from", self.rank - 1)
+        return buf
+
+    def _send(self, t: torch.Tensor, what: str, previous: Any = None) -> Any:
+        """Send ``t`` to the next rank without waiting for it; ``previous`` (the last such send) is waited for
+        first, so that at most one send per rank is in flight. Returns the send to wait for."""
+        if previous is not None:
+            self._send_done(previous, what)
+        t = t.contiguous()
+        return torch.distributed.isend(t, dst=self.rank + 1), t  # the buffer must live until the send is done
+
+    def _send_done(self, sending: Any, what: str) -> None:
+        """Wait for the last :meth:`_send`."""
+        self._wait(sending[0], f"sending {what} to", self.rank + 1)
+
+    def _from_last(self, compute: Any, what: str) -> Any:
+        """``compute()`` on the last rank (the one holding the logits), its value on every rank; an error
+        raised there (a bad metric) is raised on every rank with its message, instead of leaving them waiting."""
+        if self.world == 1:
+            return compute()
+        box: list[Any] = [None]
+        error: Exception | None = None
+        if self.rank == self.world - 1:
+            try:
+                box[0] = ("value", compute())
+            except (ValueError, TypeError, RuntimeError) as e:
+                box[0], error = ("error", (type(e).__name__, str(e))), e
+        distributed._collective(f"broadcast of {what}", torch.distributed.broadcast_object_list, box,
+                                src=self.world - 1)
+        kind, value = box[0]
+        if kind == "value":
+            return value
+        if error is not None:
+            raise error
+        name, message = value
+        raise (TypeError if name == "TypeError" else ValueError)(f"on rank {self.world - 1}: {message}")
+
+    def _gather_all(self, obj: Any, what: str) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        return [obj] if self.world == 1 else distributed._all_gather(obj, f"all-gather of {what}")
+
     def _share_input(self, tokens: torch.Tensor | None, mask: torch.Tensor | None
                      ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Rank 0's tokens and mask on every rank (one broadcast)."""
@@ -226,8 +272,16 @@ class Pipeline:
 
     # --- the schedule ----------------------------------------------------------------------------------
     def _run(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, fwd_hooks: Sequence[Any],
-             micro_start: Any = None) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-        tokens, mask = self._share_input(tokens, mask)
+             micro_start: Any = None, *, shared: bool = False, logits_to_rank0: bool = True,
+             kv_cache: Any = None, stop: tuple[str, bool] | None = None
+             ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        # shared: every rank already holds rank 0's batch (no broadcast); logits_to_rank0=False: the last rank
+        # keeps its logits (a pass that only feeds reducers sends none); kv_cache: a cache of the whole model's
+        # layers that this rank fills for its own (the batch then runs as one micro-batch: the cache's rows);
+        # stop: the hook after which nothing the pass computes is read (streaming._stop_point): the rank of its
+        # layer stops there and sends nothing, the later ranks do not run (no logits then).
+        if not shared:
+            tokens, mask = self._share_input(tokens, mask)
         if tokens is None:
             raise ValueError("pipeline: rank 0 passed tokens=None; rank 0's tokens are the batch every rank runs")
         # Every rank checks the same (broadcast) input before any send: a bad batch fails on all ranks alike,
@@ -240,9 +294,21 @@ class Pipeline:
             raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected {(B, T)}")
         # At least two rows per micro-batch (when the batch has two): on a one-row batch PyTorch's matmul takes
         # other kernels in the explicit attention path (recorded patterns), a rounding away from the batch's rows.
-        rows = torch.arange(B).tensor_split(max(1, min(self.micro_batches, B // 2)))  # the row ranges
+        pieces = 1 if kv_cache is not None else max(1, min(self.micro_batches, B // 2))
+        rows = torch.arange(B).tensor_split(pieces)  # the row ranges
         last = self.world - 1
         dist = torch.distributed
+        if stop is not None:
+            if logits_to_rank0:
+                raise ValueError("pipeline: a pass that stops early has no logits to send to rank 0")
+            halt = int(stop[0].split(".")[1])  # the layer of the last hook read
+            if self.first > halt:
+                return None, tokens, mask  # nothing this rank computes is read
+            if halt < self.stop:  # this rank's layer: stop there, like streaming.stream (after the savers)
+                from .streaming import _stop_hook, _stop_now
+
+                fwd_hooks = [*fwd_hooks, ([stop[0]], QueryChunkHook(_stop_hook if stop[1] else _stop_now))]
+                last = self.rank  # no later rank runs
         kw: dict[str, Any] = {}
         if self.rank > 0:
             kw["start_at_layer"] = self.first
@@ -265,7 +331,14 @@ class Pipeline:
                     self._wait(work, f"receiving micro-batch {m}'s residual from", self.rank - 1)
                     x = buf
                 m_mask = None if mask is None else mask[r[0]:r[-1] + 1].to(self._device)
-                y = self.model(x, attention_mask=m_mask, **kw)
+                try:
+                    if kv_cache is None:
+                        y = self.model(x, attention_mask=m_mask, **kw)
+                    else:  # forward refuses a cache on a slice of layers (the others would not fill theirs): here
+                        with self.model.lock:  # the other ranks fill them
+                            y = self.model._forward(x, attention_mask=m_mask, kv_cache=kv_cache, **kw)
+                except _StopForward:
+                    continue  # every hook read has fired: nothing to send
                 if self.rank < last:
                     y = y.contiguous()
                     sends.append((m, dist.isend(y, dst=self.rank + 1)))
@@ -274,12 +347,12 @@ class Pipeline:
             for m, work in sends:
                 self._wait(work, f"sending micro-batch {m}'s residual to", self.rank + 1)
         logits = None
-        if self.rank == last:
+        if self.rank == last and outs:
             logits = torch.cat(outs)  # [B, T, d_vocab]
-            if last != 0:
+            if last != 0 and logits_to_rank0:
                 self._wait(dist.isend(logits, dst=0), "sending the logits to", 0)
                 logits = None
-        elif self.rank == 0:
+        elif self.rank == 0 and logits_to_rank0:
             shape = (B, T, self.model.cfg.d_vocab if self.model.cfg.unembed else self.model.cfg.d_model)
             logits = torch.empty(shape, dtype=self._dtype, device=self._device)
             self._wait(dist.irecv(logits, src=last), "receiving the logits from", last)
@@ -342,6 +415,48 @@ class Pipeline:
             >>> trace.pattern(0).shape == model.run_with_cache(tokens)[1].pattern(0).shape
             True
         """
+        logits, trace = self._record(tokens, names_filter, attention_mask, reducers)
+        return logits, trace
+
+    def record_own(self, tokens: torch.Tensor | None, *, names_filter: NamesFilter = None,
+                   attention_mask: torch.Tensor | None = None, logits_to_rank0: bool = True,
+                   kv_cache: Any = None) -> tuple[torch.Tensor | None, Trace]:
+        """Run the pipeline and keep each rank's records on that rank: a :class:`~interp.trace.Trace` of the hook
+        points of this rank's layers (and the embeddings' on rank 0), each tensor the one a single process records
+        for the whole batch; nothing travels but the residual.
+
+        Args:
+            tokens: ``[B, T]`` ids on rank 0 (broadcast to the others).
+            names_filter: hook points to store (those of other ranks' layers are absent from this rank's trace).
+            attention_mask: ``[B, T]`` padding mask.
+            logits_to_rank0: send the logits to rank 0 (else the last rank keeps them).
+            kv_cache: a :class:`~interp.kv_cache.KVCache` of the whole model (``model.make_cache(B)``): this rank
+                fills its layers' entries (the batch then runs as one micro-batch).
+
+        Returns:
+            ``(logits, trace)``: the logits on rank 0 (on the last rank with ``logits_to_rank0=False``; None on the
+            others), and this rank's trace.
+
+        Raises:
+            ValueError: a name that matches no hook point, or bad input (on every rank alike).
+            DistributedError: a peer rank died or timed out.
+
+        Example:
+            >>> from interp.pipeline import Pipeline
+            >>> from interp.examples import model, tokens
+            >>> _, own = Pipeline(model).record_own(tokens, names_filter="blocks.1.attn.hook_result")
+            >>> own["blocks.1.attn.hook_result"].shape   # one rank: every layer is its own
+            torch.Size([2, 21, 4, 128])
+        """
+        logits, trace = self._record(tokens, names_filter, attention_mask, (), gather=False,
+                                     logits_to_rank0=logits_to_rank0, kv_cache=kv_cache)
+        assert trace is not None
+        return logits, trace
+
+    def _record(self, tokens: torch.Tensor | None, names_filter: NamesFilter, attention_mask: torch.Tensor | None,
+                reducers: Sequence[Reducer], *, gather: bool = True, logits_to_rank0: bool = True,
+                kv_cache: Any = None) -> tuple[torch.Tensor | None, Trace | None]:
+        """:meth:`run_with_cache` (``gather``: every rank's records to rank 0) or :meth:`record_own` (each its own)."""
         hook_names = self.model.hook_names
         names = [] if isinstance(names_filter, (list, tuple)) and not names_filter else resolve_names(
             names_filter, hook_names)
@@ -351,18 +466,14 @@ class Pipeline:
         names = [n for n in names if n not in z_names] + [z for z in z_names.values() if z not in requested]
         reducer_names = [set(resolve_names(r.names, hook_names)) for r in reducers]
         wanted = set(names).union(*reducer_names)
-        events: list[list[Event]] = []
-
-        def save(t: torch.Tensor, hook: HookPoint, q_start: int) -> None:
-            events[-1].append((hook.name, q_start, t.detach()))
-
-        hooks = [(sorted(wanted), QueryChunkHook(save))] if wanted else []
-        logits, tokens, mask = self._run(tokens, attention_mask, hooks, micro_start=lambda m: events.append([]))
-        # The same hook points fire in the same order for every micro-batch: join them along the batch axis.
-        mine = [(name, q0, torch.cat([ev[j][2] for ev in events]).cpu()) for j, (name, q0, _) in enumerate(events[0])]
+        logits, tokens, mask, mine = self._recorded_pass(tokens, attention_mask, wanted,
+                                                         logits_to_rank0=logits_to_rank0, kv_cache=kv_cache)
+        if gather:
+            mine = [(name, q0, t.cpu()) for name, q0, t in mine]
         fired = {name for name, _, _ in mine}
-        w_os = {r: gated_w_o(self.model, r).cpu().clone() for r, z in z_names.items() if z in fired}
-        if self.world > 1:
+        w_os = {r: gated_w_o(self.model, r).to(device="cpu" if gather else None, copy=True)
+                for r, z in z_names.items() if z in fired}
+        if self.world > 1 and gather:
             gathered: list[Any] = [None] * self.world if self.rank == 0 else []
             distributed._collective("gather of the pipeline's records", torch.distributed.gather_object,
                                     (mine, w_os), gathered if self.rank == 0 else None, dst=0)
@@ -393,6 +504,182 @@ class Pipeline:
                 head_writes[result_name] = (z, w_os[result_name])
         return logits, Trace(tensors, trace_meta(self.model, names), tokens, [r.result() for r in reducers],
                              head_writes=head_writes, tokenizer=getattr(self.model, "tokenizer", None))
+
+    def _recorded_pass(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, wanted: set[str], *,
+                       shared: bool = False, logits_to_rank0: bool = True, kv_cache: Any = None,
+                       stop: tuple[str, bool] | None = None
+                       ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, list[Event]]:
+        """One pass that saves the hook points ``wanted`` of this rank's layers: ``(logits, tokens, mask, events)``,
+        the events in the order one process fires them, each micro-batch's tensors joined along the batch axis
+        (the tensors one process's pass over the whole batch gives, bit for bit)."""
+        events: list[list[Event]] = []
+
+        def save(t: torch.Tensor, hook: HookPoint, q_start: int) -> None:
+            events[-1].append((hook.name, q_start, t.detach()))
+
+        hooks = [(sorted(wanted), QueryChunkHook(save))] if wanted else []
+        logits, tokens, mask = self._run(tokens, mask, hooks, micro_start=lambda m: events.append([]), shared=shared,
+                                         logits_to_rank0=logits_to_rank0, kv_cache=kv_cache, stop=stop)
+        # The same hook points fire in the same order for every micro-batch: join them along the batch axis.
+        joined = [(name, q0, events[0][j][2] if len(events) == 1 else torch.cat([ev[j][2] for ev in events]))
+                  for j, (name, q0, _) in enumerate(events[0] if events else [])]
+        return logits, tokens, mask, joined
+
+    @contextlib.contextmanager
+    def routed(self) -> Iterator[None]:
+        """While inside, every :func:`interp.streaming.stream` pass of this rank's stage (``self.model``) runs over
+        the pipeline, each rank feeding its own reducers with its own layers' records (:meth:`feed`): an
+        analysis written for one model (:func:`~interp.analysis.classify_heads`) then runs unchanged on every
+        rank, and each rank's per-head results are right for the layers it holds.
+
+        Every rank enters it and runs the same analysis (the same passes, in the same order).
+
+        Example:
+            >>> from interp.pipeline import Pipeline
+            >>> from interp.examples import model, tokens
+            >>> from interp.streaming import MeanReducer, stream
+            >>> r = MeanReducer("blocks.1.attn.hook_pattern")
+            >>> with Pipeline(model).routed():    # one rank: the pipeline is the model
+            ...     stream(model, tokens, [r], batch_size=1)
+            2
+        """
+        if getattr(self.model, "stream_route", None) is not None:
+            raise RuntimeError("pipeline: this stage's passes are already routed through a pipeline")
+        self.model.__dict__["stream_route"] = self.feed  # read by interp.streaming.stream
+        try:
+            yield
+        finally:
+            self.model.__dict__.pop("stream_route", None)
+
+    @contextlib.contextmanager
+    def output_head_everywhere(self) -> Iterator[None]:
+        """While inside, every rank holds the final norm and the unembedding (the last rank's, broadcast to the
+        others' meta modules; put back on leaving): for per-head scores that read a head's write through the
+        unembedding (the copying score of induction heads) on the rank that owns the head. Costs each rank one
+        ``[d_vocab, d_model]`` copy for as long as it lasts. Every rank enters it.
+
+        Raises:
+            DistributedError: a peer rank died or timed out.
+
+        Example:
+            >>> from interp.pipeline import Pipeline
+            >>> from interp.examples import model
+            >>> with Pipeline(model).output_head_everywhere():   # one rank: it holds them already
+            ...     model.unembed.weight.is_meta
+            False
+        """
+        swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
+        if self.world > 1:
+            last = self.world - 1
+            for module in (self.model.ln_final, self.model.unembed):
+                for name, param in list(getattr(module, "_parameters", {}).items()):
+                    if param is None:
+                        continue
+                    held = param.detach().contiguous() if self.rank == last else torch.empty(
+                        param.shape, dtype=param.dtype, device=self._device)
+                    distributed._collective("broadcast of the pipeline's output head", torch.distributed.broadcast,
+                                            held, src=last)
+                    if param.is_meta:
+                        assert module is not None
+                        swapped.append((module, name, param))
+                        module._parameters[name] = torch.nn.Parameter(held, requires_grad=False)
+        try:
+            yield
+        finally:
+            for module, name, param in swapped:
+                module._parameters[name] = param
+
+    def feed(self, data: Any, reducers: Sequence[Reducer], *, batch_size: int = 32, name: str = "tokens",
+             progress: bool | None = False, desc: str = "batches", query_chunk: int | str | None = "auto") -> int:
+        """:func:`interp.streaming.stream` over the pipeline, the reducers fed on the rank that owns each hook point.
+
+        Rank 0's batches are the ones run: it iterates ``data`` and broadcasts each :class:`~interp.data.Batch`
+        (tokens, mask and annotations), so every rank's reducers see the same ``begin_batch``; the other ranks'
+        ``data`` is not read. Each rank records the hook points its reducers read on its own layers, joins the
+        micro-batches, and feeds its reducers in one process's order; a reducer's state is then one process's
+        for the layers this rank holds (and empty for the others). Only the batch travels, no record. The
+        query chunk of each batch is the one :func:`~interp.streaming.stream` would choose for the whole batch.
+
+        Args:
+            data, reducers, batch_size, name, progress, desc, query_chunk: as :func:`~interp.streaming.stream`
+                (the progress bar is rank 0's).
+
+        Returns:
+            The number of sequences run (on every rank).
+
+        Raises:
+            ValueError: rank 0's data is empty or bad, or a sequence is too long (raised on every rank alike).
+            DistributedError: a peer rank died or timed out.
+
+        Example:
+            >>> from interp.pipeline import Pipeline
+            >>> from interp.examples import model, tokens
+            >>> from interp.streaming import MeanReducer
+            >>> Pipeline(model).feed(tokens, [MeanReducer("blocks.0.attn.hook_pattern")], batch_size=1)
+            2
+        """
+        from .streaming import _pass_query_chunk, _query_chunk, _stop_point, auto_query_chunk
+
+        hook_names = self.model.hook_names
+        reducer_names = [set(resolve_names(r.names, hook_names)) for r in reducers]
+        wanted = set().union(*reducer_names)
+        stop = _stop_point(sorted(wanted))  # the pass ends after the last hook read, on its rank
+        chunk = _pass_query_chunk(self.model, reducers, hook_names, query_chunk)
+        sized = query_chunk == "auto" and chunk is not None  # each batch's chunk sized for the whole batch
+        n = 0
+        with _query_chunk(self.model, chunk):
+            for batch in self._batches(data, batch_size, name, progress, desc):
+                check_length(self.model, batch.tokens.shape[1])
+                for r in reducers:
+                    r.begin_batch(batch)
+                if sized and chunk is not None:
+                    rows = auto_query_chunk(self.model, batch.tokens.shape[0], batch.tokens.shape[1], chunk)
+                    for block in self.model.blocks:
+                        block.attn.query_chunk = rows
+                _, _, _, events = self._recorded_pass(batch.tokens, batch.mask, wanted, shared=True,
+                                                      logits_to_rank0=False, stop=stop)
+                for hook, q0, t in events:
+                    for r, rnames in zip(reducers, reducer_names):
+                        if hook in rnames:
+                            r.update(hook, t, q_start=q0)
+                for r in reducers:
+                    r.end_batch()
+                n += len(batch)
+        return n
+
+    def _batches(self, data: Any, batch_size: int, name: str, progress: bool | None, desc: str) -> Iterator[Batch]:
+        """Rank 0's batches of ``data`` on every rank (one broadcast per batch, and one for the end); an error
+        while rank 0 reads its data is raised on every rank."""
+        mine = None
+        if self.rank == 0:
+            total = (-(-data.shape[0] // batch_size) if isinstance(data, torch.Tensor) and data.dim() == 2
+                     else len(data) if isinstance(data, Sequence) else None)
+            mine = iter(progress_bar(iter_batches(data, batch_size=batch_size, name=name), desc=desc,
+                                     progress=progress, total=total))
+        if self.world == 1:
+            assert mine is not None
+            yield from mine
+            return
+        while True:
+            box: list[Any] = [None]
+            error: BaseException | None = None
+            if mine is not None:
+                try:
+                    box[0] = ("batch", next(mine))
+                except StopIteration:
+                    box[0] = ("end", None)
+                except (ValueError, TypeError) as e:  # bad data: the other ranks raise it too
+                    box[0], error = ("error", f"{type(e).__name__}: {e}"), e
+            distributed._collective("broadcast of the pipeline's batch", torch.distributed.broadcast_object_list,
+                                    box, src=0)
+            what, item = box[0]
+            if what == "end":
+                return
+            if what == "error":
+                if error is not None:
+                    raise error
+                raise ValueError(f"pipeline: rank 0 could not read its data: {item}")
+            yield item
 
     def stream(self, data: Any, reducers: Sequence[Reducer], *, batch_size: int = 32) -> int:
         """Feed ``reducers`` a whole dataset through the pipeline, batch by batch, as

@@ -139,7 +139,8 @@ def auto_query_chunk(model: Any, batch_size: int, n_keys: int, most: int = AUTO_
         (512, 16)
     """
     heads = max((getattr(b.attn, "n_heads", 0) for b in getattr(model, "blocks", ())), default=1) or 1
-    param = next(model.parameters(), None)
+    # A pipeline's stage keeps other ranks' modules on the meta device: its own weights say where it runs.
+    param = next((p for p in model.parameters() if not p.is_meta), None)
     budget = AUTO_CHUNK_BYTES["cpu" if param is None or param.device.type == "cpu" else "other"]
     rows = budget // max(1, batch_size * heads * n_keys * 4)
     return int(max(min(most, AUTO_MIN_QUERY_CHUNK), min(most, rows)))
@@ -364,6 +365,10 @@ def stream(
         >>> stream(model, torch.randint(0, 100, (64, 16)), [r], batch_size=16)
         64
     """
+    route = getattr(model, "stream_route", None)
+    if route is not None:  # a pipeline's stage inside Pipeline.routed(): the pass runs over the ranks
+        return int(route(data, reducers, batch_size=batch_size, name=name, progress=progress, desc=desc,
+                         query_chunk=query_chunk))
     hooks = _reducer_hooks(model, reducers)
     chunk = _pass_query_chunk(model, reducers, model.hook_names, query_chunk)
     sized = query_chunk == "auto" and chunk is not None  # each batch's chunk sized by auto_query_chunk

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch.utils.hooks import RemovableHandle
 
-__all__ = ["HeadParallel", "head_split", "shard_heads"]
+__all__ = ["HeadParallel", "head_split", "shard_heads", "shard_slices", "zero_output_biases"]
 
 # Hook points whose tensors hold one slice per query head, and the axis of the heads.
 _QUERY_HEAD_AXIS = {"hook_q": 2, "hook_q_normed": 2, "hook_z": 2, "hook_result": 2, "hook_attn_scores": 1,
@@ -153,40 +153,85 @@ def shard_heads(model: Transformer, rank: int, world: int) -> Transformer:
         shard = remove_heads(model, drop)
     dense = [isinstance(block.mlp, MLP) for block in shard.blocks]
     if any(dense) and world > 1:
-        shard = _narrow_dense_mlps(shard, rank, world, dense)
+        shard = _narrow_dense_mlps(shard, rank, world)
     if rank != 0:
-        # Every rank adds its partial write; the biases are added once, on rank 0.
-        for block in shard.blocks:
-            if block.attn.W_O.bias is not None:
-                block.attn.W_O.bias.zero_()
-            if isinstance(block.mlp, MLP) and block.mlp.W_out.bias is not None:
-                block.mlp.W_out.bias.zero_()
+        zero_output_biases(shard)
     shard.tp_heads = owned  # type: ignore[assignment]  # global query-head ids of each layer, for gathers
     shard.tp_layout = layout  # type: ignore[assignment]
     shard.tp_rank, shard.tp_world = rank, world  # type: ignore[assignment]
     return shard
 
 
-def _narrow_dense_mlps(shard: Transformer, rank: int, world: int, dense: list[bool]) -> Transformer:
+@torch.no_grad()
+def zero_output_biases(shard: Transformer) -> None:
+    """Zero the output biases of the split modules (W_O's and each dense MLP's W_out) of a shard that is not rank
+    0's: every rank adds its partial write, and the biases are added once, on rank 0."""
+    for block in shard.blocks:
+        if block.attn.W_O.bias is not None:
+            block.attn.W_O.bias.zero_()
+        if isinstance(block.mlp, MLP) and block.mlp.W_out.bias is not None:
+            block.mlp.W_out.bias.zero_()
+
+
+def _mlp_slices(model: Transformer, rank: int, world: int) -> dict[str, tuple[int, torch.Tensor]]:
+    """This rank's contiguous share of each dense MLP's hidden units: ``{state key: (dim, index)}`` (rows of W_in /
+    W_gate and their biases, columns of W_out)."""
+    if world == 1 or not any(isinstance(block.mlp, MLP) for block in model.blocks):
+        return {}
+    width = _dense_mlp_split(model.cfg.d_mlp, world)
+    rows = torch.arange(rank * width, (rank + 1) * width)  # [F/W]
+    keys = set(model.state_dict())
+    plan: dict[str, tuple[int, torch.Tensor]] = {}
+    for layer, block in enumerate(model.blocks):
+        if not isinstance(block.mlp, MLP):
+            continue
+        pre = f"blocks.{layer}.mlp."
+        for key in (pre + "W_in.weight", pre + "W_in.bias", pre + "W_gate.weight", pre + "W_gate.bias"):
+            if key in keys:
+                plan[key] = (0, rows)  # [F/W, M] / [F/W]
+        plan[pre + "W_out.weight"] = (1, rows)  # [M, F/W]
+    return plan
+
+
+def shard_slices(model: Transformer, rank: int, world: int) -> dict[str, tuple[int, torch.Tensor]]:
+    """Where each weight of rank ``rank``'s :func:`shard_heads` shard lies in the whole model's: ``{state key:
+    (dim, index)}`` for the weights the shard cuts (its heads' rows and columns, its MLP share); every other
+    weight is the whole model's. :func:`interp.zoo.checkpoint.load_checkpoint_heads` reads these slices straight
+    from a checkpoint.
+
+    Args:
+        model: the whole model (its skeleton on the meta device will do).
+        rank: this rank.
+        world: the ranks.
+
+    Returns:
+        ``{key: (dim, index LongTensor)}``.
+
+    Example:
+        >>> from interp.tensor_parallel import shard_slices
+        >>> from interp.examples import model          # 2 layers x 4 heads of d_head 32, attention only
+        >>> dim, cols = shard_slices(model, 1, 2)["blocks.0.attn.W_O.weight"]   # heads 2 and 3
+        >>> dim, cols[0].item(), len(cols)
+        (1, 64, 64)
+    """
+    from .pruning.surgery import head_slices  # the one definition of a head's rows (see shard_heads)
+
+    owned = [head_split(block.attn.n_heads, world)[rank] for block in model.blocks]
+    return {**head_slices(model, owned), **_mlp_slices(model, rank, world)}
+
+
+def _narrow_dense_mlps(shard: Transformer, rank: int, world: int) -> Transformer:
     """``shard`` with each dense MLP cut to this rank's contiguous share of hidden units."""
     cfg = shard.cfg
     width = _dense_mlp_split(cfg.d_mlp, world)
-    rows = slice(rank * width, (rank + 1) * width)
     p = next(shard.parameters())
     # A dense model's d_expert is derived from d_mlp: derive it again (None) rather than keep the old width.
     new_cfg = (dataclasses.replace(cfg, d_mlp=width) if cfg.n_experts
                else dataclasses.replace(cfg, d_mlp=width, d_expert=None))  # type: ignore[arg-type]
     narrow = build(new_cfg, device=p.device, dtype=p.dtype)
     state = shard.state_dict()
-    for layer, is_dense in enumerate(dense):
-        if not is_dense:
-            continue
-        pre = f"blocks.{layer}.mlp."
-        for name in ("W_in", "W_gate"):
-            for suffix in ("weight", "bias"):
-                if pre + f"{name}.{suffix}" in state:
-                    state[pre + f"{name}.{suffix}"] = state[pre + f"{name}.{suffix}"][rows]  # [F/W, M] / [F/W]
-        state[pre + "W_out.weight"] = state[pre + "W_out.weight"][:, rows]  # [M, F/W]
+    for key, (dim, index) in _mlp_slices(shard, rank, world).items():
+        state[key] = state[key].index_select(dim, index.to(state[key].device))
     narrow.load_state_dict(state, strict=True)
     narrow.name, narrow.tokenizer = shard.name, shard.tokenizer
     for nb, ob in zip(narrow.blocks, shard.blocks):

@@ -18,9 +18,14 @@ each rank holds once torch and the process group are up runs across 4 ranks, and
 file read-only into every rank's address space, which counts in ``RLIMIT_AS`` although a rank never touches the
 pages of the other ranks' layers.
 
+Analyses (``--analyses``): ``classify_heads`` (positional, previous-token, duplicate-token, induction with its
+copying score, sink) and ``activation_patching`` (per head z) of the same checkpoint over 1 and N ranks: rank 0's
+wall time of each and whether the N-rank tables equal the 1-rank ones bit for bit.
+
 Usage:
     python experiments/benchmarks/bench_pipeline.py [--reps 3] [--batch 16] [--seq 64] [--micro 8] [--ranks 4]
     python experiments/benchmarks/bench_pipeline.py --cap-demo [--cap-mb 300]
+    python experiments/benchmarks/bench_pipeline.py --analyses [--ranks 4] [--micro 8]
 """
 
 from __future__ import annotations
@@ -154,9 +159,74 @@ def worker(a: argparse.Namespace) -> None:
     distributed.shutdown()
 
 
-def run(n: int, a: argparse.Namespace, ckpt: Path, out: Path) -> dict:
+def analyses_worker(a: argparse.Namespace) -> None:
+    """One rank: classify_heads and activation_patching over the pipeline; rank 0 writes the tables and times."""
+    import torch
+
+    torch.set_num_threads(1)
+    from interp import distributed
+    from interp.analysis import activation_patching, classify_heads
+    from interp.pipeline import Pipeline
+    from interp.zoo.checkpoint import load_checkpoint_stage
+
+    distributed.init_from_env()
+    pipe = Pipeline(load_checkpoint_stage(a.checkpoint), micro_batches=a.micro)
+    gen = torch.Generator().manual_seed(0)
+    V = pipe.model.cfg.d_vocab
+    clean, corrupted = torch.randint(0, V, (8, 32), generator=gen), torch.randint(0, V, (8, 32), generator=gen)
+    answers = torch.randint(0, V, (8, 2), generator=gen)
+    kinds = ["positional", "previous-token", "duplicate-token", "induction", "sink"]
+    times = {}
+    if distributed.active():
+        torch.distributed.barrier()
+    t0 = time.perf_counter()
+    report = classify_heads(pipe, kinds=kinds, n_seqs=32, batch_size=16, progress=False)
+    times["classify_heads_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    table = activation_patching(pipe, clean, corrupted, act="z", answer_tokens=answers, batch_size=64, progress=False)
+    times["activation_patching_s"] = time.perf_counter() - t0
+    if distributed.rank() == 0:
+        with open(a.out, "wb") as f:
+            pickle.dump({"times": times, "df": report.df, "details": report.details, "patching": table}, f)
+    distributed.shutdown()
+
+
+def analyses(a: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from interp.placement import build
+    from interp.zoo.checkpoint import save_checkpoint
+
+    with tempfile.TemporaryDirectory() as d:
+        ckpt = save_checkpoint(build(config(), seed=0), Path(d) / "model.safetensors")
+        results = {n: run(n, a, ckpt, Path(d) / f"analyses{n}.pkl", mode="--analyses-worker") for n in (1, a.ranks)}
+    one, many = results[1], results[a.ranks]
+
+    def same(x: pd.DataFrame, y: pd.DataFrame) -> bool:
+        try:
+            pd.testing.assert_frame_equal(x, y, check_exact=True)
+            return True
+        except AssertionError:
+            return False
+
+    equal = {"classify_heads": same(one["df"], many["df"]) and all(same(one["details"][k], many["details"][k])
+                                                                    for k in one["details"]),
+             "activation_patching": same(one["patching"], many["patching"])}
+    cfg = config()
+    print(f"# analyses over the pipeline: {cfg.n_layers} layers d_model={cfg.d_model}, {a.micro} micro-batches, "
+          f"{os.cpu_count()} cores, 1 thread per rank (classify_heads: 32 repeated and 32 random sequences, "
+          f"batches of 16; activation_patching: z per head, 8 x 32 tokens)")
+    print("| analysis | 1 rank (s) | " + f"{a.ranks} ranks (s) | equal bit for bit |")
+    print("|---|---|---|---|")
+    for name in ("classify_heads", "activation_patching"):
+        print(f"| {name} | {one['times'][name + '_s']:.2f} | {many['times'][name + '_s']:.2f} | {equal[name]} |")
+    print(json.dumps({"1": one["times"], str(a.ranks): many["times"], "equal": equal}))
+    return 0
+
+
+def run(n: int, a: argparse.Namespace, ckpt: Path, out: Path, mode: str = "--worker") -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), __file__,
-           "--worker", "--checkpoint", str(ckpt), "--out", str(out), "--reps", str(a.reps), "--batch", str(a.batch),
+           mode, "--checkpoint", str(ckpt), "--out", str(out), "--reps", str(a.reps), "--batch", str(a.batch),
            "--seq", str(a.seq), "--micro", str(a.micro)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -173,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--cap-demo", action="store_true", help="a model over one rank's memory cap, on 1 and N ranks")
     p.add_argument("--cap-mb", type=int, default=300, help="per-rank cap above start-up (MB)")
+    p.add_argument("--analyses", action="store_true", help="classify_heads and activation_patching on 1 and N ranks")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--analyses-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cap-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -184,8 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.cap_worker:
         cap_worker(a)
         return 0
+    if a.analyses_worker:
+        analyses_worker(a)
+        return 0
     if a.cap_demo:
         return cap_demo(a)
+    if a.analyses:
+        return analyses(a)
     import torch
 
     from interp.pipeline import bubble_fraction

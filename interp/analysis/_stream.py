@@ -24,8 +24,9 @@ PATTERN_HOOKS = "blocks.*.attn.hook_pattern"
 
 def state_device(model: Transformer) -> torch.device:
     """Where a reducer of ``model`` keeps its state: the device of the model's first parameter (the embedding's
-    on a model split over devices), so that folding a batch never waits on a copy to the host."""
-    param = next(model.parameters(), None)
+    on a model split over devices), so that folding a batch never waits on a copy to the host. A pipeline's
+    stage holds other ranks' modules on the meta device: its first real parameter counts."""
+    param = next((p for p in model.parameters() if not p.is_meta), None)
     return param.device if param is not None else torch.device("cpu")
 
 

@@ -157,8 +157,9 @@ def _syntactic_rows(run: KindRun, reducers: list[Reducer]) -> list[dict[str, Any
     run.details["syntactic"] = syn
     table = plain(syn)
     good = table[(table.gain >= run["syntactic_margin"]) & (table.n >= run["syntactic_min_count"])]
-    # One row per (head, relation): the direction with the larger gain.
-    good = good.sort_values("gain", ascending=False).drop_duplicates(["layer", "head", "relation"])
+    # One row per (head, relation): the direction with the larger gain; a tie goes to the table's first (a stable
+    # sort: the choice depends on the head's own rows, not on the other rows of the table).
+    good = good.sort_values("gain", ascending=False, kind="stable").drop_duplicates(["layer", "head", "relation"])
     return [{"layer": r.layer, "head": r.head, "kind": f"syntactic:{r.relation}", "score": r.accuracy,
              "evidence": f"{r.direction} accuracy {r.accuracy:.2f} vs offset {_signed(r.baseline_offset)} "
                          f"baseline {r.baseline_accuracy:.2f} (+{r.gain:.2f}, n={r.n})"}

@@ -369,14 +369,16 @@ class CopyingReducer(Reducer):
                 if compare is None:
                     logits = r @ U.T  # [n, A, V]
                     own = logits.gather(-1, att[..., None])  # [n, A, 1]
-                    below.append((logits < own).to(f32).mean(-1))  # [n, A]
+                    below.append((logits < own).sum(-1))  # [n, A]: tokens below, counted
                     continue
                 cmp = compare[i:i + step]  # [n, K]
                 own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
                 logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
                 hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]
-                below.append(hit.to(f32).mean(-1))  # [n, A]
-            total = torch.cat(below).sum(0)  # [A]
+                below.append(hit.sum(-1))  # [n, A]: comparison tokens below, counted
+            # Counts add exactly, in any order: a head's sum is the same bits whichever heads are scored with it
+            # (a pipeline's rank scores its own layers' heads only). One division by K turns it into fractions.
+            total = torch.cat(below).sum(0).to(self.state["sum"].dtype) / K  # [A]: summed per-row fractions
             self.state["sum"].view(-1).index_add_(0, torch.cat(flat), total.to(self.state["sum"]))
         self.state["rows"] += N
         self._z, self._attended = {}, {}

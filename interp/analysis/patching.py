@@ -19,13 +19,14 @@ What can be patched (TransformerLens short names): per head ``z``, ``result``, `
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 import torch
 
 from ..data import first_occurrence_mask, repeated_sequences
 from ..interventions import gradient_probe_hook, patch_sites_hook, patch_units_hook, site_index
+from ..pipeline import Pipeline
 from ..progress import bar as progress_bar
 from ..tensor_parallel import HeadParallel
 from ..trace_views import ATTN_NAMES, BLOCK_NAMES
@@ -220,24 +221,51 @@ def _frame(by: str, sites: list, values: list[float], m_clean: float, m_corr: fl
 
 def _source_run(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, act: str, by: str,
                 metric: Metric | None, answer_tokens: torch.Tensor | None, direction: str,
-                attention_mask: torch.Tensor | None) -> tuple[Metric, list[str], torch.Tensor, list[torch.Tensor],
-                                                             float]:
+                attention_mask: torch.Tensor | None, pipe: Pipeline | None = None
+                ) -> tuple[Metric, list[str], torch.Tensor, list[torch.Tensor | None], float, list[int]]:
     """What both patching methods start from: the checked inputs, the metric, the hook names to patch, the run
-    that is patched (``base``), the recorded source activations (one per name) and the source run's metric."""
+    that is patched (``base``), the recorded source activations (one per name), the source run's metric and the
+    units (heads, or 1 for a layer) of each layer.
+
+    Over a pipeline (``pipe``) each rank records its own layers (the others' activations are None here) and
+    the metric is computed on the last rank, which holds the logits; the units are every rank's."""
     clean, corrupted = _check_inputs(model, clean, corrupted, direction)
     metric = _metric_of(metric, answer_tokens)
     names = _plan(model, act, by)
     base, source = (clean, corrupted) if direction == "noising" else (corrupted, clean)
+    logits_src: torch.Tensor | None
     with torch.no_grad():
-        logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
-        m_src = float(metric(logits_src))
+        if pipe is None:
+            logits_src, trace = model.run_with_cache(source, attention_mask=attention_mask, names_filter=names)
+        else:
+            logits_src, trace = pipe.record_own(source, names_filter=names, attention_mask=attention_mask,
+                                                logits_to_rank0=False)
+        m_src = _on_last(pipe, lambda: float(metric(_held(logits_src))), "the source run's metric")
     recorded = [trace[n].detach() for n in names if n in trace]
-    if not recorded:
-        raise ValueError(f"no layer of {getattr(model, 'name', 'the model')!r} has heads to patch")
     # A layer without heads (every head removed, a hybrid's convolution layer) never fires its attention hooks:
     # it gets an empty [B, T, 0, ...] tensor, so it has no sites.
-    empty = recorded[0].new_zeros(recorded[0].shape[:2] + (0,) + recorded[0].shape[3:])
-    return metric, names, base, [trace[n].detach() if n in trace else empty for n in names], m_src
+    units = {layer: trace[n].shape[2] if by.startswith("head") else 1 for layer, n in enumerate(names) if n in trace}
+    if pipe is not None:
+        units = {k: v for rank_units in pipe._gather_all(units, "the patched layers' units") for k, v in rank_units.items()}
+    if not units:
+        raise ValueError(f"no layer of {getattr(model, 'name', 'the model')!r} has heads to patch")
+    empty = recorded[0].new_zeros(recorded[0].shape[:2] + (0,) + recorded[0].shape[3:]) if recorded else None
+    held = range(len(names)) if pipe is None else range(pipe.first, pipe.stop)
+    src = [trace[n].detach() if n in trace else empty if layer in held else None for layer, n in enumerate(names)]
+    n_units = [units.get(layer, 0 if by.startswith("head") else 1) for layer in range(len(names))]
+    return metric, names, base, src, m_src, n_units
+
+
+def _held(logits: torch.Tensor | None) -> torch.Tensor:
+    """Logits this rank holds: over a pipeline only the last rank does, and only it reads them."""
+    if logits is None:
+        raise RuntimeError("activation_patching: the logits of a pipeline's pass are on its last rank")
+    return logits
+
+
+def _on_last(pipe: Pipeline | None, compute: Callable[[], Any], what: str) -> Any:
+    """``compute()`` here, or over a pipeline on its last rank (which holds the logits), its value on every rank."""
+    return compute() if pipe is None else pipe._from_last(compute, what)
 
 
 def _groups(sites: list[tuple[int, int, int]], per_run: int, prefix: bool) -> list[list[int]]:
@@ -256,38 +284,49 @@ def _groups(sites: list[tuple[int, int, int]], per_run: int, prefix: bool) -> li
     return [sorted(g, key=lambda i: sites[i][0]) for g in groups]  # stable: keeps the order within a layer
 
 
-def _patched_run(model: Transformer, run: list[tuple[int, int, int]], names: list[str], src: list[torch.Tensor],
-                 resid: list[torch.Tensor], base_cache: Any, start: int, attention_mask: torch.Tensor | None,
-                 last_only: bool) -> torch.Tensor:
+def _patched_run(model: Transformer, run: list[tuple[int, int, int]], names: list[str],
+                 src: list[torch.Tensor | None], resid: list[torch.Tensor | None], base_cache: Any, start: int,
+                 attention_mask: torch.Tensor | None, last_only: bool, *, shape: tuple[int, int],
+                 stage: tuple[int, int] | None = None, arriving: torch.Tensor | None = None) -> torch.Tensor:
     """Logits ``[n B, T - start, V]`` (``[n B, 1, V]`` with ``last_only``) of ``n = len(run)`` patched copies
-    of the base run, copy ``j`` with site ``run[j]`` patched (``run`` in order of layer).
+    of the base run (``shape`` = its ``(B, T)``), copy ``j`` with site ``run[j]`` patched (``run`` in order of layer).
 
     One pass that grows: it starts at the lowest patched layer, and at each layer the copies patched there join
     the batch as the base run's residual entering it (``resid[layer]``, ``[B, T, M]``; nothing below a patch
     differs from the base run). When ``start > 0`` the pass computes positions ``start ..`` only, each layer's
     cache holding the base run's keys and values of the earlier positions for the copies present there (a
     causal model's positions before the patch are unchanged).
+
+    On a pipeline's rank, ``stage`` = its blocks ``(lo, hi)``: the pass runs those only (``src``, ``resid`` and
+    the cache are needed for them only), from ``arriving`` (the residual of the copies that joined below ``lo``,
+    sent by the previous rank) when the lowest patched layer is below ``lo``, and returns the residual leaving
+    block ``hi - 1`` unless that is the last block.
     """
-    B, T = resid[run[0][0]].shape[:2]
+    B, T = shape
     L = model.cfg.n_layers
+    lo, hi = stage if stage is not None else (0, L)
     joining = [0] * L  # copies that join the pass at each layer
     for layer, _, _ in run:
         joining[layer] += 1
     first = run[0][0]
+    begin = max(first, lo)  # the first block this pass runs here
     present = [sum(joining[:layer + 1]) for layer in range(L)]  # copies in the pass at each layer
 
     def enter(layer: int, x: torch.Tensor) -> torch.Tensor:
         # The pass starts from the base run's B rows at the lowest patched layer; they are replaced there by
-        # the copies patched in it, and every higher layer with patches adds its own copies.
+        # the copies patched in it, and every higher layer with patches adds its own copies. On a later rank
+        # the copies that joined below arrive from the previous one.
+        if layer == begin and arriving is not None:
+            x = arriving  # [present[lo - 1] B, T - start, M]
         if not joining[layer]:
             return x
-        new = resid[layer][:, start:].repeat(joining[layer], 1, 1)  # [k B, T - start, M]
+        new = resid[layer][:, start:].repeat(joining[layer], 1, 1)  # type: ignore[index]  # [k B, T - start, M]
         return new if layer == first else torch.cat([x, new.to(x.device)])  # [present B, T - start, M]
 
     cache = None
     if start:
         cache = model.make_cache(len(run) * B, max_len=T)
-        for layer in range(first, L):
+        for layer in range(begin, hi):
             mine, theirs, n = cache.layers[layer], base_cache.layers[layer], present[layer]
             mine.buffers = [buf[:n * B] for buf in mine.buffers]  # the copies in the pass at this layer
             for buf, old, dim in zip(mine.buffers, theirs.buffers, mine.seq_dims):
@@ -296,13 +335,18 @@ def _patched_run(model: Transformer, run: list[tuple[int, int, int]], names: lis
         for mine in cache.layers:  # every layer holds the prefix (the layers below the patch are skipped)
             mine.length = start
 
-    hook = patch_sites_hook(names, src, run, B, start=start)
+    # src is None only for another rank's layers, whose hooks never fire in this rank's blocks.
+    hook = patch_sites_hook(names, cast("list[torch.Tensor]", src), run, B, start=start)
     with model.lock, model.hooks([(sorted({names[s[0]] for s in run}), hook)]):
         # forward's start_at_layer / stop_at_layer, plus the one private argument: enter, which grows the batch
         # layer by layer (the rows of a layer's cache are the copies present there, so the public check of
-        # the cache against the whole batch does not apply).
-        resid_out = model._forward(resid[first][:, start:], attention_mask=attention_mask, kv_cache=cache,
-                                   start_at_layer=first, stop_at_layer=L, enter=enter)  # [n B, T - start, M]
+        # the cache against the whole batch does not apply). A pass that arrives starts from B of its rows,
+        # which enter replaces by all of them.
+        x = resid[first][:, start:] if arriving is None else arriving[:B]  # type: ignore[index]  # [B, T', M]
+        resid_out = model._forward(x, attention_mask=attention_mask, kv_cache=cache, start_at_layer=begin,
+                                   stop_at_layer=hi, enter=enter)  # [n B, T - start, M]
+        if hi < L:
+            return resid_out  # the next rank goes on from here
         return model.unembed_residual(resid_out[:, -1:] if last_only else resid_out)  # [n B, T', V]
 
 
@@ -320,7 +364,7 @@ def _values(found: list[Any]) -> list[float]:
     return values.tolist()
 
 
-def activation_patching(model: Transformer | HeadParallel, clean: torch.Tensor, corrupted: torch.Tensor, *,
+def activation_patching(model: Transformer | HeadParallel | Pipeline, clean: torch.Tensor, corrupted: torch.Tensor, *,
                         act: str = "z", by: str = "head", metric: Metric | None = None,
                         answer_tokens: torch.Tensor | None = None, direction: str = "noising",
                         attention_mask: torch.Tensor | None = None, batch_size: int = 256,
@@ -338,7 +382,11 @@ def activation_patching(model: Transformer | HeadParallel, clean: torch.Tensor, 
         model: an interp Transformer (any attention variant), or a :class:`~interp.tensor_parallel.HeadParallel`
             shard under torchrun, every rank calling with the same arguments: per-layer acts only (each rank
             runs the same patched passes, its heads' writes summed over ranks after each module, so every
-            rank returns one process's table).
+            rank returns one process's table); or a :class:`~interp.pipeline.Pipeline` under torchrun, every
+            rank calling with the same arguments: every act, each rank running its own blocks of every patched
+            pass (a pass starts on the rank of its lowest patched layer and its residual goes on from rank to
+            rank, the passes of a rank overlapping the next rank's), the last rank computing the metrics; every
+            rank returns one process's table, bit for bit.
         clean: ``[B, T]`` ids where the behaviour is present.
         corrupted: ``[B, T]`` ids where it is not (same shape).
         act: ``"z"``, ``"result"``, ``"q"`` (per head) or ``"resid_pre"``, ``"resid_mid"``, ``"resid_post"``,
@@ -362,8 +410,10 @@ def activation_patching(model: Transformer | HeadParallel, clean: torch.Tensor, 
     Raises:
         ValueError: unknown act / by / direction, inputs of different shapes or identical, no metric, a
             ``batch_size`` that is not a positive int, ``answer_tokens`` of the wrong batch size or outside
-            the vocabulary, a metric that returns more than one number or a NaN, or a per-head act on a
-            :class:`~interp.tensor_parallel.HeadParallel` (the ranks would run different passes).
+            the vocabulary, a metric that returns more than one number or a NaN (over a pipeline raised on every
+            rank), or a per-head act on a :class:`~interp.tensor_parallel.HeadParallel` (the ranks would run
+            different passes).
+        DistributedError: over a pipeline, a peer rank died or timed out.
 
     Example:
         >>> import interp
@@ -372,6 +422,7 @@ def activation_patching(model: Transformer | HeadParallel, clean: torch.Tensor, 
         >>> df = activation_patching(model, clean, corrupted, act="z", answer_tokens=answers)
         >>> interp.viz.patching_heatmap(df)
     """
+    pipe = model if isinstance(model, Pipeline) else None
     if isinstance(model, HeadParallel):
         # The shard is the model with the other ranks' heads removed, plus a reduction after each attention and
         # dense MLP: residual-stream sites are whole on every rank, so the same code on the shard is one
@@ -382,13 +433,18 @@ def activation_patching(model: Transformer | HeadParallel, clean: torch.Tensor, 
                              f"per-layer act ({', '.join(_LAYER_ACTS)}), or run per-head patching in one process")
         progress = progress if model.rank == 0 else False  # one bar, on rank 0
         model = model.model
+    elif isinstance(model, Pipeline):
+        # Every rank runs the same passes over its own blocks: a patched pass starts on the rank of its lowest
+        # patched layer, its residual goes on rank by rank, and the last rank computes the metrics.
+        progress = progress if model.rank == 0 else False
+        model = model.model
     batch_size = checks.check_batch_size(batch_size)
     checks.check_clean_corrupted(clean, corrupted)
     checks.check_answer_tokens(answer_tokens, clean, model.cfg.d_vocab)
     user_metric = metric
     metric = checks.checked_metric(metric)
-    metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
-                                                  direction, attention_mask)
+    metric, names, base, src, m_src, n_units = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
+                                                           direction, attention_mask, pipe)
     # The checked metric turns its value into a Python float (a device sync): the source and base runs use it,
     # the patched runs the plain one, their values checked together at the end.
     plain = _metric_of(user_metric, answer_tokens)
@@ -407,27 +463,47 @@ def activation_patching(model: Transformer | HeadParallel, clean: torch.Tensor, 
         def keep(t: torch.Tensor, hook: Any) -> None:
             resid[hook.name] = t.detach()
 
-        logits_base = model.run_with_hooks(base, attention_mask=attention_mask, kv_cache=base_cache,
-                                           fwd_hooks=[(resid_names, keep)])
-        m_base = float(metric(logits_base))
-        n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
+        logits_base: torch.Tensor | None
+        if pipe is None:
+            logits_base = model.run_with_hooks(base, attention_mask=attention_mask, kv_cache=base_cache,
+                                               fwd_hooks=[(resid_names, keep)])
+        else:  # each rank keeps its own layers' residuals (and cache); the logits stay on the last rank
+            logits_base, own = pipe.record_own(base, names_filter=resid_names, attention_mask=attention_mask,
+                                               logits_to_rank0=False, kv_cache=base_cache)
+            resid.update({n: own[n] for n in own.keys()})
+        m_base, itemsize = _on_last(pipe, lambda: (float(metric(_held(logits_base))),
+                                                   _held(logits_base).element_size()), "the base run's metric")
         sites = _sites(by, n_units, T)
         found: list[Any] = [None] * len(sites)  # each site's metric (a 0-d tensor), left on the device
         per_run = max(1, batch_size // B)  # several patched copies of the batch share one forward pass
         if not last_only:  # every position's logits come back: keep one pass's under _LOGITS_BYTES
-            row = B * T * model.cfg.d_vocab * logits_base.element_size()
+            row = B * T * model.cfg.d_vocab * itemsize
             per_run = max(1, min(per_run, _LOGITS_BYTES // row))
-        resid_in = [resid[n] for n in resid_names]
+        resid_in = [resid.get(n) for n in resid_names]
+        stage, sending = (None if pipe is None else (pipe.first, pipe.stop)), None
         for group in progress_bar(_groups(sites, per_run, prefix), desc="activation_patching",
                                   progress=progress, unit="run"):
             run = [sites[i] for i in group]
             start = min(pos for _, _, pos in run) if prefix else 0  # before it, nothing differs from the base
-            logits = _patched_run(model, run, names, src, resid_in, base_cache, start, attention_mask, last_only)
+            arriving = None
+            if pipe is not None:
+                if pipe.stop <= run[0][0]:
+                    continue  # the pass starts on a later rank
+                if pipe.first > run[0][0]:  # the copies that joined on earlier ranks arrive from the previous one
+                    below = sum(layer < pipe.first for layer, _, _ in run)
+                    arriving = pipe._receive((below * B, T - start, model.cfg.d_model), "a patched pass's residual")
+            logits = _patched_run(model, run, names, src, resid_in, base_cache, start, attention_mask, last_only,
+                                  shape=(B, T), stage=stage, arriving=arriving)
+            if pipe is not None and pipe.stop < L:
+                sending = pipe._send(logits, "a patched pass's residual", sending)  # the residual, going on
+                continue
             if start and not last_only:  # positions before the patch are the base run's: its logits there
-                logits = torch.cat([logits_base[:, :start].repeat(len(group), 1, 1), logits], dim=1)  # [n B, T, V]
+                logits = torch.cat([_held(logits_base)[:, :start].repeat(len(group), 1, 1), logits], dim=1)  # [n B, T, V]
             for j, i in enumerate(group):
                 found[i] = torch.as_tensor(plain(logits[j * B:(j + 1) * B])).detach().reshape(())
-        values = _values(found)
+        if pipe is not None and sending is not None:
+            pipe._send_done(sending, "a patched pass's residual")
+        values = _on_last(pipe, lambda: _values(found), "the patched runs' metrics")
     m_clean, m_corr = (m_base, m_src) if direction == "noising" else (m_src, m_base)
     return _frame(by, sites, values, m_clean, m_corr, {"act": act, "direction": direction, "method": "activation"})
 
@@ -459,8 +535,9 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     checks.check_answer_tokens(answer_tokens, clean, model.cfg.d_vocab)
     metric = checks.checked_metric(metric)
     steps = progress_bar(desc="attribution_patching", progress=progress, total=3, unit="step")
-    metric, names, base, src, m_src = _source_run(model, clean, corrupted, act, by, metric, answer_tokens,
-                                                  direction, attention_mask)
+    metric, names, base, found_src, m_src, n_units = _source_run(model, clean, corrupted, act, by, metric,
+                                                                 answer_tokens, direction, attention_mask)
+    src = [t for t in found_src if t is not None]  # one process: every layer's (an empty one for no heads)
     steps.update()
     acts: dict[str, torch.Tensor] = {}
     probes: dict[str, torch.Tensor] = {}
@@ -475,7 +552,6 @@ def attribution_patching(model: Transformer, clean: torch.Tensor, corrupted: tor
     m_base = float(m.detach())
     grads = [found.get(n, s) for n, s in zip(names, src)]
     per = [((s - acts.get(n, s)) * g).detach() for s, n, g in zip(src, names, grads)]  # [B, T, (H,) ...] each
-    n_units = [t.shape[2] if by.startswith("head") else 1 for t in src]
     sites = _sites(by, n_units, base.shape[1])
     # Every site's sum stays on the device; one copy brings them all back.
     sums = torch.stack([per[site[0]][site_index(site)].sum().double() for site in sites]).cpu()  # [sites]

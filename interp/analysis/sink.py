@@ -82,7 +82,12 @@ class SinkReducer(Reducer):
         B = real.shape[0]
         L, H = self._shape
         self._mass = zeros64(B, L, H, device=self._dev)
-        self._rows = zeros64(B, device=self._dev)
+        # The queries each sequence's mean runs over, from the batch alone (not from whichever layer fires first:
+        # on a pipeline's rank the first layer is another rank's): every real query for a learned sink, else the
+        # real queries after the first real token (the first can only attend to itself).
+        q = torch.arange(real.shape[1], device=self._dev)  # [T]
+        counted = self._real if self.learned else self._real & (q[None, :] > self._first[:, None])  # [B, T]
+        self._rows = counted.sum(-1).to(self._mass.dtype)  # [B]
         self._ratio = torch.full((B, L, H), torch.nan, dtype=torch.float64, device=self._dev)
         if self.learned:
             self._ratio.zero_()  # the learned sink's value is zero: it writes nothing
@@ -110,16 +115,12 @@ class SinkReducer(Reducer):
             B, H, Tc = t.shape
             rows = self._real[:, q_start:q_start + Tc]  # [B, Tc]
             self._mass[:, layer, :H] += (t * rows[:, None]).sum(-1).double()
-            if layer == 0:
-                self._rows += rows.sum(-1).double()
             return
         B, H, Tc, S = t.shape  # pattern chunk
         q = torch.arange(q_start, q_start + Tc, device=self._dev)  # [Tc]
         rows = self._real[:, q_start:q_start + Tc] & (q[None, :] > self._first[:, None])  # [B, Tc]
         on_first = t.gather(-1, self._first[:, None, None, None].expand(B, H, Tc, 1))[..., 0]  # [B, H, Tc]
         self._mass[:, layer, :H] += (on_first * rows[:, None]).sum(-1).double()
-        if layer == 0:
-            self._rows += rows.sum(-1).double()
 
     def end_batch(self) -> None:
         mass = self._mass / self._rows.clamp(min=1)[:, None, None]  # [B, L, H]: per-sequence mean mass

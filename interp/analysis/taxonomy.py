@@ -45,6 +45,7 @@ says which data each kind was measured on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ..data import TreebankStats, random_tokens_for, repeated_tokens_for, text_batches, treebank_batches
+from ..pipeline import Pipeline
 from ..progress import enabled as progress_enabled
 from ..streaming import Reducer, stream
 from ..tensor_parallel import HeadParallel
@@ -71,7 +73,7 @@ if TYPE_CHECKING:
     from ..data.batches import TokenData
     from ..model import Transformer
 
-__all__ = ["HeadReport", "classify_heads"]
+__all__ = ["PIPELINE_KINDS", "HeadReport", "classify_heads"]
 
 _COLUMNS = ["layer", "head", "kind", "score", "evidence"]
 
@@ -158,7 +160,7 @@ class HeadReport:
 
 
 def classify_heads(
-    model: Transformer | HeadParallel,
+    model: Transformer | HeadParallel | Pipeline,
     *,
     tokens: TokenData | None = None,
     texts: list[str] | None = None,
@@ -203,7 +205,10 @@ def classify_heads(
 
     Args:
         model: an interp Transformer, or a :class:`~interp.tensor_parallel.HeadParallel` shard under torchrun:
-            every rank then runs every batch, classifies its own heads, and receives the whole model's report.
+            every rank then runs every batch, classifies its own heads, and receives the whole model's report;
+            or a :class:`~interp.pipeline.Pipeline` under torchrun, every rank calling with the same arguments:
+            rank 0's data runs through the pipeline, each rank scores the heads of its own layers, and every
+            rank receives the whole model's report (the kinds of :data:`PIPELINE_KINDS`).
         tokens: token ids for the positional analysis (a tensor or an iterable of batches).
         texts: raw texts for the positional analysis (needs a tokenizer).
         conllu: a CoNLL-U path (or iterable of Sentence) for the syntactic analysis.
@@ -252,8 +257,10 @@ def classify_heads(
         >>> report
         >>> report.heads("syntactic:")
     """
-    if isinstance(model, HeadParallel):  # heads across ranks: each rank classifies its own, then they are joined
+    if isinstance(model, (HeadParallel, Pipeline)):  # each rank classifies its own heads, then they are joined
         settings = {k: v for k, v in locals().items() if k != "model"}
+        if isinstance(model, Pipeline):
+            return _classify_over_stages(model, settings)
         return _classify_across_ranks(model, settings)
     for name, v in (("positional_threshold", positional_threshold), ("previous_token_threshold",
                     previous_token_threshold), ("duplicate_token_threshold", duplicate_token_threshold),
@@ -403,6 +410,69 @@ def _classify_across_ranks(tp: HeadParallel, settings: dict[str, Any]) -> HeadRe
     details = {k: joined[f"details.{k}"] for k in local.details}
     return dataclasses.replace(local, df=df, details=details, n_heads=max(tp.n_heads, default=0),
                                layer_heads=list(tp.n_heads))
+
+
+#: The kinds :func:`classify_heads` runs over a :class:`~interp.pipeline.Pipeline`: their scores are per-head
+#: reducers of streamed passes, each fed on the rank that owns the head. The others read several stages at once:
+#: the OV-circuit kinds (copy suppression, successor, name movers) read the embedding, block 0 and the
+#: unembedding together, the function-vector kind patches heads' outputs into other passes.
+PIPELINE_KINDS = ("positional", "previous-token", "duplicate-token", "induction", "sink", "syntactic")
+
+
+def _classify_over_stages(pipe: Pipeline, settings: dict[str, Any]) -> HeadReport:
+    """:func:`classify_heads` over a pipeline: every rank runs the one engine on its stage with its passes routed
+    through the pipeline (:meth:`Pipeline.routed`), so its reducers hold its own layers' scores; each rank's
+    rows and per-head tables of its layers are joined, in layer order, on every rank."""
+    from .. import distributed
+
+    if settings.get("extra_reducers"):
+        raise ValueError("classify_heads: extra_reducers are not joined across a Pipeline's ranks (each rank's "
+                         "state holds its own layers); feed them with Pipeline.stream instead")
+    explicit = settings["kinds"] not in (None, "all")  # by name: run (or refused by the engine without data)
+
+    def runs(kind: Any) -> bool:  # as the engine selects: a kind not asked for by name runs when its data is given
+        needs = (*kind.needs, *{"treebank": ("conllu",), "coref": ("coref",)}.get(kind.data, ()))
+        return explicit or all(settings.get(n) is not None for n in needs)
+
+    selected = [k for k in resolve_kinds(settings["kinds"]) if runs(k)]
+    refused = [k.name for k in selected if k.name not in PIPELINE_KINDS]
+    if refused:
+        raise ValueError(f"classify_heads: head kinds {refused} do not run over a Pipeline's ranks (they read the "
+                         f"weights or passes of several stages at once); pass kinds= from {list(PIPELINE_KINDS)}, "
+                         "or classify those in one process")
+    copying = any(k.data == "repeats" for k in selected)  # the induction gate reads each head's write via W_U
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(distributed.replicated())  # every rank runs rank 0's batches: no data sharding
+        if copying:
+            stack.enter_context(pipe.output_head_everywhere())
+        stack.enter_context(pipe.routed())
+        local = classify_heads(pipe.model, **settings)
+    own = range(pipe.first, pipe.stop)
+
+    def mine(table: pd.DataFrame) -> pd.DataFrame:
+        if "layer" not in table.columns:
+            return table
+        # Each rank's table has one process's rows in one process's order (the other ranks' layers with empty
+        # scores): its own rows keep their place, so the joined table has one process's order (a syntactic table
+        # runs over relations first, layers within each).
+        return table.assign(_row=range(len(table)))[table["layer"].isin(own)]
+
+    tables = {"df": local.df, **{f"details.{k}": v for k, v in local.details.items()}}
+    everyone = pipe._gather_all({k: mine(v) for k, v in tables.items()}, "the pipeline's head tables")
+    joined = {}
+    for name, table in tables.items():
+        if "layer" in table.columns:
+            parts = pd.concat([rank_tables[name] for rank_tables in everyone])
+            table_out = parts.sort_values("_row", kind="stable").drop(columns="_row").reset_index(drop=True)
+            table_out.attrs = dict(everyone[0][name].attrs)  # per-table facts (row counts) agree over ranks
+        else:
+            table_out = everyone[0][name]
+        joined[name] = table_out
+    df = joined["df"]
+    if len(df):
+        df = df.sort_values(["layer", "head", "kind"], kind="stable").reset_index(drop=True)
+    details = {k: joined[f"details.{k}"] for k in local.details}
+    return dataclasses.replace(local, df=df, details=details)
 
 
 def _ranks() -> int:

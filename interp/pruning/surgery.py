@@ -127,6 +127,55 @@ def _head_rows(heads: list[int], width: int) -> torch.Tensor:
     return torch.tensor([h * width + i for h in heads for i in range(width)], dtype=torch.long)
 
 
+def head_slices(model: Transformer, kept: list[list[int]]) -> dict[str, tuple[int, torch.Tensor]]:
+    """Where the kept heads' weights lie in each attention weight: ``{state key: (dim, index)}``, the rows (dim 0)
+    of the query / key / value projections (and learned sinks) and the columns (dim 1) of W_O that the heads
+    ``kept[layer]`` keep (with the K/V heads they read). :func:`remove_heads` takes them from a model; a
+    head-parallel shard reads them straight from a checkpoint (:func:`interp.zoo.checkpoint.load_checkpoint_heads`).
+
+    Args:
+        model: the whole model (its skeleton on the meta device will do).
+        kept: per layer, the query heads kept.
+
+    Returns:
+        ``{key: (dim, index LongTensor)}`` for every attention weight that loses rows or columns.
+
+    Example:
+        >>> from interp.pruning.surgery import head_slices
+        >>> from interp.examples import model          # 2 layers x 4 heads, d_head 32
+        >>> dim, cols = head_slices(model, [[1], [0, 1, 2, 3]])["blocks.0.attn.W_O.weight"]
+        >>> dim, cols[0].item(), len(cols)
+        (1, 32, 32)
+    """
+    cfg = model.cfg
+    D = cfg.d_head
+    latent = cfg.attention == "latent"
+    keys = set(model.state_dict())
+    plan: dict[str, tuple[int, torch.Tensor]] = {}
+    for layer, block in enumerate(model.blocks):
+        attn, heads, pre = block.attn, kept[layer], f"blocks.{layer}.attn."
+        H = attn.n_heads
+        if latent:
+            q_name = "W_uq" if hasattr(attn, "W_uq") else "W_q"
+            for suffix in ("weight", "bias"):
+                if pre + f"{q_name}.{suffix}" in keys:
+                    plan[pre + f"{q_name}.{suffix}"] = (0, _head_rows(heads, D + cfg.rope_dim))
+            plan[pre + "W_ukv.weight"] = (0, _head_rows(heads, D + cfg.v_head_dim))
+        else:
+            K = cfg.layer(layer).n_kv_heads
+            kv_kept, _ = _kept_kv(model, layer, heads)
+            # W_qkv rows: [q heads (H*D) | k heads (K*D) | v heads (K*D)]
+            rows = torch.cat([_head_rows(heads, D), H * D + _head_rows(kv_kept, D),
+                              (H + K) * D + _head_rows(kv_kept, D)])
+            for suffix in ("weight", "bias"):
+                if pre + f"W_qkv.{suffix}" in keys:
+                    plan[pre + f"W_qkv.{suffix}"] = (0, rows)
+        if pre + "sinks" in keys:  # a learned sink belongs to its query head: it goes with it
+            plan[pre + "sinks"] = (0, torch.tensor(heads, dtype=torch.long))  # [H_kept]
+        plan[pre + "W_O.weight"] = (1, _head_rows(heads, attn.d_head))  # [M, H_kept*Dv]
+    return plan
+
+
 @torch.no_grad()
 def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
     """A new, physically smaller model without ``heads``; ``model`` is left unchanged.
@@ -168,7 +217,6 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
     if cfg.qk_norm == "full":
         raise ValueError("remove_heads: qk_norm='full' normalises the queries (and keys) of all heads together, "
                          "so removing a head would change the others; gate it instead (set_head_gates)")
-    D = cfg.d_head
     latent = cfg.attention == "latent"
     layer_heads, layer_kv, layer_map, kept_all = [], [], [], []
     for layer, block in enumerate(model.blocks):
@@ -200,34 +248,14 @@ def remove_heads(model: Transformer, heads: HeadSpec) -> Transformer:
     # copies into the new model, so the original's weights are read, never written.
     state = dict(model.state_dict())
     for layer, block in enumerate(model.blocks):
-        attn, kept, pre = block.attn, kept_all[layer], f"blocks.{layer}.attn."
-        H = attn.n_heads
-        if latent:
-            R = cfg.rope_dim
-            q_name = "W_uq" if hasattr(attn, "W_uq") else "W_q"
-            q_rows = _head_rows(kept, D + R)
-            for suffix in ("weight", "bias"):
-                if pre + f"{q_name}.{suffix}" in state:
-                    state[pre + f"{q_name}.{suffix}"] = state[pre + f"{q_name}.{suffix}"][q_rows]
-            state[pre + "W_ukv.weight"] = state[pre + "W_ukv.weight"][_head_rows(kept, D + cfg.v_head_dim)]
-        else:
-            K = cfg.layer(layer).n_kv_heads
-            kv_kept, _ = _kept_kv(model, layer, kept)
-            # W_qkv rows: [q heads (H*D) | k heads (K*D) | v heads (K*D)]
-            rows = torch.cat([_head_rows(kept, D), H * D + _head_rows(kv_kept, D),
-                              (H + K) * D + _head_rows(kv_kept, D)])
-            for suffix in ("weight", "bias"):
-                if pre + f"W_qkv.{suffix}" in state:
-                    state[pre + f"W_qkv.{suffix}"] = state[pre + f"W_qkv.{suffix}"][rows]
-        if pre + "sinks" in state:  # a learned sink belongs to its query head: it goes with it
-            state[pre + "sinks"] = state[pre + "sinks"][torch.tensor(kept, dtype=torch.long)]  # [H_kept]
-        w_o = state[pre + "W_O.weight"]  # [M, H*Dv] (Dv = D except for MLA's own value width)
-        Dv = attn.d_head
+        attn = block.attn
         if attn.gate is not None:
-            # Fold the gates of the kept heads into W_O's columns: z_h * g_h @ W_O[h] = z_h @ (g_h W_O[h]).
-            scale = attn.gate.detach().to(w_o.dtype).repeat_interleave(Dv)  # [H*Dv]
-            w_o = w_o * scale[None, :]
-        state[pre + "W_O.weight"] = w_o[:, _head_rows(kept, Dv)]  # [M, H_kept*Dv]
+            # Fold the gates into W_O's columns, then take the kept heads': z_h * g_h @ W_O[h] = z_h @ (g_h W_O[h]).
+            w_o = state[f"blocks.{layer}.attn.W_O.weight"]  # [M, H*Dv] (Dv = D except for MLA's own value width)
+            scale = attn.gate.detach().to(w_o.dtype).repeat_interleave(attn.d_head)  # [H*Dv]
+            state[f"blocks.{layer}.attn.W_O.weight"] = w_o * scale[None, :]
+    for key, (dim, index) in head_slices(model, kept_all).items():
+        state[key] = state[key].index_select(dim, index.to(state[key].device))
     new.load_state_dict(state, strict=True)
     new.name = model.name
     new.tokenizer = model.tokenizer

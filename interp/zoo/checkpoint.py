@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -435,11 +436,19 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     model = build(cfg, device=target, dtype=dtype, meta_weights=True)
     assign_weights(model, tensors, dtype=dtype, device=target, source=where)
     del tensors
-    model.name = header.get("name", Path(path).stem)
+    _name_and_tokenizer(model, header, Path(path), where)
+    model.checkpoint_metadata = {k: v for k, v in header.items() if k not in ("config", "tokenizer", INTEGRITY_KEY)}
+    model.checkpoint_verified = verified
+    return model.eval()
+
+
+def _name_and_tokenizer(model: Transformer, header: dict[str, Any], path: Path, where: str) -> None:
+    """Set ``model.name`` and, when the header stores one, ``model.tokenizer`` (a whole model or a pipeline's stage)."""
+    model.name = header.get("name", path.stem)
     if header.get("tokenizer_kind") == "token-id":
         from .token_ids import token_id_tokenizer  # a token-id model: its tokenizer is rebuilt from the header
 
-        model.tokenizer = token_id_tokenizer(header, cfg.d_vocab, where)
+        model.tokenizer = token_id_tokenizer(header, model.cfg.d_vocab, where)
     elif "tokenizer" in header:
         from .tokenizer import Tokenizer
 
@@ -447,9 +456,6 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
             model.tokenizer = Tokenizer.from_json(header["tokenizer"])
         except Exception as e:  # noqa: BLE001 - the tokenizers library raises a plain Exception
             raise ValueError(f"{where}: the tokenizer stored in the checkpoint cannot be read: {e}") from e
-    model.checkpoint_metadata = {k: v for k, v in header.items() if k not in ("config", "tokenizer", INTEGRITY_KEY)}
-    model.checkpoint_verified = verified
-    return model.eval()
 
 
 
@@ -517,5 +523,129 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
     if tied and "W_U" in held and unembed is not None:
         unembed.weight = model.embed.weight
     del tensors
-    model.name = header.get("name", Path(path).stem)
+    _name_and_tokenizer(model, header, path, where)  # a text analysis over the pipeline tokenizes on every rank
     return model.eval()
+
+
+def _read_slice(f: Any, start: int, key: str, dtype: str, shape: list[int], span: tuple[int, int], dim: int,
+                index: torch.Tensor, where: str) -> torch.Tensor:
+    """The part ``index`` along ``dim`` (0, or 1 of a matrix) of one stored tensor, read with plain file reads:
+    one read per contiguous run of rows, or per row and run of columns; the rest of the tensor is never read."""
+    begin, end = span
+    item = torch.empty((), dtype=_DTYPES[dtype]).element_size()
+    if torch.Size(shape).numel() * item != end - begin:
+        raise ValueError(f"{where}: tensor {key!r} declares {dtype} {shape} over {end - begin} bytes")
+    idx = index.tolist()
+    runs: list[tuple[int, int]] = []  # maximal contiguous runs [a, b) of the index
+    for i in idx:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    out_shape = list(shape)
+    out_shape[dim] = len(idx)
+    out = torch.empty(out_shape, dtype=_DTYPES[dtype])
+    raw = out.reshape(-1).view(torch.uint8).numpy()
+    if dim == 0:
+        row = item * (torch.Size(shape[1:]).numel())  # bytes of one row [shape[1:]]
+        pieces = [(begin + a * row, (b - a) * row) for a, b in runs]
+    elif dim == 1 and len(shape) == 2:
+        row = item * shape[1]
+        pieces = [(begin + r * row + a * item, (b - a) * item) for r in range(shape[0]) for a, b in runs]
+    else:
+        raise ValueError(f"{where}: tensor {key!r}: a slice along dim {dim} of shape {shape} is not supported")
+    at = 0
+    for offset, size in pieces:  # in the order of the output's bytes (row-major)
+        f.seek(start + offset)
+        if f.readinto(raw[at:at + size].data) != size:
+            raise ValueError(f"{where}: tensor {key!r} is cut short: the file ends inside its bytes")
+        at += size
+    return out
+
+
+def load_checkpoint_heads(path: str | Path, *, rank: int | None = None, world: int | None = None,
+                          device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
+    """This rank's head-parallel shard (:func:`interp.tensor_parallel.shard_heads`) read straight from a checkpoint:
+    the shard is built on the meta device and each weight it cuts is read as the rows / columns of this rank's
+    heads and MLP share (:func:`interp.tensor_parallel.shard_slices`); the other ranks' slices are never read.
+
+    The result equals ``shard_heads(load_checkpoint(path), rank, world)`` without ever holding the whole model:
+    a rank's peak memory is its shard (the replicated embeddings, norms and unembedding included). Reads are plain
+    file reads (as :func:`load_checkpoint_stage`: no memory map of the whole file). The checkpoint's tensor record
+    (sha256) is checked for every tensor read whole; a sliced tensor cannot be hashed without reading it all.
+
+    Args:
+        path: a checkpoint written by :func:`save_checkpoint`.
+        rank: this rank (default: :func:`interp.distributed.rank`).
+        world: the ranks (default: :func:`interp.distributed.world_size`).
+        device: where the shard goes (default: :func:`interp.distributed.rank_device`, else CPU).
+        dtype: the parameters' dtype (default: as stored; float32 for a file of mixed dtypes).
+
+    Returns:
+        The shard, ready for :class:`interp.tensor_parallel.HeadParallel`.
+
+    Raises:
+        ValueError: as :func:`load_checkpoint` (bad header, shapes, damaged bytes), a rank outside ``0 ..
+            world - 1``, or the errors of :func:`~interp.tensor_parallel.shard_heads` (a ``d_mlp`` that ``world``
+            does not divide, ``qk_norm="full"``, cross-attention).
+
+    Example:
+        >>> import torch
+        >>> from interp.zoo.checkpoint import load_checkpoint_heads, save_checkpoint
+        >>> from interp.tensor_parallel import shard_heads
+        >>> from interp.examples import model, tmp
+        >>> path = save_checkpoint(model, tmp / "heads.safetensors")
+        >>> shard = load_checkpoint_heads(path, rank=1, world=2)
+        >>> torch.equal(shard.blocks[0].attn.W_O.weight, shard_heads(model, 1, 2).blocks[0].attn.W_O.weight)
+        True
+    """
+    from .. import distributed
+    from ..tensor_parallel import shard_heads, shard_slices, zero_output_biases
+
+    check_dtype(dtype)
+    rank = distributed.rank() if rank is None else rank
+    world = distributed.world_size() if world is None else world
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank} is not in 0..{world - 1} (world={world})")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {str(path)!r}")
+    where = str(path)
+    header, index, start = _file_index(path)
+    cfg = _config_from_header(header, where)
+    _check_stored(where, cfg, {k: tuple(v[1]) for k, v in index.items()}, {k: v[0] for k, v in index.items()})
+    skeleton = build(cfg, device="meta")
+    plan = shard_slices(skeleton, rank, world)
+    layout = shard_heads(skeleton, rank, world)  # the shard's config (head counts, K/V maps, MLP width), on meta
+    stored_dtypes = {_DTYPES[v[0]] for v in index.values() if v[0] in _DTYPES and _DTYPES[v[0]].is_floating_point}
+    if dtype is None:
+        dtype = stored_dtypes.pop() if len(stored_dtypes) == 1 else torch.float32
+    target = torch.device(device) if device is not None else (distributed.rank_device() or torch.device("cpu"))
+    shard = build(layout.cfg, device=target, dtype=dtype, meta_weights=True)  # buffers real, weights to come
+    for attr in ("tp_heads", "tp_layout", "tp_rank", "tp_world"):
+        setattr(shard, attr, getattr(layout, attr))
+    whole: dict[str, torch.Tensor] = {}
+    sliced: dict[str, torch.Tensor] = {}
+    with open(path, "rb") as f:
+        for key, (stored, shape, (begin, end)) in index.items():
+            if stored not in _DTYPES:
+                raise ValueError(f"{where}: tensor {key!r} has dtype {stored}, which interp checkpoints do not hold")
+            if key in plan:
+                sliced[key] = _read_slice(f, start, key, stored, shape, (begin, end), *plan[key], where)
+                continue
+            t = torch.empty(shape, dtype=_DTYPES[stored])
+            if t.numel() * t.element_size() != end - begin:
+                raise ValueError(f"{where}: tensor {key!r} declares {stored} {shape} over {end - begin} bytes")
+            f.seek(start + begin)
+            if f.readinto(t.reshape(-1).view(torch.uint8).numpy().data) != end - begin:
+                raise ValueError(f"{where}: tensor {key!r} is cut short: the file ends inside its bytes")
+            whole[key] = t
+    if INTEGRITY_KEY in header:
+        check_tensor_record(header[INTEGRITY_KEY], whole, where, partial=True)
+    tensors = {**whole, **sliced}
+    assign_weights(shard, tensors, dtype=dtype, device=target, source=where)
+    del tensors, whole, sliced
+    if rank != 0:
+        zero_output_biases(shard)  # every rank adds its partial write; the biases once, on rank 0
+    _name_and_tokenizer(shard, header, path, where)
+    return shard.eval()

@@ -42,6 +42,68 @@ def reducers():
     return [MeanReducer("*hook_pattern"), MeanReducer(["blocks.0.hook_resid_post", "blocks.3.mlp.hook_post"])]
 
 
+#: classify_heads' settings in the classify case: low thresholds, so that the random model's heads get rows of
+#: every kind; the positional data is two batches (the second padded), the induction data three (the last of 2 rows).
+CLASSIFY = dict(kinds=["positional", "previous-token", "duplicate-token", "induction", "sink"], window=2,
+                positional_threshold=0.2, previous_token_threshold=0.05, duplicate_token_threshold=0.02,
+                induction_threshold=0.02, copying_threshold=0.0, n_seqs=6, half_len=5, batch_size=4,
+                options={"sink_threshold": 0.1, "sink_value_ratio": 2.0})
+
+
+def classify_data():
+    """The positional data: a list of ``(tokens, mask)`` batches (rank 0's is the one run)."""
+    return [(tokens()[:4], None), (tokens()[4:], padding_mask()[4:])]
+
+
+def report_of(report) -> dict:
+    """A HeadReport as plain values (it pickles, and the test compares it field by field)."""
+    return {"df": report.df, "details": report.details, "thresholds": report.thresholds, "probes": report.probes,
+            "kinds_run": report.kinds_run, "layer_heads": report.layer_heads, "n_heads": report.n_heads,
+            "n_layers": report.n_layers}
+
+
+def treebank_settings(conllu: str) -> dict:
+    """classify_heads over a treebank: its sentences are the positional data too (annotations travel)."""
+    return dict(conllu=conllu, kinds=["positional", "syntactic", "induction"], max_sentences=12, batch_size=4,
+                n_seqs=4, syntactic_min_count=1)
+
+
+def every_position_metric(logits):
+    """A metric that reads every position (the patched runs then unembed them all, and a pass resumed at a
+    position takes the base run's logits before it)."""
+    return logits[:, :, 3].mean() - logits[:, :, 7].mean()
+
+
+def nan_metric(logits):
+    return logits.sum() * float("nan")
+
+
+def patching_inputs():
+    """``(clean, corrupted, answers, mask)``: 4 rows of 9 tokens (two micro-batches of 2 rows)."""
+    gen = torch.Generator().manual_seed(5)
+    clean = torch.randint(0, 50, (4, 9), generator=gen)
+    corrupted = torch.randint(0, 50, (4, 9), generator=gen)
+    answers = torch.randint(0, 50, (4, 2), generator=gen)
+    mask = torch.ones(4, 9, dtype=torch.long)
+    mask[2, :3] = 0  # left padding in one row
+    return clean, corrupted, answers, mask
+
+
+def patching_settings():
+    """The activation_patching calls compared with one process: per-head and per-layer sites, whole and per
+    position (a causal model's passes then resume at a position from the base run's cache), both directions, a
+    padding mask, and a metric of the last position or of every position."""
+    clean, corrupted, answers, mask = patching_inputs()
+    return {
+        "z_head": dict(act="z", by="head", answer_tokens=answers, batch_size=12),
+        "result_head_pos": dict(act="result", by="head_pos", metric=every_position_metric, direction="denoising",
+                                batch_size=16),
+        "resid_pre_layer_pos": dict(act="resid_pre", by="layer_pos", answer_tokens=answers, batch_size=12,
+                                    attention_mask=mask),
+        "attn_out_layer": dict(act="attn_out", by="layer", metric=every_position_metric, batch_size=8),
+    }
+
+
 def run(case: str, rank: int, world: int, path: str):
     from interp import distributed
     from interp.pipeline import Pipeline
@@ -67,6 +129,32 @@ def run(case: str, rank: int, world: int, path: str):
                 "meta": None if trace is None else trace.meta,
                 "stats": None if trace is None else trace.stats, "streamed_n": n,
                 "streamed": [r.result() for r in streamed] if rank == 0 else None}
+    if case == "classify":
+        from interp.analysis import classify_heads
+        from interp.streaming import MeanReducer
+
+        report = classify_heads(pipe, tokens=classify_data() if rank == 0 else [], **CLASSIFY)
+        boot = classify_heads(pipe, tokens=classify_data(), bootstrap=20, **{**CLASSIFY, "kinds": ["induction", "sink"]})
+        chunked = MeanReducer("*hook_pattern")  # fed on the owner ranks, three query chunks of a 9-token batch
+        n = pipe.feed(tokens(), [chunked], batch_size=4, query_chunk=4)
+        return {"report": report_of(report), "bootstrap": report_of(boot), "chunked_n": n,
+                "chunked": chunked.state_dict(), "held": held}
+    if case == "classify_treebank":  # a text model's checkpoint (its tokenizer stored) and a CoNLL-U treebank
+        from interp.analysis import classify_heads
+
+        report = classify_heads(pipe, **treebank_settings(os.environ["PIPELINE_CONLLU"]))
+        return {"report": report_of(report)}
+    if case == "patching":
+        from interp.analysis import activation_patching
+
+        clean, corrupted, _, _ = patching_inputs()
+        tables = {name: activation_patching(pipe, clean, corrupted, **kw) for name, kw in patching_settings().items()}
+        try:
+            activation_patching(pipe, clean, corrupted, act="z", metric=nan_metric)
+            error = None
+        except ValueError as e:  # raised on the last rank, and from it on every other
+            error = str(e)
+        return {"tables": tables, "error": error}
     if case == "die":
         victim = world - 1
 

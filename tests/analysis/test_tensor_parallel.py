@@ -29,7 +29,7 @@ CASES = list(tp_worker.CONFIGS)
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tp")
-    launch(2, [*CASES, "classify", "patching"], out, worker=WORKER)
+    launch(2, [*CASES, "classify", "patching", "sliced"], out, worker=WORKER)
     return out
 
 
@@ -68,6 +68,17 @@ def test_two_ranks_equal_one_process(case, ranks):
     for name in trace.keys():
         torch.testing.assert_close(got[0]["trace"][name], trace[name], rtol=0, atol=1e-5, msg=name)
     assert got[0]["meta"]["n_heads"] == H
+
+
+@pytest.mark.slow
+def test_shards_read_from_a_checkpoint_run_as_the_cut_ones(ranks):
+    # load_checkpoint_heads reads each rank's slices straight from the file: on 2 real ranks its logits (plain
+    # and padded) are those of the shards cut from the whole model, bit for bit, and one process's.
+    ref = tp_worker.model("gqa")(tp_worker.tokens())
+    for got in read(ranks, "sliced", 2):
+        for sliced, cut in zip(got["sliced"], got["cut"]):
+            assert torch.equal(sliced, cut)
+        torch.testing.assert_close(got["sliced"][0], ref, rtol=0, atol=1e-5)
 
 
 @pytest.mark.slow

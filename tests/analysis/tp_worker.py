@@ -109,9 +109,18 @@ def patch(net, act, by):
                                progress=False)
 
 
-def run(case: str, rank: int, world: int) -> dict:
+def run(case: str, rank: int, world: int, out: Path) -> dict:
     from interp import distributed
     from interp.tensor_parallel import HeadParallel
+
+    if case == "sliced":  # the gqa shard read straight from a checkpoint, against the model built and cut
+        from interp.zoo.checkpoint import load_checkpoint_heads, save_checkpoint
+
+        path = save_checkpoint(model("gqa"), out / f"sliced.rank{rank}.safetensors")  # the same model on each rank
+        sliced, cut = HeadParallel(load_checkpoint_heads(path)), HeadParallel.from_model(model("gqa"))
+        with torch.no_grad():
+            return {name: (tp(tokens()), tp(tokens(), attention_mask=padding_mask()))
+                    for name, tp in (("sliced", sliced), ("cut", cut))}
 
     if case == "die":  # rank 1 dies inside layer 1's attention; rank 0 must stop with an error, not hang
         tp = HeadParallel.from_model(model("gqa"))
@@ -160,7 +169,7 @@ def main() -> None:
 
     assert distributed.init_from_env(timeout_s=float(os.environ.get("INTERP_DIST_TIMEOUT", "60")))
     for case in sys.argv[5].split(","):
-        result = run(case, rank, world)
+        result = run(case, rank, world, out)
         with open(out / f"{case}.rank{rank}.pkl", "wb") as f:
             pickle.dump(result, f)
     if "die" in sys.argv[5]:  # a peer is gone: leave as the CLI does after a DistributedError

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
 from ._gguf import (
@@ -88,6 +89,7 @@ def llama4_text_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         attn_bias=bias, out_bias=bias, mlp_bias=False, nope_layers=nope or None, attention_chunk=chunks,
         nope_temperature=temperature, qk_norm="head_after_rotary" if hf_cfg.get("use_qk_norm", True) else "none",
+        precision=Precision.named("cohere"),  # transformers rotates Llama 4's queries and keys in float32
     )
     cfg = dataclasses.replace(cfg, n_ctx=_rope_context(cfg.n_ctx, scaling))
     if not moe:

@@ -10,11 +10,11 @@ Two steps differ between families; everything else follows one rule for all of t
     EXAONE 4, gpt-oss), instead of rounding the normalised input first and multiplying by the weight in the
     model's dtype (Llama, Mistral, Qwen, Phi-3: the default);
   - ``rotary_float32``: rotary embeddings rotate queries and keys in float32 with float32 angles and round once
-    (OLMo 2, Cohere, ERNIE 4.5), instead of rotating in the model's dtype with rounded angles (Llama: the
+    (OLMo 2, Cohere, ERNIE 4.5, Llama 4, DeepSeek-V2), instead of rotating in the model's dtype with rounded angles (Llama: the
     default);
   - ``router_float32``: a mixture of experts' router keeps its weight and choice bias in float32, computes its
     logits from the float32 residual, and the experts' outputs are weighted in float32 and summed before one
-    rounding (DeepSeek-V3, GLM-4-MoE: transformers keeps their gate in float32), instead of a router in the
+    rounding (DeepSeek-V2 / V3, GLM-4-MoE: transformers keeps their gate in float32), instead of a router in the
     model's dtype whose weights are rounded before they multiply the experts' outputs (the default).
 
 * **every family** (no setting): attention scores, mask, soft-cap and softmax in float32 with only the pattern
@@ -44,7 +44,7 @@ class Precision:
     Args:
         norm_weight_float32: RMSNorm multiplies by its weight in float32 and rounds once (Gemma, OLMo 2).
         rotary_float32: rotary embeddings rotate queries and keys in float32 and round once (OLMo 2, Cohere).
-        router_float32: the MoE router's weight, logits and mixing weights stay float32 (DeepSeek-V3, GLM-4-MoE).
+        router_float32: the MoE router's weight, logits and mixing weights stay float32 (DeepSeek, GLM-4-MoE).
 
     Example:
         >>> from interp.precision import Precision
@@ -71,7 +71,7 @@ class Precision:
         """The policy of a family by name (:data:`PRECISIONS`).
 
         Args:
-            name: ``"llama"`` (the default), ``"gemma"``, ``"olmo2"``, ``"cohere"`` or ``"deepseek_v3"``.
+            name: ``"llama"`` (the default), ``"gemma"``, ``"olmo2"``, ``"cohere"``, ``"deepseek_v2"`` or ``"deepseek_v3"``.
 
         Returns:
             The :class:`Precision` that family uses.
@@ -106,8 +106,9 @@ PRECISIONS: dict[str, Precision] = {
     "llama": Precision(),  # Llama, Mistral, Qwen, Phi-3, GPT-2 and every family not listed: the default
     "gemma": Precision(norm_weight_float32=True),  # Gemma 1/2/3, EXAONE 4, gpt-oss
     "olmo2": Precision(norm_weight_float32=True, rotary_float32=True),  # OLMo 2 / 3
-    "cohere": Precision(rotary_float32=True),  # Cohere (Command R), ERNIE 4.5
-    "deepseek_v3": Precision(router_float32=True),  # GLM-4-MoE (a float32 gate, as DeepSeek-V3's)
+    "cohere": Precision(rotary_float32=True),  # Cohere (Command R), ERNIE 4.5, Llama 4
+    "deepseek_v2": Precision(rotary_float32=True, router_float32=True),  # DeepSeek-V2: complex rotary, float32 gate
+    "deepseek_v3": Precision(router_float32=True),  # DeepSeek-V3, GLM-4-MoE: a float32 gate
 }
 
 #: The ModelConfig keys that held these rules before the policy (checkpoints saved then still carry them).

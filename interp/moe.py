@@ -12,8 +12,8 @@ block of :class:`~interp.config.ModelConfig`). For a token with normalised resid
 * Phi-MoE's ``router_score="sparsemixer"`` chooses and weighs its two experts otherwise (:func:`sparsemixer`);
 * output ``sum_j w_j expert_{id_j}(x)`` plus the shared expert (times ``sigmoid(x @ w_gate)`` for Qwen-MoE).
   In half precision each product ``w_j expert_{id_j}(x)`` is rounded (``w`` in the model's dtype) and the sum
-  is taken in float32 and rounded once, as transformers' experts kernels do; with the ``router_float32``
-  policy (:class:`interp.precision.Precision`) the router's weights, logits and ``w`` stay float32.
+  is taken in float32 and rounded once, as transformers' experts kernels do; the ``expert_weights_float32``
+  policy (:class:`interp.precision.Precision`) keeps ``w`` in float32 and ``router_float32`` the router.
 
 gpt-oss's router (top-k of the logits, then a softmax over the k chosen) is ``router_score="softmax"`` with
 ``router_renormalize``: ``softmax(l)_i / sum_chosen softmax(l)_j = exp(l_i) / sum_chosen exp(l_j)``, and the top-k
@@ -296,8 +296,9 @@ class MoE(nn.Module):
             logits = F.linear(x, self.W_router, self.b_router)  # [B, T, E]
         logits = self.hook_router_logits(logits)
         weights, ids = route(logits.reshape(B * T, -1), self.cfg, self.router_bias)  # [N, k] each, float32
-        # the mixing weights rounded to the model's dtype, as transformers' routers return them (float32: router32)
-        weights = self.hook_expert_weights((weights if router32 else weights.to(x.dtype)).view(B, T, k))  # [B, T, k]
+        if not self.cfg.precision.expert_weights_float32:  # rounded, as most of transformers' routers return them
+            weights = weights.to(x.dtype)
+        weights = self.hook_expert_weights(weights.view(B, T, k))  # [B, T, k]
         ids = self.hook_expert_ids(ids.view(B, T, k))  # [B, T, k]
         on_input = self.cfg.expert_input_weighting  # Llama 4: expert(w x), summed unweighted
         slots = self._run_experts(x.reshape(B * T, M), ids.reshape(-1),

@@ -165,10 +165,10 @@ def test_the_router_policy_keeps_the_router_in_float32_through_a_checkpoint(tmp_
         assert torch.equal(again(TOKENS), model(TOKENS))
 
 
-@pytest.mark.parametrize("name", ["llama", "deepseek_v3"])
+@pytest.mark.parametrize("name", ["llama", "mixtral", "deepseek_v3"])
 def test_the_experts_outputs_are_weighted_then_summed_in_float32(name):
-    """Naive reference: each expert's output times its weight (rounded to bf16 unless the router policy keeps the
-    weights float32), accumulated in float32, rounded once: transformers' experts kernels."""
+    """Naive reference: each expert's output times its weight (rounded to bf16 unless the policy keeps the weights
+    float32), accumulated in float32, rounded once: transformers' experts kernels."""
     model = _moe_model(name)
     seen = {}
     mlp = model.blocks[0].mlp
@@ -177,8 +177,8 @@ def test_the_experts_outputs_are_weighted_then_summed_in_float32(name):
     with torch.no_grad():
         model(TOKENS)
     slots, w = seen["hook_expert_out"], seen["hook_expert_weights"]  # [B, T, k, M], [B, T, k]
-    assert w.dtype == (torch.float32 if name == "deepseek_v3" else torch.bfloat16)
-    assert seen["hook_router_logits"].dtype == w.dtype
+    assert w.dtype == (torch.bfloat16 if name == "llama" else torch.float32)
+    assert seen["hook_router_logits"].dtype == (torch.float32 if name == "deepseek_v3" else torch.bfloat16)
     acc = torch.zeros(slots.shape[:2] + slots.shape[-1:])
     for j in range(slots.shape[2]):
         acc += (slots[:, :, j] * w[:, :, j, None]).float()

@@ -258,7 +258,7 @@ class MoE(nn.Module):
         self.cfg = cfg
         self.n_experts, self.top_k = E, cfg.n_experts_per_token
         self.act = act
-        # The router's parameters in float32 where the family's policy keeps them so (DeepSeek-V3, GLM-4-MoE):
+        # The router's parameters in float32 where the family's policy keeps them so (DeepSeek, GLM-4-MoE):
         # listed in ``float32_names``, which loaders honour (interp.zoo.checkpoint.assign_weights).
         router32 = cfg.precision.router_float32
         self.float32_names: tuple[str, ...] = ("W_router", "b_router", "router_bias") if router32 else ()

@@ -127,7 +127,7 @@ def llama4_text_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torc
         if cfg.out_bias:
             out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
         if cfg.qk_norm != "none" and rotates:  # transformers' norm has no weight: ours holds ones
-            ones = torch.ones(D, dtype=out["W_E.weight"].dtype)
+            ones = torch.ones(D, dtype=out["ln_final.weight"].dtype)  # a norm's dtype (GGUF keep_quantized: no tag)
             out[b + "attn.q_norm.weight"], out[b + "attn.k_norm.weight"] = ones, ones.clone()
         out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
         out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")

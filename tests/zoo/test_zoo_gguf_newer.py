@@ -200,3 +200,19 @@ def test_a_foreign_tensor_in_a_newer_file_is_refused_by_name(files, tmp_path):
                         extra_tensors={"blk.0.nextn.eh_proj.weight": np.zeros(4, np.float32)})
         with pytest.raises(ValueError, match=f"'blk.0.nextn.eh_proj.weight' has no place in a '{arch}' decoder"):
             _load(extra)
+
+
+@pytest.mark.parametrize("name", ["exaone4", "glm4", "hunyuan_dense", "llama4", "cohere2", "granite"])
+def test_keep_quantized_keeps_the_blocks_or_refuses_a_scaled_weight_by_name(tmp_path, name):
+    """Q8_0 weights kept in blocks give the HF model's logits; a converter that folds a scalar into a weight
+    (Cohere's ``logit_scale``, Granite's multipliers) is refused naming the weight, rather than failing later on
+    a shape."""
+    hf = hf_model(name)
+    path = write_gguf(hf, tmp_path / f"{name}.gguf", FAMILIES[name][0], types="q8_0")
+    if name in ("cohere2", "granite"):
+        with pytest.raises(ValueError, match=r"computes '.*' from the file's weight matrices with more than a "
+                                             r"reordering of rows \(it scales them\)"):
+            zgguf.load_gguf(path, tokenizer=False, keep_quantized=True)
+        return
+    model = zgguf.load_gguf(path, tokenizer=False, keep_quantized=True)
+    assert (_logits(model) - _logits(hf)).abs().max().item() <= 1e-4

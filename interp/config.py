@@ -897,7 +897,10 @@ class ModelConfig:
 
     # --- (de)serialisation ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        # the policy's later fields only when set: a config that does not use them saves as it did before them
+        data["precision"] = {k: v for k, v in data["precision"].items() if k in LEGACY_FIELDS or v}
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:

@@ -370,8 +370,8 @@ def flops_per_layer(
     if moe:
         # Each token runs only its k experts (MLPs of width d_expert); the router scores all E.
         E, k, Fe, Fs = cfg.n_experts, cfg.n_experts_per_token, cfg.d_expert, cfg.d_shared_expert
-        rows += [("router", 2 * B * T * M * E), (f"experts ({k} of {E} per token)", 3 * 2 * B * T * k * M * Fe),
-                 ("combine (weights @ expert outputs)", 2 * B * T * k * M)]
+        # (the weighted sum of the k outputs is elementwise, rounded per product as transformers does: no matmul)
+        rows += [("router", 2 * B * T * M * E), (f"experts ({k} of {E} per token)", 3 * 2 * B * T * k * M * Fe)]
         if Fs:
             rows.append(("shared expert", 3 * 2 * B * T * M * Fs))
     elif not cfg.attn_only:

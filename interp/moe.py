@@ -11,6 +11,9 @@ block of :class:`~interp.config.ModelConfig`). For a token with normalised resid
 * weights ``w = s[chosen]``, divided by their sum if ``router_renormalize``, times ``routed_scaling``;
 * Phi-MoE's ``router_score="sparsemixer"`` chooses and weighs its two experts otherwise (:func:`sparsemixer`);
 * output ``sum_j w_j expert_{id_j}(x)`` plus the shared expert (times ``sigmoid(x @ w_gate)`` for Qwen-MoE).
+  In half precision each product ``w_j expert_{id_j}(x)`` is rounded (``w`` in the model's dtype) and the sum
+  is taken in float32 and rounded once, as transformers' experts kernels do; the ``expert_weights_float32``
+  policy (:class:`interp.precision.Precision`) keeps ``w`` in float32 and ``router_float32`` the router.
 
 gpt-oss's router (top-k of the logits, then a softmax over the k chosen) is ``router_score="softmax"`` with
 ``router_renormalize``: ``softmax(l)_i / sum_chosen softmax(l)_j = exp(l_i) / sum_chosen exp(l_j)``, and the top-k
@@ -40,7 +43,7 @@ from torch import nn
 from .config import ModelConfig
 from .hooks import HookPoint
 
-__all__ = ["MoE", "gated_unit", "route", "sparsemixer"]
+__all__ = ["MoE", "float32_names", "gated_unit", "route", "sparsemixer"]
 
 
 def gated_unit(cfg: ModelConfig,
@@ -76,6 +79,24 @@ def gated_unit(cfg: ModelConfig,
         return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))
 
     return clamped
+
+
+def float32_names(model: nn.Module) -> set[str]:
+    """The state-dict keys of ``model`` that its modules keep in float32 whatever the model's dtype (each module's
+    ``float32_names``: the router of a ``router_float32`` family).
+
+    Example:
+        >>> from interp import ModelConfig
+        >>> from interp.moe import float32_names
+        >>> from interp.placement import build
+        >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, activation="swiglu",
+        ...                   n_experts=4, n_experts_per_token=2, precision="deepseek_v3")
+        >>> sorted(float32_names(build(cfg, meta_weights=True)))
+        ['blocks.0.mlp.W_router']
+    """
+    own = set(model.state_dict(keep_vars=True))
+    return {f"{name}.{attr}" if name else attr for name, module in model.named_modules()
+            for attr in getattr(module, "float32_names", ()) if (f"{name}.{attr}" if name else attr) in own}
 
 
 def sparsemixer(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,18 +258,23 @@ class MoE(nn.Module):
         self.cfg = cfg
         self.n_experts, self.top_k = E, cfg.n_experts_per_token
         self.act = act
-        self.W_router = nn.Parameter(torch.empty(E, M))
+        # The router's parameters in float32 where the family's policy keeps them so (DeepSeek, GLM-4-MoE):
+        # listed in ``float32_names``, which loaders honour (interp.zoo.checkpoint.assign_weights).
+        router32 = cfg.precision.router_float32
+        self.float32_names: tuple[str, ...] = ("W_router", "b_router", "router_bias") if router32 else ()
+        self.W_router = nn.Parameter(torch.empty(E, M).float() if router32 else torch.empty(E, M))
         self.W_gate = nn.Parameter(torch.empty(E, Fe, M))
         self.W_in = nn.Parameter(torch.empty(E, Fe, M))
         self.W_out = nn.Parameter(torch.empty(E, M, Fe))
         for w, fan_in in ((self.W_router, M), (self.W_gate, M), (self.W_in, M), (self.W_out, Fe)):
             nn.init.uniform_(w, -fan_in ** -0.5, fan_in ** -0.5)  # nn.Linear's default range
-        self.b_router = nn.Parameter(torch.zeros(E)) if cfg.router_logit_bias else None
+        router_dtype = torch.float32 if router32 else None
+        self.b_router = nn.Parameter(torch.zeros(E, dtype=router_dtype)) if cfg.router_logit_bias else None
         biased = cfg.expert_bias
         self.b_gate = nn.Parameter(torch.zeros(E, Fe)) if biased else None
         self.b_in = nn.Parameter(torch.zeros(E, Fe)) if biased else None
         self.b_out = nn.Parameter(torch.zeros(E, M)) if biased else None
-        self.register_buffer("router_bias", torch.zeros(E) if cfg.router_choice_bias else None)
+        self.register_buffer("router_bias", torch.zeros(E, dtype=router_dtype) if cfg.router_choice_bias else None)
         self.shared = shared
         self.shared_gate = nn.Linear(M, 1, bias=False) if cfg.shared_expert_gate else None
         self.hook_router_logits = HookPoint()
@@ -262,16 +288,28 @@ class MoE(nn.Module):
         """x ``[B, T, M]`` (the normalised residual) -> ``[B, T, M]``."""
         B, T, M = x.shape
         k = self.top_k
-        logits = self.hook_router_logits(F.linear(x, self.W_router, self.b_router))  # [B, T, E]
-        weights, ids = route(logits.reshape(B * T, -1), self.cfg, self.router_bias)  # [N, k] each
-        weights = self.hook_expert_weights(weights.to(x.dtype).view(B, T, k))  # [B, T, k]
+        router32 = self.cfg.precision.router_float32
+        if router32:  # the float32 residual through the float32 router: the logits are never rounded
+            b32 = None if self.b_router is None else self.b_router.float()
+            logits = F.linear(x.float(), self.W_router.float(), b32)  # [B, T, E]
+        else:
+            logits = F.linear(x, self.W_router, self.b_router)  # [B, T, E]
+        logits = self.hook_router_logits(logits)
+        weights, ids = route(logits.reshape(B * T, -1), self.cfg, self.router_bias)  # [N, k] each, float32
+        if not self.cfg.precision.expert_weights_float32:  # rounded, as most of transformers' routers return them
+            weights = weights.to(x.dtype)
+        weights = self.hook_expert_weights(weights.view(B, T, k))  # [B, T, k]
         ids = self.hook_expert_ids(ids.view(B, T, k))  # [B, T, k]
         on_input = self.cfg.expert_input_weighting  # Llama 4: expert(w x), summed unweighted
         slots = self._run_experts(x.reshape(B * T, M), ids.reshape(-1),
-                                  weights.reshape(-1) if on_input else None)  # [N*k, M], slot order
+                                  weights.reshape(-1).to(x.dtype) if on_input else None)  # [N*k, M], slot order
         slots = self.hook_expert_out(slots.view(B, T, k, M))  # [B, T, k, M]
-        mix = torch.ones_like(weights) if on_input else weights  # [B, T, k]
-        out = self.hook_routed_out((mix.unsqueeze(-2) @ slots).squeeze(-2))  # [B, T, 1, k] @ [B, T, k, M]
+        if on_input:
+            routed = slots.sum(-2)  # [B, T, M]
+        else:  # each expert's output times its weight (rounded, unless float32 weights), summed in float32 and
+            # rounded once, as transformers' grouped / batched experts kernels do
+            routed = (slots * weights.unsqueeze(-1)).sum(-2).to(x.dtype)  # [B, T, k, M] * [B, T, k, 1] -> [B, T, M]
+        out = self.hook_routed_out(routed)
         if self.shared is not None:
             shared = self.shared(x)  # [B, T, M]
             if self.shared_gate is not None:

@@ -10,13 +10,21 @@ Two steps differ between families; everything else follows one rule for all of t
     EXAONE 4, gpt-oss), instead of rounding the normalised input first and multiplying by the weight in the
     model's dtype (Llama, Mistral, Qwen, Phi-3: the default);
   - ``rotary_float32``: rotary embeddings rotate queries and keys in float32 with float32 angles and round once
-    (OLMo 2, Cohere, ERNIE 4.5), instead of rotating in the model's dtype with rounded angles (Llama: the
-    default).
+    (OLMo 2, Cohere, ERNIE 4.5, Llama 4, DeepSeek-V2), instead of rotating in the model's dtype with rounded
+    angles (Llama: the default);
+  - ``router_float32``: a mixture of experts' router keeps its weight and choice bias in float32 and computes its
+    logits from the float32 residual (DeepSeek-V2 / V3, GLM-4-MoE: transformers keeps their gate in float32),
+    instead of a router in the model's dtype (the default);
+  - ``expert_weights_float32``: the experts' mixing weights stay float32, so each expert's output times its
+    weight is not rounded before the float32 sum (Mixtral, DeepSeek-V2 / V3, GLM-4-MoE: their routers return
+    float32 weights), instead of weights rounded to the model's dtype and rounded products (Granite-MoE, Qwen-MoE,
+    OLMoE, Phi-MoE: the default).
 
 * **every family** (no setting): attention scores, mask, soft-cap and softmax in float32 with only the pattern
   rounded for the product with v (:mod:`interp.attention`, as the fused kernels keep them); a router's scores
-  in float32 (:mod:`interp.moe`); LayerNorm statistics in float32 (``torch.nn.LayerNorm``); rotary frequencies
-  kept in float32.
+  in float32, and the experts' weighted outputs summed in float32 before one rounding (:mod:`interp.moe`, as
+  transformers' grouped / batched experts kernels sum them); LayerNorm statistics in float32
+  (``torch.nn.LayerNorm``); rotary frequencies kept in float32.
 
 A Gemma 3-style ``local_rotary_base`` is no rounding rule: it changes the angles in float32 too, so it stays a
 mechanism field of :class:`interp.ModelConfig`.
@@ -39,6 +47,8 @@ class Precision:
     Args:
         norm_weight_float32: RMSNorm multiplies by its weight in float32 and rounds once (Gemma, OLMo 2).
         rotary_float32: rotary embeddings rotate queries and keys in float32 and round once (OLMo 2, Cohere).
+        router_float32: the MoE router's weight, choice bias and logits stay float32 (DeepSeek, GLM-4-MoE).
+        expert_weights_float32: the experts' mixing weights stay float32 (Mixtral, DeepSeek, GLM-4-MoE).
 
     Example:
         >>> from interp.precision import Precision
@@ -52,6 +62,8 @@ class Precision:
 
     norm_weight_float32: bool = False
     rotary_float32: bool = False
+    router_float32: bool = False
+    expert_weights_float32: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -64,7 +76,8 @@ class Precision:
         """The policy of a family by name (:data:`PRECISIONS`).
 
         Args:
-            name: ``"llama"`` (the default), ``"gemma"``, ``"olmo2"`` or ``"cohere"``.
+            name: ``"llama"`` (the default), ``"gemma"``, ``"olmo2"``, ``"cohere"``, ``"mixtral"``, ``"deepseek_v2"`` or
+                ``"deepseek_v3"``.
 
         Returns:
             The :class:`Precision` that family uses.
@@ -99,11 +112,15 @@ PRECISIONS: dict[str, Precision] = {
     "llama": Precision(),  # Llama, Mistral, Qwen, Phi-3, GPT-2 and every family not listed: the default
     "gemma": Precision(norm_weight_float32=True),  # Gemma 1/2/3, EXAONE 4, gpt-oss
     "olmo2": Precision(norm_weight_float32=True, rotary_float32=True),  # OLMo 2 / 3
-    "cohere": Precision(rotary_float32=True),  # Cohere (Command R), ERNIE 4.5
+    "cohere": Precision(rotary_float32=True),  # Cohere (Command R), ERNIE 4.5, Llama 4
+    "mixtral": Precision(expert_weights_float32=True),  # Mixtral: float32 mixing weights
+    # DeepSeek-V2 (complex rotary), V3 and GLM-4-MoE: a float32 gate and float32 mixing weights
+    "deepseek_v2": Precision(rotary_float32=True, router_float32=True, expert_weights_float32=True),
+    "deepseek_v3": Precision(router_float32=True, expert_weights_float32=True),
 }
 
 #: The ModelConfig keys that held these rules before the policy (checkpoints saved then still carry them).
-LEGACY_FIELDS = tuple(f.name for f in dataclasses.fields(Precision))
+LEGACY_FIELDS = ("norm_weight_float32", "rotary_float32")
 
 
 def precision_from(value: Any, what: str = "precision") -> Precision:
@@ -134,9 +151,10 @@ def precision_from(value: Any, what: str = "precision") -> Precision:
             raise ValueError(f"{what}={value!r} is no known policy; known ones are {sorted(PRECISIONS)}")
         return PRECISIONS[value]
     if isinstance(value, Mapping):
-        unknown = sorted(set(value) - set(LEGACY_FIELDS))
+        fields = [f.name for f in dataclasses.fields(Precision)]
+        unknown = sorted(set(value) - set(fields))
         if unknown:
-            raise ValueError(f"{what}: unknown key(s) {unknown}; a Precision holds {list(LEGACY_FIELDS)}")
+            raise ValueError(f"{what}: unknown key(s) {unknown}; a Precision holds {fields}")
         policy = Precision(**value)
         return PRECISIONS.get(policy.name or "", policy)  # a family's policy object itself when it is one
     raise TypeError(f"{what}={value!r} must be a Precision, a policy name or a dict of its fields, "

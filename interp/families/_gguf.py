@@ -207,6 +207,51 @@ def pattern_windows(m: Meta, n_layers: int, period: int) -> tuple[int | None, li
     return window, types
 
 
+def declared_windows(m: Meta, n_layers: int) -> tuple[int | None, list[str] | None]:
+    """``(sliding_window, layer_types)`` of an architecture whose files say which layers slide: a
+    ``sliding_window_pattern`` of one boolean per layer (True: the layer slides; what newer converters write)
+    or a period ``n`` (every ``n``-th layer global). No ``sliding_window`` means none; a window without a pattern
+    is refused by name (which layers slide is not said).
+
+    Example:
+        >>> from interp.families._gguf import Meta, declared_windows
+        >>> m = Meta({"exaone4.attention.sliding_window": 8,
+        ...           "exaone4.attention.sliding_window_pattern": [True, True, False]}, "exaone4", "f.gguf")
+        >>> declared_windows(m, 3)
+        (8, ['sliding_attention', 'sliding_attention', 'full_attention'])
+    """
+    if not m.get("attention.sliding_window", 0):
+        return None, None
+    window = m.count("attention.sliding_window")
+    pattern = m.get("attention.sliding_window_pattern")
+    key = m.key("attention.sliding_window_pattern")
+    if isinstance(pattern, (list, tuple)) and len(pattern) == n_layers and all(isinstance(p, bool) for p in pattern):
+        slides = list(pattern)
+    elif isinstance(pattern, (int, np.integer)) and not isinstance(pattern, bool) and pattern >= 1:
+        slides = [(i + 1) % int(pattern) != 0 for i in range(n_layers)]
+    elif pattern is None:
+        raise m.fail(f"{m.key('attention.sliding_window')} = {window} without {key!r}: which layers slide is not "
+                     f"said; not supported")
+    else:
+        raise m.fail(f"metadata {key!r} = {shown(pattern)} must be one boolean per layer "
+                     f"({m.key('block_count')} = {n_layers}) or a positive period")
+    return window, ["sliding_attention" if s else "full_attention" for s in slides]
+
+
+def refuse_keys(m: Meta, why: Mapping[str, str]) -> None:
+    """Refuse, by name and value, each ``{arch}.<key>`` of ``why`` that the file sets to something other than 0
+    (``why``: key -> what it is, for the message).
+
+    Example:
+        >>> from interp.families._gguf import Meta, refuse_keys
+        >>> refuse_keys(Meta({"glm4.nextn_predict_layers": 0}, "glm4", "f.gguf"), {"nextn_predict_layers": "MTP"})
+    """
+    for key, what in why.items():
+        value = m.get(key)
+        if value not in (None, 0, [], ()):
+            raise m.fail(f"metadata {m.key(key)!r} = {shown(value)} ({what}) is not supported for {m.arch!r}")
+
+
 
 def llama_like(model_type: str, **fixed: Any) -> Callable[[Meta, set[str]], HFConfig]:
     """The config function of a Llama-layout architecture (``llama``, ``qwen2``, ``olmo``, ...): the shared sizes,
@@ -457,6 +502,7 @@ def llama_spec(model_type: str, *, permuted: bool = False, qk_norm: bool = False
 
 
 __all__ = ["GPT2_BLOCK", "GPT2_GLOBAL", "GATED_MLP", "GGUFError", "GGUFSpec", "LLAMA_ATTN", "LLAMA_BLOCK", "LLAMA_GLOBAL", "Meta",
-           "QK_NORM", "gguf_sizes",
-           "gpt2_keys", "llama_like", "llama_spec", "llama_unpermute", "one_head_width", "partial_rope", "shown",
+           "QK_NORM", "declared_windows", "gguf_sizes",
+           "gpt2_keys", "llama_like", "llama_spec", "llama_unpermute", "one_head_width", "partial_rope", "refuse_keys",
+           "shown",
            "transposed", "unpermute_rotary"]

@@ -14,7 +14,20 @@ from ..config import ModelConfig
 from ..precision import Precision
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, _refuse
 from ._family import TEST_WINDOW, CompatConfig, Family
-from ._gguf import GATED_MLP, LLAMA_ATTN, LLAMA_GLOBAL, QK_NORM, GGUFSpec, HFConfig, Meta, llama_like
+from ._gguf import (
+    GATED_MLP,
+    LLAMA_ATTN,
+    LLAMA_GLOBAL,
+    QK_NORM,
+    GGUFSpec,
+    HFConfig,
+    Meta,
+    gguf_sizes,
+    llama_like,
+    pattern_windows,
+    rope_parameters,
+    rotary_dim,
+)
 from ._positions import _rope, _typed_windows
 from ._tensors import (
     _dense_weights,
@@ -109,10 +122,31 @@ def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
             "logit_scale": m.number("logit_scale", 0.0625), "use_qk_norm": "blk.0.attn_q_norm.weight" in names}
 
 
-#: llama.cpp's ``command-r`` (Command-R, Aya 23): Llama's names with one LayerNorm per parallel block, RoPE on
-#: interleaved pairs as HF (not permuted; the HF mapping reorders them to halves).
-GGUF = {"command-r": GGUFSpec(_gguf_config, {k: v for k, v in LLAMA_GLOBAL.items() if k != "output"},
-                              "model.layers.{}.", {**LLAMA_ATTN, **QK_NORM, **GATED_MLP, "attn_norm": "input_layernorm"})}
+def _gguf_config_cohere2(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Cohere 2's HF config. llama.cpp's ``cohere2`` fixes the layer pattern (3 sliding layers of
+    every 4, the 4th global and without RoPE: the HF default) and needs ``attention.sliding_window``; the converter
+    writes ``rope.dimension_count`` from ``rotary_pct`` (partial rotary refused, as transformers' Cohere 2 rotates
+    whole heads) and drops the all-zero biases (any bias tensors left are read as ``attention_bias``)."""
+    rope = rope_parameters(m, names, 10000.0)
+    cfg = gguf_sizes(m, names)
+    rotary_dim(m, cfg["head_dim"])
+    m.count("attention.sliding_window")  # llama.cpp reads it unconditionally: a file without it is refused
+    window, types = pattern_windows(m, cfg["num_hidden_layers"], 4)
+    return {**cfg, "model_type": "cohere2", "hidden_act": "silu", "rope_parameters": rope,
+            "layer_norm_eps": m.number("attention.layer_norm_epsilon", 1e-5),
+            "logit_scale": m.number("logit_scale", 0.0625), "sliding_window": window, "layer_types": types,
+            "attention_bias": "blk.0.attn_q.bias" in names}
+
+
+_COHERE_GLOBAL = {k: v for k, v in LLAMA_GLOBAL.items() if k != "output"}  # the unembedding is always tied
+
+#: llama.cpp's ``command-r`` (Command-R, Aya 23) and ``cohere2`` (Command R7B, Command A): Llama's names with one
+#: LayerNorm per parallel block, RoPE on interleaved pairs as HF (not permuted; the HF mapping reorders them to
+#: halves). Cohere 2 has no QK-norm tensors.
+GGUF = {"command-r": GGUFSpec(_gguf_config, _COHERE_GLOBAL, "model.layers.{}.",
+                              {**LLAMA_ATTN, **QK_NORM, **GATED_MLP, "attn_norm": "input_layernorm"}),
+        "cohere2": GGUFSpec(_gguf_config_cohere2, _COHERE_GLOBAL, "model.layers.{}.",
+                            {**LLAMA_ATTN, **GATED_MLP, "attn_norm": "input_layernorm"})}
 
 
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each

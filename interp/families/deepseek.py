@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import _MLP_BIAS_KEY, StateDict, _decoder_checks, _need
 from ._family import CompatConfig, Family
 from ._gguf_experts import DEEPSEEK2
@@ -113,6 +114,7 @@ def deepseek_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         routed_scaling=float(hf_cfg.get("routed_scaling_factor", 1.0)),
         d_shared_expert=(hf_cfg.get("n_shared_experts") or 0) * d_expert,
         dense_mlp_layers=list(range(min(first_dense, L))) or None,
+        precision=Precision.named("deepseek_v3" if v3 else "deepseek_v2"),  # float32 gate (V2: float32 rotary)
     )
 
 

@@ -11,6 +11,20 @@ from ..config import ModelConfig
 from ..precision import Precision
 from ._base import GATED_ACTIVATIONS, _activation, _decoder_checks, _need, llama_sizes
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
+from ._gguf import (
+    GATED_MLP,
+    LLAMA_ATTN,
+    LLAMA_GLOBAL,
+    QK_NORM,
+    GGUFSpec,
+    HFConfig,
+    Meta,
+    declared_windows,
+    gguf_sizes,
+    refuse_keys,
+    rope_parameters,
+    rotary_dim,
+)
 from ._positions import _rope, _typed_windows
 from .olmo2 import olmo2_state_dict
 
@@ -58,6 +72,29 @@ def exaone4_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
     )
 
 
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> EXAONE 4's HF config: the shared sizes, RMSNorm epsilon and RoPE, and the sliding layers
+    the file declares (``attention.sliding_window`` with ``sliding_window_pattern``, one boolean per layer as
+    the converter writes it from ``layer_types``); with a window, the global layers have no positions, as in
+    transformers. Multi-token-prediction layers (EXAONE 4.5's ``nextn_predict_layers``) are refused by name."""
+    refuse_keys(m, {"nextn_predict_layers": "multi-token-prediction layers"})
+    rope = rope_parameters(m, names, 10000.0)
+    cfg = gguf_sizes(m, names)
+    rotary_dim(m, cfg["head_dim"])
+    window, types = declared_windows(m, cfg["num_hidden_layers"])
+    return {**cfg, "model_type": "exaone4", "hidden_act": "silu", "rope_parameters": rope,
+            "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-5), "sliding_window": window,
+            "layer_types": types}
+
+
+#: llama.cpp's ``exaone4``: OLMo 2's tensors (no pre-norms; ``post_attention_norm`` / ``post_ffw_norm`` after each
+#: sublayer; per-head QK-norm), RoPE rotate-half as HF (not permuted).
+GGUF = {"exaone4": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
+    **LLAMA_ATTN, **QK_NORM, **GATED_MLP, "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm"})}
+
+
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
 #: feature changes the logits.
 TESTS = {
@@ -66,4 +103,4 @@ TESTS = {
 }
 
 
-FAMILY = Family("exaone4", ("exaone4",), exaone4_config, fixed(olmo2_state_dict), tests=TESTS)
+FAMILY = Family("exaone4", ("exaone4",), exaone4_config, fixed(olmo2_state_dict), gguf=GGUF, tests=TESTS)

@@ -12,6 +12,17 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
 from ._family import CompatConfig, Family, fixed
+from ._gguf import (
+    LLAMA_ATTN,
+    LLAMA_GLOBAL,
+    GGUFSpec,
+    HFConfig,
+    Meta,
+    gguf_sizes,
+    no_window,
+    partial_rope,
+    refuse_keys,
+)
 from ._positions import _partial_factor, _unscaled_rope
 from ._tensors import (
     _llama_attention,
@@ -81,6 +92,31 @@ def glm4_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Tenso
     return out
 
 
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> GLM-4's HF config: the shared sizes, RMSNorm epsilon, and partial rotary from
+    ``rope.dimension_count`` (the converter writes ``head_dim * partial_rotary_factor``); the q/k/v biases as
+    the tensors have them. Refused by name: M-RoPE sections (GLM-4V's text model, whose Q/K rows the converter
+    permutes to llama.cpp's NeoX order) and multi-token-prediction layers (GLM-OCR)."""
+    refuse_keys(m, {"rope.dimension_sections": "M-RoPE (GLM-4V)", "nextn_predict_layers": "multi-token-prediction "
+                    "layers"})
+    cfg = gguf_sizes(m, names)
+    no_window(m)
+    return {**cfg, "model_type": "glm4", "hidden_act": "silu", "rope_parameters": partial_rope(m, names,
+            cfg["head_dim"]), "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-5),
+            "attention_bias": "blk.0.attn_q.bias" in names}
+
+
+#: llama.cpp's ``glm4`` (GLM-4-0414, GLM-Z1): Llama's attention names, sandwich norms (``post_attention_norm``
+#: after attention, ``post_ffw_norm`` after the MLP; ``ffn_norm`` is HF's ``post_attention_layernorm``, the MLP's
+#: input norm) and HF's fused ``gate_up_proj`` kept whole as ``ffn_up``; RoPE on interleaved pairs as HF (not
+#: permuted).
+GGUF = {"glm4": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
+    **LLAMA_ATTN, "attn_norm": "input_layernorm", "post_attention_norm": "post_self_attn_layernorm",
+    "ffn_norm": "post_attention_layernorm", "post_ffw_norm": "post_mlp_layernorm", "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj"})}
+
+
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
 #: feature changes the logits.
 TESTS = {
@@ -95,4 +131,4 @@ TESTS = {
 }
 
 
-FAMILY = Family("glm4", ("glm", "glm4"), glm4_config, fixed(glm4_state_dict), tests=TESTS)
+FAMILY = Family("glm4", ("glm", "glm4"), glm4_config, fixed(glm4_state_dict), gguf=GGUF, tests=TESTS)

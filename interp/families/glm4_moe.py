@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import _need, _positive, _refuse
 from ._family import CompatConfig, Family, named
 from .llama import llama_config, llama_state_dict
@@ -66,6 +67,7 @@ def glm4_moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         routed_scaling=float(hf_cfg.get("routed_scaling_factor", 1.0)),
         d_shared_expert=(hf_cfg.get("n_shared_experts") or 0) * d_expert,
         dense_mlp_layers=list(range(min(first_dense, base.n_layers))) or None,
+        precision=Precision.named("deepseek_v3"),  # transformers keeps the gate (weight, choice bias) in float32
     )
 
 

@@ -12,6 +12,7 @@ import torch
 from ..config import ModelConfig
 from ._base import GATED_ACTIVATIONS, StateDict, _activation, _decoder_checks, _need, llama_sizes
 from ._family import CompatConfig, Family, fixed
+from ._gguf import LLAMA_BLOCK, LLAMA_GLOBAL, GGUFSpec, HFConfig, Meta, llama_like, refuse_keys
 from ._positions import _rope
 from ._tensors import (
     _dense_weights,
@@ -78,6 +79,23 @@ def hunyuan_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torch.Te
     return out
 
 
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> Hunyuan v1 dense's HF config: Llama's keys. The converter folds the NTK ``alpha`` into
+    ``rope.freq_base`` (``rope_theta * alpha ** (d / (d - 2))``, as transformers computes it) and writes no
+    scaling, so the base is plain RoPE's; HunyuanVL's XD-RoPE (``rope.scaling.alpha``, ``rope.dimension_sections``)
+    is refused by name."""
+    refuse_keys(m, {"rope.scaling.alpha": "XD-RoPE alpha (HunyuanVL)", "rope.dimension_sections": "XD-RoPE "
+                    "sections (HunyuanVL)"})
+    return llama_like("hunyuan_v1_dense")(m, names)
+
+
+#: llama.cpp's ``hunyuan-dense``: Llama's names plus ``attn_q_norm`` / ``attn_k_norm`` (HF's ``query_layernorm``
+#: / ``key_layernorm``, applied after RoPE); RoPE rotate-half as HF (not permuted).
+GGUF = {"hunyuan-dense": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
+    **LLAMA_BLOCK, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"})}
+
+
 #: Random tiny test configs of :mod:`interp.zoo.compat` (row -> HF model_type and config), chosen so that each
 #: feature changes the logits.
 TESTS = {
@@ -88,4 +106,5 @@ TESTS = {
 }
 
 
-FAMILY = Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), hunyuan_config, fixed(hunyuan_state_dict), tests=TESTS)
+FAMILY = Family("hunyuan_v1_dense", ("hunyuan_v1_dense",), hunyuan_config, fixed(hunyuan_state_dict), gguf=GGUF,
+                tests=TESTS)

@@ -15,8 +15,21 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import StateDict, _decoder_checks, _need, _refuse, llama_sizes
 from ._family import TEST_WINDOW, CompatConfig, Family, fixed
+from ._gguf import (
+    GATED_MLP,
+    LLAMA_BLOCK,
+    LLAMA_GLOBAL,
+    GGUFError,
+    GGUFSpec,
+    HFConfig,
+    Meta,
+    gguf_sizes,
+    rope_parameters,
+    rotary_dim,
+)
 from ._positions import _check_layer_types, _rope, _rope_context
 from ._tensors import _dense_weights, _expert_count_check, _leading_pairs_to_halves, _lm_head, _Source
 
@@ -76,6 +89,7 @@ def llama4_text_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         norm_eps=hf_cfg.get("rms_norm_eps", 1e-5), positional="rotary", rotary_base=theta, rope_scaling=scaling,
         attn_bias=bias, out_bias=bias, mlp_bias=False, nope_layers=nope or None, attention_chunk=chunks,
         nope_temperature=temperature, qk_norm="head_after_rotary" if hf_cfg.get("use_qk_norm", True) else "none",
+        precision=Precision.named("cohere"),  # transformers rotates Llama 4's queries and keys in float32
     )
     cfg = dataclasses.replace(cfg, n_ctx=_rope_context(cfg.n_ctx, scaling))
     if not moe:
@@ -113,7 +127,7 @@ def llama4_text_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torc
         if cfg.out_bias:
             out[b + "attn.W_O.bias"] = src(h + "self_attn.o_proj.bias")
         if cfg.qk_norm != "none" and rotates:  # transformers' norm has no weight: ours holds ones
-            ones = torch.ones(D, dtype=out["W_E.weight"].dtype)
+            ones = torch.ones(D, dtype=out["ln_final.weight"].dtype)  # a norm's dtype (GGUF keep_quantized: no tag)
             out[b + "attn.q_norm.weight"], out[b + "attn.k_norm.weight"] = ones, ones.clone()
         out[b + "ln1.weight"] = src(h + "input_layernorm.weight")
         out[b + "ln2.weight"] = src(h + "post_attention_layernorm.weight")
@@ -124,16 +138,97 @@ def llama4_text_state_dict(hf_sd: StateDict, cfg: ModelConfig) -> dict[str, torc
         E, F_ = cfg.n_experts, cfg.d_expert
         router = src(ff + "router.weight")  # [E, M]
         _expert_count_check(arch, src.prefix + ff + "router.weight", router, 0, E, "n_experts")
-        gate_up, down = src(ff + "experts.gate_up_proj"), src(ff + "experts.down_proj")  # [E, M, 2F], [E, F, M]
-        _expert_count_check(arch, src.prefix + ff + "experts.gate_up_proj", gate_up, 2, 2 * F_, "2 x d_expert")
+        down = src(ff + "experts.down_proj")  # [E, F, M]
+        if src.has(ff + "experts.gate_proj"):  # a GGUF file (llama.cpp splits gate_up_proj): [E, M, F] each
+            gate, up = src(ff + "experts.gate_proj"), src(ff + "experts.up_proj")
+            for name, part in (("gate_proj", gate), ("up_proj", up)):
+                _expert_count_check(arch, src.prefix + ff + f"experts.{name}", part, 2, F_, "d_expert")
+        else:
+            gate_up = src(ff + "experts.gate_up_proj")  # [E, M, 2F]: gate columns, then up
+            _expert_count_check(arch, src.prefix + ff + "experts.gate_up_proj", gate_up, 2, 2 * F_, "2 x d_expert")
+            gate, up = gate_up[..., :F_], gate_up[..., F_:]  # [E, M, F] each
         _expert_count_check(arch, src.prefix + ff + "experts.down_proj", down, 1, F_, "d_expert")
         out[b + "mlp.W_router"] = router
-        out[b + "mlp.W_gate"] = gate_up[..., :F_].transpose(1, 2)  # [E, F, M]
-        out[b + "mlp.W_in"] = gate_up[..., F_:].transpose(1, 2)  # [E, F, M]
+        out[b + "mlp.W_gate"] = gate.transpose(1, 2)  # [E, F, M]
+        out[b + "mlp.W_in"] = up.transpose(1, 2)  # [E, F, M]
         out[b + "mlp.W_out"] = down.transpose(1, 2)  # [E, M, F]
         out.update(_dense_weights(src, ff + "shared_expert.", b + "mlp.shared.", cfg))
     out.update(_lm_head(hf_sd, src, cfg, arch))
     return out
+
+
+# --- GGUF (llama.cpp) ------------------------------------------------------------------------------------------
+#: What llama.cpp's ``llama4`` fixes rather than reads (``llama_load_hparams`` / the ``llama4`` graph): chunks of
+#: 8192 tokens on 3 layers of every 4, the 4th global and without RoPE, and the NoPE layers' temperature tuning
+#: with scale 0.1 and floor 8192 (the HF defaults and Scout's / Maverick's configs).
+GGUF_CHUNK, GGUF_PERIOD, GGUF_TEMPERATURE = 8192, 4, (0.1, 8192)
+#: llama.cpp skips the weightless QK-norm for the 128-expert model (Maverick, ``use_qk_norm: false``) only.
+GGUF_NO_QK_NORM_EXPERTS = 128
+
+
+def _gguf_config(m: Meta, names: set[str]) -> HFConfig:
+    """GGUF metadata -> ``Llama4TextConfig``'s dict, as llama.cpp reads a ``llama4`` file: the shared sizes with
+    ``feed_forward_length`` the dense MLPs' width (``intermediate_size_mlp``) and ``expert_feed_forward_length``
+    the experts' (and the shared expert's); ``expert_count`` / ``expert_used_count``; the MoE layers every
+    ``interleave_moe_layer_step``-th; chunked attention, NoPE layers, temperature tuning and QK-norm as llama.cpp
+    fixes them (:data:`GGUF_CHUNK`, :data:`GGUF_PERIOD`, :data:`GGUF_TEMPERATURE`, :data:`GGUF_NO_QK_NORM_EXPERTS`).
+
+    Refused by name: ``attention.sliding_window`` other than 8192 (llama.cpp reads 0 as "no chunks, RoPE on
+    all but the last layer", MobileLLM's reading, which is not reproduced), a partial ``rope.dimension_count``,
+    and llama3 RoPE scaling (the ``rope_freqs`` factor tensor, as for every architecture).
+    """
+    rope = rope_parameters(m, names, 500000.0)
+    cfg = gguf_sizes(m, names)
+    rotary_dim(m, cfg["head_dim"])
+    window = m.get("attention.sliding_window")
+    if window is not None and window != GGUF_CHUNK:
+        raise m.fail(f"{m.key('attention.sliding_window')} = {window!r} is not supported: llama.cpp's 'llama4' "
+                     f"attends in chunks of {GGUF_CHUNK} (the key absent), and reads 0 as no chunks")
+    L = cfg["num_hidden_layers"]
+    E = m.count("expert_count", 0, low=0)
+    step = m.count("interleave_moe_layer_step")  # llama.cpp requires it
+    moe = {}
+    if E:
+        moe = {"num_local_experts": E, "num_experts_per_tok": m.count("expert_used_count"),
+               "intermediate_size": m.count("expert_feed_forward_length"), "interleave_moe_layer_step": step}
+        if moe["num_experts_per_tok"] > E:
+            raise m.fail(f"{m.key('expert_used_count')} = {moe['num_experts_per_tok']} is more than "
+                         f"{m.key('expert_count')} = {E}")
+    rotates = [int((i + 1) % GGUF_PERIOD != 0) for i in range(L)]
+    return {**cfg, "model_type": "llama4_text", "hidden_act": "silu", "rope_parameters": rope,
+            "rms_norm_eps": m.number("attention.layer_norm_rms_epsilon", 1e-5),
+            "intermediate_size_mlp": cfg["intermediate_size"], **moe, "moe_layers": None if E else [],
+            "no_rope_layers": rotates, "attention_chunk_size": GGUF_CHUNK,
+            "layer_types": ["chunked_attention" if r else "full_attention" for r in rotates],
+            "attn_temperature_tuning": True, "attn_scale": GGUF_TEMPERATURE[0], "floor_scale": GGUF_TEMPERATURE[1],
+            "use_qk_norm": E != GGUF_NO_QK_NORM_EXPERTS, "attention_bias": "blk.0.attn_q.bias" in names}
+
+
+_GGUF_EXPERTS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+
+
+def _gguf_experts(name: str, w: torch.Tensor, hf_cfg: Mapping[str, Any], *, source: str = "GGUF"
+                  ) -> dict[str, torch.Tensor] | None:
+    """The merged experts of a ``llama4`` file as HF names: ``ffn_gate_exps`` / ``ffn_up_exps`` ``[E, F, M]``
+    (torch order; the converter split HF's ``gate_up_proj`` ``[E, M, 2F]`` and transposed each half) become
+    ``experts.gate_proj`` / ``up_proj`` ``[E, M, F]``, which :func:`llama4_text_state_dict` reads in its place;
+    ``ffn_down_exps`` ``[E, M, F]`` becomes ``experts.down_proj`` ``[E, F, M]``. None for every other tensor."""
+    parts = name.split(".")
+    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _GGUF_EXPERTS:
+        return None
+    if parts[3] != "weight" or w.dim() != 3:
+        raise GGUFError(f"{source}: tensor {name!r} of shape {list(w.shape)}: llama4's experts are 3-D weights")
+    return {f"model.layers.{parts[1]}.feed_forward.experts.{_GGUF_EXPERTS[parts[2]]}": w.transpose(1, 2)}
+
+
+#: llama.cpp's ``llama4`` (the text model of Llama 4 Scout / Maverick): Llama's names, unpermuted (llama.cpp
+#: rotates interleaved pairs, as HF's Llama 4; the HF mapping reorders them to halves), dense MLPs
+#: ``ffn_{gate,up,down}``, the router ``ffn_gate_inp``, merged experts ``ffn_*_exps`` and the shared expert
+#: ``ffn_*_shexp``.
+GGUF = {"llama4": GGUFSpec(_gguf_config, LLAMA_GLOBAL, "model.layers.{}.", {
+    **{k: v.replace("mlp.", "feed_forward.") for k, v in LLAMA_BLOCK.items()}, "ffn_gate_inp": "feed_forward.router",
+    **{f"{k}_shexp": v.replace("mlp.", "feed_forward.shared_expert.") for k, v in GATED_MLP.items()}},
+    special=_gguf_experts, experts=True)}
 
 
 TESTS = {
@@ -147,4 +242,5 @@ TESTS = {
                                                     attention_bias=True)),
 }
 
-FAMILY = Family("llama4", ("llama4_text",), llama4_text_config, fixed(llama4_text_state_dict), tests=TESTS)
+FAMILY = Family("llama4", ("llama4_text",), llama4_text_config, fixed(llama4_text_state_dict), gguf=GGUF,
+                tests=TESTS)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..config import ModelConfig
+from ..precision import Precision
 from ._base import _need
 from ._family import TEST_WINDOW, CompatConfig, Family, named
 from ._gguf_experts import MODEL_TYPES, QWEN_OLMOE
@@ -54,6 +55,8 @@ def moe_config(hf_cfg: Mapping[str, Any]) -> ModelConfig:
         router_score="softmax", router_renormalize=mtype == "mixtral" or bool(hf_cfg.get("norm_topk_prob")),
         d_expert=base.d_mlp if mtype in ("mixtral", "olmoe") else _need(hf_cfg, "moe_intermediate_size", arch),
     )
+    if mtype == "mixtral":  # transformers' Mixtral router returns float32 mixing weights (the others round them)
+        fields["precision"] = Precision.named("mixtral")
     if mtype in ("qwen2_moe", "qwen3_moe"):
         step = hf_cfg.get("decoder_sparse_step", 1) or 1
         only = set(hf_cfg.get("mlp_only_layers") or [])

@@ -20,6 +20,7 @@ from torch import nn
 from .._io import atomic_path, check_tensor_record, tensor_record, write_safetensors
 from ..config import ModelConfig
 from ..model import Transformer
+from ..moe import float32_names
 from ..placement import build, check_dtype
 from ..quantized import refuse_quantized
 
@@ -210,10 +211,12 @@ def assign_weights(model: nn.Module, weights: Mapping[str, torch.Tensor], *, dty
     for key, p in model.named_parameters(remove_duplicate=False):
         shared.setdefault(id(p), []).append(key)
     own = model.state_dict(keep_vars=True)
+    kept = float32_names(model)  # a router the family's precision policy keeps in float32
     placed = {}
     for key, t in weights.items():
         target = own[key]
-        want = dtype if target.is_floating_point() else target.dtype  # integer buffers keep their own dtype
+        # integer buffers keep their own dtype, and the float32 ones the policy keeps
+        want = dtype if target.is_floating_point() and key not in kept else target.dtype
         t = t.to(device=device, dtype=want, copy=copy).contiguous()
         if t.data_ptr() % _ALIGN:
             # A tensor cut from a shared buffer (safetensors' get_tensor) may start anywhere; kernels pick other
@@ -428,7 +431,8 @@ def load_checkpoint(path: str | Path, *, device: torch.device | str | None = Non
     verified = INTEGRITY_KEY in header
     if verified:
         check_tensor_record(header[INTEGRITY_KEY], tensors, where)
-    stored = {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
+    kept = float32_names(build(cfg, device="meta"))  # float32 by policy whatever the model's dtype
+    stored = {t.dtype for k, t in tensors.items() if t.dtype.is_floating_point and k not in kept}
     if dtype is None:  # "as stored": a bf16 / fp16 checkpoint stays bf16 / fp16
         dtype = stored.pop() if len(stored) == 1 else torch.float32
     # Parameters on the meta device, then the tensors read are assigned: the weights are held once, not twice.
@@ -507,7 +511,8 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
     _, tensors = _read_some_tensors(path, cfg, lambda key: any(key.startswith(p + ".") for p in held))
     if INTEGRITY_KEY in header:
         check_tensor_record(header[INTEGRITY_KEY], tensors, where, partial=True)
-    stored = {t.dtype for t in tensors.values() if t.dtype.is_floating_point}
+    kept = float32_names(build(cfg, device="meta"))  # float32 by policy whatever the model's dtype
+    stored = {t.dtype for k, t in tensors.items() if t.dtype.is_floating_point and k not in kept}
     if dtype is None:
         dtype = stored.pop() if len(stored) == 1 else torch.float32
     target = torch.device(device) if device is not None else (distributed.rank_device() or torch.device("cpu"))

@@ -10,10 +10,11 @@ Hugging Face conversion then builds the model, so the two paths share one weight
 
 What it accepts: every architecture in :data:`SUPPORTED_ARCHITECTURES` (``llama``: Llama 1/2/3, SmolLM /
 SmolLM2, TinyLlama, Mistral 7B, and Mixtral when the file has experts; ``qwen2``, ``qwen3``, ``gemma``,
-``gemma2``, ``gemma3``, ``phi3``, ``starcoder``, ``falcon``, ...; the mixtures of experts ``deepseek2``,
-``qwen2moe``, ``qwen3moe``, ``olmoe`` and ``gpt-oss``). Every quantisation the ``gguf`` package can dequantise
-is read (F32, F16, BF16, Q4_0, Q4_1, Q5_x, Q8_0, the K-quants, ...), each tensor straight into the requested
-dtype on the requested device. Anything else (another architecture, experts elsewhere, ``rope_freqs`` / YaRN /
+``gemma2``, ``gemma3``, ``phi3``, ``starcoder``, ``falcon``, ``cohere2``, ``exaone4``, ``glm4``,
+``hunyuan-dense``, ...; the mixtures of experts ``deepseek2``, ``qwen2moe``, ``qwen3moe``, ``olmoe``, ``gpt-oss``
+and ``llama4``). Every quantisation the ``gguf`` package can dequantise is read (F32, F16, BF16, Q4_0, Q4_1,
+Q5_x, Q8_0, the K-quants, ...), each tensor straight into the requested dtype on the requested device.
+Anything else (another architecture, experts elsewhere, ``rope_freqs`` / YaRN /
 LongRoPE scaling, a sliding window the architecture has no rule for, ...) is refused with a ValueError naming
 it and its value.
 

@@ -108,10 +108,14 @@ def _row_sources(reader: GGUFFile, tagged: list[GGUFTensor], floats: dict[str, t
     ours: dict[str, torch.Tensor] = {}
     sources: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for key, value in plain.items():
+        other = odd_run[key]
         if value.dtype != torch.int64:
+            if not torch.equal(value, other):  # float arithmetic on the tags (a folded scalar: Granite, Cohere)
+                raise GGUFError(f"{source}: the {hf_cfg.get('model_type')!r} converter computes {key!r} from the "
+                                f"file's weight matrices with more than a reordering of rows (it scales them); "
+                                f"keep_quantized cannot keep it in blocks. Load with keep_quantized=False")
             ours[key] = value
             continue
-        other = odd_run[key]
         if not value.any() and not other.any():  # zeros shaped or typed after a weight (a bias lm_head lacks)
             ours[key] = torch.zeros(value.shape, dtype=dtype)
             continue

@@ -138,3 +138,51 @@ def test_each_family_sets_its_policy(row, name):
     model_type, kwargs = compat.TABLE[row]
     hf_cfg = _hf_config(model_type, dict(kwargs))
     assert family_for(model_type).config(hf_cfg).precision == Precision.named(name)
+
+
+# --- the router policy (router_float32) and the experts' weighted sum ------------------------------------------
+MOE = dict(SIZES, n_experts=4, n_experts_per_token=2, router_score="sigmoid", router_choice_bias=True)
+
+
+def _moe_model(name: str) -> torch.nn.Module:
+    model = build(ModelConfig(**MOE, precision=Precision.named(name)), seed=0, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mlp.router_bias.copy_(0.01 * torch.randn(4))  # a choice bias that bf16 would round
+    return model
+
+
+def test_the_router_policy_keeps_the_router_in_float32_through_a_checkpoint(tmp_path):
+    model = _moe_model("deepseek_v3")
+    mlp = model.blocks[0].mlp
+    assert (mlp.W_router.dtype, mlp.router_bias.dtype, mlp.W_gate.dtype) == (torch.float32, torch.float32,
+                                                                              torch.bfloat16)
+    assert _moe_model("llama").blocks[0].mlp.W_router.dtype == torch.bfloat16
+    again = load_checkpoint(save_checkpoint(model, tmp_path / "moe.safetensors"))  # dtype "as stored": bf16
+    assert again.W_E.dtype == torch.bfloat16 and again.blocks[1].mlp.W_router.dtype == torch.float32
+    assert torch.equal(again.blocks[1].mlp.router_bias, model.blocks[1].mlp.router_bias)
+    with torch.no_grad():
+        assert torch.equal(again(TOKENS), model(TOKENS))
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "deepseek_v3"])
+def test_the_experts_outputs_are_weighted_then_summed_in_float32(name):
+    """Naive reference: each expert's output times its weight (rounded to bf16 unless the policy keeps the weights
+    float32), accumulated in float32, rounded once: transformers' experts kernels."""
+    model = _moe_model(name)
+    seen = {}
+    mlp = model.blocks[0].mlp
+    for hook in ("hook_expert_out", "hook_expert_weights", "hook_routed_out", "hook_router_logits"):
+        getattr(mlp, hook).add_hook(lambda x, hook=None, name=hook: seen.__setitem__(name, x))
+    with torch.no_grad():
+        model(TOKENS)
+    slots, w = seen["hook_expert_out"], seen["hook_expert_weights"]  # [B, T, k, M], [B, T, k]
+    assert w.dtype == (torch.bfloat16 if name == "llama" else torch.float32)
+    assert seen["hook_router_logits"].dtype == (torch.float32 if name == "deepseek_v3" else torch.bfloat16)
+    acc = torch.zeros(slots.shape[:2] + slots.shape[-1:])
+    for j in range(slots.shape[2]):
+        acc += (slots[:, :, j] * w[:, :, j, None]).float()
+    assert torch.equal(seen["hook_routed_out"], acc.bfloat16())
+    unrounded = (slots.float() * w.float()[..., None]).sum(2).bfloat16()
+    if name == "llama":  # rounding each product matters here: the reference above can tell the orders apart
+        assert not torch.equal(unrounded, acc.bfloat16())

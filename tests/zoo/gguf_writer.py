@@ -93,10 +93,40 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "granite": ("granite", "granite", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
                                            num_key_value_heads=1, attention_bias=True, embedding_multiplier=3.0,
                                            attention_multiplier=0.3, residual_multiplier=0.6, logits_scaling=2.5)),
+    # llama.cpp fixes Cohere 2's pattern (3 sliding layers of 4, the 4th global without RoPE): 4 layers
+    "cohere2": ("cohere2", "cohere2", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                           num_key_value_heads=1, num_hidden_layers=4, logit_scale=0.5,
+                                           sliding_window=WINDOW, tie_word_embeddings=True)),
+    "exaone4": ("exaone4", "exaone4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                           num_key_value_heads=1, num_hidden_layers=3, sliding_window=WINDOW,
+                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "exaone4_global": ("exaone4", "exaone4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5,
+                                                  num_key_value_heads=1, sliding_window=None,  # RoPE everywhere
+                                                  layer_types=["full_attention"] * 2)),
+    "glm4": ("glm4", "glm4", dict(hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1,
+                                  head_dim=16, attention_bias=True,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                   "partial_rotary_factor": 0.5})),
+    # the converter's HunYuan checks: dynamic RoPE only with base 10000 and a 32k or 256k context
+    "hunyuan_dense": ("hunyuan-dense", "hunyuan_v1_dense", dict(
+        hidden_size=80, intermediate_size=96, num_attention_heads=5, num_key_value_heads=1, head_dim=16,
+        attention_bias=True, max_position_embeddings=32 * 1024, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0})),
+    # llama.cpp's fixed chunks (8192) and NoPE step (4): layers 0-2 chunked with RoPE, layer 3 global NoPE;
+    # experts on the odd layers (interleave_moe_layer_step 2)
+    "llama4": ("llama4", "llama4_text", dict(hidden_size=80, intermediate_size=24, intermediate_size_mlp=96,
+                                             num_attention_heads=5, num_key_value_heads=1, head_dim=16,
+                                             num_hidden_layers=4, num_local_experts=8, num_experts_per_tok=2,
+                                             interleave_moe_layer_step=2, attention_chunk_size=8192,
+                                             no_rope_layers=[1, 1, 1, 0], use_qk_norm=True, attention_bias=True,
+                                             rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
 }
 _COMMON = dict(num_hidden_layers=2, max_position_embeddings=64, vocab_size=V, bos_token_id=0, eos_token_id=0,
                pad_token_id=0, tie_word_embeddings=False)
 _TIED_BY_DEFAULT = ("gemma", "gemma2", "gemma3_text", "gpt_bigcode", "falcon", "gpt2", "cohere", "bloom", "mpt")
+# Llama 4's converter splits HF's fused experts: gate_up_proj [E, M, 2F] -> gate and up [E, F, M]; down_proj
+# [E, F, M] -> [E, M, F] (torch order).
+_LLAMA4_EXPERTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
 # llama.cpp's converters that permute the Q/K rows (LlamaModel.permute) and whether they permute the biases too.
 _PERMUTED = {"llama": True, "granite": True, "arcee": True, "smollm3": True, "olmo": False}
 # GPT-2's Conv1D weights, stored transposed by the converter.
@@ -204,6 +234,9 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
             w.add_residual_scale(c.residual_multiplier)
             w.add_logit_scale(c.logits_scaling)
         return
+    if arch in ("cohere2", "exaone4", "glm4", "hunyuan-dense", "llama4"):
+        _newer_metadata(w, arch, c, rope_params())
+        return
     if arch == "mpt":
         w.add_context_length(c.max_seq_len)
         w.add_embedding_length(c.d_model)
@@ -260,6 +293,64 @@ def _metadata(w: gguf.GGUFWriter, arch: str, c: Any) -> None:
         partial = rope.get("partial_rotary_factor", 1.0)
         w.add_rope_dimension_count(int(partial * c.hidden_size) // c.num_attention_heads)
         w.add_sliding_window(c.sliding_window or 0)
+
+
+def _newer_metadata(w: gguf.GGUFWriter, arch: str, c: Any, rope: dict) -> None:
+    """The keys of the converters of Cohere 2, EXAONE 4, GLM-4, Hunyuan dense and Llama 4: ``TextModel``'s (sizes,
+    RoPE base, norm epsilons, ``head_dim`` as key / value length), then each model class's own."""
+    d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    ff = c.intermediate_size_mlp if arch == "llama4" else c.intermediate_size  # Llama4Model swaps the two
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    if arch == "hunyuan-dense":  # HunYuanModel: the NTK alpha folded into the base, the context set to 256k
+        base = rope["rope_theta"] * rope["alpha"] ** (d_head / (d_head - 2))
+        w.add_rope_freq_base(base)
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        w.add_rope_scaling_factor(1)
+        w.add_rope_scaling_orig_ctx_len(256 * 1024)
+        w.add_context_length(256 * 1024)  # overwrites the one above, as the converter does
+    else:
+        w.add_rope_freq_base(rope["rope_theta"])
+    if getattr(c, "rms_norm_eps", None) is not None:
+        w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if getattr(c, "layer_norm_eps", None) is not None:
+        w.add_layer_norm_eps(c.layer_norm_eps)
+    if getattr(c, "num_local_experts", None) is not None:
+        w.add_expert_count(c.num_local_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+    if "head_dim" in c.to_dict():  # config.json's key (TextModel writes it whenever it is there)
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+    if arch == "cohere2":  # Cohere2Model
+        w.add_logit_scale(c.logit_scale)
+        w.add_sliding_window(c.sliding_window)
+        w.add_vocab_size(c.vocab_size)
+        w.add_rope_dimension_count(int(getattr(c, "rotary_pct", 1.0) * (c.hidden_size // c.num_attention_heads)))
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    if arch == "exaone4":  # Exaone4Model: the window and one boolean per layer
+        w.add_vocab_size(c.vocab_size)
+        if c.sliding_window is not None:
+            w.add_sliding_window(c.sliding_window)
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
+    if arch == "glm4":  # Glm4Model: the rotated share of each head
+        w.add_rope_dimension_count(int(d_head * rope.get("partial_rotary_factor", 0.5)))
+    if arch == "llama4":  # LlamaModel's keys, then Llama4Model's
+        w.add_vocab_size(c.vocab_size)
+        w.add_rope_dimension_count(d_head)
+        w.add_interleave_moe_layer_step(c.interleave_moe_layer_step)
+        w.add_expert_feed_forward_length(c.intermediate_size)
+
+
+def _llama4_experts(part: str, a: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """Llama4Model.modify_tensors on HF's fused experts: ``(HF-style name, tensor)`` pairs."""
+    if part == "gate_up_proj":  # [E, M, 2F] -> [E, 2F, M] -> gate, up [E, F, M]
+        gate, up = np.split(a.swapaxes(1, 2), 2, axis=1)
+        return [("gate_proj", gate), ("up_proj", up)]
+    return [("down_proj", a.swapaxes(1, 2))]  # [E, F, M] -> [E, M, F]
 
 
 def _falcon_kv(c: Any) -> int:
@@ -357,9 +448,14 @@ def write_gguf(hf, path: str | Path, arch: str, *, types: str | tuple[str, ...] 
     n_2d = 0
     params = dict(hf.named_parameters())
     for hf_name, t in hf.state_dict().items():
-        if hf_name == "lm_head.weight" and (tied or arch.startswith("gemma")):
-            continue  # the converter skips tied (and Gemma's) lm_head
+        if hf_name == "lm_head.weight" and (tied or arch.startswith("gemma") or arch == "cohere2"):
+            continue  # the converter skips tied (and Gemma's) lm_head; Cohere 2 has no place for one
         stem, suffix = hf_name.rsplit(".", 1)
+        if arch == "llama4" and suffix in _LLAMA4_EXPERTS:  # 3-D, kept in float32
+            for part, a in _llama4_experts(suffix, t.detach().numpy().astype(np.float32)):
+                w.add_tensor(names.get_name(f"{stem}.{part}.weight", try_suffixes=(".weight",)),
+                             np.ascontiguousarray(a))
+            continue
         gguf_name = names.get_name(stem.removeprefix("transformer.") if arch == "bloom" else stem)  # as BLOOM's converter
         assert gguf_name is not None, f"gguf's tensor map has no name for {hf_name!r} ({arch})"
         a = t.detach().numpy().astype(np.float32)

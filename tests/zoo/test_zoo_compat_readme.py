@@ -46,3 +46,13 @@ def test_variants_come_from_the_converted_config(name, claims):
     text = variants(from_hf(hf_test_model(name)).cfg)
     for claim in claims:
         assert claim in text
+
+
+def test_readme_counts_the_gguf_architectures_the_loader_has():
+    import re
+
+    from interp.zoo.gguf import SUPPORTED_ARCHITECTURES
+
+    readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
+    (count,) = re.findall(r"a llama\.cpp file of one of (\d+) architectures", readme)
+    assert int(count) == len(SUPPORTED_ARCHITECTURES)

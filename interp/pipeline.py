@@ -235,26 +235,34 @@ class Pipeline:
         self._wait(sending[0], f"sending {what} to", self.rank + 1)
 
     def _from_last(self, compute: Any, what: str) -> Any:
-        """``compute()`` on the last rank (the one holding the logits), its value on every rank; an error
+        """``compute()`` on the last rank (the one holding the logits), its value on every rank (:meth:`_from_rank`)."""
+        return self._from_rank(self.world - 1, compute, what)
+
+    def _from_first(self, compute: Any, what: str) -> Any:
+        """``compute()`` on rank 0 (the one holding the embedding and block 0), its value on every rank
+        (:meth:`_from_rank`): the route of ``model.first_stage_route`` while :meth:`routed`."""
+        return self._from_rank(0, compute, what)
+
+    def _from_rank(self, src: int, compute: Any, what: str) -> Any:
+        """``compute()`` on rank ``src``, its value on every rank (pickled: tensors arrive bit for bit); an error
         raised there (a bad metric) is raised on every rank with its message, instead of leaving them waiting."""
         if self.world == 1:
             return compute()
         box: list[Any] = [None]
         error: Exception | None = None
-        if self.rank == self.world - 1:
+        if self.rank == src:
             try:
                 box[0] = ("value", compute())
             except (ValueError, TypeError, RuntimeError) as e:
                 box[0], error = ("error", (type(e).__name__, str(e))), e
-        distributed._collective(f"broadcast of {what}", torch.distributed.broadcast_object_list, box,
-                                src=self.world - 1)
+        distributed._collective(f"broadcast of {what}", torch.distributed.broadcast_object_list, box, src=src)
         kind, value = box[0]
         if kind == "value":
             return value
         if error is not None:
             raise error
         name, message = value
-        raise (TypeError if name == "TypeError" else ValueError)(f"on rank {self.world - 1}: {message}")
+        raise (TypeError if name == "TypeError" else ValueError)(f"on rank {src}: {message}")
 
     def _gather_all(self, obj: Any, what: str) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
@@ -532,6 +540,11 @@ class Pipeline:
         analysis written for one model (:func:`~interp.analysis.classify_heads`) then runs unchanged on every
         rank, and each rank's per-head results are right for the layers it holds.
 
+        What only the first stage can compute is computed there: an analysis that reads ``model.first_stage_route``
+        (the effective embeddings of :func:`interp.analysis.ov_circuit.effective_embeddings`, which run the
+        embedding and block 0) calls ``route(compute, what)``, and ``compute()`` runs on rank 0 while every
+        rank receives its value (pickled, bit for bit; an error there is raised on every rank).
+
         Every rank enters it and runs the same analysis (the same passes, in the same order).
 
         Example:
@@ -546,10 +559,12 @@ class Pipeline:
         if getattr(self.model, "stream_route", None) is not None:
             raise RuntimeError("pipeline: this stage's passes are already routed through a pipeline")
         self.model.__dict__["stream_route"] = self.feed  # read by interp.streaming.stream
+        self.model.__dict__["first_stage_route"] = self._from_first  # read by analysis.ov_circuit
         try:
             yield
         finally:
             self.model.__dict__.pop("stream_route", None)
+            self.model.__dict__.pop("first_stage_route", None)
 
     @contextlib.contextmanager
     def output_head_everywhere(self) -> Iterator[None]:

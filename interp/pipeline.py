@@ -281,13 +281,14 @@ class Pipeline:
     # --- the schedule ----------------------------------------------------------------------------------
     def _run(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, fwd_hooks: Sequence[Any],
              micro_start: Any = None, *, shared: bool = False, logits_to_rank0: bool = True,
-             kv_cache: Any = None, stop: tuple[str, bool] | None = None
+             kv_cache: Any = None, stop: tuple[str, bool] | None = None, whole: bool = False
              ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         # shared: every rank already holds rank 0's batch (no broadcast); logits_to_rank0=False: the last rank
         # keeps its logits (a pass that only feeds reducers sends none); kv_cache: a cache of the whole model's
         # layers that this rank fills for its own (the batch then runs as one micro-batch: the cache's rows);
         # stop: the hook after which nothing the pass computes is read (streaming._stop_point): the rank of its
-        # layer stops there and sends nothing, the later ranks do not run (no logits then).
+        # layer stops there and sends nothing, the later ranks do not run (no logits then); whole: one
+        # micro-batch, so that hooks see the whole batch as in one process (a routed model call's, _call).
         if not shared:
             tokens, mask = self._share_input(tokens, mask)
         if tokens is None:
@@ -302,7 +303,7 @@ class Pipeline:
             raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected {(B, T)}")
         # At least two rows per micro-batch (when the batch has two): on a one-row batch PyTorch's matmul takes
         # other kernels in the explicit attention path (recorded patterns), a rounding away from the batch's rows.
-        pieces = 1 if kv_cache is not None else max(1, min(self.micro_batches, B // 2))
+        pieces = 1 if kv_cache is not None or whole else max(1, min(self.micro_batches, B // 2))
         rows = torch.arange(B).tensor_split(pieces)  # the row ranges
         last = self.world - 1
         dist = torch.distributed
@@ -543,7 +544,9 @@ class Pipeline:
         What only the first stage can compute is computed there: an analysis that reads ``model.first_stage_route``
         (the effective embeddings of :func:`interp.analysis.ov_circuit.effective_embeddings`, which run the
         embedding and block 0) calls ``route(compute, what)``, and ``compute()`` runs on rank 0 while every
-        rank receives its value (pickled, bit for bit; an error there is raised on every rank).
+        rank receives its value (pickled, bit for bit; an error there is raised on every rank). A plain model call
+        an analysis makes through ``model.call_route`` (the patched decoding steps of
+        :func:`interp.analysis.function_vector.function_vector_effects`) runs over the pipeline (:meth:`_call`).
 
         Every rank enters it and runs the same analysis (the same passes, in the same order).
 
@@ -560,11 +563,45 @@ class Pipeline:
             raise RuntimeError("pipeline: this stage's passes are already routed through a pipeline")
         self.model.__dict__["stream_route"] = self.feed  # read by interp.streaming.stream
         self.model.__dict__["first_stage_route"] = self._from_first  # read by analysis.ov_circuit
+        self.model.__dict__["call_route"] = self._call  # read by analysis.function_vector
         try:
             yield
         finally:
-            self.model.__dict__.pop("stream_route", None)
-            self.model.__dict__.pop("first_stage_route", None)
+            for name in ("stream_route", "first_stage_route", "call_route"):
+                self.model.__dict__.pop(name, None)
+
+    def _call(self, tokens: torch.Tensor, fwd_hooks: Sequence[Any], *, kv_cache: Any = None,
+              stop_at_layer: int | None = None, reduce: Any = None) -> Any:
+        """The route of ``model.call_route`` while :meth:`routed`: ``model(tokens, kv_cache=kv_cache,
+        stop_at_layer=stop_at_layer)`` with ``fwd_hooks`` over the pipeline (rank 0's tokens; each hook runs on
+        the rank that owns its layer and sees the whole batch, as in one process: one micro-batch; each rank fills
+        its own layers of ``kv_cache``), and ``reduce(logits)``
+        computed on the last rank, its value on every rank (None without ``reduce``). Every rank calls it alike.
+
+        A pass with ``stop_at_layer`` stops after that layer's block on its rank (the later ranks do not run; with
+        ``stop_at_layer = n_layers`` the last rank unembeds what no one reads); it returns nothing, so ``reduce``
+        is refused with it (one process would reduce the residual, the pipeline the logits).
+
+        Raises:
+            ValueError: ``reduce`` with ``stop_at_layer``, ``stop_at_layer`` outside 1..n_layers, or bad input.
+            DistributedError: a peer rank died or timed out.
+        """
+        L = self.model.cfg.n_layers
+        if stop_at_layer is not None and reduce is not None:
+            raise ValueError(f"pipeline: a routed call with stop_at_layer={stop_at_layer} returns no logits to reduce")
+        if stop_at_layer is not None and not 1 <= stop_at_layer <= L:
+            raise ValueError(f"pipeline: a routed call's stop_at_layer={stop_at_layer} must be in 1..{L}")
+        # The pass ends after the block of layer stop_at_layer - 1 (a whole pass when that is the last block).
+        stop = (f"blocks.{stop_at_layer - 1}.hook_resid_post", False) if stop_at_layer not in (None, L) else None
+        logits, _, _ = self._run(tokens, None, fwd_hooks, logits_to_rank0=False, kv_cache=kv_cache, stop=stop,
+                                 whole=True)
+        if kv_cache is not None and stop is None:
+            # This rank filled its own layers; the others' (on the meta device) advance with them, so that the
+            # cache's length reads as one process's in the next call (cache.length refuses layers that disagree).
+            filled = kv_cache.layers[self.first].length
+            for layer in kv_cache.layers:
+                layer.length = filled
+        return None if reduce is None else self._from_last(lambda: reduce(logits), "a routed pass's result")
 
     @contextlib.contextmanager
     def output_head_everywhere(self) -> Iterator[None]:

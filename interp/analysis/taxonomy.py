@@ -417,11 +417,13 @@ def _classify_across_ranks(tp: HeadParallel, settings: dict[str, Any]) -> HeadRe
 #: suppression, successor, name movers: :mod:`.ov_circuit`) score each head from its own layer's weights on its
 #: own rank; what they read beyond it is lent: the effective embeddings of the scored tokens are computed on rank
 #: 0 (the embedding and block 0) and broadcast, the final norm and unembedding are the last rank's, broadcast
-#: (:meth:`~interp.pipeline.Pipeline.output_head_everywhere`). The function-vector kind is refused: its score
-#: patches every head's mean output into decoding steps over a KV cache, model calls that no route carries
-#: between the ranks. The other kinds (coreference, natural induction, retrieval) stay refused: not shown equal there.
+#: (:meth:`~interp.pipeline.Pipeline.output_head_everywhere`). The function-vector kind's model calls (the
+#: task-mean z, the prefill into a KV cache, one patched decoding step per layer) run over the pipeline
+#: (``model.call_route``, :meth:`~interp.pipeline.Pipeline._call`): each head is patched on its rank and the
+#: answer's probability is computed on the last one. The other kinds (coreference, natural induction,
+#: retrieval) stay refused: not shown equal there.
 PIPELINE_KINDS = ("positional", "previous-token", "duplicate-token", "induction", "sink", "syntactic",
-                  "copy-suppression", "successor", "name-mover")
+                  "copy-suppression", "successor", "name-mover", "function-vector")
 #: The kinds that read the unembedding on the rank that owns each head, besides the induction family's copying gate
 #: (its data, the repeats): the OV-circuit kinds.
 _READ_OUTPUT_HEAD = ("copy-suppression", "successor", "name-mover")

@@ -68,6 +68,16 @@ def weight_kinds_settings() -> dict:
                          "name_mover_comparisons": 20})
 
 
+def function_vector_settings() -> dict:
+    """classify_heads' settings of the function-vector kind: two tasks' ICL prompts (3 shots, 8 tokens) whose
+    patched decoding steps run over the pipeline; the threshold lets the random model's best heads through."""
+    from interp.data.icl import icl_prompts
+
+    prompts = icl_prompts({"succ": [(i, i + 1) for i in range(2, 20)], "pred": [(i, i - 7) for i in range(27, 45)]},
+                          4, 3, bos_id=0, seed=1)
+    return dict(kinds=["function-vector"], options={"icl_prompts": prompts, "function_vector_threshold": 0.0001})
+
+
 def classify_data():
     """The positional data: a list of ``(tokens, mask)`` batches (rank 0's is the one run)."""
     return [(tokens()[:4], None), (tokens()[4:], padding_mask()[4:])]
@@ -156,8 +166,10 @@ def run(case: str, rank: int, world: int, path: str):
         chunked = MeanReducer("*hook_pattern")  # fed on the owner ranks, three query chunks of a 9-token batch
         n = pipe.feed(tokens(), [chunked], batch_size=4, query_chunk=4)
         weights = classify_heads(pipe, **weight_kinds_settings())  # the OV-circuit kinds: lent embeddings, W_U
+        fv = classify_heads(pipe, **function_vector_settings())  # patched decoding steps over the ranks
         return {"report": report_of(report), "bootstrap": report_of(boot), "chunked_n": n,
                 "chunked": chunked.state_dict(), "held": held, "weights": report_of(weights),
+                "function_vector": report_of(fv),
                 "embed_meta": stage.embed.weight.is_meta, "unembed_meta": stage.unembed.weight.is_meta}
     if case == "classify_treebank":  # a text model's checkpoint (its tokenizer stored) and a CoNLL-U treebank
         from interp.analysis import classify_heads

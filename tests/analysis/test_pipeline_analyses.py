@@ -59,13 +59,15 @@ def assert_same_report(got: dict, ref) -> None:
 
 
 def _same(a, b) -> bool:
-    """Equal values, tensors (the IOI prompts among the thresholds) compared element by element."""
+    """Equal values, tensors (the IOI and ICL prompts among the thresholds) compared element by element."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
         return type(a) is type(b) and _same(dataclasses.asdict(a), dataclasses.asdict(b))
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b
 
 
@@ -134,6 +136,19 @@ def test_weight_kinds_over_ranks_equal_one_process(world, ranks, checkpoint):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
+def test_function_vector_over_ranks_equals_one_process(world, ranks, checkpoint):
+    # The task-mean z of each head on its own rank, the prefill into each rank's layers of the KV cache, one
+    # patched decoding step per layer over every rank, the answer's probability on the last rank.
+    got = _read(ranks(world), "classify", world)
+    ref = classify_heads(load_checkpoint(checkpoint), **pipeline_worker.function_vector_settings())
+    assert set(ref.df.layer) == {0, 1, 2, 3}  # heads of every rank pass
+    assert ref.details["function-vector"]["aie"].abs().gt(0).all()  # every head's patch changed the answer
+    for res in got:
+        assert_same_report(res["function_vector"], ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
 def test_patching_over_ranks_equals_one_process(world, ranks, checkpoint):
     got = _read(ranks(world), "patching", world)
     model = load_checkpoint(checkpoint)
@@ -197,18 +212,23 @@ def test_one_process_classify_pipeline_is_the_model(checkpoint):
     assert_same_report(pipeline_worker.report_of(got), ref)
 
 
-def test_one_process_weight_kinds_pipeline_is_the_model(checkpoint):
+def test_one_process_weight_and_fv_kinds_pipeline_is_the_model(checkpoint):
     model = load_checkpoint(checkpoint)
     ref = classify_heads(model, **pipeline_worker.weight_kinds_settings())
     got = classify_heads(Pipeline(model, micro_batches=2), **pipeline_worker.weight_kinds_settings())
     assert len(ref.df) > 0
     assert_same_report(pipeline_worker.report_of(got), ref)
     assert getattr(model, "first_stage_route", None) is None  # the route is gone after the call
+    ref = classify_heads(model, **pipeline_worker.function_vector_settings())
+    got = classify_heads(Pipeline(model, micro_batches=2), **pipeline_worker.function_vector_settings())
+    assert len(ref.df) > 0
+    assert_same_report(pipeline_worker.report_of(got), ref)
+    assert getattr(model, "call_route", None) is None
 
 
 def test_classify_refuses_kinds_that_read_several_stages(checkpoint):
     pipe = Pipeline(load_checkpoint_stage(checkpoint, rank=0, world=1))
-    with pytest.raises(ValueError, match=r"head kinds \['function-vector'\] do not run over a Pipeline"):
-        classify_heads(pipe, kinds=["induction", "copy-suppression", "function-vector"])
+    with pytest.raises(ValueError, match=r"head kinds \['retrieval'\] do not run over a Pipeline"):
+        classify_heads(pipe, kinds=["induction", "copy-suppression", "function-vector", "retrieval"])
     with pytest.raises(ValueError, match="extra_reducers are not joined across a Pipeline's ranks"):
         classify_heads(pipe, extra_reducers=[MeanReducer("*hook_pattern")])

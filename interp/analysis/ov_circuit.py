@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..weights import layer_weights
-from ._stream import head_counts
+from ._stream import head_counts, state_device
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -55,7 +55,11 @@ def effective_embeddings(model: Transformer, tokens: torch.Tensor) -> tuple[torc
     """
     route = getattr(model, "first_stage_route", None)
     if route is not None:  # a pipeline stage (Pipeline.routed): rank 0 holds the embedding and block 0
-        return route(lambda: _first_block_residuals(model, tokens), "the effective embeddings")
+        # Host copies travel (a pickled GPU tensor would land on the sender's device) and come to this rank's.
+        pre, post = route(lambda: tuple(t.cpu() for t in _first_block_residuals(model, tokens)),
+                          "the effective embeddings")
+        dev = state_device(model)
+        return pre.to(dev), post.to(dev)
     return _first_block_residuals(model, tokens)
 
 

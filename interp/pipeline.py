@@ -573,14 +573,14 @@ class Pipeline:
     def _call(self, tokens: torch.Tensor, fwd_hooks: Sequence[Any], *, kv_cache: Any = None,
               stop_at_layer: int | None = None, reduce: Any = None) -> Any:
         """The route of ``model.call_route`` while :meth:`routed`: ``model(tokens, kv_cache=kv_cache,
-        stop_at_layer=stop_at_layer)`` with ``fwd_hooks`` over the pipeline (rank 0's tokens; each hook runs on
-        the rank that owns its layer and sees the whole batch, as in one process: one micro-batch; each rank fills
-        its own layers of ``kv_cache``), and ``reduce(logits)``
-        computed on the last rank, its value on every rank (None without ``reduce``). Every rank calls it alike.
+        stop_at_layer=stop_at_layer)`` with ``fwd_hooks`` over the pipeline (rank 0's tokens, as one micro-batch:
+        each hook runs on the rank that owns its layer and sees the whole batch, as in one process; each rank
+        fills its own layers of ``kv_cache``), and ``reduce(logits)`` computed on the last rank, its value on
+        every rank (None without ``reduce``). Every rank calls it alike.
 
-        A pass with ``stop_at_layer`` stops after that layer's block on its rank (the later ranks do not run; with
-        ``stop_at_layer = n_layers`` the last rank unembeds what no one reads); it returns nothing, so ``reduce``
-        is refused with it (one process would reduce the residual, the pipeline the logits).
+        A pass with ``stop_at_layer`` ends after block ``stop_at_layer - 1``, on the rank that holds it (the later
+        ranks do not run; with ``stop_at_layer = n_layers`` the last rank unembeds what no one reads); it returns
+        nothing, so ``reduce`` is refused with it (one process would reduce the residual, the pipeline the logits).
 
         Raises:
             ValueError: ``reduce`` with ``stop_at_layer``, ``stop_at_layer`` outside 1..n_layers, or bad input.

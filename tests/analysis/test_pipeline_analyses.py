@@ -232,3 +232,20 @@ def test_classify_refuses_kinds_that_read_several_stages(checkpoint):
         classify_heads(pipe, kinds=["induction", "copy-suppression", "function-vector", "retrieval"])
     with pytest.raises(ValueError, match="extra_reducers are not joined across a Pipeline's ranks"):
         classify_heads(pipe, extra_reducers=[MeanReducer("*hook_pattern")])
+
+
+def test_one_process_routed_call_is_the_model_and_refuses_what_it_cannot_return():
+    model = build(CFG, seed=0)
+    tokens = pipeline_worker.tokens()
+    pipe = Pipeline(model, micro_batches=3)
+    seen: list[tuple[int, ...]] = []
+    hooks = [("blocks.1.attn.hook_z", lambda z, hook: seen.append(tuple(z.shape)))]
+    with pipe.routed():
+        got = model.call_route(tokens, hooks, reduce=lambda logits: logits[:, -1].clone())
+        assert seen == [(7, 9, CFG.n_heads, CFG.d_head)]  # the whole batch at once, not micro-batches
+        with pytest.raises(ValueError, match="stop_at_layer=2 returns no logits to reduce"):
+            model.call_route(tokens, [], stop_at_layer=2, reduce=lambda logits: logits)
+        with pytest.raises(ValueError, match=r"stop_at_layer=0 must be in 1..4"):
+            model.call_route(tokens, [], stop_at_layer=0)
+    assert torch.equal(got, model(tokens)[:, -1])
+    assert getattr(model, "call_route", None) is None

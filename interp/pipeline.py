@@ -235,26 +235,34 @@ class Pipeline:
         self._wait(sending[0], f"sending {what} to", self.rank + 1)
 
     def _from_last(self, compute: Any, what: str) -> Any:
-        """``compute()`` on the last rank (the one holding the logits), its value on every rank; an error
+        """``compute()`` on the last rank (the one holding the logits), its value on every rank (:meth:`_from_rank`)."""
+        return self._from_rank(self.world - 1, compute, what)
+
+    def _from_first(self, compute: Any, what: str) -> Any:
+        """``compute()`` on rank 0 (the one holding the embedding and block 0), its value on every rank
+        (:meth:`_from_rank`): the route of ``model.first_stage_route`` while :meth:`routed`."""
+        return self._from_rank(0, compute, what)
+
+    def _from_rank(self, src: int, compute: Any, what: str) -> Any:
+        """``compute()`` on rank ``src``, its value on every rank (pickled: tensors arrive bit for bit); an error
         raised there (a bad metric) is raised on every rank with its message, instead of leaving them waiting."""
         if self.world == 1:
             return compute()
         box: list[Any] = [None]
         error: Exception | None = None
-        if self.rank == self.world - 1:
+        if self.rank == src:
             try:
                 box[0] = ("value", compute())
             except (ValueError, TypeError, RuntimeError) as e:
                 box[0], error = ("error", (type(e).__name__, str(e))), e
-        distributed._collective(f"broadcast of {what}", torch.distributed.broadcast_object_list, box,
-                                src=self.world - 1)
+        distributed._collective(f"broadcast of {what}", torch.distributed.broadcast_object_list, box, src=src)
         kind, value = box[0]
         if kind == "value":
             return value
         if error is not None:
             raise error
         name, message = value
-        raise (TypeError if name == "TypeError" else ValueError)(f"on rank {self.world - 1}: {message}")
+        raise (TypeError if name == "TypeError" else ValueError)(f"on rank {src}: {message}")
 
     def _gather_all(self, obj: Any, what: str) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
@@ -273,13 +281,14 @@ class Pipeline:
     # --- the schedule ----------------------------------------------------------------------------------
     def _run(self, tokens: torch.Tensor | None, mask: torch.Tensor | None, fwd_hooks: Sequence[Any],
              micro_start: Any = None, *, shared: bool = False, logits_to_rank0: bool = True,
-             kv_cache: Any = None, stop: tuple[str, bool] | None = None
+             kv_cache: Any = None, stop: tuple[str, bool] | None = None, whole: bool = False
              ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         # shared: every rank already holds rank 0's batch (no broadcast); logits_to_rank0=False: the last rank
         # keeps its logits (a pass that only feeds reducers sends none); kv_cache: a cache of the whole model's
         # layers that this rank fills for its own (the batch then runs as one micro-batch: the cache's rows);
         # stop: the hook after which nothing the pass computes is read (streaming._stop_point): the rank of its
-        # layer stops there and sends nothing, the later ranks do not run (no logits then).
+        # layer stops there and sends nothing, the later ranks do not run (no logits then); whole: one
+        # micro-batch, so that hooks see the whole batch as in one process (a routed model call's, _call).
         if not shared:
             tokens, mask = self._share_input(tokens, mask)
         if tokens is None:
@@ -294,7 +303,7 @@ class Pipeline:
             raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected {(B, T)}")
         # At least two rows per micro-batch (when the batch has two): on a one-row batch PyTorch's matmul takes
         # other kernels in the explicit attention path (recorded patterns), a rounding away from the batch's rows.
-        pieces = 1 if kv_cache is not None else max(1, min(self.micro_batches, B // 2))
+        pieces = 1 if kv_cache is not None or whole else max(1, min(self.micro_batches, B // 2))
         rows = torch.arange(B).tensor_split(pieces)  # the row ranges
         last = self.world - 1
         dist = torch.distributed
@@ -532,6 +541,13 @@ class Pipeline:
         analysis written for one model (:func:`~interp.analysis.classify_heads`) then runs unchanged on every
         rank, and each rank's per-head results are right for the layers it holds.
 
+        What only the first stage can compute is computed there: an analysis that reads ``model.first_stage_route``
+        (the effective embeddings of :func:`interp.analysis.ov_circuit.effective_embeddings`, which run the
+        embedding and block 0) calls ``route(compute, what)``, and ``compute()`` runs on rank 0 while every
+        rank receives its value (pickled, bit for bit; an error there is raised on every rank). A plain model call
+        an analysis makes through ``model.call_route`` (the patched decoding steps of
+        :func:`interp.analysis.function_vector.function_vector_effects`) runs over the pipeline (:meth:`_call`).
+
         Every rank enters it and runs the same analysis (the same passes, in the same order).
 
         Example:
@@ -546,10 +562,46 @@ class Pipeline:
         if getattr(self.model, "stream_route", None) is not None:
             raise RuntimeError("pipeline: this stage's passes are already routed through a pipeline")
         self.model.__dict__["stream_route"] = self.feed  # read by interp.streaming.stream
+        self.model.__dict__["first_stage_route"] = self._from_first  # read by analysis.ov_circuit
+        self.model.__dict__["call_route"] = self._call  # read by analysis.function_vector
         try:
             yield
         finally:
-            self.model.__dict__.pop("stream_route", None)
+            for name in ("stream_route", "first_stage_route", "call_route"):
+                self.model.__dict__.pop(name, None)
+
+    def _call(self, tokens: torch.Tensor, fwd_hooks: Sequence[Any], *, kv_cache: Any = None,
+              stop_at_layer: int | None = None, reduce: Any = None) -> Any:
+        """The route of ``model.call_route`` while :meth:`routed`: ``model(tokens, kv_cache=kv_cache,
+        stop_at_layer=stop_at_layer)`` with ``fwd_hooks`` over the pipeline (rank 0's tokens, as one micro-batch:
+        each hook runs on the rank that owns its layer and sees the whole batch, as in one process; each rank
+        fills its own layers of ``kv_cache``), and ``reduce(logits)`` computed on the last rank, its value on
+        every rank (None without ``reduce``). Every rank calls it alike.
+
+        A pass with ``stop_at_layer`` ends after block ``stop_at_layer - 1``, on the rank that holds it (the later
+        ranks do not run; with ``stop_at_layer = n_layers`` the last rank unembeds what no one reads); it returns
+        nothing, so ``reduce`` is refused with it (one process would reduce the residual, the pipeline the logits).
+
+        Raises:
+            ValueError: ``reduce`` with ``stop_at_layer``, ``stop_at_layer`` outside 1..n_layers, or bad input.
+            DistributedError: a peer rank died or timed out.
+        """
+        L = self.model.cfg.n_layers
+        if stop_at_layer is not None and reduce is not None:
+            raise ValueError(f"pipeline: a routed call with stop_at_layer={stop_at_layer} returns no logits to reduce")
+        if stop_at_layer is not None and not 1 <= stop_at_layer <= L:
+            raise ValueError(f"pipeline: a routed call's stop_at_layer={stop_at_layer} must be in 1..{L}")
+        # The pass ends after the block of layer stop_at_layer - 1 (a whole pass when that is the last block).
+        stop = (f"blocks.{stop_at_layer - 1}.hook_resid_post", False) if stop_at_layer not in (None, L) else None
+        logits, _, _ = self._run(tokens, None, fwd_hooks, logits_to_rank0=False, kv_cache=kv_cache, stop=stop,
+                                 whole=True)
+        if kv_cache is not None and stop is None:
+            # This rank filled its own layers; the others' (on the meta device) advance with them, so that the
+            # cache's length reads as one process's in the next call (cache.length refuses layers that disagree).
+            filled = kv_cache.layers[self.first].length
+            for layer in kv_cache.layers:
+                layer.length = filled
+        return None if reduce is None else self._from_last(lambda: reduce(logits), "a routed pass's result")
 
     @contextlib.contextmanager
     def output_head_everywhere(self) -> Iterator[None]:

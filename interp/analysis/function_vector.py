@@ -25,16 +25,15 @@ ICL accuracy (the first answer token is the top logit) more than random head set
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 import torch
 
 from ..data.batches import reads_text
 from ..data.icl import ICLPrompts, icl_prompts, icl_token_pairs
-from ..generate import prefill
 from ..streaming import Reducer
-from ._stream import head_counts
+from ._stream import head_counts, state_device
 from .ablate import ablate_heads, head_z_means
 from .kinds import HeadKind, KindRun, not_measured, register_kind
 from .ov_circuit import has_unembedding
@@ -53,7 +52,20 @@ def _stack(prompts: ICLPrompts, group: list[int], corrupted: bool, device: torch
 
 
 def _device(model: Transformer) -> torch.device:
-    return next(model.parameters()).device
+    return state_device(model)  # a pipeline stage's first parameter may be another rank's, on the meta device
+
+
+def _call(model: Transformer, tokens: torch.Tensor, hooks: list[tuple[Any, Any]],
+          reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, **kwargs: Any) -> torch.Tensor | None:
+    """``reduce(model(tokens, **kwargs))`` with ``hooks`` attached (None without ``reduce``). On a pipeline stage
+    (:meth:`Pipeline.routed <interp.pipeline.Pipeline.routed>`) the call runs over every rank, each hook on the
+    rank of its layer, and ``reduce`` on the last rank, which holds the logits: every rank gets its value."""
+    route = getattr(model, "call_route", None)
+    if route is not None:
+        return route(tokens, hooks, reduce=reduce, **kwargs)
+    with model.hooks(hooks):
+        out = model(tokens, **kwargs)
+    return None if reduce is None else reduce(out)
 
 
 @torch.no_grad()
@@ -65,7 +77,8 @@ def task_mean_z(model: Transformer, prompts: ICLPrompts) -> dict[str, dict[int, 
         prompts: from :func:`interp.data.icl.icl_prompts`.
 
     Returns:
-        ``{task: {layer: [H, D]}}`` float32 on the model's device (layers without heads are left out).
+        ``{task: {layer: [H, D]}}`` float32 on the model's device (layers without heads are left out, and on a
+        pipeline stage the layers another rank holds).
 
     Example:
         >>> from interp.analysis.function_vector import task_mean_z
@@ -86,19 +99,21 @@ def task_mean_z(model: Transformer, prompts: ICLPrompts) -> dict[str, dict[int, 
         def keep(z: torch.Tensor, hook: Any, last: dict[int, torch.Tensor] = last) -> None:
             last[int(hook.name.split(".")[1])] = z[:, -1].float()  # [B, H, D]
 
-        with model.hooks([([_Z.format(layer) for layer in layers], keep)]):
-            model(_stack(prompts, group, False, dev), stop_at_layer=max(layers) + 1)
+        _call(model, _stack(prompts, group, False, dev), [([_Z.format(layer) for layer in layers], keep)],
+              stop_at_layer=max(layers) + 1)
         for row, i in enumerate(group):
             task = prompts.tasks[i]
-            acc = sums.setdefault(task, {layer: torch.zeros_like(last[layer][0]) for layer in layers})
-            for layer in layers:
+            acc = sums.setdefault(task, {layer: torch.zeros_like(z[0]) for layer, z in sorted(last.items())})
+            for layer in acc:  # the layers whose hooks fired here: all of them, or a pipeline stage's own
                 acc[layer] += last[layer][row]
             n[task] = n.get(task, 0) + 1
     return {task: {layer: s / n[task] for layer, s in acc.items()} for task, acc in sums.items()}
 
 
-def _last_step(model: Transformer, tokens: torch.Tensor) -> Callable[[list[tuple[str, Any]]], torch.Tensor]:
-    """``run(hooks) -> [B, V]`` the last position's logits of ``tokens`` ``[B, T]`` with ``hooks`` attached.
+def _last_step(model: Transformer, tokens: torch.Tensor, answers: torch.Tensor
+               ) -> Callable[[list[tuple[str, Any]]], torch.Tensor]:
+    """``run(hooks) -> [B]`` the probability of each row's answer at the last position of ``tokens`` ``[B, T]``
+    with ``hooks`` attached, on the CPU.
 
     A causal model without sliding windows or chunks prefills the first ``T - 1`` positions once into a KV cache and each
     run decodes only the last one (hooks that change the last position alone give the same logits as a full
@@ -106,25 +121,22 @@ def _last_step(model: Transformer, tokens: torch.Tensor) -> Callable[[list[tuple
     """
     cfg = model.cfg
     B, T = tokens.shape
+
+    def p_answer(logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, -1].float().softmax(-1).gather(-1, answers[:, None])[:, 0].cpu()  # [B]
+
     if not cfg.causal or T < 2 or any(cfg.cache_bounded(layer) for layer in range(cfg.n_layers)):
         def full(hooks: list[tuple[str, Any]]) -> torch.Tensor:
-            with model.hooks(hooks):
-                return model(tokens)[:, -1].float()
+            return cast(torch.Tensor, _call(model, tokens, hooks, p_answer))
         return full
     cache = model.make_cache(batch_size=B, max_len=T)
-    prefill(model, tokens[:, :-1], cache)
+    # The prompt but its last position into the cache (no output head: nothing reads those logits).
+    _call(model, tokens[:, :-1], [], kv_cache=cache, stop_at_layer=cfg.n_layers)
 
     def step(hooks: list[tuple[str, Any]]) -> torch.Tensor:
         cache.rewind(T - 1)
-        with model.hooks(hooks):
-            return model(tokens[:, -1:], kv_cache=cache)[:, -1].float()  # [B, V]
+        return cast(torch.Tensor, _call(model, tokens[:, -1:], hooks, p_answer, kv_cache=cache))  # [B]
     return step
-
-
-def _p_answer(run: Callable[[list[tuple[str, Any]]], torch.Tensor], hooks: list[tuple[str, Any]],
-              answers: torch.Tensor) -> torch.Tensor:
-    """The probability of each row's answer at the last position, ``[rows]`` on the CPU."""
-    return run(hooks).softmax(-1).gather(-1, answers[:, None])[:, 0].cpu()
 
 
 @torch.no_grad()
@@ -168,23 +180,24 @@ def function_vector_effects(model: Transformer, prompts: ICLPrompts,
         idx = torch.tensor(group)
         B = len(group)
         corrupted = _stack(prompts, group, True, dev)  # [B, T]
-        run = _last_step(model, corrupted.repeat(H_max, 1))  # [H_max * B, T]: one copy of the batch per head
         answers = prompts.answers[idx].to(dev).repeat(H_max)  # [H_max * B]
+        run = _last_step(model, corrupted.repeat(H_max, 1), answers)  # [H_max * B, T]: a copy per head
 
-        base = _p_answer(run, [], answers)[:B]  # [B]: every copy is the same unpatched prompt
+        base = run([])[:B]  # [B]: every copy is the same unpatched prompt
         for layer, H in enumerate(counts):
             if not H:
                 continue
-            mean = torch.stack([means[prompts.tasks[i]][layer] for i in group]).to(dev)  # [B, H, D]
             heads = torch.arange(H, device=dev)
 
-            def patch(z: torch.Tensor, hook: Any, H: int = H, B: int = B, mean: torch.Tensor = mean,
-                      heads: torch.Tensor = heads) -> torch.Tensor:
+            def patch(z: torch.Tensor, hook: Any, layer: int = layer, H: int = H, B: int = B,
+                      group: list[int] = group, heads: torch.Tensor = heads) -> torch.Tensor:
+                # The means are read where the hook fires: on a pipeline stage only the layer's rank has them.
+                mean = torch.stack([means[prompts.tasks[i]][layer] for i in group]).to(dev)  # [B, H, D]
                 z = z.clone()
                 last = z[:, -1].view(H_max, B, H, -1)  # [H_max, B, H, D]: copy h of the batch patches head h
                 last[heads, :, heads] = mean.transpose(0, 1).to(z.dtype)  # [H, B, D]
                 return z
-            gain = _p_answer(run, [(_Z.format(layer), patch)], answers).view(H_max, B)[:H] - base  # [H, B]
+            gain = run([(_Z.format(layer), patch)]).view(H_max, B)[:H] - base  # [H, B]
             out[layer, :H, idx] = gain
     return out
 

@@ -167,7 +167,9 @@ def sampled_rows(kind: str, samples: torch.Tensor, layer_heads: Iterable[int], t
         evidence: ``(the head's samples [n], its mean) -> the words of the report``.
 
     Returns:
-        Rows with ``layer, head, kind, score, evidence, samples, threshold, passed``.
+        Rows with ``layer, head, kind, score, evidence, samples, threshold, passed``; none for a head whose
+        samples are all NaN (a layer another pipeline rank holds and scores: no evidence to word, and such a row
+        could never pass).
 
     Example:
         >>> import torch
@@ -180,6 +182,8 @@ def sampled_rows(kind: str, samples: torch.Tensor, layer_heads: Iterable[int], t
     for layer, n_heads in enumerate(layer_heads):
         for head in range(n_heads):
             s = samples[layer, head]
+            if len(s) and bool(s.isnan().all()):
+                continue
             score = float(s.mean())
             rows.append({"layer": layer, "head": head, "kind": kind, "score": score, "evidence": evidence(s, score),
                          "samples": s, "threshold": threshold, "passed": score >= threshold})

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..weights import layer_weights
-from ._stream import head_counts
+from ._stream import head_counts, state_device
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -41,7 +41,9 @@ def effective_embeddings(model: Transformer, tokens: torch.Tensor) -> tuple[torc
 
     Returns:
         Two ``[N, M]`` float32 tensors: ``blocks.0.hook_resid_pre`` and the input of block 1 (``blocks.0``'s
-        output; equal to the first for a 1-layer model).
+        output; equal to the first for a 1-layer model). On a pipeline stage inside
+        :meth:`Pipeline.routed <interp.pipeline.Pipeline.routed>` they are computed on rank 0 (which holds the
+        embedding and block 0) and every rank receives them.
 
     Example:
         >>> import torch
@@ -51,8 +53,21 @@ def effective_embeddings(model: Transformer, tokens: torch.Tensor) -> tuple[torc
         >>> e0.shape
         torch.Size([5, 128])
     """
+    route = getattr(model, "first_stage_route", None)
+    if route is not None:  # a pipeline stage (Pipeline.routed): rank 0 holds the embedding and block 0
+        # Host copies travel (a pickled GPU tensor would land on the sender's device) and come to this rank's.
+        pre, post = route(lambda: tuple(t.cpu() for t in _first_block_residuals(model, tokens)),
+                          "the effective embeddings")
+        dev = state_device(model)
+        return pre.to(dev), post.to(dev)
+    return _first_block_residuals(model, tokens)
+
+
+def _first_block_residuals(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`effective_embeddings` on the model (or the pipeline stage) that holds the embedding and block 0."""
     names = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post"]
-    _, cache = model.run_with_cache(tokens.reshape(-1, 1), names_filter=names)  # one token a sequence: [N, 1]
+    # One token a sequence ([N, 1]); the pass stops after block 0, the only block it reads.
+    _, cache = model.run_with_cache(tokens.reshape(-1, 1), names_filter=names, stop_at_layer=1)
     pre = cache["blocks.0.hook_resid_pre"][:, 0].float()  # [N, M]
     post = cache["blocks.0.hook_resid_post"][:, 0].float() if model.cfg.n_layers > 1 else pre
     return pre, post
@@ -71,7 +86,8 @@ def ov_logits(model: Transformer, tokens: torch.Tensor, columns: torch.Tensor, *
         chunk: rows per step (bounds the ``[H, n, M]`` writes).
 
     Returns:
-        ``[L, H_max, N, C]`` float32 on the model's device (NaN for heads a pruned layer lacks).
+        ``[L, H_max, N, C]`` float32 on the model's device (NaN for heads a pruned layer lacks, and for the
+        layers a pipeline stage does not hold: their weights are on the meta device and their rank scores them).
 
     Raises:
         ValueError: the model has no unembedding.
@@ -101,6 +117,8 @@ def ov_logits(model: Transformer, tokens: torch.Tensor, columns: torch.Tensor, *
             continue
         block = model.blocks[layer]
         w = layer_weights(model, layer)
+        if w["W_V"].is_meta:  # a pipeline stage (interp.pipeline): another rank holds this layer and scores it
+            continue
         W_V, W_O = w["W_V"].float(), w["W_O"].float()  # [H, M, D], [H, D, M]
         if block.attn.gate is not None:
             W_O = W_O * block.attn.gate.detach().float()[:, None, None]  # a gated head writes gate_h z_h W_O[h]

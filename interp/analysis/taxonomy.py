@@ -412,11 +412,21 @@ def _classify_across_ranks(tp: HeadParallel, settings: dict[str, Any]) -> HeadRe
                                layer_heads=list(tp.n_heads))
 
 
-#: The kinds :func:`classify_heads` runs over a :class:`~interp.pipeline.Pipeline`: their scores are per-head
-#: reducers of streamed passes, each fed on the rank that owns the head. The others read several stages at once:
-#: the OV-circuit kinds (copy suppression, successor, name movers) read the embedding, block 0 and the
-#: unembedding together, the function-vector kind patches heads' outputs into other passes.
-PIPELINE_KINDS = ("positional", "previous-token", "duplicate-token", "induction", "sink", "syntactic")
+#: The kinds :func:`classify_heads` runs over a :class:`~interp.pipeline.Pipeline`. The pattern kinds' scores are
+#: per-head reducers of streamed passes, each fed on the rank that owns the head. The OV-circuit kinds (copy
+#: suppression, successor, name movers: :mod:`.ov_circuit`) score each head from its own layer's weights on its
+#: own rank; what they read beyond it is lent: the effective embeddings of the scored tokens are computed on rank
+#: 0 (the embedding and block 0) and broadcast, the final norm and unembedding are the last rank's, broadcast
+#: (:meth:`~interp.pipeline.Pipeline.output_head_everywhere`). The function-vector kind's model calls (the
+#: task-mean z, the prefill into a KV cache, one patched decoding step per layer) run over the pipeline
+#: (``model.call_route``, :meth:`~interp.pipeline.Pipeline._call`): each head is patched on its rank and the
+#: answer's probability is computed on the last one. The other kinds (coreference, natural induction,
+#: retrieval) stay refused: not shown equal there.
+PIPELINE_KINDS = ("positional", "previous-token", "duplicate-token", "induction", "sink", "syntactic",
+                  "copy-suppression", "successor", "name-mover", "function-vector")
+#: The kinds that read the unembedding on the rank that owns each head, besides the induction family's copying gate
+#: (its data, the repeats): the OV-circuit kinds.
+_READ_OUTPUT_HEAD = ("copy-suppression", "successor", "name-mover")
 
 
 def _classify_over_stages(pipe: Pipeline, settings: dict[str, Any]) -> HeadReport:
@@ -437,10 +447,11 @@ def _classify_over_stages(pipe: Pipeline, settings: dict[str, Any]) -> HeadRepor
     selected = [k for k in resolve_kinds(settings["kinds"]) if runs(k)]
     refused = [k.name for k in selected if k.name not in PIPELINE_KINDS]
     if refused:
-        raise ValueError(f"classify_heads: head kinds {refused} do not run over a Pipeline's ranks (they read the "
-                         f"weights or passes of several stages at once); pass kinds= from {list(PIPELINE_KINDS)}, "
-                         "or classify those in one process")
-    copying = any(k.data == "repeats" for k in selected)  # the induction gate reads each head's write via W_U
+        raise ValueError(f"classify_heads: head kinds {refused} do not run over a Pipeline's ranks (they read "
+                         f"passes or weights that no route carries between the ranks); pass kinds= from "
+                         f"{list(PIPELINE_KINDS)}, or classify those in one process")
+    # The induction gate reads each head's write via W_U, the OV-circuit kinds each head's effective OV logits.
+    copying = any(k.data == "repeats" or k.name in _READ_OUTPUT_HEAD for k in selected)
     with contextlib.ExitStack() as stack:
         stack.enter_context(distributed.replicated())  # every rank runs rank 0's batches: no data sharding
         if copying:

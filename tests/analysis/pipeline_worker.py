@@ -50,6 +50,34 @@ CLASSIFY = dict(kinds=["positional", "previous-token", "duplicate-token", "induc
                 options={"sink_threshold": 0.1, "sink_value_ratio": 2.0})
 
 
+def weight_kinds_settings() -> dict:
+    """classify_heads' settings of the OV-circuit kinds (copy suppression, successor, name movers): the random
+    model's heads get rows of every kind at these thresholds; the IOI prompts (every token once a row, so the
+    indirect object occurs once) run through the pipeline, the ordinal sequences are read from the weights."""
+    gen = torch.Generator().manual_seed(7)
+    clean = torch.stack([torch.randperm(50, generator=gen)[:9] for _ in range(6)])  # [6, 9]: distinct ids a row
+    corrupted = torch.stack([torch.randperm(50, generator=gen)[:9] for _ in range(6)])
+    from interp.data.circuit_tasks import TaskPrompts
+
+    ioi = TaskPrompts("ioi", clean, corrupted, answers=clean[:, [2, 4]])  # (IO, S) at positions 2 and 4
+    return dict(kinds=["copy-suppression", "successor", "name-mover"], batch_size=4,
+                options={"copy_suppression_threshold": 0.55, "copy_suppression_tokens": 40,
+                         "copy_suppression_comparisons": 30, "successor_threshold": 0.1,
+                         "ordinal_tokens": {"low": list(range(3, 13)), "high": list(range(30, 41))},
+                         "ioi_prompts": ioi, "name_mover_threshold": 0.05, "name_mover_copying": 0.57,
+                         "name_mover_comparisons": 20})
+
+
+def function_vector_settings() -> dict:
+    """classify_heads' settings of the function-vector kind: two tasks' ICL prompts (3 shots, 8 tokens) whose
+    patched decoding steps run over the pipeline; the threshold lets the random model's best heads through."""
+    from interp.data.icl import icl_prompts
+
+    prompts = icl_prompts({"succ": [(i, i + 1) for i in range(2, 20)], "pred": [(i, i - 7) for i in range(27, 45)]},
+                          4, 3, bos_id=0, seed=1)
+    return dict(kinds=["function-vector"], options={"icl_prompts": prompts, "function_vector_threshold": 0.0001})
+
+
 def classify_data():
     """The positional data: a list of ``(tokens, mask)`` batches (rank 0's is the one run)."""
     return [(tokens()[:4], None), (tokens()[4:], padding_mask()[4:])]
@@ -137,8 +165,12 @@ def run(case: str, rank: int, world: int, path: str):
         boot = classify_heads(pipe, tokens=classify_data(), bootstrap=20, **{**CLASSIFY, "kinds": ["induction", "sink"]})
         chunked = MeanReducer("*hook_pattern")  # fed on the owner ranks, three query chunks of a 9-token batch
         n = pipe.feed(tokens(), [chunked], batch_size=4, query_chunk=4)
+        weights = classify_heads(pipe, **weight_kinds_settings())  # the OV-circuit kinds: lent embeddings, W_U
+        fv = classify_heads(pipe, **function_vector_settings())  # patched decoding steps over the ranks
         return {"report": report_of(report), "bootstrap": report_of(boot), "chunked_n": n,
-                "chunked": chunked.state_dict(), "held": held}
+                "chunked": chunked.state_dict(), "held": held, "weights": report_of(weights),
+                "function_vector": report_of(fv),
+                "embed_meta": stage.embed.weight.is_meta, "unembed_meta": stage.unembed.weight.is_meta}
     if case == "classify_treebank":  # a text model's checkpoint (its tokenizer stored) and a CoNLL-U treebank
         from interp.analysis import classify_heads
 

@@ -5,6 +5,7 @@ thread each, a free port; tests/analysis/pipeline_worker.py's cases) must give t
 the whole checkpoint: equal, not close. The single-process tests check the routing and the refusals.
 """
 
+import dataclasses
 import pickle
 import sys
 from pathlib import Path
@@ -54,7 +55,20 @@ def assert_same_report(got: dict, ref) -> None:
         pd.testing.assert_frame_equal(got["details"][name], table, check_exact=True)
         assert got["details"][name].attrs == table.attrs, name
     for field in ("thresholds", "probes", "kinds_run", "layer_heads", "n_heads", "n_layers"):
-        assert got[field] == getattr(ref, field), field
+        assert _same(got[field], getattr(ref, field)), field
+
+
+def _same(a, b) -> bool:
+    """Equal values, tensors (the IOI and ICL prompts among the thresholds) compared element by element."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and _same(dataclasses.asdict(a), dataclasses.asdict(b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +113,38 @@ def test_classify_heads_over_ranks_equals_one_process(world, ranks, checkpoint):
         held = {n for n in res["chunked"] if bounds[r][0] <= int(n.split(".")[1]) < bounds[r][1]}
         assert held == {n for n in chunked.state if bounds[r][0] <= int(n.split(".")[1]) < bounds[r][1]}
         assert len({k.rsplit("@", 1)[1] for k in held if "@" in k}) == 3  # queries 0-3, 4-7, 8: three chunks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_weight_kinds_over_ranks_equal_one_process(world, ranks, checkpoint):
+    # Copy suppression, successor and name movers score each head on its own rank from its layer's weights, with
+    # rank 0's effective embeddings and the last rank's final norm and unembedding lent: one process's report.
+    got = _read(ranks(world), "classify", world)
+    ref = classify_heads(load_checkpoint(checkpoint), **pipeline_worker.weight_kinds_settings())
+    # Rows of every kind, on layers of more than one rank (0 to 3), so rows are joined and not only scores.
+    assert set(ref.df.kind) == {"copy-suppression", "successor", "name-mover", "negative-name-mover"}
+    assert set(ref.df.layer) == {0, 1, 2, 3}
+    assert ref.details["name-mover"]["negative_copying"].notna().all()
+    for r, res in enumerate(got):
+        # The lent weights were given back: rank 0 holds no unembedding (tied: the last rank's embedding), the
+        # later ranks no embedding.
+        assert res["embed_meta"] == (0 < r < world - 1)
+        assert res["unembed_meta"] == (r < world - 1)
+        assert_same_report(res["weights"], ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_function_vector_over_ranks_equals_one_process(world, ranks, checkpoint):
+    # The task-mean z of each head on its own rank, the prefill into each rank's layers of the KV cache, one
+    # patched decoding step per layer over every rank, the answer's probability on the last rank.
+    got = _read(ranks(world), "classify", world)
+    ref = classify_heads(load_checkpoint(checkpoint), **pipeline_worker.function_vector_settings())
+    assert set(ref.df.layer) == {0, 1, 2, 3}  # heads of every rank pass
+    assert ref.details["function-vector"]["aie"].abs().gt(0).all()  # every head's patch changed the answer
+    for res in got:
+        assert_same_report(res["function_vector"], ref)
 
 
 @pytest.mark.slow
@@ -166,9 +212,40 @@ def test_one_process_classify_pipeline_is_the_model(checkpoint):
     assert_same_report(pipeline_worker.report_of(got), ref)
 
 
+def test_one_process_weight_and_fv_kinds_pipeline_is_the_model(checkpoint):
+    model = load_checkpoint(checkpoint)
+    ref = classify_heads(model, **pipeline_worker.weight_kinds_settings())
+    got = classify_heads(Pipeline(model, micro_batches=2), **pipeline_worker.weight_kinds_settings())
+    assert len(ref.df) > 0
+    assert_same_report(pipeline_worker.report_of(got), ref)
+    assert getattr(model, "first_stage_route", None) is None  # the route is gone after the call
+    ref = classify_heads(model, **pipeline_worker.function_vector_settings())
+    got = classify_heads(Pipeline(model, micro_batches=2), **pipeline_worker.function_vector_settings())
+    assert len(ref.df) > 0
+    assert_same_report(pipeline_worker.report_of(got), ref)
+    assert getattr(model, "call_route", None) is None
+
+
 def test_classify_refuses_kinds_that_read_several_stages(checkpoint):
     pipe = Pipeline(load_checkpoint_stage(checkpoint, rank=0, world=1))
-    with pytest.raises(ValueError, match=r"head kinds \['copy-suppression'\] do not run over a Pipeline"):
-        classify_heads(pipe, kinds=["induction", "copy-suppression"])
+    with pytest.raises(ValueError, match=r"head kinds \['retrieval'\] do not run over a Pipeline"):
+        classify_heads(pipe, kinds=["induction", "copy-suppression", "function-vector", "retrieval"])
     with pytest.raises(ValueError, match="extra_reducers are not joined across a Pipeline's ranks"):
         classify_heads(pipe, extra_reducers=[MeanReducer("*hook_pattern")])
+
+
+def test_one_process_routed_call_is_the_model_and_refuses_what_it_cannot_return():
+    model = build(CFG, seed=0)
+    tokens = pipeline_worker.tokens()
+    pipe = Pipeline(model, micro_batches=3)
+    seen: list[tuple[int, ...]] = []
+    hooks = [("blocks.1.attn.hook_z", lambda z, hook: seen.append(tuple(z.shape)))]
+    with pipe.routed():
+        got = model.call_route(tokens, hooks, reduce=lambda logits: logits[:, -1].clone())
+        assert seen == [(7, 9, CFG.n_heads, CFG.d_head)]  # the whole batch at once, not micro-batches
+        with pytest.raises(ValueError, match="stop_at_layer=2 returns no logits to reduce"):
+            model.call_route(tokens, [], stop_at_layer=2, reduce=lambda logits: logits)
+        with pytest.raises(ValueError, match=r"stop_at_layer=0 must be in 1..4"):
+            model.call_route(tokens, [], stop_at_layer=0)
+    assert torch.equal(got, model(tokens)[:, -1])
+    assert getattr(model, "call_route", None) is None

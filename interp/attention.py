@@ -371,15 +371,9 @@ class _AttentionBase(nn.Module):
         if self.sinks is None:
             pattern = torch.softmax(scores, dim=-1)  # [B, H, c, n or S]
         else:
-            # softmax over [keys | sink], the sink's column kept apart: pattern [B, H, c, n or S], sink mass
-            # [B, H, c] (the keys a chunk dropped have weight zero either way, so the totals are the whole row's).
-            sink = self.sinks.to(scores.dtype).view(1, H, 1, 1)
-            top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)  # [B, H, c, 1]
-            weights, sink_weight = torch.exp(scores - top), torch.exp(sink - top)
-            total = weights.sum(dim=-1, keepdim=True) + sink_weight  # [B, H, c, 1]
-            pattern = weights / total
+            pattern, sink_mass = _softmax_with_sink(scores, self.sinks.to(scores.dtype).view(1, H, 1, 1))
             # Read-only: the sink's value is zero, so z is the pattern's alone (edit hook_pattern to intervene).
-            self.hook_sink_mass((sink_weight / total).squeeze(-1), q_slice.start)  # [B, H, c]
+            self.hook_sink_mass(sink_mass, q_slice.start)  # [B, H, c]
         if self.hook_pattern.active:
             padded = _pad_keys(pattern, S, 0.0)  # [B, H, c, S]
             returned = self.hook_pattern(padded, q_slice.start)
@@ -640,6 +634,32 @@ class LatentAttention(_AttentionBase):
         scale = self.cfg.attn_scale or 1.0 / math.sqrt(D + R)
         z_lat = self._attend(q_cat, k_cat, c_kv.unsqueeze(1), mask, scale)  # [B, H, T, C]
         return torch.einsum("bhtc,hvc->bhtv", z_lat, w_uv)  # [B, H, T, Dv]
+
+
+def _softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The softmax of each row of ``scores`` ``[B, H, c, n]`` over its keys and one more logit ``sink``
+    ``[1, H, 1, 1]`` that is not a key: the keys' part ``[B, H, c, n]`` and the sink's part ``[B, H, c]``.
+
+    One fused ``torch.softmax`` of the keys, rescaled; no second softmax and no widened copy. The keys' own
+    normaliser is ``Z = sum_j exp(s_j - max_j s_j) = 1 / max_j softmax(s)_j`` (the max key's weight is
+    ``exp(0) / Z``), so the sink takes ``sigmoid(d)`` of the row and each key ``softmax(s) * sigmoid(-d)``, with
+    ``d = sink - logsumexp(s) = sink - max s + log max softmax(s)``, stable for any sink. Why not the
+    textbook ``exp(s - top) / total``: on CPU ``torch.exp`` of masked scores (``finfo.min`` minus the top) takes
+    a slow path, about 8x a plain softmax of the same row (``experiments/benchmarks/bench_gpt_oss.py``).
+
+    Example:
+        >>> s = torch.tensor([[[[1.0, 2.0, torch.finfo(torch.float32).min]]]])  # [1, 1, 1, 3]
+        >>> p, m = _softmax_with_sink(s, torch.tensor(0.5).view(1, 1, 1, 1))
+        >>> ref = torch.softmax(torch.tensor([1.0, 2.0, 0.5]), -1)  # keys 1, 2 (the masked one 0) and the sink
+        >>> torch.allclose(p[0, 0, 0, :2], ref[:2]) and float(p[0, 0, 0, 2]) == 0.0 and torch.allclose(m, ref[2])
+        True
+    """
+    pattern = torch.softmax(scores, dim=-1)  # [B, H, c, n]
+    d = sink - scores.amax(dim=-1, keepdim=True) + pattern.amax(dim=-1, keepdim=True).log()  # [B, H, c, 1]
+    keys_share = torch.sigmoid(-d)  # [B, H, c, 1]
+    # In place unless autograd needs softmax's output (its backward reads it): no second [B, H, c, n] buffer.
+    pattern = pattern * keys_share if pattern.requires_grad else pattern.mul_(keys_share)
+    return pattern, torch.sigmoid(d).squeeze(-1)  # [B, H, c, n], [B, H, c]
 
 
 def _pad_keys(x: torch.Tensor, n_keys: int, fill: float) -> torch.Tensor:

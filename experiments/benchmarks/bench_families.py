@@ -23,14 +23,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
-import time
 import warnings
 
 import torch
-from benchutil import fix_threads, machine_info
+from benchutil import fix_threads, machine_info, paired_ratio, time_reps
 
 RECORD = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_result"]
 _GATED = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=12,
@@ -51,29 +49,6 @@ CONFIGS = {
                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                  "partial_rotary_factor": 0.25})),
 }
-
-
-def time_reps(fns: dict, *, reps: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds of every repetition of each function, interleaved in a new seeded shuffled order per repetition
-    (as ``benchutil.time_interleaved``, but keeping every repetition so that ratios pair within one)."""
-    names = list(fns)
-    for _ in range(warmup):
-        for n in names:
-            fns[n]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    rng = random.Random(0)
-    for _ in range(reps):
-        for n in rng.sample(names, len(names)):  # [names], shuffled
-            t0 = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t0)
-    return times
-
-
-def ratio_summary(ours: list[float], theirs: list[float]) -> tuple[float, float, float]:
-    """(median ratio of the medians, min and max of the per-repetition ratios)."""
-    paired = [a / b for a, b in zip(ours, theirs)]
-    return statistics.median(ours) / statistics.median(theirs), min(paired), max(paired)
 
 
 def build(name: str, attn: str):
@@ -110,8 +85,8 @@ def bench(name: str, batch: int, seq: int, reps: int) -> tuple[str, float, float
             rec_name: lambda: ours.run_with_cache(ids, names_filter=RECORD),
             hf_rec_name: lambda: eager(ids, output_attentions=True),
         }, reps=reps, warmup=1)
-    fwd, fwd_lo, fwd_hi = ratio_summary(times[fwd_name], times[hf_name])
-    rec, rec_lo, rec_hi = ratio_summary(times[rec_name], times[hf_rec_name])
+    fwd, fwd_lo, fwd_hi = paired_ratio(times[fwd_name], times[hf_name])
+    rec, rec_lo, rec_hi = paired_ratio(times[rec_name], times[hf_rec_name])
     rows = "\n".join(f"| {k} | {statistics.median(v) * 1e3:.0f} | {min(v) * 1e3:.0f}-{max(v) * 1e3:.0f} |"
                      for k, v in times.items())
     text = (f"#### {name} ({CONFIGS[name][0]}, {n_params:.0f}M parameters, {ours.cfg.n_layers} layers, "

@@ -38,8 +38,9 @@ def machine_info() -> str:
             f" | load avg {load}")
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], *, reps: int = 10, warmup: int = 2) -> dict[str, float]:
-    """Median wall-clock seconds of each function, timed interleaved, in a new shuffled order every repetition.
+def time_reps(fns: dict[str, Callable[[], object]], *, reps: int = 10, warmup: int = 2) -> dict[str, list[float]]:
+    """Wall-clock seconds of every repetition of each function, timed interleaved, in a new shuffled order every
+    repetition (keeping each repetition, so that two variants' ratio can pair within one: see :func:`paired_ratio`).
 
     Shuffled rather than rotated: rotating keeps each variant behind the same predecessor in every repetition,
     so whatever that predecessor leaves in the caches (or the allocator) biases the comparison one way. The
@@ -51,7 +52,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, reps: int = 10, wa
         warmup: untimed runs of each function first.
 
     Returns:
-        name -> median seconds.
+        name -> the ``reps`` times, in seconds, in repetition order.
     """
     names = list(fns)
     for _ in range(warmup):
@@ -65,7 +66,37 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, reps: int = 10, wa
             t0 = time.perf_counter()
             fns[n]()
             times[n].append(time.perf_counter() - t0)
-    return {n: statistics.median(v) for n, v in times.items()}
+    return times
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], *, reps: int = 10, warmup: int = 2) -> dict[str, float]:
+    """Median wall-clock seconds of each function over :func:`time_reps`' interleaved repetitions.
+
+    Returns:
+        name -> median seconds.
+    """
+    return {n: statistics.median(v) for n, v in time_reps(fns, reps=reps, warmup=warmup).items()}
+
+
+def paired_ratio(ours: list[float], theirs: list[float]) -> tuple[float, float, float]:
+    """(ratio of the medians, min and max of the per-repetition ratios): the spread shows a loaded machine's noise
+    beside the median, each per-repetition ratio pairing two variants timed in the same repetition."""
+    paired = [a / b for a, b in zip(ours, theirs)]
+    return statistics.median(ours) / statistics.median(theirs), min(paired), max(paired)
+
+
+def spread_tables(times: dict[str, list[float]], ratios: list[tuple[str, str, str]]) -> str:
+    """Markdown: each variant's median and range (ms), then each ratio ``(ours, baseline, target)`` with its
+    per-repetition range and whether the median meets the target (``"<= 1.0"``; empty for none)."""
+    rows = ["| variant | median ms | range ms |", "|---|---:|---:|"]
+    rows += [f"| {n} | {statistics.median(v) * 1e3:.0f} | {min(v) * 1e3:.0f}-{max(v) * 1e3:.0f} |"
+             for n, v in times.items()]
+    rows += ["", "| ratio | median | per-repetition | target | met |", "|---|---:|---:|---|---|"]
+    for ours, base, target in ratios:
+        med, lo, hi = paired_ratio(times[ours], times[base])
+        met = "" if not target else ("yes" if med <= float(target.split()[-1]) else "**no**")
+        rows.append(f"| {ours} / {base} | **{med:.3f}** | {lo:.3f}-{hi:.3f} | {target} | {met} |")
+    return "\n".join(rows)
 
 
 def ratio_table(medians: dict[str, float], baseline: str, *, targets: dict[str, str] | None = None) -> str:

@@ -8,10 +8,10 @@ A ~100M-parameter random OLMo (a family with no native converter: it runs on the
 * HF sdpa and the route with nothing hooked (the route then calls transformers' sdpa itself).
 
 Target (issue 34): route recording / HF eager output_attentions <= 1.1. Each repetition runs all five once, in a
-new seeded shuffled order; the tables give medians, ranges and the per-repetition range of each ratio.
+new seeded shuffled order; the tables give medians, ranges and the per-repetition range of each ratio, in wall-clock and process CPU time.
 
 Usage:
-    python experiments/benchmarks/bench_route.py [--batch 4] [--seq 256] [--reps 5] [--device cpu|cuda]
+    python experiments/benchmarks/bench_route.py [--batch 4] [--seq 256] [--reps 11] [--device cpu|cuda]
         [--layers 10] [--quick]
 """
 
@@ -49,7 +49,7 @@ def build(layers: int, device: str) -> tuple[torch.nn.Module, torch.nn.Module, o
 
 
 def main() -> None:
-    args = hf_side_by_side_args(__doc__.splitlines()[0], layers=10)
+    args = hf_side_by_side_args(__doc__.splitlines()[0], layers=10, reps=11)
     threads = fix_threads()
     eager, sdpa, route = build(args.layers, args.device)
     n_params = sum(p.numel() for p in sdpa.parameters())
@@ -67,6 +67,7 @@ def main() -> None:
         ref = eager(tokens, output_attentions=True)
         diff = max(float((trace.pattern(i) - a).abs().max()) for i, a in enumerate(ref.attentions))
         del ref, trace
+        cpu: dict[str, list[float]] = {}
         times = time_reps({
             HF_REC: timed(lambda: eager(tokens, output_attentions=True)),
             PATTERN: timed(lambda: route.run_with_cache(tokens, names_filter="*hook_pattern")),
@@ -74,11 +75,11 @@ def main() -> None:
                 tokens, names_filter=["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_result"])),
             SDPA: timed(lambda: sdpa(tokens)),
             BARE: timed(lambda: route(tokens)),
-        }, reps=args.reps, warmup=1)
+        }, reps=args.reps, warmup=1, cpu=cpu)
     print(f"## the attention-level route vs transformers ({machine_info()}, {threads} threads, {args.device})\n")
     print(f"random OLMo, {args.layers} layers, d_model 768, 12 heads, {n_params / 1e6:.0f}M parameters; "
           f"batch {args.batch} x {args.seq} tokens; {args.reps} repetitions; max |pattern - HF eager| = {diff:.1e}\n")
-    print(spread_tables(times, [(PATTERN, HF_REC, "<= 1.1"), (WRITE, HF_REC, "<= 1.1"), (BARE, SDPA, "")]))
+    print(spread_tables(times, [(PATTERN, HF_REC, "<= 1.1"), (WRITE, HF_REC, "<= 1.1"), (BARE, SDPA, "")], cpu))
     print(f"\n(load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
 
 

@@ -295,18 +295,24 @@ class _AttentionBase(nn.Module):
                           scale: float) -> torch.Tensor:
         """The fused kernel with each head's sink as one more key (see the module docstring): exact, since the
         extra dimension adds 0 to every real score and ``scale * sinks[h] / scale`` to the sink's."""
-        B, H, T, Dq = q.shape
+        B, H, T = q.shape[:3]
         K, S = k.shape[1], k.shape[2]
         assert self.sinks is not None  # only called for a layer with sinks
+        D = self.d_head  # q, k and v's head size (sinks are refused with latent attention); an int, for tracing
+        # q, k and v all padded with zeros to one head size P, a multiple of 8: the fused kernels need equal
+        # sizes (else SDPA falls back to its unfused math path: on CPU ~1.4x this layer's attention time) and
+        # CUDA's memory-efficient kernel an aligned one. Zeros change no score, and the output is cut to D.
+        P = -(-(D + 1) // 8) * 8
         sink = (self.sinks.to(q.dtype) / scale).view(1, H, 1, 1).expand(B, H, T, 1)  # [B, H, T, 1]
-        q = torch.cat([q, sink], dim=-1)  # [B, H, T, Dq+1]
-        corner = F.pad(k.new_ones(B, K, 1, 1), (Dq, 0, S, 0))  # [B, K, S+1, Dq+1]: 1 at the sink key's new dim
-        k = F.pad(k, (0, 1, 0, 1)) + corner  # [B, K, S+1, Dq+1]
-        v = F.pad(v, (0, 0, 0, 1))  # [B, K, S+1, Dv]: the sink writes nothing
+        q = F.pad(torch.cat([q, sink], dim=-1), (0, P - D - 1))  # [B, H, T, P]: the sink logit at dim D
+        corner = F.pad(k.new_ones(B, K, 1, 1), (D, P - D - 1, S, 0))  # [B, K, S+1, P]: 1 at the sink key's dim D
+        k = F.pad(k, (0, P - D, 0, 1)) + corner  # [B, K, S+1, P]
+        v = F.pad(v, (0, P - D, 0, 1))  # [B, K, S+1, P]: the sink writes nothing
         # ``add`` is the explicit mask (the causal kernel would misplace the sink column), ALiBi included.
         if add is not None:
             add = F.pad(add, (0, 1))  # [B or 1, 1, T, S+1]: every query sees its sink
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale, enable_gqa=K != H)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale, enable_gqa=K != H)  # [B, H, T, P]
+        return z[..., :D]  # [B, H, T, D]
 
     def _sdpa_mask(self, mask: AttnMask, q: torch.Tensor, S: int) -> torch.Tensor | None:
         """The fused path's additive mask ``[B or 1, 1 or H, T, S]``: the pass's mask plus ALiBi's bias, or None."""

@@ -220,3 +220,19 @@ def test_recorded_sink_mass_is_unchanged_in_float32():
         want_pattern, want_mass = _textbook_softmax_with_sink(trace[f"blocks.{layer}.attn.hook_attn_scores"], sink)
         torch.testing.assert_close(trace.sink_mass(layer), want_mass, rtol=0, atol=1e-6)
         torch.testing.assert_close(trace.pattern(layer), want_pattern, rtol=0, atol=1e-6)
+
+
+def test_the_fused_sink_path_runs_on_a_fused_kernel():
+    # The sink key's padding gives q, k and v one head size, so SDPA's fused CPU kernel takes the pass; with
+    # unequal sizes it fell back to the unfused math path (~1.4x the attention time), which this refuses.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = _redrawn(_cfg(n_kv_heads=1, d_head=8, sliding_window=[4, None]))
+    ids = torch.randint(0, 31, (2, 12), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = model(ids)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            fused = model(ids)
+        _, trace = model.run_with_cache(ids, names_filter="*hook_sink_mass")  # the explicit path, for reference
+    torch.testing.assert_close(fused, want, rtol=0, atol=0)
+    assert float(trace.sink_mass(0).mean()) > 0.05  # the sinks take mass, so the sink key matters

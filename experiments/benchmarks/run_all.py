@@ -39,6 +39,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -163,6 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.render_only:
         print(f"wrote {regenerate(a.records, a.results)}")
         return 0
+    # A kill (SIGTERM: a timeout, a closed session) is handled as Ctrl-C: the run is marked, the records kept.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(a)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run(a: argparse.Namespace) -> int:
+    """Run the benchmarks ``a.names`` (all by default), record each and regenerate RESULTS.md after each."""
     sections, recorded = [], False
     for name in a.names or list(SCRIPTS):
         record = run_one(name, a.quick)

@@ -4,6 +4,8 @@ results_file.py), never appended to: checked on fake records and on fake benchma
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -170,6 +172,19 @@ def test_a_failed_or_interrupted_run_keeps_the_last_good_record_and_is_marked_be
     (kept,) = _module("results_file").load_records(records)
     assert kept.status == "ok" and kept.extra["failed_run"]["status"] == "interrupted"
     assert "    partial" in results.read_text()
+
+    # A kill (SIGTERM) is handled the same way, and run_all's own handler is removed afterwards.
+    def terminated(self, *a, **kw):
+        if not getattr(self, "_terminated_once", False):
+            self._terminated_once = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return ("## bench_fake\nkilled here", None)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(run_all.subprocess.Popen, "communicate", terminated)
+    assert run_all.main(args) == 130
+    assert "    killed here" in results.read_text() and "interrupted" in results.read_text()
+    assert signal.getsignal(signal.SIGTERM) is before
     monkeypatch.undo()
 
     monkeypatch.setattr(run_all, "HERE", tmp_path)

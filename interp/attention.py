@@ -305,18 +305,24 @@ class _AttentionBase(nn.Module):
                           scale: float) -> torch.Tensor:
         """The fused kernel with each head's sink as one more key (see the module docstring): exact, since the
         extra dimension adds 0 to every real score and ``scale * sinks[h] / scale`` to the sink's."""
-        B, H, T, Dq = q.shape
+        B, H, T = q.shape[:3]
         K, S = k.shape[1], k.shape[2]
         assert self.sinks is not None  # only called for a layer with sinks
+        D = self.d_head  # q, k and v's head size (sinks are refused with latent attention); an int, for tracing
+        # q, k and v all padded with zeros to one head size P, a multiple of 8: the fused kernels need equal
+        # sizes (else SDPA falls back to its unfused math path: on CPU ~1.4x this layer's attention time) and
+        # CUDA's memory-efficient kernel an aligned one. Zeros change no score, and the output is cut to D.
+        P = -(-(D + 1) // 8) * 8
         sink = (self.sinks.to(q.dtype) / scale).view(1, H, 1, 1).expand(B, H, T, 1)  # [B, H, T, 1]
-        q = torch.cat([q, sink], dim=-1)  # [B, H, T, Dq+1]
-        corner = F.pad(k.new_ones(B, K, 1, 1), (Dq, 0, S, 0))  # [B, K, S+1, Dq+1]: 1 at the sink key's new dim
-        k = F.pad(k, (0, 1, 0, 1)) + corner  # [B, K, S+1, Dq+1]
-        v = F.pad(v, (0, 0, 0, 1))  # [B, K, S+1, Dv]: the sink writes nothing
+        q = F.pad(torch.cat([q, sink], dim=-1), (0, P - D - 1))  # [B, H, T, P]: the sink logit at dim D
+        corner = F.pad(k.new_ones(B, K, 1, 1), (D, P - D - 1, S, 0))  # [B, K, S+1, P]: 1 at the sink key's dim D
+        k = F.pad(k, (0, P - D, 0, 1)) + corner  # [B, K, S+1, P]
+        v = F.pad(v, (0, P - D, 0, 1))  # [B, K, S+1, P]: the sink writes nothing
         # ``add`` is the explicit mask (the causal kernel would misplace the sink column), ALiBi included.
         if add is not None:
             add = F.pad(add, (0, 1))  # [B or 1, 1, T, S+1]: every query sees its sink
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale, enable_gqa=K != H)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=scale, enable_gqa=K != H)  # [B, H, T, P]
+        return z[..., :D]  # [B, H, T, D]
 
     def _sdpa_mask(self, mask: AttnMask, q: torch.Tensor, S: int) -> torch.Tensor | None:
         """The fused path's additive mask ``[B or 1, 1 or H, T, S]``: the pass's mask plus ALiBi's bias, or None."""
@@ -381,15 +387,9 @@ class _AttentionBase(nn.Module):
         if self.sinks is None:
             pattern = torch.softmax(scores, dim=-1)  # [B, H, c, n or S]
         else:
-            # softmax over [keys | sink], the sink's column kept apart: pattern [B, H, c, n or S], sink mass
-            # [B, H, c] (the keys a chunk dropped have weight zero either way, so the totals are the whole row's).
-            sink = self.sinks.to(scores.dtype).view(1, H, 1, 1)
-            top = torch.maximum(scores.amax(dim=-1, keepdim=True), sink)  # [B, H, c, 1]
-            weights, sink_weight = torch.exp(scores - top), torch.exp(sink - top)
-            total = weights.sum(dim=-1, keepdim=True) + sink_weight  # [B, H, c, 1]
-            pattern = weights / total
+            pattern, sink_mass = _softmax_with_sink(scores, self.sinks.to(scores.dtype).view(1, H, 1, 1))
             # Read-only: the sink's value is zero, so z is the pattern's alone (edit hook_pattern to intervene).
-            self.hook_sink_mass((sink_weight / total).squeeze(-1), q_slice.start)  # [B, H, c]
+            self.hook_sink_mass(sink_mass, q_slice.start)  # [B, H, c]
         if self.hook_pattern.active:
             padded = _pad_keys(pattern, S, 0.0)  # [B, H, c, S]
             returned = self.hook_pattern(padded, q_slice.start)
@@ -650,6 +650,32 @@ class LatentAttention(_AttentionBase):
         scale = self.cfg.attn_scale or 1.0 / math.sqrt(D + R)
         z_lat = self._attend(q_cat, k_cat, c_kv.unsqueeze(1), mask, scale)  # [B, H, T, C]
         return torch.einsum("bhtc,hvc->bhtv", z_lat, w_uv)  # [B, H, T, Dv]
+
+
+def _softmax_with_sink(scores: torch.Tensor, sink: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The softmax of each row of ``scores`` ``[B, H, c, n]`` over its keys and one more logit ``sink``
+    ``[1, H, 1, 1]`` that is not a key: the keys' part ``[B, H, c, n]`` and the sink's part ``[B, H, c]``.
+
+    One fused ``torch.softmax`` of the keys, rescaled; no second softmax and no widened copy. The keys' own
+    normaliser is ``Z = sum_j exp(s_j - max_j s_j) = 1 / max_j softmax(s)_j`` (the max key's weight is
+    ``exp(0) / Z``), so the sink takes ``sigmoid(d)`` of the row and each key ``softmax(s) * sigmoid(-d)``, with
+    ``d = sink - logsumexp(s) = sink - max s + log max softmax(s)``, stable for any sink. Why not the
+    textbook ``exp(s - top) / total``: on CPU ``torch.exp`` of masked scores (``finfo.min`` minus the top) takes
+    a slow path, about 8x a plain softmax of the same row (``experiments/benchmarks/bench_gpt_oss.py``).
+
+    Example:
+        >>> s = torch.tensor([[[[1.0, 2.0, torch.finfo(torch.float32).min]]]])  # [1, 1, 1, 3]
+        >>> p, m = _softmax_with_sink(s, torch.tensor(0.5).view(1, 1, 1, 1))
+        >>> ref = torch.softmax(torch.tensor([1.0, 2.0, 0.5]), -1)  # keys 1, 2 (the masked one 0) and the sink
+        >>> torch.allclose(p[0, 0, 0, :2], ref[:2]) and float(p[0, 0, 0, 2]) == 0.0 and torch.allclose(m, ref[2])
+        True
+    """
+    pattern = torch.softmax(scores, dim=-1)  # [B, H, c, n]
+    d = sink - scores.amax(dim=-1, keepdim=True) + pattern.amax(dim=-1, keepdim=True).log()  # [B, H, c, 1]
+    keys_share = torch.sigmoid(-d)  # [B, H, c, 1]
+    # In place unless autograd needs softmax's output (its backward reads it): no second [B, H, c, n] buffer.
+    pattern = pattern * keys_share if pattern.requires_grad else pattern.mul_(keys_share)
+    return pattern, torch.sigmoid(d).squeeze(-1)  # [B, H, c, n], [B, H, c]
 
 
 def _pad_keys(x: torch.Tensor, n_keys: int, fill: float) -> torch.Tensor:

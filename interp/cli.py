@@ -77,7 +77,7 @@ PLAN_JSON_KEYS = ("weights_bytes", "weights", "embedding_bytes", "block_bytes", 
 PRUNE_METHODS = ("importance", "l0", "random")
 BENCHMARKS = ("forward", "recording", "long_context", "remove_heads", "concurrency", "smollm2", "analysis",
               "distributed", "moe", "attention_view", "load_memory", "families", "dashboard",
-              "patching")
+              "patching", "gpt_oss", "route")
 
 
 class CliError(Exception):

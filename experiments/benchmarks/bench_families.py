@@ -13,24 +13,23 @@ converted with ``from_hf`` (same weights), on a 4 x 256-token batch:
 
 Each family's four variants run interleaved, in a new seeded shuffled order every repetition; the tables give
 the median and the range of each variant and, for each ratio, the range of the per-repetition ratios (interp
-and HF timed in the same repetition), so a loaded machine's noise is visible beside the median.
+and HF timed in the same repetition), so a loaded machine's noise is visible beside the median, and the same
+in process CPU time (which counts less of the time other jobs hold the cores).
 
 Usage:
     python experiments/benchmarks/bench_families.py [--families llama3 qwen3 gemma2 olmo3 pythia] [--batch 4] [--seq 256]
-        [--reps 5] [--quick]
+        [--reps 7] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-import statistics
+import os
 import sys
-import time
 import warnings
 
 import torch
-from benchutil import fix_threads, machine_info
+from benchutil import fix_threads, machine_info, paired_ratio, spread_tables, time_reps
 
 RECORD = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_result"]
 _GATED = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=12,
@@ -53,29 +52,6 @@ CONFIGS = {
 }
 
 
-def time_reps(fns: dict, *, reps: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds of every repetition of each function, interleaved in a new seeded shuffled order per repetition
-    (as ``benchutil.time_interleaved``, but keeping every repetition so that ratios pair within one)."""
-    names = list(fns)
-    for _ in range(warmup):
-        for n in names:
-            fns[n]()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    rng = random.Random(0)
-    for _ in range(reps):
-        for n in rng.sample(names, len(names)):  # [names], shuffled
-            t0 = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t0)
-    return times
-
-
-def ratio_summary(ours: list[float], theirs: list[float]) -> tuple[float, float, float]:
-    """(median ratio of the medians, min and max of the per-repetition ratios)."""
-    paired = [a / b for a, b in zip(ours, theirs)]
-    return statistics.median(ours) / statistics.median(theirs), min(paired), max(paired)
-
-
 def build(name: str, attn: str):
     import transformers
 
@@ -86,7 +62,7 @@ def build(name: str, attn: str):
     return transformers.AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def bench(name: str, batch: int, seq: int, reps: int) -> tuple[str, float, float, tuple[str, str]]:
+def bench(name: str, batch: int, seq: int, reps: int) -> tuple[str, str]:
     from interp.zoo.hf import from_hf
 
     eager = build(name, "eager")
@@ -104,24 +80,23 @@ def bench(name: str, batch: int, seq: int, reps: int) -> tuple[str, float, float
         fwd_name, hf_name = "interp forward", f"HF {fast_kind} forward"
         rec_name, hf_rec_name = ("interp run_with_cache (patterns + per-head writes)",
                                  "HF eager output_attentions (patterns only)")
+        cpu: dict[str, list[float]] = {}
         times = time_reps({
             fwd_name: lambda: ours(ids),
             hf_name: lambda: fast(ids),
             rec_name: lambda: ours.run_with_cache(ids, names_filter=RECORD),
             hf_rec_name: lambda: eager(ids, output_attentions=True),
-        }, reps=reps, warmup=1)
-    fwd, fwd_lo, fwd_hi = ratio_summary(times[fwd_name], times[hf_name])
-    rec, rec_lo, rec_hi = ratio_summary(times[rec_name], times[hf_rec_name])
-    rows = "\n".join(f"| {k} | {statistics.median(v) * 1e3:.0f} | {min(v) * 1e3:.0f}-{max(v) * 1e3:.0f} |"
-                     for k, v in times.items())
+        }, reps=reps, warmup=1, cpu=cpu)
     text = (f"#### {name} ({CONFIGS[name][0]}, {n_params:.0f}M parameters, {ours.cfg.n_layers} layers, "
-            f"{ours.cfg.n_heads} heads / {ours.cfg.n_kv_heads} K/V; batch {batch} x {seq}; max |logit diff| vs HF "
-            f"{diff:.1e})\n\n| variant | median ms | range ms |\n|---|---:|---:|\n{rows}\n\n"
-            f"forward / HF {fast_kind.split()[0]} = **{fwd:.3f}** (per-repetition {fwd_lo:.3f}-{fwd_hi:.3f}; "
-            f"target <= 1.0); recording / HF eager output_attentions = **{rec:.3f}** (per-repetition "
-            f"{rec_lo:.3f}-{rec_hi:.3f}; target <= 1.0)\n")
-    spreads = f"{fwd_lo:.3f}-{fwd_hi:.3f}", f"{rec_lo:.3f}-{rec_hi:.3f}"
-    return text, fwd, rec, spreads
+            f"{ours.cfg.n_heads} heads / {ours.cfg.n_kv_heads} K/V; batch {batch} x {seq}; {reps} repetitions; "
+            f"max |logit diff| vs HF {diff:.1e})\n\n"
+            + spread_tables(times, [(fwd_name, hf_name, "<= 1.0"), (rec_name, hf_rec_name, "<= 1.0")], cpu) + "\n")
+    cells = []
+    for ours_name, base in ((fwd_name, hf_name), (rec_name, hf_rec_name)):
+        med, lo, hi = paired_ratio(times[ours_name], times[base])
+        cpu_med = paired_ratio(cpu[ours_name], cpu[base])[0]
+        cells.append(f"{med:.3f} | {lo:.3f}-{hi:.3f} | {cpu_med:.3f}")
+    return text, f"| {name} | {' | '.join(cells)} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="3 repetitions, 2 x 128 tokens")
     a = p.parse_args(argv)
     if a.quick:
@@ -137,14 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     threads = fix_threads()
     print(f"## families: interp vs transformers on ~100M random configs\n\n{machine_info()} | torch threads "
           f"{threads}\n")
-    summary = ["| family | forward / HF sdpa | per-repetition | recording / HF eager output_attentions | "
-               "per-repetition |", "|---|---:|---:|---:|---:|"]
+    summary = ["| family | forward / HF sdpa | per-repetition | CPU time | recording / HF eager output_attentions | "
+               "per-repetition | CPU time |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name in a.families:
-        text, fwd, rec, (fwd_spread, rec_spread) = bench(name, a.batch, a.seq, a.reps)
+        text, row = bench(name, a.batch, a.seq, a.reps)
         print(text)
-        summary.append(f"| {name} | {fwd:.3f} | {fwd_spread} | {rec:.3f} | {rec_spread} |")
+        summary.append(row)
         sys.stdout.flush()
     print("\n".join(summary))
+    print(f"\n(load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
     return 0
 
 

@@ -7,20 +7,22 @@ A ~100M-parameter random OLMo (a family with no native converter: it runs on the
   every per-head write (``hook_result``);
 * HF sdpa and the route with nothing hooked (the route then calls transformers' sdpa itself).
 
-Target (issue 34): route recording / HF eager output_attentions <= 1.1.
+Target (issue 34): route recording / HF eager output_attentions <= 1.1. Each repetition runs all five once, in a
+new seeded shuffled order; the tables give medians, ranges and the per-repetition range of each ratio, in wall-clock and process CPU time.
 
 Usage:
-    python experiments/benchmarks/bench_route.py [--batch 4] [--seq 256] [--reps 5] [--device cpu|cuda]
+    python experiments/benchmarks/bench_route.py [--batch 4] [--seq 256] [--reps 11] [--device cpu|cuda]
         [--layers 10] [--quick]
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 
 import torch
-from benchutil import fix_threads, hf_side_by_side_args, machine_info, ratio_table, time_interleaved
+from benchutil import fix_threads, hf_side_by_side_args, machine_info, spread_tables, time_reps
 
 
 def build(layers: int, device: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
@@ -47,7 +49,7 @@ def build(layers: int, device: str) -> tuple[torch.nn.Module, torch.nn.Module, o
 
 
 def main() -> None:
-    args = hf_side_by_side_args(__doc__.splitlines()[0], layers=10)
+    args = hf_side_by_side_args(__doc__.splitlines()[0], layers=10, reps=11)
     threads = fix_threads()
     eager, sdpa, route = build(args.layers, args.device)
     n_params = sum(p.numel() for p in sdpa.parameters())
@@ -64,21 +66,26 @@ def main() -> None:
         _, trace = route.run_with_cache(tokens, names_filter="*hook_pattern")
         ref = eager(tokens, output_attentions=True)
         diff = max(float((trace.pattern(i) - a).abs().max()) for i, a in enumerate(ref.attentions))
-        med = time_interleaved({
-            "HF eager, output_attentions=True": timed(lambda: eager(tokens, output_attentions=True)),
-            "route, every pattern recorded": timed(lambda: route.run_with_cache(tokens, names_filter="*hook_pattern")),
-            "route, every pattern + per-head write recorded": timed(lambda: route.run_with_cache(
+        del ref, trace
+        cpu: dict[str, list[float]] = {}
+        times = time_reps({
+            HF_REC: timed(lambda: eager(tokens, output_attentions=True)),
+            PATTERN: timed(lambda: route.run_with_cache(tokens, names_filter="*hook_pattern")),
+            WRITE: timed(lambda: route.run_with_cache(
                 tokens, names_filter=["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_result"])),
-            "HF sdpa, nothing recorded": timed(lambda: sdpa(tokens)),
-            "route, nothing hooked": timed(lambda: route(tokens)),
-        }, reps=args.reps)
+            SDPA: timed(lambda: sdpa(tokens)),
+            BARE: timed(lambda: route(tokens)),
+        }, reps=args.reps, warmup=1, cpu=cpu)
     print(f"## the attention-level route vs transformers ({machine_info()}, {threads} threads, {args.device})\n")
     print(f"random OLMo, {args.layers} layers, d_model 768, 12 heads, {n_params / 1e6:.0f}M parameters; "
-          f"batch {args.batch} x {args.seq} tokens; max |pattern - HF eager| = {diff:.1e}\n")
-    print(ratio_table(med, "HF eager, output_attentions=True",
-                      targets={"route, every pattern recorded": "<= 1.1",
-                               "route, every pattern + per-head write recorded": "<= 1.1"}))
-    print(f"\nroute, nothing hooked / HF sdpa: {med['route, nothing hooked'] / med['HF sdpa, nothing recorded']:.3f}")
+          f"batch {args.batch} x {args.seq} tokens; {args.reps} repetitions; max |pattern - HF eager| = {diff:.1e}\n")
+    print(spread_tables(times, [(PATTERN, HF_REC, "<= 1.1"), (WRITE, HF_REC, "<= 1.1"), (BARE, SDPA, "")], cpu))
+    print(f"\n(load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+
+
+HF_REC, SDPA = "HF eager, output_attentions=True", "HF sdpa, nothing recorded"
+PATTERN, WRITE = "route, every pattern recorded", "route, every pattern + per-head write recorded"
+BARE = "route, nothing hooked"
 
 
 if __name__ == "__main__":

@@ -41,10 +41,12 @@ class Record:
         machine: :func:`machine` of the machine it ran on.
         load_start, load_end: the 1-, 5- and 15-minute load averages before and after.
         seconds: wall-clock time of the whole benchmark.
-        status: ``"ok"``, ``"failed (exit N)"`` or ``"skipped: why"``.
+        status: ``"ok"``, ``"failed (exit N)"``, ``"failed (no output)"``, ``"interrupted"`` or
+            ``"skipped: why"``.
         body: the markdown the benchmark printed.
         quick: it ran with ``--quick``.
-        extra: anything else; an imported record holds ``imported_from`` (the file it came from).
+        extra: anything else; an imported record holds ``imported_from`` (the file it came from), a good record
+            that a later run failed to replace holds ``failed_run`` (see :func:`record_run`).
     """
 
     name: str
@@ -132,14 +134,57 @@ def save_record(record: Record, folder: Path) -> Path:
     return path
 
 
-def load_records(folder: Path) -> list[Record]:
-    """Every record in ``folder`` (none when it does not exist).
+def _succeeded(record: Record) -> bool:
+    return record.status.startswith("ok")
+
+
+#: How many of a failed run's last output lines are kept beside the good record it did not replace.
+FAILED_TAIL_LINES = 15
+
+
+def record_run(record: Record, folder: Path) -> Path:
+    """Save a benchmark's latest run without losing its last good figures.
+
+    A run that succeeded replaces the record (clearing any failure mark). A run that failed or was interrupted
+    does not replace a good record: the good record stays, with the failure marked beside it
+    (``extra["failed_run"]``: the failed run's date, status, time, load and the last lines it printed), and
+    RESULTS.md shows both. With no good record to keep (none yet, or only an earlier failure), the failed run
+    is saved as the record, so the failure is visible.
+
+    Args:
+        record: the run just finished.
+        folder: the records folder (``latest/``).
+
+    Returns:
+        The record file written.
+
+    Raises:
+        ValueError: the existing record file is not a record (the message names the file).
+    """
+    path = folder / f"{record.name}.json"
+    if _succeeded(record) or not path.is_file():
+        return save_record(record, folder)
+    (old,) = load_records(folder, [path])
+    if not _succeeded(old):
+        return save_record(record, folder)
+    tail = record.body.strip().splitlines()[-FAILED_TAIL_LINES:]
+    old.extra = {**old.extra, "failed_run": {"date": record.date, "status": record.status,
+                                             "seconds": round(record.seconds, 1), "load_start": record.load_start,
+                                             "load_end": record.load_end, "quick": record.quick,
+                                             "output_tail": "\n".join(tail)}}
+    return save_record(old, folder)
+
+
+def load_records(folder: Path, paths: list[Path] | None = None) -> list[Record]:
+    """Every record in ``folder`` (none when it does not exist), or only the files ``paths``.
 
     Raises:
         ValueError: a record file that is not a record (the message names the file).
     """
     out = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    if paths is None:
+        paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    for path in paths:
         try:
             out.append(Record(**json.loads(path.read_text())))
         except (json.JSONDecodeError, TypeError) as e:
@@ -248,9 +293,12 @@ def render(records: list[Record], order: list[str], carried_over: str = "") -> s
         out.append("|---|---|---|---|---|---|")
         for n in names:
             r = latest[n]
+            failed = r.extra.get("failed_run")
+            later = (f"; **the run of {failed['date']} {failed['status']}**: figures from the run before"
+                     if failed else "")
             out.append(f"| [{n}](#{n.replace('_', '-')}) | {r.date} | {describe_machine(r.machine)} | "
                        f"{_load(r.load_start)} / {_load(r.load_end)} | {r.seconds:.0f} s | {r.status}"
-                       f"{' (--quick)' if r.quick else ''} |")
+                       f"{' (--quick)' if r.quick else ''}{later} |")
     if names:
         out.append("\nRe-measured by run_all (or imported from another machine): the sections below, each with its "
                    "date, machine and load.")
@@ -263,6 +311,14 @@ def render(records: list[Record], order: list[str], carried_over: str = "") -> s
         out.append(f"`{r.script}`{' --quick' if r.quick else ''}, {r.date} UTC, {describe_machine(r.machine)}; "
                    f"load average {_load(r.load_start)} at the start, {_load(r.load_end)} at the end; "
                    f"{r.seconds:.0f} s; {r.status}.\n")
+        if failed := r.extra.get("failed_run"):
+            out.append(f"**The latest run, {failed['date']} UTC, {failed['status']}** after {failed['seconds']:.0f} s "
+                       f"(load average {_load(failed['load_start'])} at the start, {_load(failed['load_end'])} at "
+                       f"the end): it did not replace these figures, which are from the last good run "
+                       f"({r.date} UTC). " + ("Its output ended:\n" if failed["output_tail"] else "It printed "
+                                               "nothing.\n"))
+            if failed["output_tail"]:
+                out.append("\n".join("    " + line for line in failed["output_tail"].splitlines()) + "\n")
         if r.extra.get("imported_from"):
             out.append(f"Imported from `{r.extra['imported_from']}` (run on that machine, not this one).\n")
         out.append(demote_headings(r.body.strip()) if r.body.strip() else "(no output)")

@@ -15,13 +15,16 @@ variants inside that one process (interleaved repetitions, medians, warm-up, fix
     moe            bench_moe.py           Mixtral / DeepSeek-V3-shaped forward vs HF; MLA absorbed vs expanded decode; routing stats
     attention_view bench_attention_view.py viz.attention_view of SmolLM2 at 2,000 tokens: build, page size, open/hover in Chromium
     load_memory    bench_load_memory.py   peak memory of loading a 1B-shaped random model in bf16 vs float32-then-cast
-    families       bench_families.py      Llama 3, Qwen3, Gemma 2, Pythia (~100M random) vs transformers: forward, recording
+    families       bench_families.py      Llama 3, Qwen3, Gemma 2, OLMo 3, Pythia (~100M random) vs transformers: forward, recording
     dashboard      bench_dashboard.py     SmolLM2 in the dashboard, driven by Chromium: first and second views, a pruning run
     patching       bench_patching.py      SmolLM2: coreference_scores vs a recorded pass; activation_patching vs the old code, nnsight, TL
+    gpt_oss        bench_gpt_oss.py       native gpt-oss (~100M random) vs transformers eager: forward, recording patterns + sink mass
+    route          bench_route.py         the attention-level route (~100M random OLMo) vs transformers: recording, forward
 
-Each full run replaces that benchmark's record (``latest/<name>.json``: its output, date, machine, load average,
-time, status) and RESULTS.md is rebuilt from every record (``results_file.py``): the latest figures per
-benchmark, not a log; earlier figures live in git. ``--quick`` runs only print (a quick figure never replaces a
+Each full run that succeeds replaces that benchmark's record (``latest/<name>.json``: its output, date, machine,
+load average, time, status) and RESULTS.md is rebuilt from every record (``results_file.py``): the latest figures
+per benchmark, not a log; earlier figures live in git. A run that fails, prints nothing or is interrupted (Ctrl-C
+stops run_all there) keeps the previous good record and is marked beside it, with the last lines it printed. ``--quick`` runs only print (a quick figure never replaces a
 full one), unless ``--record`` says otherwise.
 
 Usage:
@@ -36,6 +39,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -63,9 +67,13 @@ SCRIPTS = {
     "families": "bench_families.py",
     "dashboard": "bench_dashboard.py",
     "patching": "bench_patching.py",
+    "gpt_oss": "bench_gpt_oss.py",
+    "route": "bench_route.py",
 }
+#: The status of a run stopped by Ctrl-C (run_all stops there; the record of what finished before stays).
+INTERRUPTED = "interrupted"
 TAKES_QUICK = {"forward", "recording", "long_context", "concurrency", "smollm2", "analysis", "distributed", "moe",
-               "attention_view", "families", "patching"}
+               "attention_view", "families", "patching", "gpt_oss", "route"}
 
 
 def run_one(name: str, quick: bool) -> results_file.Record:
@@ -77,9 +85,17 @@ def run_one(name: str, quick: bool) -> results_file.Record:
     else:
         cmd = [sys.executable, str(script)] + (["--quick"] if quick and name in TAKES_QUICK else [])
         # stderr (progress bars, library warnings) goes straight to the terminal; the tables come on stdout.
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=HERE)
-        body = res.stdout.strip()
-        status = "ok" if res.returncode == 0 else f"failed (exit {res.returncode})"
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=HERE) as proc:
+            try:
+                out, _ = proc.communicate()
+                status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+            except KeyboardInterrupt:  # Ctrl-C: keep what the benchmark printed, mark the run interrupted
+                proc.kill()
+                out, _ = proc.communicate()
+                status = INTERRUPTED
+        body = out.strip()
+        if status == "ok" and not body:
+            status = "failed (no output)"  # a benchmark that prints no figures measured nothing
     return results_file.Record(name=name, script=SCRIPTS[name], date=date, machine=results_file.machine(),
                                load_start=load_start, load_end=results_file.load_average(),
                                seconds=time.perf_counter() - t0, status=status, body=body,
@@ -148,6 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.render_only:
         print(f"wrote {regenerate(a.records, a.results)}")
         return 0
+    # A kill (SIGTERM: a timeout, a closed session) is handled as Ctrl-C: the run is marked, the records kept.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(a)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run(a: argparse.Namespace) -> int:
+    """Run the benchmarks ``a.names`` (all by default), record each and regenerate RESULTS.md after each."""
     sections, recorded = [], False
     for name in a.names or list(SCRIPTS):
         record = run_one(name, a.quick)
@@ -156,9 +186,13 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(text)
         if record.status.startswith("skipped") or (a.quick and not a.record):
             continue
-        results_file.save_record(record, a.records)
+        # A failed or interrupted run does not replace the benchmark's last good record: it is marked beside it.
+        results_file.record_run(record, a.records)
         regenerate(a.records, a.results)  # after each benchmark: an interrupted run keeps what finished
         recorded = True
+        if record.status == INTERRUPTED:
+            print(f"interrupted during {name}: stopped; regenerated {a.results}", file=sys.stderr)
+            return 130
     if a.out:
         a.out.write_text("\n\n".join(sections) + "\n")
     if recorded:

@@ -4,6 +4,8 @@ results_file.py), never appended to: checked on fake records and on fake benchma
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -123,3 +125,86 @@ def test_an_imported_record_keeps_its_own_machine_and_date_and_old_figures_are_m
     assert "Not re-measured by run_all yet (their latest figures are carried over at the end" in text
     with pytest.raises(SystemExit):  # the date is the other machine's: it must be given
         run_all.main(["--import", "gpu_check", str(figures), *args])
+
+
+def test_a_failed_or_interrupted_run_keeps_the_last_good_record_and_is_marked_beside_it(tmp_path, monkeypatch):
+    run_all = _module("run_all")
+    mode = tmp_path / "mode"  # what the fake benchmark does on its next run
+    script = tmp_path / "bench_fake.py"
+    script.write_text("import sys, time\nfrom pathlib import Path\n"
+                      f"mode = Path({str(mode)!r}).read_text()\n"
+                      "if mode == 'ok':\n    print('## bench_fake\\n| speed | 1.23x |')\n"
+                      "elif mode == 'fail':\n    print('half a table'); sys.exit(2)\n")  # 'silent': no output
+    monkeypatch.setattr(run_all, "HERE", tmp_path)
+    monkeypatch.setattr(run_all, "SCRIPTS", {"fake": script.name})
+    records, results = tmp_path / "latest", tmp_path / "RESULTS.md"
+    args = ["fake", "--records", str(records), "--results", str(results)]
+    mode.write_text("ok")
+    assert run_all.main(args) == 0
+    assert "1.23x" in results.read_text()
+
+    mode.write_text("fail")
+    assert run_all.main(args) == 0
+    text = results.read_text()
+    assert "| speed | 1.23x |" in text  # the good figures stay
+    row = next(line for line in text.splitlines() if line.startswith("| [fake]"))
+    assert "| ok; **the run of " in row and "failed (exit 2)**: figures from the run before |" in row
+    assert "failed (exit 2)** after" in text and "    half a table" in text  # the failure and its last output
+    (kept,) = _module("results_file").load_records(records)
+    assert kept.status == "ok" and kept.extra["failed_run"]["status"] == "failed (exit 2)"
+
+    mode.write_text("silent")  # exit 0 but no figures printed: a failure too
+    assert run_all.main(args) == 0
+    (kept,) = _module("results_file").load_records(records)
+    assert kept.status == "ok" and kept.extra["failed_run"]["status"] == "failed (no output)"
+    assert "| speed | 1.23x |" in results.read_text() and "half a table" not in results.read_text()
+
+    # Ctrl-C while the benchmark runs: run_all stops, the good record stays, the run is marked interrupted.
+    def interrupted(self, *a, **kw):
+        if not getattr(self, "_interrupted_once", False):
+            self._interrupted_once = True
+            raise KeyboardInterrupt
+        return ("## bench_fake\npartial", None)
+
+    mode.write_text("ok")
+    monkeypatch.setattr(run_all.subprocess.Popen, "communicate", interrupted)
+    assert run_all.main(args) == 130
+    (kept,) = _module("results_file").load_records(records)
+    assert kept.status == "ok" and kept.extra["failed_run"]["status"] == "interrupted"
+    assert "    partial" in results.read_text()
+
+    # A kill (SIGTERM) is handled the same way, and run_all's own handler is removed afterwards.
+    def terminated(self, *a, **kw):
+        if not getattr(self, "_terminated_once", False):
+            self._terminated_once = True
+            os.kill(os.getpid(), signal.SIGTERM)
+        return ("## bench_fake\nkilled here", None)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(run_all.subprocess.Popen, "communicate", terminated)
+    assert run_all.main(args) == 130
+    assert "    killed here" in results.read_text() and "interrupted" in results.read_text()
+    assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.undo()
+
+    monkeypatch.setattr(run_all, "HERE", tmp_path)
+    monkeypatch.setattr(run_all, "SCRIPTS", {"fake": script.name})
+    assert run_all.main(args) == 0  # a good run replaces the record and clears the mark
+    text = results.read_text()
+    assert "the run of" not in text and "did not replace" not in text and "1.23x" in text
+    (kept,) = _module("results_file").load_records(records)
+    assert kept.status == "ok" and "failed_run" not in kept.extra
+
+
+def test_a_failed_first_run_is_recorded_and_a_later_failure_replaces_it(rf, tmp_path):
+    # With no good record to keep, the failure itself is the record (visible in RESULTS.md); a later failure
+    # replaces an earlier one rather than piling up.
+    rf.record_run(_record(rf, "moe", "2026-12-04 10:00", "first", status="failed (exit 1)"), tmp_path)
+    rf.record_run(_record(rf, "moe", "2026-12-04 11:00", "second", status="interrupted"), tmp_path)
+    (r,) = rf.load_records(tmp_path)
+    assert (r.body, r.status, r.extra) == ("second", "interrupted", {})
+    rf.record_run(_record(rf, "moe", "2026-12-04 12:00", "good"), tmp_path)
+    rf.record_run(_record(rf, "moe", "2026-12-04 13:00", "", status="failed (exit 9)"), tmp_path)
+    (r,) = rf.load_records(tmp_path)
+    assert r.body == "good" and r.extra["failed_run"]["date"] == "2026-12-04 13:00"
+    assert "It printed nothing." in rf.render([r], ["moe"])

@@ -170,3 +170,69 @@ def test_clamped_swiglu_matches_its_formula_in_a_dense_mlp():
     want = mlp.W_out((up.clamp(-0.5, 0.5) + 1) * g * torch.sigmoid(1.5 * g))
     with torch.no_grad():
         torch.testing.assert_close(mlp(x), want, rtol=0, atol=1e-6)
+
+
+def _textbook_softmax_with_sink(scores, sink):
+    """The naive formula: softmax over [keys | sink] (one widened row), split into the keys' part and the sink's."""
+    B, H, c, _ = scores.shape
+    probs = torch.softmax(torch.cat([scores, sink.expand(B, H, c, 1)], dim=-1), dim=-1)  # [B, H, c, n+1]
+    return probs[..., :-1], probs[..., -1]
+
+
+@pytest.mark.parametrize("sink_value", [None, 60.0, -60.0])
+def test_softmax_with_sink_equals_the_widened_softmax(sink_value):
+    # The explicit path's one-softmax-and-rescale (no exp of masked scores) against softmax over [keys | sink]:
+    # random and extreme sinks (all mass / none), masked keys (finfo.min, as the mask writes them), and gradients.
+    from interp.attention import _softmax_with_sink
+
+    g = torch.Generator().manual_seed(5)
+    scores = torch.randn(2, 3, 7, 7, generator=g, dtype=torch.float64) * 4
+    scores = scores + torch.full((7, 7), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)
+    sink = torch.randn(1, 3, 1, 1, generator=g, dtype=torch.float64) * 3
+    if sink_value is not None:
+        sink[0, 1] = sink_value
+    pattern, mass = _softmax_with_sink(scores.clone(), sink)
+    want_pattern, want_mass = _textbook_softmax_with_sink(scores, sink)
+    torch.testing.assert_close(pattern, want_pattern, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(mass, want_mass, rtol=1e-12, atol=1e-15)
+    assert bool((pattern[..., torch.ones(7, 7, dtype=torch.bool).triu(1)] == 0).all())  # masked keys: exactly 0
+    # autograd through the rescaled softmax equals autograd through the widened one
+    weights = torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64)
+    grads = []
+    for fn in (_softmax_with_sink, _textbook_softmax_with_sink):
+        s, k = scores.clone().requires_grad_(), sink.clone().requires_grad_()
+        p, m = fn(s, k)
+        (torch.cat([p, m[..., None]], -1) * weights).sum().backward()
+        grads.append((s.grad, k.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-10, atol=1e-12)
+
+
+def test_recorded_sink_mass_is_unchanged_in_float32():
+    # A gpt-oss-like layer in float32 on a 64-token pass: the recorded pattern and sink mass against the
+    # widened softmax of the recorded scores (the values the earlier exp / sum formula gave, to float rounding).
+    model = _redrawn(_cfg(n_kv_heads=5, n_ctx=64, sliding_window=[16, None]))
+    ids = torch.randint(0, 31, (2, 64), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        _, trace = model.run_with_cache(ids, names_filter=["*hook_attn_scores", "*hook_pattern", "*hook_sink_mass"])
+    for layer in range(2):
+        sink = model.blocks[layer].attn.sinks.view(1, 5, 1, 1)
+        want_pattern, want_mass = _textbook_softmax_with_sink(trace[f"blocks.{layer}.attn.hook_attn_scores"], sink)
+        torch.testing.assert_close(trace.sink_mass(layer), want_mass, rtol=0, atol=1e-6)
+        torch.testing.assert_close(trace.pattern(layer), want_pattern, rtol=0, atol=1e-6)
+
+
+def test_the_fused_sink_path_runs_on_a_fused_kernel():
+    # The sink key's padding gives q, k and v one head size, so SDPA's fused CPU kernel takes the pass; with
+    # unequal sizes it fell back to the unfused math path (~1.4x the attention time), which this refuses.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = _redrawn(_cfg(n_kv_heads=1, d_head=8, sliding_window=[4, None]))
+    ids = torch.randint(0, 31, (2, 12), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = model(ids)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            fused = model(ids)
+        _, trace = model.run_with_cache(ids, names_filter="*hook_sink_mass")  # the explicit path, for reference
+    torch.testing.assert_close(fused, want, rtol=0, atol=0)
+    assert float(trace.sink_mass(0).mean()) > 0.05  # the sinks take mass, so the sink key matters

@@ -8,6 +8,7 @@ targets from each :class:`~interp.data.Batch` in ``begin_batch`` and folds the a
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,78 @@ def offset_targets(T: int, offset: int, rows: slice = slice(None)) -> torch.Tens
     """``[T', S]`` bool, True at ``(q, q + offset)`` for the queries ``rows`` (nothing outside the sequence)."""
     pos = torch.arange(T)
     return pos[None, :] == pos[rows][:, None] + offset  # [T', S]
+
+
+class RowMaxima:
+    """The row maxima of one chunk of pattern rows, shared by the reducers of one hook call (see :func:`row_maxima`).
+
+    Attributes:
+        top: ``[B, H, Tc]`` each row's largest weight.
+        best: ``[B, H, Tc]`` its key (the first one on a tie, as ``argmax``).
+    """
+
+    __slots__ = ("_rows", "_second", "best", "top")
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        self._rows = rows
+        self.top, self.best = rows.max(-1)  # [B, H, Tc] each
+        self._second: torch.Tensor | None = None
+
+    def runner_up(self) -> torch.Tensor:
+        """``[B, H, Tc]``: each row's largest weight once its argmax key is knocked out (-inf for a one-key row).
+
+        The knock-out is written into the rows themselves and undone (the same value put back), which saves a
+        copy of the chunk (on CPU one write and one read of ``[B, H, Tc, S]`` of the ~5 a chunk costs); rows that
+        take part in autograd, or inference tensors outside inference mode, are copied instead.
+        """
+        if self._second is None:
+            rows, best = self._rows, self.best.unsqueeze(-1)  # [B, H, Tc, 1]
+            in_place = not rows.requires_grad and (torch.is_inference_mode_enabled() or not rows.is_inference())
+            if in_place:
+                rows.scatter_(-1, best, float("-inf"))
+                try:
+                    self._second = rows.amax(-1)  # [B, H, Tc]
+                finally:
+                    rows.scatter_(-1, best, self.top.unsqueeze(-1))  # the row is as it was, bit for bit
+            else:
+                self._second = rows.clone().scatter_(-1, best, float("-inf")).amax(-1)  # [B, H, Tc]
+        return self._second
+
+
+#: The last chunk's maxima: (a weak reference to the hook's tensor, the keys read, the maxima).
+_LAST_MAXIMA: list[Any] = [None]
+
+
+def row_maxima(tensor: torch.Tensor, n_keys: int) -> RowMaxima:
+    """Row maxima of the first ``n_keys`` keys of a pattern chunk ``[B, H, Tc, S]``, computed once per hook tensor.
+
+    Several reducers of one pass read the same chunk (the induction scores and the copying score both want each
+    row's argmax): the first call computes them, later calls with the same tensor object and key count reuse
+    them. Only a weak reference to the tensor is kept, so no chunk outlives its hook call.
+
+    Args:
+        tensor: the hook's pattern chunk (float32 or wider is read as it is; half precision is upcast).
+        n_keys: keys read (a causal chunk's rows are exactly zero after its last query).
+
+    Returns:
+        The :class:`RowMaxima` of ``tensor[..., :n_keys]``.
+
+    Example:
+        >>> import torch
+        >>> from interp.analysis._stream import row_maxima
+        >>> p = torch.tensor([[[[0.1, 0.6, 0.3], [0.5, 0.5, 0.0]]]])  # [B=1, H=1, Tc=2, S=3]
+        >>> m = row_maxima(p, 3)
+        >>> m.best.tolist(), m.runner_up().tolist(), row_maxima(p, 3) is m
+        ([[[1, 0]]], [[[0.30000001192092896, 0.5]]], True)
+    """
+    last = _LAST_MAXIMA[0]
+    if last is not None and last[0]() is tensor and last[1] == n_keys:
+        return last[2]
+    rows = tensor.detach()
+    rows = (rows if rows.dtype in (torch.float32, torch.float64) else rows.float())[..., :n_keys]  # [B, H, Tc, n]
+    out = RowMaxima(rows)
+    _LAST_MAXIMA[0] = (weakref.ref(tensor), n_keys, out)
+    return out
 
 
 class TargetReducer(Reducer):
@@ -171,16 +244,15 @@ class TargetReducer(Reducer):
         st = self.state
         entries, rows, n_real = self._targets_for(q0, Tc, p.device)
         real = self._real[:, q0:q0 + Tc].to(p.device)  # [B, Tc]
-        if self.model.cfg.causal and q0 + Tc < S:
-            # A causal pattern is exactly 0 after the chunk's last query: the argmax, the runner-up test and
-            # every target (keys <= query) lie before it, so half the work of a long sequence is skipped.
-            p = p[..., :q0 + Tc]  # [B, H, Tc, q0 + Tc]
-        top, best = p.max(-1)  # [B, H, Tc]
+        # A causal pattern is exactly 0 after the chunk's last query: the argmax, the runner-up test and every
+        # target (keys <= query) lie before it, so half the work of a long sequence is skipped.
+        n_keys = min(S, q0 + Tc) if self.model.cfg.causal else S
+        maxima = row_maxima(tensor, n_keys)  # shared with the pass's other readers of this chunk
+        top, best = maxima.top, maxima.best  # [B, H, Tc]
         # The argmax is unique when no other key lies within tie_tol of the top. The runner-up is the maximum
-        # of a copy with the argmax knocked out: on CPU ~25 % cheaper than comparing and counting every key,
-        # and ~4x cheaper than topk(2).
-        others = p.clone().scatter_(-1, best.unsqueeze(-1), float("-inf"))  # [B, H, Tc, S]
-        unique = others.amax(-1) < top - self.tie_tol  # [B, H, Tc]
+        # with the argmax knocked out: on CPU ~25 % cheaper than comparing and counting every key, and ~4x
+        # cheaper than topk(2).
+        unique = maxima.runner_up() < top - self.tie_tol  # [B, H, Tc]
         st["max_sum"][layer, :H] += (top * real[:, None]).sum((0, 2)).to(st["max_sum"])
         st["max_rows"][layer] += n_real
         # Per target entry (b, c, t, s): the weight there, and whether it is the row's unique argmax; summed per

@@ -29,7 +29,18 @@ import torch
 from ..data import Batch, repeated_tokens_for
 from ..quantized import unembed_rows
 from ..streaming import Reducer, stream
-from ._stream import PATTERN_HOOKS, TargetReducer, head_grid, heads_of, key_allowed, layer_of, offset_targets, state_device, zeros64
+from ._stream import (
+    PATTERN_HOOKS,
+    TargetReducer,
+    head_grid,
+    heads_of,
+    key_allowed,
+    layer_of,
+    offset_targets,
+    row_maxima,
+    state_device,
+    zeros64,
+)
 
 if TYPE_CHECKING:
     from ..model import Transformer
@@ -274,13 +285,12 @@ class CopyingReducer(Reducer):
             if not len(sel):
                 return
             b, q = self._at["b"][sel].to(tensor.device), self._at["q"][sel].to(tensor.device)
-            p = tensor.detach()
-            if self.model.cfg.causal:
-                p = p[..., :q_start + Tc]  # [B, H, Tc, q0 + Tc]: a causal row is 0 after its query (never the max)
-            if 2 * len(sel) > B * Tc:  # most rows scored: one argmax over the chunk beats copying its rows out
-                best = p.argmax(-1)[b, :, q - q_start].to(self._dev)  # [B, H, Tc] -> [n, H]
+            # A causal row is 0 after its query (never the max).
+            n_keys = min(S, q_start + Tc) if self.model.cfg.causal else S
+            if 2 * len(sel) > B * Tc:  # most rows scored: the chunk's argmax, shared with the induction scores
+                best = row_maxima(tensor, n_keys).best[b, :, q - q_start].to(self._dev)  # [B, H, Tc] -> [n, H]
             else:
-                best = p[b, :, q - q_start].argmax(-1).to(self._dev)  # [n, H, S'] -> [n, H]: each row's argmax key
+                best = tensor.detach()[b, :, q - q_start, :n_keys].argmax(-1).to(self._dev)  # [n, H, S'] -> [n, H]
             attended = self._tokens[self._at["b"][sel][:, None], best]  # [n, H]
             if layer not in self._attended:
                 self._attended[layer] = torch.zeros(len(self._b), H, dtype=torch.long, device=self._dev)
@@ -308,6 +318,10 @@ class CopyingReducer(Reducer):
     #: Float32 bytes of W_O held at once: layers are scored in groups below this (one group for small models,
     #: SmolLM2's 30 layers take 40 MB; Llama-3.1-8B's 32 layers of [4096, 4096], 2.1 GB, go one at a time).
     W_O_GROUP_BYTES = 64 * 2**20
+    #: Elements of the largest per-step temporary (``[n, A, M]`` writes, their gathered unembedding columns,
+    #: ``[n, A, K]`` logits): 4M floats keep a step's operands in the last-level cache, where 16M (~64 MB each)
+    #: made the gathers and products memory-bound (SmolLM2 at 1k tokens: 1.9 s a batch instead of 2.4-3.2 s).
+    STEP_ELEMENTS = 2**22
 
     def _layer_groups(self, layers: list[int]) -> list[list[int]]:
         groups: list[list[int]] = [[]]
@@ -361,7 +375,7 @@ class CopyingReducer(Reducer):
             att_group = attended[:, first:first + A]  # [N, A]
             first += A
             K = U.shape[0] if compare is None else compare.shape[1]
-            step = max(1, 2 ** 24 // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes, [n, A, K] logits
+            step = max(1, self.STEP_ELEMENTS // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes, [n, A, K] logits
             below = []
             for i in range(0, N, step):
                 r = torch.einsum("nad,adm->nam", z[i:i + step], w_o)  # [n, A, M]: each head's residual write
@@ -372,7 +386,7 @@ class CopyingReducer(Reducer):
                     below.append((logits < own).to(f32).mean(-1))  # [n, A]
                     continue
                 cmp = compare[i:i + step]  # [n, K]
-                own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
+                own = torch.linalg.vecdot(r, U[att]).unsqueeze(-1)  # [n, A, 1]: the attended token's column
                 logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
                 hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]
                 below.append(hit.to(f32).mean(-1))  # [n, A]

@@ -89,10 +89,11 @@ class RowMaxima:
         best: ``[B, H, Tc]`` its key (the first one on a tie, as ``argmax``).
     """
 
-    __slots__ = ("_rows", "_second", "best", "top")
+    __slots__ = ("_in_place", "_rows", "_second", "best", "top")
 
-    def __init__(self, rows: torch.Tensor) -> None:
+    def __init__(self, rows: torch.Tensor, in_place: bool) -> None:
         self._rows = rows
+        self._in_place = in_place
         self.top, self.best = rows.max(-1)  # [B, H, Tc] each
         self._second: torch.Tensor | None = None
 
@@ -105,8 +106,7 @@ class RowMaxima:
         """
         if self._second is None:
             rows, best = self._rows, self.best.unsqueeze(-1)  # [B, H, Tc, 1]
-            in_place = not rows.requires_grad and (torch.is_inference_mode_enabled() or not rows.is_inference())
-            if in_place:
+            if self._in_place:
                 rows.scatter_(-1, best, float("-inf"))
                 try:
                     self._second = rows.amax(-1)  # [B, H, Tc]
@@ -147,8 +147,12 @@ def row_maxima(tensor: torch.Tensor, n_keys: int) -> RowMaxima:
     if last is not None and last[0]() is tensor and last[1] == n_keys:
         return last[2]
     rows = tensor.detach()
-    rows = (rows if rows.dtype in (torch.float32, torch.float64) else rows.float())[..., :n_keys]  # [B, H, Tc, n]
-    out = RowMaxima(rows)
+    upcast = rows.dtype not in (torch.float32, torch.float64)  # a copy of its own: written into freely
+    rows = (rows.float() if upcast else rows)[..., :n_keys]  # [B, H, Tc, n]
+    # The hook's own tensor is written into (and restored) only outside autograd, and not as an inference tensor
+    # outside inference mode (which refuses in-place writes).
+    in_place = upcast or (not tensor.requires_grad and (torch.is_inference_mode_enabled() or not tensor.is_inference()))
+    out = RowMaxima(rows, in_place)
     _LAST_MAXIMA[0] = (weakref.ref(tensor), n_keys, out)
     return out
 
@@ -181,6 +185,7 @@ class TargetReducer(Reducer):
 
     names = PATTERN_HOOKS
     reads_query_chunks = True
+    reads_cut_rows = True  # a causal row's targets and maxima lie at keys <= its query
     #: Target entries per query row and category below which a chunk's entries are kept for the next layers.
     CACHE_ENTRIES_PER_ROW = 8
 
@@ -237,7 +242,7 @@ class TargetReducer(Reducer):
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
         q0 = q_start
-        p = tensor.detach().float()  # [B, H, Tc, S]
+        p = tensor.detach().float()  # [B, H, Tc, S] (S = q0 + Tc when handed over cut)
         B, H, Tc, S = p.shape
         if H == 0:
             return

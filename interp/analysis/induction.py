@@ -122,6 +122,7 @@ class TLHeadDetectorReducer(Reducer):
 
     names = PATTERN_HOOKS
     reads_query_chunks = True
+    reads_cut_rows = True  # the detection rows are cut to the chunk's keys
 
     def __init__(self, model: Transformer, *, exclude_bos: bool = False, exclude_current_token: bool = False) -> None:
         super().__init__()
@@ -161,7 +162,7 @@ class TLHeadDetectorReducer(Reducer):
             p[:, :, rows, rows + q0] = 0
         self._den[:, layer, :H] += p.sum((2, 3)).to(self._den)
         for k in _KINDS:
-            det = self._dets[k][:, q0:q0 + Tc].to(p)  # [B, Tc, S]
+            det = self._dets[k][:, q0:q0 + Tc, :p.shape[-1]].to(p)  # [B, Tc, S] (S = q0 + Tc when cut)
             self._num[k][:, layer, :H] += (p * det[:, None]).sum((2, 3)).to(self._den)
 
     def end_batch(self) -> None:
@@ -221,6 +222,7 @@ class CopyingReducer(Reducer):
     """
 
     reads_query_chunks = True
+    reads_cut_rows = True  # a causal row's argmax lies at a key <= its query
 
     def __init__(self, model: Transformer, *, max_rows: int | None = None, seed: int = 0,
                  comparisons: int | None = 256) -> None:

@@ -45,7 +45,7 @@ from ._stream import (
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["induction_scores", "repeated_tokens_for", "induction_targets", "tl_detection_patterns",
+__all__ = ["induction_scores", "repeated_tokens_for", "induction_targets", "tl_detection_patterns", "tl_detection_rows",
            "InductionReducer", "TLHeadDetectorReducer", "CopyingReducer"]
 
 _DEFINITIONS = ("interp", "transformer_lens")
@@ -102,6 +102,50 @@ def tl_detection_patterns(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"previous_token": prev.tril(), "duplicate_token": dup, "induction": ind.tril()}
 
 
+def tl_detection_rows(tokens: torch.Tensor, mask: torch.Tensor | None, rows: slice, n_keys: int
+                      ) -> dict[str, torch.Tensor]:
+    """The rows ``rows`` of :func:`tl_detection_patterns` of every sequence of a batch, placed at its real tokens'
+    positions, for its first ``n_keys`` keys: ``{kind: [B, T', n_keys] bool}``, built without a ``[T, T]`` matrix.
+
+    TL scores each unpadded sequence, so "previous" means the previous real token: previous-token is the key that
+    precedes the query among the real tokens; duplicate-token the earlier real keys holding the query's token;
+    induction the real keys up to the query (itself included) whose previous real token is the query's token.
+
+    Args:
+        tokens: ``[B, T]`` token ids.
+        mask: ``[B, T]`` attention mask (1 = real token) or None.
+        rows: the query positions.
+        n_keys: the keys to cover (``T``, or fewer for a causal chunk cut after its last query).
+
+    Returns:
+        ``{"previous_token", "duplicate_token", "induction": [B, T', n_keys] bool}``.
+
+    Example:
+        >>> import torch
+        >>> from interp.analysis.induction import tl_detection_patterns, tl_detection_rows
+        >>> toks = torch.tensor([[5, 6, 7, 5, 6, 7]])
+        >>> rows = tl_detection_rows(toks, None, slice(2, 5), 5)
+        >>> torch.equal(rows["induction"][0].float(), tl_detection_patterns(toks[0])["induction"][2:5, :5])
+        True
+    """
+    B, T = tokens.shape
+    real = Batch(tokens, mask).real  # [B, T]
+    pos = torch.arange(T)
+    # The previous real position of each position (-1: none): the running maximum of the real positions before it.
+    before = torch.where(real, pos, -1).cummax(1).values  # [B, T] the last real position <= each position
+    prev_pos = torch.cat([torch.full((B, 1), -1), before[:, :-1]], 1)  # [B, T]
+    prev_tok = tokens.gather(1, prev_pos.clamp(min=0))  # [B, T] (meaningless where prev_pos < 0)
+    q, k = pos[rows], pos[:n_keys]  # [T'], [n]
+    tok_q, real_q = tokens[:, rows], real[:, rows]  # [B, T'] each
+    both = real_q[:, :, None] & real[:, None, :n_keys]  # [B, T', n]: TL sees real tokens only
+    return {
+        "previous_token": both & (k[None, None, :] == prev_pos[:, rows, None]),
+        "duplicate_token": both & (k[None, :] < q[:, None])[None] & (tok_q[:, :, None] == tokens[:, None, :n_keys]),
+        "induction": both & (k[None, :] <= q[:, None])[None] & (prev_pos[:, None, :n_keys] >= 0)
+        & (tok_q[:, :, None] == prev_tok[:, None, :n_keys]),
+    }
+
+
 # --- reducers -------------------------------------------------------------------------------------------
 class InductionReducer(TargetReducer):
     """The ``interp`` scores: previous-token, duplicate-token and induction targets of each batch
@@ -136,15 +180,9 @@ class TLHeadDetectorReducer(Reducer):
 
     def begin_batch(self, batch: Batch) -> None:
         tokens = batch.tokens
-        B, T = tokens.shape
-        real = batch.real  # [B, T]
-        dets = {k: torch.zeros(B, T, T) for k in _KINDS}
-        for b in range(B):
-            idx = real[b].nonzero().flatten()  # positions of the real tokens (right or left padding)
-            for k, d in tl_detection_patterns(tokens[b, idx]).items():
-                dets[k][b][idx[:, None], idx[None, :]] = d
-        self._dets = {k: d.to(self._dev) for k, d in dets.items()}  # [B, T, T] each, moved once a batch
-        self._real = real.to(self._dev)
+        B = tokens.shape[0]
+        self._batch = batch
+        self._real = batch.real.to(self._dev)  # [B, T]
         L, H = self._shape
         self._num = {k: zeros64(B, L, H, device=self._dev) for k in _KINDS}
         self._den = zeros64(B, L, H, device=self._dev)
@@ -152,8 +190,8 @@ class TLHeadDetectorReducer(Reducer):
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
         q0 = q_start
-        p = tensor.detach().float().clone()  # [B, H, Tc, S]
-        H, Tc = p.shape[1], p.shape[2]
+        p = tensor.detach().float().clone()  # [B, H, Tc, S] (S = q0 + Tc when handed over cut)
+        H, Tc, S = p.shape[1], p.shape[2], p.shape[3]
         p = p * self._real[:, None, q0:q0 + Tc, None].to(p)  # padding rows do not exist in TL's run
         if self.exclude_bos:
             p[..., 0] = 0
@@ -161,8 +199,10 @@ class TLHeadDetectorReducer(Reducer):
             rows = torch.arange(Tc)
             p[:, :, rows, rows + q0] = 0
         self._den[:, layer, :H] += p.sum((2, 3)).to(self._den)
+        # The chunk's detection rows, built anew for each layer: keeping them would hold [B, T, T] per batch.
+        dets = tl_detection_rows(self._batch.tokens, self._batch.mask, slice(q0, q0 + Tc), S)
         for k in _KINDS:
-            det = self._dets[k][:, q0:q0 + Tc, :p.shape[-1]].to(p)  # [B, Tc, S] (S = q0 + Tc when cut)
+            det = dets[k].to(p)  # [B, Tc, S]
             self._num[k][:, layer, :H] += (p * det[:, None]).sum((2, 3)).to(self._den)
 
     def end_batch(self) -> None:

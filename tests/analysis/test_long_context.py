@@ -358,3 +358,25 @@ def test_row_maxima_are_shared_and_leave_the_rows_as_they_were():
     version = q._version
     torch.testing.assert_close(row_maxima(q, 6).runner_up(), naive)
     assert q._version == version
+
+
+def test_tl_detection_rows_are_the_rows_of_tls_patterns_at_the_real_tokens():
+    """The TransformerLens detector builds each chunk's detection rows, never a [T, T] matrix: they equal TL's
+    whole patterns of each unpadded sequence placed at its real positions (left, right and gapped padding)."""
+    from interp.analysis.induction import tl_detection_patterns, tl_detection_rows
+
+    g = torch.Generator().manual_seed(12)
+    tokens = torch.randint(0, 4, (3, 15), generator=g)  # few token ids: many duplicates
+    mask = torch.ones(3, 15, dtype=torch.long)
+    mask[0, :5] = 0
+    mask[1, 11:] = 0
+    mask[2, [3, 4, 9]] = 0
+    for b in range(3):
+        idx = mask[b].nonzero().flatten()
+        for kind, d in tl_detection_patterns(tokens[b, idx]).items():
+            want = torch.zeros(15, 15)
+            want[idx[:, None], idx[None, :]] = d
+            for q0, c in ((0, 4), (4, 4), (8, 7)):
+                got = tl_detection_rows(tokens, mask, slice(q0, q0 + c), q0 + c)[kind][b]  # [c, q0 + c]
+                assert torch.equal(got.float(), want[q0:q0 + c, :q0 + c]), (kind, b, q0)
+                assert not want[q0:q0 + c, q0 + c:].any()  # nothing after the chunk's last query

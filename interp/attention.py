@@ -350,8 +350,8 @@ class _AttentionBase(nn.Module):
         S = k.shape[2]
         # Causal query chunk: its last query sees no key past its own position, so the keys after it are dropped
         # before QK^T (flash-attention style: a chunk of rows [c, n] instead of [c, S], half the work of a whole
-        # causal pattern). Hooks still see [B, H, c, S]: the dropped scores are the mask's finfo.min and their
-        # pattern weights exact zeros, as the unchunked softmax gives them.
+        # causal pattern). Hooks still see [B, H, c, S] (the dropped scores are the mask's finfo.min and their
+        # pattern weights exact zeros, as the unchunked softmax gives them), unless they all take cut rows.
         n_keys = min(S, mask.start + q_slice.stop - mask.key_start) if mask.causal and q_slice.stop is not None else S
         v_all = v
         if n_keys < S:
@@ -365,8 +365,10 @@ class _AttentionBase(nn.Module):
         if half:
             q, k = q.float(), k.float()
         # Group query heads under their K/V head instead of repeating K/V: no copy of the cache.
-        qg = q.reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
-        scores = (qg @ k.transpose(-1, -2)).mul_(scale)  # [B, K, G*T, S]
+        # The scale goes on the queries, [c, Dq], not on the scores, [c, n]: one pass less over the chunk's rows
+        # (exact where the scale is a power of two, 1 / sqrt(64) for example; within an ulp otherwise).
+        qg = (q * scale).reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
+        scores = qg @ k.transpose(-1, -2)  # [B, K, G*T, S]
         scores = scores.view(B, H, T, -1)  # [B, H, T, S]
         if self.softcap is not None:
             scores = torch.tanh(scores.div_(self.softcap)) * self.softcap  # before the mask, as Gemma 2
@@ -379,11 +381,16 @@ class _AttentionBase(nn.Module):
         elif (add := mask.additive(scores.dtype, scores.device, q_slice)) is not None:
             scores = scores.add_(add[..., :n_keys])  # in place: this pass's own buffer (add's backward needs neither)
         # A hook's own padded tensor (edited in place or not) is read up to the chunk's keys; a new tensor a hook
-        # returns may unmask any key, so it is used whole, with all of v.
+        # returns may unmask any key, so it is used whole, with all of v. Hooks that all read cut rows
+        # (QueryChunkHook(cut_rows=True): the streamed reducers) get the chunk's [B, H, c, n] as computed: no
+        # padded [B, H, c, S] copy per chunk and layer, and a replacement they return covers the same keys.
         if self.hook_attn_scores.active:
-            padded = _pad_keys(scores, S, torch.finfo(scores.dtype).min)  # [B, H, c, S]
-            returned = self.hook_attn_scores(padded, q_slice.start)
-            scores, v = (returned[..., :n_keys], v) if returned is padded else (returned, v_all)
+            if n_keys < S and self.hook_attn_scores.takes_cut_rows:
+                scores = self.hook_attn_scores(scores, q_slice.start)  # [B, H, c, n]
+            else:
+                padded = _pad_keys(scores, S, torch.finfo(scores.dtype).min)  # [B, H, c, S]
+                returned = self.hook_attn_scores(padded, q_slice.start)
+                scores, v = (returned[..., :n_keys], v) if returned is padded else (returned, v_all)
         if self.sinks is None:
             pattern = torch.softmax(scores, dim=-1)  # [B, H, c, n or S]
         else:
@@ -391,9 +398,12 @@ class _AttentionBase(nn.Module):
             # Read-only: the sink's value is zero, so z is the pattern's alone (edit hook_pattern to intervene).
             self.hook_sink_mass(sink_mass, q_slice.start)  # [B, H, c]
         if self.hook_pattern.active:
-            padded = _pad_keys(pattern, S, 0.0)  # [B, H, c, S]
-            returned = self.hook_pattern(padded, q_slice.start)
-            pattern, v = (returned[..., :v.shape[2]], v) if returned is padded else (returned, v_all)
+            if pattern.shape[-1] == v.shape[2] < S and self.hook_pattern.takes_cut_rows:
+                pattern = self.hook_pattern(pattern, q_slice.start)  # [B, H, c, n]: the rows as computed
+            else:
+                padded = _pad_keys(pattern, S, 0.0)  # [B, H, c, S]
+                returned = self.hook_pattern(padded, q_slice.start)
+                pattern, v = (returned[..., :v.shape[2]], v) if returned is padded else (returned, v_all)
         if half:
             pattern = pattern.to(v.dtype)
         z = pattern.reshape(B, K, G * T, -1) @ v  # [B, K, G*T, Dv]

@@ -37,6 +37,12 @@ class QueryChunkHook:
     non-attention hooks always get 0). Plain ``fn(tensor, hook)`` functions keep the TransformerLens
     signature.
 
+    ``cut_rows=True``: the function accepts a causal chunk's score / pattern rows cut after the chunk's last
+    query's key, ``[B, H, c, n]`` with ``n = q_start + c`` keys (without a cache), instead of all ``S`` keys; the
+    keys cut are the ones no query of the chunk may see (masked scores, exact zero weights). When every hook on
+    a score / pattern point accepts them, attention hands its rows over as it computed them, with no padded
+    copy per chunk and layer; a replacement such a hook returns has the cut shape and covers the cut keys only.
+
     Example:
         >>> from interp.hooks import QueryChunkHook
         >>> from interp.examples import model, tokens
@@ -45,12 +51,14 @@ class QueryChunkHook:
         ...     model(tokens)
     """
 
-    __slots__ = ("fn",)
+    __slots__ = ("cut_rows", "fn")
 
-    def __init__(self, fn: Callable[[torch.Tensor, HookPoint, int], torch.Tensor | None]) -> None:
+    def __init__(self, fn: Callable[[torch.Tensor, HookPoint, int], torch.Tensor | None], *,
+                 cut_rows: bool = False) -> None:
         if not callable(fn):
             raise TypeError(f"QueryChunkHook needs a callable, got {type(fn).__name__}")
         self.fn = fn
+        self.cut_rows = cut_rows
 
     def __call__(self, x: torch.Tensor, hook: HookPoint, q_start: int = 0) -> torch.Tensor | None:
         return self.fn(x, hook, q_start)
@@ -72,6 +80,12 @@ class HookPoint(nn.Module):
     def active(self) -> bool:
         """True when at least one hook is attached (the model uses this to skip optional work)."""
         return bool(self._fns)
+
+    @property
+    def takes_cut_rows(self) -> bool:
+        """True when hooks are attached and every one is a :class:`QueryChunkHook` with ``cut_rows``: attention
+        may then hand a causal chunk's rows over without the keys after its last query."""
+        return bool(self._fns) and all(type(fn) is QueryChunkHook and fn.cut_rows for fn in self._fns)
 
     def add_hook(self, fn: HookFn) -> Callable[[], None]:
         """Attach ``fn``; returns a function that removes exactly this hook."""

@@ -48,10 +48,18 @@ class Reducer:
     ``q_start``), so :func:`stream` may compute a long sequence's attention a chunk of queries at a time
     (:func:`auto_query_chunk`) and no ``[B, H, T, T]`` pattern ever exists (memory linear in T). False by default: a reducer written
     for whole patterns keeps getting them.
+
+    ``reads_cut_rows``: the reducer also folds a causal chunk's rows cut after the chunk's last query's key,
+    ``[B, H, c, n]`` with ``n = q_start + c`` keys in a pass without a cache (the keys cut are exactly the
+    ones no query of the chunk may see: zero weights, masked scores), so it must take the key count from the
+    tensor, never assume ``S = T``. When every hook on a score / pattern point is such a reducer, attention
+    hands its rows over as computed (:class:`~interp.hooks.QueryChunkHook` ``cut_rows``): no padded
+    ``[B, H, c, S]`` copy per chunk and layer (on average half of it zeros). False by default.
     """
 
     names: NamesFilter = None
     reads_query_chunks: bool = False
+    reads_cut_rows: bool = False
 
     def __init__(self) -> None:
         self.state: dict[str, torch.Tensor] = {}
@@ -191,7 +199,8 @@ class MeanReducer(Reducer):
 
 def _reducer_hooks(model: Transformer, reducers: Sequence[Reducer]) -> list[tuple[list[str], QueryChunkHook]]:
     """The one place where reducers meet hooks: each gets its hook points, with the query offset."""
-    return [(resolve_names(r.names, model.hook_names), QueryChunkHook(_updating(r))) for r in reducers]
+    return [(resolve_names(r.names, model.hook_names), QueryChunkHook(_updating(r), cut_rows=r.reads_cut_rows))
+            for r in reducers]
 
 
 def _updating(reducer: Reducer) -> Callable[[torch.Tensor, HookPoint, int], None]:
@@ -247,7 +256,8 @@ def _layer_ticks(names: Sequence[str], order: Sequence[str], within: Any) -> lis
     if not last:
         return []
     n_blocks = max(last) + 1  # the pass stops after the last block any reducer reads, or runs them all
-    return [([n], QueryChunkHook(_ticking(within, (layer + 1) / n_blocks))) for layer, n in sorted(last.items())]
+    return [([n], QueryChunkHook(_ticking(within, (layer + 1) / n_blocks), cut_rows=True))  # reads no tensor
+            for layer, n in sorted(last.items())]
 
 
 def _ticking(within: Callable[[float], Any], fraction: float) -> Callable[[torch.Tensor, HookPoint, int], None]:
@@ -307,9 +317,13 @@ def _query_chunk(model: Any, chunk: int | None) -> Any:
             a.query_chunk = c
 
 
-def _stop_hook(t: torch.Tensor, hook: Any, q0: int) -> None:
-    if q0 + t.shape[-2] >= t.shape[-1]:  # the last query chunk (without a cache, queries = keys)
-        raise _StopForward
+def _stop_after(queries: list[int]) -> Callable[[torch.Tensor, HookPoint, int], None]:
+    """The hook that ends the pass after the chunk holding the last of ``queries[0]`` queries (set per batch): the
+    rows' key count cannot tell, since a chunk handed over cut ends at its own last query."""
+    def stop(t: torch.Tensor, hook: HookPoint, q0: int) -> None:
+        if q0 + t.shape[-2] >= queries[0]:  # the last query chunk
+            raise _StopForward
+    return stop
 
 
 def _stop_now(t: torch.Tensor, hook: Any, q0: int) -> None:
@@ -384,8 +398,9 @@ def stream(
         # Someone draws this pass (interp.progress.listen): report it layer by layer, with the reducers.
         batches = reported = progress_bar(batches, desc=desc, progress=True, total=total, state=reducers)
         hooks += _layer_ticks([n for names, _ in hooks for n in names], model.hook_names, reported.within)
+    queries = [0]  # the current batch's length: the stop hook's last query chunk
     if stop is not None:  # after the reducers' own hooks on that point, so they see its tensor first
-        hooks.append(([stop[0]], QueryChunkHook(_stop_hook if stop[1] else _stop_now)))
+        hooks.append(([stop[0]], QueryChunkHook(_stop_after(queries) if stop[1] else _stop_now, cut_rows=True)))
     sharded = torch.distributed.is_available() and torch.distributed.is_initialized()
     if sharded:  # the single-process path never imports interp.distributed
         from . import distributed
@@ -407,6 +422,7 @@ def stream(
             _query_chunk(model, chunk):
         for batch in batches:
             check_length(model, batch.tokens.shape[1])
+            queries[0] = batch.tokens.shape[1]
             for r in reducers:
                 r.begin_batch(batch)
             kwargs = {} if batch.mask is None else {"attention_mask": batch.mask.to(device)}

@@ -26,7 +26,8 @@ target mask; interp.analysis' TargetReducer builds [B, chunk, S] target masks pe
 
 ``--smollm2``: ``classify_heads`` with its pattern scorers (``--kinds``) on SmolLM2-135M at ``--lengths``
 (default 1k, 2k, 4k, 8k), batch 1, one thread, each length in its own subprocess: peak RSS above the weights,
-each streamed pass's seconds against one SDPA forward of the same length, and (up to ``--check-upto`` tokens)
+each streamed pass's seconds against one SDPA forward of the same length (``--reps`` repetitions interleaved in
+one process, medians, the load average printed), and (up to ``--check-upto`` tokens)
 the largest score difference against the same scorers fed whole materialised patterns.
 
 Usage:
@@ -240,10 +241,19 @@ def run(quick: bool = False, lengths: list[int] | None = None, chunk: int = 256,
 SMOL_KINDS = ["positional", "previous-token", "duplicate-token", "induction", "sink", "retrieval"]
 
 
-def smol_child(T: int, kinds: list[str], check: bool) -> None:
-    """classify_heads on SmolLM2 at ``T`` tokens (batch 1, one thread), then one plain SDPA forward of ``T``
-    tokens; prints a JSON line. ``check``: also run the same scorers with every pattern materialised whole
-    (``set_query_chunk(T)``) and report the largest score difference."""
+def smol_child(T: int, kinds: list[str], check: bool, reps: int) -> None:
+    """classify_heads on SmolLM2 at ``T`` tokens (batch 1, one thread) against one plain SDPA forward of ``T``
+    tokens; prints a JSON line.
+
+    The first classify_heads run is the warm-up and the memory measurement (peak RSS); then ``reps`` repetitions
+    each run classify_heads (every streamed pass timed on its own) and one SDPA forward, in an order shuffled anew
+    every repetition (:func:`benchutil.time_interleaved`'s rule), so that load from other processes hits both
+    alike. The figure per pass is its median over the repetitions, over the median SDPA forward. ``check``: also
+    run the same scorers with every pattern materialised whole (``set_query_chunk(T)``) and report the largest
+    score difference."""
+    import random
+    import statistics
+
     import interp
     import interp.analysis.taxonomy as taxonomy
     from interp.analysis import classify_heads
@@ -271,10 +281,10 @@ def smol_child(T: int, kinds: list[str], check: bool) -> None:
         return classify_heads(model, tokens=text, induction_tokens=repeats, kinds=kinds, batch_size=1, n_seqs=1,
                               options={"needle_context": T} if "retrieval" in kinds else None, progress=False)
 
+    load = [os.getloadavg()]
     with torch.inference_mode():
         report = classify()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        chunked = list(passes)  # the check's passes below are not timed as classify_heads' own
         diff = None
         if check:
             model.set_query_chunk(T)  # one chunk: every [1, H, T, T] pattern whole, as before chunking existed
@@ -283,33 +293,46 @@ def smol_child(T: int, kinds: list[str], check: bool) -> None:
             diff = max(float((a.select_dtypes("number") - b.select_dtypes("number")).abs().max().max())
                        for k, a in report.details.items() if isinstance(a, __import__("pandas").DataFrame)
                        for b in [whole.details[k]])
-        t0 = time.perf_counter()
-        model(text)  # the fast path: SDPA, no hooks
-        sdpa = time.perf_counter() - t0
-    print(json.dumps({"T": T, "weights": weights, "setup_rss": setup, "peak_rss": peak, "passes": chunked,
-                      "sdpa": sdpa, "diff": diff, "rows": len(report.df)}))
+        model(text)  # warm the fast path too
+        runs: dict[str, list] = {"classify": [], "sdpa": []}
+        rng = random.Random(0)
+        for _ in range(reps):
+            for name in rng.sample(list(runs), 2):
+                passes.clear()
+                t0 = time.perf_counter()
+                classify() if name == "classify" else model(text)  # the fast path: SDPA, no hooks
+                runs[name].append(list(passes) if name == "classify" else time.perf_counter() - t0)
+            load.append(os.getloadavg())
+    per_pass = [statistics.median(r[i] for r in runs["classify"]) for i in range(len(runs["classify"][0]))]
+    print(json.dumps({"T": T, "weights": weights, "setup_rss": setup, "peak_rss": peak, "passes": per_pass,
+                      "sdpa": statistics.median(runs["sdpa"]), "sdpa_runs": runs["sdpa"],
+                      "pass_runs": runs["classify"], "diff": diff, "rows": len(report.df),
+                      "load": [round(x[0], 2) for x in load]}))
 
 
-def run_smol(lengths: list[int], kinds: list[str], check_upto: int) -> str:
-    rows = ["| tokens | peak RSS - weights (MiB) | added by classify_heads (MiB) | passes (s) | SDPA forward (s) | "
-            "pass / SDPA | max score diff vs whole patterns |", "|---:|---:|---:|---|---:|---:|---:|"]
+def run_smol(lengths: list[int], kinds: list[str], check_upto: int, reps: int) -> str:
+    rows = ["| tokens | peak RSS - weights (MiB) | added by classify_heads (MiB) | passes (s, median) | SDPA forward "
+            "(s, median) | slowest pass / SDPA | max score diff vs whole patterns | load avg (1 min) over the reps |",
+            "|---:|---:|---:|---|---:|---:|---:|---|"]
     for T in lengths:
-        cmd = [sys.executable, os.path.abspath(__file__), "--smol-child", str(T), "--kinds", *kinds]
+        cmd = [sys.executable, os.path.abspath(__file__), "--smol-child", str(T), "--kinds", *kinds, "--reps",
+               str(reps)]
         if T <= check_upto:
             cmd.append("--check")
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
-            rows.append(f"| {T} | failed: {(p.stderr.strip().splitlines() or ['?'])[-1]} | | | | | |")
+            rows.append(f"| {T} | failed: {(p.stderr.strip().splitlines() or ['?'])[-1]} | | | | | | |")
             continue
         r = json.loads(p.stdout.strip().splitlines()[-1])
         ratio = max(r["passes"]) / r["sdpa"]
         rows.append(f"| {T} | {(r['peak_rss'] - r['weights']) / 2**20:,.0f} | {(r['peak_rss'] - r['setup_rss']) / 2**20:,.0f}"
                     f" | {', '.join(f'{x:.1f}' for x in r['passes'])} | {r['sdpa']:.1f} | {ratio:.2f} | "
-                    f"{'' if r['diff'] is None else format(r['diff'], '.1e')} |")
+                    f"{'' if r['diff'] is None else format(r['diff'], '.1e')} | {r['load']} |")
         print(rows[-1], flush=True)
     return (f"## bench_long_context --smollm2 (1 torch thread, batch 1)\n\n{machine_info()}\n\nclassify_heads(kinds="
-            f"{kinds}) on SmolLM2-135M (fp32), one sequence per pass; pass / SDPA is the slowest pass over one "
-            f"SDPA forward of the same length.\n\n" + "\n".join(rows))
+            f"{kinds}) on SmolLM2-135M (fp32), one sequence per pass; {reps} repetitions, classify_heads and one SDPA "
+            f"forward interleaved in a shuffled order; pass / SDPA is the slowest pass's median over the median SDPA "
+            f"forward of the same length.\n\n" + "\n".join(rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,14 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smollm2", action="store_true", help="classify_heads on SmolLM2-135M (--lengths, --kinds)")
     p.add_argument("--kinds", nargs="+", default=SMOL_KINDS)
     p.add_argument("--check-upto", type=int, default=2048, help="compare with whole patterns up to this length")
+    p.add_argument("--reps", type=int, default=3, help="--smollm2: interleaved timed repetitions per length")
     p.add_argument("--smol-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.smol_child:
-        smol_child(a.smol_child, a.kinds, a.check)
+        smol_child(a.smol_child, a.kinds, a.check, a.reps)
         return 0
     if a.smollm2:
-        print(run_smol(a.lengths or [1024, 2048, 4096, 8192], a.kinds, a.check_upto))
+        print(run_smol(a.lengths or [1024, 2048, 4096, 8192], a.kinds, a.check_upto, a.reps))
         return 0
     if a.child:
         child(a.child[0], int(a.child[1]), a.chunk)

@@ -8,6 +8,7 @@ targets from each :class:`~interp.data.Batch` in ``begin_batch`` and folds the a
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,99 @@ def offset_targets(T: int, offset: int, rows: slice = slice(None)) -> torch.Tens
     return pos[None, :] == pos[rows][:, None] + offset  # [T', S]
 
 
+class RowMaxima:
+    """The row maxima of one chunk of pattern rows, shared by the reducers of one hook call (see :func:`row_maxima`).
+
+    Attributes:
+        top: ``[B, H, Tc]`` each row's largest weight.
+        best: ``[B, H, Tc]`` its key (the first one on a tie, as ``argmax``).
+    """
+
+    __slots__ = ("_in_place", "_rows", "_second", "best", "top")
+
+    def __init__(self, rows: torch.Tensor, in_place: bool) -> None:
+        self._rows = rows
+        self._in_place = in_place
+        self.top, self.best = rows.max(-1)  # [B, H, Tc] each
+        self._second: torch.Tensor | None = None
+
+    def runner_up(self) -> torch.Tensor:
+        """``[B, H, Tc]``: each row's largest weight once its argmax key is knocked out (-inf for a one-key row).
+
+        The knock-out is written into the rows themselves and undone (the same value put back), which saves a
+        copy of the chunk (on CPU one write and one read of ``[B, H, Tc, S]`` of the ~5 a chunk costs); rows that
+        take part in autograd, or inference tensors outside inference mode, are copied instead.
+        """
+        if self._second is None:
+            rows, best = self._rows, self.best.unsqueeze(-1)  # [B, H, Tc, 1]
+            if self._in_place:
+                rows.scatter_(-1, best, float("-inf"))
+                try:
+                    self._second = rows.amax(-1)  # [B, H, Tc]
+                finally:
+                    rows.scatter_(-1, best, self.top.unsqueeze(-1))  # the row is as it was, bit for bit
+            else:
+                self._second = rows.clone().scatter_(-1, best, float("-inf")).amax(-1)  # [B, H, Tc]
+        return self._second
+
+    def unique_at(self, b: torch.Tensor, t: torch.Tensor, where: torch.Tensor, tie_tol: float) -> torch.Tensor:
+        """Whether the argmax of rows ``(b[i], h, t[i])`` is unique (no other key within ``tie_tol`` of the top),
+        asked only where ``where[i, h]``: ``[N, H]`` bool (False elsewhere).
+
+        On a CPU, when those rows are fewer than half the chunk's (an argmax rarely lands on a target), only
+        they are copied out for the runner-up, instead of reading every row of the chunk once more.
+        """
+        top = self.top[b, :, t]  # [N, H]
+        if self._second is None and self._rows.device.type == "cpu" and 2 * int(where.sum()) < self.top.numel():
+            i, h = where.nonzero(as_tuple=True)  # [m] each: the entries and heads asked about
+            rows = self._rows[b[i], h, t[i]]  # [m, n]: a copy of those rows only
+            second = rows.scatter_(-1, self.best[b[i], h, t[i]].unsqueeze(-1), float("-inf")).amax(-1)  # [m]
+            out = torch.zeros_like(where)
+            out[i, h] = second < top[i, h] - tie_tol
+            return out
+        return where & (self.runner_up()[b, :, t] < top - tie_tol)  # [N, H]
+
+
+#: The last chunk's maxima: (a weak reference to the hook's tensor, the keys read, the maxima).
+_LAST_MAXIMA: list[Any] = [None]
+
+
+def row_maxima(tensor: torch.Tensor, n_keys: int) -> RowMaxima:
+    """Row maxima of the first ``n_keys`` keys of a pattern chunk ``[B, H, Tc, S]``, computed once per hook tensor.
+
+    Several reducers of one pass read the same chunk (the induction scores and the copying score both want each
+    row's argmax): the first call computes them, later calls with the same tensor object and key count reuse
+    them. Only a weak reference to the tensor is kept, so no chunk outlives its hook call.
+
+    Args:
+        tensor: the hook's pattern chunk (float32 or wider is read as it is; half precision is upcast).
+        n_keys: keys read (a causal chunk's rows are exactly zero after its last query).
+
+    Returns:
+        The :class:`RowMaxima` of ``tensor[..., :n_keys]``.
+
+    Example:
+        >>> import torch
+        >>> from interp.analysis._stream import row_maxima
+        >>> p = torch.tensor([[[[0.1, 0.6, 0.3], [0.5, 0.5, 0.0]]]])  # [B=1, H=1, Tc=2, S=3]
+        >>> m = row_maxima(p, 3)
+        >>> m.best.tolist(), m.runner_up().tolist(), row_maxima(p, 3) is m
+        ([[[1, 0]]], [[[0.30000001192092896, 0.5]]], True)
+    """
+    last = _LAST_MAXIMA[0]
+    if last is not None and last[0]() is tensor and last[1] == n_keys:
+        return last[2]
+    rows = tensor.detach()
+    upcast = rows.dtype not in (torch.float32, torch.float64)  # a copy of its own: written into freely
+    rows = (rows.float() if upcast else rows)[..., :n_keys]  # [B, H, Tc, n]
+    # The hook's own tensor is written into (and restored) only outside autograd, and not as an inference tensor
+    # outside inference mode (which refuses in-place writes).
+    in_place = upcast or (not tensor.requires_grad and (torch.is_inference_mode_enabled() or not tensor.is_inference()))
+    out = RowMaxima(rows, in_place)
+    _LAST_MAXIMA[0] = (weakref.ref(tensor), n_keys, out)
+    return out
+
+
 class TargetReducer(Reducer):
     """Folds, per head, how much attention lands on a target set of keys and how often the argmax does.
 
@@ -109,6 +203,7 @@ class TargetReducer(Reducer):
 
     names = PATTERN_HOOKS
     reads_query_chunks = True
+    reads_cut_rows = True  # a causal row's targets and maxima lie at keys <= its query
     #: Target entries per query row and category below which a chunk's entries are kept for the next layers.
     CACHE_ENTRIES_PER_ROW = 8
 
@@ -165,30 +260,29 @@ class TargetReducer(Reducer):
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
         q0 = q_start
-        p = tensor.detach().float()  # [B, H, Tc, S]
+        p = tensor.detach().float()  # [B, H, Tc, S] (S = q0 + Tc when handed over cut)
         B, H, Tc, S = p.shape
         if H == 0:
             return
         st = self.state
         entries, rows, n_real = self._targets_for(q0, Tc, p.device)
         real = self._real[:, q0:q0 + Tc].to(p.device)  # [B, Tc]
-        if self.model.cfg.causal and q0 + Tc < S:
-            # A causal pattern is exactly 0 after the chunk's last query: the argmax, the runner-up test and
-            # every target (keys <= query) lie before it, so half the work of a long sequence is skipped.
-            p = p[..., :q0 + Tc]  # [B, H, Tc, q0 + Tc]
-        top, best = p.max(-1)  # [B, H, Tc]
-        # The argmax is unique when no other key lies within tie_tol of the top. The runner-up is the maximum
-        # of a copy with the argmax knocked out: on CPU ~25 % cheaper than comparing and counting every key,
-        # and ~4x cheaper than topk(2).
-        others = p.clone().scatter_(-1, best.unsqueeze(-1), float("-inf"))  # [B, H, Tc, S]
-        unique = others.amax(-1) < top - self.tie_tol  # [B, H, Tc]
+        # A causal pattern is exactly 0 after the chunk's last query: the argmax, the runner-up test and every
+        # target (keys <= query) lie before it, so half the work of a long sequence is skipped.
+        n_keys = min(S, q0 + Tc) if self.model.cfg.causal else S
+        maxima = row_maxima(tensor, n_keys)  # shared with the pass's other readers of this chunk
+        top, best = maxima.top, maxima.best  # [B, H, Tc]
+        # The argmax is unique when no other key lies within tie_tol of the top (RowMaxima.unique_at). The
+        # runner-up is the maximum with the argmax knocked out: on CPU ~25 % cheaper than comparing and counting
+        # every key, and ~4x cheaper than topk(2); it is asked only of rows whose argmax is a target.
         st["max_sum"][layer, :H] += (top * real[:, None]).sum((0, 2)).to(st["max_sum"])
         st["max_rows"][layer] += n_real
         # Per target entry (b, c, t, s): the weight there, and whether it is the row's unique argmax; summed per
         # category. A row's argmax is one key, so it hits at most one of the row's targets of a category.
         b, c, t, s = entries.unbind(1)  # [N] each
         weight = p[b, :, t, s]  # [N, H]
-        hit = (best[b, :, t] == s[:, None]) & unique[b, :, t]  # [N, H]
+        hit = best[b, :, t] == s[:, None]  # [N, H]: the argmax is a target; is it unique?
+        hit &= maxima.unique_at(b, t, hit, self.tie_tol)  # [N, H]
         C = len(self.categories)
         st["mass"][:, layer, :H] += torch.zeros(C, H, dtype=st["mass"].dtype, device=p.device).index_add_(
             0, c, weight.to(st["mass"].dtype)).to(st["mass"])

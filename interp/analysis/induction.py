@@ -29,12 +29,23 @@ import torch
 from ..data import Batch, repeated_tokens_for
 from ..quantized import unembed_rows
 from ..streaming import Reducer, stream
-from ._stream import PATTERN_HOOKS, TargetReducer, head_grid, heads_of, key_allowed, layer_of, offset_targets, state_device, zeros64
+from ._stream import (
+    PATTERN_HOOKS,
+    TargetReducer,
+    head_grid,
+    heads_of,
+    key_allowed,
+    layer_of,
+    offset_targets,
+    row_maxima,
+    state_device,
+    zeros64,
+)
 
 if TYPE_CHECKING:
     from ..model import Transformer
 
-__all__ = ["induction_scores", "repeated_tokens_for", "induction_targets", "tl_detection_patterns",
+__all__ = ["induction_scores", "repeated_tokens_for", "induction_targets", "tl_detection_patterns", "tl_detection_rows",
            "InductionReducer", "TLHeadDetectorReducer", "CopyingReducer"]
 
 _DEFINITIONS = ("interp", "transformer_lens")
@@ -91,6 +102,50 @@ def tl_detection_patterns(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"previous_token": prev.tril(), "duplicate_token": dup, "induction": ind.tril()}
 
 
+def tl_detection_rows(tokens: torch.Tensor, mask: torch.Tensor | None, rows: slice, n_keys: int
+                      ) -> dict[str, torch.Tensor]:
+    """The rows ``rows`` of :func:`tl_detection_patterns` of every sequence of a batch, placed at its real tokens'
+    positions, for its first ``n_keys`` keys: ``{kind: [B, T', n_keys] bool}``, built without a ``[T, T]`` matrix.
+
+    TL scores each unpadded sequence, so "previous" means the previous real token: previous-token is the key that
+    precedes the query among the real tokens; duplicate-token the earlier real keys holding the query's token;
+    induction the real keys up to the query (itself included) whose previous real token is the query's token.
+
+    Args:
+        tokens: ``[B, T]`` token ids.
+        mask: ``[B, T]`` attention mask (1 = real token) or None.
+        rows: the query positions.
+        n_keys: the keys to cover (``T``, or fewer for a causal chunk cut after its last query).
+
+    Returns:
+        ``{"previous_token", "duplicate_token", "induction": [B, T', n_keys] bool}``.
+
+    Example:
+        >>> import torch
+        >>> from interp.analysis.induction import tl_detection_patterns, tl_detection_rows
+        >>> toks = torch.tensor([[5, 6, 7, 5, 6, 7]])
+        >>> rows = tl_detection_rows(toks, None, slice(2, 5), 5)
+        >>> torch.equal(rows["induction"][0].float(), tl_detection_patterns(toks[0])["induction"][2:5, :5])
+        True
+    """
+    B, T = tokens.shape
+    real = Batch(tokens, mask).real  # [B, T]
+    pos = torch.arange(T)
+    # The previous real position of each position (-1: none): the running maximum of the real positions before it.
+    before = torch.where(real, pos, -1).cummax(1).values  # [B, T] the last real position <= each position
+    prev_pos = torch.cat([torch.full((B, 1), -1), before[:, :-1]], 1)  # [B, T]
+    prev_tok = tokens.gather(1, prev_pos.clamp(min=0))  # [B, T] (meaningless where prev_pos < 0)
+    q, k = pos[rows], pos[:n_keys]  # [T'], [n]
+    tok_q, real_q = tokens[:, rows], real[:, rows]  # [B, T'] each
+    both = real_q[:, :, None] & real[:, None, :n_keys]  # [B, T', n]: TL sees real tokens only
+    return {
+        "previous_token": both & (k[None, None, :] == prev_pos[:, rows, None]),
+        "duplicate_token": both & (k[None, :] < q[:, None])[None] & (tok_q[:, :, None] == tokens[:, None, :n_keys]),
+        "induction": both & (k[None, :] <= q[:, None])[None] & (prev_pos[:, None, :n_keys] >= 0)
+        & (tok_q[:, :, None] == prev_tok[:, None, :n_keys]),
+    }
+
+
 # --- reducers -------------------------------------------------------------------------------------------
 class InductionReducer(TargetReducer):
     """The ``interp`` scores: previous-token, duplicate-token and induction targets of each batch
@@ -111,6 +166,7 @@ class TLHeadDetectorReducer(Reducer):
 
     names = PATTERN_HOOKS
     reads_query_chunks = True
+    reads_cut_rows = True  # the detection rows are cut to the chunk's keys
 
     def __init__(self, model: Transformer, *, exclude_bos: bool = False, exclude_current_token: bool = False) -> None:
         super().__init__()
@@ -124,15 +180,9 @@ class TLHeadDetectorReducer(Reducer):
 
     def begin_batch(self, batch: Batch) -> None:
         tokens = batch.tokens
-        B, T = tokens.shape
-        real = batch.real  # [B, T]
-        dets = {k: torch.zeros(B, T, T) for k in _KINDS}
-        for b in range(B):
-            idx = real[b].nonzero().flatten()  # positions of the real tokens (right or left padding)
-            for k, d in tl_detection_patterns(tokens[b, idx]).items():
-                dets[k][b][idx[:, None], idx[None, :]] = d
-        self._dets = {k: d.to(self._dev) for k, d in dets.items()}  # [B, T, T] each, moved once a batch
-        self._real = real.to(self._dev)
+        B = tokens.shape[0]
+        self._batch = batch
+        self._real = batch.real.to(self._dev)  # [B, T]
         L, H = self._shape
         self._num = {k: zeros64(B, L, H, device=self._dev) for k in _KINDS}
         self._den = zeros64(B, L, H, device=self._dev)
@@ -140,8 +190,8 @@ class TLHeadDetectorReducer(Reducer):
     def update(self, name: str, tensor: torch.Tensor, *, q_start: int) -> None:
         layer = layer_of(name)
         q0 = q_start
-        p = tensor.detach().float().clone()  # [B, H, Tc, S]
-        H, Tc = p.shape[1], p.shape[2]
+        p = tensor.detach().float().clone()  # [B, H, Tc, S] (S = q0 + Tc when handed over cut)
+        H, Tc, S = p.shape[1], p.shape[2], p.shape[3]
         p = p * self._real[:, None, q0:q0 + Tc, None].to(p)  # padding rows do not exist in TL's run
         if self.exclude_bos:
             p[..., 0] = 0
@@ -149,8 +199,10 @@ class TLHeadDetectorReducer(Reducer):
             rows = torch.arange(Tc)
             p[:, :, rows, rows + q0] = 0
         self._den[:, layer, :H] += p.sum((2, 3)).to(self._den)
+        # The chunk's detection rows, built anew for each layer: keeping them would hold [B, T, T] per batch.
+        dets = tl_detection_rows(self._batch.tokens, self._batch.mask, slice(q0, q0 + Tc), S)
         for k in _KINDS:
-            det = self._dets[k][:, q0:q0 + Tc].to(p)  # [B, Tc, S]
+            det = dets[k].to(p)  # [B, Tc, S]
             self._num[k][:, layer, :H] += (p * det[:, None]).sum((2, 3)).to(self._den)
 
     def end_batch(self) -> None:
@@ -210,6 +262,7 @@ class CopyingReducer(Reducer):
     """
 
     reads_query_chunks = True
+    reads_cut_rows = True  # a causal row's argmax lies at a key <= its query
 
     def __init__(self, model: Transformer, *, max_rows: int | None = None, seed: int = 0,
                  comparisons: int | None = 256) -> None:
@@ -274,13 +327,12 @@ class CopyingReducer(Reducer):
             if not len(sel):
                 return
             b, q = self._at["b"][sel].to(tensor.device), self._at["q"][sel].to(tensor.device)
-            p = tensor.detach()
-            if self.model.cfg.causal:
-                p = p[..., :q_start + Tc]  # [B, H, Tc, q0 + Tc]: a causal row is 0 after its query (never the max)
-            if 2 * len(sel) > B * Tc:  # most rows scored: one argmax over the chunk beats copying its rows out
-                best = p.argmax(-1)[b, :, q - q_start].to(self._dev)  # [B, H, Tc] -> [n, H]
+            # A causal row is 0 after its query (never the max).
+            n_keys = min(S, q_start + Tc) if self.model.cfg.causal else S
+            if 2 * len(sel) > B * Tc:  # most rows scored: the chunk's argmax, shared with the induction scores
+                best = row_maxima(tensor, n_keys).best[b, :, q - q_start].to(self._dev)  # [B, H, Tc] -> [n, H]
             else:
-                best = p[b, :, q - q_start].argmax(-1).to(self._dev)  # [n, H, S'] -> [n, H]: each row's argmax key
+                best = tensor.detach()[b, :, q - q_start, :n_keys].argmax(-1).to(self._dev)  # [n, H, S'] -> [n, H]
             attended = self._tokens[self._at["b"][sel][:, None], best]  # [n, H]
             if layer not in self._attended:
                 self._attended[layer] = torch.zeros(len(self._b), H, dtype=torch.long, device=self._dev)
@@ -308,6 +360,10 @@ class CopyingReducer(Reducer):
     #: Float32 bytes of W_O held at once: layers are scored in groups below this (one group for small models,
     #: SmolLM2's 30 layers take 40 MB; Llama-3.1-8B's 32 layers of [4096, 4096], 2.1 GB, go one at a time).
     W_O_GROUP_BYTES = 64 * 2**20
+    #: Elements of the largest per-step temporary (``[n, A, M]`` writes, their gathered unembedding columns,
+    #: ``[n, A, K]`` logits): 4M floats keep a step's operands in the last-level cache, where 16M (~64 MB each)
+    #: made the gathers and products memory-bound (SmolLM2 at 1k tokens: 1.9 s a batch instead of 2.4-3.2 s).
+    STEP_ELEMENTS = 2**22
 
     def _layer_groups(self, layers: list[int]) -> list[list[int]]:
         groups: list[list[int]] = [[]]
@@ -361,7 +417,7 @@ class CopyingReducer(Reducer):
             att_group = attended[:, first:first + A]  # [N, A]
             first += A
             K = U.shape[0] if compare is None else compare.shape[1]
-            step = max(1, 2 ** 24 // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes, [n, A, K] logits
+            step = max(1, self.STEP_ELEMENTS // (A * max(K, M)))  # rows per chunk: bounds the [n, A, M] writes, [n, A, K] logits
             below = []
             for i in range(0, N, step):
                 r = torch.einsum("nad,adm->nam", z[i:i + step], w_o)  # [n, A, M]: each head's residual write
@@ -372,7 +428,7 @@ class CopyingReducer(Reducer):
                     below.append((logits < own).sum(-1))  # [n, A]: tokens below, counted
                     continue
                 cmp = compare[i:i + step]  # [n, K]
-                own = (r * U[att]).sum(-1, keepdim=True)  # [n, A, 1]: the attended token's column
+                own = torch.linalg.vecdot(r, U[att]).unsqueeze(-1)  # [n, A, 1]: the attended token's column
                 logits = torch.bmm(r, U[cmp].transpose(1, 2))  # [n, A, K]
                 hit = (logits < own) & (cmp[:, None, :] != att[..., None])  # [n, A, K]
                 below.append(hit.sum(-1))  # [n, A]: comparison tokens below, counted

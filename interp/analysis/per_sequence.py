@@ -45,6 +45,7 @@ class PerSequenceMass(Reducer):
 
     names = PATTERN_HOOKS
     reads_query_chunks = True
+    reads_cut_rows = True  # the targets are cut to the chunk's keys for the mass
 
     def __init__(self, model: Any, categories: list[str], targets: Targets) -> None:
         super().__init__()
@@ -70,9 +71,10 @@ class PerSequenceMass(Reducer):
         tgt = self._targets(self._batch, slice(q_start, q_start + Tc))
         real = self._batch.real[:, q_start:q_start + Tc]  # [B, Tc]
         for c in self.categories:
-            t = tgt[c] & real[..., None]  # [B, Tc, S]
+            t = tgt[c] & real[..., None]  # [B, Tc, T]
             valid = t.any(-1)  # [B, Tc]
-            mass = (p * t[:, None].to(p)).sum((2, 3))  # [B, H]
+            # A cut chunk's rows end at its last query (S = q_start + Tc): the weight on any later key is zero.
+            mass = (p * t[:, None, :, :S].to(p)).sum((2, 3))  # [B, H]
             self._mass[c][:, layer, :H] += mass.double().cpu()
             self._rows[c][:, layer] += valid.sum(-1).double()
 

@@ -60,6 +60,7 @@ class SinkReducer(Reducer):
     """
 
     reads_query_chunks = True
+    reads_cut_rows = True  # only the first real key is read, on rows after it
 
     def __init__(self, model: Any) -> None:
         super().__init__()
@@ -116,10 +117,12 @@ class SinkReducer(Reducer):
             rows = self._real[:, q_start:q_start + Tc]  # [B, Tc]
             self._mass[:, layer, :H] += (t * rows[:, None]).sum(-1).double()
             return
-        B, H, Tc, S = t.shape  # pattern chunk
+        B, H, Tc, S = t.shape  # pattern chunk (S = q_start + Tc when handed over cut)
         q = torch.arange(q_start, q_start + Tc, device=self._dev)  # [Tc]
         rows = self._real[:, q_start:q_start + Tc] & (q[None, :] > self._first[:, None])  # [B, Tc]
-        on_first = t.gather(-1, self._first[:, None, None, None].expand(B, H, Tc, 1))[..., 0]  # [B, H, Tc]
+        # A cut chunk may end before a left-padded sequence's first real key: its rows are all masked out then.
+        first = self._first.clamp(max=S - 1)[:, None, None, None].expand(B, H, Tc, 1)  # [B, H, Tc, 1]
+        on_first = t.gather(-1, first)[..., 0]  # [B, H, Tc]
         self._mass[:, layer, :H] += (on_first * rows[:, None]).sum(-1).double()
 
     def end_batch(self) -> None:

@@ -220,3 +220,184 @@ def test_a_chunked_classify_pass_never_creates_a_whole_pattern(monkeypatch):
     with LargestTensor() as seen:
         classify_heads(model, **args)
     assert seen.largest <= whole_pattern // 2, seen.largest
+
+
+# --- cut rows: a causal chunk's rows handed to reducers without the keys after its last query -------------------
+class Rows(Reducer):
+    """Keeps a copy of every score / pattern chunk it is handed, and declares cut rows or not."""
+
+    names = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_attn_scores"]
+    reads_query_chunks = True
+
+    def __init__(self, cut: bool) -> None:
+        super().__init__()
+        self.reads_cut_rows = cut
+        self.seen: dict[tuple[str, int], torch.Tensor] = {}
+
+    def update(self, name, tensor, *, q_start):
+        self.seen[(name, q_start)] = tensor.clone()
+
+    def result(self):
+        return self.seen
+
+
+def _left_padded(T=21, seed=8):
+    tokens = torch.randint(0, 20, (2, T), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(2, T, dtype=torch.long)
+    mask[1, :6] = 0  # left padding longer than a chunk: the first chunk of row 1 holds no real key
+    return [{"tokens": tokens, "attention_mask": mask}]
+
+
+@pytest.mark.parametrize("variant", ["gqa-rotary", "mla"])
+def test_cut_rows_are_the_padded_rows_up_to_the_chunks_last_query(variant):
+    """A reducer that reads cut rows gets [B, H, c, q0 + c]: exactly the padded rows' first keys; the padded rows'
+    other keys are exact zeros (pattern) and the mask's finfo.min (scores). The pass runs every chunk of the layer
+    it stops after, and the model's outputs do not change."""
+    model = redrawn(tiny_model(variant=variant))
+    data = _left_padded()
+    cut, padded = Rows(True), Rows(False)
+    stream(model, data, [cut], query_chunk=4)
+    stream(model, data, [padded], query_chunk=4)
+    assert cut.seen.keys() == padded.seen.keys()
+    assert {q0 for (n, q0) in cut.seen if n == "blocks.1.attn.hook_pattern"} == {0, 4, 8, 12, 16, 20}
+    for (name, q0), rows in cut.seen.items():
+        whole = padded.seen[(name, q0)]
+        c = rows.shape[2]
+        assert rows.shape == (*whole.shape[:3], q0 + c) and whole.shape[-1] == 21
+        assert torch.equal(rows, whole[..., :q0 + c])
+        rest = whole[..., q0 + c:]
+        fill = 0.0 if name.endswith("pattern") else torch.finfo(whole.dtype).min
+        assert torch.equal(rest, torch.full_like(rest, fill))
+
+
+def test_one_hook_that_wants_padded_rows_gets_every_hook_padded_rows():
+    model = redrawn(tiny_model(variant="gqa-rotary"))
+    data = _left_padded()
+    cut, padded = Rows(True), Rows(False)
+    stream(model, data, [cut, padded], query_chunk=4)
+    assert {t.shape[-1] for t in cut.seen.values()} == {21}
+    for key, rows in cut.seen.items():
+        assert torch.equal(rows, padded.seen[key])
+
+
+def test_a_cut_rows_hook_may_replace_the_rows_it_was_given():
+    """A QueryChunkHook(cut_rows=True) that returns a new pattern of the cut shape changes the output as the same
+    edit of the padded pattern does (its keys are the ones the chunk sees)."""
+    from interp.hooks import QueryChunkHook
+
+    model = redrawn(tiny_model(variant="gqa-rotary"))
+    tokens = torch.randint(0, 20, (1, 13), generator=torch.Generator().manual_seed(9))
+
+    def flatten(t, hook, q0):  # each row uniform over the keys its query may see
+        keep = (torch.arange(t.shape[-1])[None, :] <= torch.arange(q0, q0 + t.shape[-2])[:, None]).to(t)
+        return (keep / keep.sum(-1, keepdim=True)).expand_as(t).contiguous()  # [c, n or S] -> [B, H, c, n or S]
+
+    outs = []
+    for cut in (True, False):
+        model.set_query_chunk(5)
+        try:
+            with torch.no_grad(), model.hooks([("blocks.0.attn.hook_pattern", QueryChunkHook(flatten, cut_rows=cut))]):
+                outs.append(model(tokens))
+        finally:
+            model.set_query_chunk(None)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=0)
+
+
+def _reducers(model):
+    from interp.analysis.induction import CopyingReducer, InductionReducer, TLHeadDetectorReducer, induction_targets
+    from interp.analysis.per_sequence import PerSequenceMass
+    from interp.analysis.positional import PositionalReducer
+    from interp.analysis.sink import SinkReducer
+
+    return [PositionalReducer(model), SinkReducer(model), InductionReducer(model), TLHeadDetectorReducer(model),
+            CopyingReducer(model, comparisons=8),
+            PerSequenceMass(model, ["induction"], lambda b, rows: induction_targets(b.tokens, b.mask, True, rows))]
+
+
+def test_every_cut_rows_reducer_folds_the_same_state_as_from_padded_rows():
+    """Each reducer that declares reads_cut_rows, fed cut rows and then (the flag switched off) padded rows of the
+    same left-padded chunks, ends with the same state: the sink's first real key lies after the first chunk."""
+    model = redrawn(tiny_model(variant="gqa-rotary", d_vocab=20))
+    half = torch.randint(0, 20, (2, 10), generator=torch.Generator().manual_seed(10))
+    tokens = torch.cat([half, half], 1)  # [2, 20] repeats: every score has rows
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, :6] = 0
+    data = [{"tokens": tokens, "attention_mask": mask}]
+    cut, padded = _reducers(model), _reducers(model)
+    for r in padded:
+        assert r.reads_cut_rows
+        r.reads_cut_rows = False
+    stream(model, data, cut, query_chunk=4)
+    stream(model, data, padded, query_chunk=4)
+    for a, b in zip(cut, padded):
+        folded_a, folded_b = (r.state or r.values() for r in (a, b))  # PerSequenceMass keeps per-sequence values
+        assert folded_a.keys() == folded_b.keys() and folded_a, type(a).__name__
+        for k in folded_a:
+            torch.testing.assert_close(folded_a[k], folded_b[k], atol=1e-6, rtol=0, equal_nan=True,
+                                       msg=f"{type(a).__name__} {k}")
+    assert float(cut[1].state["n"]) == 2  # both sequences have sink rows
+
+
+def test_row_maxima_are_shared_and_leave_the_rows_as_they_were():
+    from interp.analysis._stream import row_maxima
+
+    g = torch.Generator().manual_seed(11)
+    p = torch.softmax(torch.randn(2, 3, 5, 7, generator=g), -1)  # [B, H, Tc, S]
+    p[0, 0, 0] = torch.tensor([0.4, 0.0, 0.4, 0.2, 0.0, 0.0, 0.0])  # a tie: the first key is the argmax
+    before = p.clone()
+    m = row_maxima(p, 6)
+    assert row_maxima(p, 6) is m and row_maxima(p, 7) is not m  # one computation per tensor and key count
+    want_top, want_best = p[..., :6].max(-1)
+    second = m.runner_up()
+    assert torch.equal(p, before)  # knocked out in place, then written back bit for bit
+    assert torch.equal(m.top, want_top) and torch.equal(m.best, want_best) and int(m.best[0, 0, 0]) == 0
+    assert float(second[0, 0, 0]) == pytest.approx(0.4)  # the tie: the runner-up equals the top
+    naive = torch.stack([torch.sort(r[:6], descending=True).values[1] for r in p.reshape(-1, 7)]).view(2, 3, 5)
+    assert torch.equal(second, naive)
+    q = before.clone().requires_grad_(True)  # part of autograd: copied, never written into
+    version = q._version
+    torch.testing.assert_close(row_maxima(q, 6).runner_up(), naive)
+    assert q._version == version
+
+
+def test_tl_detection_rows_are_the_rows_of_tls_patterns_at_the_real_tokens():
+    """The TransformerLens detector builds each chunk's detection rows, never a [T, T] matrix: they equal TL's
+    whole patterns of each unpadded sequence placed at its real positions (left, right and gapped padding)."""
+    from interp.analysis.induction import tl_detection_patterns, tl_detection_rows
+
+    g = torch.Generator().manual_seed(12)
+    tokens = torch.randint(0, 4, (3, 15), generator=g)  # few token ids: many duplicates
+    mask = torch.ones(3, 15, dtype=torch.long)
+    mask[0, :5] = 0
+    mask[1, 11:] = 0
+    mask[2, [3, 4, 9]] = 0
+    for b in range(3):
+        idx = mask[b].nonzero().flatten()
+        for kind, d in tl_detection_patterns(tokens[b, idx]).items():
+            want = torch.zeros(15, 15)
+            want[idx[:, None], idx[None, :]] = d
+            for q0, c in ((0, 4), (4, 4), (8, 7)):
+                got = tl_detection_rows(tokens, mask, slice(q0, q0 + c), q0 + c)[kind][b]  # [c, q0 + c]
+                assert torch.equal(got.float(), want[q0:q0 + c, :q0 + c]), (kind, b, q0)
+                assert not want[q0:q0 + c, q0 + c:].any()  # nothing after the chunk's last query
+
+
+def test_unique_argmax_asked_of_a_few_rows_or_of_many_is_that_of_the_whole_chunk():
+    """RowMaxima.unique_at copies out only the rows asked about when they are few, and reads the whole chunk's
+    runner-up when they are many: both answers equal the naive test on every row (ties included)."""
+    from interp.analysis._stream import row_maxima
+
+    g = torch.Generator().manual_seed(13)
+    p = torch.softmax(torch.randn(2, 3, 6, 9, generator=g), -1)  # [B, H, Tc, S]
+    p[1, 2, 4] = torch.tensor([0.3, 0.3, 0.2, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0])  # a tie at the top
+    b = torch.tensor([0, 1, 1, 0, 1, 0, 1, 0])
+    t = torch.tensor([0, 4, 2, 5, 4, 1, 3, 3])
+    top2 = p.topk(2, dim=-1).values  # [B, H, Tc, 2]
+    naive = (top2[..., 1] < top2[..., 0] - 1e-6)[b, :, t]  # [N, H]
+    for where in (torch.tensor([[True, False, False]] + [[False, False, True]] * 7),  # 8 of 36 rows: copied out
+                  torch.ones(8, 3, dtype=torch.bool)):  # 24 of 36 rows: the chunk's runner-up
+        maxima = row_maxima(p.clone(), 9)
+        got = maxima.unique_at(b, t, where, 1e-6)
+        assert (maxima._second is None) == (where.sum() < 18)  # which way it went
+        assert torch.equal(got, naive & where)
+    assert not bool(naive[1, 2])  # the tie is no unique argmax

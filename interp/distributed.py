@@ -147,9 +147,30 @@ def rank() -> int:
     return torch.distributed.get_rank() if active() else 0
 
 
+_this_rank = rank  # rank() under a name that rank_and_world's parameter does not shadow
+
+
 def world_size() -> int:
     """The number of processes (1 when not distributed)."""
     return torch.distributed.get_world_size() if active() else 1
+
+
+def rank_and_world(rank: int | None = None, world: int | None = None) -> tuple[int, int]:
+    """``(rank, world)``: the ones given, else this process's (:func:`rank`, :func:`world_size`).
+
+    Raises:
+        ValueError: ``rank`` is not in ``0 .. world - 1``.
+
+    Example:
+        >>> from interp.distributed import rank_and_world
+        >>> rank_and_world(1, 4), rank_and_world()
+        ((1, 4), (0, 1))
+    """
+    rank = _this_rank() if rank is None else rank
+    world = world_size() if world is None else world
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank} is not in 0..{world - 1} (world={world})")
+    return rank, world
 
 
 # --- launching ranks on this machine (``--nproc N``) -------------------------------------------------------

@@ -314,9 +314,10 @@ class Pipeline:
             if self.first > halt:
                 return None, tokens, mask  # nothing this rank computes is read
             if halt < self.stop:  # this rank's layer: stop there, like streaming.stream (after the savers)
-                from .streaming import _stop_hook, _stop_now
+                from .streaming import _stop_after, _stop_now
 
-                fwd_hooks = [*fwd_hooks, ([stop[0]], QueryChunkHook(_stop_hook if stop[1] else _stop_now))]
+                ends = _stop_after([T]) if stop[1] else _stop_now  # after the chunk holding the last query
+                fwd_hooks = [*fwd_hooks, ([stop[0]], QueryChunkHook(ends, cut_rows=True))]
                 last = self.rank  # no later rank runs
         kw: dict[str, Any] = {}
         if self.rank > 0:

@@ -463,6 +463,18 @@ def _name_and_tokenizer(model: Transformer, header: dict[str, Any], path: Path, 
 
 
 
+
+def _checkpoint_file(path: str | Path) -> tuple[Path, str]:
+    """``(path, its name for messages)`` of a checkpoint file that exists.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint file at {str(path)!r}")
+    return path, str(path)
+
 def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: int | None = None,
                           device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
     """This rank's slice of a checkpoint for :class:`interp.pipeline.Pipeline`: its blocks (and the embedding on
@@ -497,14 +509,8 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
     from ..pipeline import stage_prefixes
 
     check_dtype(dtype)
-    rank = distributed.rank() if rank is None else rank
-    world = distributed.world_size() if world is None else world
-    if not 0 <= rank < world:
-        raise ValueError(f"rank={rank} is not in 0..{world - 1} (world={world})")
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint file at {str(path)!r}")
-    where = str(path)
+    rank, world = distributed.rank_and_world(rank, world)
+    path, where = _checkpoint_file(path)
     header, _, _ = _file_index(path)
     cfg = _config_from_header(header, where)
     held = stage_prefixes(build(cfg, device="meta"), rank, world)
@@ -608,14 +614,8 @@ def load_checkpoint_heads(path: str | Path, *, rank: int | None = None, world: i
     from ..tensor_parallel import shard_heads, shard_slices, zero_output_biases
 
     check_dtype(dtype)
-    rank = distributed.rank() if rank is None else rank
-    world = distributed.world_size() if world is None else world
-    if not 0 <= rank < world:
-        raise ValueError(f"rank={rank} is not in 0..{world - 1} (world={world})")
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint file at {str(path)!r}")
-    where = str(path)
+    rank, world = distributed.rank_and_world(rank, world)
+    path, where = _checkpoint_file(path)
     header, index, start = _file_index(path)
     cfg = _config_from_header(header, where)
     _check_stored(where, cfg, {k: tuple(v[1]) for k, v in index.items()}, {k: v[0] for k, v in index.items()})

@@ -365,10 +365,15 @@ class _AttentionBase(nn.Module):
         if half:
             q, k = q.float(), k.float()
         # Group query heads under their K/V head instead of repeating K/V: no copy of the cache.
-        # The scale goes on the queries, [c, Dq], not on the scores, [c, n]: one pass less over the chunk's rows
-        # (exact where the scale is a power of two, 1 / sqrt(64) for example; within an ulp otherwise).
-        qg = (q * scale).reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
-        scores = qg @ k.transpose(-1, -2)  # [B, K, G*T, S]
+        # A power-of-two scale (1 / sqrt(64), say) goes on the queries, [c, Dq], which saves a pass over the chunk's
+        # rows and rounds exactly as scaling the scores; any other scale multiplies the scores, as the naive formula
+        # and HF eager do (on the queries it would round differently).
+        if math.frexp(scale)[0] == 0.5:
+            qg = (q * scale).reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
+            scores = qg @ k.transpose(-1, -2)  # [B, K, G*T, S]
+        else:
+            qg = q.reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
+            scores = (qg @ k.transpose(-1, -2)).mul_(scale)  # [B, K, G*T, S]
         scores = scores.view(B, H, T, -1)  # [B, H, T, S]
         if self.softcap is not None:
             scores = torch.tanh(scores.div_(self.softcap)) * self.softcap  # before the mask, as Gemma 2

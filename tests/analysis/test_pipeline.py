@@ -28,14 +28,19 @@ CFG = ModelConfig(n_layers=4, d_model=32, n_heads=4, n_kv_heads=2, d_vocab=50, n
                   normalization="rms", activation="swiglu", tie_embeddings=True)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
+def write_checkpoint(folder: Path) -> Path:
+    """The pipeline tests' model (CFG, every parameter redrawn: the default init leaves norms at 1), saved."""
     model = build(CFG, seed=0)
     gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # redraw everything: the default init leaves norms at 1
+    with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return save_checkpoint(model, tmp_path_factory.mktemp("pipe") / "model.safetensors")
+    return save_checkpoint(model, folder / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("pipe"))
 
 
 def _read(out: Path, case: str, world: int) -> list[dict]:

@@ -6,7 +6,6 @@ the whole checkpoint: equal, not close. The single-process tests check the routi
 """
 
 import dataclasses
-import pickle
 import sys
 from pathlib import Path
 
@@ -23,28 +22,15 @@ from interp.zoo.checkpoint import load_checkpoint, load_checkpoint_stage, save_c
 
 sys.path.insert(0, str(Path(__file__).parent))
 import pipeline_worker  # noqa: E402 - the ranks' data and settings, shared with the reference computed here
-from test_distributed import launch  # noqa: E402 - the one launcher of local ranks
-from test_pipeline import CFG  # noqa: E402 - the pipeline tests' model: 4 layers, GQA, tied embeddings
+from test_distributed import launch, read  # noqa: E402 - the one launcher of local ranks and its reader
+from test_pipeline import CFG, write_checkpoint  # noqa: E402 - the pipeline tests' model and its file
 
 WORKER = Path(pipeline_worker.__file__)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
-    model = build(CFG, seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # redraw everything: the default init leaves norms at 1
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return save_checkpoint(model, tmp_path_factory.mktemp("pipe_analyses") / "model.safetensors")
-
-
-def _read(out: Path, case: str, world: int) -> list[dict]:
-    results = []
-    for r in range(world):
-        with open(out / f"{case}.rank{r}.pkl", "rb") as f:
-            results.append(pickle.load(f))
-    return results
+    return write_checkpoint(tmp_path_factory.mktemp("pipe_analyses"))
 
 
 def assert_same_report(got: dict, ref) -> None:
@@ -88,7 +74,7 @@ def ranks(tmp_path_factory, checkpoint):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_classify_heads_over_ranks_equals_one_process(world, ranks, checkpoint):
-    got = _read(ranks(world), "classify", world)
+    got = read(ranks(world), "classify", world)
     model = load_checkpoint(checkpoint)
     ref = classify_heads(model, tokens=pipeline_worker.classify_data(), **pipeline_worker.CLASSIFY)
     # Rows of every kind were found (the thresholds are low), so the rows and not only the scores are compared.
@@ -120,7 +106,7 @@ def test_classify_heads_over_ranks_equals_one_process(world, ranks, checkpoint):
 def test_weight_kinds_over_ranks_equal_one_process(world, ranks, checkpoint):
     # Copy suppression, successor and name movers score each head on its own rank from its layer's weights, with
     # rank 0's effective embeddings and the last rank's final norm and unembedding lent: one process's report.
-    got = _read(ranks(world), "classify", world)
+    got = read(ranks(world), "classify", world)
     ref = classify_heads(load_checkpoint(checkpoint), **pipeline_worker.weight_kinds_settings())
     # Rows of every kind, on layers of more than one rank (0 to 3), so rows are joined and not only scores.
     assert set(ref.df.kind) == {"copy-suppression", "successor", "name-mover", "negative-name-mover"}
@@ -139,7 +125,7 @@ def test_weight_kinds_over_ranks_equal_one_process(world, ranks, checkpoint):
 def test_function_vector_over_ranks_equals_one_process(world, ranks, checkpoint):
     # The task-mean z of each head on its own rank, the prefill into each rank's layers of the KV cache, one
     # patched decoding step per layer over every rank, the answer's probability on the last rank.
-    got = _read(ranks(world), "classify", world)
+    got = read(ranks(world), "classify", world)
     ref = classify_heads(load_checkpoint(checkpoint), **pipeline_worker.function_vector_settings())
     assert set(ref.df.layer) == {0, 1, 2, 3}  # heads of every rank pass
     assert ref.details["function-vector"]["aie"].abs().gt(0).all()  # every head's patch changed the answer
@@ -150,7 +136,7 @@ def test_function_vector_over_ranks_equals_one_process(world, ranks, checkpoint)
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_patching_over_ranks_equals_one_process(world, ranks, checkpoint):
-    got = _read(ranks(world), "patching", world)
+    got = read(ranks(world), "patching", world)
     model = load_checkpoint(checkpoint)
     clean, corrupted, _, _ = pipeline_worker.patching_inputs()
     for name, kw in pipeline_worker.patching_settings().items():
@@ -184,7 +170,7 @@ def test_classify_over_a_treebank_on_two_ranks(ud_ewt_dev, tmp_path, monkeypatch
     launch(2, ["classify_treebank"], tmp_path, conllu=str(path), worker=WORKER)
     ref = classify_heads(load_checkpoint(path), **pipeline_worker.treebank_settings(ud_ewt_dev))
     assert len(ref.details["syntactic"]) > 0
-    for res in _read(tmp_path, "classify_treebank", 2):
+    for res in read(tmp_path, "classify_treebank", 2):
         assert_same_report(res["report"], ref)
 
 

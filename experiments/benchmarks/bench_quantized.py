@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.only_big:
         _small_cases(res)
     if a.big:
+        a.dir.mkdir(parents=True, exist_ok=True)
         big = a.dir / "bench-llama-8b-shaped-q4_0.gguf"
         try:
             write_q4_0(big, LLAMA_8B)

@@ -47,8 +47,9 @@ QUANT_TYPES: dict[str, tuple[int, int]] = {
 FLOAT_TYPES: dict[str, torch.dtype] = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 #: Dequantise at most this many float bytes of a weight at once (the rest of the rows wait their turn), so a
-#: [128256, 4096] unembedding never exists in float32 all at once.
-CHUNK_BYTES = 64 * 2**20
+#: [128256, 4096] unembedding never exists in float32 all at once. Dequantising makes a few temporaries of a
+#: chunk's size; 16 MB chunks keep them small, and SmolLM2's forward takes the same time in chunks of 4-64 MB.
+CHUNK_BYTES = 16 * 2**20
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:

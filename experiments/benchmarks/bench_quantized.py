@@ -59,12 +59,14 @@ threading.Thread(target=sample, daemon=True).start()
 # argv: file, "quantized" | "float", tokenizer source (a .gguf whose tokenizer reads TEXT)
 CHILD_MEMORY = _SAMPLER + r"""
 import torch
+import torch._dynamo  # noqa: F401  (torch imports it on a process's first meta-tensor cat: a one-time import)
+import gguf  # noqa: F401  (imported by the first GGUF load: its dequantisers)
 from interp.analysis import classify_heads
 from interp.quantized import quantized_weights
 from interp.zoo.gguf import load_gguf, read_metadata, tokenizer_from_gguf
 path, mode, tok_path, text = sys.argv[1:5]
 torch.set_num_threads(1)
-base = status()["VmRSS"]  # the interpreter with torch and interp imported
+base = status()["VmRSS"]  # the interpreter with torch, torch._dynamo, gguf and interp imported
 t0 = time.perf_counter()
 model = load_gguf(path, keep_quantized=mode == "quantized", tokenizer=False)
 load_s = time.perf_counter() - t0
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {r['file_bytes'] / 1e6:.0f} | {r['max_abs_diff']:.1e} | {r['max_abs_logit']:.1f} | "
                   f"{r['quantized_s']:.3f} | {r['float_s']:.3f} | {r['quantized_s'] / r['float_s']:.1f}x |")
     print("\n### keep_quantized: peak RSS of load + run_with_cache, then of classify_heads (trace deleted)\n")
-    print("RSS figures are added to the interpreter's after importing torch and interp (the 'imports' column).\n")
+    print("RSS figures are added to the interpreter's after importing torch, torch._dynamo, gguf and interp (the 'imports' column).\n")
     print("| case | file (GB) | imports (GB) | load (GB) | trace (GB; of it per-head W_O) | "
           "peak load + cache (GB) | budget 1.3 x file + trace | peak classify (GB) | budget 1.3 x file | "
           "float32 weights (GB) | load / cache / classify (s) |")

@@ -6,7 +6,7 @@ a row, for a few ``K``. Reported per ``K``: the largest and mean absolute error 
 the ``induction`` kind (prefix-matching >= 0.4 and copying >= 0.7, classify_heads' defaults) and of the
 ``copying >= 0.7`` test alone over all heads, with Wilson 95 % intervals.
 
-Usage: python experiments/copying_estimator.py [--model smollm2-135m] [--n-seqs 32] [--out DIR]
+Usage: python experiments/copying_estimator.py --out DIR [--model smollm2-135m] [--n-seqs 32]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--n-seqs", type=int, default=32)
     ap.add_argument("--ks", default="64,256,1024")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", required=True, help="folder for summary.json")
     args = ap.parse_args()
     model = load_model(args.model)
     if getattr(model, "W_U", None) is None or model.cfg.normalization == "post":
@@ -67,7 +67,7 @@ def main() -> None:
         })
     text = json.dumps(out, indent=2)
     print(text)
-    dest = Path(args.out) if args.out else Path(__file__).parent / "results" / "copying" / args.model
+    dest = Path(args.out)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "summary.json").write_text(text + "\n")
 

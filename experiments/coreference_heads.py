@@ -18,7 +18,7 @@ only backward antecedents (on GAP, the rows whose two names precede the pronoun:
 
 Usage (from the repository root)::
 
-    python experiments/coreference_heads.py --model minilm-l6 [--out DIR] [--datasets gap gum]
+    python experiments/coreference_heads.py --model minilm-l6 --out DIR [--datasets gap gum]
         [--max-items N] [--fresh]
 """
 
@@ -31,13 +31,11 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from expt_common import SHARED_DATA as DATA  # noqa: E402 - the scripts' folder is on sys.path
 
 from interp.analysis.coreference import coreference_scores
 from interp.viz import coreference_figure
 from interp.zoo import load
-
-ROOT = Path(__file__).resolve().parent
-from expt_common import SHARED_DATA as DATA  # noqa: E402 - the scripts' folder is on sys.path
 
 DATASETS = {"gap": DATA / "gap" / "gap-development.tsv", "gum": DATA / "gum-coref" / "en_gum-ud-dev.ccby.conllu"}
 FIGURE_GROUP = {"gap": "all", "gum": "all"}
@@ -110,7 +108,8 @@ def summary(model_name: str, results: dict[str, tuple[pd.DataFrame, pd.DataFrame
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="minilm-l6", help="a zoo name or checkpoint path (default minilm-l6)")
-    ap.add_argument("--out", type=Path, default=None, help="default experiments/results/coref/<model>/")
+    ap.add_argument("--out", type=Path, required=True, help="results folder (resumable: datasets already there "
+                                                             "are kept unless --fresh)")
     ap.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=["gap", "gum"])
     ap.add_argument("--gap", type=Path, default=DATASETS["gap"], help="GAP TSV (default: GAP development)")
     ap.add_argument("--gum", type=Path, default=DATASETS["gum"], help="CorefUD CoNLL-U (default: GUM dev CC-BY)")
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     for d in args.datasets:
         if not paths[d].is_file():
             raise SystemExit(f"{d} data not found: {paths[d]}")
-    out = args.out or ROOT / "results" / "coref" / Path(args.model).name
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     model = load(args.model)
     results = {d: run_dataset(model, d, paths[d], out, args) for d in args.datasets}

@@ -5,7 +5,7 @@ Starts ``streamlit run`` on the packaged app on a free localhost port, waits for
 classify_heads on SmolLM2: minutes on a laptop CPU), screenshots the figure, and writes palette PNGs.
 
 Usage:
-    python experiments/dashboard_screenshots.py [--out docs/img] [--timeout 1800]
+    python experiments/dashboard_screenshots.py --out DIR [--timeout 1800]   (docs/howto/dashboard.md shows docs/img)
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def save_png(raw: bytes, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the PNGs (the docs' are in docs/img)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for a page")
     ap.add_argument("--pages", nargs="+", default=["grid", "head_map"], choices=["grid", "head_map"])
     a = ap.parse_args()

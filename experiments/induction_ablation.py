@@ -6,12 +6,12 @@
    except the previous-token heads, which feed the induction heads through K-composition and are part of
    the same circuit.
 
-Writes ``experiments/results/induction_ablation.csv`` (one row per ablation) and
-``experiments/results/induction_ablation.json`` (the report and the verdict).
+Writes ``induction_ablation.csv`` (one row per ablation) and ``induction_ablation.json`` (the report and the
+verdict) into ``--out``.
 
 Usage (from the repository root)::
 
-    python experiments/induction_ablation.py [--checkpoint PATH] [--n-seqs 64] [--half-len 25]
+    python experiments/induction_ablation.py --out DIR [--checkpoint PATH] [--n-seqs 64] [--half-len 25]
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import pandas as pd
 from interp.analysis import classify_heads
 from interp.analysis.ablate import ablation_table
 
-ROOT = Path(__file__).resolve().parent
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,7 +32,7 @@ def main() -> None:
     ap.add_argument("--n-seqs", type=int, default=64)
     ap.add_argument("--half-len", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1234, help="seed of the evaluation sequences")
-    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     from interp.zoo.induction import load_induction_2l
 

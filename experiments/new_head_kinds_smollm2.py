@@ -10,7 +10,7 @@ their stability over 3 disjoint text sets, and the causal test against 20 random
   log-prob of the next ordinal item after three (successor); a paired Wilcoxon test and a bootstrap interval.
 
 Usage:
-    OMP_NUM_THREADS=1 python experiments/new_head_kinds_smollm2.py [--threads 1] [--texts 24] [--json out.json]
+    OMP_NUM_THREADS=1 python experiments/new_head_kinds_smollm2.py --json out.json [--threads 1] [--texts 24]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--causal-texts", type=int, default=16)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--bf16", action="store_true", help="also classify in bfloat16 and compare")
-    ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "new_head_kinds_smollm2.json")
+    ap.add_argument("--json", type=Path, required=True, help="where the figures go")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

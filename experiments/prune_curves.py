@@ -1,10 +1,10 @@
 """Head-pruning curves (importance / L0 / random) for one model, from a config file.
 
 Usage:
-    python experiments/prune_curves.py --config experiments/prune_induction.json
-    python experiments/prune_curves.py --config experiments/prune_minilm.json [--fresh] [--methods importance random]
+    python experiments/prune_curves.py --config experiments/prune_induction.json --out DIR
+    python experiments/prune_curves.py --config experiments/prune_minilm.json --out DIR [--fresh] [--methods importance random]
 
-Results go to the config's ``out_dir`` (experiments/results/prune_<name>/): ``<method>.json`` / ``.csv``,
+Results go to ``--out``: ``<method>.json`` / ``.csv``,
 ``curves.html``, ``summary.json``; finished points are kept in ``partial/``, so an interrupted run picks up where
 it stopped (``--fresh`` starts over). For induction-2l it also writes ``circuit.json``: when the previous-token
 and induction heads were pruned by each method.
@@ -78,7 +78,8 @@ def circuit_report(model, curves: dict, out: Path, threshold: float = 0.5) -> di
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="JSON or YAML config (see interp.pruning.experiment)")
-    ap.add_argument("--out", default=None, help="results folder (default: the config's out_dir)")
+    ap.add_argument("--out", required=True, help="results folder (the configs' out_dir is where the tracked results "
+                                                "came from)")
     ap.add_argument("--methods", nargs="+", default=None, help="subset of importance random l0")
     ap.add_argument("--fresh", action="store_true", help="ignore partial results of an earlier run")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -87,7 +88,7 @@ def main() -> None:
     config = load_config(args.config)
     if args.methods:
         config["methods"] = args.methods
-    out = Path(args.out or config.get("out_dir") or f"experiments/results/prune_{config['name']}")
+    out = Path(args.out)
     from interp.zoo import load
 
     model = load(config["model"]).eval()

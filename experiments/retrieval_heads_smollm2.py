@@ -4,7 +4,7 @@ tokens as the answer copies them), with a paired Wilcoxon test and a bootstrap i
 sets (seeds) for stability.
 
 Usage:
-    OMP_NUM_THREADS=1 python experiments/retrieval_heads_smollm2.py [--context 512] [--needle 16] [--seqs 16]
+    OMP_NUM_THREADS=1 python experiments/retrieval_heads_smollm2.py --json out.json [--context 512] [--needle 16] [--seqs 16]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--causal-seqs", type=int, default=8)
     ap.add_argument("--draws", type=int, default=20)
     ap.add_argument("--heads", help="skip the classification: the causal test of these heads (L18H6,L17H3,...)")
-    ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "retrieval_heads_smollm2.json")
+    ap.add_argument("--json", type=Path, required=True, help="where the figures go")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

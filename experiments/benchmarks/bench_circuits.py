@@ -17,7 +17,7 @@ Parts (``--only``, comma-separated):
 
 Usage:
     python experiments/benchmarks/bench_circuits.py [--only induction2l,speed,memory,ioi,induction] [--steps 5]
-        [--out experiments/results/circuits]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 from benchutil import fix_threads, machine_info
@@ -49,8 +48,6 @@ from interp.circuits import (
 )
 from interp.circuits.evaluate import top_mask
 from interp.circuits.tasks import circuit_task
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -265,7 +262,7 @@ def main() -> None:
     p.add_argument("--ep-keep", type=int, default=1000)
     p.add_argument("--acdc-threshold", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "circuits"))
+    p.add_argument("--out", help="also write each part's figures there as bench_circuits_<part>.json")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     fix_threads()
@@ -278,9 +275,10 @@ def main() -> None:
         results[part] = fn[part](args)
         results[part]["wall_s"] = time.perf_counter() - t
         print(json.dumps({part: results[part]}, indent=1, default=str), flush=True)
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"bench_circuits_{part}.json"), "w") as f:
-            json.dump({"machine": results["machine"], part: results[part]}, f, indent=1, default=str)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, f"bench_circuits_{part}.json"), "w") as f:
+                json.dump({"machine": results["machine"], part: results[part]}, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

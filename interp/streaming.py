@@ -127,7 +127,8 @@ AUTO_MIN_QUERY_CHUNK = 16
 #: ... and no more chunks per layer than this, as long as a chunk's rows stay under :data:`AUTO_CHUNK_CAP_BYTES`:
 #: each chunk costs a fixed share of Python and small tensor ops in the attention and in every reducer, which
 #: the byte budget alone multiplies by the square of the length (SmolLM2 at 8,192 tokens, 1 thread: 512 chunks of
-#: 16 queries a layer made the text pass ~1.3x what 128 chunks of 64 take; at 4,096 tokens 28 queries stay best).
+#: 16 queries a layer made the text pass ~1.25x what 128 chunks of 64 take on its first 3 layers, 57.7 s against
+#: 54.6 s over all 30 in one noisy run each; at 4,096 tokens ~28-32 queries stay best).
 AUTO_MAX_CHUNKS = 128
 #: The most bytes of a chunk's float32 rows that :data:`AUTO_MAX_CHUNKS` may ask for: a fixed ceiling, so the
 #: memory of a pass stays linear in T at any length (past ~11k tokens on SmolLM2 the chunks are again more).

@@ -124,12 +124,22 @@ AUTO_QUERY_CHUNK = 512
 AUTO_CHUNK_BYTES = {"cpu": 4 * 2**20, "other": 512 * 2**20}
 #: ... but never fewer queries than this (each chunk also costs Python and dispatch time per layer).
 AUTO_MIN_QUERY_CHUNK = 16
+#: ... and no more chunks per layer than this, as long as a chunk's rows stay under :data:`AUTO_CHUNK_CAP_BYTES`:
+#: each chunk costs a fixed share of Python and small tensor ops in the attention and in every reducer, which
+#: the byte budget alone multiplies by the square of the length (SmolLM2 at 8,192 tokens, 1 thread: 512 chunks of
+#: 16 queries a layer made the text pass ~1.25x what 128 chunks of 64 take on its first 3 layers, 57.7 s against
+#: 54.6 s over all 30 in one noisy run each; at 4,096 tokens ~28-32 queries stay best).
+AUTO_MAX_CHUNKS = 128
+#: The most bytes of a chunk's float32 rows that :data:`AUTO_MAX_CHUNKS` may ask for: a fixed ceiling, so the
+#: memory of a pass stays linear in T at any length (past ~11k tokens on SmolLM2 the chunks are again more).
+AUTO_CHUNK_CAP_BYTES = {"cpu": 32 * 2**20, "other": 512 * 2**20}
 
 
 def auto_query_chunk(model: Any, batch_size: int, n_keys: int, most: int = AUTO_QUERY_CHUNK) -> int:
     """Queries per chunk for a pass of ``batch_size`` sequences over ``n_keys`` keys: at most ``most``, fewer
     when a chunk's float32 pattern rows would pass :data:`AUTO_CHUNK_BYTES` for the model's device, never fewer
-    than :data:`AUTO_MIN_QUERY_CHUNK`.
+    than :data:`AUTO_MIN_QUERY_CHUNK`, nor so few that ``n_keys`` queries take more than :data:`AUTO_MAX_CHUNKS`
+    chunks while a chunk stays under :data:`AUTO_CHUNK_CAP_BYTES`.
 
     Args:
         model: an interp Transformer (its widest layer's head count and its device are read).
@@ -145,12 +155,19 @@ def auto_query_chunk(model: Any, batch_size: int, n_keys: int, most: int = AUTO_
         >>> from interp.examples import model
         >>> auto_query_chunk(model, 1, 128), auto_query_chunk(model, 64, 65536)
         (512, 16)
+        >>> from interp import ModelConfig, Transformer  # SmolLM2's 9 heads at 2k, 4k, 8k and 32k tokens
+        >>> smol = Transformer(ModelConfig(n_layers=1, d_model=576, n_heads=9, n_kv_heads=3, d_vocab=8, n_ctx=8))
+        >>> [auto_query_chunk(smol, 1, n) for n in (2048, 4096, 8192, 32768)]  # bytes, count, count, byte ceiling
+        [56, 32, 64, 28]
     """
     heads = max((getattr(b.attn, "n_heads", 0) for b in getattr(model, "blocks", ())), default=1) or 1
     # A pipeline's stage keeps other ranks' modules on the meta device: its own weights say where it runs.
     param = next((p for p in model.parameters() if not p.is_meta), None)
-    budget = AUTO_CHUNK_BYTES["cpu" if param is None or param.device.type == "cpu" else "other"]
-    rows = budget // max(1, batch_size * heads * n_keys * 4)
+    where = "cpu" if param is None or param.device.type == "cpu" else "other"
+    row_bytes = max(1, batch_size * heads * n_keys * 4)  # one query's float32 rows over every head of the batch
+    rows = AUTO_CHUNK_BYTES[where] // row_bytes
+    # Without a cache the queries are the keys: at most AUTO_MAX_CHUNKS chunks of them, within the byte ceiling.
+    rows = max(rows, min(-(-n_keys // AUTO_MAX_CHUNKS), AUTO_CHUNK_CAP_BYTES[where] // row_bytes))
     return int(max(min(most, AUTO_MIN_QUERY_CHUNK), min(most, rows)))
 
 

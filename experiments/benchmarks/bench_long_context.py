@@ -241,7 +241,7 @@ def run(quick: bool = False, lengths: list[int] | None = None, chunk: int = 256,
 SMOL_KINDS = ["positional", "previous-token", "duplicate-token", "induction", "sink", "retrieval"]
 
 
-def smol_child(T: int, kinds: list[str], check: bool, reps: int) -> None:
+def smol_child(T: int, kinds: list[str], check: bool, reps: int, max_chunks: int | None = None) -> None:
     """classify_heads on SmolLM2 at ``T`` tokens (batch 1, one thread) against one plain SDPA forward of ``T``
     tokens; prints a JSON line.
 
@@ -259,6 +259,8 @@ def smol_child(T: int, kinds: list[str], check: bool, reps: int) -> None:
     from interp.analysis import classify_heads
 
     torch.set_num_threads(1)
+    if max_chunks is not None:  # the automatic chunks' count rule, for a before / after comparison
+        interp.streaming.AUTO_MAX_CHUNKS = max_chunks
     model = interp.load("smollm2-135m").eval()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     g = torch.Generator().manual_seed(0)
@@ -310,7 +312,7 @@ def smol_child(T: int, kinds: list[str], check: bool, reps: int) -> None:
                       "load": [round(x[0], 2) for x in load]}))
 
 
-def run_smol(lengths: list[int], kinds: list[str], check_upto: int, reps: int) -> str:
+def run_smol(lengths: list[int], kinds: list[str], check_upto: int, reps: int, max_chunks: int | None = None) -> str:
     rows = ["| tokens | peak RSS - weights (MiB) | added by classify_heads (MiB) | passes (s, median) | SDPA forward "
             "(s, median) | slowest pass / SDPA | max score diff vs whole patterns | load avg (1 min) over the reps |",
             "|---:|---:|---:|---|---:|---:|---:|---|"]
@@ -319,6 +321,8 @@ def run_smol(lengths: list[int], kinds: list[str], check_upto: int, reps: int) -
                str(reps)]
         if T <= check_upto:
             cmd.append("--check")
+        if max_chunks is not None:
+            cmd += ["--max-chunks", str(max_chunks)]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             rows.append(f"| {T} | failed: {(p.stderr.strip().splitlines() or ['?'])[-1]} | | | | | | |")
@@ -346,14 +350,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", nargs="+", default=SMOL_KINDS)
     p.add_argument("--check-upto", type=int, default=2048, help="compare with whole patterns up to this length")
     p.add_argument("--reps", type=int, default=3, help="--smollm2: interleaved timed repetitions per length")
+    p.add_argument("--max-chunks", type=int, help="--smollm2: set interp.streaming.AUTO_MAX_CHUNKS (a huge value: "
+                   "the byte budget alone, as before the count rule)")
     p.add_argument("--smol-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.smol_child:
-        smol_child(a.smol_child, a.kinds, a.check, a.reps)
+        smol_child(a.smol_child, a.kinds, a.check, a.reps, a.max_chunks)
         return 0
     if a.smollm2:
-        print(run_smol(a.lengths or [1024, 2048, 4096, 8192], a.kinds, a.check_upto, a.reps))
+        print(run_smol(a.lengths or [1024, 2048, 4096, 8192], a.kinds, a.check_upto, a.reps, a.max_chunks))
         return 0
     if a.child:
         child(a.child[0], int(a.child[1]), a.chunk)

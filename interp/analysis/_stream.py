@@ -87,16 +87,27 @@ class RowMaxima:
 
     Attributes:
         top: ``[B, H, Tc]`` each row's largest weight.
-        best: ``[B, H, Tc]`` its key (the first one on a tie, as ``argmax``).
+        best: ``[B, H, Tc]`` its key (the first one on a tie, as ``argmax``), found when first read.
     """
 
-    __slots__ = ("_in_place", "_rows", "_second", "best", "top")
+    __slots__ = ("_best", "_in_place", "_rows", "_second", "top")
 
     def __init__(self, rows: torch.Tensor, in_place: bool) -> None:
         self._rows = rows
         self._in_place = in_place
-        self.top, self.best = rows.max(-1)  # [B, H, Tc] each
+        # The top weight alone: on a CPU ``amax`` reads a chunk ~4x faster than ``max(-1)``, whose indices cost
+        # as much as a softmax (SmolLM2 at 8,192 tokens: 0.17 s a layer and pass, ~5 s a pass). The argmax is
+        # found only for a reader that asks for it (the copying score); a target's hit is tested by its weight.
+        self.top = rows.amax(-1)  # [B, H, Tc]
+        self._best: torch.Tensor | None = None
         self._second: torch.Tensor | None = None
+
+    @property
+    def best(self) -> torch.Tensor:
+        """``[B, H, Tc]``: each row's argmax key (the first one on a tie), computed on first use."""
+        if self._best is None:
+            self._best = self._rows.argmax(-1)  # [B, H, Tc]
+        return self._best
 
     def runner_up(self) -> torch.Tensor:
         """``[B, H, Tc]``: each row's largest weight once its argmax key is knocked out (-inf for a one-key row).
@@ -117,22 +128,51 @@ class RowMaxima:
                 self._second = rows.clone().scatter_(-1, best, float("-inf")).amax(-1)  # [B, H, Tc]
         return self._second
 
-    def unique_at(self, b: torch.Tensor, t: torch.Tensor, where: torch.Tensor, tie_tol: float) -> torch.Tensor:
+    def unique_at(self, b: torch.Tensor, t: torch.Tensor, where: torch.Tensor, tie_tol: float,
+                  keys: torch.Tensor | None = None) -> torch.Tensor:
         """Whether the argmax of rows ``(b[i], h, t[i])`` is unique (no other key within ``tie_tol`` of the top),
         asked only where ``where[i, h]``: ``[N, H]`` bool (False elsewhere).
 
         On a CPU, when those rows are fewer than half the chunk's (an argmax rarely lands on a target), only
-        they are copied out for the runner-up, instead of reading every row of the chunk once more.
+        they are copied out for the runner-up, instead of reading every row of the chunk once more. ``keys``
+        ``[N]``: a key holding the top weight of every row asked about (:meth:`is_unique_argmax`), knocked out
+        of those rows instead of the argmax: the same answer (a top weight at another key too is a tie either
+        way), with no argmax to find.
         """
         top = self.top[b, :, t]  # [N, H]
         if self._second is None and self._rows.device.type == "cpu" and 2 * int(where.sum()) < self.top.numel():
             i, h = where.nonzero(as_tuple=True)  # [m] each: the entries and heads asked about
             rows = self._rows[b[i], h, t[i]]  # [m, n]: a copy of those rows only
-            second = rows.scatter_(-1, self.best[b[i], h, t[i]].unsqueeze(-1), float("-inf")).amax(-1)  # [m]
+            out_key = self.best[b[i], h, t[i]] if keys is None else keys[i]  # [m]
+            second = rows.scatter_(-1, out_key.unsqueeze(-1), float("-inf")).amax(-1)  # [m]
             out = torch.zeros_like(where)
             out[i, h] = second < top[i, h] - tie_tol
             return out
         return where & (self.runner_up()[b, :, t] < top - tie_tol)  # [N, H]
+
+    def is_unique_argmax(self, b: torch.Tensor, t: torch.Tensor, keys: torch.Tensor, tie_tol: float) -> torch.Tensor:
+        """``[N, H]`` bool: whether key ``keys[i]`` is the unique argmax of row ``(b[i], h, t[i])`` (its weight is
+        the row's top, and no other key lies within ``tie_tol`` of it), without finding any row's argmax.
+
+        Args:
+            b: ``[N]`` batch rows.
+            t: ``[N]`` query rows within the chunk.
+            keys: ``[N]`` keys (below the key count the maxima were taken over).
+            tie_tol: how close another key's weight may come to the top for the argmax to stay unique.
+
+        Returns:
+            ``[N, H]`` bool.
+
+        Example:
+            >>> import torch
+            >>> from interp.analysis._stream import row_maxima
+            >>> p = torch.tensor([[[[0.1, 0.6, 0.3], [0.4, 0.4, 0.2]]]])  # [B=1, H=1, Tc=2, S=3]; row 1 ties
+            >>> b, t = torch.tensor([0, 0, 0]), torch.tensor([0, 0, 1])
+            >>> row_maxima(p, 3).is_unique_argmax(b, t, torch.tensor([1, 2, 0]), 1e-6).flatten().tolist()
+            [True, False, False]
+        """
+        at_top = self._rows[b, :, t, keys] == self.top[b, :, t]  # [N, H]: the key holds the row's top weight
+        return at_top & self.unique_at(b, t, at_top, tie_tol, keys=keys)
 
 
 #: The last chunk's maxima: (a weak reference to the hook's tensor, the keys read, the maxima).
@@ -271,18 +311,17 @@ class TargetReducer(Reducer):
         # target (keys <= query) lie before it, so half the work of a long sequence is skipped.
         n_keys = min(S, q0 + Tc) if self.model.cfg.causal else S
         maxima = row_maxima(tensor, n_keys)  # shared with the pass's other readers of this chunk
-        top, best = maxima.top, maxima.best  # [B, H, Tc]
-        # The argmax is unique when no other key lies within tie_tol of the top (RowMaxima.unique_at). The
-        # runner-up is the maximum with the argmax knocked out: on CPU ~25 % cheaper than comparing and counting
-        # every key, and ~4x cheaper than topk(2); it is asked only of rows whose argmax is a target.
+        top = maxima.top  # [B, H, Tc]
+        # The argmax is unique when no other key lies within tie_tol of the top (RowMaxima.is_unique_argmax). The
+        # runner-up is the maximum with the top's key knocked out: on CPU ~25 % cheaper than comparing and counting
+        # every key, and ~4x cheaper than topk(2); it is asked only of rows whose top weight lies on a target.
         st["max_sum"][layer, :H] += (top * real[:, None]).sum((0, 2)).to(st["max_sum"])
         st["max_rows"][layer] += n_real
         # Per target entry (b, c, t, s): the weight there, and whether it is the row's unique argmax; summed per
-        # category. A row's argmax is one key, so it hits at most one of the row's targets of a category.
+        # category. A unique argmax is one key, so it hits at most one of the row's targets of a category.
         b, c, t, s = entries.unbind(1)  # [N] each
         weight = p[b, :, t, s]  # [N, H]
-        hit = best[b, :, t] == s[:, None]  # [N, H]: the argmax is a target; is it unique?
-        hit &= maxima.unique_at(b, t, hit, self.tie_tol)  # [N, H]
+        hit = maxima.is_unique_argmax(b, t, s, self.tie_tol)  # [N, H]
         C = len(self.categories)
         st["mass"][:, layer, :H] += torch.zeros(C, H, dtype=st["mass"].dtype, device=p.device).index_add_(
             0, c, weight.to(st["mass"].dtype)).to(st["mass"])

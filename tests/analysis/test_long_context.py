@@ -132,6 +132,23 @@ def test_automatic_chunks_are_sized_by_the_bytes_of_their_rows(monkeypatch):
     assert all(b.attn.query_chunk is None for b in model.blocks)
 
 
+def test_automatic_chunks_are_at_most_so_many_per_layer_within_a_byte_ceiling(monkeypatch):
+    """Small byte budgets would cut a long sequence in many chunks: AUTO_MAX_CHUNKS bounds their count, while a
+    chunk's rows stay under AUTO_CHUNK_CAP_BYTES (so memory stays linear in T)."""
+    monkeypatch.setitem(streaming.AUTO_CHUNK_BYTES, "cpu", 1)  # the budget alone: the floor of 2 queries
+    monkeypatch.setattr(streaming, "AUTO_MIN_QUERY_CHUNK", 2)
+    monkeypatch.setattr(streaming, "AUTO_MAX_CHUNKS", 4)  # 20 queries in at most 4 chunks: 5 a chunk
+    model = tiny_model()
+    tokens = torch.randint(0, 20, (2, 20), generator=torch.Generator().manual_seed(5))
+    counted = Shapes(True)
+    stream(model, tokens, [counted])
+    assert [s[0] for s in counted.shapes] == [0, 5, 10, 15] and {s[3] for s in counted.shapes} == {5}
+    monkeypatch.setitem(streaming.AUTO_CHUNK_CAP_BYTES, "cpu", 3 * 2 * 4 * 20 * 4)  # 3 rows of [2, 4, rows, 20]
+    capped = Shapes(True)
+    stream(model, tokens, [capped])
+    assert [s[0] for s in capped.shapes] == list(range(0, 20, 3)) and max(s[3] for s in capped.shapes) == 3
+
+
 def test_stream_refuses_a_chunk_for_a_whole_pattern_reducer_and_a_bad_chunk():
     model = tiny_model()
     tokens = torch.randint(0, 20, (1, 10))
@@ -401,3 +418,29 @@ def test_unique_argmax_asked_of_a_few_rows_or_of_many_is_that_of_the_whole_chunk
         assert (maxima._second is None) == (where.sum() < 18)  # which way it went
         assert torch.equal(got, naive & where)
     assert not bool(naive[1, 2])  # the tie is no unique argmax
+
+
+def test_a_keys_unique_argmax_without_finding_the_argmax_is_the_naive_test():
+    """RowMaxima.is_unique_argmax (a target's hit: its weight is the row's top, and no other key within tie_tol)
+    equals argmax == key and a unique top by topk, for keys at the argmax, at a tied top that is not the first,
+    and elsewhere; on few rows (copied out) and on many (the chunk's runner-up)."""
+    from interp.analysis._stream import row_maxima
+
+    g = torch.Generator().manual_seed(14)
+    p = torch.softmax(torch.randn(2, 3, 6, 9, generator=g), -1)  # [B, H, Tc, S]
+    p[1, :, 4] = torch.tensor([0.3, 0.0, 0.3, 0.2, 0.2, 0.0, 0.0, 0.0, 0.0])  # a tie at the top, keys 0 and 2
+    p[0, 1, 2] = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.2, 0.2 - 1e-7, 0.1, 0.1, 0.0])  # within tie_tol
+    top2 = p.topk(2, dim=-1).values  # [B, H, Tc, 2]
+    unique = top2[..., 1] < top2[..., 0] - 1e-6  # [B, H, Tc]
+    best = p.argmax(-1)  # [B, H, Tc]
+    b = torch.tensor([1, 1, 1, 0, 0, 0, 1, 0, 1, 0])
+    t = torch.tensor([4, 4, 4, 2, 2, 0, 3, 5, 1, 1])
+    few = torch.tensor([0, 2, 3, 4, 5, 1, 7, 8, 0, 2])  # the tie, the near tie, arbitrary keys: few at the top
+    for keys in (few, best[b, 0, t]):  # then head 0's argmax of every row
+        naive = (best[b, :, t] == keys[:, None]) & unique[b, :, t]  # [N, H]
+        maxima = row_maxima(p.clone(), 9)
+        got = maxima.is_unique_argmax(b, t, keys, 1e-6)
+        assert torch.equal(got, naive), keys
+        if keys is few:
+            assert maxima._best is None  # no row's argmax was searched for
+    assert not bool(row_maxima(p.clone(), 9).is_unique_argmax(b[:2], t[:2], torch.tensor([0, 2]), 1e-6).any())

@@ -368,12 +368,11 @@ class _AttentionBase(nn.Module):
         # A power-of-two scale (1 / sqrt(64), say) goes on the queries, [c, Dq], which saves a pass over the chunk's
         # rows and rounds exactly as scaling the scores; any other scale multiplies the scores, as the naive formula
         # and HF eager do (on the queries it would round differently).
-        if math.frexp(scale)[0] == 0.5:
-            qg = (q * scale).reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
-            scores = qg @ k.transpose(-1, -2)  # [B, K, G*T, S]
-        else:
-            qg = q.reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
-            scores = (qg @ k.transpose(-1, -2)).mul_(scale)  # [B, K, G*T, S]
+        on_queries = math.frexp(scale)[0] == 0.5
+        qg = (q * scale if on_queries else q).reshape(B, K, G * T, Dq)  # [B, K, G*T, Dq]
+        scores = qg @ k.transpose(-1, -2)  # [B, K, G*T, S]
+        if not on_queries:
+            scores = scores.mul_(scale)
         scores = scores.view(B, H, T, -1)  # [B, H, T, S]
         if self.softcap is not None:
             scores = torch.tanh(scores.div_(self.softcap)) * self.softcap  # before the mask, as Gemma 2

@@ -128,28 +128,6 @@ class RowMaxima:
                 self._second = rows.clone().scatter_(-1, best, float("-inf")).amax(-1)  # [B, H, Tc]
         return self._second
 
-    def unique_at(self, b: torch.Tensor, t: torch.Tensor, where: torch.Tensor, tie_tol: float,
-                  keys: torch.Tensor | None = None) -> torch.Tensor:
-        """Whether the argmax of rows ``(b[i], h, t[i])`` is unique (no other key within ``tie_tol`` of the top),
-        asked only where ``where[i, h]``: ``[N, H]`` bool (False elsewhere).
-
-        On a CPU, when those rows are fewer than half the chunk's (an argmax rarely lands on a target), only
-        they are copied out for the runner-up, instead of reading every row of the chunk once more. ``keys``
-        ``[N]``: a key holding the top weight of every row asked about (:meth:`is_unique_argmax`), knocked out
-        of those rows instead of the argmax: the same answer (a top weight at another key too is a tie either
-        way), with no argmax to find.
-        """
-        top = self.top[b, :, t]  # [N, H]
-        if self._second is None and self._rows.device.type == "cpu" and 2 * int(where.sum()) < self.top.numel():
-            i, h = where.nonzero(as_tuple=True)  # [m] each: the entries and heads asked about
-            rows = self._rows[b[i], h, t[i]]  # [m, n]: a copy of those rows only
-            out_key = self.best[b[i], h, t[i]] if keys is None else keys[i]  # [m]
-            second = rows.scatter_(-1, out_key.unsqueeze(-1), float("-inf")).amax(-1)  # [m]
-            out = torch.zeros_like(where)
-            out[i, h] = second < top[i, h] - tie_tol
-            return out
-        return where & (self.runner_up()[b, :, t] < top - tie_tol)  # [N, H]
-
     def is_unique_argmax(self, b: torch.Tensor, t: torch.Tensor, keys: torch.Tensor, tie_tol: float) -> torch.Tensor:
         """``[N, H]`` bool: whether key ``keys[i]`` is the unique argmax of row ``(b[i], h, t[i])`` (its weight is
         the row's top, and no other key lies within ``tie_tol`` of it), without finding any row's argmax.
@@ -171,8 +149,19 @@ class RowMaxima:
             >>> row_maxima(p, 3).is_unique_argmax(b, t, torch.tensor([1, 2, 0]), 1e-6).flatten().tolist()
             [True, False, False]
         """
-        at_top = self._rows[b, :, t, keys] == self.top[b, :, t]  # [N, H]: the key holds the row's top weight
-        return at_top & self.unique_at(b, t, at_top, tie_tol, keys=keys)
+        top = self.top[b, :, t]  # [N, H]
+        at_top = self._rows[b, :, t, keys] == top  # [N, H]: the key holds the row's top weight
+        if self._second is None and self._rows.device.type == "cpu" and 2 * int(at_top.sum()) < self.top.numel():
+            # On a CPU, when the rows asked about are fewer than half the chunk's (a top rarely lands on a target),
+            # only they are copied out, with the key knocked out instead of the argmax: the same answer (a top
+            # weight at another key too is a tie either way), with no argmax to find.
+            i, h = at_top.nonzero(as_tuple=True)  # [m] each: the entries and heads asked about
+            rows = self._rows[b[i], h, t[i]]  # [m, n]: a copy of those rows only
+            second = rows.scatter_(-1, keys[i].unsqueeze(-1), float("-inf")).amax(-1)  # [m]
+            out = torch.zeros_like(at_top)
+            out[i, h] = second < top[i, h] - tie_tol
+            return out
+        return at_top & (self.runner_up()[b, :, t] < top - tie_tol)  # [N, H]
 
 
 #: The last chunk's maxima: (a weak reference to the hook's tensor, the keys read, the maxima).

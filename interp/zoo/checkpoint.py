@@ -462,10 +462,8 @@ def _name_and_tokenizer(model: Transformer, header: dict[str, Any], path: Path, 
             raise ValueError(f"{where}: the tokenizer stored in the checkpoint cannot be read: {e}") from e
 
 
-
-
-def _checkpoint_file(path: str | Path) -> tuple[Path, str]:
-    """``(path, its name for messages)`` of a checkpoint file that exists.
+def _checkpoint_file(path: str | Path) -> Path:
+    """``path`` as a Path, checked to be a file.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -473,7 +471,8 @@ def _checkpoint_file(path: str | Path) -> tuple[Path, str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {str(path)!r}")
-    return path, str(path)
+    return path
+
 
 def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: int | None = None,
                           device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Transformer:
@@ -510,7 +509,8 @@ def load_checkpoint_stage(path: str | Path, *, rank: int | None = None, world: i
 
     check_dtype(dtype)
     rank, world = distributed.rank_and_world(rank, world)
-    path, where = _checkpoint_file(path)
+    path = _checkpoint_file(path)
+    where = str(path)
     header, _, _ = _file_index(path)
     cfg = _config_from_header(header, where)
     held = stage_prefixes(build(cfg, device="meta"), rank, world)
@@ -615,7 +615,8 @@ def load_checkpoint_heads(path: str | Path, *, rank: int | None = None, world: i
 
     check_dtype(dtype)
     rank, world = distributed.rank_and_world(rank, world)
-    path, where = _checkpoint_file(path)
+    path = _checkpoint_file(path)
+    where = str(path)
     header, index, start = _file_index(path)
     cfg = _config_from_header(header, where)
     _check_stored(where, cfg, {k: tuple(v[1]) for k, v in index.items()}, {k: v[0] for k, v in index.items()})

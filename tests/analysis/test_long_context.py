@@ -400,24 +400,25 @@ def test_tl_detection_rows_are_the_rows_of_tls_patterns_at_the_real_tokens():
 
 
 def test_unique_argmax_asked_of_a_few_rows_or_of_many_is_that_of_the_whole_chunk():
-    """RowMaxima.unique_at copies out only the rows asked about when they are few, and reads the whole chunk's
-    runner-up when they are many: both answers equal the naive test on every row (ties included)."""
+    """RowMaxima.is_unique_argmax copies out only the rows asked about when few hold the key at their top, and
+    reads the whole chunk's runner-up when many do: both answers equal the naive test on every row (ties included)."""
     from interp.analysis._stream import row_maxima
 
     g = torch.Generator().manual_seed(13)
-    p = torch.softmax(torch.randn(2, 3, 6, 9, generator=g), -1)  # [B, H, Tc, S]
-    p[1, 2, 4] = torch.tensor([0.3, 0.3, 0.2, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0])  # a tie at the top
+    p = torch.softmax(torch.randn(2, 1, 6, 9, generator=g), -1).repeat(1, 3, 1, 1)  # [B, H, Tc, S]: heads alike
+    p[1, :, 4] = torch.tensor([0.3, 0.3, 0.2, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0])  # a tie at the top
     b = torch.tensor([0, 1, 1, 0, 1, 0, 1, 0])
     t = torch.tensor([0, 4, 2, 5, 4, 1, 3, 3])
+    best = p.argmax(-1)  # [B, H, Tc]
     top2 = p.topk(2, dim=-1).values  # [B, H, Tc, 2]
-    naive = (top2[..., 1] < top2[..., 0] - 1e-6)[b, :, t]  # [N, H]
-    for where in (torch.tensor([[True, False, False]] + [[False, False, True]] * 7),  # 8 of 36 rows: copied out
-                  torch.ones(8, 3, dtype=torch.bool)):  # 24 of 36 rows: the chunk's runner-up
+    unique = (top2[..., 1] < top2[..., 0] - 1e-6)[b, :, t]  # [N, H]
+    for n in (2, 8):  # 6 of 36 rows at their top: copied out; 24 of 36: the chunk's runner-up
+        keys = best[b[:n], 0, t[:n]]  # [n]: every head's argmax (the heads are alike)
         maxima = row_maxima(p.clone(), 9)
-        got = maxima.unique_at(b, t, where, 1e-6)
-        assert (maxima._second is None) == (where.sum() < 18)  # which way it went
-        assert torch.equal(got, naive & where)
-    assert not bool(naive[1, 2])  # the tie is no unique argmax
+        got = maxima.is_unique_argmax(b[:n], t[:n], keys, 1e-6)
+        assert (maxima._second is None) == (n == 2)  # which way it went
+        assert torch.equal(got, unique[:n])
+    assert not bool(unique[1].any())  # the tie is no unique argmax
 
 
 def test_a_keys_unique_argmax_without_finding_the_argmax_is_the_naive_test():

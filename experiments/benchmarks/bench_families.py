@@ -24,12 +24,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import warnings
 
 import torch
-from benchutil import fix_threads, machine_info, paired_ratio, spread_tables, time_reps
+from benchutil import fix_threads, load_average, machine_info, paired_ratio, spread_tables, time_reps
 
 RECORD = ["blocks.*.attn.hook_pattern", "blocks.*.attn.hook_result"]
 _GATED = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=12,
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         summary.append(row)
         sys.stdout.flush()
     print("\n".join(summary))
-    print(f"\n(load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    print(f"\n(load average at the end: {load_average()})")
     return 0
 
 

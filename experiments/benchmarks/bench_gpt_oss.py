@@ -22,10 +22,8 @@ Usage:
 
 from __future__ import annotations
 
-import os
-
 import torch
-from benchutil import fix_threads, hf_side_by_side_args, machine_info, spread_tables, time_reps
+from benchutil import fix_threads, hf_side_by_side_args, load_average, machine_info, spread_tables, time_reps
 
 
 def build(layers: int, device: str) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -91,7 +89,7 @@ def main() -> None:
           f"max |logit diff| = {diff:.1e}, max |pattern - HF eager| = {pattern_diff:.1e}, max |sink mass - (1 - HF "
           f"eager row sum)| = {sink_diff:.1e}, mean sink mass {float(sink.mean()):.2f}\n")
     print(spread_tables(times, [(FWD, HF, "<= 1.0"), (WRITE, HF_REC, "<= 1.0"), (SINK, HF_REC, "<= 1.0")], cpu))
-    print(f"\n(load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    print(f"\n(load average at the end: {load_average()})")
 
 
 HF, FWD = "HF eager", "interp, nothing recorded (SDPA + sink key)"

@@ -46,7 +46,7 @@ import sys
 import time
 
 import torch
-from benchutil import fix_threads, machine_info
+from benchutil import fix_threads, machine_info, time_reps
 
 from interp.streaming import Reducer
 
@@ -247,11 +247,10 @@ def smol_child(T: int, kinds: list[str], check: bool, reps: int, max_chunks: int
 
     The first classify_heads run is the warm-up and the memory measurement (peak RSS); then ``reps`` repetitions
     each run classify_heads (every streamed pass timed on its own) and one SDPA forward, in an order shuffled anew
-    every repetition (:func:`benchutil.time_interleaved`'s rule), so that load from other processes hits both
+    every repetition (:func:`benchutil.time_reps`), so that load from other processes hits both
     alike. The figure per pass is its median over the repetitions, over the median SDPA forward. ``check``: also
     run the same scorers with every pattern materialised whole (``set_query_chunk(T)``) and report the largest
     score difference."""
-    import random
     import statistics
 
     import interp
@@ -296,19 +295,20 @@ def smol_child(T: int, kinds: list[str], check: bool, reps: int, max_chunks: int
                        for k, a in report.details.items() if isinstance(a, __import__("pandas").DataFrame)
                        for b in [whole.details[k]])
         model(text)  # warm the fast path too
-        runs: dict[str, list] = {"classify": [], "sdpa": []}
-        rng = random.Random(0)
-        for _ in range(reps):
-            for name in rng.sample(list(runs), 2):
-                passes.clear()
-                t0 = time.perf_counter()
-                classify() if name == "classify" else model(text)  # the fast path: SDPA, no hooks
-                runs[name].append(list(passes) if name == "classify" else time.perf_counter() - t0)
+        pass_runs: list[list[float]] = []  # each repetition's passes
+
+        def classify_passes() -> None:
+            passes.clear()
+            classify()
+            pass_runs.append(list(passes))
             load.append(os.getloadavg())
-    per_pass = [statistics.median(r[i] for r in runs["classify"]) for i in range(len(runs["classify"][0]))]
+
+        sdpa_runs = time_reps({"classify": classify_passes, "sdpa": lambda: model(text)},  # SDPA: no hooks
+                              reps=reps, warmup=0)["sdpa"]
+    per_pass = [statistics.median(r[i] for r in pass_runs) for i in range(len(pass_runs[0]))]
     print(json.dumps({"T": T, "weights": weights, "setup_rss": setup, "peak_rss": peak, "passes": per_pass,
-                      "sdpa": statistics.median(runs["sdpa"]), "sdpa_runs": runs["sdpa"],
-                      "pass_runs": runs["classify"], "diff": diff, "rows": len(report.df),
+                      "sdpa": statistics.median(sdpa_runs), "sdpa_runs": sdpa_runs,
+                      "pass_runs": pass_runs, "diff": diff, "rows": len(report.df),
                       "load": [round(x[0], 2) for x in load]}))
 
 

@@ -18,11 +18,10 @@ Usage:
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 
 import torch
-from benchutil import fix_threads, hf_side_by_side_args, machine_info, spread_tables, time_reps
+from benchutil import fix_threads, hf_side_by_side_args, load_average, machine_info, spread_tables, time_reps
 
 
 def build(layers: int, device: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
@@ -80,7 +79,7 @@ def main() -> None:
     print(f"random OLMo, {args.layers} layers, d_model 768, 12 heads, {n_params / 1e6:.0f}M parameters; "
           f"batch {args.batch} x {args.seq} tokens; {args.reps} repetitions; max |pattern - HF eager| = {diff:.1e}\n")
     print(spread_tables(times, [(PATTERN, HF_REC, "<= 1.1"), (WRITE, HF_REC, "<= 1.1"), (BARE, SDPA, "")], cpu))
-    print(f"\n(load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    print(f"\n(load average at the end: {load_average()})")
 
 
 HF_REC, SDPA = "HF eager, output_attentions=True", "HF sdpa, nothing recorded"

@@ -29,10 +29,15 @@ def fix_threads(n: int | None = None) -> int:
     return torch.get_num_threads()
 
 
+def load_average() -> str:
+    """The 1-, 5- and 15-minute load averages, e.g. ``"0.52 0.61 0.70"`` (``"n/a"`` where the OS has none)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
 def machine_info() -> str:
     """One line: date, CPU model, nproc, torch threads, torch and python versions, load average."""
     cpu = cpu_model()
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    load = load_average()
     return (f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC | {cpu} | nproc {os.cpu_count()} | "
             f"torch threads {torch.get_num_threads()} | torch {torch.__version__} | python {platform.python_version()}"
             f" | load avg {load}")

@@ -233,18 +233,21 @@ def _wide_vocab_model(seed=2):
     return model
 
 
-def test_sampled_copying_compares_each_row_with_its_drawn_tokens():
-    """comparisons=K: each row's attended token against the K tokens drawn for that row, as in a naive loop."""
+@pytest.mark.parametrize(("comparisons", "budget", "draws"), [(40, 2**18, 40), (100, 24 * 70, 70), (100, 24, 64)])
+def test_sampled_copying_compares_each_row_with_its_drawn_tokens(comparisons, budget, draws):
+    """comparisons=K: each row's attended token against the K tokens drawn for that row, as in a naive loop;
+    a batch budget under K x rows draws fewer a row (budget // rows), never under 64."""
     from interp import stream
     from interp.analysis.induction import CopyingReducer
 
     model = _wide_vocab_model()
     toks = repeated_sequences(4, 6, 300, seed=1)
-    red = CopyingReducer(model, comparisons=40, seed=5)
+    red = CopyingReducer(model, comparisons=comparisons, comparison_budget=budget, seed=5)
     stream(model, toks, [red], batch_size=4)  # one batch: one draw of [N, K] comparison ids
     rows = red._rows
     N = int(rows.sum())
-    drawn = torch.randint(300, (N, 40), generator=torch.Generator().manual_seed(6))  # the reducer's seed + 1
+    assert N == 24  # the second halves' rows: what the budgets above are sized for
+    drawn = torch.randint(300, (N, draws), generator=torch.Generator().manual_seed(6))  # the reducer's seed + 1
     trace = _copy_trace(model, toks)
     x_all = trace[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
     ln = model.ln_final
@@ -278,3 +281,6 @@ def test_sampled_copying_estimates_the_exact_score():
     assert whole.copying.tolist() == exact.copying.tolist()
     with pytest.raises(ValueError, match="comparisons=0"):
         induction_scores(model, toks, copying_comparisons=0)
+    from interp.analysis.induction import CopyingReducer
+    with pytest.raises(ValueError, match="comparison_budget=0"):
+        CopyingReducer(model, comparison_budget=0)

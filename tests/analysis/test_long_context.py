@@ -377,6 +377,27 @@ def test_row_maxima_are_shared_and_leave_the_rows_as_they_were():
     assert q._version == version
 
 
+@pytest.mark.parametrize("n", [1, 127, 128, 255, 256, 300, 1000, 1024])
+def test_first_argmax_by_blocks_is_argmax_with_its_ties_and_nans(n):
+    """first_argmax against torch's argmax: the first index on ties (few distinct values), the first NaN, an
+    infinite top, rows whose length is or is not a multiple of the block, and a view sliced along its keys."""
+    from interp.analysis._stream import first_argmax
+
+    g = torch.Generator().manual_seed(n)
+    full = torch.randint(0, 4, (2, 3, 9, n + 37), generator=g).float()  # [B, H, Tc, S]: ties in every row
+    rows = full[..., :n]  # a view cut along the keys, as a chunk's cut rows
+    assert torch.equal(first_argmax(rows), rows.argmax(-1))
+    spots = torch.randint(0, n, (5,), generator=g).tolist()
+    rows[0, 0, 0, spots[0]] = float("nan")
+    rows[1, 2, 3, spots[1]] = float("nan")
+    rows[1, 2, 3, spots[2]] = float("nan")  # two NaNs: the first one wins
+    rows[0, 1, 4, spots[3]] = float("inf")
+    rows[1, 0, 8] = float("nan")  # a whole row of NaN
+    assert torch.equal(first_argmax(rows), rows.argmax(-1))
+    soft = torch.softmax(torch.randn(2, 3, 9, n, generator=g), -1)
+    assert torch.equal(first_argmax(soft), soft.argmax(-1))
+
+
 def test_tl_detection_rows_are_the_rows_of_tls_patterns_at_the_real_tokens():
     """The TransformerLens detector builds each chunk's detection rows, never a [T, T] matrix: they equal TL's
     whole patterns of each unpadded sequence placed at its real positions (left, right and gapped padding)."""

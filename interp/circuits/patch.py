@@ -45,20 +45,27 @@ class EdgePass:
     """What one pass with edge interventions recorded.
 
     Attributes:
-        writes: upstream name group -> current write ``[R, T, n, M]`` (in upstream order), when ``record``.
+        writes: every upstream node's write ``[U, R, T, M]`` in upstream order, when ``record`` (detached: each
+            group's write is copied into its rows as it is made, so no list of them is stacked afterwards).
         probes: downstream group key ``(layer, kind)`` -> the zero tensor added to those inputs
             (``[R, T, n, M]``; requires grad), when ``probes``.
     """
 
-    writes: list[torch.Tensor] = field(default_factory=list)
+    writes: torch.Tensor | None = None
     probes: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     #: The 0-d leaf every probe expands (a view, not a buffer per input): backward into it alone computes
     #: no parameter gradients, and each probe's gradient can be consumed by a hook and freed as it arrives.
     probe_base: torch.Tensor = field(default_factory=lambda: torch.zeros((), requires_grad=True))
 
     def stacked_writes(self) -> torch.Tensor:
-        """Every upstream write as ``[U, R, T, M]``, in the graph's upstream order."""
-        return torch.cat([w.permute(2, 0, 1, 3) for w in self.writes])  # [R, T, n, M] -> [n, R, T, M] each
+        """Every upstream write as ``[U, R, T, M]``, in the graph's upstream order.
+
+        Raises:
+            ValueError: the pass did not record (``edge_pass(record=False)``) or ran no forward.
+        """
+        if self.writes is None:
+            raise ValueError("this pass recorded no writes: run a forward inside edge_pass(..., record=True)")
+        return self.writes
 
 
 def qkv_weight(attn: Any, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -141,7 +148,10 @@ class _Interventions:
         n = write.shape[2]
         ups = slice(self.n_up, self.n_up + n)
         if self.record:
-            self.run.writes.append(write)
+            if self.run.writes is None:
+                R, T, _, M = write.shape
+                self.run.writes = write.new_empty(len(self.graph.upstream), R, T, M)  # [U, R, T, M]
+            self.run.writes[ups].copy_(write.detach().permute(2, 0, 1, 3))  # [R, T, n, M] -> [n, R, T, M]
         if self.ablate is not None and self.source is not None:
             V = self.ablate.shape[0]
             R, T, _, M = write.shape
@@ -281,8 +291,8 @@ def node_hooks(model: Transformer, graph: Graph, state: PassHooks, *, writes: bo
         >>> state = _Interventions(model, g, source=None, ablate=None, probes=False, record=True, embed=None)
         >>> with node_hooks(model, g, state, writes=True):
         ...     _ = model(clean)
-        >>> len(state.run.writes)  # the embedding and each layer's heads
-        3
+        >>> state.run.writes.shape  # the embedding and each layer's heads
+        torch.Size([9, 2, 21, 128])
     """
     hooks: list[tuple[str, Any]] = []
     handles = []
@@ -311,7 +321,10 @@ def node_hooks(model: Transformer, graph: Graph, state: PassHooks, *, writes: bo
 
 def node_writes(model: Transformer, graph: Graph, tokens: torch.Tensor,
                 attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits and every upstream node's write of one plain run (no gradient).
+    """Every upstream node's write of one plain run (no gradient), and the final residual the logits read.
+
+    The run stops before the unembedding: the writes do not need it, and on a large vocabulary it is a fifth of a
+    forward pass (SmolLM2: 49,152 x 576). ``model.unembed_residual(final)`` gives the run's logits.
 
     Args:
         model, graph: the model and its graph.
@@ -319,16 +332,18 @@ def node_writes(model: Transformer, graph: Graph, tokens: torch.Tensor,
         attention_mask: optional ``[B, T]`` padding mask.
 
     Returns:
-        ``(logits [B, T, V], writes [U, B, T, M])``.
+        ``(final [B, T, M], writes [U, B, T, M])``.
 
     Example:
+        >>> import torch
         >>> from interp.circuits.patch import node_writes
         >>> from interp.examples import model, clean
         >>> from interp.circuits import build_graph
-        >>> logits, writes = node_writes(model, build_graph(model), clean)
+        >>> final, writes = node_writes(model, build_graph(model), clean)
         >>> writes.shape  # input, 2 x 4 heads
         torch.Size([9, 2, 21, 128])
+        >>> torch.testing.assert_close(model.unembed_residual(final), model(clean))  # per-head writes: rounding
     """
     with torch.no_grad(), edge_pass(model, graph, record=True) as run:
-        logits = model(tokens, attention_mask=attention_mask)
-    return logits, run.stacked_writes()
+        final = model(tokens, attention_mask=attention_mask, stop_at_layer=model.cfg.n_layers)  # [B, T, M]
+    return final, run.stacked_writes()

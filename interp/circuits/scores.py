@@ -13,8 +13,9 @@ behaviour needs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,14 +43,26 @@ class EdgeScores:
         graph: the :class:`~interp.circuits.graph.Graph`.
         scores: ``[U, D]`` float, 0 where there is no edge.
         method: ``"eap"``, ``"eap-ig"`` or ``"exact"``.
-        metric_clean, metric_corrupted: the metric of the two runs.
+        metric_clean: the metric of the clean run.
+        metric_corrupted: the metric of the corrupted run (a property: see below).
+
+    The scores need only the corrupted run's writes, so EAP and EAP-IG stop that run before the unembedding (on
+    SmolLM2 a fifth of a forward pass); its logits, and ``metric_corrupted``, are computed the first time it is
+    read, from the final residual kept for it (``[B, T, M]``).
     """
 
     graph: Graph
     scores: torch.Tensor
     method: str
     metric_clean: float
-    metric_corrupted: float
+    corrupted_metric: Callable[[], float] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def metric_corrupted(self) -> float:
+        """The metric of the corrupted run (computed when first read, then kept)."""
+        value = float(self.corrupted_metric())
+        self.corrupted_metric = lambda: value  # lets go of the final residual and the model
+        return value
 
     def edge_scores(self) -> dict[tuple[str, str], float]:
         """``{(upstream, downstream): score}`` for every edge."""
@@ -188,12 +201,14 @@ def eap_ig(model: Transformer, clean: torch.Tensor, corrupted: torch.Tensor, met
 
 
 def _corrupted_run(model: Transformer, graph: Graph, corrupted: torch.Tensor, metric: Metric,
-                   attention_mask: torch.Tensor | None) -> tuple[float, torch.Tensor, torch.Tensor]:
-    """The corrupted run of EAP and EAP-IG: its metric, every node's write ``[U, B, T, M]`` and zero scores
-    ``[U, D]`` (float32) on the writes' device."""
-    logits_c, source = node_writes(model, graph, corrupted, attention_mask)
-    m_corrupted = float(metric(logits_c))
-    del logits_c
+                   attention_mask: torch.Tensor | None) -> tuple[Callable[[], float], torch.Tensor, torch.Tensor]:
+    """The corrupted run of EAP and EAP-IG: its metric (a function, computed when asked: the run stops before the
+    unembedding), every node's write ``[U, B, T, M]`` and zero scores ``[U, D]`` (float32) on the writes' device."""
+    final, source = node_writes(model, graph, corrupted, attention_mask)  # [B, T, M], [U, B, T, M]
+
+    def m_corrupted() -> float:
+        with torch.no_grad():
+            return float(metric(model.unembed_residual(final)))
     return m_corrupted, source, torch.zeros(graph.allowed.shape, dtype=torch.float32, device=source.device)
 
 
@@ -248,10 +263,9 @@ def exact_scores(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
     metric = check_pair(model, clean, corrupted, metric)
     graph = _graph(model, graph)
     todo = _edge_list(graph, edges)
-    logits_c, source = node_writes(model, graph, corrupted, attention_mask)
-    m_corrupted = float(metric(logits_c))
-    del logits_c
+    final, source = node_writes(model, graph, corrupted, attention_mask)  # [B, T, M], [U, B, T, M]
     with torch.no_grad():
+        m_corrupted = float(metric(model.unembed_residual(final)))
         base = CleanRun.record(model, graph, clean, attention_mask)
     m_clean = float(metric(base.logits))
     values = growing_exact(model, graph, base, source, todo, metric, batch_size=batch_size,
@@ -259,7 +273,7 @@ def exact_scores(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
     scores = torch.zeros(graph.allowed.shape, dtype=torch.float64)
     for (u, d), v in zip(todo, values):
         scores[u, d] = v - m_clean
-    return EdgeScores(graph, scores.float(), "exact", m_clean, m_corrupted)
+    return EdgeScores(graph, scores.float(), "exact", m_clean, lambda: m_corrupted)
 
 
 def _naive_hook(model: Transformer, graph: Graph, u: int, d: int, diff: torch.Tensor,
@@ -335,4 +349,5 @@ def exact_scores_naive(model: Transformer, clean: torch.Tensor, corrupted: torch
             name, hook = _naive_hook(model, graph, u, d, diff, resid)
             logits = model.run_with_hooks(clean, attention_mask=attention_mask, fwd_hooks=[(name, hook)])
             scores[u, d] = float(metric(logits)) - m_clean
-    return EdgeScores(graph, scores.float(), "exact", m_clean, float(metric(logits_c)))
+    m_corrupted = float(metric(logits_c))
+    return EdgeScores(graph, scores.float(), "exact", m_clean, lambda: m_corrupted)

@@ -81,13 +81,15 @@ def test_writes_sum_to_the_residual_and_full_ablation_is_the_corrupted_run(famil
     graph = build_graph(model)
     gen = torch.Generator().manual_seed(2)
     clean, corrupted = torch.randint(0, 20, (3, 8), generator=gen), torch.randint(0, 20, (3, 8), generator=gen)
-    logits, writes = node_writes(model, graph, clean)
+    final, writes = node_writes(model, graph, clean)
     last = f"blocks.{graph.n_layers - 1}.hook_resid_post"
     plain, trace = model.run_with_cache(clean, names_filter=last)
     biases = sum(b.attn.W_O.bias for b in model.blocks)
     torch.testing.assert_close(writes.sum(0) + biases, trace[last])
-    torch.testing.assert_close(logits, plain)
-    logits_c, source = node_writes(model, graph, corrupted)
+    torch.testing.assert_close(final, trace[last])  # the run stopped where the logits read
+    torch.testing.assert_close(model.unembed_residual(final), plain)
+    final_c, source = node_writes(model, graph, corrupted)
+    logits_c = model.unembed_residual(final_c)
     with torch.no_grad(), edge_pass(model, graph, source=source, ablate=graph.allowed.double()):
         torch.testing.assert_close(model(clean), logits_c)
     with torch.no_grad(), edge_pass(model, graph, source=source, ablate=torch.zeros(graph.allowed.shape)):

@@ -59,6 +59,22 @@ def test_eap_equals_the_finite_difference_of_each_edge(family):
         assert fd == pytest.approx(float(scores[u, d]), rel=1e-3, abs=1e-4), (graph.upstream[u], graph.downstream[d])
 
 
+@pytest.mark.parametrize("family", ["sequential", "parallel_one_norm"])
+def test_every_method_reports_the_metric_of_both_runs(family):
+    """metric_clean and metric_corrupted are the metric of plain runs of clean and corrupted, whichever method
+    scored (EAP and EAP-IG compute the corrupted one when it is first read, from the final residual they kept)."""
+    model = tiny(**FAMILIES[family])
+    clean, corrupted = pair()
+    with torch.no_grad():
+        want = float(logit_diff(model(clean))), float(logit_diff(model(corrupted)))
+    assert abs(want[0] - want[1]) > 1e-3  # the two differ: the test can tell them apart
+    found = [eap(model, clean, corrupted, logit_diff), eap_ig(model, clean, corrupted, logit_diff, steps=2),
+             exact_scores(model, clean, corrupted, logit_diff, edges=build_graph(model).edges[:2]),
+             exact_scores_naive(model, clean, corrupted, logit_diff, edges=build_graph(model).edges[:2])]
+    for result in found:
+        assert (result.metric_clean, result.metric_corrupted) == pytest.approx(want, abs=1e-5), result.method
+
+
 def test_eap_ig_recovers_the_known_circuit_exactly():
     model = known_circuit_model()
     clean, corrupted, metric = known_circuit_task()

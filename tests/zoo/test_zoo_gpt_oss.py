@@ -264,7 +264,8 @@ def test_gguf_written_as_llama_cpp_writes_gpt_oss_matches_the_same_model(tmp_pat
 
 
 def test_gguf_refusals_name_the_key_or_tensor():
-    from interp.families._gguf_gpt_oss import hf_config, hf_tensors
+    from interp.families.gpt_oss import gguf_hf_config as hf_config
+    from interp.families.gpt_oss import gguf_hf_tensors as hf_tensors
 
     meta = {"general.architecture": "gpt-oss", "gpt-oss.block_count": 2, "gpt-oss.context_length": 64,
             "gpt-oss.embedding_length": 64, "gpt-oss.feed_forward_length": 32, "gpt-oss.vocab_size": 50,

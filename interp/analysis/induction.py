@@ -514,7 +514,8 @@ def induction_scores(
         exclude_bos, exclude_current_token: ``"transformer_lens"`` only, as in TL's ``detect_head``.
         copying: compute the copying score (needs ``model.W_U``; NaN for models without unembedding).
         copying_comparisons: vocabulary tokens each row's attended token is ranked against
-            (:class:`CopyingReducer`'s ``comparisons``); None: the whole vocabulary (exact, slow on a large one).
+            (:class:`CopyingReducer`'s ``comparisons``; a batch of more than 1,024 rows draws fewer a row, see
+            :func:`comparison_draws`); None: the whole vocabulary (exact, slow on a large one).
         batch_size: rows per forward pass when ``tokens`` is one tensor.
         progress: a per-batch progress bar on stderr (None: on in terminals and notebooks).
 

@@ -236,7 +236,11 @@ class _GradientPass:
         cols = self.graph.down_slice(-1, "logits")
         x = args[0].view(args[0].shape)
         identity = torch.nn.Identity()  # the logits read the residual itself
-        x.register_hook(lambda g: self._fold(cols, identity, x, g.reshape(1, -1, g.shape[-1])))  # [1, R*T, M]
+        # The hook holds the residual's value, never x itself: x -> its grad_fn -> this hook -> x would be a cycle
+        # through autograd's C++ graph, which Python's collector cannot see, and it would keep the whole graph and
+        # this pass's buffers alive after the call (~1 GB per EAP call on SmolLM2 at 4 x 128).
+        resid = x.detach()  # [R, T, M]
+        x.register_hook(lambda g: self._fold(cols, identity, resid, g.reshape(1, -1, g.shape[-1])))  # [1, R*T, M]
         return (x, *args[1:])
 
 

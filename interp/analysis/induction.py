@@ -32,6 +32,7 @@ from ..streaming import Reducer, stream
 from ._stream import (
     PATTERN_HOOKS,
     TargetReducer,
+    first_argmax,
     head_grid,
     heads_of,
     key_allowed,
@@ -371,7 +372,7 @@ class CopyingReducer(Reducer):
             if 2 * len(sel) > B * Tc:  # most rows scored: the chunk's argmax, shared with the induction scores
                 best = row_maxima(tensor, n_keys).best[b, :, q - q_start].to(self._dev)  # [B, H, Tc] -> [n, H]
             else:
-                best = tensor.detach()[b, :, q - q_start, :n_keys].argmax(-1).to(self._dev)  # [n, H, S'] -> [n, H]
+                best = first_argmax(tensor.detach()[b, :, q - q_start, :n_keys]).to(self._dev)  # [n, H, S'] -> [n, H]
             attended = self._tokens[self._at["b"][sel][:, None], best]  # [n, H]
             if layer not in self._attended:
                 self._attended[layer] = torch.zeros(len(self._b), H, dtype=torch.long, device=self._dev)

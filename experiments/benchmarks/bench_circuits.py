@@ -5,12 +5,13 @@ Parts (``--only``, comma-separated):
   Pruning; the top edges must contain previous-token -> induction-head K-composition edges and reach
   faithfulness >= 0.9 with <= 10 % of the edges; curves beside 20 random circuits.
 - ``speed``: SmolLM2-135M, 4 x 128 tokens (repeated random halves of 64): one forward, a plain forward +
-  backward (the floor of a gradient step) of the batch and of m copies of it, EAP, EAP-IG (m steps) in one
-  batched pass and in one pass per step (the former way), interleaved, as multiples of the forward in process
+  backward (the floor of a gradient step) of the batch and of m copies of it, EAP, EAP-IG (m steps) with its
+  default points per pass, in one batched pass and in one pass per step, interleaved, as multiples of the forward in process
   CPU time (and wall time) at the benchmark's threads, with each ratio's spread over the repetitions (targets
   <= 4x and <= (m + 2)x).
-- ``memory``: the peak resident memory of EAP at 4 x 128 on SmolLM2 (a fresh process: ru_maxrss after EAP minus
-  after loading the model and running one forward).
+- ``memory``: the peak resident memory of EAP, and of EAP-IG (m steps) with its default points per pass and in
+  one pass, at 4 x 128 on SmolLM2 (each in a fresh process: the peak resident set during the run, VmHWM reset
+  before it, minus the resident set after loading the model and running one forward).
 - ``ioi`` / ``induction``: SmolLM2-135M on IOI-style prompts / repeated tokens: EAP, EAP-IG, exact patching of
   the top-200 EAP-IG edges in shared passes (and a naive one-pass-per-edge loop on a slice, scaled), Spearman of
   EAP and EAP-IG against exact; faithfulness curves of EAP, EAP-IG and Edge Pruning beside 20 random circuits.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -161,11 +161,13 @@ def part_speed(args) -> dict:
     fns = {"forward": forward, "forward_backward": forward_backward,
            f"forward_backward_x{args.steps}": lambda: forward_backward(args.steps),
            "eap": lambda: eap(model, c, x, m, graph=graph),
-           # every point on the path in one batched pass (the default) against one pass per point (before)
+           # the default (points per pass chosen by device), every point in one batched pass, one pass per point
            "eap_ig": lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=False),
+           "eap_ig_one_pass": lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph,
+                                             steps_per_pass=args.steps, progress=False),
            "eap_ig_pass_per_step": lambda: eap_ig(model, c, x, m, steps=args.steps, graph=graph, steps_per_pass=1,
                                                   progress=False)}
-    ig = (eap_ig(model, c, x, m, steps=args.steps, graph=graph, progress=False).scores,
+    ig = (eap_ig(model, c, x, m, steps=args.steps, graph=graph, steps_per_pass=args.steps, progress=False).scores,
           eap_ig(model, c, x, m, steps=args.steps, graph=graph, steps_per_pass=1, progress=False).scores)
     forward()
     cpu: dict[str, list[float]] = {n: [] for n in fns}
@@ -193,21 +195,48 @@ def part_speed(args) -> dict:
             "eap_target": 4, "eap_ig_steps": args.steps, "eap_ig_target": args.steps + 2}
 
 
+def _status_mb(key: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) / 1024
+
+
+def _reset_peak() -> float:
+    """The resident memory now (MiB), after resetting the peak to it. ru_maxrss cannot be reset, and a child
+    forked from a large process starts with the parent's peak (kept across exec)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM (Linux 4.0+)
+    return _status_mb("VmRSS")
+
+
+_MEMORY_RUNS = {"eap": {}, "eap_ig": {"steps_per_pass": None}, "eap_ig_one_pass": {"steps_per_pass": "all"}}
+
+
 def part_memory(args) -> dict:
+    """The peak resident memory each run adds (VmHWM after the run, reset before it, minus VmRSS then), each in a
+    fresh process."""
     if not args.child:
-        res = subprocess.run([sys.executable, __file__, "--only", "memory", "--child"], capture_output=True, text=True,
-                             check=True)
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        out = {}
+        for name in _MEMORY_RUNS:
+            res = subprocess.run([sys.executable, __file__, "--only", "memory", "--child", name,
+                                  "--steps", str(args.steps)], capture_output=True, text=True, check=True)
+            out.update(json.loads(res.stdout.strip().splitlines()[-1]))
+        return out
     model = _smollm2()
     task = circuit_task(model, "induction", n=4, half_len=64)
     with torch.no_grad():
         model(task.clean)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     graph = build_graph(model)
-    eap(model, task.clean, task.corrupted, task.metric, graph=graph)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base = _reset_peak()
+    name = args.child
+    if name == "eap":
+        eap(model, task.clean, task.corrupted, task.metric, graph=graph)
+    else:
+        per_pass = _MEMORY_RUNS[name]["steps_per_pass"]
+        eap_ig(model, task.clean, task.corrupted, task.metric, steps=args.steps, graph=graph, progress=False,
+               steps_per_pass=args.steps if per_pass == "all" else per_pass)
+    peak = _status_mb("VmHWM")
     print(json.dumps({"tokens": list(task.clean.shape), "rss_after_model_and_forward_mb": base,
-                      "rss_peak_after_eap_mb": peak, "eap_extra_peak_mb": peak - base}))
+                      f"rss_peak_after_{name}_mb": peak, f"{name}_extra_peak_mb": peak - base}))
     sys.exit(0)
 
 
@@ -263,7 +292,7 @@ def main() -> None:
     p.add_argument("--acdc-threshold", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--out", help="also write each part's figures there as bench_circuits_<part>.json")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # memory: the run a fresh process measures
     args = p.parse_args()
     fix_threads()
     parts = args.only.split(",")

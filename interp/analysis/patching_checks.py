@@ -112,6 +112,8 @@ def checked_metric(metric: Metric | None) -> Metric | None:
                              f"would all be NaN (check the metric, the answer ids, or the logits)")
         return value.reshape(())
 
+    # What the metric says of the positions it reads lets the callers unembed only those.
+    checked.reads_last_only = bool(getattr(metric, "reads_last_only", False))  # type: ignore[attr-defined]
     return checked
 
 

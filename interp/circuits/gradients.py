@@ -11,6 +11,9 @@ with respect to the residual each head's query, key or value reads by one produc
 head and the vector-Jacobian product of the block's norm at the recorded residual (closed forms for RMSNorm
 and LayerNorm); an MLP input's by the norm's product alone; the logits read the residual itself.
 
+A metric with ``reads_last_only = True`` gets the last position's logits alone: the pass stops at the final
+residual, whose gradient hook sees every position, and unembeds its last row.
+
 Each gradient block ``[B, T, n, M]`` is copied into a bounded buffer ``[C, B*T*M]`` of columns; when the next
 block does not fit, the buffer is folded into the scores by matrix products with the prefix of the upstream
 differences ``[U', B*T*M]`` that can feed its columns. Memory is the buffer, not a gradient per edge.
@@ -136,6 +139,7 @@ class _GradientPass:
         self.resid: dict[tuple[int, str], torch.Tensor] = {}  # (layer, "pre"|"mid") -> [R, T, M], detached
         self.folder: _Folder | None = None
         self.qkv_grads: dict[int, dict[str, torch.Tensor]] = {}  # layer -> the q / k / v gradients so far
+        self.logits_read = False  # the logits' input hooked (once: see gradient_scores' last-position runs)
 
     def _fold(self, cols: slice, norm: torch.nn.Module, resid: torch.Tensor, grad: torch.Tensor) -> None:
         """Queue the gradients ``grad`` ``[n, R*T, M]`` at a norm's output as the inputs ``cols``' gradients
@@ -232,7 +236,10 @@ class _GradientPass:
             return (x, *args[1:])
         return hook
 
-    def logits_pre(self, _module: Any, args: tuple) -> tuple:
+    def logits_pre(self, _module: Any, args: tuple) -> tuple | None:
+        if self.logits_read:
+            return None  # a last-position-only pass unembeds a slice of the input already hooked
+        self.logits_read = True
         cols = self.graph.down_slice(-1, "logits")
         x = args[0].view(args[0].shape)
         identity = torch.nn.Identity()  # the logits read the residual itself
@@ -307,8 +314,17 @@ def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metr
     mask = None if attention_mask is None else attention_mask.repeat(S, 1)
     # The per-head writes are formed only when they are subtracted from the source.
     with torch.enable_grad(), node_hooks(model, graph, state, writes=source is not None):
-        logits = model(rows, attention_mask=mask)  # [S*B, T, V]
-        values = [metric(logits[s * B:(s + 1) * B]) for s in range(S)]
+        if getattr(metric, "reads_last_only", False):
+            # The metric reads the last position: unembed it alone (the unembedding is a fifth of SmolLM2's
+            # forward). The logits' input node is hooked on the whole final residual first, so its gradient
+            # has every position's column (zero but the last).
+            final = model(rows, attention_mask=mask, stop_at_layer=model.cfg.n_layers)  # [S*B, T, M]
+            final = state.logits_pre(None, (final,))[0]
+            logits = model.unembed_residual(final[:, -1:])  # [S*B, 1, V]
+        else:
+            logits = model(rows, attention_mask=mask)  # [S*B, T, V]
+        # split, not slices: one backward concatenation instead of a zero [S*B, T, V] buffer per copy
+        values = [metric(part) for part in logits.split(B)]
         del logits
     value = torch.stack(values).sum() if S > 1 else values[0]
     if not value.requires_grad:

@@ -42,7 +42,8 @@ class CircuitTask:
 
 
 def prob_diff_metric(good: torch.Tensor, bad: torch.Tensor) -> Metric:
-    """Mean over the batch of ``P(good tokens) - P(bad tokens)`` at the last position (greater-than's metric).
+    """Mean over the batch of ``P(good tokens) - P(bad tokens)`` at the last position (greater-than's metric; it
+    says so with ``reads_last_only``).
 
     Args:
         good, bad: ``[B, V]`` bool masks.
@@ -58,6 +59,7 @@ def prob_diff_metric(good: torch.Tensor, bad: torch.Tensor) -> Metric:
         p = logits[:, -1].float().softmax(-1)  # [B, V]
         return ((p * good.to(p.device)).sum(-1) - (p * bad.to(p.device)).sum(-1)).mean()
 
+    metric.reads_last_only = True  # type: ignore[attr-defined]  # the passes may unembed the last position alone
     return metric
 
 

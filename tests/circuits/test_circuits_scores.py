@@ -165,3 +165,60 @@ def test_eap_ig_in_batched_passes_equals_one_pass_per_step_and_plain_autograd(fa
                                    batched.scores, atol=1e-5, rtol=1e-5)
     reference = eap_ig_reference(model, graph, clean, corrupted, logit_diff, 3)
     torch.testing.assert_close(batched.scores, reference, atol=1e-5, rtol=1e-5)
+
+
+class _LastOnly:
+    """``logit_diff`` that says it reads the last position only, and keeps the shapes it was given."""
+
+    reads_last_only = True
+
+    def __init__(self):
+        self.shapes = []
+
+    def __call__(self, logits):
+        self.shapes.append(tuple(logits.shape))
+        return logit_diff(logits)
+
+
+@pytest.mark.parametrize("family", ["sequential", "parallel_one_norm"])
+def test_a_metric_of_the_last_position_gets_its_logits_alone_and_the_same_scores(family):
+    model = tiny(**FAMILIES[family])
+    graph = build_graph(model)
+    clean, corrupted = pair()
+    edges = graph.edges[::5]
+    runs = {"eap": lambda m: eap(model, clean, corrupted, m, graph=graph),
+            "eap-ig": lambda m: eap_ig(model, clean, corrupted, m, steps=3, steps_per_pass=2, graph=graph,
+                                       progress=False),
+            "exact": lambda m: exact_scores(model, clean, corrupted, m, edges=edges, graph=graph, batch_size=12)}
+    for name, run in runs.items():
+        last = _LastOnly()
+        got = run(last)
+        full = run(lambda logits: logit_diff(logits))  # the same metric, saying nothing of its positions
+        assert full.scores.abs().max() > 1e-3, name
+        torch.testing.assert_close(got.scores, full.scores, atol=1e-6, rtol=1e-5)  # float32 scores
+        assert got.metric_clean == pytest.approx(full.metric_clean, abs=1e-12)
+        # The scores' passes unembedded one position; only the clean and corrupted runs' own metric saw all.
+        passes = [s for s in last.shapes if s[1] == 1]
+        assert len(passes) >= 1 and len(last.shapes) - len(passes) <= 2, (name, last.shapes)
+
+
+def test_eap_ig_on_a_cpu_bounds_the_token_rows_of_a_pass(monkeypatch):
+    from interp.circuits import scores as scores_module
+
+    model = tiny()
+    assert scores_module._points_per_pass(model, torch.zeros(4, 128, dtype=torch.long), 5) == 2  # 2 x 512 rows
+    assert scores_module._points_per_pass(model, torch.zeros(8, 200, dtype=torch.long), 5) == 1  # never none
+    assert scores_module._points_per_pass(model, torch.zeros(5, 14, dtype=torch.long), 5) == 5  # never more
+    # The default splits the points into passes of at most that many rows, and the scores do not move.
+    graph = build_graph(model)
+    clean, corrupted = pair()  # 3 x 8 = 24 rows a point
+    monkeypatch.setattr(scores_module, "CPU_ROWS_PER_PASS", 48)
+    rows = []
+    hook = model.blocks[0].register_forward_pre_hook(lambda _m, args: rows.append(args[0].shape[0]))
+    try:
+        split = eap_ig(model, clean, corrupted, logit_diff, steps=5, graph=graph, progress=False)
+    finally:
+        hook.remove()
+    assert sorted(rows) == [3, 3 * 1, 3 * 2, 3 * 2]  # the corrupted run, then passes of 1, 2 and 2 points
+    one = eap_ig(model, clean, corrupted, logit_diff, steps=5, steps_per_pass=5, graph=graph, progress=False)
+    torch.testing.assert_close(split.scores, one.scores, atol=1e-6, rtol=1e-5)  # float32 scores, summed apart

@@ -14,7 +14,9 @@ Parts (``--only``, comma-separated):
   before it, minus the resident set after loading the model and running one forward).
 - ``ioi`` / ``induction``: SmolLM2-135M on IOI-style prompts / repeated tokens: EAP, EAP-IG, exact patching of
   the top-200 EAP-IG edges in shared passes (and a naive one-pass-per-edge loop on a slice, scaled), Spearman of
-  EAP and EAP-IG against exact; faithfulness curves of EAP, EAP-IG and Edge Pruning beside 20 random circuits.
+  EAP and EAP-IG against exact; faithfulness curves of EAP, EAP-IG and Edge Pruning beside 20 random circuits;
+  which of the heads ``classify_heads`` calls induction / previous-token each circuit touches, beside 20 random
+  circuits of as many edges.
 
 Usage:
     python experiments/benchmarks/bench_circuits.py [--only induction2l,speed,memory,ioi,induction] [--steps 5]
@@ -44,6 +46,7 @@ from interp.circuits import (
     exact_scores_naive,
     faithfulness,
     faithfulness_curve,
+    kind_overlap,
     top_n,
 )
 from interp.circuits.evaluate import top_mask
@@ -109,8 +112,8 @@ def part_induction2l(args) -> dict:
         circuits[name] = {"edges": circ.edges, "faithfulness": f["faithfulness"], "normalized": f["normalized"],
                           "completeness": f["completeness"], "k_composition_edges": sorted(set(circ.edges) & kcomp)}
     for keep in (n10, n10 + 1):
-        ep, t_ep = timed(lambda: edge_pruning(model, c, x, m, target=1 - keep / E, steps=args.ep_steps, graph=graph,
-                                              ablation=abl))
+        ep, t_ep = timed(lambda: edge_pruning(model, c, x, m, target=1 - keep / E, steps=args.ep_steps_2l,
+                                              graph=graph, ablation=abl, progress=False))
         f = faithfulness(model, ep, c, x, m, graph=graph, ablation=abl)
         circuits[f"edge-pruning-{keep}"] = {"edges": ep.edges, "faithfulness": f["faithfulness"],
                                             "normalized": f["normalized"], "completeness": f["completeness"],
@@ -274,7 +277,28 @@ def part_smollm2_task(args, name: str) -> dict:
                                                    extra=extra, batch_size=args.batch_size))
     out["seconds"]["curve"] = t_curve
     out["curve"] = summarize_curve(df)
+    # Which of the heads classify_heads calls induction / previous-token each circuit touches, beside random
+    # circuits of as many edges.
+    report, t_cls = timed(lambda: _smollm2_report(model))
+    out["seconds"]["classify_heads"] = t_cls
+    kinds = ["induction", "previous-token"]
+    out["classify_heads"] = {k: [f"a{layer}.h{head}" for layer, head in report.heads(k)] for k in kinds}
+    circuits = {f"{s.method}-{n}": top_n(s, n) for s in (s_eap, s_ig) for n in sizes}
+    circuits.update({f"edge-pruning-{n}": ep for n, ep in extra.get("edge-pruning", {}).items()})
+    out["kind_overlap"] = {name: kind_overlap(circ, report, graph, kinds, n_random=args.n_random)
+                           .set_index("kind").to_dict(orient="index") for name, circ in circuits.items()}
     return out
+
+
+_REPORTS: dict = {}
+
+
+def _smollm2_report(model):
+    """classify_heads' induction and previous-token heads of SmolLM2 (once a process: both tasks share it)."""
+    if "smollm2" not in _REPORTS:
+        from interp.analysis import classify_heads
+        _REPORTS["smollm2"] = classify_heads(model, kinds=["induction", "previous-token"])
+    return _REPORTS["smollm2"]
 
 
 def main() -> None:
@@ -287,7 +311,9 @@ def main() -> None:
     p.add_argument("--naive-edges", type=int, default=16)
     p.add_argument("--n-random", type=int, default=20)
     p.add_argument("--sizes", type=int, nargs="+", default=[50, 200, 1000, 5000])
-    p.add_argument("--ep-steps", type=int, default=40)
+    p.add_argument("--ep-steps", type=int, default=40, help="Edge Pruning steps on SmolLM2")
+    p.add_argument("--ep-steps-2l", type=int, default=1000,
+                   help="Edge Pruning steps on induction-2l (at 200 its gates keep 12 of 81 edges for a target of 8)")
     p.add_argument("--ep-keep", type=int, default=1000)
     p.add_argument("--acdc-threshold", type=float, default=0.05)
     p.add_argument("--batch-size", type=int, default=32)

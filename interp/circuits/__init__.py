@@ -12,7 +12,7 @@ only viz, the CLI and the app import it.
 """
 
 from .circuit import Circuit
-from .evaluate import ablation_source, circuit_metrics, faithfulness, faithfulness_curve
+from .evaluate import ablation_source, circuit_metrics, faithfulness, faithfulness_curve, kind_overlap
 from .find import CircuitRun, find_circuit
 from .graph import Graph, build_graph, check_decomposable
 from .patch import EdgePass, edge_pass, node_writes
@@ -21,4 +21,5 @@ from .search import acdc, edge_pruning, top_n
 
 __all__ = ["Circuit", "CircuitRun", "EdgePass", "EdgeScores", "Graph", "ablation_source", "acdc", "build_graph",
            "check_decomposable", "circuit_metrics", "eap", "eap_ig", "edge_pass", "edge_pruning", "exact_scores",
-           "exact_scores_naive", "faithfulness", "faithfulness_curve", "find_circuit", "node_writes", "top_n"]
+           "exact_scores_naive", "faithfulness", "faithfulness_curve", "find_circuit", "kind_overlap", "node_writes",
+           "top_n"]

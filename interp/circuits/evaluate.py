@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..model import Transformer
 
 __all__ = ["ABLATIONS", "ablation_source", "circuit_metrics", "faithfulness", "faithfulness_curve", "head_circuits",
-           "heads_circuit", "random_masks", "top_mask"]
+           "heads_circuit", "kind_overlap", "random_masks", "top_mask"]
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 ABLATIONS = ("resample", "mean")
@@ -145,6 +145,63 @@ def random_masks(graph: Graph, n: int, count: int, seed: int = 0) -> torch.Tenso
     for i in range(count):
         out[i, idx[torch.randperm(len(idx), generator=gen)[:n]]] = True
     return out.view(count, *graph.allowed.shape)  # [count, U*D] -> [count, U, D]
+
+
+def _heads_of(edges: Sequence[tuple[str, str]]) -> set[tuple[int, int]]:
+    """The heads ``(layer, head)`` an edge list touches (as writer or as a q / k / v input)."""
+    names = {u for u, _ in edges} | {d.split("<")[0] for _, d in edges}
+    return {(int(n[1:].split(".h")[0]), int(n.split(".h")[1])) for n in names if n.startswith("a") and ".h" in n}
+
+
+def kind_overlap(circuit: Circuit, report: Any, graph: Graph, kinds: Sequence[str], *, n_random: int = 20,
+                 seed: int = 0) -> pd.DataFrame:
+    """How many of the heads :func:`~interp.analysis.classify_heads` gave each kind the circuit touches, beside
+    ``n_random`` random circuits of as many edges.
+
+    Args:
+        circuit: the circuit (its heads: every head an edge writes from or reads into).
+        report: a :class:`~interp.analysis.HeadReport`.
+        graph: the model's graph.
+        kinds: head kinds (``"induction"``, ``"previous-token"``...).
+        n_random: random circuits of the circuit's size (0: none).
+        seed: their seed.
+
+    Returns:
+        One row per kind: ``kind``, ``kind_heads`` (found by ``classify_heads``), ``circuit_heads``, ``shared``,
+        ``recall`` (shared / kind heads), ``precision`` (shared / circuit heads), ``random_shared_mean`` and
+        ``random_shared_p90`` (the same count in the random circuits), ``random_as_many`` (how many of them share
+        at least as many).
+
+    Raises:
+        ValueError: an empty circuit, or an edge that is not in ``graph``.
+
+    Example:
+        >>> from interp.circuits.evaluate import kind_overlap
+        >>> from interp.circuits import Circuit, build_graph
+        >>> from interp.analysis import classify_heads
+        >>> from interp.examples import model
+        >>> c = Circuit([("a0.h2", "a1.h1<k>"), ("a1.h1", "logits")])
+        >>> df = kind_overlap(c, classify_heads(model), build_graph(model), ["induction"], n_random=5)
+        >>> int(df.loc[0, "circuit_heads"])
+        2
+    """
+    circuit.check_nonempty()
+    circuit.mask(graph)  # names an edge that does not exist
+    mine = _heads_of(circuit.edges)
+    draws = [_heads_of([(graph.upstream[u], graph.downstream[d]) for u, d in m.nonzero().tolist()])
+             for m in random_masks(graph, len(circuit), n_random, seed=seed)]
+    rows = []
+    for kind in kinds:
+        found = set(report.heads(kind))
+        shared = len(mine & found)
+        rand = [len(h & found) for h in draws]
+        rows.append({"kind": kind, "kind_heads": len(found), "circuit_heads": len(mine), "shared": shared,
+                     "recall": shared / len(found) if found else float("nan"),
+                     "precision": shared / len(mine) if mine else float("nan"),
+                     "random_shared_mean": sum(rand) / len(rand) if rand else float("nan"),
+                     "random_shared_p90": float(pd.Series(rand).quantile(0.9)) if rand else float("nan"),
+                     "random_as_many": sum(r >= shared for r in rand)})
+    return pd.DataFrame(rows)
 
 
 def heads_circuit(graph: Graph, heads: Sequence[tuple[int, int]], *, mlps: bool = True,

@@ -102,3 +102,39 @@ def test_bad_circuits_are_named(known):
         acdc(model, clean, corrupted, metric, threshold=-1)
     with pytest.raises(ValueError, match="n must be an int in .1, 29.*0"):
         top_n(eap_ig(model, clean, corrupted, metric, steps=1), 0)
+
+
+class _Report:
+    """A HeadReport's ``heads(kind)``, with the heads given."""
+
+    def __init__(self, heads):
+        self._heads = heads
+
+    def heads(self, kind):
+        return self._heads[kind]
+
+
+def test_kind_overlap_counts_the_circuits_heads_beside_random_circuits():
+    from test_circuits_graph import tiny
+
+    from interp.circuits import kind_overlap
+
+    graph = build_graph(tiny())  # 2 layers x 4 heads
+    report = _Report({"induction": [(1, 0), (1, 2)], "previous-token": [(0, 1)], "sink": []})
+    circuit = Circuit([("a0.h1", "a1.h0<k>"), ("input", "a1.h3<q>"), ("a1.h0", "logits")])
+    df = kind_overlap(circuit, report, graph, ["induction", "previous-token", "sink"], n_random=30).set_index("kind")
+    # heads touched: a0.h1, a1.h0, a1.h3
+    assert df.loc["induction", ["kind_heads", "circuit_heads", "shared"]].tolist() == [2, 3, 1]
+    assert df.loc["induction", "recall"] == 0.5 and df.loc["induction", "precision"] == pytest.approx(1 / 3)
+    assert df.loc["previous-token", "shared"] == 1 and df.loc["previous-token", "recall"] == 1.0
+    assert df.loc["sink", "shared"] == 0 and df.loc["sink", "random_as_many"] == 30
+    # A circuit of every edge: each random circuit is the whole graph, and shares every head.
+    full = Circuit(list(graph.edges))
+    whole = kind_overlap(full, report, graph, ["induction"], n_random=3).iloc[0]
+    assert whole.shared == whole.random_shared_mean == 2 and whole.random_as_many == 3
+    # Random circuits of 3 edges touch few heads: the mean is between 0 and the 2 heads of the kind.
+    assert 0 < df.loc["induction", "random_shared_mean"] < 2
+    with pytest.raises(ValueError, match="empty"):
+        kind_overlap(Circuit([]), report, graph, ["induction"])
+    with pytest.raises(ValueError, match="a9.h0"):
+        kind_overlap(Circuit([("a9.h0", "logits")]), report, graph, ["induction"])

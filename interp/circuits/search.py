@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -168,7 +170,11 @@ def edge_pruning(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
         progress: a bar over the steps.
 
     Returns:
-        A :class:`Circuit` (``method="edge-pruning"``); each edge's score is its final log-alpha.
+        A :class:`Circuit` (``method="edge-pruning"``); each edge's score is its final log-alpha. ``info``
+        holds the ``target`` and the gates' ``expected_sparsity``.
+
+    Warns:
+        RuntimeWarning: the gates kept more than 1.25x the target's edges (plus one): too few steps to reach it.
 
     Raises:
         ValueError: a target outside [0, 1], steps < 1, or the errors of
@@ -177,7 +183,9 @@ def edge_pruning(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
     Example:
         >>> from interp.circuits.search import edge_pruning
         >>> from interp.examples import model, clean, corrupted, metric
-        >>> c = edge_pruning(model, clean, corrupted, metric, target=0.9, steps=10)
+        >>> c = edge_pruning(model, clean, corrupted, metric, target=0.8, steps=100, progress=False)
+        >>> len(c), c.n_edges_total  # 20 % of the edges kept
+        (16, 81)
     """
     target = check_target(target)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -219,6 +227,13 @@ def edge_pruning(model: Transformer, clean: torch.Tensor, corrupted: torch.Tenso
             q.requires_grad_(True)
     log_alpha = gate.log_alpha.detach().cpu().masked_fill(~graph.allowed, float("-inf"))
     n_keep = max(1, int(round(float(gate.expected_l0().detach().cpu()[graph.allowed].sum()))))
+    wanted = max(1, int(round((1 - target) * graph.n_edges)))
+    if n_keep > 1.25 * wanted + 1:
+        # The gates are kept as trained, not cut to the target: a circuit of the target's size would be chosen
+        # by log-alphas that never learnt to close.
+        warnings.warn(f"edge_pruning: the gates kept {n_keep} of {graph.n_edges} edges after {steps} steps, "
+                      f"against {wanted} for target={target:.4g}; train longer (steps) or faster (lr, "
+                      f"lagrangian_lr)", RuntimeWarning, stacklevel=2)
     keep = torch.zeros(U * D, dtype=torch.bool)
     keep[torch.argsort(log_alpha.flatten(), descending=True, stable=True)[:n_keep]] = True
     return _circuit(graph, keep.view(U, D) & graph.allowed, log_alpha, "edge-pruning", target=target,

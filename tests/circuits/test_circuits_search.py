@@ -1,6 +1,7 @@
 """Circuit search, the Circuit type and faithfulness, on the hand-built model whose circuit is known."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -38,9 +39,19 @@ def test_acdc_recovers_the_known_circuit_at_its_threshold(known):
 def test_edge_pruning_recovers_the_known_circuit(known):
     model, clean, corrupted, metric = known
     n = build_graph(model).n_edges
-    found = edge_pruning(model, clean, corrupted, metric, target=1 - len(CIRCUIT) / n, steps=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # it reaches its target: no warning
+        found = edge_pruning(model, clean, corrupted, metric, target=1 - len(CIRCUIT) / n, steps=100)
     assert set(found.edges) == CIRCUIT
     assert found.method == "edge-pruning"
+
+
+def test_edge_pruning_that_stops_short_of_its_target_says_so(known):
+    model, clean, corrupted, metric = known
+    n = build_graph(model).n_edges
+    with pytest.warns(RuntimeWarning, match=rf"kept \d+ of {n} edges after 3 steps, against {len(CIRCUIT)} for"):
+        found = edge_pruning(model, clean, corrupted, metric, target=1 - len(CIRCUIT) / n, steps=3)
+    assert len(found) > 1.25 * len(CIRCUIT) + 1
 
 
 def test_top_n_of_eap_ig_is_the_circuit_and_it_is_fully_faithful(known):

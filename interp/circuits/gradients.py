@@ -319,7 +319,9 @@ def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metr
             # forward). The logits' input node is hooked on the whole final residual first, so its gradient
             # has every position's column (zero but the last).
             final = model(rows, attention_mask=mask, stop_at_layer=model.cfg.n_layers)  # [S*B, T, M]
-            final = state.logits_pre(None, (final,))[0]
+            hooked = state.logits_pre(None, (final,))
+            assert hooked is not None  # the first call hooks
+            final = hooked[0]
             logits = model.unembed_residual(final[:, -1:])  # [S*B, 1, V]
         else:
             logits = model(rows, attention_mask=mask)  # [S*B, T, V]

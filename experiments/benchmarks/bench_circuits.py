@@ -26,6 +26,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -138,7 +139,8 @@ def part_induction2l(args) -> dict:
     return out
 
 
-def _smollm2():
+@functools.cache
+def _smollm2():  # one model for every part of a run (the analyses leave it as loaded)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return interp.load("smollm2-135m")
@@ -296,15 +298,11 @@ def part_smollm2_task(args, name: str) -> dict:
     return out
 
 
-_REPORTS: dict = {}
-
-
+@functools.cache
 def _smollm2_report(model):
-    """classify_heads' induction and previous-token heads of SmolLM2 (once a process: both tasks share it)."""
-    if "smollm2" not in _REPORTS:
-        from interp.analysis import classify_heads
-        _REPORTS["smollm2"] = classify_heads(model, kinds=["induction", "previous-token"])
-    return _REPORTS["smollm2"]
+    """classify_heads' induction and previous-token heads of SmolLM2 (once a model: both tasks share it)."""
+    from interp.analysis import classify_heads
+    return classify_heads(model, kinds=["induction", "previous-token"])
 
 
 def main() -> None:

@@ -59,6 +59,18 @@ class Circuit:
         """Every node an edge touches (a downstream input counts as its node: ``"a1.h0<k>"`` is ``"a1.h0"``)."""
         return sorted({u for u, _ in self.edges} | {d.split("<")[0] for _, d in self.edges})
 
+    @property
+    def heads(self) -> set[tuple[int, int]]:
+        """The heads ``(layer, head)`` among :attr:`nodes` (as writers or through a query, key or value input).
+
+        Example:
+            >>> from interp.circuits.circuit import Circuit
+            >>> sorted(Circuit([("a0.h2", "a1.h1<k>"), ("input", "m0")]).heads)
+            [(0, 2), (1, 1)]
+        """
+        return {(int(layer), int(head)) for n in self.nodes if n.startswith("a")
+                for layer, head in [n[1:].split(".h")]}
+
     def check_nonempty(self) -> None:
         """Raise ValueError naming an empty circuit."""
         if not self.edges:

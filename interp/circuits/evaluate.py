@@ -147,12 +147,6 @@ def random_masks(graph: Graph, n: int, count: int, seed: int = 0) -> torch.Tenso
     return out.view(count, *graph.allowed.shape)  # [count, U*D] -> [count, U, D]
 
 
-def _heads_of(edges: Sequence[tuple[str, str]]) -> set[tuple[int, int]]:
-    """The heads ``(layer, head)`` an edge list touches (as writer or as a q / k / v input)."""
-    names = {u for u, _ in edges} | {d.split("<")[0] for _, d in edges}
-    return {(int(n[1:].split(".h")[0]), int(n.split(".h")[1])) for n in names if n.startswith("a") and ".h" in n}
-
-
 def kind_overlap(circuit: Circuit, report: Any, graph: Graph, kinds: Sequence[str], *, n_random: int = 20,
                  seed: int = 0) -> pd.DataFrame:
     """How many of the heads :func:`~interp.analysis.classify_heads` gave each kind the circuit touches, beside
@@ -187,9 +181,8 @@ def kind_overlap(circuit: Circuit, report: Any, graph: Graph, kinds: Sequence[st
     """
     circuit.check_nonempty()
     circuit.mask(graph)  # names an edge that does not exist
-    mine = _heads_of(circuit.edges)
-    draws = [_heads_of([(graph.upstream[u], graph.downstream[d]) for u, d in m.nonzero().tolist()])
-             for m in random_masks(graph, len(circuit), n_random, seed=seed)]
+    mine = circuit.heads
+    draws = [Circuit(graph.edges_of(m)).heads for m in random_masks(graph, len(circuit), n_random, seed=seed)]
     rows = []
     for kind in kinds:
         found = set(report.heads(kind))

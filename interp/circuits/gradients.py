@@ -11,8 +11,8 @@ with respect to the residual each head's query, key or value reads by one produc
 head and the vector-Jacobian product of the block's norm at the recorded residual (closed forms for RMSNorm
 and LayerNorm); an MLP input's by the norm's product alone; the logits read the residual itself.
 
-A metric with ``reads_last_only = True`` gets the last position's logits alone: the pass stops at the final
-residual, whose gradient hook sees every position, and unembeds its last row.
+The pass stops at the final residual, the logits' input, hooked whole; a metric with ``reads_last_only = True``
+gets the last position's logits alone.
 
 Each gradient block ``[B, T, n, M]`` is copied into a bounded buffer ``[C, B*T*M]`` of columns; when the next
 block does not fit, the buffer is folded into the scores by matrix products with the prefix of the upstream
@@ -139,7 +139,6 @@ class _GradientPass:
         self.resid: dict[tuple[int, str], torch.Tensor] = {}  # (layer, "pre"|"mid") -> [R, T, M], detached
         self.folder: _Folder | None = None
         self.qkv_grads: dict[int, dict[str, torch.Tensor]] = {}  # layer -> the q / k / v gradients so far
-        self.logits_read = False  # the logits' input hooked (once: see gradient_scores' last-position runs)
 
     def _fold(self, cols: slice, norm: torch.nn.Module, resid: torch.Tensor, grad: torch.Tensor) -> None:
         """Queue the gradients ``grad`` ``[n, R*T, M]`` at a norm's output as the inputs ``cols``' gradients
@@ -236,19 +235,21 @@ class _GradientPass:
             return (x, *args[1:])
         return hook
 
-    def logits_pre(self, _module: Any, args: tuple) -> tuple | None:
-        if self.logits_read:
-            return None  # a last-position-only pass unembeds a slice of the input already hooked
-        self.logits_read = True
+    def logits_pre(self, _module: Any, args: tuple) -> None:
+        """Nothing: the pass stops at the final residual and hooks it whole (:meth:`final`), since it may
+        unembed only its last position."""
+
+    def final(self, resid: torch.Tensor) -> torch.Tensor:
+        """The logits' input ``[R, T, M]``, as a node whose gradient is folded into the logits' column."""
         cols = self.graph.down_slice(-1, "logits")
-        x = args[0].view(args[0].shape)
+        x = resid.view(resid.shape)
         identity = torch.nn.Identity()  # the logits read the residual itself
         # The hook holds the residual's value, never x itself: x -> its grad_fn -> this hook -> x would be a cycle
         # through autograd's C++ graph, which Python's collector cannot see, and it would keep the whole graph and
         # this pass's buffers alive after the call (~1 GB per EAP call on SmolLM2 at 4 x 128).
-        resid = x.detach()  # [R, T, M]
-        x.register_hook(lambda g: self._fold(cols, identity, resid, g.reshape(1, -1, g.shape[-1])))  # [1, R*T, M]
-        return (x, *args[1:])
+        value = x.detach()  # [R, T, M]
+        x.register_hook(lambda g: self._fold(cols, identity, value, g.reshape(1, -1, g.shape[-1])))  # [1, R*T, M]
+        return x
 
 
 def _no_dependence(metric: Metric, value: torch.Tensor) -> ValueError:
@@ -314,17 +315,10 @@ def gradient_scores(model: Transformer, graph: Graph, tokens: torch.Tensor, metr
     mask = None if attention_mask is None else attention_mask.repeat(S, 1)
     # The per-head writes are formed only when they are subtracted from the source.
     with torch.enable_grad(), node_hooks(model, graph, state, writes=source is not None):
-        if getattr(metric, "reads_last_only", False):
-            # The metric reads the last position: unembed it alone (the unembedding is a fifth of SmolLM2's
-            # forward). The logits' input node is hooked on the whole final residual first, so its gradient
-            # has every position's column (zero but the last).
-            final = model(rows, attention_mask=mask, stop_at_layer=model.cfg.n_layers)  # [S*B, T, M]
-            hooked = state.logits_pre(None, (final,))
-            assert hooked is not None  # the first call hooks
-            final = hooked[0]
-            logits = model.unembed_residual(final[:, -1:])  # [S*B, 1, V]
-        else:
-            logits = model(rows, attention_mask=mask)  # [S*B, T, V]
+        final = state.final(model(rows, attention_mask=mask, stop_at_layer=model.cfg.n_layers))  # [S*B, T, M]
+        # A metric of the last position gets that position's logits alone (SmolLM2's unembedding is a fifth of
+        # its forward); the logits' input node still has every position's gradient column, zero but the last.
+        logits = model.unembed_residual(final[:, -1:] if getattr(metric, "reads_last_only", False) else final)
         # split, not slices: one backward concatenation instead of a zero [S*B, T, V] buffer per copy
         values = [metric(part) for part in logits.split(B)]
         del logits

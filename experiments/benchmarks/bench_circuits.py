@@ -213,7 +213,8 @@ def _reset_peak() -> float:
     return _status_mb("VmRSS")
 
 
-_MEMORY_RUNS = {"eap": {}, "eap_ig": {"steps_per_pass": None}, "eap_ig_one_pass": {"steps_per_pass": "all"}}
+#: EAP, EAP-IG with its default points per pass, EAP-IG with every point in one pass.
+_MEMORY_RUNS = ("eap", "eap_ig", "eap_ig_one_pass")
 
 
 def part_memory(args) -> dict:
@@ -236,9 +237,8 @@ def part_memory(args) -> dict:
     if name == "eap":
         eap(model, task.clean, task.corrupted, task.metric, graph=graph)
     else:
-        per_pass = _MEMORY_RUNS[name]["steps_per_pass"]
         eap_ig(model, task.clean, task.corrupted, task.metric, steps=args.steps, graph=graph, progress=False,
-               steps_per_pass=args.steps if per_pass == "all" else per_pass)
+               steps_per_pass=args.steps if name == "eap_ig_one_pass" else None)
     peak = _status_mb("VmHWM")
     print(json.dumps({"tokens": list(task.clean.shape), "rss_after_model_and_forward_mb": base,
                       f"rss_peak_after_{name}_mb": peak, f"{name}_extra_peak_mb": peak - base}))
